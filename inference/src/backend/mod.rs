@@ -1,0 +1,70 @@
+//! The backend trait: one forward pass over a batch of sequence chunks against a paged KV cache.
+//!
+//! Owns the contract between the scheduler/engine loop (which decides *what* to run: which sequences, which
+//! token chunks, which KV blocks) and the compute (which decides *how*). The backend owns the KV-cache memory
+//! (`num_blocks` blocks of `block_size` token slots, per layer, for K and V); the KV-cache manager owns the
+//! allocation of those blocks and passes each sequence's block table. The CPU backend is the default; a CUDA
+//! backend (feature `cuda`) implements the same trait and fills device timings from CUDA events.
+//! A backend must never block on anything but its own compute.
+
+pub mod cpu;
+
+use std::sync::Arc;
+
+use crate::model::{Model, ModelConfig};
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem<'a> {
+    /// Tokens to compute in this step (a prefill chunk, or the one token to decode).
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]` in the sequence (tokens before it are already in the KV cache).
+    pub start_pos: usize,
+    /// KV-cache blocks of the sequence, in order; must cover positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [u32],
+    /// Whether the logits of the last token are needed (false for non-final prefill chunks).
+    pub need_logits: bool,
+}
+
+/// How the backend measured the device interval of a step.
+pub use llmprof_abi::DeviceClock;
+
+/// Result of one forward pass.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    /// Logits (vocab-sized) of the last token of each item with `need_logits`, in batch order.
+    pub logits: Vec<Vec<f32>>,
+    /// Device start of the step, BOOTTIME ns.
+    pub device_start_ns: u64,
+    /// Device end of the step, BOOTTIME ns.
+    pub device_end_ns: u64,
+}
+
+/// Errors of a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A batch item referenced a block outside the pool or positions beyond the context.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// The new weights do not match the KV-cache geometry of the running backend.
+    #[error("incompatible weights: {0}")]
+    IncompatibleWeights(String),
+    /// Device failure (CUDA backend).
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// A compute backend.
+pub trait Backend: Send {
+    /// Short name (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Which clock fills [`StepOutput::device_start_ns`].
+    fn device_clock(&self) -> DeviceClock;
+    /// The model's configuration.
+    fn config(&self) -> &ModelConfig;
+    /// Runs one forward pass over `batch`, writing K/V of all tokens into the cache.
+    fn forward(&mut self, batch: &[BatchItem<'_>]) -> Result<StepOutput, BackendError>;
+    /// Swaps in new weights (same architecture and KV geometry) between steps. The KV cache contents
+    /// become stale; the engine recomputes running sequences after a swap.
+    fn swap_weights(&mut self, model: Arc<Model>) -> Result<(), BackendError>;
+}

@@ -1,0 +1,1 @@
+//! llmserve library.

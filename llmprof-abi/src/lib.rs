@@ -1,0 +1,663 @@
+//! The llmprof probe ABI: the one definition of every record that crosses a boundary.
+//!
+//! Two boundaries use these types:
+//! 1. engine → eBPF: the engine (`llmserve`) calls exported probe functions
+//!    ([`PROBE_STEP`], [`PROBE_REQUEST`], [`PROBE_RANGE`]) with a pointer to a `#[repr(C)]` record
+//!    ([`StepRecord`], [`RequestRecord`], [`RangeRecord`]); a uprobe at the function's leading 5-byte NOP
+//!    copies the record with `bpf_probe_read_user`.
+//! 2. eBPF → user space: the kernel programs write [`EventHeader`]-prefixed records into ring buffers
+//!    and keep aggregates in maps ([`SyscallKey`]/[`SyscallStats`], [`ProbeCounters`], [`SockKey`]).
+//!
+//! This crate is `no_std`, has no dependencies (aya only behind the `user` feature, for `Pod`) and must
+//! build with the eBPF toolchain. Every layout is pinned by a compile-time size assertion; any change to a
+//! layout bumps [`ABI_VERSION`]. The engine exports [`ABI_VERSION`] as the dynamic symbol
+//! [`ABI_VERSION_SYMBOL`] and also stamps it into every record, so an llmprof built for another version refuses
+//! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
+#![no_std]
+
+/// Version of every layout in this crate. Bump on any change.
+pub const ABI_VERSION: u32 = 1;
+
+/// Name of the exported `u32` static holding the engine's [`ABI_VERSION`].
+pub const ABI_VERSION_SYMBOL: &str = "llmprof_abi_version";
+/// Probe called once per engine step with `*const StepRecord`.
+pub const PROBE_STEP: &str = "llmprof_probe_step";
+/// Probe called once per request lifecycle event with `*const RequestRecord`.
+pub const PROBE_REQUEST: &str = "llmprof_probe_request";
+/// Probe called for NVTX-style push/pop/mark with `*const RangeRecord`.
+pub const PROBE_RANGE: &str = "llmprof_probe_range";
+/// All probe symbols, in [`ProbeId`] order of the engine probes.
+pub const ENGINE_PROBES: [&str; 3] = [PROBE_STEP, PROBE_REQUEST, PROBE_RANGE];
+
+/// The 5-byte NOP (`nopl 0x0(%rax,%rax,1)`) each probe function begins with; the uprobe sits on it, which
+/// lets kernels with optimized uprobes (6.18 here) replace the int3 trap by a call.
+pub const PROBE_NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+/// Most request ids one [`StepRecord`] carries; larger batches set [`StepRecord::req_ids_truncated`].
+pub const MAX_STEP_REQS: usize = 64;
+/// Bytes of `x-request-id` kept (NUL padded, truncated).
+pub const REQUEST_ID_LEN: usize = 48;
+/// Bytes of a range domain name (NUL padded).
+pub const RANGE_DOMAIN_LEN: usize = 16;
+/// Bytes of a range name (NUL padded).
+pub const RANGE_NAME_LEN: usize = 48;
+/// Bytes of a file path captured at open (NUL terminated, truncated).
+pub const PATH_LEN: usize = 256;
+/// Bytes of the model name in a request record.
+pub const MODEL_LEN: usize = 48;
+
+/// What kind of work an engine step did.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// Only prompt (prefill) tokens.
+    Prefill = 0,
+    /// Only decode tokens (one per running sequence).
+    Decode = 1,
+    /// Prefill chunks and decode tokens in one batch.
+    Mixed = 2,
+}
+
+impl StepKind {
+    /// Decodes the raw value of [`StepRecord::kind`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Prefill),
+            1 => Some(Self::Decode),
+            2 => Some(Self::Mixed),
+            _ => None,
+        }
+    }
+    /// Lower-case name used as slice name in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+            Self::Mixed => "mixed",
+        }
+    }
+}
+
+/// Where a step's device interval comes from.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceClock {
+    /// CPU backend: the device interval is the host compute interval.
+    HostCompute = 0,
+    /// CUDA backend: CUDA events mapped onto BOOTTIME through a reference event.
+    CudaEvents = 1,
+}
+
+/// One engine step (a forward pass over a batch). Passed to [`PROBE_STEP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StepRecord {
+    /// [`ABI_VERSION`] of the engine that wrote this record.
+    pub abi_version: u32,
+    /// [`StepKind`] as u32.
+    pub kind: u32,
+    /// Monotonic step counter of the engine (starts at 1).
+    pub step_id: u64,
+    /// Host start of the step (schedule decided), BOOTTIME ns.
+    pub host_start_ns: u64,
+    /// Host end of the step (tokens sampled), BOOTTIME ns.
+    pub host_end_ns: u64,
+    /// Device start, BOOTTIME ns (see [`StepRecord::device_clock`]).
+    pub device_start_ns: u64,
+    /// Device end, BOOTTIME ns.
+    pub device_end_ns: u64,
+    /// [`DeviceClock`] as u32.
+    pub device_clock: u32,
+    /// Sequences in the batch.
+    pub num_seqs: u32,
+    /// Prompt tokens computed in this step.
+    pub prefill_tokens: u32,
+    /// Decode tokens computed in this step.
+    pub decode_tokens: u32,
+    /// KV-cache blocks in use after scheduling.
+    pub kv_blocks_used: u32,
+    /// KV-cache blocks in the pool.
+    pub kv_blocks_total: u32,
+    /// Requests waiting after scheduling.
+    pub num_waiting: u32,
+    /// Sequences preempted while scheduling this step.
+    pub num_preempted: u32,
+    /// Number of valid entries in `req_ids`.
+    pub num_req_ids: u32,
+    /// 1 when the batch had more than [`MAX_STEP_REQS`] requests.
+    pub req_ids_truncated: u32,
+    /// Engine request ids served by this step.
+    pub req_ids: [u64; MAX_STEP_REQS],
+}
+
+/// A request lifecycle transition.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestEventKind {
+    /// Accepted by the HTTP layer and queued (carries trace context, prompt size, sampling parameters).
+    Arrived = 0,
+    /// First scheduled into a batch (queue time ends).
+    Scheduled = 1,
+    /// First output token sampled (TTFT).
+    FirstToken = 2,
+    /// Preempted (blocks freed; will be recomputed).
+    Preempted = 3,
+    /// Finished; see [`RequestRecord::finish_reason`].
+    Finished = 4,
+}
+
+impl RequestEventKind {
+    /// Decodes the raw value of [`RequestRecord::kind`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Arrived),
+            1 => Some(Self::Scheduled),
+            2 => Some(Self::FirstToken),
+            3 => Some(Self::Preempted),
+            4 => Some(Self::Finished),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request finished.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Not finished (other event kinds).
+    None = 0,
+    /// EOS token or a stop string.
+    Stop = 1,
+    /// `max_tokens` or the context length reached.
+    Length = 2,
+    /// Client went away.
+    Abort = 3,
+    /// Engine-side error.
+    Error = 4,
+}
+
+impl FinishReason {
+    /// Decodes the raw value of [`RequestRecord::finish_reason`].
+    pub fn from_raw(v: u32) -> Self {
+        match v {
+            1 => Self::Stop,
+            2 => Self::Length,
+            3 => Self::Abort,
+            4 => Self::Error,
+            _ => Self::None,
+        }
+    }
+    /// The OpenAI / vLLM spelling (`stop`, `length`, `abort`, `error`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// One request lifecycle event. Passed to [`PROBE_REQUEST`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RequestRecord {
+    /// [`ABI_VERSION`] of the engine that wrote this record.
+    pub abi_version: u32,
+    /// [`RequestEventKind`] as u32.
+    pub kind: u32,
+    /// Engine request id (unique per engine process).
+    pub req_id: u64,
+    /// When the transition happened, BOOTTIME ns.
+    pub ts_ns: u64,
+    /// W3C trace id from `traceparent` (all zero when absent).
+    pub trace_id: [u8; 16],
+    /// W3C parent span id from `traceparent`.
+    pub parent_span_id: [u8; 8],
+    /// 1 when `trace_id`/`parent_span_id` are valid.
+    pub has_trace_context: u8,
+    /// W3C trace flags.
+    pub trace_flags: u8,
+    /// 1 for `/v1/chat/completions`, 0 for `/v1/completions`.
+    pub is_chat: u8,
+    /// Reserved, zero.
+    pub _pad: u8,
+    /// [`FinishReason`] as u32 (Finished only).
+    pub finish_reason: u32,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens generated so far.
+    pub output_tokens: u32,
+    /// `max_tokens` requested.
+    pub max_tokens: u32,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Nucleus sampling `top_p`.
+    pub top_p: f32,
+    /// Times preempted so far.
+    pub num_preemptions: u32,
+    /// `x-request-id` header, NUL padded.
+    pub x_request_id: [u8; REQUEST_ID_LEN],
+    /// Served model name, NUL padded.
+    pub model: [u8; MODEL_LEN],
+}
+
+/// NVTX-style range operation.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangeOp {
+    /// Open a range on the calling thread.
+    Push = 0,
+    /// Close the innermost open range on the calling thread.
+    Pop = 1,
+    /// An instant marker.
+    Mark = 2,
+}
+
+impl RangeOp {
+    /// Decodes the raw value of [`RangeRecord::op`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Push),
+            1 => Some(Self::Pop),
+            2 => Some(Self::Mark),
+            _ => None,
+        }
+    }
+}
+
+/// An NVTX-style named range event on the calling thread. Passed to [`PROBE_RANGE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RangeRecord {
+    /// [`ABI_VERSION`] of the engine that wrote this record.
+    pub abi_version: u32,
+    /// [`RangeOp`] as u32.
+    pub op: u32,
+    /// BOOTTIME ns.
+    pub ts_ns: u64,
+    /// Engine step this range belongs to (0 if none).
+    pub step_id: u64,
+    /// Domain (e.g. `llmserve`), NUL padded.
+    pub domain: [u8; RANGE_DOMAIN_LEN],
+    /// Range name (e.g. `forward`), NUL padded.
+    pub name: [u8; RANGE_NAME_LEN],
+}
+
+/// Kinds of records the eBPF programs write into the ring buffer. Each record starts with an [`EventHeader`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// [`StepEvent`].
+    Step = 1,
+    /// [`RequestEvent`].
+    Request = 2,
+    /// [`RangeEvent`].
+    Range = 3,
+    /// [`SlowSyscallEvent`].
+    SlowSyscall = 4,
+    /// [`FileOpenEvent`].
+    FileOpen = 5,
+    /// [`FileIoEvent`].
+    FileIo = 6,
+    /// [`ConnectEvent`].
+    Connect = 7,
+    /// [`ProcessExitEvent`].
+    ProcessExit = 8,
+}
+
+impl EventKind {
+    /// Decodes [`EventHeader::kind`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Step),
+            2 => Some(Self::Request),
+            3 => Some(Self::Range),
+            4 => Some(Self::SlowSyscall),
+            5 => Some(Self::FileOpen),
+            6 => Some(Self::FileIo),
+            7 => Some(Self::Connect),
+            8 => Some(Self::ProcessExit),
+            _ => None,
+        }
+    }
+}
+
+/// Common prefix of every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EventHeader {
+    /// [`EventKind`] as u32.
+    pub kind: u32,
+    /// CPU the event was recorded on.
+    pub cpu: u32,
+    /// BOOTTIME ns when the eBPF program ran (for syscalls: the syscall's entry).
+    pub ts_ns: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+}
+
+/// Engine step probe hit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StepEvent {
+    /// Header ([`EventKind::Step`]).
+    pub hdr: EventHeader,
+    /// The engine's record, copied verbatim.
+    pub rec: StepRecord,
+}
+
+/// Engine request probe hit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RequestEvent {
+    /// Header ([`EventKind::Request`]).
+    pub hdr: EventHeader,
+    /// The engine's record, copied verbatim.
+    pub rec: RequestRecord,
+}
+
+/// Engine range probe hit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RangeEvent {
+    /// Header ([`EventKind::Range`]).
+    pub hdr: EventHeader,
+    /// The engine's record, copied verbatim.
+    pub rec: RangeRecord,
+}
+
+/// A syscall slower than the configured threshold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SlowSyscallEvent {
+    /// Header ([`EventKind::SlowSyscall`]); `ts_ns` is the entry time.
+    pub hdr: EventHeader,
+    /// Syscall number (x86-64).
+    pub nr: u64,
+    /// Return value.
+    pub ret: i64,
+    /// Duration, ns.
+    pub dur_ns: u64,
+}
+
+/// An `openat` of a path that matched the model-file patterns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FileOpenEvent {
+    /// Header ([`EventKind::FileOpen`]); `ts_ns` is the entry time.
+    pub hdr: EventHeader,
+    /// Returned fd (negative errno on failure).
+    pub ret: i64,
+    /// Duration of the open, ns.
+    pub dur_ns: u64,
+    /// Open flags.
+    pub flags: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+    /// Path as passed to openat, NUL terminated.
+    pub path: [u8; PATH_LEN],
+}
+
+/// I/O operation on a tracked model-file fd.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileOp {
+    /// read(2).
+    Read = 0,
+    /// pread64(2).
+    Pread = 1,
+    /// readv(2).
+    Readv = 2,
+    /// mmap(2) of the fd.
+    Mmap = 3,
+    /// close(2).
+    Close = 4,
+}
+
+impl FileOp {
+    /// Decodes [`FileIoEvent::op`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Read),
+            1 => Some(Self::Pread),
+            2 => Some(Self::Readv),
+            3 => Some(Self::Mmap),
+            4 => Some(Self::Close),
+            _ => None,
+        }
+    }
+    /// Name used in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Pread => "pread64",
+            Self::Readv => "readv",
+            Self::Mmap => "mmap",
+            Self::Close => "close",
+        }
+    }
+}
+
+/// I/O on a tracked model-file fd.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FileIoEvent {
+    /// Header ([`EventKind::FileIo`]); `ts_ns` is the entry time.
+    pub hdr: EventHeader,
+    /// [`FileOp`] as u32.
+    pub op: u32,
+    /// The fd.
+    pub fd: i32,
+    /// Return value: bytes for reads, address for mmap, 0/-errno for close.
+    pub ret: i64,
+    /// Bytes requested (reads: count; mmap: length).
+    pub len: u64,
+    /// Duration, ns.
+    pub dur_ns: u64,
+}
+
+/// A connect(2) attempt.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectEvent {
+    /// Header ([`EventKind::Connect`]); `ts_ns` is the entry time.
+    pub hdr: EventHeader,
+    /// Return value (0, or -errno such as -EINPROGRESS / -ECONNREFUSED).
+    pub ret: i64,
+    /// Duration, ns.
+    pub dur_ns: u64,
+    /// Socket fd.
+    pub fd: i32,
+    /// AF_INET (2) or AF_INET6 (10).
+    pub family: u16,
+    /// Destination port, host byte order.
+    pub port: u16,
+    /// Destination address: IPv4 in the first 4 bytes, or IPv6.
+    pub addr: [u8; 16],
+    /// 1 when the destination is inside an allowed CIDR (decided in the kernel).
+    pub allowed: u8,
+    /// Reserved, zero.
+    pub _pad: [u8; 7],
+}
+
+/// A traced process exited (sched_process_exit of its main thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessExitEvent {
+    /// Header ([`EventKind::ProcessExit`]).
+    pub hdr: EventHeader,
+    /// Exit code as the kernel reports it.
+    pub exit_code: i64,
+}
+
+/// Key of the in-kernel syscall aggregate map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SyscallKey {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Syscall number.
+    pub nr: u64,
+}
+
+/// Log2 latency buckets: bucket i counts calls with duration in [2^i, 2^(i+1)) ns.
+pub const LAT_BUCKETS: usize = 32;
+
+/// Value of the in-kernel syscall aggregate map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallStats {
+    /// Completed calls.
+    pub count: u64,
+    /// Total time, ns.
+    pub total_ns: u64,
+    /// Log2 latency histogram.
+    pub hist: [u64; LAT_BUCKETS],
+}
+
+/// Key of the per-socket sent-bytes map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SockKey {
+    /// Process id.
+    pub pid: u32,
+    /// Socket fd.
+    pub fd: i32,
+}
+
+/// Identifies an eBPF program for the per-probe counters (index into the counters array).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeId {
+    /// Engine step uprobe.
+    Step = 0,
+    /// Engine request uprobe.
+    Request = 1,
+    /// Engine range uprobe.
+    Range = 2,
+    /// raw_syscalls:sys_enter/sys_exit.
+    Syscalls = 3,
+    /// Model-file opens.
+    FileOpen = 4,
+    /// Model-file read/pread64/readv/mmap/close.
+    FileIo = 5,
+    /// connect.
+    Connect = 6,
+    /// sendto/sendmsg/write on sockets.
+    Send = 7,
+    /// sched_process_exit.
+    ProcessExit = 8,
+}
+
+/// Number of [`ProbeId`] values (size of the counters array).
+pub const NUM_PROBES: usize = 9;
+
+/// Names of the probes, indexed by [`ProbeId`].
+pub const PROBE_NAMES: [&str; NUM_PROBES] = [
+    "engine_step",
+    "engine_request",
+    "engine_range",
+    "syscalls",
+    "file_open",
+    "file_io",
+    "connect",
+    "send",
+    "process_exit",
+];
+
+/// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeCounters {
+    /// Times the program ran for a traced process.
+    pub hits: u64,
+    /// Records written to the ring buffer.
+    pub emitted: u64,
+    /// Records lost because the ring buffer was full (or a user read failed).
+    pub dropped: u64,
+}
+
+/// Read-only configuration of the eBPF programs (set through globals at load time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Syscalls at least this long (ns) are sent individually.
+    pub slow_syscall_ns: u64,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<StepRecord>() == 88 + 8 * MAX_STEP_REQS);
+    assert!(core::mem::size_of::<RequestRecord>() == 80 + REQUEST_ID_LEN + MODEL_LEN);
+    assert!(core::mem::size_of::<RangeRecord>() == 24 + RANGE_DOMAIN_LEN + RANGE_NAME_LEN);
+    assert!(core::mem::size_of::<EventHeader>() == 24);
+    assert!(core::mem::size_of::<SlowSyscallEvent>() == 48);
+    assert!(core::mem::size_of::<FileOpenEvent>() == 48 + PATH_LEN);
+    assert!(core::mem::size_of::<FileIoEvent>() == 56);
+    assert!(core::mem::size_of::<ConnectEvent>() == 72);
+    assert!(core::mem::size_of::<ProcessExitEvent>() == 32);
+    assert!(core::mem::size_of::<SyscallKey>() == 16);
+    assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
+    assert!(core::mem::size_of::<ProbeCounters>() == 24);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all these types are #[repr(C)], Copy, contain only integers/arrays of integers/floats,
+    // and every bit pattern is valid for them (enums are stored as raw u32, never as Rust enums).
+    unsafe impl aya::Pod for super::SyscallKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SyscallStats {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SockKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::ProbeCounters {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::Config {}
+}
+
+/// Copies `s` into a NUL-padded fixed array, truncating at a UTF-8 boundary.
+pub fn fill_str<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut n = s.len().min(N);
+    while n > 0 && !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out
+}
+
+/// Reads a NUL-padded fixed array back as a string slice (lossy: invalid UTF-8 ends the string).
+pub fn read_str(b: &[u8]) -> &str {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    match core::str::from_utf8(&b[..end]) {
+        Ok(s) => s,
+        Err(e) => core::str::from_utf8(&b[..e.valid_up_to()]).unwrap_or(""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_roundtrip_and_truncate_on_char_boundary() {
+        let a: [u8; 8] = fill_str("abc");
+        assert_eq!(read_str(&a), "abc");
+        let b: [u8; 4] = fill_str("abcé");
+        assert_eq!(read_str(&b), "abc");
+    }
+
+    #[test]
+    fn kinds_decode() {
+        assert_eq!(StepKind::from_raw(2), Some(StepKind::Mixed));
+        assert_eq!(EventKind::from_raw(7), Some(EventKind::Connect));
+        assert_eq!(FinishReason::from_raw(2).name(), "length");
+        assert_eq!(StepKind::from_raw(9), None);
+    }
+}

@@ -1,0 +1,49 @@
+//! Project tasks: setup of everything the demo and the tests need on a fresh machine, the eBPF build, benches.
+//!
+//! `cargo xtask <task>`; each task lives in its own module. Every install step the project needs is here,
+//! never done by hand.
+
+mod bench;
+mod ebpf;
+mod model;
+mod tools;
+mod util;
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "usage: cargo xtask <task>
+
+tasks:
+  setup            install everything the demo and the tests need (model, eBPF chain, trace processor, ...)
+  fetch-model      fetch the default GGUF (SmolLM2-135M-Instruct Q4_1) into the model cache
+  setup-ebpf       install the eBPF build chain (compiler able to build core for bpfel, bpf-linker)
+  build-ebpf       rebuild the committed eBPF object from profiler-ebpf/ (--check: fail if it differs)
+  setup-tools      install test tools (Perfetto trace processor, Prometheus, ...)
+  bench <what>     benchmarks (engine, attach)
+";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(task) = args.first() else {
+        print!("{USAGE}");
+        return Ok(());
+    };
+    let rest = &args[1..];
+    match task.as_str() {
+        "setup" => {
+            model::fetch(rest)?;
+            tools::setup(rest)?;
+            ebpf::setup(rest)
+        }
+        "fetch-model" => model::fetch(rest),
+        "setup-ebpf" => ebpf::setup(rest),
+        "build-ebpf" => ebpf::build(rest),
+        "setup-tools" => tools::setup(rest),
+        "bench" => bench::run(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task {other:?}\n\n{USAGE}"),
+    }
+}

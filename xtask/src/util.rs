@@ -1,0 +1,32 @@
+//! Small helpers shared by the tasks: running commands with context, locating the repository.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The repository root (the parent of xtask/).
+pub fn repo_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(PathBuf::from).unwrap_or(here)
+}
+
+/// Runs `cmd`, failing with its command line when it exits non-zero.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let desc = format!("{cmd:?}");
+    let status = cmd.status().with_context(|| format!("could not start {desc}"))?;
+    if !status.success() {
+        bail!("{desc} failed with {status}");
+    }
+    Ok(())
+}
+
+/// True when `prog` is on PATH.
+pub fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog} >/dev/null 2>&1"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
