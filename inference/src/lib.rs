@@ -1,1 +1,28 @@
-//! llmserve library.
+//! llmserve: a GGUF Llama-family inference engine with continuous batching after vLLM's design, a paged KV
+//! cache, vLLM-named Prometheus metrics and llmprof probe points.
+//!
+//! Model side: [`gguf`] (file format), [`quant`] (tensor types and SIMD kernels), [`tokenizer`],
+//! [`chat_template`], [`model`] (weights + config), [`backend`] (the compute trait; CPU backend),
+//! [`tiny_gguf`] (tiny generated models for tests).
+//! Serving side: [`block_pool`], [`kv_cache_manager`], [`scheduler`], [`sampling`], [`engine`] (the step loop),
+//! [`api`] (OpenAI-compatible HTTP), [`metrics`], [`trace_context`] (W3C traceparent), [`config`].
+
+// Model side (owner: engine-model).
+pub mod backend;
+pub mod chat_template;
+pub mod gguf;
+pub mod model;
+pub mod quant;
+pub mod tiny_gguf;
+pub mod tokenizer;
+
+// Serving side (owner: engine-serve).
+pub mod api;
+pub mod block_pool;
+pub mod config;
+pub mod engine;
+pub mod kv_cache_manager;
+pub mod metrics;
+pub mod sampling;
+pub mod scheduler;
+pub mod trace_context;

@@ -1,0 +1,1 @@
+//! (placeholder: CPU backend being written)
