@@ -5,6 +5,7 @@
 
 mod bench;
 mod ebpf;
+mod flows;
 mod model;
 mod tools;
 mod util;
@@ -14,6 +15,8 @@ use anyhow::{bail, Result};
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
+  demo [SECS]      the main job: engine on the default model + load + llmprof attach -> a Perfetto trace
+  test [ARGS]      every test, as CI runs them (setup, eBPF object check, build, cargo test --workspace)
   setup            install everything the demo and the tests need (model, eBPF chain, trace processor, ...)
   fetch-model      fetch the default GGUF (SmolLM2-135M-Instruct Q4_1) into the model cache
   setup-ebpf       install the eBPF build chain (compiler able to build core for bpfel, bpf-linker)
@@ -35,6 +38,8 @@ fn main() -> Result<()> {
             tools::setup(rest)?;
             ebpf::setup(rest)
         }
+        "demo" => flows::demo(rest),
+        "test" => flows::test(rest),
         "fetch-model" => model::fetch(rest),
         "setup-ebpf" => ebpf::setup(rest),
         "build-ebpf" => ebpf::build(rest),

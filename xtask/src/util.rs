@@ -30,3 +30,15 @@ pub fn have(prog: &str) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+/// True when the effective uid is 0.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
