@@ -80,7 +80,10 @@ impl BlockPool {
     /// Returns blocks to the tail of the free queue.
     pub fn free(&mut self, ids: &[u32]) -> Result<(), BlockPoolError> {
         for &id in ids {
-            let slot = self.is_free.get_mut(id as usize).ok_or(BlockPoolError::OutOfRange(id))?;
+            let slot = self
+                .is_free
+                .get_mut(id as usize)
+                .ok_or(BlockPoolError::OutOfRange(id))?;
             if *slot {
                 return Err(BlockPoolError::DoubleFree(id));
             }
@@ -92,6 +95,7 @@ impl BlockPool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
 

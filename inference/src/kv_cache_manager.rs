@@ -19,7 +19,10 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     /// A manager over a fresh pool of `num_blocks` blocks of `block_size` slots.
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        Self { pool: BlockPool::new(num_blocks, block_size), tables: HashMap::new() }
+        Self {
+            pool: BlockPool::new(num_blocks, block_size),
+            tables: HashMap::new(),
+        }
     }
 
     /// Token slots per block.
@@ -93,6 +96,7 @@ impl KvCacheManager {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
 

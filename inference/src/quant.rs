@@ -1,1 +1,689 @@
-//! (placeholder: being written)
+//! Tensor types (F32, F16, Q8_0, Q4_0, Q4_1 in ggml's block layouts), dequantization, and the hot kernels:
+//! quantized weight rows × f32 activations with f32 accumulation.
+//!
+//! Weights stay quantized in memory (F16 is widened to F32 at load: no model of interest ships F16 matrices
+//! big enough to matter). At load the ggml blocks are split into structure-of-arrays form (scales widened to
+//! f32, quants contiguous) so the kernels do no f16 conversion. Kernels dequantize each 32-element block in
+//! registers and FMA it with **f32** activations: activations are never quantized (see DESIGN.md §6: an 8-bit
+//! activation path changes the default model's answer). AVX2+FMA kernels are chosen at run time
+//! (`is_x86_feature_detected!`), with a scalar fallback computing the same sums. Batched variants load a weight
+//! block once and use it for up to [`TOKEN_TILE`] tokens (prefill).
+//!
+//! Never allocates in the kernels; never spawns threads (the backend splits rows across its pool).
+
+use crate::gguf::GgmlType;
+
+/// Elements per quantization block (ggml-common.h: QK4_0 = QK4_1 = QK8_0 = 32).
+pub const BLOCK: usize = 32;
+
+/// Tokens sharing one dequantized weight block in the batched kernels (4 accumulators + 4 weight registers +
+/// activation loads fit the 16 AVX2 registers).
+pub const TOKEN_TILE: usize = 4;
+
+/// Errors building a quantized matrix.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    /// The tensor type is not supported by this engine.
+    #[error("unsupported tensor type {0:?} (supported: F32, F16, Q8_0, Q4_0, Q4_1)")]
+    Unsupported(GgmlType),
+    /// The row length is not a multiple of the block size, or the data has the wrong length.
+    #[error("bad tensor shape: {0}")]
+    Shape(String),
+}
+
+/// Converts an IEEE half (as bits) to f32.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let mant = u32::from(h & 0x3ff);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: value = m * 2^-24.
+            let v = m as f32 * f32::from_bits(0x3380_0000); // 2^-24
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
+        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Converts an f32 to IEEE half bits (round to nearest even); used to write test models.
+pub fn f32_to_f16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let mant = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = mant | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rem = m & ((1 << shift) - 1);
+        let mut r = m >> shift;
+        if rem > half || (rem == half && r & 1 == 1) {
+            r += 1;
+        }
+        return sign | r as u16;
+    }
+    let mut r = ((e as u32) << 10) | (mant >> 13);
+    let rem = mant & 0x1fff;
+    if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
+        r += 1;
+    }
+    sign | r as u16
+}
+
+/// Storage of a matrix's weights.
+#[derive(Debug, Clone)]
+enum Data {
+    /// Plain f32 (also F16 files, widened).
+    F32(Vec<f32>),
+    /// Q8_0: per block an f32 scale and 32 signed quants; value = q * d.
+    Q8_0 { d: Vec<f32>, qs: Vec<i8> },
+    /// Q4_0: per block a scale and 16 bytes of nibbles; value = (q - 8) * d.
+    Q4_0 { d: Vec<f32>, qs: Vec<u8> },
+    /// Q4_1: per block scale and min and 16 bytes of nibbles; value = q * d + m.
+    Q4_1 { d: Vec<f32>, m: Vec<f32>, qs: Vec<u8> },
+}
+
+/// A 2-D weight matrix of `rows` rows of `cols` elements, kept in its (repacked) quantized form.
+#[derive(Clone)]
+pub struct QMatrix {
+    rows: usize,
+    cols: usize,
+    ty: GgmlType,
+    data: Data,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({:?}, {}x{})", self.ty, self.rows, self.cols)
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+}
+
+impl QMatrix {
+    /// Builds a matrix from ggml-layout bytes (`rows` rows of `cols` elements, each row contiguous).
+    pub fn from_ggml(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, QuantError> {
+        let (per, bsize) = ty.block_layout().ok_or(QuantError::Unsupported(ty))?;
+        let n = rows * cols;
+        if cols % per != 0 || n / per * bsize != bytes.len() {
+            return Err(QuantError::Shape(format!(
+                "{ty:?} {rows}x{cols} with {} bytes (block of {per} elements = {bsize} bytes)",
+                bytes.len()
+            )));
+        }
+        let nb = n / BLOCK;
+        let data = match ty {
+            GgmlType::F32 => {
+                Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            GgmlType::F16 => Data::F32(bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
+            GgmlType::Q8_0 => {
+                let mut d = Vec::with_capacity(nb);
+                let mut qs = Vec::with_capacity(n);
+                for b in bytes.chunks_exact(bsize) {
+                    d.push(f16_at(b, 0));
+                    qs.extend(b[2..34].iter().map(|&q| q as i8));
+                }
+                Data::Q8_0 { d, qs }
+            }
+            GgmlType::Q4_0 => {
+                let mut d = Vec::with_capacity(nb);
+                let mut qs = Vec::with_capacity(n / 2);
+                for b in bytes.chunks_exact(bsize) {
+                    d.push(f16_at(b, 0));
+                    qs.extend_from_slice(&b[2..18]);
+                }
+                Data::Q4_0 { d, qs }
+            }
+            GgmlType::Q4_1 => {
+                let mut d = Vec::with_capacity(nb);
+                let mut m = Vec::with_capacity(nb);
+                let mut qs = Vec::with_capacity(n / 2);
+                for b in bytes.chunks_exact(bsize) {
+                    d.push(f16_at(b, 0));
+                    m.push(f16_at(b, 2));
+                    qs.extend_from_slice(&b[4..20]);
+                }
+                Data::Q4_1 { d, m, qs }
+            }
+            GgmlType::Other(_) => return Err(QuantError::Unsupported(ty)),
+        };
+        if !matches!(data, Data::F32(_)) && cols % BLOCK != 0 {
+            return Err(QuantError::Shape(format!("{cols} columns is not a multiple of {BLOCK}")));
+        }
+        Ok(QMatrix { rows, cols, ty, data })
+    }
+
+    /// Number of rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (inputs).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The type of the file's tensor.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Bytes of weight storage in memory.
+    pub fn storage_bytes(&self) -> usize {
+        match &self.data {
+            Data::F32(v) => v.len() * 4,
+            Data::Q8_0 { d, qs } => d.len() * 4 + qs.len(),
+            Data::Q4_0 { d, qs } => d.len() * 4 + qs.len(),
+            Data::Q4_1 { d, m: _, qs } => d.len() * 8 + qs.len(),
+        }
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` elements).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        match &self.data {
+            Data::F32(v) => out[..c].copy_from_slice(&v[r * c..(r + 1) * c]),
+            _ => {
+                for (j, chunk) in out[..c].chunks_exact_mut(BLOCK).enumerate() {
+                    let mut blk = [0f32; BLOCK];
+                    self.block(r * c / BLOCK + j, &mut blk);
+                    chunk.copy_from_slice(&blk);
+                }
+            }
+        }
+    }
+
+    /// The whole matrix as f32 (row-major), for reference computations.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        out
+    }
+
+    /// Dequantizes block `b` (global block index) of a quantized matrix.
+    fn block(&self, b: usize, out: &mut [f32; BLOCK]) {
+        match &self.data {
+            Data::F32(v) => out.copy_from_slice(&v[b * BLOCK..(b + 1) * BLOCK]),
+            Data::Q8_0 { d, qs } => {
+                for (o, &q) in out.iter_mut().zip(&qs[b * BLOCK..(b + 1) * BLOCK]) {
+                    *o = f32::from(q) * d[b];
+                }
+            }
+            Data::Q4_0 { d, qs } => {
+                // ggml layout: byte j holds element j (low nibble) and element j + 16 (high nibble).
+                for (j, &q) in qs[b * 16..(b + 1) * 16].iter().enumerate() {
+                    out[j] = (f32::from(q & 0x0f) - 8.0) * d[b];
+                    out[j + 16] = (f32::from(q >> 4) - 8.0) * d[b];
+                }
+            }
+            Data::Q4_1 { d, m, qs } => {
+                for (j, &q) in qs[b * 16..(b + 1) * 16].iter().enumerate() {
+                    out[j] = f32::from(q & 0x0f) * d[b] + m[b];
+                    out[j + 16] = f32::from(q >> 4) * d[b] + m[b];
+                }
+            }
+        }
+    }
+
+    /// Computes rows `row0 .. row0 + out.len() / n_tok` of `W · x_t` for `n_tok` tokens.
+    ///
+    /// `x` holds the tokens' activations, `[n_tok][cols]`; `out` is written `[row][token]`.
+    pub fn matmul_rows(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
+        assert!(n_tok > 0 && x.len() == n_tok * self.cols && out.len() % n_tok == 0);
+        let nrows = out.len() / n_tok;
+        assert!(row0 + nrows <= self.rows);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if simd_available() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above); the slices'
+                // bounds were checked by the asserts above and are re-checked by the kernel's indexing.
+                unsafe { avx2::matmul_rows(self, x, n_tok, row0, out) };
+                return;
+            }
+        }
+        self.matmul_rows_scalar(x, n_tok, row0, out);
+    }
+
+    /// Portable kernel: the same per-block sums as the SIMD kernels, in scalar code.
+    pub fn matmul_rows_scalar(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
+        let c = self.cols;
+        let nrows = out.len() / n_tok;
+        for i in 0..nrows {
+            let r = row0 + i;
+            let o = &mut out[i * n_tok..(i + 1) * n_tok];
+            o.fill(0.0);
+            if let Data::F32(v) = &self.data {
+                let w = &v[r * c..(r + 1) * c];
+                for (t, ot) in o.iter_mut().enumerate() {
+                    *ot = w.iter().zip(&x[t * c..(t + 1) * c]).map(|(a, b)| a * b).sum();
+                }
+                continue;
+            }
+            let mut blk = [0f32; BLOCK];
+            for j in 0..c / BLOCK {
+                self.block(r * c / BLOCK + j, &mut blk);
+                for (t, ot) in o.iter_mut().enumerate() {
+                    let xs = &x[t * c + j * BLOCK..t * c + (j + 1) * BLOCK];
+                    *ot += blk.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                }
+            }
+        }
+    }
+}
+
+/// Whether the AVX2+FMA kernels run on this CPU.
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Dot product of two f32 slices (AVX2+FMA when available); used by attention.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_available() {
+            // SAFETY: AVX2 and FMA are available (checked just above).
+            return unsafe { avx2::dot(a, b) };
+        }
+    }
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += a * x` (AVX2+FMA when available); used by attention.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_available() {
+            // SAFETY: AVX2 and FMA are available (checked just above).
+            unsafe { avx2::axpy(a, x, y) };
+            return;
+        }
+    }
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2+FMA kernels. Every function requires the `avx2` and `fma` target features at run time.
+
+    use super::{Data, QMatrix, BLOCK, TOKEN_TILE};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps::<1>(v);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Loads 8 f32 from `s[i..i + 8]` (bounds-checked).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn load8(s: &[f32], i: usize) -> __m256 {
+        let s8 = &s[i..i + 8];
+        // SAFETY: `s8` has exactly 8 readable f32; unaligned load.
+        unsafe { _mm256_loadu_ps(s8.as_ptr()) }
+    }
+
+    /// The 32 quants of a 4-bit block as 4 vectors of f32 (elements 0-7, 8-15, 16-23, 24-31), `bias`
+    /// subtracted (8 for Q4_0, 0 for Q4_1).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn unpack_q4(qs: &[u8], bias: i32) -> [__m256; 4] {
+        let q16 = &qs[..16];
+        // SAFETY: `q16` has exactly 16 readable bytes; unaligned load.
+        let q = unsafe { _mm_loadu_si128(q16.as_ptr().cast()) };
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+        let b = _mm256_set1_epi32(bias);
+        [
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(lo), b)),
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(lo)), b)),
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(hi), b)),
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(hi)), b)),
+        ]
+    }
+
+    /// The 32 quants of a Q8_0 block as 4 vectors of f32.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn unpack_q8(qs: &[i8]) -> [__m256; 4] {
+        let q32 = &qs[..32];
+        let mut out = [_mm256_setzero_ps(); 4];
+        for (k, o) in out.iter_mut().enumerate() {
+            // SAFETY: `q32[8k..8k+8]` is in bounds (k < 4); 8-byte unaligned load.
+            let v = unsafe { _mm_loadl_epi64(q32.as_ptr().add(8 * k).cast()) };
+            *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        }
+        out
+    }
+
+    /// Dot of a dequantized block `w` with 32 activations at `x[i..]`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn block_dot(w: &[__m256; 4], x: &[f32], i: usize) -> __m256 {
+        let p = _mm256_mul_ps(w[0], load8(x, i));
+        let p = _mm256_fmadd_ps(w[1], load8(x, i + 8), p);
+        let p = _mm256_fmadd_ps(w[2], load8(x, i + 16), p);
+        _mm256_fmadd_ps(w[3], load8(x, i + 24), p)
+    }
+
+    /// Runs the row loop of a token tile of `NT` tokens: `$deq(b)` yields block `b` dequantized as 4 vectors;
+    /// each token keeps two accumulators so consecutive FMAs are independent (FMA latency 4, throughput 2/cycle).
+    macro_rules! tile_rows {
+        ($nt:ident, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $x:expr, $out:expr, $n_tok:expr, $t0:expr, |$b:ident| $deq:expr) => {{
+            for i in 0..$nrows {
+                let r = $row0 + i;
+                let mut acc = [[_mm256_setzero_ps(); 2]; $nt];
+                for j in 0..$nb {
+                    let $b = r * $nb + j;
+                    let w: [__m256; 4] = $deq;
+                    for t in 0..$nt {
+                        let xp = &$x[($t0 + t) * $c + j * BLOCK..($t0 + t) * $c + (j + 1) * BLOCK];
+                        // SAFETY: `xp` has exactly 32 readable f32; unaligned loads at offsets 0, 8, 16, 24.
+                        let (x0, x1, x2, x3) = unsafe {
+                            let p = xp.as_ptr();
+                            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
+                        };
+                        acc[t][0] = _mm256_fmadd_ps(w[0], x0, acc[t][0]);
+                        acc[t][1] = _mm256_fmadd_ps(w[1], x1, acc[t][1]);
+                        acc[t][0] = _mm256_fmadd_ps(w[2], x2, acc[t][0]);
+                        acc[t][1] = _mm256_fmadd_ps(w[3], x3, acc[t][1]);
+                    }
+                }
+                for t in 0..$nt {
+                    $out[i * $n_tok + $t0 + t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+                }
+            }
+        }};
+    }
+
+    /// One tile of `NT` tokens starting at token `t0`, all rows.
+    #[target_feature(enable = "avx2,fma")]
+    fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: usize, out: &mut [f32]) {
+        let c = m.cols;
+        let nb = c / BLOCK;
+        let nrows = out.len() / n_tok;
+        match &m.data {
+            Data::F32(v) => {
+                for i in 0..nrows {
+                    let r = row0 + i;
+                    let w = &v[r * c..(r + 1) * c];
+                    let mut acc = [_mm256_setzero_ps(); NT];
+                    let mut k = 0;
+                    while k + 8 <= c {
+                        let wv = load8(w, k);
+                        for t in 0..NT {
+                            acc[t] = _mm256_fmadd_ps(wv, load8(x, (t0 + t) * c + k), acc[t]);
+                        }
+                        k += 8;
+                    }
+                    for t in 0..NT {
+                        let mut s = hsum(acc[t]);
+                        for kk in k..c {
+                            s += w[kk] * x[(t0 + t) * c + kk];
+                        }
+                        out[i * n_tok + t0 + t] = s;
+                    }
+                }
+            }
+            Data::Q8_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+                let q = unpack_q8(&qs[b * BLOCK..]);
+                let dv = _mm256_set1_ps(d[b]);
+                [_mm256_mul_ps(q[0], dv), _mm256_mul_ps(q[1], dv), _mm256_mul_ps(q[2], dv), _mm256_mul_ps(q[3], dv)]
+            }),
+            Data::Q4_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+                let q = unpack_q4(&qs[b * 16..], 8);
+                let dv = _mm256_set1_ps(d[b]);
+                [_mm256_mul_ps(q[0], dv), _mm256_mul_ps(q[1], dv), _mm256_mul_ps(q[2], dv), _mm256_mul_ps(q[3], dv)]
+            }),
+            Data::Q4_1 { d, m: mins, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+                let q = unpack_q4(&qs[b * 16..], 0);
+                let dv = _mm256_set1_ps(d[b]);
+                let mv = _mm256_set1_ps(mins[b]);
+                [
+                    _mm256_fmadd_ps(q[0], dv, mv),
+                    _mm256_fmadd_ps(q[1], dv, mv),
+                    _mm256_fmadd_ps(q[2], dv, mv),
+                    _mm256_fmadd_ps(q[3], dv, mv),
+                ]
+            }),
+        }
+    }
+
+    /// See [`QMatrix::matmul_rows`].
+    #[target_feature(enable = "avx2,fma")]
+    pub fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
+        let mut t0 = 0;
+        while t0 < n_tok {
+            match n_tok - t0 {
+                1 => tile::<1>(m, x, n_tok, t0, row0, out),
+                2 => tile::<2>(m, x, n_tok, t0, row0, out),
+                3 => tile::<3>(m, x, n_tok, t0, row0, out),
+                _ => tile::<TOKEN_TILE>(m, x, n_tok, t0, row0, out),
+            }
+            t0 += (n_tok - t0).min(TOKEN_TILE);
+        }
+    }
+
+    /// See [`super::dot`].
+    #[target_feature(enable = "avx2,fma")]
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut k = 0;
+        while k + 16 <= n {
+            acc0 = _mm256_fmadd_ps(load8(a, k), load8(b, k), acc0);
+            acc1 = _mm256_fmadd_ps(load8(a, k + 8), load8(b, k + 8), acc1);
+            k += 16;
+        }
+        while k + 8 <= n {
+            acc0 = _mm256_fmadd_ps(load8(a, k), load8(b, k), acc0);
+            k += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(acc0, acc1));
+        for kk in k..n {
+            s += a[kk] * b[kk];
+        }
+        s
+    }
+
+    /// See [`super::axpy`].
+    #[target_feature(enable = "avx2,fma")]
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let av = _mm256_set1_ps(a);
+        let mut k = 0;
+        while k + 8 <= n {
+            let r = _mm256_fmadd_ps(av, load8(x, k), load8(y, k));
+            let y8 = &mut y[k..k + 8];
+            // SAFETY: `y8` has exactly 8 writable f32; unaligned store.
+            unsafe { _mm256_storeu_ps(y8.as_mut_ptr(), r) };
+            k += 8;
+        }
+        for kk in k..n {
+            y[kk] += a * x[kk];
+        }
+    }
+}
+
+/// Quantizes f32 values into ggml block bytes (used to write test models; not on any runtime path).
+pub fn quantize_ggml(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
+    let mut out = Vec::new();
+    match ty {
+        GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        GgmlType::F16 => values.iter().for_each(|v| out.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            if values.len() % BLOCK != 0 {
+                return Err(QuantError::Shape(format!("{} values is not a multiple of {BLOCK}", values.len())));
+            }
+            for b in values.chunks_exact(BLOCK) {
+                quantize_block(ty, b, &mut out);
+            }
+        }
+        GgmlType::Other(_) => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(out)
+}
+
+/// ggml's reference quantizers (ggml-quants.c `quantize_row_*_ref`).
+fn quantize_block(ty: GgmlType, b: &[f32], out: &mut Vec<u8>) {
+    match ty {
+        GgmlType::Q8_0 => {
+            let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+            out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+        }
+        GgmlType::Q4_0 => {
+            let max = b.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+            let d = max / -8.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+            for j in 0..16 {
+                let q0 = ((b[j] * id + 8.5) as i32).clamp(0, 15) as u8;
+                let q1 = ((b[j + 16] * id + 8.5) as i32).clamp(0, 15) as u8;
+                out.push(q0 | (q1 << 4));
+            }
+        }
+        GgmlType::Q4_1 => {
+            let min = b.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+            let max = b.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            let d = (max - min) / 15.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+            out.extend_from_slice(&f32_to_f16(min).to_le_bytes());
+            for j in 0..16 {
+                let q0 = (((b[j] - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                let q1 = (((b[j + 16] - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+                out.push(q0 | (q1 << 4));
+            }
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Other(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f16_round_trip() {
+        for v in [0.0f32, 1.0, -2.5, 0.000_123, 65504.0, 1e-7, -0.333_251_95] {
+            let h = f32_to_f16(v);
+            let back = f16_to_f32(h);
+            assert!((back - v).abs() <= v.abs() * 1e-3 + 1e-7, "{v} -> {h:#x} -> {back}");
+        }
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+    }
+
+    #[test]
+    fn quantized_matmul_matches_dequantized_reference() {
+        let (rows, cols) = (13, 96);
+        let w = pseudo_random(rows * cols, 1);
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let bytes = quantize_ggml(ty, &w).expect("quantize");
+            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            let deq = m.dequantize();
+            // Quantization error is bounded by the block's scale.
+            let max_err = deq.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(max_err < 0.15, "{ty:?}: dequantization error {max_err}");
+            for n_tok in [1, 3, 4, 7] {
+                let x = pseudo_random(n_tok * cols, 7 + n_tok as u32);
+                let mut out = vec![0f32; rows * n_tok];
+                let mut out_scalar = vec![0f32; rows * n_tok];
+                m.matmul_rows(&x, n_tok, 0, &mut out);
+                m.matmul_rows_scalar(&x, n_tok, 0, &mut out_scalar);
+                for r in 0..rows {
+                    for t in 0..n_tok {
+                        let want: f64 = (0..cols)
+                            .map(|k| f64::from(deq[r * cols + k]) * f64::from(x[t * cols + k]))
+                            .sum();
+                        for got in [out[r * n_tok + t], out_scalar[r * n_tok + t]] {
+                            assert!((f64::from(got) - want).abs() < 1e-4, "{ty:?} r{r} t{t}: {got} vs {want}");
+                        }
+                    }
+                }
+                // A row sub-range gives the same rows.
+                let mut part = vec![0f32; 5 * n_tok];
+                m.matmul_rows(&x, n_tok, 4, &mut part);
+                assert_eq!(&part[..], &out[4 * n_tok..9 * n_tok]);
+            }
+        }
+    }
+
+    #[test]
+    fn ggml_nibble_layout() {
+        // A Q4_1 block with d = 1, m = 0 and byte j = (j + 1) << 4 | j: element j = j, element j+16 = j+1.
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&f32_to_f16(1.0).to_le_bytes());
+        bytes.extend_from_slice(&f32_to_f16(0.0).to_le_bytes());
+        bytes.extend((0..16u8).map(|j| (((j + 1) & 0xf) << 4) | j));
+        let m = QMatrix::from_ggml(GgmlType::Q4_1, 1, 32, &bytes).expect("matrix");
+        let d = m.dequantize();
+        assert_eq!(d[3], 3.0);
+        assert_eq!(d[16 + 3], 4.0);
+    }
+
+    #[test]
+    fn dot_and_axpy() {
+        let a = pseudo_random(37, 3);
+        let b = pseudo_random(37, 4);
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - want).abs() < 1e-5);
+        let mut y = b.clone();
+        axpy(0.5, &a, &mut y);
+        for k in 0..37 {
+            assert!((y[k] - (b[k] + 0.5 * a[k])).abs() < 1e-6);
+        }
+    }
+}

@@ -478,7 +478,8 @@ pub struct ConnectEvent {
     pub port: u16,
     /// Destination address: IPv4 in the first 4 bytes, or IPv6.
     pub addr: [u8; 16],
-    /// 1 when the destination is inside an allowed CIDR (decided in the kernel).
+    /// 1 when the destination is inside an allowed CIDR. The kernel writes 0; llmprof decides it at
+    /// decode time against `--egress-allow` (no kernel state to keep in sync).
     pub allowed: u8,
     /// Reserved, zero.
     pub _pad: [u8; 7],
@@ -591,6 +592,35 @@ pub struct Config {
     pub slow_syscall_ns: u64,
 }
 
+/// Most model-file path patterns the kernel matches (entries of the `PATTERNS` array map).
+pub const MAX_PATTERNS: usize = 8;
+/// Bytes of one model-file path pattern (without its `*`).
+pub const PATTERN_LEN: usize = 32;
+
+/// How a [`FilePattern`] matches a path.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatternKind {
+    /// Unused slot.
+    Unused = 0,
+    /// The path ends with the bytes (`*.gguf`, or a pattern without `*`).
+    Suffix = 1,
+    /// The path starts with the bytes (`/models/*`).
+    Prefix = 2,
+}
+
+/// One model-file path pattern, as user space writes it into the kernel's pattern map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FilePattern {
+    /// [`PatternKind`] as u32.
+    pub kind: u32,
+    /// Valid bytes in `bytes` (1..=[`PATTERN_LEN`]).
+    pub len: u32,
+    /// The literal part of the pattern.
+    pub bytes: [u8; PATTERN_LEN],
+}
+
 const _: () = {
     assert!(core::mem::size_of::<StepRecord>() == 88 + 8 * MAX_STEP_REQS);
     assert!(core::mem::size_of::<RequestRecord>() == 80 + REQUEST_ID_LEN + MODEL_LEN);
@@ -604,6 +634,7 @@ const _: () = {
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
+    assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
 };
 
 #[cfg(feature = "user")]
@@ -619,6 +650,8 @@ mod pod {
     unsafe impl aya::Pod for super::ProbeCounters {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::Config {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::FilePattern {}
 }
 
 /// Copies `s` into a NUL-padded fixed array, truncating at a UTF-8 boundary.

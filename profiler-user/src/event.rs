@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use llmprof_abi::{FileOp, ProbeCounters, RangeRecord, RequestRecord, StepRecord, NUM_PROBES};
+use llmprof_abi::{FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord, StepRecord};
 
 /// One decoded event.
 #[derive(Clone, Debug)]

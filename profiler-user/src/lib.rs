@@ -1,1 +1,18 @@
-//! llmprof library.
+//! llmprof: attach to an LLM inference server and merge eBPF and engine probes into a Perfetto trace.
+//!
+//! Capture (`capture`, the only part that touches the kernel) produces [`event::Event`]s; [`merge`] orders
+//! the streams by timestamp; sinks ([`perfetto`], otel) are pure consumers of the ordered stream. Front ends:
+//! [`attach`] (the `llmprof attach` session) and [`open`] (serving a trace to Perfetto UI).
+
+pub mod attach;
+pub mod capture;
+pub mod cli;
+pub mod clock;
+pub mod event;
+pub mod merge;
+pub mod metrics_scrape;
+pub mod open;
+pub mod otel;
+pub mod perfetto;
+pub mod procfs;
+pub mod syscall_names;

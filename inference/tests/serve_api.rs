@@ -1,0 +1,632 @@
+//! End-to-end tests of the serving side on a tiny generated model: the real `llmserve` binary, driven over HTTP
+//! like a client would.
+
+#![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
+
+mod serve_common;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use serve_common::{Server, open_stream, wait_until};
+
+fn chat_body(content: &str, extra: Value) -> Value {
+    let mut b =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": content}], "temperature": 0});
+    merge(&mut b, extra);
+    b
+}
+
+fn completion_body(prompt: &str, extra: Value) -> Value {
+    let mut b = json!({"model": "tiny", "prompt": prompt, "temperature": 0});
+    merge(&mut b, extra);
+    b
+}
+
+fn merge(b: &mut Value, extra: Value) {
+    if let (Some(o), Value::Object(e)) = (b.as_object_mut(), extra) {
+        o.extend(e);
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    let model = serve_common::tiny_model();
+    let mut a = vec!["--served-model-name", "tiny", "--threads", "1"];
+    a.extend_from_slice(args);
+    Server::start(&model, &a)
+}
+
+/// Text, finish reason and usage of a streamed response; checks the SSE framing on the way.
+fn collect_stream(events: &[String], is_chat: bool) -> (String, String, Option<Value>) {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "stream ends with [DONE]: {events:?}"
+    );
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut usage = None;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(
+            v["object"],
+            if is_chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            }
+        );
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            assert_eq!(
+                v["choices"].as_array().unwrap().len(),
+                0,
+                "usage chunk has no choices"
+            );
+            usage = Some(u.clone());
+            continue;
+        }
+        let c = &v["choices"][0];
+        let piece = if is_chat {
+            c["delta"]["content"].as_str()
+        } else {
+            c["text"].as_str()
+        };
+        text.push_str(piece.unwrap_or(""));
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish, usage)
+}
+
+fn check_usage(u: &Value, max_tokens: u64, finish: &str) {
+    let (p, c, t) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+        u["total_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 0);
+    assert_eq!(t, p + c);
+    assert!(c >= 1 && c <= max_tokens);
+    if finish == "length" {
+        assert_eq!(c, max_tokens, "length means max_tokens were generated");
+    } else {
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[test]
+fn chat_and_completions_streaming_and_not_agree() {
+    let s = start(&[]);
+    assert_eq!(s.get("/health").status, 200);
+    let models = s.get("/v1/models").json();
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    for is_chat in [true, false] {
+        let (path, body) = if is_chat {
+            (
+                "/v1/chat/completions",
+                chat_body("Hello there", json!({"max_tokens": 12})),
+            )
+        } else {
+            (
+                "/v1/completions",
+                completion_body("Once upon a time", json!({"max_tokens": 12})),
+            )
+        };
+        let r = s.post_json(path, &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let c = &v["choices"][0];
+        let text = if is_chat {
+            assert_eq!(v["object"], "chat.completion");
+            assert_eq!(c["message"]["role"], "assistant");
+            c["message"]["content"].as_str().unwrap().to_string()
+        } else {
+            assert_eq!(v["object"], "text_completion");
+            c["text"].as_str().unwrap().to_string()
+        };
+        let finish = c["finish_reason"].as_str().unwrap().to_string();
+        check_usage(&v["usage"], 12, &finish);
+
+        let mut sb = body.clone();
+        merge(
+            &mut sb,
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        );
+        let r = s.post_json(path, &sb);
+        assert_eq!(r.status, 200);
+        assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+        let (stext, sfinish, usage) = collect_stream(&r.sse_events(), is_chat);
+        assert_eq!(stext, text, "greedy streaming and non-streaming outputs agree");
+        assert_eq!(sfinish, finish);
+        assert_eq!(usage.expect("include_usage sends a usage chunk"), v["usage"]);
+
+        // Without include_usage there is no usage chunk.
+        let mut sb = body.clone();
+        merge(&mut sb, json!({"stream": true}));
+        let (_, _, usage) = collect_stream(&s.post_json(path, &sb).sse_events(), is_chat);
+        assert!(usage.is_none());
+    }
+}
+
+#[test]
+fn max_tokens_gives_length_and_stop_strings_cut_the_output() {
+    let s = start(&[]);
+    let r = s
+        .post_json(
+            "/v1/completions",
+            &completion_body("The quick brown fox", json!({"max_tokens": 24})),
+        )
+        .json();
+    let text = r["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    if r["choices"][0]["finish_reason"] == "length" {
+        assert_eq!(r["usage"]["completion_tokens"], 24);
+    }
+    assert!(
+        chars.len() >= 6,
+        "tiny model produced too little text to test stop strings: {text:?}"
+    );
+    let stop: String = chars[3..5].iter().collect();
+    let expected = &text[..text.find(&stop).unwrap()];
+    for stream in [false, true] {
+        let body = completion_body(
+            "The quick brown fox",
+            json!({"max_tokens": 24, "stop": [stop.clone(), "\u{1}never"], "stream": stream}),
+        );
+        let r = s.post_json("/v1/completions", &body);
+        let (t, f) = if stream {
+            let (t, f, _) = collect_stream(&r.sse_events(), false);
+            (t, f)
+        } else {
+            let v = r.json();
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+            )
+        };
+        assert_eq!(t, expected, "output ends before the stop string {stop:?}");
+        assert_eq!(f, "stop");
+    }
+    // A single string works too.
+    let v = s
+        .post_json(
+            "/v1/completions",
+            &completion_body("The quick brown fox", json!({"max_tokens": 24, "stop": stop})),
+        )
+        .json();
+    assert_eq!(v["choices"][0]["text"], expected);
+}
+
+#[test]
+fn bad_requests_get_openai_style_errors() {
+    let s = start(&[]);
+    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>)> = vec![
+        ("/v1/chat/completions", b"{not json".to_vec(), 400, None),
+        ("/v1/chat/completions", b"[1,2]".to_vec(), 400, None),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": []}).to_string().into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", json!({"temperature": "hot"}))
+                .to_string()
+                .into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", json!({"temperature": 7}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", json!({"max_tokens": -1}))
+                .to_string()
+                .into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", json!({"stop": 5})).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("hi", json!({"model": "gpt-9"}))
+                .to_string()
+                .into_bytes(),
+            404,
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": 12}).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [4000000000u64]}).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "word ".repeat(5000)}).to_string().into_bytes(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ""}).to_string().into_bytes(),
+            400,
+            Some("prompt"),
+        ),
+        ("/v1/nothing", b"{}".to_vec(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let r = s.post_raw(path, &[("content-type", "application/json")], &body);
+        assert_eq!(
+            r.status,
+            status,
+            "{path} {}: {}",
+            String::from_utf8_lossy(&body)
+                .chars()
+                .take(80)
+                .collect::<String>(),
+            r.text()
+        );
+        let v = r.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string());
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{v}");
+        }
+    }
+    let r = s.post_raw(
+        "/v1/completions",
+        &[],
+        json!({"prompt": "word ".repeat(5000)}).to_string().as_bytes(),
+    );
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    // Still serving.
+    assert_eq!(
+        s.post_json(
+            "/v1/completions",
+            &completion_body("ok", json!({"max_tokens": 2}))
+        )
+        .status,
+        200
+    );
+}
+
+#[test]
+fn full_queue_answers_429_and_accepted_requests_complete() {
+    let s = start(&["--max-queue", "2", "--max-num-seqs", "1"]);
+    let port = s.port;
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = completion_body(&format!("request {i}"), json!({"max_tokens": 40}));
+                serve_common::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    Some(body.to_string().as_bytes()),
+                )
+            })
+        })
+        .collect();
+    let rs: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let n429 = rs.iter().filter(|r| r.status == 429).count();
+    let n200 = rs.iter().filter(|r| r.status == 200).count();
+    assert!(
+        n429 >= 1,
+        "some requests were refused: {:?}",
+        rs.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert_eq!(n429 + n200, 10);
+    for r in rs.iter().filter(|r| r.status == 429) {
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    }
+}
+
+#[test]
+fn flood_of_bad_and_cancelled_requests_leaks_no_kv_blocks() {
+    let s = start(&["--num-kv-blocks", "64", "--block-size", "4"]);
+    let port = s.port;
+    let mut threads = Vec::new();
+    for i in 0..24 {
+        threads.push(std::thread::spawn(move || match i % 4 {
+            // Streaming, disconnected after the first bytes.
+            0 => drop(open_stream(
+                port,
+                "/v1/chat/completions",
+                &chat_body("tell me a story", json!({"max_tokens": 200, "stream": true})),
+                200,
+            )),
+            // Non-streaming, disconnected before the answer.
+            1 => drop(open_stream(
+                port,
+                "/v1/completions",
+                &completion_body("a long one", json!({"max_tokens": 200})),
+                0,
+            )),
+            // Garbage.
+            2 => {
+                let r = serve_common::request(
+                    port,
+                    "POST",
+                    "/v1/chat/completions",
+                    &[],
+                    Some(&[0xff, 0xfe, b'{', 0, 1]),
+                );
+                assert_eq!(r.status, 400);
+            }
+            // A normal request.
+            _ => {
+                let body = completion_body(
+                    "fine",
+                    json!({"max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": i}),
+                );
+                let r = serve_common::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    Some(body.to_string().as_bytes()),
+                );
+                assert_eq!(r.status, 200, "{}", r.text());
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let idle = wait_until(Duration::from_secs(60), || {
+        s.metric("vllm:num_requests_running{") == 0.0
+            && s.metric("vllm:num_requests_waiting{") == 0.0
+            && s.metric("vllm:kv_cache_usage_perc{") == 0.0
+    });
+    assert!(idle, "engine did not drain:\n{}", s.get("/metrics").text());
+    assert!(s.metric("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"}") >= 1.0);
+    assert_eq!(
+        s.post_json(
+            "/v1/completions",
+            &completion_body("still alive", json!({"max_tokens": 4}))
+        )
+        .status,
+        200
+    );
+}
+
+#[test]
+fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
+    let prompts: Vec<String> = (0..6).map(|i| format!("prompt number {i} says")).collect();
+    // Reference answers, one at a time on a roomy cache.
+    let reference: Vec<String> = {
+        let s = start(&[]);
+        prompts
+            .iter()
+            .map(|p| {
+                s.post_json("/v1/completions", &completion_body(p, json!({"max_tokens": 24})))
+                    .json()["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    // 16 blocks x 4 tokens = 64 slots for 6 sequences of up to ~30 tokens: they cannot all fit.
+    let s = start(&[
+        "--num-kv-blocks",
+        "16",
+        "--block-size",
+        "4",
+        "--max-num-seqs",
+        "6",
+    ]);
+    let port = s.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .cloned()
+        .map(|p| {
+            std::thread::spawn(move || {
+                let body = completion_body(&p, json!({"max_tokens": 24}));
+                serve_common::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    Some(body.to_string().as_bytes()),
+                )
+            })
+        })
+        .collect();
+    for (h, want) in handles.into_iter().zip(&reference) {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.json()["choices"][0]["text"].as_str().unwrap(),
+            want,
+            "recompute after preemption gives the same greedy output"
+        );
+    }
+    assert!(
+        s.metric("vllm:num_preemptions_total{") > 0.0,
+        "{}",
+        s.get("/metrics").text()
+    );
+    assert!(wait_until(Duration::from_secs(10), || s
+        .metric("vllm:kv_cache_usage_perc{")
+        == 0.0));
+}
+
+#[test]
+fn trace_headers_are_kept_and_request_id_echoed() {
+    let s = start(&[]);
+    let body = completion_body("hi", json!({"max_tokens": 2}));
+    let r = s.post_raw(
+        "/v1/completions",
+        &[
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+            ("x-request-id", "req-42"),
+        ],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-request-id"), Some("req-42"));
+}
+
+#[test]
+fn metrics_follow_vllm_names_and_pass_promtool() {
+    let s = start(&[]);
+    for _ in 0..3 {
+        s.post_json(
+            "/v1/chat/completions",
+            &chat_body("count", json!({"max_tokens": 5})),
+        );
+    }
+    let text = s.get("/metrics").text();
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+    }
+    assert_eq!(s.metric("vllm:e2e_request_latency_seconds_count{"), 3.0);
+    assert!(s.metric("vllm:generation_tokens_total{") >= 3.0);
+    assert_eq!(
+        s.metric("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"}")
+            + s.metric("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"}"),
+        3.0
+    );
+
+    let promtool = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !serve_common::require("promtool (apt-get install prometheus)", promtool) {
+        return;
+    }
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // promtool's linter flags every ':' in a metric name ("metric names should not contain ':'"), which vLLM's
+    // `vllm:` names (required here) always have. Anything else is a real problem.
+    let other: Vec<&str> = report
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.ends_with("metric names should not contain ':'"))
+        .collect();
+    assert!(other.is_empty(), "promtool found problems:\n{report}");
+    assert!(
+        out.status.success() || out.status.code() == Some(3),
+        "promtool failed to parse the exposition:\n{report}"
+    );
+}
+
+#[test]
+fn reload_swaps_weights_while_serving() {
+    let s = start(&[]);
+    let other = serve_common::tiny_model_seeded(7);
+    let before = s
+        .post_json(
+            "/v1/completions",
+            &completion_body("abc", json!({"max_tokens": 16})),
+        )
+        .json();
+    let r = s.post_json("/admin/reload", &json!({"path": other}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "ok");
+    let after = s
+        .post_json(
+            "/v1/completions",
+            &completion_body("abc", json!({"max_tokens": 16})),
+        )
+        .json();
+    assert_ne!(
+        before["choices"][0]["text"], after["choices"][0]["text"],
+        "other weights give another answer"
+    );
+    // Reload of a missing file is refused and the server keeps serving the current weights.
+    let r = s.post_json("/admin/reload", &json!({"path": "/nonexistent/model.gguf"}));
+    assert_eq!(r.status, 400);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nonexistent")
+    );
+    let again = s
+        .post_json(
+            "/v1/completions",
+            &completion_body("abc", json!({"max_tokens": 16})),
+        )
+        .json();
+    assert_eq!(again["choices"][0]["text"], after["choices"][0]["text"]);
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully() {
+    let mut s = start(&[]);
+    assert_eq!(s.get("/health").status, 200);
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let exited = wait_until(Duration::from_secs(15), || s.child.try_wait().unwrap().is_some());
+    assert!(exited, "llmserve did not exit after SIGTERM");
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}; stderr:\n{}", s.stderr());
+}

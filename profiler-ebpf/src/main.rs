@@ -1,0 +1,559 @@
+//! llmprof's eBPF programs: the only code of llmprof that runs in the kernel.
+//!
+//! Owns the programs, their maps and the records they write (layouts from `llmprof_abi`, never redefined
+//! here). Everything is filtered first by the `TRACED` map of tgids, so untraced processes cost one hash
+//! lookup. Programs (kernel names are at most 15 bytes; all start with `llmprof_` so a listing finds them):
+//! - `llmprof_sysent` / `llmprof_sysexit` (raw_syscalls:sys_enter/sys_exit): per-thread syscall aggregates,
+//!   slow syscalls, and, dispatched on the syscall number at exit, model-file opens/reads/mmaps/closes,
+//!   connects and bytes sent on connected sockets. One pair of tracepoints instead of one per syscall:
+//!   the syscall's arguments are saved at entry and everything is decided at exit, where the result is known.
+//! - `llmprof_pexit` (sched:sched_process_exit): the traced process's end.
+//! - `llmprof_step` / `llmprof_request` / `llmprof_range` (uprobes at the engine's probe NOPs): copy the
+//!   engine's record with `bpf_probe_read_user` straight into the ring-buffer reservation.
+//!
+//! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
+//! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
+//! per-event state it does not free.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    Global,
+    bindings::BPF_RB_NO_WAKEUP,
+    cty::c_void,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+        bpf_probe_read_user_str_bytes, generated::bpf_probe_read_user,
+    },
+    macros::{map, tracepoint, uprobe},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, TracePointContext},
+};
+use aya_log_ebpf::warn;
+use llmprof_abi::{
+    ABI_VERSION, Config, ConnectEvent, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
+    FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind,
+    ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey,
+    StepEvent, SyscallKey, SyscallStats,
+};
+
+/// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
+#[unsafe(no_mangle)]
+static LLMPROF_CONFIG: Global<Config> = Global::new(Config { slow_syscall_ns: 1_000_000 });
+
+/// Default ring size; user space resizes it at load (`--ring-bytes`). 64 MiB dropped nothing in a
+/// 1M-event burst on these machines (DESIGN.md §4).
+const RING_BYTES: u32 = 64 << 20;
+
+/// tgids being traced (value unused).
+#[map]
+static TRACED: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// All records, each starting with an `EventHeader`.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+/// Per-probe hit/emitted/dropped counters.
+#[map]
+static COUNTERS: PerCpuArray<ProbeCounters> = PerCpuArray::with_max_entries(NUM_PROBES as u32, 0);
+
+/// Syscall aggregates per (pid, tid, nr).
+#[map]
+static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(16384, 0);
+
+/// Syscalls in flight, by tid: entry time and arguments, consumed at exit.
+#[map]
+static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(16384, 0);
+
+/// Model-file fds being tracked, by (pid, fd).
+#[map]
+static FILES: HashMap<SockKey, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Sockets the target connected, by (pid, fd); removed at close.
+#[map]
+static CONNECTED: HashMap<SockKey, u8> = HashMap::with_max_entries(4096, 0);
+
+/// Bytes sent per connected socket, by (pid, fd); kept after close so totals survive.
+#[map]
+static SENT: HashMap<SockKey, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Model-file path patterns, written by user space before attaching.
+#[map]
+static PATTERNS: Array<FilePattern> = Array::with_max_entries(MAX_PATTERNS as u32, 0);
+
+/// Status passed to exit_group, by tgid, reported at sched_process_exit.
+#[map]
+static EXIT_CODES: HashMap<u32, i64> = HashMap::with_max_entries(1024, 0);
+
+/// A syscall between entry and exit.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Inflight {
+    ts_ns: u64,
+    nr: u64,
+    args: [u64; 6],
+}
+
+// x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl).
+const NR_READ: u64 = 0;
+const NR_WRITE: u64 = 1;
+const NR_OPEN: u64 = 2;
+const NR_CLOSE: u64 = 3;
+const NR_MMAP: u64 = 9;
+const NR_PREAD64: u64 = 17;
+const NR_READV: u64 = 19;
+const NR_WRITEV: u64 = 20;
+const NR_CONNECT: u64 = 42;
+const NR_SENDTO: u64 = 44;
+const NR_SENDMSG: u64 = 46;
+const NR_EXIT: u64 = 60;
+const NR_EXIT_GROUP: u64 = 231;
+const NR_OPENAT: u64 = 257;
+/// include/uapi/asm-generic/errno.h
+const EINPROGRESS: i64 = 115;
+/// include/linux/socket.h
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+
+// Tracepoint field offsets (/sys/kernel/tracing/events/*/*/format; stable ABI).
+const RAW_SYS_ID: usize = 8;
+const RAW_SYS_ENTER_ARGS: usize = 16;
+const RAW_SYS_EXIT_RET: usize = 16;
+const SCHED_EXIT_GROUP_DEAD: usize = 32;
+
+#[inline(always)]
+fn count(id: ProbeId, hits: u64, emitted: u64, dropped: u64) {
+    if let Some(c) = COUNTERS.get_ptr_mut(id as u32) {
+        // SAFETY: a per-CPU array slot of this CPU; programs do not nest on a CPU for these hooks.
+        unsafe {
+            (*c).hits += hits;
+            (*c).emitted += emitted;
+            (*c).dropped += dropped;
+        }
+    }
+}
+
+#[inline(always)]
+fn header(kind: EventKind, ts_ns: u64, pid_tgid: u64) -> EventHeader {
+    EventHeader {
+        kind: kind as u32,
+        // SAFETY: helper without arguments.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+    }
+}
+
+#[inline(always)]
+fn traced(tgid: u32) -> bool {
+    // SAFETY: the value is only tested for presence.
+    unsafe { TRACED.get(&tgid) }.is_some()
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_boot_ns() }
+}
+
+/// raw_syscalls:sys_enter — remember the entry time and arguments of a traced thread's syscall.
+#[tracepoint]
+pub fn llmprof_sysent(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return 0;
+    }
+    let ts_ns = now();
+    // SAFETY: offsets from the tracepoint's format file; read_at uses bpf_probe_read.
+    let nr = unsafe { ctx.read_at::<i64>(RAW_SYS_ID) }.unwrap_or(-1) as u64;
+    // SAFETY: see above.
+    let args = unsafe { ctx.read_at::<[u64; 6]>(RAW_SYS_ENTER_ARGS) }.unwrap_or([0; 6]);
+    if nr == NR_EXIT_GROUP || (nr == NR_EXIT && pid_tgid as u32 == tgid) {
+        let _ = EXIT_CODES.insert(&tgid, &(args[0] as i64), 0);
+    }
+    let _ = INFLIGHT.insert(&(pid_tgid as u32), &Inflight { ts_ns, nr, args }, 0);
+    0
+}
+
+/// raw_syscalls:sys_exit — aggregates, slow syscalls, then the syscall-specific records.
+#[tracepoint]
+pub fn llmprof_sysexit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return 0;
+    }
+    let tid = pid_tgid as u32;
+    // SAFETY: copied out of the map before the entry is removed.
+    let Some(inf) = (unsafe { INFLIGHT.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = INFLIGHT.remove(&tid);
+    // SAFETY: offsets from the tracepoint's format file.
+    let nr = unsafe { ctx.read_at::<i64>(RAW_SYS_ID) }.unwrap_or(-1) as u64;
+    if nr != inf.nr {
+        return 0;
+    }
+    // SAFETY: see above.
+    let ret = unsafe { ctx.read_at::<i64>(RAW_SYS_EXIT_RET) }.unwrap_or(0);
+    let end = now();
+    let dur = end.saturating_sub(inf.ts_ns);
+    aggregate(tgid, tid, nr, dur);
+    count(ProbeId::Syscalls, 1, 0, 0);
+    if dur >= LLMPROF_CONFIG.load().slow_syscall_ns {
+        slow_syscall(pid_tgid, &inf, ret, dur);
+    }
+    match nr {
+        NR_OPENAT => file_open(pid_tgid, &inf, inf.args[1], ret, dur),
+        NR_OPEN => file_open(pid_tgid, &inf, inf.args[0], ret, dur),
+        NR_READ => file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur),
+        NR_PREAD64 => file_io(pid_tgid, &inf, FileOp::Pread, inf.args[2], ret, dur),
+        NR_READV => file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur),
+        NR_MMAP => mmap(pid_tgid, &inf, ret, dur),
+        NR_CLOSE => close(pid_tgid, &inf, ret, dur),
+        NR_CONNECT => connect(pid_tgid, &inf, ret, dur),
+        NR_WRITE | NR_WRITEV | NR_SENDTO | NR_SENDMSG => sent(tgid, &inf, ret),
+        _ => {}
+    }
+    0
+}
+
+#[inline(always)]
+fn aggregate(pid: u32, tid: u32, nr: u64, dur: u64) {
+    let key = SyscallKey { pid, tid, nr };
+    let mut p = SYSCALLS.get_ptr_mut(&key);
+    if p.is_none() {
+        let zero = SyscallStats { count: 0, total_ns: 0, hist: [0; LAT_BUCKETS] };
+        let _ = SYSCALLS.insert(&key, &zero, 0);
+        p = SYSCALLS.get_ptr_mut(&key);
+    }
+    let Some(s) = p else { return };
+    let bucket = log2(dur).min(LAT_BUCKETS as u64 - 1) as usize;
+    // SAFETY: a valid map value; one thread (the key's tid) writes it at a time.
+    unsafe {
+        (*s).count += 1;
+        (*s).total_ns += dur;
+        (*s).hist[bucket] += 1;
+    }
+}
+
+/// floor(log2(v)), 0 for v < 2; written without loops (BPF has no clz).
+#[inline(always)]
+fn log2(mut v: u64) -> u64 {
+    let mut r = 0;
+    for shift in [32u64, 16, 8, 4, 2, 1] {
+        if v >> shift != 0 {
+            v >>= shift;
+            r += shift;
+        }
+    }
+    r
+}
+
+#[inline(always)]
+fn slow_syscall(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
+    let Some(mut e) = EVENTS.reserve::<SlowSyscallEvent>(0) else {
+        count(ProbeId::Syscalls, 0, 0, 1);
+        return;
+    };
+    e.write(SlowSyscallEvent {
+        hdr: header(EventKind::SlowSyscall, inf.ts_ns, pid_tgid),
+        nr: inf.nr,
+        ret,
+        dur_ns: dur,
+    });
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Syscalls, 0, 1, 0);
+}
+
+#[inline(always)]
+fn file_open(pid_tgid: u64, inf: &Inflight, path_ptr: u64, ret: i64, dur: u64) {
+    let Some(mut e) = EVENTS.reserve::<FileOpenEvent>(0) else {
+        count(ProbeId::FileOpen, 1, 0, 1);
+        return;
+    };
+    let p = e.as_mut_ptr();
+    // SAFETY: `p` points to a reserved ring-buffer slot of the right size; fields are written before submit.
+    let path: &mut [u8; PATH_LEN] = unsafe { &mut (*p).path };
+    // SAFETY: reads at most PATH_LEN bytes of user memory into the reservation; faults return an error.
+    let n = match unsafe { bpf_probe_read_user_str_bytes(path_ptr as *const u8, path) } {
+        Ok(s) => s.len(),
+        Err(_) => {
+            e.discard(0);
+            return;
+        }
+    };
+    if !matches_any(path, n) {
+        e.discard(0);
+        return;
+    }
+    // SAFETY: see above.
+    unsafe {
+        (*p).hdr = header(EventKind::FileOpen, inf.ts_ns, pid_tgid);
+        (*p).ret = ret;
+        (*p).dur_ns = dur;
+        (*p).flags = inf.args[2] as u32;
+        (*p)._pad = 0;
+    }
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::FileOpen, 1, 1, 0);
+    if ret >= 0 {
+        let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: ret as i32 };
+        let _ = FILES.insert(&key, &1, 0);
+    }
+}
+
+/// Whether `path[..n]` matches one of the configured patterns.
+#[inline(always)]
+fn matches_any(path: &[u8; PATH_LEN], n: usize) -> bool {
+    for k in 0..MAX_PATTERNS as u32 {
+        let Some(pat) = PATTERNS.get(k) else { continue };
+        let len = (pat.len as usize) & (PATTERN_LEN * 2 - 1);
+        if len == 0 || len > PATTERN_LEN || len > n {
+            continue;
+        }
+        let start = if pat.kind == PatternKind::Suffix as u32 {
+            n - len
+        } else if pat.kind == PatternKind::Prefix as u32 {
+            0
+        } else {
+            continue;
+        };
+        let mut ok = true;
+        for i in 0..PATTERN_LEN {
+            if i >= len {
+                break;
+            }
+            if path[(start + i) & (PATH_LEN - 1)] != pat.bytes[i] {
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            return true;
+        }
+    }
+    false
+}
+
+#[inline(always)]
+fn tracked_file(pid_tgid: u64, fd: u64) -> Option<SockKey> {
+    let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: fd as i32 };
+    // SAFETY: presence test only.
+    unsafe { FILES.get(&key) }.map(|_| key)
+}
+
+#[inline(always)]
+fn emit_file_io(pid_tgid: u64, inf: &Inflight, op: FileOp, fd: i32, len: u64, ret: i64, dur: u64) {
+    let Some(mut e) = EVENTS.reserve::<FileIoEvent>(0) else {
+        count(ProbeId::FileIo, 1, 0, 1);
+        return;
+    };
+    e.write(FileIoEvent {
+        hdr: header(EventKind::FileIo, inf.ts_ns, pid_tgid),
+        op: op as u32,
+        fd,
+        ret,
+        len,
+        dur_ns: dur,
+    });
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::FileIo, 1, 1, 0);
+}
+
+#[inline(always)]
+fn file_io(pid_tgid: u64, inf: &Inflight, op: FileOp, len: u64, ret: i64, dur: u64) {
+    if let Some(key) = tracked_file(pid_tgid, inf.args[0]) {
+        emit_file_io(pid_tgid, inf, op, key.fd, len, ret, dur);
+    }
+}
+
+#[inline(always)]
+fn mmap(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
+    if let Some(key) = tracked_file(pid_tgid, inf.args[4]) {
+        emit_file_io(pid_tgid, inf, FileOp::Mmap, key.fd, inf.args[1], ret, dur);
+    }
+}
+
+#[inline(always)]
+fn close(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
+    if let Some(key) = tracked_file(pid_tgid, inf.args[0]) {
+        emit_file_io(pid_tgid, inf, FileOp::Close, key.fd, 0, ret, dur);
+        let _ = FILES.remove(&key);
+    }
+    let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: inf.args[0] as i32 };
+    let _ = CONNECTED.remove(&key);
+}
+
+/// sockaddr_in / sockaddr_in6 prefix: family, port (network order), then the address
+/// (IPv4 at offset 4; IPv6 at offset 8 after the flow info).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SockAddr {
+    family: u16,
+    port_be: u16,
+    v4_or_flow: [u8; 4],
+    v6: [u8; 16],
+}
+
+#[inline(always)]
+fn connect(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
+    let addrlen = inf.args[2];
+    if addrlen < 8 {
+        return;
+    }
+    let mut sa = SockAddr { family: 0, port_be: 0, v4_or_flow: [0; 4], v6: [0; 16] };
+    let want = if addrlen >= 24 { 24 } else { 8 };
+    // SAFETY: reads `want` (<= size_of::<SockAddr>()) bytes of user memory into a stack value.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            (&mut sa as *mut SockAddr).cast::<c_void>(),
+            want,
+            inf.args[1] as *const c_void,
+        )
+    };
+    if rc != 0 || (sa.family != AF_INET && sa.family != AF_INET6) {
+        return;
+    }
+    let mut addr = [0u8; 16];
+    if sa.family == AF_INET {
+        addr[..4].copy_from_slice(&sa.v4_or_flow);
+    } else {
+        addr = sa.v6;
+    }
+    let fd = inf.args[0] as i32;
+    let Some(mut e) = EVENTS.reserve::<ConnectEvent>(0) else {
+        count(ProbeId::Connect, 1, 0, 1);
+        return;
+    };
+    e.write(ConnectEvent {
+        hdr: header(EventKind::Connect, inf.ts_ns, pid_tgid),
+        ret,
+        dur_ns: dur,
+        fd,
+        family: sa.family,
+        port: u16::from_be(sa.port_be),
+        addr,
+        allowed: 0,
+        _pad: [0; 7],
+    });
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Connect, 1, 1, 0);
+    if ret == 0 || ret == -EINPROGRESS {
+        let key = SockKey { pid: (pid_tgid >> 32) as u32, fd };
+        let _ = CONNECTED.insert(&key, &1, 0);
+        let _ = SENT.insert(&key, &0, 0);
+    }
+}
+
+#[inline(always)]
+fn sent(tgid: u32, inf: &Inflight, ret: i64) {
+    if ret <= 0 {
+        return;
+    }
+    let key = SockKey { pid: tgid, fd: inf.args[0] as i32 };
+    // SAFETY: presence test only.
+    if unsafe { CONNECTED.get(&key) }.is_none() {
+        return;
+    }
+    if let Some(p) = SENT.get_ptr_mut(&key) {
+        // SAFETY: a valid map value. Not atomic (the bpfel target has no atomic RMW in `core`): two
+        // threads sending on one socket at the same instant may lose one addition.
+        unsafe { *p += ret as u64 };
+        count(ProbeId::Send, 1, 0, 0);
+    }
+}
+
+/// sched:sched_process_exit — the last thread of a traced process is gone.
+#[tracepoint]
+pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !traced(tgid) {
+        return 0;
+    }
+    // SAFETY: offset from the tracepoint's format file.
+    let group_dead = unsafe { ctx.read_at::<u8>(SCHED_EXIT_GROUP_DEAD) }.unwrap_or(0);
+    if group_dead == 0 {
+        return 0;
+    }
+    // SAFETY: copied out before removal.
+    let exit_code = unsafe { EXIT_CODES.get(&tgid) }.copied().unwrap_or(-1);
+    let _ = EXIT_CODES.remove(&tgid);
+    let Some(mut e) = EVENTS.reserve::<ProcessExitEvent>(0) else {
+        count(ProbeId::ProcessExit, 1, 0, 1);
+        return 0;
+    };
+    e.write(ProcessExitEvent { hdr: header(EventKind::ProcessExit, now(), pid_tgid), exit_code });
+    // The last record of a process: wake the reader.
+    e.submit(0);
+    count(ProbeId::ProcessExit, 1, 1, 0);
+    0
+}
+
+/// Copies the engine record at `src` into a reserved `T` whose header is `hdr` and whose record
+/// (of `rec_size` bytes, starting with `abi_version: u32`) follows it.
+#[inline(always)]
+fn engine_record<T: 'static>(ctx: &ProbeContext, id: ProbeId, kind: EventKind) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let ts = now();
+    let Some(src) = ctx.arg::<u64>(0) else { return 0 };
+    let Some(mut e) = EVENTS.reserve::<T>(0) else {
+        count(id, 1, 0, 1);
+        return 0;
+    };
+    let base = e.as_mut_ptr().cast::<u8>();
+    let hdr_len = core::mem::size_of::<EventHeader>();
+    let rec_len = core::mem::size_of::<T>() - hdr_len;
+    // SAFETY: the reservation holds a T = { EventHeader, record }; both writes stay inside it; the
+    // record is read from user memory by the helper, which fails cleanly on a bad pointer.
+    let rc = unsafe {
+        base.cast::<EventHeader>().write(header(kind, ts, pid_tgid));
+        bpf_probe_read_user(base.add(hdr_len).cast::<c_void>(), rec_len as u32, src as *const c_void)
+    };
+    // SAFETY: the record was just written (rc == 0); its first field is the ABI version.
+    let version = unsafe { base.add(hdr_len).cast::<u32>().read() };
+    if rc != 0 || version != ABI_VERSION {
+        e.discard(0);
+        warn!(ctx, "llmprof: engine record rejected (read rc {}, abi {})", rc, version);
+        count(id, 1, 0, 1);
+        return 0;
+    }
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(id, 1, 1, 0);
+    0
+}
+
+/// Uprobe at `llmprof_probe_step`.
+#[uprobe]
+pub fn llmprof_step(ctx: ProbeContext) -> u32 {
+    engine_record::<StepEvent>(&ctx, ProbeId::Step, EventKind::Step)
+}
+
+/// Uprobe at `llmprof_probe_request`.
+#[uprobe]
+pub fn llmprof_request(ctx: ProbeContext) -> u32 {
+    engine_record::<RequestEvent>(&ctx, ProbeId::Request, EventKind::Request)
+}
+
+/// Uprobe at `llmprof_probe_range`.
+#[uprobe]
+pub fn llmprof_range(ctx: ProbeContext) -> u32 {
+    engine_record::<RangeEvent>(&ctx, ProbeId::Range, EventKind::Range)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+/// GPL-compatible license, required for the tracing helpers (bpf_probe_read_user, ring buffers).
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,342 @@
+//! `llmprof attach`: one tracing session, from the checks to the finished trace.
+//!
+//! Owns the orchestration only: preflight checks (root, pid), starting [`Capture`], the poll loop that feeds
+//! capture and the /metrics scraper through the [`Merger`] into the [`TraceSink`], the live status line, the
+//! end conditions (stop flag from Ctrl-C/SIGTERM, duration, target exit) and the final statistics. The kernel
+//! side is all in `capture`; the trace layout is all in `perfetto`.
+
+use std::fs::File;
+use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
+use crate::clock::{boottime_ns, realtime_ns};
+use crate::event::{Event, EventBody, SessionStats};
+use crate::merge::{DEFAULT_WINDOW_NS, Merger};
+use crate::metrics_scrape::{self, Scraper};
+use crate::perfetto::{EventCounts, TraceSink};
+use crate::procfs;
+
+/// How long one poll of the ring buffer may wait when it is empty (bounds the reaction time to Ctrl-C and
+/// the status-line period jitter; the ring is sized so 10 ms of events fit many times over).
+const POLL_TIMEOUT: Duration = Duration::from_millis(10);
+/// Period of the status line, the syscall-rate counter and the target liveness check.
+const TICK: Duration = Duration::from_secs(1);
+/// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
+const SAMPLER_QUEUE: usize = 1024;
+
+/// What to trace and where to write it.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// Target process.
+    pub pid: u32,
+    /// Stop after this long (None: until stopped or the target exits).
+    pub duration: Option<Duration>,
+    /// Trace file.
+    pub output: PathBuf,
+    /// Threshold for individual syscall events.
+    pub slow_syscall: Duration,
+    /// Model-file patterns (empty: capture's defaults).
+    pub model_patterns: Vec<String>,
+    /// Allowed egress networks (empty: capture's defaults).
+    pub egress_allow: Vec<Cidr>,
+    /// /metrics URL (None: discover).
+    pub metrics_url: Option<String>,
+    /// Ring-buffer bytes.
+    pub ring_bytes: usize,
+    /// Print more.
+    pub verbose: bool,
+}
+
+/// Why a session could not run. Messages say what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// Not root.
+    #[error("llmprof attach needs root to load eBPF programs: run it with sudo")]
+    NotRoot,
+    /// No such process.
+    #[error("no process with pid {0}: check the pid (e.g. `pgrep llmserve`)")]
+    NoProcess(u32),
+    /// Capture failed to start or to poll.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The trace file could not be created or written.
+    #[error("cannot write the trace {path}: {source}")]
+    Output {
+        /// Trace path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What a finished session reports.
+#[derive(Debug)]
+pub struct AttachReport {
+    /// The trace file.
+    pub trace: PathBuf,
+    /// Trace size, bytes.
+    pub trace_bytes: u64,
+    /// Statistics written into the trace's summary.
+    pub stats: SessionStats,
+    /// Events written, per kind.
+    pub counts: EventCounts,
+    /// Events that arrived after newer ones had been written (merge window too small).
+    pub late_events: u64,
+    /// Command start → probes live.
+    pub attach_latency: Duration,
+    /// Session length.
+    pub elapsed: Duration,
+    /// Engine probes of the target.
+    pub engine_probes: EngineProbes,
+    /// The /metrics URL scraped, if any.
+    pub metrics_url: Option<String>,
+}
+
+/// Default trace name: `llmprof-<pid>-<UTC yyyymmdd-hhmmss>.perfetto-trace`.
+pub fn default_output(pid: u32) -> PathBuf {
+    let secs = realtime_ns() / 1_000_000_000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    PathBuf::from(format!(
+        "llmprof-{pid}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}.perfetto-trace",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs one session until `stop` is set, the duration elapsed or the target exited.
+pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, AttachError> {
+    let t0 = Instant::now();
+    if !is_root() {
+        return Err(AttachError::NotRoot);
+    }
+    let Some(mut info) = procfs::process_info(opts.pid) else {
+        return Err(AttachError::NoProcess(opts.pid));
+    };
+    let mut cfg = CaptureConfig {
+        pids: vec![opts.pid],
+        slow_syscall: opts.slow_syscall,
+        ring_bytes: opts.ring_bytes,
+        ..Default::default()
+    };
+    if !opts.model_patterns.is_empty() {
+        cfg.model_patterns = opts.model_patterns.clone();
+    }
+    if !opts.egress_allow.is_empty() {
+        cfg.egress_allow = opts.egress_allow.clone();
+    }
+    let mut capture = Capture::start(&cfg)?;
+    let attach_latency = t0.elapsed();
+    let engine_probes = capture.engine_probes(opts.pid);
+    info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
+    if !info.engine_probes {
+        eprintln!(
+            "warning: pid {} ({}) exports no llmprof probe points: engine steps and requests will be missing; \
+             syscalls, model files and egress are still traced",
+            opts.pid, info.name
+        );
+    }
+    let out_err = |source| AttachError::Output {
+        path: opts.output.clone(),
+        source,
+    };
+    let file = File::create(&opts.output).map_err(out_err)?;
+    let mut sink = TraceSink::new(
+        file,
+        std::slice::from_ref(&info),
+        Some((boottime_ns(), realtime_ns())),
+    )
+    .map_err(out_err)?;
+
+    let (tx, rx) = mpsc::sync_channel(SAMPLER_QUEUE);
+    let metrics_url = opts
+        .metrics_url
+        .clone()
+        .or_else(|| metrics_scrape::discover(opts.pid));
+    let scraper = match &metrics_url {
+        Some(url) => match Scraper::spawn(opts.pid, url.clone(), metrics_scrape::DEFAULT_INTERVAL, tx) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("warning: cannot start the /metrics scraper: {e}");
+                None
+            }
+        },
+        None => {
+            eprintln!(
+                "warning: no Prometheus /metrics endpoint found for pid {} (pass --metrics-url): no KV-cache/queue counters",
+                opts.pid
+            );
+            None
+        }
+    };
+    if opts.verbose {
+        eprintln!(
+            "llmprof: probes live after {:.1} ms; writing {}",
+            attach_latency.as_secs_f64() * 1e3,
+            opts.output.display()
+        );
+    }
+
+    let tty = io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut merger = Merger::new(DEFAULT_WINDOW_NS);
+    let mut polled = Vec::with_capacity(4096);
+    let mut ready = Vec::with_capacity(4096);
+    let mut last_tick = Instant::now();
+    let mut last_sys = capture.syscall_total();
+    let mut events_total = 0u64;
+    let mut events_at_tick = 0u64;
+    let mut target_exited = false;
+    let mut exit_event_seen = false;
+    let end_reason = loop {
+        if stop.load(Ordering::Relaxed) {
+            break "interrupted";
+        }
+        if opts.duration.is_some_and(|d| start.elapsed() >= d) {
+            break "duration elapsed";
+        }
+        if target_exited {
+            break "target exited";
+        }
+        capture.poll(&mut polled, POLL_TIMEOUT)?;
+        for ev in polled.drain(..) {
+            if matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == opts.pid {
+                target_exited = true;
+                exit_event_seen = true;
+            }
+            merger.push(ev);
+        }
+        while let Ok(ev) = rx.try_recv() {
+            merger.push(ev);
+        }
+        if last_tick.elapsed() >= TICK {
+            let dt = last_tick.elapsed().as_secs_f64();
+            last_tick = Instant::now();
+            let sys = capture.syscall_total();
+            let per_sec = sys.saturating_sub(last_sys) as f64 / dt;
+            last_sys = sys;
+            merger.push(Event {
+                ts_ns: boottime_ns(),
+                pid: opts.pid,
+                tid: 0,
+                body: EventBody::SyscallRate { per_sec },
+            });
+            if !procfs::exists(opts.pid) {
+                target_exited = true;
+            }
+            if tty {
+                let drops: u64 = capture.counters().iter().map(|c| c.dropped).sum();
+                let rate = (events_total - events_at_tick) as f64 / dt;
+                events_at_tick = events_total;
+                eprint!(
+                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  {:.1} MiB → {}",
+                    start.elapsed().as_secs_f64(),
+                    events_total,
+                    rate,
+                    drops,
+                    sink.bytes() as f64 / (1 << 20) as f64,
+                    opts.output.display()
+                );
+            }
+        }
+        merger.drain_at(boottime_ns(), &mut ready);
+        events_total += ready.len() as u64;
+        write_all(&mut sink, &mut ready, opts.pid).map_err(out_err)?;
+    };
+    if tty {
+        eprintln!();
+    }
+    // Last drain of the ring (events up to the stop), then everything held by the merge.
+    capture.poll(&mut polled, Duration::ZERO)?;
+    for ev in polled.drain(..) {
+        exit_event_seen |= matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == opts.pid;
+        merger.push(ev);
+    }
+    while let Ok(ev) = rx.try_recv() {
+        merger.push(ev);
+    }
+    merger.finish(&mut ready);
+    events_total += ready.len() as u64;
+    write_all(&mut sink, &mut ready, opts.pid).map_err(out_err)?;
+    let end_ts = boottime_ns();
+    if end_reason == "target exited" && !exit_event_seen {
+        sink.marker(end_ts, "target exited").map_err(out_err)?;
+    }
+    let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0);
+    drop(scraper);
+    let stats = SessionStats {
+        probes: capture.counters(),
+        decode_errors: capture.decode_errors(),
+        user_drops,
+        trace_bytes: 0,
+        end_reason: end_reason.to_owned(),
+        syscalls: capture.syscall_aggregates(),
+    };
+    let counts = sink.counts().clone();
+    let trace_bytes_before = sink.bytes();
+    let file = sink.finish(&stats, Some(end_ts)).map_err(out_err)?;
+    file.sync_all().map_err(out_err)?;
+    let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
+    // Detach everything before reporting.
+    drop(capture);
+    let _ = events_total;
+    Ok(AttachReport {
+        trace: opts.output.clone(),
+        trace_bytes,
+        stats: SessionStats { trace_bytes, ..stats },
+        counts,
+        late_events: merger.late(),
+        attach_latency,
+        elapsed: start.elapsed(),
+        engine_probes,
+        metrics_url,
+    })
+}
+
+/// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
+fn write_all<W: Write>(sink: &mut TraceSink<W>, ready: &mut Vec<Event>, pid: u32) -> io::Result<()> {
+    for ev in ready.drain(..) {
+        if ev.tid != 0
+            && !sink.knows_thread(ev.tid)
+            && let Some(name) = procfs::thread_name(pid, ev.tid)
+        {
+            sink.note_thread(ev.tid, name);
+        }
+        sink.push(&ev)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_name_has_pid_and_utc_timestamp() {
+        let n = default_output(42).display().to_string();
+        assert!(n.starts_with("llmprof-42-20"), "{n}");
+        assert!(n.ends_with(".perfetto-trace"));
+        assert_eq!(n.len(), "llmprof-42-20261125-220000.perfetto-trace".len());
+    }
+}

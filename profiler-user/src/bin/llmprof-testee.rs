@@ -1,0 +1,161 @@
+//! `llmprof-testee`: the process the capture tests trace. Not for users.
+//!
+//! Owns a fixed, known sequence of observable actions: engine probe records (through the real
+//! `llmprof-probes` functions), a slow syscall, a model-file read, an outbound connect. It prints `ready PID`,
+//! then for each stdin line: `go` runs the sequence and prints `done`; `burst N` emits N range marks and
+//! prints `burst done`; `exit` (or EOF) exits with status 3.
+//!
+//! Usage: `llmprof-testee --gguf PATH --connect 127.0.0.1:PORT`
+
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use llmprof_abi::{
+    fill_str, DeviceClock, FinishReason, RangeOp, RangeRecord, RequestEventKind, RequestRecord,
+    StepKind, StepRecord, ABI_VERSION, MAX_STEP_REQS,
+};
+
+/// Exit status the tests expect from the ProcessExit record.
+const EXIT_STATUS: i32 = 3;
+/// The deliberately slow syscall (a nanosleep), well above the default 1 ms threshold.
+const SLOW_SLEEP: Duration = Duration::from_millis(20);
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("llmprof-testee: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut gguf = None;
+    let mut connect = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--gguf" => gguf = args.next(),
+            "--connect" => connect = args.next(),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    llmprof_probes::keep();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready {}", std::process::id()).map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("go") => {
+                sequence(gguf.as_deref(), connect.as_deref())?;
+                writeln!(out, "done").map_err(|e| e.to_string())?;
+            }
+            Some("burst") => {
+                let n: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1000);
+                burst(n);
+                writeln!(out, "burst done").map_err(|e| e.to_string())?;
+            }
+            Some("exit") => break,
+            _ => {}
+        }
+        out.flush().map_err(|e| e.to_string())?;
+    }
+    std::process::exit(EXIT_STATUS);
+}
+
+fn sequence(gguf: Option<&str>, connect: Option<&str>) -> Result<(), String> {
+    let now = llmprof_probes::boottime_ns();
+    let mut req_ids = [0u64; MAX_STEP_REQS];
+    req_ids[0] = 7;
+    req_ids[1] = 8;
+    let request = RequestRecord {
+        abi_version: ABI_VERSION,
+        kind: RequestEventKind::Arrived as u32,
+        req_id: 7,
+        ts_ns: now,
+        trace_id: [0xab; 16],
+        parent_span_id: [0xcd; 8],
+        has_trace_context: 1,
+        trace_flags: 1,
+        is_chat: 1,
+        _pad: 0,
+        finish_reason: FinishReason::None as u32,
+        prompt_tokens: 11,
+        output_tokens: 0,
+        max_tokens: 32,
+        temperature: 0.5,
+        top_p: 0.9,
+        num_preemptions: 0,
+        x_request_id: fill_str("req-7"),
+        model: fill_str("smollm2"),
+    };
+    llmprof_probes::request(&request);
+    let range = |op: RangeOp| RangeRecord {
+        abi_version: ABI_VERSION,
+        op: op as u32,
+        ts_ns: llmprof_probes::boottime_ns(),
+        step_id: 42,
+        domain: fill_str("llmserve"),
+        name: fill_str("forward"),
+    };
+    llmprof_probes::range(&range(RangeOp::Push));
+    llmprof_probes::range(&range(RangeOp::Pop));
+    let step = StepRecord {
+        abi_version: ABI_VERSION,
+        kind: StepKind::Decode as u32,
+        step_id: 42,
+        host_start_ns: now,
+        host_end_ns: now + 1_000,
+        device_start_ns: now + 10,
+        device_end_ns: now + 990,
+        device_clock: DeviceClock::HostCompute as u32,
+        num_seqs: 2,
+        prefill_tokens: 0,
+        decode_tokens: 2,
+        kv_blocks_used: 5,
+        kv_blocks_total: 100,
+        num_waiting: 1,
+        num_preempted: 0,
+        num_req_ids: 2,
+        req_ids_truncated: 0,
+        req_ids,
+    };
+    llmprof_probes::step(&step);
+
+    std::thread::sleep(SLOW_SLEEP);
+
+    if let Some(path) = gguf {
+        let mut f = std::fs::File::open(path).map_err(|e| format!("open {path}: {e}"))?;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = f.read(&mut buf).map_err(|e| format!("read {path}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
+    if let Some(addr) = connect {
+        let addr: SocketAddr = addr.parse().map_err(|e| format!("--connect {addr}: {e}"))?;
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        s.write_all(b"hello").map_err(|e| format!("write: {e}"))?;
+    }
+    Ok(())
+}
+
+fn burst(n: u64) {
+    let mut rec = RangeRecord {
+        abi_version: ABI_VERSION,
+        op: RangeOp::Mark as u32,
+        ts_ns: 0,
+        step_id: 0,
+        domain: fill_str("bench"),
+        name: fill_str("mark"),
+    };
+    for i in 0..n {
+        rec.step_id = i;
+        llmprof_probes::range(&rec);
+    }
+}

@@ -1,0 +1,98 @@
+//! Reading an engine binary before attaching: its probe ABI version and which probe symbols it exports.
+//!
+//! Owns ELF inspection only (the `object` crate, read-only); never attaches anything.
+
+use std::path::Path;
+
+use llmprof_abi::{ABI_VERSION_SYMBOL, ENGINE_PROBES};
+use object::{Object, ObjectSection, ObjectSymbol};
+
+/// What an engine binary offers to llmprof.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineElf {
+    /// Value of the exported `llmprof_abi_version` (None: not an instrumented engine).
+    pub abi_version: Option<u32>,
+    /// Which of [`ENGINE_PROBES`] are present, in that order.
+    pub probes: [bool; ENGINE_PROBES.len()],
+}
+
+/// Why an ELF file could not be inspected.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a parsable ELF object.
+    #[error("{path} is not an ELF binary llmprof can read: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's error.
+        #[source]
+        source: object::Error,
+    },
+}
+
+/// Inspects the binary at `path` (for a running process: `/proc/PID/exe`).
+pub fn inspect(path: &Path) -> Result<EngineElf, ElfError> {
+    let data = std::fs::read(path).map_err(|source| ElfError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let file = object::File::parse(&*data).map_err(|source| ElfError::Parse {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut out = EngineElf {
+        abi_version: None,
+        probes: [false; ENGINE_PROBES.len()],
+    };
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        if let Some(i) = ENGINE_PROBES.iter().position(|p| *p == name) {
+            out.probes[i] |= sym.is_definition();
+        } else if name == ABI_VERSION_SYMBOL && out.abi_version.is_none() {
+            out.abi_version = read_u32(&file, &sym);
+        }
+    }
+    Ok(out)
+}
+
+fn read_u32(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u32> {
+    let index = sym.section_index()?;
+    let section = file.section_by_index(index).ok()?;
+    let bytes = section.data_range(sym.address(), 4).ok()??;
+    let arr: [u8; 4] = bytes.try_into().ok()?;
+    Some(if file.is_little_endian() {
+        u32::from_le_bytes(arr)
+    } else {
+        u32::from_be_bytes(arr)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binary_without_probes_has_no_version() {
+        let elf = inspect(Path::new("/bin/sh")).unwrap();
+        assert_eq!(elf.abi_version, None);
+        assert_eq!(elf.probes, [false; 3]);
+    }
+
+    #[test]
+    fn non_elf_is_an_error() {
+        let e = inspect(Path::new("/etc/hostname")).err();
+        assert!(matches!(
+            e,
+            Some(ElfError::Parse { .. }) | Some(ElfError::Read { .. })
+        ));
+    }
+}

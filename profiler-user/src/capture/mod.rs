@@ -1,0 +1,555 @@
+//! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and decodes what they
+//! record into the [`crate::event`] stream.
+//!
+//! Owns everything that touches the kernel (and nothing else: sinks consume the events). The programs are
+//! the committed object `profiler-user/ebpf/llmprof-ebpf.o`, built from `profiler-ebpf/` by
+//! `cargo xtask build-ebpf` and embedded here, so llmprof builds with stable Rust alone.
+//!
+//! Lifecycle: [`Capture::start`] checks privileges and targets, loads the object (ring size and slow-syscall
+//! threshold set at load), fills the traced-pid and pattern maps, attaches the tracepoints and, for each
+//! target whose binary exports the probe ABI, the engine uprobes. [`Capture::poll`] drains the ring buffer
+//! (the kernel never wakes us per event, see `BPF_RB_NO_WAKEUP`; we poll at [`POLL_INTERVAL`]). Dropping the
+//! `Capture` detaches and unloads everything.
+
+pub mod cidr;
+pub mod decode;
+pub mod elf;
+pub mod patterns;
+
+use std::collections::HashMap as StdHashMap;
+use std::num::NonZeroU32;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::{TracePoint, UProbe, uprobe::UProbeScope};
+use aya::{Ebpf, EbpfLoader};
+use llmprof_abi::{
+    ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, ProbeCounters, SockKey, SyscallKey,
+    SyscallStats,
+};
+
+pub use cidr::{Cidr, CidrError};
+pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
+
+use crate::event::{Event, SyscallAggregate};
+
+/// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/llmprof-ebpf.o"));
+
+/// How often [`Capture::poll`] looks at the ring when the kernel does not wake it (the programs submit
+/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 64 MiB ring far from full at millions of events/s.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// Default slow-syscall threshold (`--slow-syscall`), as documented in the CLI.
+pub const DEFAULT_SLOW_SYSCALL: Duration = Duration::from_millis(1);
+/// Default ring size: 64 MiB dropped nothing in a 1M-event burst on these machines (DESIGN.md §4).
+pub const DEFAULT_RING_BYTES: usize = 64 << 20;
+/// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
+const MAX_RECORDS_PER_POLL: usize = 1 << 16;
+/// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Tracepoints the programs need: (category, name, program).
+const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("raw_syscalls", "sys_enter", "llmprof_sysent"),
+    ("raw_syscalls", "sys_exit", "llmprof_sysexit"),
+    ("sched", "sched_process_exit", "llmprof_pexit"),
+];
+/// Uprobe programs, in [`ENGINE_PROBES`] order.
+const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
+/// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
+pub const PROGRAM_NAMES: [&str; 6] = [
+    "llmprof_sysent",
+    "llmprof_sysexit",
+    "llmprof_pexit",
+    "llmprof_step",
+    "llmprof_request",
+    "llmprof_range",
+];
+
+/// What to capture.
+#[derive(Clone, Debug)]
+pub struct CaptureConfig {
+    /// Processes (tgids) to trace.
+    pub pids: Vec<u32>,
+    /// Syscalls at least this long are recorded individually.
+    pub slow_syscall: Duration,
+    /// Model-file patterns (`*.gguf`, `/models/*`); see [`patterns`].
+    pub model_patterns: Vec<String>,
+    /// Connects outside these networks are flagged.
+    pub egress_allow: Vec<Cidr>,
+    /// Ring-buffer size in bytes (rounded up to a power of two, at least one page).
+    pub ring_bytes: usize,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            pids: Vec::new(),
+            slow_syscall: DEFAULT_SLOW_SYSCALL,
+            model_patterns: DEFAULT_MODEL_PATTERNS.iter().map(|s| s.to_string()).collect(),
+            egress_allow: Cidr::default_allow(),
+            ring_bytes: DEFAULT_RING_BYTES,
+        }
+    }
+}
+
+/// Whether a target's engine probes are live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineProbes {
+    /// The uprobes are attached.
+    Attached {
+        /// The engine's probe ABI version.
+        abi_version: u32,
+    },
+    /// The binary does not export the probe ABI (not an llmprof-instrumented engine).
+    NotFound,
+    /// The binary's probe ABI differs from this llmprof's.
+    AbiMismatch {
+        /// The engine's version.
+        found: u32,
+        /// This llmprof's version.
+        expected: u32,
+    },
+}
+
+/// Why capture could not start or continue. Messages say what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Loading eBPF programs needs root (or CAP_BPF + CAP_PERFMON).
+    #[error("llmprof needs root to load eBPF programs: run it with sudo (or grant CAP_BPF and CAP_PERFMON)")]
+    NotRoot,
+    /// No such process.
+    #[error("no process with pid {0}: check the pid (e.g. `pgrep llmserve`)")]
+    PidNotFound(u32),
+    /// The kernel lacks a tracepoint the programs need.
+    #[error(
+        "this kernel has no tracepoint {category}:{name} (looked in {TRACEFS}/events): llmprof needs a kernel with tracepoints and tracefs"
+    )]
+    MissingTracepoint {
+        /// Tracepoint category, e.g. `raw_syscalls`.
+        category: String,
+        /// Tracepoint name, e.g. `sys_enter`.
+        name: String,
+    },
+    /// tracefs is not mounted and could not be mounted.
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}): run `mount -t tracefs nodev {TRACEFS}`"
+    )]
+    Tracefs(#[source] std::io::Error),
+    /// The engine speaks another probe ABI version.
+    #[error(
+        "the engine (pid {pid}) uses llmprof probe ABI {found}, this llmprof speaks {expected}: use the llmprof built with that engine version"
+    )]
+    AbiMismatch {
+        /// The traced process.
+        pid: u32,
+        /// The engine's version.
+        found: u32,
+        /// This llmprof's version.
+        expected: u32,
+    },
+    /// A `--model-path` pattern is not supported.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
+    /// The target's binary could not be inspected.
+    #[error(transparent)]
+    Elf(#[from] elf::ElfError),
+    /// The kernel refused to load the programs (the verifier log is in the source chain).
+    #[error(
+        "the kernel refused llmprof's eBPF programs (see the verifier log below); please report it with `uname -r`"
+    )]
+    Load(#[source] aya::EbpfError),
+    /// A program could not be loaded or attached.
+    #[error("could not load or attach eBPF program {program}: {source}")]
+    Program {
+        /// The program's name.
+        program: String,
+        /// aya's error (includes the verifier log for load failures).
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map was missing or could not be read or written.
+    #[error("eBPF map {map}: {source}")]
+    Map {
+        /// The map's name.
+        map: String,
+        /// aya's error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// The object lacks a program or map this llmprof expects (object and source out of sync).
+    #[error("the embedded eBPF object has no {0}: rebuild it with `cargo xtask build-ebpf`")]
+    MissingInObject(String),
+    /// Polling the ring buffer failed.
+    #[error("polling the ring buffer failed: {0}")]
+    Poll(#[source] std::io::Error),
+}
+
+/// A running capture: programs loaded and attached until dropped.
+pub struct Capture {
+    ring: RingBuf<MapData>,
+    // Declared after `ring` so maps and programs outlive the ring reader; dropping them detaches
+    // every link and closes every fd, which unloads the programs.
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    decoder: decode::Decoder,
+    engine: StdHashMap<u32, EngineProbes>,
+    pids: Vec<u32>,
+    attach_latency: Duration,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture")
+            .field("pids", &self.pids)
+            .field("engine", &self.engine)
+            .finish()
+    }
+}
+
+/// Inspects the binary of `pid` without attaching: whether its engine probes could be attached.
+pub fn inspect_engine(pid: u32) -> Result<EngineProbes, CaptureError> {
+    let exe = exe_of(pid)?;
+    let elf = elf::inspect(&exe)?;
+    Ok(match elf.abi_version {
+        None => EngineProbes::NotFound,
+        Some(_) if !elf.probes.iter().all(|p| *p) => EngineProbes::NotFound,
+        Some(v) if v != ABI_VERSION => EngineProbes::AbiMismatch {
+            found: v,
+            expected: ABI_VERSION,
+        },
+        Some(v) => EngineProbes::Attached { abi_version: v },
+    })
+}
+
+fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    if pid == 0 || !proc_dir.join("exe").exists() {
+        return Err(CaptureError::PidNotFound(pid));
+    }
+    Ok(proc_dir.join("exe"))
+}
+
+fn ensure_tracefs() -> Result<(), CaptureError> {
+    let events = Path::new(TRACEFS).join("events");
+    if events.is_dir() {
+        return Ok(());
+    }
+    let c = |s: &str| std::ffi::CString::new(s).map_err(|e| CaptureError::Tracefs(e.into()));
+    let (src, target, fstype) = (c("nodev")?, c(TRACEFS)?, c("tracefs")?);
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call; data is null.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(CaptureError::Tracefs(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn ring_size(bytes: usize) -> u32 {
+    // Page size on x86-64; the kernel wants a power-of-two multiple of it.
+    const PAGE: usize = 4096;
+    let n = bytes.clamp(PAGE, 1 << 30).next_power_of_two();
+    u32::try_from(n).unwrap_or(1 << 30)
+}
+
+fn map_err(map: &str) -> impl FnOnce(aya::maps::MapError) -> CaptureError + '_ {
+    move |source| CaptureError::Map {
+        map: map.to_string(),
+        source,
+    }
+}
+
+impl Capture {
+    /// Loads and attaches everything for `cfg.pids`. Fails before loading anything when not root, a pid
+    /// does not exist, a tracepoint is missing, a pattern is unsupported or an engine speaks another ABI.
+    pub fn start(cfg: &CaptureConfig) -> Result<Capture, CaptureError> {
+        let t0 = Instant::now();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(CaptureError::NotRoot);
+        }
+        let mut engine = StdHashMap::new();
+        for &pid in &cfg.pids {
+            let probes = inspect_engine(pid)?;
+            if let EngineProbes::AbiMismatch { found, expected } = probes {
+                return Err(CaptureError::AbiMismatch { pid, found, expected });
+            }
+            engine.insert(pid, probes);
+        }
+        let patterns = patterns::parse_all(&cfg.model_patterns)?;
+        ensure_tracefs()?;
+        for (category, name, _) in TRACEPOINTS {
+            if !Path::new(TRACEFS)
+                .join("events")
+                .join(category)
+                .join(name)
+                .exists()
+            {
+                return Err(CaptureError::MissingTracepoint {
+                    category: category.to_string(),
+                    name: name.to_string(),
+                });
+            }
+        }
+
+        let config = Config {
+            slow_syscall_ns: u64::try_from(cfg.slow_syscall.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let mut ebpf = EbpfLoader::new()
+            .override_global("LLMPROF_CONFIG", &config, true)
+            .map_max_entries("EVENTS", ring_size(cfg.ring_bytes))
+            .load(EBPF_OBJECT)
+            .map_err(CaptureError::Load)?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::debug!("eBPF logs unavailable: {e}");
+                None
+            }
+        };
+
+        fill_maps(&mut ebpf, &cfg.pids, &patterns)?;
+
+        for (category, name, prog) in TRACEPOINTS {
+            let p: &mut TracePoint = program(&mut ebpf, prog)?;
+            let perr = |source| CaptureError::Program {
+                program: prog.to_string(),
+                source,
+            };
+            p.load().map_err(perr)?;
+            p.attach(category, name).map_err(|source| CaptureError::Program {
+                program: prog.to_string(),
+                source,
+            })?;
+        }
+
+        let want_uprobes = engine
+            .values()
+            .any(|e| matches!(e, EngineProbes::Attached { .. }));
+        if want_uprobes {
+            for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES) {
+                let p: &mut UProbe = program(&mut ebpf, prog)?;
+                p.load().map_err(|source| CaptureError::Program {
+                    program: prog.to_string(),
+                    source,
+                })?;
+                for (&pid, probes) in &engine {
+                    if !matches!(probes, EngineProbes::Attached { .. }) {
+                        continue;
+                    }
+                    let Some(nz) = NonZeroU32::new(pid) else { continue };
+                    let exe = exe_of(pid)?;
+                    p.attach(*sym, &exe, UProbeScope::OneProcess(nz))
+                        .map_err(|source| CaptureError::Program {
+                            program: format!("{prog} at {sym} of pid {pid}"),
+                            source,
+                        })?;
+                }
+            }
+        }
+
+        let ring_map = ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
+        let ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
+        Ok(Capture {
+            ring,
+            ebpf,
+            logger,
+            decoder: decode::Decoder::new(cfg.egress_allow.clone()),
+            engine,
+            pids: cfg.pids.clone(),
+            attach_latency: t0.elapsed(),
+        })
+    }
+
+    /// Whether the engine probes of `pid` are attached (NotFound for pids not traced).
+    pub fn engine_probes(&self, pid: u32) -> EngineProbes {
+        self.engine.get(&pid).cloned().unwrap_or(EngineProbes::NotFound)
+    }
+
+    /// Appends the events recorded since the last call to `out`. Returns as soon as it has some, or after
+    /// at most `timeout` without any.
+    pub fn poll(&mut self, out: &mut Vec<Event>, timeout: Duration) -> Result<(), CaptureError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.drain(out);
+            if let Some(l) = self.logger.as_mut() {
+                l.flush();
+            }
+            let now = Instant::now();
+            if got > 0 || now >= deadline {
+                return Ok(());
+            }
+            let wait = (deadline - now).min(POLL_INTERVAL);
+            let mut pfd = libc::pollfd {
+                fd: self.ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(wait.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if rc < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(CaptureError::Poll(err));
+                }
+            }
+        }
+    }
+
+    fn drain(&mut self, out: &mut Vec<Event>) -> usize {
+        let mut n = 0;
+        while n < MAX_RECORDS_PER_POLL {
+            let Some(item) = self.ring.next() else { break };
+            if let Some(ev) = self.decoder.decode(&item) {
+                out.push(ev);
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Records the decoder could not make sense of.
+    pub fn decode_errors(&self) -> u64 {
+        self.decoder.undecodable()
+    }
+
+    /// Per-probe counters summed over CPUs, indexed by `llmprof_abi::ProbeId`.
+    pub fn counters(&self) -> [ProbeCounters; NUM_PROBES] {
+        let mut out = [ProbeCounters::default(); NUM_PROBES];
+        let Some(map) = self.ebpf.map("COUNTERS") else {
+            return out;
+        };
+        let Ok(arr) = PerCpuArray::<_, ProbeCounters>::try_from(map) else {
+            return out;
+        };
+        for (i, slot) in out.iter_mut().enumerate() {
+            let Ok(vals) = arr.get(&(i as u32), 0) else {
+                continue;
+            };
+            for v in vals.iter() {
+                slot.hits += v.hits;
+                slot.emitted += v.emitted;
+                slot.dropped += v.dropped;
+            }
+        }
+        out
+    }
+
+    /// Completed syscalls of the traced processes so far (sum of the in-kernel aggregates).
+    pub fn syscall_total(&self) -> u64 {
+        self.with_syscalls(|_, s| s.count).sum()
+    }
+
+    /// The in-kernel syscall aggregates per (pid, tid, syscall).
+    pub fn syscall_aggregates(&self) -> Vec<SyscallAggregate> {
+        self.with_syscalls(|k, s| SyscallAggregate {
+            pid: k.pid,
+            tid: k.tid,
+            nr: k.nr,
+            count: s.count,
+            total_ns: s.total_ns,
+            hist: s.hist.to_vec(),
+        })
+        .collect()
+    }
+
+    fn with_syscalls<'a, T: 'a>(
+        &'a self,
+        f: impl Fn(&SyscallKey, &SyscallStats) -> T + 'a,
+    ) -> impl Iterator<Item = T> + 'a {
+        let map = self
+            .ebpf
+            .map("SYSCALLS")
+            .and_then(|m| HashMap::<_, SyscallKey, SyscallStats>::try_from(m).ok());
+        map.into_iter().flat_map(move |m| {
+            let items: Vec<T> = m.iter().filter_map(Result::ok).map(|(k, s)| f(&k, &s)).collect();
+            items
+        })
+    }
+
+    /// Bytes sent on each socket the targets connected: (pid, fd, bytes).
+    pub fn sent_bytes(&self) -> Vec<(u32, i32, u64)> {
+        let Some(map) = self.ebpf.map("SENT") else {
+            return Vec::new();
+        };
+        let Ok(m) = HashMap::<_, SockKey, u64>::try_from(map) else {
+            return Vec::new();
+        };
+        m.iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k.pid, k.fd, v))
+            .collect()
+    }
+
+    /// Kernel ids of the programs this capture loaded (to check they are gone after drop).
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .map(|i| i.id())
+            .collect()
+    }
+
+    /// Time from the start of [`Capture::start`] until every probe was live.
+    pub fn attach_latency(&self) -> Duration {
+        self.attach_latency
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // Stop recording first; dropping the fields then detaches every link and unloads the programs.
+        if let Some(map) = self.ebpf.map_mut("TRACED") {
+            if let Ok(mut traced) = HashMap::<_, u32, u8>::try_from(map) {
+                for pid in &self.pids {
+                    let _ = traced.remove(pid);
+                }
+            }
+        }
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| CaptureError::MissingInObject(format!("program {name}")))?;
+    p.try_into().map_err(|source| CaptureError::Program {
+        program: name.to_string(),
+        source,
+    })
+}
+
+fn fill_maps(ebpf: &mut Ebpf, pids: &[u32], patterns: &[FilePattern]) -> Result<(), CaptureError> {
+    let map = ebpf
+        .map_mut("TRACED")
+        .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
+    let mut traced = HashMap::<_, u32, u8>::try_from(map).map_err(map_err("TRACED"))?;
+    for &pid in pids {
+        traced.insert(pid, 1, 0).map_err(map_err("TRACED"))?;
+    }
+    let map = ebpf
+        .map_mut("PATTERNS")
+        .ok_or_else(|| CaptureError::MissingInObject("map PATTERNS".into()))?;
+    let mut pats = Array::<_, FilePattern>::try_from(map).map_err(map_err("PATTERNS"))?;
+    for (i, p) in patterns.iter().enumerate() {
+        pats.set(i as u32, p, 0).map_err(map_err("PATTERNS"))?;
+    }
+    Ok(())
+}

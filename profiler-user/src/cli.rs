@@ -1,0 +1,196 @@
+//! The `llmprof` command line: subcommands, options, and the parsers of durations and sizes.
+//!
+//! Owns the user-facing surface only (help texts with examples, defaults); the work is in [`crate::attach`]
+//! and [`crate::open`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit codes of `llmprof` (documented in `--help`).
+pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// Any other failure.
+    pub const FAILURE: i32 = 1;
+    /// Bad command line (clap's own code).
+    pub const USAGE: i32 = 2;
+    /// Not root / missing capabilities.
+    pub const NOT_ROOT: i32 = 3;
+    /// The pid does not exist.
+    pub const NO_PROCESS: i32 = 4;
+    /// The kernel lacks something llmprof needs (tracepoint, tracefs) or refused the programs.
+    pub const KERNEL: i32 = 5;
+    /// The engine speaks another probe ABI version.
+    pub const ABI_MISMATCH: i32 = 6;
+    /// The trace file could not be written.
+    pub const OUTPUT: i32 = 7;
+}
+
+const ABOUT: &str = "Attach to an LLM inference server and record a Perfetto trace of its engine steps, requests, \
+syscalls, model-file I/O and network egress (eBPF, no restart of the server).";
+
+const AFTER_HELP: &str = "Examples:
+  sudo llmprof attach --pid $(pgrep llmserve) -d 30s -o incident.perfetto-trace
+  llmprof open incident.perfetto-trace
+
+Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
+6 engine probe ABI mismatch, 7 cannot write the trace.";
+
+/// `llmprof`.
+#[derive(Debug, Parser)]
+#[command(name = "llmprof", version, about = ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach to a running server and write a Perfetto trace (needs root).
+    #[command(after_help = "Examples:
+  sudo llmprof attach --pid 1234                       # until Ctrl-C, llmprof-1234-<time>.perfetto-trace
+  sudo llmprof attach --pid 1234 -d 30s -o incident.perfetto-trace
+  sudo llmprof attach --pid 1234 --slow-syscall 500us --model-path '/models/*' --egress-allow 10.0.0.0/8
+  sudo llmprof attach --pid 1234 --metrics-url http://127.0.0.1:8000/metrics
+
+Ends on Ctrl-C / SIGTERM, when the duration elapsed, or when the target exits; the trace is finished cleanly
+in every case. Open it with `llmprof open FILE`.")]
+    Attach(AttachArgs),
+    /// Serve a trace to Perfetto UI (https://ui.perfetto.dev) from 127.0.0.1 and print the link.
+    #[command(after_help = "Examples:
+  llmprof open incident.perfetto-trace
+  llmprof open incident.perfetto-trace --port 9002
+
+Serves the file once (exits after the UI fetched it, or on Ctrl-C). Open the printed link in a browser on
+this machine (or forward the port: ssh -L 9001:127.0.0.1:9001 HOST).")]
+    Open(OpenArgs),
+}
+
+/// Options of `llmprof attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Process id of the server to trace.
+    #[arg(short, long)]
+    pub pid: u32,
+    /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Trace file to write (default: llmprof-<pid>-<timestamp>.perfetto-trace).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Record syscalls at least this slow individually (others are aggregated in the kernel).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub slow_syscall: Duration,
+    /// Model-file pattern to track (repeatable; default: *.gguf *.safetensors *.bin *.pt *.pth).
+    #[arg(long = "model-path", value_name = "PATTERN")]
+    pub model_paths: Vec<String>,
+    /// Allowed egress network (repeatable; default: loopback and RFC 1918); other connects are flagged.
+    #[arg(long = "egress-allow", value_name = "CIDR")]
+    pub egress_allow: Vec<String>,
+    /// Prometheus endpoint of the server (default: discover the target's listening port and try /metrics).
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+    /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub ring_size: usize,
+    /// More output (eBPF program logs, per-second details).
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// Options of `llmprof open`.
+#[derive(Debug, Args)]
+pub struct OpenArgs {
+    /// The trace file.
+    pub trace: PathBuf,
+    /// Port on 127.0.0.1 (Perfetto UI accepts 9001 by default).
+    #[arg(long, default_value_t = crate::open::DEFAULT_PORT)]
+    pub port: u16,
+}
+
+/// Parses `30s`, `500ms`, `250us`, `2m`, `1h`, `1.5s`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (examples: 30s, 500ms, 2m)"))?;
+    let secs = match unit.trim() {
+        "" | "s" => v,
+        "ms" => v / 1e3,
+        "us" | "µs" => v / 1e6,
+        "ns" => v / 1e9,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        u => {
+            return Err(format!(
+                "unknown duration unit {u:?} in {s:?} (use ns, us, ms, s, m, h)"
+            ));
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `64MiB`, `1M`, `512KiB`, `1GiB`, or a bare number of bytes (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: usize = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (examples: 64MiB, 1GiB)"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB)")),
+    };
+    v.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn durations_and_sizes_parse_like_the_help_says() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3 days").is_err());
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_valid_and_parses_the_readme_example() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["llmprof", "attach", "--pid", "12", "-d", "30s", "-o", "x.pftrace"])
+            .unwrap();
+        let Command::Attach(a) = c.command else {
+            panic!("attach")
+        };
+        assert_eq!(a.pid, 12);
+        assert_eq!(a.duration, Some(Duration::from_secs(30)));
+        assert_eq!(a.slow_syscall, Duration::from_millis(1));
+        assert_eq!(a.ring_size, 64 << 20);
+    }
+}

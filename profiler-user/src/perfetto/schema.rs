@@ -1,0 +1,234 @@
+//! The subset of Perfetto's trace protos llmprof writes, as hand-written prost messages.
+//!
+//! Owns field numbers only: every tag quotes the line of `google/perfetto` `protos/perfetto/...` it mirrors
+//! (wrong numbers are silent garbage, so a test decodes our output and the e2e tests load it in the real trace
+//! processor). Nothing here knows about llmprof events; see `sink.rs` for that.
+
+/// `protos/perfetto/trace/trace.proto`: `message Trace { repeated TracePacket packet = 1; }`.
+/// The file is this message; the writer streams it one `packet` field at a time.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Trace {
+    /// `repeated TracePacket packet = 1;`
+    #[prost(message, repeated, tag = "1")]
+    pub packet: Vec<TracePacket>,
+}
+
+/// Wire tag of `Trace.packet` (field 1, length-delimited): the byte before each streamed packet.
+pub const TRACE_PACKET_TAG: u8 = (1 << 3) | 2;
+
+/// `protos/perfetto/trace/trace_packet.proto`: `message TracePacket`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TracePacket {
+    /// `optional uint64 timestamp = 8;`
+    #[prost(uint64, optional, tag = "8")]
+    pub timestamp: Option<u64>,
+    /// `optional uint32 timestamp_clock_id = 58;`
+    #[prost(uint32, optional, tag = "58")]
+    pub timestamp_clock_id: Option<u32>,
+    /// `uint32 trusted_packet_sequence_id = 10;` (oneof optional_trusted_packet_sequence_id)
+    #[prost(uint32, optional, tag = "10")]
+    pub trusted_packet_sequence_id: Option<u32>,
+    /// `optional uint32 sequence_flags = 13;` (see [`SEQ_INCREMENTAL_STATE_CLEARED`]).
+    #[prost(uint32, optional, tag = "13")]
+    pub sequence_flags: Option<u32>,
+    /// `optional InternedData interned_data = 12;`
+    #[prost(message, optional, tag = "12")]
+    pub interned_data: Option<InternedData>,
+    /// `ClockSnapshot clock_snapshot = 6;` (oneof data)
+    #[prost(message, optional, tag = "6")]
+    pub clock_snapshot: Option<ClockSnapshot>,
+    /// `TrackEvent track_event = 11;` (oneof data)
+    #[prost(message, optional, tag = "11")]
+    pub track_event: Option<TrackEvent>,
+    /// `TrackDescriptor track_descriptor = 60;` (oneof data)
+    #[prost(message, optional, tag = "60")]
+    pub track_descriptor: Option<TrackDescriptor>,
+}
+
+/// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED = 1;`
+pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
+/// `TracePacket.SequenceFlags.SEQ_NEEDS_INCREMENTAL_STATE = 2;`
+pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+
+/// `protos/perfetto/common/builtin_clock.proto`: `BUILTIN_CLOCK_REALTIME = 1;`
+pub const CLOCK_REALTIME: u32 = 1;
+/// `protos/perfetto/common/builtin_clock.proto`: `BUILTIN_CLOCK_MONOTONIC = 3;`
+pub const CLOCK_MONOTONIC: u32 = 3;
+/// `protos/perfetto/common/builtin_clock.proto`: `BUILTIN_CLOCK_BOOTTIME = 6;` (the default trace clock).
+pub const CLOCK_BOOTTIME: u32 = 6;
+
+/// `protos/perfetto/trace/clock_snapshot.proto`: `message ClockSnapshot`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ClockSnapshot {
+    /// `repeated Clock clocks = 1;`
+    #[prost(message, repeated, tag = "1")]
+    pub clocks: Vec<Clock>,
+    /// `optional BuiltinClock primary_trace_clock = 2;`
+    #[prost(uint32, optional, tag = "2")]
+    pub primary_trace_clock: Option<u32>,
+}
+
+/// `ClockSnapshot.Clock`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Clock {
+    /// `optional uint32 clock_id = 1;`
+    #[prost(uint32, optional, tag = "1")]
+    pub clock_id: Option<u32>,
+    /// `optional uint64 timestamp = 2;`
+    #[prost(uint64, optional, tag = "2")]
+    pub timestamp: Option<u64>,
+}
+
+/// `protos/perfetto/trace/interned_data/interned_data.proto`: `message InternedData`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InternedData {
+    /// `repeated EventName event_names = 2;`
+    #[prost(message, repeated, tag = "2")]
+    pub event_names: Vec<InternedString>,
+    /// `repeated DebugAnnotationName debug_annotation_names = 3;`
+    #[prost(message, repeated, tag = "3")]
+    pub debug_annotation_names: Vec<InternedString>,
+}
+
+/// `EventName` / `DebugAnnotationName` (same layout): `optional uint64 iid = 1; optional string name = 2;`
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InternedString {
+    /// `optional uint64 iid = 1;`
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    /// `optional string name = 2;`
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+}
+
+/// `protos/perfetto/trace/track_event/track_descriptor.proto`: `message TrackDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrackDescriptor {
+    /// `optional uint64 uuid = 1;`
+    #[prost(uint64, optional, tag = "1")]
+    pub uuid: Option<u64>,
+    /// `optional uint64 parent_uuid = 5;`
+    #[prost(uint64, optional, tag = "5")]
+    pub parent_uuid: Option<u64>,
+    /// `string name = 2;` (oneof static_or_dynamic_name)
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+    /// `optional ProcessDescriptor process = 3;`
+    #[prost(message, optional, tag = "3")]
+    pub process: Option<ProcessDescriptor>,
+    /// `optional ThreadDescriptor thread = 4;`
+    #[prost(message, optional, tag = "4")]
+    pub thread: Option<ThreadDescriptor>,
+    /// `optional CounterDescriptor counter = 8;`
+    #[prost(message, optional, tag = "8")]
+    pub counter: Option<CounterDescriptor>,
+}
+
+/// `protos/perfetto/trace/track_event/process_descriptor.proto`: `message ProcessDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessDescriptor {
+    /// `optional int32 pid = 1;`
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    /// `repeated string cmdline = 2;`
+    #[prost(string, repeated, tag = "2")]
+    pub cmdline: Vec<String>,
+    /// `optional string process_name = 6;`
+    #[prost(string, optional, tag = "6")]
+    pub process_name: Option<String>,
+}
+
+/// `protos/perfetto/trace/track_event/thread_descriptor.proto`: `message ThreadDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ThreadDescriptor {
+    /// `optional int32 pid = 1;`
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    /// `optional int32 tid = 2;`
+    #[prost(int32, optional, tag = "2")]
+    pub tid: Option<i32>,
+    /// `optional string thread_name = 5;`
+    #[prost(string, optional, tag = "5")]
+    pub thread_name: Option<String>,
+}
+
+/// `protos/perfetto/trace/track_event/counter_descriptor.proto`: `message CounterDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CounterDescriptor {
+    /// `optional string unit_name = 6;`
+    #[prost(string, optional, tag = "6")]
+    pub unit_name: Option<String>,
+    /// `optional bool is_incremental = 5;`
+    #[prost(bool, optional, tag = "5")]
+    pub is_incremental: Option<bool>,
+}
+
+/// `protos/perfetto/trace/track_event/track_event.proto`: `message TrackEvent`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrackEvent {
+    /// `optional Type type = 9;` (see [`TYPE_SLICE_BEGIN`] ...).
+    #[prost(int32, optional, tag = "9")]
+    pub r#type: Option<i32>,
+    /// `optional uint64 track_uuid = 11;`
+    #[prost(uint64, optional, tag = "11")]
+    pub track_uuid: Option<u64>,
+    /// `uint64 name_iid = 10;` (oneof name_field, interned EventName)
+    #[prost(uint64, optional, tag = "10")]
+    pub name_iid: Option<u64>,
+    /// `string name = 23;` (oneof name_field, non-interned)
+    #[prost(string, optional, tag = "23")]
+    pub name: Option<String>,
+    /// `repeated string categories = 22;`
+    #[prost(string, repeated, tag = "22")]
+    pub categories: Vec<String>,
+    /// `repeated DebugAnnotation debug_annotations = 4;`
+    #[prost(message, repeated, tag = "4")]
+    pub debug_annotations: Vec<DebugAnnotation>,
+    /// `int64 counter_value = 30;` (oneof counter_value_field)
+    #[prost(int64, optional, tag = "30")]
+    pub counter_value: Option<i64>,
+    /// `double double_counter_value = 44;` (oneof counter_value_field)
+    #[prost(double, optional, tag = "44")]
+    pub double_counter_value: Option<f64>,
+    /// `repeated fixed64 flow_ids = 47;`
+    #[prost(fixed64, repeated, packed = "false", tag = "47")]
+    pub flow_ids: Vec<u64>,
+    /// `repeated fixed64 terminating_flow_ids = 48;`
+    #[prost(fixed64, repeated, packed = "false", tag = "48")]
+    pub terminating_flow_ids: Vec<u64>,
+}
+
+/// `TrackEvent.Type.TYPE_SLICE_BEGIN = 1;`
+pub const TYPE_SLICE_BEGIN: i32 = 1;
+/// `TrackEvent.Type.TYPE_SLICE_END = 2;`
+pub const TYPE_SLICE_END: i32 = 2;
+/// `TrackEvent.Type.TYPE_INSTANT = 3;`
+pub const TYPE_INSTANT: i32 = 3;
+/// `TrackEvent.Type.TYPE_COUNTER = 4;`
+pub const TYPE_COUNTER: i32 = 4;
+
+/// `protos/perfetto/trace/track_event/debug_annotation.proto`: `message DebugAnnotation`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DebugAnnotation {
+    /// `uint64 name_iid = 1;` (oneof name_field, interned DebugAnnotationName)
+    #[prost(uint64, optional, tag = "1")]
+    pub name_iid: Option<u64>,
+    /// `string name = 10;` (oneof name_field)
+    #[prost(string, optional, tag = "10")]
+    pub name: Option<String>,
+    /// `bool bool_value = 2;` (oneof value)
+    #[prost(bool, optional, tag = "2")]
+    pub bool_value: Option<bool>,
+    /// `uint64 uint_value = 3;` (oneof value)
+    #[prost(uint64, optional, tag = "3")]
+    pub uint_value: Option<u64>,
+    /// `int64 int_value = 4;` (oneof value)
+    #[prost(int64, optional, tag = "4")]
+    pub int_value: Option<i64>,
+    /// `double double_value = 5;` (oneof value)
+    #[prost(double, optional, tag = "5")]
+    pub double_value: Option<f64>,
+    /// `string string_value = 6;` (oneof value)
+    #[prost(string, optional, tag = "6")]
+    pub string_value: Option<String>,
+}

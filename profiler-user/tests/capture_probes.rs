@@ -1,0 +1,309 @@
+//! Capture end to end against a real traced process (`llmprof-testee`): load, attach, decode, detach.
+//!
+//! Needs root (loads eBPF programs). Without root the tests skip with a loud message, except under
+//! `CI=true`, where they fail.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use llmprof::capture::{Capture, CaptureConfig, CaptureError, EngineProbes};
+use llmprof::event::{Event, EventBody};
+use llmprof_abi::{read_str, FileOp, ProbeId, RangeOp, RequestEventKind, StepKind, ABI_VERSION};
+
+/// x86-64 syscall numbers the slow-syscall check accepts for a 20 ms sleep.
+const NR_NANOSLEEP: u64 = 35;
+const NR_CLOCK_NANOSLEEP: u64 = 230;
+/// Size of the model file the testee reads (not a multiple of its 64 KiB read size).
+const GGUF_SIZE: usize = 300_001;
+
+fn have_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let msg = "capture tests need root to load eBPF programs";
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg}, and CI=true: run the tests as root");
+    }
+    eprintln!("\n!!!!! SKIPPED: {msg}; run `sudo -E cargo test -p llmprof --test capture_probes` !!!!!\n");
+    false
+}
+
+struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Testee {
+    fn spawn(args: &[&str]) -> Testee {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_llmprof-testee"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn llmprof-testee");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut t = Testee { child, stdin, stdout };
+        let line = t.line();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        t
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn line(&mut self) -> String {
+        let mut s = String::new();
+        self.stdout.read_line(&mut s).expect("read testee");
+        s.trim().to_string()
+    }
+
+    fn say(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").expect("write testee");
+        self.stdin.flush().expect("flush testee");
+    }
+}
+
+impl Drop for Testee {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls until `stop` says so or `limit` passes.
+fn collect(cap: &mut Capture, limit: Duration, stop: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    while t0.elapsed() < limit && !stop(&out) {
+        cap.poll(&mut out, Duration::from_millis(50)).expect("poll");
+    }
+    out
+}
+
+fn loaded_ids() -> Vec<u32> {
+    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+}
+
+#[test]
+fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
+    if !have_root() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("llmprof-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gguf = dir.join("model.gguf");
+    std::fs::write(&gguf, vec![7u8; GGUF_SIZE]).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+
+    let mut t = Testee::spawn(&[
+        "--gguf",
+        gguf.to_str().unwrap(),
+        "--connect",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let pid = t.pid();
+    let cfg = CaptureConfig {
+        pids: vec![pid],
+        egress_allow: vec!["10.0.0.0/8".parse().unwrap()],
+        ..CaptureConfig::default()
+    };
+    let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));
+    eprintln!("attach latency: {:?}", cap.attach_latency());
+    assert_eq!(cap.engine_probes(pid), EngineProbes::Attached { abi_version: ABI_VERSION });
+    let ours = cap.program_ids();
+    assert_eq!(ours.len(), 6, "six programs loaded");
+
+    t.say("go");
+    assert_eq!(t.line(), "done");
+    let (_conn, _) = listener.accept().unwrap();
+    let sent_while_alive = cap.sent_bytes();
+    t.say("exit");
+    let status = t.child.wait().unwrap();
+    assert_eq!(status.code(), Some(3));
+
+    let events = collect(&mut cap, Duration::from_secs(10), |evs| {
+        evs.iter().any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
+    });
+    assert!(events.iter().all(|e| e.pid == pid), "only the traced process is recorded");
+
+    // Engine records, verbatim.
+    let steps: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Step(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps.len(), 1, "one step record");
+    let s = steps[0];
+    assert_eq!((s.step_id, StepKind::from_raw(s.kind)), (42, Some(StepKind::Decode)));
+    assert_eq!((s.num_seqs, s.decode_tokens, s.kv_blocks_used, s.kv_blocks_total), (2, 2, 5, 100));
+    assert_eq!(&s.req_ids[..s.num_req_ids as usize], &[7, 8]);
+    assert_eq!(s.host_end_ns - s.host_start_ns, 1_000);
+
+    let reqs: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Request(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reqs.len(), 1);
+    let r = reqs[0];
+    assert_eq!(RequestEventKind::from_raw(r.kind), Some(RequestEventKind::Arrived));
+    assert_eq!((r.req_id, r.prompt_tokens, r.max_tokens), (7, 11, 32));
+    assert_eq!(read_str(&r.x_request_id), "req-7");
+    assert_eq!(read_str(&r.model), "smollm2");
+    assert_eq!(r.trace_id, [0xab; 16]);
+
+    let ranges: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Range(r) => Some(*r),
+            _ => None,
+        })
+        .collect();
+    let ops: Vec<_> = ranges.iter().map(|r| RangeOp::from_raw(r.op)).collect();
+    assert_eq!(ops, [Some(RangeOp::Push), Some(RangeOp::Pop)]);
+    assert_eq!(read_str(&ranges[0].name), "forward");
+    assert_eq!(read_str(&ranges[0].domain), "llmserve");
+
+    // The 20 ms sleep is a slow syscall.
+    let slow = events.iter().find_map(|e| match e.body {
+        EventBody::SlowSyscall { nr, dur_ns, .. }
+            if nr == NR_NANOSLEEP || nr == NR_CLOCK_NANOSLEEP =>
+        {
+            Some(dur_ns)
+        }
+        _ => None,
+    });
+    let slow = slow.expect("the 20 ms sleep is reported as a slow syscall");
+    assert!(slow >= 20_000_000, "slept {slow} ns");
+
+    // The model file: opened, read to the end (bytes == size), closed, all with its path.
+    let path = gguf.to_str().unwrap();
+    assert!(events
+        .iter()
+        .any(|e| matches!(&e.body, EventBody::FileOpen { path: p, ret, .. } if p == path && *ret >= 0)));
+    let read_bytes: i64 = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::FileIo { op: FileOp::Read, path: Some(p), ret, .. } if p == path => Some(*ret),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(read_bytes, GGUF_SIZE as i64, "read bytes equal the file size");
+    assert!(events
+        .iter()
+        .any(|e| matches!(&e.body, EventBody::FileIo { op: FileOp::Close, path: Some(p), .. } if p == path)));
+
+    // The connect to 127.0.0.1, outside the 10.0.0.0/8 allow list: flagged.
+    let conn = events.iter().find_map(|e| match e.body {
+        EventBody::Connect { addr, port: p, ret, allowed, .. } if p == port => Some((addr, ret, allowed)),
+        _ => None,
+    });
+    let (addr, ret, allowed) = conn.expect("the connect is reported");
+    assert_eq!(addr, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    assert!(ret == 0 || ret == -115, "connect returned {ret}");
+    assert!(!allowed, "127.0.0.1 is outside 10.0.0.0/8");
+    assert!(
+        sent_while_alive.iter().any(|&(p, _, b)| p == pid && b == 5),
+        "5 bytes sent on the connected socket: {sent_while_alive:?}"
+    );
+
+    // The exit, with its status.
+    let exit = events.iter().find_map(|e| match e.body {
+        EventBody::ProcessExit { exit_code } => Some(exit_code),
+        _ => None,
+    });
+    assert_eq!(exit, Some(3));
+
+    // Counters and aggregates.
+    let c = cap.counters();
+    assert_eq!(c[ProbeId::Step as usize].emitted, 1);
+    assert_eq!(c[ProbeId::Range as usize].emitted, 2);
+    assert!(c.iter().all(|p| p.dropped == 0), "no drops: {c:?}");
+    assert!(cap.syscall_total() > 10);
+    assert!(cap.syscall_aggregates().iter().any(|a| a.pid == pid && a.count > 0));
+    assert_eq!(cap.decode_errors(), 0);
+
+    drop(cap);
+    let still: Vec<u32> = loaded_ids().into_iter().filter(|id| ours.contains(id)).collect();
+    assert!(still.is_empty(), "programs {still:?} still loaded after drop");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_plain_process_is_traced_without_engine_probes() {
+    if !have_root() {
+        return;
+    }
+    let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+    let pid = child.id();
+    let cfg = CaptureConfig { pids: vec![pid], ..CaptureConfig::default() };
+    let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));
+    assert_eq!(cap.engine_probes(pid), EngineProbes::NotFound);
+    let events = collect(&mut cap, Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
+    });
+    child.wait().unwrap();
+    // The 300 ms sleep is slow; the exit is seen.
+    assert!(events.iter().any(|e| matches!(e.body, EventBody::SlowSyscall { dur_ns, .. } if dur_ns > 200_000_000)));
+    assert!(events.iter().any(|e| matches!(e.body, EventBody::ProcessExit { exit_code: 0 })));
+}
+
+#[test]
+fn a_missing_pid_is_reported() {
+    if !have_root() {
+        return;
+    }
+    let cfg = CaptureConfig { pids: vec![0x3fff_fff0], ..CaptureConfig::default() };
+    let err = Capture::start(&cfg).expect_err("no such pid");
+    assert!(matches!(err, CaptureError::PidNotFound(0x3fff_fff0)), "{err:?}");
+    assert!(err.to_string().contains("pgrep"), "the message says what to do: {err}");
+}
+
+/// Throughput of the whole pipeline (uprobe → ring → decode): `cargo test -p llmprof --test
+/// capture_probes -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: run explicitly"]
+fn bench_pipeline_events_per_second() {
+    if !have_root() {
+        return;
+    }
+    const N: u64 = 1_000_000;
+    let mut t = Testee::spawn(&[]);
+    let pid = t.pid();
+    let cfg = CaptureConfig { pids: vec![pid], ..CaptureConfig::default() };
+    let mut cap = Capture::start(&cfg).expect("start");
+    eprintln!("attach latency: {:?}", cap.attach_latency());
+    let t0 = Instant::now();
+    t.say(&format!("burst {N}"));
+    let mut got = 0u64;
+    let mut out = Vec::with_capacity(1 << 16);
+    while got < N && t0.elapsed() < Duration::from_secs(60) {
+        out.clear();
+        cap.poll(&mut out, Duration::from_millis(50)).expect("poll");
+        got += out.iter().filter(|e| matches!(e.body, EventBody::Range(_))).count() as u64;
+        let c = cap.counters()[ProbeId::Range as usize];
+        if got + c.dropped >= N {
+            break;
+        }
+    }
+    let dt = t0.elapsed();
+    assert_eq!(t.line(), "burst done");
+    let c = cap.counters()[ProbeId::Range as usize];
+    eprintln!(
+        "pipeline: {got} of {N} events in {dt:?} = {:.0} events/s, dropped {}",
+        got as f64 / dt.as_secs_f64(),
+        c.dropped
+    );
+    assert_eq!(got + c.dropped, N);
+}

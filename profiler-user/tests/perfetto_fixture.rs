@@ -1,0 +1,515 @@
+//! The Perfetto sink on a fixture session built in code: packet structure (decoded with our own schema) and
+//! what Perfetto's real trace processor makes of it (no import errors, no unterminated slices, the slices,
+//! args, flows and counters a user looks for).
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use llmprof::event::{
+    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
+};
+use llmprof::perfetto::TraceSink;
+use llmprof::perfetto::schema::Trace;
+use llmprof_abi::{
+    ABI_VERSION, FileOp, MAX_STEP_REQS, RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind,
+    StepRecord, fill_str,
+};
+use prost::Message;
+
+const PID: u32 = 4242;
+const MAIN: u32 = 4242;
+const SCHED: u32 = 4243;
+const MS: u64 = 1_000_000;
+/// BOOTTIME origin of the fixture (any value; 1000 s after boot).
+const T0: u64 = 1_000_000 * MS;
+
+fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
+    Event {
+        ts_ns: T0 + ts,
+        pid: PID,
+        tid,
+        body,
+    }
+}
+
+fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
+    let mut req_ids = [0u64; MAX_STEP_REQS];
+    req_ids[..reqs.len()].copy_from_slice(reqs);
+    let rec = StepRecord {
+        abi_version: ABI_VERSION,
+        kind: kind as u32,
+        step_id: id,
+        host_start_ns: T0 + start,
+        host_end_ns: T0 + end,
+        device_start_ns: T0 + start + MS / 10,
+        device_end_ns: T0 + end - MS / 10,
+        device_clock: 0,
+        num_seqs: reqs.len() as u32,
+        prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
+        decode_tokens: if kind == StepKind::Prefill {
+            0
+        } else {
+            reqs.len() as u32
+        },
+        kv_blocks_used: 3,
+        kv_blocks_total: 64,
+        num_waiting: 0,
+        num_preempted: 0,
+        num_req_ids: reqs.len() as u32,
+        req_ids_truncated: 0,
+        req_ids,
+    };
+    ev(end, SCHED, EventBody::Step(Box::new(rec)))
+}
+
+fn req(ts: u64, id: u64, kind: RequestEventKind, output: u32, finish: u32) -> Event {
+    let rec = RequestRecord {
+        abi_version: ABI_VERSION,
+        kind: kind as u32,
+        req_id: id,
+        ts_ns: T0 + ts,
+        trace_id: [0xab; 16],
+        parent_span_id: [0xcd; 8],
+        has_trace_context: 1,
+        trace_flags: 1,
+        is_chat: 1,
+        _pad: 0,
+        finish_reason: finish,
+        prompt_tokens: 12,
+        output_tokens: output,
+        max_tokens: 16,
+        temperature: 0.0,
+        top_p: 1.0,
+        num_preemptions: u32::from(kind == RequestEventKind::Preempted),
+        x_request_id: fill_str(&format!("xr-{id}")),
+        model: fill_str("smollm2"),
+    };
+    ev(ts, MAIN, EventBody::Request(Box::new(rec)))
+}
+
+fn range(ts: u64, op: RangeOp, name: &str) -> Event {
+    let rec = RangeRecord {
+        abi_version: ABI_VERSION,
+        op: op as u32,
+        ts_ns: T0 + ts,
+        step_id: 1,
+        domain: fill_str("llmserve"),
+        name: fill_str(name),
+    };
+    ev(ts, SCHED, EventBody::Range(rec))
+}
+
+/// A session: two requests (one finishes, one is preempted and still running at the end), three steps, an
+/// NVTX range left open, a slow syscall, a model-file open + read, two connects (one flagged), metrics.
+fn fixture() -> Vec<Event> {
+    use RequestEventKind::*;
+    let mut v = vec![
+        ev(
+            0,
+            0,
+            EventBody::Metrics(MetricsSample {
+                kv_cache_usage: Some(0.0),
+                running: Some(0.0),
+                waiting: Some(0.0),
+                preemptions_total: Some(0.0),
+            }),
+        ),
+        req(MS, 1, Arrived, 0, 0),
+        req(MS + MS / 10, 2, Arrived, 0, 0),
+        range(12 * MS / 10, RangeOp::Push, "forward"),
+        req(12 * MS / 10, 1, Scheduled, 0, 0),
+        req(12 * MS / 10, 2, Scheduled, 0, 0),
+        range(21 * MS / 10, RangeOp::Pop, "forward"),
+        step(1, StepKind::Prefill, 12 * MS / 10, 22 * MS / 10, &[1, 2]),
+        req(22 * MS / 10, 1, FirstToken, 1, 0),
+        req(22 * MS / 10, 2, FirstToken, 1, 0),
+        step(2, StepKind::Decode, 23 * MS / 10, 28 * MS / 10, &[1, 2]),
+        req(29 * MS / 10, 2, Preempted, 2, 0),
+        ev(
+            3 * MS,
+            0,
+            EventBody::Metrics(MetricsSample {
+                kv_cache_usage: Some(0.05),
+                running: Some(1.0),
+                waiting: Some(1.0),
+                preemptions_total: Some(1.0),
+            }),
+        ),
+        req(3 * MS, 2, Scheduled, 2, 0),
+        step(3, StepKind::Mixed, 3 * MS, 35 * MS / 10, &[1, 2]),
+        range(31 * MS / 10, RangeOp::Push, "sample"),
+        range(32 * MS / 10, RangeOp::Mark, "checkpoint"),
+        req(36 * MS / 10, 1, Finished, 3, 1),
+        ev(
+            4 * MS,
+            SCHED,
+            EventBody::SlowSyscall {
+                nr: 35,
+                ret: 0,
+                dur_ns: 2 * MS,
+            },
+        ),
+        ev(
+            5 * MS,
+            MAIN,
+            EventBody::FileOpen {
+                path: "/models/m.gguf".into(),
+                ret: 7,
+                dur_ns: MS / 100,
+            },
+        ),
+        ev(
+            51 * MS / 10,
+            MAIN,
+            EventBody::FileIo {
+                op: FileOp::Read,
+                fd: 7,
+                path: Some("/models/m.gguf".into()),
+                ret: 1000,
+                len: 1000,
+                dur_ns: MS / 10,
+            },
+        ),
+        ev(
+            52 * MS / 10,
+            MAIN,
+            EventBody::FileIo {
+                op: FileOp::Close,
+                fd: 7,
+                path: Some("/models/m.gguf".into()),
+                ret: 0,
+                len: 0,
+                dur_ns: MS / 100,
+            },
+        ),
+        ev(
+            6 * MS,
+            MAIN,
+            EventBody::Connect {
+                addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                port: 80,
+                ret: 0,
+                dur_ns: 1000,
+                allowed: true,
+            },
+        ),
+        ev(
+            61 * MS / 10,
+            MAIN,
+            EventBody::Connect {
+                addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+                port: 9,
+                ret: -111,
+                dur_ns: 1000,
+                allowed: false,
+            },
+        ),
+        ev(62 * MS / 10, 0, EventBody::SyscallRate { per_sec: 1234.0 }),
+        ev(
+            63 * MS / 10,
+            0,
+            EventBody::Marker {
+                text: "hello marker".into(),
+            },
+        ),
+    ];
+    v.sort_by_key(|e| e.ts_ns);
+    v
+}
+
+fn process() -> ProcessInfo {
+    ProcessInfo {
+        pid: PID,
+        name: "llmserve".into(),
+        cmdline: "llmserve --model m.gguf".into(),
+        threads: vec![
+            ThreadInfo {
+                tid: MAIN,
+                name: "llmserve".into(),
+            },
+            ThreadInfo {
+                tid: SCHED,
+                name: "scheduler".into(),
+            },
+        ],
+        engine_probes: true,
+    }
+}
+
+fn stats() -> SessionStats {
+    let mut s = SessionStats {
+        end_reason: "duration elapsed".into(),
+        user_drops: 2,
+        ..Default::default()
+    };
+    s.probes[0].hits = 3;
+    s.probes[0].emitted = 3;
+    s.probes[3].dropped = 5;
+    s.syscalls.push(SyscallAggregate {
+        pid: PID,
+        tid: SCHED,
+        nr: 35,
+        count: 4,
+        total_ns: 8 * MS,
+        hist: vec![0; 32],
+    });
+    s
+}
+
+fn write_fixture() -> Vec<u8> {
+    let mut sink = TraceSink::new(
+        Vec::new(),
+        &[process()],
+        Some((T0, 1_700_000_000 * 1_000_000_000)),
+    )
+    .unwrap();
+    for e in fixture() {
+        sink.push(&e).unwrap();
+    }
+    sink.finish(&stats(), Some(T0 + 7 * MS)).unwrap()
+}
+
+#[test]
+fn packets_have_the_structure_perfetto_expects() {
+    let bytes = write_fixture();
+    let trace = Trace::decode(bytes.as_slice()).expect("the file is one Trace message");
+    assert!(
+        trace
+            .packet
+            .iter()
+            .all(|p| p.trusted_packet_sequence_id == Some(1))
+    );
+    assert_eq!(
+        trace.packet[0].sequence_flags,
+        Some(3),
+        "first packet clears incremental state"
+    );
+    assert!(trace.packet[0].clock_snapshot.is_some());
+    // Each track is described exactly once, before its first event.
+    let mut described = std::collections::HashSet::new();
+    for p in &trace.packet {
+        if let Some(d) = &p.track_descriptor {
+            assert!(
+                described.insert(d.uuid.unwrap()),
+                "track {:?} described twice",
+                d.name
+            );
+        }
+        if let Some(e) = &p.track_event {
+            assert!(
+                described.contains(&e.track_uuid.unwrap()),
+                "event before its track"
+            );
+        }
+    }
+    let thread_names: Vec<_> = trace
+        .packet
+        .iter()
+        .filter_map(|p| p.track_descriptor.as_ref()?.thread.as_ref()?.thread_name.clone())
+        .collect();
+    assert_eq!(thread_names, ["llmserve", "scheduler"]);
+    // Every prefix that ends on a packet boundary is a valid trace (what a crash leaves).
+    let half = Trace::decode(&bytes[..first_boundary_after(&bytes, bytes.len() / 2)]).unwrap();
+    assert!(half.packet.len() < trace.packet.len());
+}
+
+fn first_boundary_after(b: &[u8], at: usize) -> usize {
+    let mut pos = 0;
+    while pos < at {
+        // tag byte, varint length, payload
+        let mut len = 0usize;
+        let mut shift = 0;
+        let mut i = pos + 1;
+        loop {
+            let x = b[i];
+            len |= usize::from(x & 0x7f) << shift;
+            i += 1;
+            if x & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        pos = i + len;
+    }
+    pos
+}
+
+#[test]
+fn perfetto_trace_processor_loads_the_fixture_cleanly() {
+    if !e2e::require(
+        e2e::trace_processor::available(),
+        "Perfetto trace processor not installed (cargo xtask setup-tools)",
+    ) {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("llmprof-fixture-{}.perfetto-trace", std::process::id()));
+    std::fs::write(&path, write_fixture()).unwrap();
+    let mut tp = e2e::trace_processor::load(&path).expect("trace loads");
+    assert_eq!(
+        tp.import_errors().unwrap(),
+        Vec::<serde_json::Value>::new(),
+        "import errors"
+    );
+    assert_eq!(
+        tp.unterminated_slices().unwrap(),
+        Vec::<serde_json::Value>::new(),
+        "unterminated slices"
+    );
+
+    let q =
+        |tp: &mut e2e::trace_processor::Trace, sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"));
+    // Engine steps: one slice per step, named by kind, with the step's attributes.
+    let steps = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'engine steps'";
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({steps}) where name = 'prefill'")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({steps}) where name = 'decode'")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({steps}) where name = 'mixed'")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!(
+                "select extract_arg(arg_set_id, 'debug.num_seqs') from ({steps}) where name = 'prefill'"
+            )
+        ),
+        2
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from slice s join track t on s.track_id = t.id where t.name = 'device (host compute)'"
+        ),
+        3
+    );
+    // Requests: async tracks with phases, TTFT and tokens; flows from requests to the steps.
+    let r1 = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'request 1 (xr-1)'";
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({r1}) where name in ('queued', 'prefill', 'decode')")
+        ),
+        3
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!(
+                "select extract_arg(arg_set_id, 'debug.output_tokens') from ({r1}) where name = 'request 1'"
+            )
+        ),
+        3
+    );
+    let ttft = tp
+        .query(&format!(
+            "select extract_arg(arg_set_id, 'debug.ttft_ms') as v from ({r1}) where name = 'request 1'"
+        ))
+        .unwrap();
+    assert!(
+        (ttft[0]["v"].as_f64().unwrap() - 1.2).abs() < 1e-6,
+        "ttft {ttft:?}"
+    );
+    let r2 = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'request 2 (xr-2)'";
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({r2}) where name = 'preempted'")
+        ),
+        1
+    );
+    let closed = tp
+        .query(&format!(
+            "select extract_arg(arg_set_id, 'debug.closed_by') as v from ({r2}) where name = 'request 2'"
+        ))
+        .unwrap();
+    assert_eq!(closed[0]["v"], "duration elapsed");
+    assert!(
+        q(&mut tp, "select count(*) from flow") >= 6,
+        "request → step flows"
+    );
+    // Thread slices: NVTX range, slow syscall, model file.
+    let sched = "select s.* from slice s join thread_track tt on s.track_id = tt.id join thread using (utid) where thread.tid = 4243";
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({sched}) where name = 'llmserve::forward'")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from ({sched}) where name = 'syscall nanosleep' and dur = 2000000")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select extract_arg(arg_set_id, 'debug.bytes') from slice where name = 'model file read'"
+        ),
+        1000
+    );
+    let flagged = tp.query("select extract_arg(arg_set_id, 'debug.port') as port, extract_arg(arg_set_id, 'debug.address') as a from slice where name = 'connect (flagged egress)'").unwrap();
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(flagged[0]["port"], 9);
+    assert_eq!(flagged[0]["a"], "127.0.0.2");
+    // Counters.
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from counter c join counter_track t on c.track_id = t.id where t.name = 'KV cache usage'"
+        ),
+        2
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select cast(max(value) as int) from counter c join counter_track t on c.track_id = t.id where t.name = 'syscalls/s'"
+        ),
+        1234
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select cast(max(value) as int) from counter c join counter_track t on c.track_id = t.id where t.name = 'llmprof drops: syscalls'"
+        ),
+        5
+    );
+    // Names from /proc, and the summary where a user sees it.
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from process where pid = 4242 and name = 'llmserve'"
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from thread where tid = 4243 and name = 'scheduler'"
+        ),
+        1
+    );
+    let summary = tp.query("select extract_arg(arg_set_id, 'debug.end_reason') as r, extract_arg(arg_set_id, 'debug.total_dropped') as d from slice where name = 'llmprof summary'").unwrap();
+    assert_eq!(summary.len(), 1);
+    assert_eq!(summary[0]["r"], "duration elapsed");
+    assert_eq!(summary[0]["d"], 7);
+    drop(tp);
+    let _ = std::fs::remove_file(&path);
+}

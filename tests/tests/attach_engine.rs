@@ -1,0 +1,223 @@
+//! The vertical slice, end to end, as an SRE would check it: the real engine on the default model, the real
+//! `llmprof attach` (real eBPF), real requests (concurrent, one with a W3C traceparent), a weight reload, an outbound
+//! connect outside the allow list; then the trace is loaded into Perfetto's own trace processor and checked against
+//! what the engine itself says happened.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use e2e::engine::Engine;
+use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// Waits until the engine has nothing running or waiting.
+fn wait_idle(engine: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = engine.metrics();
+        let running = http::metric(&m, "vllm:num_requests_running", "").unwrap_or(-1.0);
+        let waiting = http::metric(&m, "vllm:num_requests_waiting", "").unwrap_or(-1.0);
+        if running == 0.0 && waiting == 0.0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "engine not idle after 120 s: running {running}, waiting {waiting}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn steps_total(engine: &Engine) -> f64 {
+    let m = engine.metrics();
+    ["prefill", "decode", "mixed"]
+        .iter()
+        .map(|k| http::metric(&m, "llmserve:engine_steps_total", &format!("kind=\"{k}\"")).unwrap_or(0.0))
+        .sum()
+}
+
+#[derive(Debug)]
+struct Usage {
+    prompt: i64,
+    completion: i64,
+}
+
+fn chat(port: u16, content: &str, max_tokens: u32, headers: &[(&str, &str)]) -> Usage {
+    let body = format!(
+        r#"{{"model":"smollm2","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":{max_tokens},"temperature":0}}"#
+    );
+    let r = http::post_json(port, "/v1/chat/completions", headers, &body).expect("chat request");
+    assert_eq!(r.status, 200, "chat failed: {}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("chat response is JSON");
+    Usage {
+        prompt: v["usage"]["prompt_tokens"].as_i64().expect("usage.prompt_tokens"),
+        completion: v["usage"]["completion_tokens"].as_i64().expect("usage.completion_tokens"),
+    }
+}
+
+#[test]
+fn attach_to_the_engine_and_check_the_trace() {
+    let model = default_model();
+    if !require(is_root(), "not root: eBPF probes need root")
+        || !require(model.exists(), "the default model is missing (run `cargo xtask fetch-model`)")
+        || !require(trace_processor::available(), "Perfetto's trace processor is missing (`cargo xtask setup-tools`)")
+    {
+        return;
+    }
+    // An "unexpected" outbound destination on loopback: the engine's usage-stats reporter posts there. The attach
+    // allows only 10.0.0.0/8, so this connect must be flagged.
+    let sink = TcpListener::bind("127.0.0.1:0").expect("bind sink");
+    let sink_port = sink.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in sink.incoming().flatten() {
+            drop(s);
+        }
+    });
+    let usage_url = format!("http://127.0.0.1:{sink_port}/usage");
+    let engine = Engine::spawn(
+        &model,
+        &["--max-num-seqs", "4", "--usage-stats-url", &usage_url, "--usage-stats-interval", "1s"],
+    );
+    let model_size = std::fs::metadata(&model).expect("model metadata").len() as i64;
+    wait_idle(&engine);
+
+    let dir = std::env::temp_dir().join(format!("llmprof-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let trace_path = dir.join("attach.perfetto-trace");
+    let mut llmprof = Command::new(bin_path("llmprof"))
+        .args(["attach", "--pid", &engine.pid.to_string(), "--egress-allow", "10.0.0.0/8", "-o"])
+        .arg(&trace_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn llmprof");
+    let stderr = llmprof.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[llmprof] {line}");
+            if line.contains("probes live") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("llmprof did not report `probes live` within 60 s");
+    wait_idle(&engine);
+    let steps_before = steps_total(&engine);
+
+    // Concurrent requests, one of them carrying the caller's trace context.
+    let port = engine.port;
+    let traced = std::thread::spawn(move || {
+        let tp = format!("00-{TRACE_ID}-{PARENT_SPAN}-01");
+        chat(port, "What is the capital of France?", 12, &[("traceparent", &tp), ("x-request-id", "e2e-traced")])
+    });
+    let others: Vec<_> = (0..3)
+        .map(|i| std::thread::spawn(move || chat(port, &format!("Count to {}.", i + 3), 16, &[])))
+        .collect();
+    let traced_usage = traced.join().expect("traced request");
+    let other_usage: Vec<Usage> = others.into_iter().map(|h| h.join().expect("request")).collect();
+
+    // Swap the weights from disk while serving (llmprof's model-file probes watch the read).
+    let r = http::post_json(port, "/admin/reload", &[], "{}").expect("reload");
+    assert_eq!(r.status, 200, "reload failed: {}", r.body);
+    // Give the usage-stats reporter a chance to connect during the window.
+    std::thread::sleep(Duration::from_millis(2500));
+    wait_idle(&engine);
+    let steps_after = steps_total(&engine);
+
+    // Stop the session like a user would (Ctrl-C).
+    // SAFETY: kill(2) with a valid pid of our own child and SIGINT has no memory-safety preconditions.
+    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
+    let out = llmprof.wait_with_output().expect("llmprof exit");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{summary}");
+    assert!(out.status.success(), "llmprof attach failed: {}", out.status);
+
+    let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
+    assert_eq!(tp.import_errors().expect("stats"), Vec::<serde_json::Value>::new(), "import errors in the trace");
+    assert_eq!(tp.unterminated_slices().expect("slices"), Vec::<serde_json::Value>::new(), "unterminated slices");
+
+    // Every engine step of the window is a slice on the engine-steps track.
+    let steps = tp
+        .query_i64(
+            "select count(*) from slice s join track t on s.track_id = t.id \
+             where t.name = 'engine steps' and s.name in ('prefill', 'decode', 'mixed')",
+        )
+        .expect("step query");
+    assert!(steps_after > steps_before, "the engine ran no step in the window");
+    assert_eq!(steps as f64, steps_after - steps_before, "step slices vs the engine's own step counter");
+
+    // Each request has its track with the right token counts; the traced one keeps its trace id.
+    let rows = tp
+        .query(
+            "select extract_arg(arg_set_id, 'debug.prompt_tokens') as prompt, \
+                    extract_arg(arg_set_id, 'debug.output_tokens') as output, \
+                    extract_arg(arg_set_id, 'debug.trace_id') as trace_id, \
+                    extract_arg(arg_set_id, 'debug.x_request_id') as xid \
+             from slice where name like 'request %' and depth = 0",
+        )
+        .expect("request query");
+    assert_eq!(rows.len(), 4, "one request track per request: {rows:?}");
+    let traced_row = rows
+        .iter()
+        .find(|r| r["xid"] == "e2e-traced")
+        .unwrap_or_else(|| panic!("the traced request is missing: {rows:?}"));
+    assert_eq!(traced_row["trace_id"], TRACE_ID);
+    assert_eq!(traced_row["prompt"], traced_usage.prompt);
+    assert_eq!(traced_row["output"], traced_usage.completion);
+    let mut want: Vec<(i64, i64)> = other_usage.iter().map(|u| (u.prompt, u.completion)).collect();
+    want.push((traced_usage.prompt, traced_usage.completion));
+    want.sort();
+    let mut got: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| (r["prompt"].as_i64().unwrap_or(-1), r["output"].as_i64().unwrap_or(-1)))
+        .collect();
+    got.sort();
+    assert_eq!(got, want, "token counts per request (prompt, output)");
+
+    // The reload read the whole model file.
+    let model_path = model.canonicalize().expect("canonical model path");
+    let read_bytes = tp
+        .query_i64(&format!(
+            "select coalesce(sum(extract_arg(arg_set_id, 'debug.bytes')), 0) from slice \
+             where name in ('model file read', 'model file pread64', 'model file readv') \
+             and extract_arg(arg_set_id, 'debug.path') in ('{}', '{}')",
+            model.display(),
+            model_path.display()
+        ))
+        .expect("file read query");
+    assert_eq!(read_bytes, model_size, "bytes read from the model file during the reload");
+
+    // The usage-stats connect to loopback, outside 10.0.0.0/8, is flagged with its port.
+    let flagged = tp
+        .query_i64(&format!(
+            "select count(*) from slice where name = 'connect (flagged egress)' \
+             and extract_arg(arg_set_id, 'debug.port') = {sink_port}"
+        ))
+        .expect("connect query");
+    assert!(flagged >= 1, "no flagged connect to port {sink_port}");
+
+    // Idle engine threads block in the kernel for longer than 1 ms: slow syscalls are there, on named threads.
+    let slow = tp.query_i64("select count(*) from slice where name like 'syscall %'").expect("syscall query");
+    assert!(slow > 0, "no slow syscall in the trace");
+
+    // The session says what it lost.
+    let summary_rows = tp.query_i64("select count(*) from slice where name = 'llmprof summary'").expect("summary");
+    assert_eq!(summary_rows, 1, "the final llmprof summary is in the trace");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attach_to_a_missing_pid_fails_clearly() {
+    // Pid 0x3fffffff is above pid_max on Linux: never a process.
+    let out = Command::new(bin_path("llmprof"))
+        .args(["attach", "--pid", "1073741823", "-d", "1s", "-o", "/tmp/never.perfetto-trace"])
+        .output()
+        .expect("run llmprof");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("1073741823"), "the error names the pid: {err}");
+    assert!(!std::path::Path::new("/tmp/never.perfetto-trace").exists(), "no trace file for a failed attach");
+}
