@@ -162,13 +162,13 @@ async fn reload(
         .map_err(|e| ApiError::bad(format!("the loader thread failed: {e}"), Some("path")))?
         .map_err(|e| ApiError::bad(format!("cannot load {}: {e}", path.display()), Some("path")))?;
     let load_s = t0.elapsed().as_secs_f64();
-    let name = st.engine.reload(loaded).await.map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: e,
-        kind: "server_error",
-        param: None,
-        code: None,
-    })?;
+    // A swap fails when the new file does not fit the running engine (another KV geometry): the client's file
+    // is the problem, and the old weights keep serving.
+    let name = st
+        .engine
+        .reload(loaded)
+        .await
+        .map_err(|e| ApiError::bad(e, Some("path")))?;
     *cur = path.clone();
     Ok(axum::Json(json!({
         "status": "ok",

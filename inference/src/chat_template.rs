@@ -34,7 +34,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -64,7 +67,8 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(ChatTemplateError::Compile)?;
+        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+            .map_err(ChatTemplateError::Compile)?;
         Ok(ChatTemplate {
             env,
             source: source.to_string(),
@@ -79,10 +83,19 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's answer begins.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(ChatTemplateError::Render)?;
-        let msgs: Vec<Value> =
-            messages.iter().map(|m| context! { role => m.role.as_str(), content => m.content.as_str() }).collect();
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatTemplateError> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(ChatTemplateError::Render)?;
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
+            .collect();
         tmpl.render(context! {
             messages => msgs,
             add_generation_prompt => add_generation_prompt,
@@ -105,17 +118,34 @@ mod tests {
         let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>").expect("compile");
         let s = t.render(&[ChatMessage::new("user", "Hi")], true).expect("render");
         assert!(s.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
-        assert!(s.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{s:?}");
-        let s = t.render(&[ChatMessage::new("system", "S"), ChatMessage::new("user", "Hi")], false).expect("render");
-        assert_eq!(s, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+        assert!(
+            s.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+            "{s:?}"
+        );
+        let s = t
+            .render(
+                &[ChatMessage::new("system", "S"), ChatMessage::new("user", "Hi")],
+                false,
+            )
+            .expect("render");
+        assert_eq!(
+            s,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        );
     }
 
     #[test]
     fn python_methods_and_raise_exception() {
         let src = "{% for m in messages %}{% if m.role not in ['user'] %}{{ raise_exception('only user') }}{% endif %}[{{ m.content.strip() | upper }}]{% endfor %}{{ eos_token }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").expect("compile");
-        assert_eq!(t.render(&[ChatMessage::new("user", "  hi ")], false).expect("render"), "[HI]</s>");
-        let err = t.render(&[ChatMessage::new("bot", "x")], false).expect_err("must raise");
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "  hi ")], false)
+                .expect("render"),
+            "[HI]</s>"
+        );
+        let err = t
+            .render(&[ChatMessage::new("bot", "x")], false)
+            .expect_err("must raise");
         assert!(err.to_string().contains("only user"), "{err}");
     }
 }

@@ -214,7 +214,6 @@ impl EngineHandle {
             queued: queued.clone(),
             metrics: metrics.clone(),
             model_name: llmprof_abi::fill_str(&cfg.served_model_name),
-            stream_capacity: cfg.stream_capacity.max(1),
             step_id: 0,
         };
         let thread = std::thread::Builder::new()
@@ -485,7 +484,6 @@ struct EngineLoop {
     queued: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     model_name: [u8; llmprof_abi::MODEL_LEN],
-    stream_capacity: usize,
     step_id: u64,
 }
 
@@ -747,6 +745,9 @@ impl EngineLoop {
             let _r = Range::push("schedule", step_id);
             self.sched.schedule()
         };
+        // The step record reports the cache and queue as the scheduler left them.
+        let kv_blocks_used = self.sched.kv().num_used_blocks() as u32;
+        let num_waiting = self.sched.num_waiting() as u32;
         let now = Instant::now();
         for &id in &out.first_scheduled {
             self.uncount_queued(id);
@@ -897,16 +898,15 @@ impl EngineLoop {
             num_seqs: out.seqs.len() as u32,
             prefill_tokens: out.prefill_tokens as u32,
             decode_tokens: out.decode_tokens as u32,
-            kv_blocks_used: self.sched.kv().num_used_blocks() as u32,
+            kv_blocks_used,
             kv_blocks_total: self.sched.kv().num_blocks() as u32,
-            num_waiting: self.sched.num_waiting() as u32,
+            num_waiting,
             num_preempted: out.preempted.len() as u32,
             num_req_ids: out.seqs.len().min(MAX_STEP_REQS) as u32,
             req_ids_truncated: u32::from(out.seqs.len() > MAX_STEP_REQS),
             req_ids,
         };
         llmprof_probes::step(&rec);
-        let _ = self.stream_capacity;
     }
 }
 

@@ -192,7 +192,7 @@ impl GgmlType {
     /// Bytes taken by `n` elements (n a multiple of the block size); None for unsupported types.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let (per, bytes) = self.block_layout()?;
-        Some(n / per as u64 * bytes as u64)
+        (n / per as u64).checked_mul(bytes as u64)
     }
 }
 
@@ -212,7 +212,8 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Number of elements.
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        // Saturating: a hostile file must not overflow; the size check against the file then fails.
+        self.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d))
     }
 }
 
@@ -235,7 +236,10 @@ pub struct GgufFile {
 
 /// Reads the whole file at `path` with [`READ_CHUNK`]-sized `read(2)` calls.
 pub fn read_file(path: &Path) -> Result<Vec<u8>, GgufError> {
-    let io = |source| GgufError::Io { path: path.display().to_string(), source };
+    let io = |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let mut f = File::open(path).map_err(io)?;
     let len = f.metadata().map_err(io)?.len();
     let mut buf = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
@@ -281,20 +285,38 @@ impl GgufFile {
             let name = r.string()?;
             let n_dims = r.u32()?;
             if n_dims > 8 {
-                return Err(GgufError::Malformed(format!("tensor {name} has {n_dims} dimensions")));
+                return Err(GgufError::Malformed(format!(
+                    "tensor {name} has {n_dims} dimensions"
+                )));
             }
             let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
             let ty = GgmlType::from_id(r.u32()?);
             let offset = r.u64()?;
-            tensors.push(TensorInfo { name, dims, ty, offset });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+            });
         }
         let alignment = match metadata.get("general.alignment").and_then(Value::as_u64) {
             Some(a) if a > 0 && a.is_power_of_two() => a,
-            Some(a) => return Err(GgufError::Malformed(format!("general.alignment {a} is not a power of two"))),
+            Some(a) => {
+                return Err(GgufError::Malformed(format!(
+                    "general.alignment {a} is not a power of two"
+                )));
+            }
             None => DEFAULT_ALIGNMENT,
         };
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
-        let file = GgufFile { version, metadata, tensors, alignment, data_offset, bytes };
+        let file = GgufFile {
+            version,
+            metadata,
+            tensors,
+            alignment,
+            data_offset,
+            bytes,
+        };
         for t in &file.tensors {
             file.tensor_data(t)?;
         }
@@ -313,15 +335,17 @@ impl GgufFile {
 
     /// The raw bytes of a tensor (checked against the file size).
     pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
-        let len = t
-            .ty
-            .bytes_for(t.n_elements())
-            .ok_or_else(|| GgufError::Malformed(format!("tensor {} has unsupported type id {}", t.name, t.ty.id())))?;
+        let len = t.ty.bytes_for(t.n_elements()).ok_or_else(|| {
+            GgufError::Malformed(format!("tensor {} has unsupported type id {}", t.name, t.ty.id()))
+        })?;
         let start = self.data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(len));
         match (start, end) {
             (Some(s), Some(e)) if e <= self.bytes.len() as u64 => Ok(&self.bytes[s as usize..e as usize]),
-            _ => Err(GgufError::Malformed(format!("tensor {} data lies outside the file", t.name))),
+            _ => Err(GgufError::Malformed(format!(
+                "tensor {} data lies outside the file",
+                t.name
+            ))),
         }
     }
 }
@@ -337,7 +361,11 @@ const MAX_ARRAY_DEPTH: u32 = 4;
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], GgufError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or(GgufError::Truncated(what))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(GgufError::Truncated(what))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -392,17 +420,24 @@ impl<'a> Reader<'a> {
             10 => Value::U64(u64::from_le_bytes(self.arr()?)),
             11 => Value::I64(i64::from_le_bytes(self.arr()?)),
             12 => Value::F64(f64::from_le_bytes(self.arr()?)),
-            other => return Err(GgufError::Malformed(format!("unknown metadata value type {other}"))),
+            other => {
+                return Err(GgufError::Malformed(format!(
+                    "unknown metadata value type {other}"
+                )));
+            }
         })
     }
 }
 
 /// Writes GGUF v3 files (used by [`crate::tiny_gguf`] and tests).
 pub mod writer {
-    use super::{GgmlType, Value, DEFAULT_ALIGNMENT};
+    use super::{DEFAULT_ALIGNMENT, GgmlType, Value};
 
     /// Encodes `metadata` and `tensors` (name, dims in ggml order, type, raw data) as a GGUF v3 file.
-    pub fn encode(metadata: &[(String, Value)], tensors: &[(String, Vec<u64>, GgmlType, Vec<u8>)]) -> Vec<u8> {
+    pub fn encode(
+        metadata: &[(String, Value)],
+        tensors: &[(String, Vec<u64>, GgmlType, Vec<u8>)],
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(super::MAGIC);
         out.extend_from_slice(&3u32.to_le_bytes());
@@ -495,7 +530,10 @@ mod tests {
             ("general.architecture".to_string(), Value::String("llama".into())),
             ("a.u32".to_string(), Value::U32(7)),
             ("a.f32".to_string(), Value::F32(1.5)),
-            ("a.arr".to_string(), Value::Array(vec![Value::String("x".into()), Value::String("y".into())])),
+            (
+                "a.arr".to_string(),
+                Value::Array(vec![Value::String("x".into()), Value::String("y".into())]),
+            ),
             ("a.i64".to_string(), Value::I64(-3)),
             ("a.bool".to_string(), Value::Bool(true)),
         ];
@@ -519,11 +557,17 @@ mod tests {
 
     #[test]
     fn rejects_garbage_and_truncation() {
-        assert!(matches!(GgufFile::parse(b"NOPE\x03\0\0\0".to_vec()), Err(GgufError::BadMagic)));
+        assert!(matches!(
+            GgufFile::parse(b"NOPE\x03\0\0\0".to_vec()),
+            Err(GgufError::BadMagic)
+        ));
         let tensor = ("t".to_string(), vec![2u64], GgmlType::F32, vec![1u8; 8]);
         let bytes = writer::encode(&[("k".into(), Value::String("v".into()))], &[tensor]);
         for cut in 4..bytes.len() {
-            assert!(GgufFile::parse(bytes[..cut].to_vec()).is_err(), "cut at {cut} parsed");
+            assert!(
+                GgufFile::parse(bytes[..cut].to_vec()).is_err(),
+                "cut at {cut} parsed"
+            );
         }
     }
 }

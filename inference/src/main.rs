@@ -42,7 +42,9 @@ fn main() -> Result<()> {
     .context("creating the CPU backend")?;
     // Default served name: the file name without `.gguf` (like vLLM, which serves a model under its path), so
     // clients can name it without the spaces GGUF `general.name` values often have.
-    let default_name = path.file_stem().map_or_else(|| model.config.name.clone(), |s| s.to_string_lossy().into_owned());
+    let default_name = path
+        .file_stem()
+        .map_or_else(|| model.config.name.clone(), |s| s.to_string_lossy().into_owned());
     let cfg = args.engine_config(&default_name);
     eprintln!(
         "llmserve: loaded {} ({}, {} layers, context {}) in {:.2}s; backend {} with {threads} threads; KV cache {} blocks x {} tokens",

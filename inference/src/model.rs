@@ -23,6 +23,9 @@ pub const MODEL_ENV: &str = "LLMSERVE_MODEL";
 /// tokens when the vocabulary has them as special tokens.
 const END_OF_TURN_TOKENS: &[&str] = &["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"];
 
+/// Largest model or head dimension accepted (far above any Llama; bounds arithmetic on hostile metadata).
+const MAX_DIM: usize = 1 << 20;
+
 /// Where the default model lives: `$LLMSERVE_MODEL` if set, else `$XDG_CACHE_HOME` (or `~/.cache`) +
 /// `/llmprof/models/` + [`DEFAULT_MODEL_FILE`].
 pub fn default_model_path() -> PathBuf {
@@ -171,7 +174,13 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down)
+                m(&l.wq)
+                    + m(&l.wk)
+                    + m(&l.wv)
+                    + m(&l.wo)
+                    + m(&l.w_gate)
+                    + m(&l.w_up)
+                    + m(&l.w_down)
                     + 4 * (l.attn_norm.len() + l.ffn_norm.len())
             })
             .sum();
@@ -213,7 +222,10 @@ impl Model {
 
     /// Builds the model from a parsed file.
     pub fn from_gguf(f: &GgufFile, path: &Path, file_bytes: u64) -> Result<Model, ModelError> {
-        let arch = f.get("general.architecture").and_then(Value::as_str).unwrap_or("");
+        let arch = f
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if arch != "llama" {
             return Err(ModelError::Architecture(arch.to_string()));
         }
@@ -223,11 +235,15 @@ impl Model {
         let n_heads = meta_usize(f, &k("attention.head_count"))?;
         let n_kv_heads = meta_usize(f, &k("attention.head_count_kv")).unwrap_or(n_heads);
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 || dim % n_heads != 0 {
-            return Err(ModelError::Metadata(format!("{n_heads} heads / {n_kv_heads} KV heads for dim {dim}")));
+            return Err(ModelError::Metadata(format!(
+                "{n_heads} heads / {n_kv_heads} KV heads for dim {dim}"
+            )));
         }
         let head_dim = meta_usize(f, &k("attention.key_length")).unwrap_or(dim / n_heads);
-        if head_dim % 2 != 0 {
-            return Err(ModelError::Metadata(format!("head dimension {head_dim} is odd")));
+        if !head_dim.is_multiple_of(2) || head_dim > MAX_DIM || dim > MAX_DIM {
+            return Err(ModelError::Metadata(format!(
+                "head dimension {head_dim} / model dimension {dim} invalid"
+            )));
         }
         let mut eos_token_ids: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
         if let Some(eot) = f.get("tokenizer.ggml.eot_token_id").and_then(Value::as_u64) {
@@ -256,8 +272,14 @@ impl Model {
             ffn_dim: meta_usize(f, &k("feed_forward_length"))?,
             context_len: meta_usize(f, &k("context_length"))?,
             // Defaults are llama.cpp's (rope freq base 10000, RMS epsilon 1e-5).
-            rope_base: f.get(&k("rope.freq_base")).and_then(Value::as_f32).unwrap_or(10_000.0),
-            rms_eps: f.get(&k("attention.layer_norm_rms_epsilon")).and_then(Value::as_f32).unwrap_or(1e-5),
+            rope_base: f
+                .get(&k("rope.freq_base"))
+                .and_then(Value::as_f32)
+                .unwrap_or(10_000.0),
+            rms_eps: f
+                .get(&k("attention.layer_norm_rms_epsilon"))
+                .and_then(Value::as_f32)
+                .unwrap_or(1e-5),
             bos_token_id: tokenizer.bos_token_id(),
             eos_token_ids,
             name,
@@ -265,20 +287,35 @@ impl Model {
         let chat_template = match f.get("tokenizer.chat_template").and_then(Value::as_str) {
             Some(src) => {
                 let tok = |id: Option<u32>| {
-                    id.map(|i| String::from_utf8_lossy(tokenizer.token_bytes(i)).into_owned()).unwrap_or_default()
+                    id.map(|i| String::from_utf8_lossy(tokenizer.token_bytes(i)).into_owned())
+                        .unwrap_or_default()
                 };
-                Some(ChatTemplate::new(src, &tok(tokenizer.bos_token_id()), &tok(tokenizer.eos_token_id()))?)
+                Some(ChatTemplate::new(
+                    src,
+                    &tok(tokenizer.bos_token_id()),
+                    &tok(tokenizer.eos_token_id()),
+                )?)
             }
             None => None,
         };
         let weights = load_weights(f, &config)?;
-        Ok(Model { config, tokenizer, chat_template, path: path.to_path_buf(), file_bytes, weights })
+        Ok(Model {
+            config,
+            tokenizer,
+            chat_template,
+            path: path.to_path_buf(),
+            file_bytes,
+            weights,
+        })
     }
 }
 
 /// Loads a 2-D tensor expected to have `rows` rows of `cols` elements.
 fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
-    let t = f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), msg: "missing".into() })?;
+    let t = f.tensor(name).ok_or_else(|| ModelError::Tensor {
+        name: name.into(),
+        msg: "missing".into(),
+    })?;
     if t.dims != [cols as u64, rows as u64] {
         return Err(ModelError::Tensor {
             name: name.into(),
@@ -286,24 +323,36 @@ fn matrix(f: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<QMatrix,
         });
     }
     let data = f.tensor_data(t)?;
-    QMatrix::from_ggml(t.ty, rows, cols, data).map_err(|source| ModelError::Quant { name: name.into(), source })
+    QMatrix::from_ggml(t.ty, rows, cols, data).map_err(|source| ModelError::Quant {
+        name: name.into(),
+        source,
+    })
 }
 
 /// Loads a 1-D tensor of `n` elements as f32.
 fn vector(f: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    let t = f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), msg: "missing".into() })?;
+    let t = f.tensor(name).ok_or_else(|| ModelError::Tensor {
+        name: name.into(),
+        msg: "missing".into(),
+    })?;
     if t.n_elements() != n as u64 {
-        return Err(ModelError::Tensor { name: name.into(), msg: format!("shape {:?}, expected [{n}]", t.dims) });
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            msg: format!("shape {:?}, expected [{n}]", t.dims),
+        });
     }
     let data = f.tensor_data(t)?;
-    let m = QMatrix::from_ggml(t.ty, 1, n, data).map_err(|source| ModelError::Quant { name: name.into(), source })?;
+    let m = QMatrix::from_ggml(t.ty, 1, n, data).map_err(|source| ModelError::Quant {
+        name: name.into(),
+        source,
+    })?;
     Ok(m.dequantize())
 }
 
 fn load_weights(f: &GgufFile, c: &ModelConfig) -> Result<Weights, ModelError> {
     let q_dim = c.n_heads * c.head_dim;
     let kv = c.kv_dim();
-    let mut layers = Vec::with_capacity(c.n_layers);
+    let mut layers = Vec::new();
     for i in 0..c.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         layers.push(LayerWeights {

@@ -121,8 +121,10 @@ impl QMatrix {
     /// Builds a matrix from ggml-layout bytes (`rows` rows of `cols` elements, each row contiguous).
     pub fn from_ggml(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, QuantError> {
         let (per, bsize) = ty.block_layout().ok_or(QuantError::Unsupported(ty))?;
-        let n = rows * cols;
-        if cols % per != 0 || n / per * bsize != bytes.len() {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| QuantError::Shape(format!("{rows}x{cols} overflows")))?;
+        if !cols.is_multiple_of(per) || (n / per).checked_mul(bsize) != Some(bytes.len()) {
             return Err(QuantError::Shape(format!(
                 "{ty:?} {rows}x{cols} with {} bytes (block of {per} elements = {bsize} bytes)",
                 bytes.len()
@@ -130,10 +132,18 @@ impl QMatrix {
         }
         let nb = n / BLOCK;
         let data = match ty {
-            GgmlType::F32 => {
-                Data::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-            }
-            GgmlType::F16 => Data::F32(bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
+            GgmlType::F32 => Data::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            GgmlType::F16 => Data::F32(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            ),
             GgmlType::Q8_0 => {
                 let mut d = Vec::with_capacity(nb);
                 let mut qs = Vec::with_capacity(n);
@@ -165,8 +175,10 @@ impl QMatrix {
             }
             GgmlType::Other(_) => return Err(QuantError::Unsupported(ty)),
         };
-        if !matches!(data, Data::F32(_)) && cols % BLOCK != 0 {
-            return Err(QuantError::Shape(format!("{cols} columns is not a multiple of {BLOCK}")));
+        if !matches!(data, Data::F32(_)) && !cols.is_multiple_of(BLOCK) {
+            return Err(QuantError::Shape(format!(
+                "{cols} columns is not a multiple of {BLOCK}"
+            )));
         }
         Ok(QMatrix { rows, cols, ty, data })
     }
@@ -249,7 +261,7 @@ impl QMatrix {
     ///
     /// `x` holds the tokens' activations, `[n_tok][cols]`; `out` is written `[row][token]`.
     pub fn matmul_rows(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
-        assert!(n_tok > 0 && x.len() == n_tok * self.cols && out.len() % n_tok == 0);
+        assert!(n_tok > 0 && x.len() == n_tok * self.cols && out.len().is_multiple_of(n_tok));
         let nrows = out.len() / n_tok;
         assert!(row0 + nrows <= self.rows);
         #[cfg(target_arch = "x86_64")]
@@ -336,7 +348,7 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 mod avx2 {
     //! AVX2+FMA kernels. Every function requires the `avx2` and `fma` target features at run time.
 
-    use super::{Data, QMatrix, BLOCK, TOKEN_TILE};
+    use super::{BLOCK, Data, QMatrix, TOKEN_TILE};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx2,fma")]
@@ -362,20 +374,31 @@ mod avx2 {
     /// subtracted (8 for Q4_0, 0 for Q4_1).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn unpack_q4(qs: &[u8], bias: i32) -> [__m256; 4] {
+    fn unpack_q4<const BIAS: i32>(qs: &[u8]) -> [__m256; 4] {
         let q16 = &qs[..16];
         // SAFETY: `q16` has exactly 16 readable bytes; unaligned load.
         let q = unsafe { _mm_loadu_si128(q16.as_ptr().cast()) };
         let mask = _mm_set1_epi8(0x0f);
         let lo = _mm_and_si128(q, mask);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
-        let b = _mm256_set1_epi32(bias);
         [
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(lo), b)),
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(lo)), b)),
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(hi), b)),
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(hi)), b)),
+            nibbles_to_f32::<BIAS>(lo),
+            nibbles_to_f32::<BIAS>(_mm_srli_si128::<8>(lo)),
+            nibbles_to_f32::<BIAS>(hi),
+            nibbles_to_f32::<BIAS>(_mm_srli_si128::<8>(hi)),
         ]
+    }
+
+    /// The low 8 bytes of `v` (values 0..15) minus `BIAS`, as f32.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn nibbles_to_f32<const BIAS: i32>(v: __m128i) -> __m256 {
+        let i = _mm256_cvtepu8_epi32(v);
+        _mm256_cvtepi32_ps(if BIAS == 0 {
+            i
+        } else {
+            _mm256_sub_epi32(i, _mm256_set1_epi32(BIAS))
+        })
     }
 
     /// The 32 quants of a Q8_0 block as 4 vectors of f32.
@@ -390,16 +413,6 @@ mod avx2 {
             *o = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
         }
         out
-    }
-
-    /// Dot of a dequantized block `w` with 32 activations at `x[i..]`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn block_dot(w: &[__m256; 4], x: &[f32], i: usize) -> __m256 {
-        let p = _mm256_mul_ps(w[0], load8(x, i));
-        let p = _mm256_fmadd_ps(w[1], load8(x, i + 8), p);
-        let p = _mm256_fmadd_ps(w[2], load8(x, i + 16), p);
-        _mm256_fmadd_ps(w[3], load8(x, i + 24), p)
     }
 
     /// Runs the row loop of a token tile of `NT` tokens: `$deq(b)` yields block `b` dequantized as 4 vectors;
@@ -417,7 +430,12 @@ mod avx2 {
                         // SAFETY: `xp` has exactly 32 readable f32; unaligned loads at offsets 0, 8, 16, 24.
                         let (x0, x1, x2, x3) = unsafe {
                             let p = xp.as_ptr();
-                            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)))
+                            (
+                                _mm256_loadu_ps(p),
+                                _mm256_loadu_ps(p.add(8)),
+                                _mm256_loadu_ps(p.add(16)),
+                                _mm256_loadu_ps(p.add(24)),
+                            )
                         };
                         acc[t][0] = _mm256_fmadd_ps(w[0], x0, acc[t][0]);
                         acc[t][1] = _mm256_fmadd_ps(w[1], x1, acc[t][1]);
@@ -434,6 +452,10 @@ mod avx2 {
 
     /// One tile of `NT` tokens starting at token `t0`, all rows.
     #[target_feature(enable = "avx2,fma")]
+    #[expect(
+        clippy::needless_range_loop,
+        reason = "indexing by a const-bounded token keeps accumulators in registers"
+    )]
     fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: usize, out: &mut [f32]) {
         let c = m.cols;
         let nb = c / BLOCK;
@@ -464,15 +486,25 @@ mod avx2 {
             Data::Q8_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
                 let q = unpack_q8(&qs[b * BLOCK..]);
                 let dv = _mm256_set1_ps(d[b]);
-                [_mm256_mul_ps(q[0], dv), _mm256_mul_ps(q[1], dv), _mm256_mul_ps(q[2], dv), _mm256_mul_ps(q[3], dv)]
+                [
+                    _mm256_mul_ps(q[0], dv),
+                    _mm256_mul_ps(q[1], dv),
+                    _mm256_mul_ps(q[2], dv),
+                    _mm256_mul_ps(q[3], dv),
+                ]
             }),
             Data::Q4_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
-                let q = unpack_q4(&qs[b * 16..], 8);
+                let q = unpack_q4::<8>(&qs[b * 16..]);
                 let dv = _mm256_set1_ps(d[b]);
-                [_mm256_mul_ps(q[0], dv), _mm256_mul_ps(q[1], dv), _mm256_mul_ps(q[2], dv), _mm256_mul_ps(q[3], dv)]
+                [
+                    _mm256_mul_ps(q[0], dv),
+                    _mm256_mul_ps(q[1], dv),
+                    _mm256_mul_ps(q[2], dv),
+                    _mm256_mul_ps(q[3], dv),
+                ]
             }),
             Data::Q4_1 { d, m: mins, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
-                let q = unpack_q4(&qs[b * 16..], 0);
+                let q = unpack_q4::<0>(&qs[b * 16..]);
                 let dv = _mm256_set1_ps(d[b]);
                 let mv = _mm256_set1_ps(mins[b]);
                 [
@@ -546,11 +578,18 @@ mod avx2 {
 pub fn quantize_ggml(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
     let mut out = Vec::new();
     match ty {
-        GgmlType::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        GgmlType::F16 => values.iter().for_each(|v| out.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
+        GgmlType::F32 => values
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        GgmlType::F16 => values
+            .iter()
+            .for_each(|v| out.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            if values.len() % BLOCK != 0 {
-                return Err(QuantError::Shape(format!("{} values is not a multiple of {BLOCK}", values.len())));
+            if !values.len().is_multiple_of(BLOCK) {
+                return Err(QuantError::Shape(format!(
+                    "{} values is not a multiple of {BLOCK}",
+                    values.len()
+                )));
             }
             for b in values.chunks_exact(BLOCK) {
                 quantize_block(ty, b, &mut out);
@@ -620,7 +659,10 @@ mod tests {
         for v in [0.0f32, 1.0, -2.5, 0.000_123, 65504.0, 1e-7, -0.333_251_95] {
             let h = f32_to_f16(v);
             let back = f16_to_f32(h);
-            assert!((back - v).abs() <= v.abs() * 1e-3 + 1e-7, "{v} -> {h:#x} -> {back}");
+            assert!(
+                (back - v).abs() <= v.abs() * 1e-3 + 1e-7,
+                "{v} -> {h:#x} -> {back}"
+            );
         }
         assert_eq!(f16_to_f32(0x3c00), 1.0);
         assert_eq!(f16_to_f32(0xc000), -2.0);
@@ -630,12 +672,22 @@ mod tests {
     fn quantized_matmul_matches_dequantized_reference() {
         let (rows, cols) = (13, 96);
         let w = pseudo_random(rows * cols, 1);
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
             let bytes = quantize_ggml(ty, &w).expect("quantize");
             let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
             let deq = m.dequantize();
             // Quantization error is bounded by the block's scale.
-            let max_err = deq.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max_err = deq
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
             assert!(max_err < 0.15, "{ty:?}: dequantization error {max_err}");
             for n_tok in [1, 3, 4, 7] {
                 let x = pseudo_random(n_tok * cols, 7 + n_tok as u32);
@@ -649,7 +701,10 @@ mod tests {
                             .map(|k| f64::from(deq[r * cols + k]) * f64::from(x[t * cols + k]))
                             .sum();
                         for got in [out[r * n_tok + t], out_scalar[r * n_tok + t]] {
-                            assert!((f64::from(got) - want).abs() < 1e-4, "{ty:?} r{r} t{t}: {got} vs {want}");
+                            assert!(
+                                (f64::from(got) - want).abs() < 1e-4,
+                                "{ty:?} r{r} t{t}: {got} vs {want}"
+                            );
                         }
                     }
                 }

@@ -51,6 +51,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Candidates sorted first for top-p (the rest only when these do not reach the nucleus mass).
+const TOP_P_PARTIAL: usize = 256;
+
+/// Number of leading (descending) entries whose mass reaches `mass`, if they do.
+fn nucleus_len(sorted: &[(u32, f32)], mass: f32) -> Option<usize> {
+    let mut acc = 0.0;
+    for (k, x) in sorted.iter().enumerate() {
+        acc += x.1;
+        if acc >= mass {
+            return Some(k + 1);
+        }
+    }
+    None
+}
+
 /// Samples the next token.
 pub fn sample(logits: &[f32], p: SamplingParams, rng: &mut Rng) -> u32 {
     if p.temperature <= 0.0 || !p.temperature.is_finite() || logits.is_empty() {
@@ -78,17 +93,21 @@ pub fn sample(logits: &[f32], p: SamplingParams, rng: &mut Rng) -> u32 {
     };
     let mut total = sum;
     if top_p < 1.0 {
-        probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        let mut acc = 0.0;
-        let mut keep = probs.len();
-        for (k, x) in probs.iter().enumerate() {
-            acc += x.1;
-            if acc >= top_p * sum {
-                keep = k + 1;
-                break;
-            }
+        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+        // The nucleus is usually a few tokens: sort only the largest TOP_P_PARTIAL first (exact: fall back to a
+        // full sort when they do not reach the mass).
+        let mut sorted = probs.len();
+        if probs.len() > TOP_P_PARTIAL {
+            probs.select_nth_unstable_by(TOP_P_PARTIAL - 1, desc);
+            sorted = TOP_P_PARTIAL;
         }
-        probs.truncate(keep);
+        probs[..sorted].sort_unstable_by(desc);
+        let mut keep = nucleus_len(&probs[..sorted], top_p * sum);
+        if keep.is_none() {
+            probs.sort_unstable_by(desc);
+            keep = nucleus_len(&probs, top_p * sum);
+        }
+        probs.truncate(keep.unwrap_or(probs.len()));
         total = probs.iter().map(|x| x.1).sum();
     }
     let mut r = rng.next_f64() as f32 * total;
@@ -142,6 +161,22 @@ mod tests {
         assert_eq!(run(42), run(42));
         let ones = run(7).iter().filter(|&&t| t == 1).count();
         assert!((2800..3200).contains(&ones), "{ones}");
+    }
+
+    #[test]
+    fn top_p_over_a_large_flat_vocabulary_keeps_the_right_mass() {
+        // 1000 equal logits: top_p 0.5 keeps ~500 tokens, more than the partial sort covers.
+        let logits = vec![0.0f32; 1000];
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+        };
+        let mut r = Rng::new(9);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..20_000 {
+            seen.insert(sample(&logits, p, &mut r));
+        }
+        assert!((450..=550).contains(&seen.len()), "{}", seen.len());
     }
 
     #[test]

@@ -16,8 +16,24 @@ pub const TINY_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.fi
 
 /// Words whose BPE merges the tiny vocabulary has (a leading space is part of the word, as GPT-2 splits).
 const WORDS: &[&str] = &[
-    "the", " the", " and", "ing", " is", "Hello", " world", " capital", " of", " France", " Paris", "What", "user",
-    "assistant", "system", " tiny", "You", " are",
+    "the",
+    " the",
+    " and",
+    "ing",
+    " is",
+    "Hello",
+    " world",
+    " capital",
+    " of",
+    " France",
+    " Paris",
+    "What",
+    "user",
+    "assistant",
+    "system",
+    " tiny",
+    "You",
+    " are",
 ];
 
 /// Special tokens at ids 0, 1, 2 (as in SmolLM2's vocabulary).
@@ -136,9 +152,18 @@ pub fn tiny_gguf_bytes(spec: &TinyModelSpec) -> Result<Vec<u8>, QuantError> {
         ("llama.vocab_size".into(), u(vocab)),
         ("tokenizer.ggml.model".into(), s("gpt2")),
         ("tokenizer.ggml.pre".into(), s("smollm")),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().map(|t| s(t)).collect())),
-        ("tokenizer.ggml.token_type".into(), Value::Array(types.iter().map(|&t| Value::I32(t)).collect())),
-        ("tokenizer.ggml.merges".into(), Value::Array(merges.iter().map(|m| s(m)).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.iter().map(|t| s(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(merges.iter().map(|m| s(m)).collect()),
+        ),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
         ("tokenizer.ggml.padding_token_id".into(), Value::U32(0)),
@@ -146,14 +171,25 @@ pub fn tiny_gguf_bytes(spec: &TinyModelSpec) -> Result<Vec<u8>, QuantError> {
     ];
     let mut rng = Rng(spec.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut tensors: Vec<Tensor> = Vec::new();
-    let mat = |name: String, rows: usize, cols: usize, ty: GgmlType, rng: &mut Rng| -> Result<Tensor, QuantError> {
-        let amp = 1.0 / (cols as f32).sqrt() * 1.7;
-        let vals: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * amp).collect();
-        Ok((name, vec![cols as u64, rows as u64], ty, quantize_ggml(ty, &vals)?))
-    };
+    let mat =
+        |name: String, rows: usize, cols: usize, ty: GgmlType, rng: &mut Rng| -> Result<Tensor, QuantError> {
+            let amp = 1.0 / (cols as f32).sqrt() * 1.7;
+            let vals: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * amp).collect();
+            Ok((
+                name,
+                vec![cols as u64, rows as u64],
+                ty,
+                quantize_ggml(ty, &vals)?,
+            ))
+        };
     let norm = |name: String, n: usize, rng: &mut Rng| {
         let vals: Vec<f32> = (0..n).map(|_| 1.0 + 0.2 * rng.next_f32()).collect();
-        (name, vec![n as u64], GgmlType::F32, vals.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+        (
+            name,
+            vec![n as u64],
+            GgmlType::F32,
+            vals.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        )
     };
     let ty = spec.weight_type;
     let (q_dim, kv_dim) = (spec.n_heads * head_dim, spec.n_kv_heads * head_dim);
@@ -196,8 +232,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("llmserve-tiny-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("tmp dir");
         let path = dir.join("tiny.gguf");
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let spec = TinyModelSpec { weight_type: ty, tied_embeddings: ty == GgmlType::Q4_1, ..Default::default() };
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
+            let spec = TinyModelSpec {
+                weight_type: ty,
+                tied_embeddings: ty == GgmlType::Q4_1,
+                ..Default::default()
+            };
             write_tiny_gguf(&path, &spec).expect("write");
             let m = Model::load(&path).expect("load");
             assert_eq!(m.config.n_layers, 2);
@@ -207,8 +253,21 @@ mod tests {
             let ids = m.tokenizer.encode("<|im_start|>user\nHello world<|im_end|>");
             let hello = m.tokenizer.token_id("Hello").expect("Hello token");
             let world = m.tokenizer.token_id("Ġworld").expect("world token");
-            assert_eq!(ids, vec![1, m.tokenizer.token_id("user").expect("user"), m.tokenizer.byte_token(b'\n').expect("newline"), hello, world, 2]);
-            assert_eq!(m.tokenizer.decode(&ids), "<|im_start|>user\nHello world<|im_end|>");
+            assert_eq!(
+                ids,
+                vec![
+                    1,
+                    m.tokenizer.token_id("user").expect("user"),
+                    m.tokenizer.byte_token(b'\n').expect("newline"),
+                    hello,
+                    world,
+                    2
+                ]
+            );
+            assert_eq!(
+                m.tokenizer.decode(&ids),
+                "<|im_start|>user\nHello world<|im_end|>"
+            );
         }
         std::fs::remove_dir_all(&dir).ok();
     }

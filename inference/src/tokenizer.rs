@@ -69,7 +69,13 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tokenizer({} tokens, {} merges, {:?})", self.tokens.len(), self.merges.len(), self.pre)
+        write!(
+            f,
+            "Tokenizer({} tokens, {} merges, {:?})",
+            self.tokens.len(),
+            self.merges.len(),
+            self.pre
+        )
     }
 }
 
@@ -78,7 +84,8 @@ pub(crate) fn byte_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
-        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable =
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             b
         } else {
@@ -96,22 +103,34 @@ fn str_array<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>, TokenizerEr
         .and_then(Value::as_array)
         .ok_or_else(|| TokenizerError::Metadata(format!("{key} missing or not an array")))?;
     arr.iter()
-        .map(|v| v.as_str().ok_or_else(|| TokenizerError::Metadata(format!("{key} has a non-string element"))))
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| TokenizerError::Metadata(format!("{key} has a non-string element")))
+        })
         .collect()
 }
 
 fn token_id(f: &GgufFile, key: &str, n: usize) -> Option<u32> {
-    f.get(key).and_then(Value::as_u64).filter(|&v| (v as usize) < n).map(|v| v as u32)
+    f.get(key)
+        .and_then(Value::as_u64)
+        .filter(|&v| (v as usize) < n)
+        .map(|v| v as u32)
 }
 
 impl Tokenizer {
     /// Builds the tokenizer from a GGUF file's metadata.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, TokenizerError> {
-        let model = f.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("gpt2");
+        let model = f
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .unwrap_or("gpt2");
         if model != "gpt2" {
             return Err(TokenizerError::Unsupported(model.to_string()));
         }
-        let tokens: Vec<String> = str_array(f, "tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
+        let tokens: Vec<String> = str_array(f, "tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(String::from)
+            .collect();
         let merges = str_array(f, "tokenizer.ggml.merges")?;
         let types: Vec<i64> = match f.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
             Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
@@ -143,9 +162,18 @@ impl Tokenizer {
         for (b, c) in b2u.iter().enumerate() {
             u2b.insert(*c, b as u8);
         }
-        let ids: HashMap<String, u32> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let ids: HashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let special: Vec<bool> = (0..tokens.len())
-            .map(|i| matches!(types.get(i), Some(&token_type::CONTROL) | Some(&token_type::USER_DEFINED)))
+            .map(|i| {
+                matches!(
+                    types.get(i),
+                    Some(&token_type::CONTROL) | Some(&token_type::USER_DEFINED)
+                )
+            })
             .collect();
         let bytes = tokens
             .iter()
@@ -172,13 +200,19 @@ impl Tokenizer {
             }
         }
         if byte_ids.iter().filter(|&&id| id != NO_TOKEN).count() < 128 {
-            return Err(TokenizerError::Metadata("the vocabulary is not byte-level (too few byte tokens)".into()));
+            return Err(TokenizerError::Metadata(
+                "the vocabulary is not byte-level (too few byte tokens)".into(),
+            ));
         }
         let mut merge_map = HashMap::with_capacity(merges.len());
         for (rank, m) in merges.iter().enumerate() {
             let Some((l, r)) = m.split_once(' ') else { continue };
-            let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) else { continue };
-            let Some(&mi) = ids.get(&format!("{l}{r}")) else { continue };
+            let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) else {
+                continue;
+            };
+            let Some(&mi) = ids.get(&format!("{l}{r}")) else {
+                continue;
+            };
             merge_map.entry((li, ri)).or_insert((rank as u32, mi));
         }
         let mut specials: Vec<(String, u32)> = tokens
@@ -188,7 +222,20 @@ impl Tokenizer {
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        Ok(Tokenizer { tokens, bytes, special, ids, merges: merge_map, specials, byte_ids, unk, pre, bos, eos, add_bos })
+        Ok(Tokenizer {
+            tokens,
+            bytes,
+            special,
+            ids,
+            merges: merge_map,
+            specials,
+            byte_ids,
+            unk,
+            pre,
+            bos,
+            eos,
+            add_bos,
+        })
     }
 
     /// Vocabulary size.

@@ -20,12 +20,20 @@ fn load_default_model() -> Option<Arc<Model>> {
     let path = default_model_path();
     if !path.exists() {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("default model missing at {} under CI=true: run `cargo xtask fetch-model`", path.display());
+            panic!(
+                "default model missing at {} under CI=true: run `cargo xtask fetch-model`",
+                path.display()
+            );
         }
-        eprintln!("\n*** SKIPPING: default model missing at {} (run `cargo xtask fetch-model`) ***\n", path.display());
+        eprintln!(
+            "\n*** SKIPPING: default model missing at {} (run `cargo xtask fetch-model`) ***\n",
+            path.display()
+        );
         return None;
     }
-    Some(Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))))
+    Some(Arc::new(
+        Model::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display())),
+    ))
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -40,7 +48,13 @@ fn argmax(v: &[f32]) -> u32 {
 
 /// Greedy generation: prefill in chunks of `chunk` tokens, then decode up to `max_new` tokens (stops at EOS).
 /// Returns (generated ids, prefill seconds, decode seconds).
-fn generate(backend: &mut CpuBackend, prompt: &[u32], chunk: usize, max_new: usize, stop_at_eos: bool) -> (Vec<u32>, f64, f64) {
+fn generate(
+    backend: &mut CpuBackend,
+    prompt: &[u32],
+    chunk: usize,
+    max_new: usize,
+    stop_at_eos: bool,
+) -> (Vec<u32>, f64, f64) {
     let eos = backend.config().eos_token_ids.clone();
     let total = prompt.len() + max_new;
     let table: Vec<u32> = (0..total.div_ceil(BLOCK_SIZE) as u32).rev().collect();
@@ -49,7 +63,12 @@ fn generate(backend: &mut CpuBackend, prompt: &[u32], chunk: usize, max_new: usi
     let mut pos = 0;
     while pos < prompt.len() {
         let end = (pos + chunk).min(prompt.len());
-        let item = BatchItem { tokens: &prompt[pos..end], start_pos: pos, block_table: &table, need_logits: end == prompt.len() };
+        let item = BatchItem {
+            tokens: &prompt[pos..end],
+            start_pos: pos,
+            block_table: &table,
+            need_logits: end == prompt.len(),
+        };
         let out = backend.forward(&[item]).expect("prefill");
         if end == prompt.len() {
             logits = out.logits.into_iter().next().expect("logits");
@@ -66,7 +85,12 @@ fn generate(backend: &mut CpuBackend, prompt: &[u32], chunk: usize, max_new: usi
             break;
         }
         let p = prompt.len() + out_ids.len() - 1;
-        let item = BatchItem { tokens: std::slice::from_ref(&next), start_pos: p, block_table: &table, need_logits: true };
+        let item = BatchItem {
+            tokens: std::slice::from_ref(&next),
+            start_pos: p,
+            block_table: &table,
+            need_logits: true,
+        };
         let out = backend.forward(&[item]).expect("decode");
         next = argmax(&out.logits[0]);
     }
@@ -79,7 +103,12 @@ fn process_cpu_seconds() -> f64 {
     let after_comm = stat.rsplit(')').next().unwrap_or("");
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     // Fields 14 and 15 of proc(5) are utime and stime; `after_comm` starts at field 3.
-    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(14) + ticks(15)) / 100.0
 }
 
@@ -88,11 +117,20 @@ fn model_answers_capital_of_france() {
     let Some(model) = load_default_model() else { return };
     assert_eq!(model.config.n_layers, 30);
     assert_eq!(model.config.dim, 576);
-    assert_eq!(model.file_bytes, std::fs::metadata(&model.path).expect("stat").len());
-    let template = model.chat_template.as_ref().expect("the default model has a chat template");
+    assert_eq!(
+        model.file_bytes,
+        std::fs::metadata(&model.path).expect("stat").len()
+    );
+    let template = model
+        .chat_template
+        .as_ref()
+        .expect("the default model has a chat template");
     let question = [ChatMessage::new("user", "What is the capital of France?")];
     let prompt_text = template.render(&question, true).expect("render");
-    assert!(prompt_text.contains("<|im_start|>user\nWhat is the capital of France?<|im_end|>"), "{prompt_text}");
+    assert!(
+        prompt_text.contains("<|im_start|>user\nWhat is the capital of France?<|im_end|>"),
+        "{prompt_text}"
+    );
     let prompt = model.tokenizer.encode(&prompt_text);
     let mut backend = CpuBackend::new(Arc::clone(&model), 64, BLOCK_SIZE, 0).expect("backend");
     let (ids, _, _) = generate(&mut backend, &prompt, 7, 20, true);
@@ -133,12 +171,28 @@ fn model_tokenizer_round_trips_and_matches_vocabulary() {
 #[test]
 #[ignore = "speed measurement; run in release with --ignored --nocapture"]
 fn model_decode_speed() {
+    let t_load = Instant::now();
     let Some(model) = load_default_model() else { return };
-    let threads: usize = std::env::var("LLMSERVE_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    println!(
+        "load: {:.2} s for {} bytes ({} bytes of weights in memory)",
+        t_load.elapsed().as_secs_f64(),
+        model.file_bytes,
+        model.weights.storage_bytes()
+    );
+    let threads: usize = std::env::var("LLMSERVE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let mut backend = CpuBackend::new(Arc::clone(&model), 64, BLOCK_SIZE, threads).expect("backend");
     let template = model.chat_template.as_ref().expect("template");
     let text = template
-        .render(&[ChatMessage::new("user", "Write a long story about a dragon who learns to cook.")], true)
+        .render(
+            &[ChatMessage::new(
+                "user",
+                "Write a long story about a dragon who learns to cook.",
+            )],
+            true,
+        )
         .expect("render");
     let prompt = model.tokenizer.encode(&text);
     // Warm up.

@@ -423,14 +423,15 @@ fn flood_of_bad_and_cancelled_requests_leaks_no_kv_blocks() {
 
 #[test]
 fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
-    let prompts: Vec<String> = (0..6).map(|i| format!("prompt number {i} says")).collect();
+    const MAX: u64 = 40;
+    let prompts: Vec<String> = (0..6).map(|i| format!("p{i} x")).collect();
     // Reference answers, one at a time on a roomy cache.
     let reference: Vec<String> = {
         let s = start(&[]);
         prompts
             .iter()
             .map(|p| {
-                s.post_json("/v1/completions", &completion_body(p, json!({"max_tokens": 24})))
+                s.post_json("/v1/completions", &completion_body(p, json!({"max_tokens": MAX})))
                     .json()["choices"][0]["text"]
                     .as_str()
                     .unwrap()
@@ -438,7 +439,8 @@ fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
             })
             .collect()
     };
-    // 16 blocks x 4 tokens = 64 slots for 6 sequences of up to ~30 tokens: they cannot all fit.
+    // 16 blocks x 4 tokens = 64 slots for 6 sequences of up to ~45 tokens each: they cannot all fit, so
+    // concurrent sequences are preempted as they grow.
     let s = start(&[
         "--num-kv-blocks",
         "16",
@@ -448,12 +450,15 @@ fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
         "6",
     ]);
     let port = s.port;
+    let go = std::sync::Arc::new(std::sync::Barrier::new(prompts.len()));
     let handles: Vec<_> = prompts
         .iter()
         .cloned()
         .map(|p| {
+            let go = go.clone();
             std::thread::spawn(move || {
-                let body = completion_body(&p, json!({"max_tokens": 24}));
+                let body = completion_body(&p, json!({"max_tokens": MAX}));
+                go.wait();
                 serve_common::request(
                     port,
                     "POST",
@@ -607,6 +612,17 @@ fn reload_swaps_weights_while_serving() {
             .unwrap()
             .contains("nonexistent")
     );
+    // So is a model whose KV-cache geometry differs (3 layers instead of 2).
+    let dir = std::env::temp_dir().join(format!("llmserve-geom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let odd = dir.join("tiny-3-layers.gguf");
+    let spec = inference::tiny_gguf::TinyModelSpec {
+        n_layers: 3,
+        ..Default::default()
+    };
+    inference::tiny_gguf::write_tiny_gguf(&odd, &spec).unwrap();
+    let r = s.post_json("/admin/reload", &json!({"path": odd}));
+    assert_eq!(r.status, 400, "{}", r.text());
     let again = s
         .post_json(
             "/v1/completions",

@@ -32,14 +32,16 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use llmprof_abi::{
     ABI_VERSION, Config, ConnectEvent, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
-    FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind,
-    ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey,
-    StepEvent, SyscallKey, SyscallStats,
+    FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters,
+    ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
+    SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
 #[unsafe(no_mangle)]
-static LLMPROF_CONFIG: Global<Config> = Global::new(Config { slow_syscall_ns: 1_000_000 });
+static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
+    slow_syscall_ns: 1_000_000,
+});
 
 /// Default ring size; user space resizes it at load (`--ring-bytes`). 64 MiB dropped nothing in a
 /// 1M-event burst on these machines (DESIGN.md §4).
@@ -225,7 +227,11 @@ fn aggregate(pid: u32, tid: u32, nr: u64, dur: u64) {
     let key = SyscallKey { pid, tid, nr };
     let mut p = SYSCALLS.get_ptr_mut(&key);
     if p.is_none() {
-        let zero = SyscallStats { count: 0, total_ns: 0, hist: [0; LAT_BUCKETS] };
+        let zero = SyscallStats {
+            count: 0,
+            total_ns: 0,
+            hist: [0; LAT_BUCKETS],
+        };
         let _ = SYSCALLS.insert(&key, &zero, 0);
         p = SYSCALLS.get_ptr_mut(&key);
     }
@@ -300,7 +306,10 @@ fn file_open(pid_tgid: u64, inf: &Inflight, path_ptr: u64, ret: i64, dur: u64) {
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::FileOpen, 1, 1, 0);
     if ret >= 0 {
-        let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: ret as i32 };
+        let key = SockKey {
+            pid: (pid_tgid >> 32) as u32,
+            fd: ret as i32,
+        };
         let _ = FILES.insert(&key, &1, 0);
     }
 }
@@ -340,7 +349,10 @@ fn matches_any(path: &[u8; PATH_LEN], n: usize) -> bool {
 
 #[inline(always)]
 fn tracked_file(pid_tgid: u64, fd: u64) -> Option<SockKey> {
-    let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: fd as i32 };
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: fd as i32,
+    };
     // SAFETY: presence test only.
     unsafe { FILES.get(&key) }.map(|_| key)
 }
@@ -383,7 +395,10 @@ fn close(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
         emit_file_io(pid_tgid, inf, FileOp::Close, key.fd, 0, ret, dur);
         let _ = FILES.remove(&key);
     }
-    let key = SockKey { pid: (pid_tgid >> 32) as u32, fd: inf.args[0] as i32 };
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: inf.args[0] as i32,
+    };
     let _ = CONNECTED.remove(&key);
 }
 
@@ -404,7 +419,12 @@ fn connect(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
     if addrlen < 8 {
         return;
     }
-    let mut sa = SockAddr { family: 0, port_be: 0, v4_or_flow: [0; 4], v6: [0; 16] };
+    let mut sa = SockAddr {
+        family: 0,
+        port_be: 0,
+        v4_or_flow: [0; 4],
+        v6: [0; 16],
+    };
     let want = if addrlen >= 24 { 24 } else { 8 };
     // SAFETY: reads `want` (<= size_of::<SockAddr>()) bytes of user memory into a stack value.
     let rc = unsafe {
@@ -442,7 +462,10 @@ fn connect(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::Connect, 1, 1, 0);
     if ret == 0 || ret == -EINPROGRESS {
-        let key = SockKey { pid: (pid_tgid >> 32) as u32, fd };
+        let key = SockKey {
+            pid: (pid_tgid >> 32) as u32,
+            fd,
+        };
         let _ = CONNECTED.insert(&key, &1, 0);
         let _ = SENT.insert(&key, &0, 0);
     }
@@ -453,7 +476,10 @@ fn sent(tgid: u32, inf: &Inflight, ret: i64) {
     if ret <= 0 {
         return;
     }
-    let key = SockKey { pid: tgid, fd: inf.args[0] as i32 };
+    let key = SockKey {
+        pid: tgid,
+        fd: inf.args[0] as i32,
+    };
     // SAFETY: presence test only.
     if unsafe { CONNECTED.get(&key) }.is_none() {
         return;
@@ -486,7 +512,10 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
         count(ProbeId::ProcessExit, 1, 0, 1);
         return 0;
     };
-    e.write(ProcessExitEvent { hdr: header(EventKind::ProcessExit, now(), pid_tgid), exit_code });
+    e.write(ProcessExitEvent {
+        hdr: header(EventKind::ProcessExit, now(), pid_tgid),
+        exit_code,
+    });
     // The last record of a process: wake the reader.
     e.submit(0);
     count(ProbeId::ProcessExit, 1, 1, 0);
@@ -514,13 +543,20 @@ fn engine_record<T: 'static>(ctx: &ProbeContext, id: ProbeId, kind: EventKind) -
     // record is read from user memory by the helper, which fails cleanly on a bad pointer.
     let rc = unsafe {
         base.cast::<EventHeader>().write(header(kind, ts, pid_tgid));
-        bpf_probe_read_user(base.add(hdr_len).cast::<c_void>(), rec_len as u32, src as *const c_void)
+        bpf_probe_read_user(
+            base.add(hdr_len).cast::<c_void>(),
+            rec_len as u32,
+            src as *const c_void,
+        )
     };
     // SAFETY: the record was just written (rc == 0); its first field is the ABI version.
     let version = unsafe { base.add(hdr_len).cast::<u32>().read() };
     if rc != 0 || version != ABI_VERSION {
         e.discard(0);
-        warn!(ctx, "llmprof: engine record rejected (read rc {}, abi {})", rc, version);
+        warn!(
+            ctx,
+            "llmprof: engine record rejected (read rc {}, abi {})", rc, version
+        );
         count(id, 1, 0, 1);
         return 0;
     }

@@ -2,6 +2,7 @@
 //!
 //! Needs root (loads eBPF programs). Without root the tests skip with a loud message, except under
 //! `CI=true`, where they fail.
+#![allow(clippy::unwrap_used, reason = "tests panic with the error")]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use llmprof::capture::{Capture, CaptureConfig, CaptureError, EngineProbes};
 use llmprof::event::{Event, EventBody};
-use llmprof_abi::{read_str, FileOp, ProbeId, RangeOp, RequestEventKind, StepKind, ABI_VERSION};
+use llmprof_abi::{ABI_VERSION, FileOp, ProbeId, RangeOp, RequestEventKind, StepKind, read_str};
 
 /// x86-64 syscall numbers the slow-syscall check accepts for a 20 ms sleep.
 const NR_NANOSLEEP: u64 = 35;
@@ -18,7 +19,23 @@ const NR_CLOCK_NANOSLEEP: u64 = 230;
 /// Size of the model file the testee reads (not a multiple of its 64 KiB read size).
 const GGUF_SIZE: usize = 300_001;
 
+/// Shows llmprof's own debug logs (stage timings of `Capture::start`) with `--nocapture`.
+struct StderrLog;
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        eprintln!("[{}] {}", r.level(), r.args());
+    }
+    fn flush(&self) {}
+}
+static LOGGER: StderrLog = StderrLog;
+
 fn have_root() -> bool {
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;
@@ -87,7 +104,10 @@ fn collect(cap: &mut Capture, limit: Duration, stop: impl Fn(&[Event]) -> bool) 
 }
 
 fn loaded_ids() -> Vec<u32> {
-    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .collect()
 }
 
 #[test]
@@ -116,7 +136,12 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     };
     let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));
     eprintln!("attach latency: {:?}", cap.attach_latency());
-    assert_eq!(cap.engine_probes(pid), EngineProbes::Attached { abi_version: ABI_VERSION });
+    assert_eq!(
+        cap.engine_probes(pid),
+        EngineProbes::Attached {
+            abi_version: ABI_VERSION
+        }
+    );
     let ours = cap.program_ids();
     assert_eq!(ours.len(), 6, "six programs loaded");
 
@@ -129,9 +154,13 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     assert_eq!(status.code(), Some(3));
 
     let events = collect(&mut cap, Duration::from_secs(10), |evs| {
-        evs.iter().any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
+        evs.iter()
+            .any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
     });
-    assert!(events.iter().all(|e| e.pid == pid), "only the traced process is recorded");
+    assert!(
+        events.iter().all(|e| e.pid == pid),
+        "only the traced process is recorded"
+    );
 
     // Engine records, verbatim.
     let steps: Vec<_> = events
@@ -143,8 +172,14 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
         .collect();
     assert_eq!(steps.len(), 1, "one step record");
     let s = steps[0];
-    assert_eq!((s.step_id, StepKind::from_raw(s.kind)), (42, Some(StepKind::Decode)));
-    assert_eq!((s.num_seqs, s.decode_tokens, s.kv_blocks_used, s.kv_blocks_total), (2, 2, 5, 100));
+    assert_eq!(
+        (s.step_id, StepKind::from_raw(s.kind)),
+        (42, Some(StepKind::Decode))
+    );
+    assert_eq!(
+        (s.num_seqs, s.decode_tokens, s.kv_blocks_used, s.kv_blocks_total),
+        (2, 2, 5, 100)
+    );
     assert_eq!(&s.req_ids[..s.num_req_ids as usize], &[7, 8]);
     assert_eq!(s.host_end_ns - s.host_start_ns, 1_000);
 
@@ -157,7 +192,10 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
         .collect();
     assert_eq!(reqs.len(), 1);
     let r = reqs[0];
-    assert_eq!(RequestEventKind::from_raw(r.kind), Some(RequestEventKind::Arrived));
+    assert_eq!(
+        RequestEventKind::from_raw(r.kind),
+        Some(RequestEventKind::Arrived)
+    );
     assert_eq!((r.req_id, r.prompt_tokens, r.max_tokens), (7, 11, 32));
     assert_eq!(read_str(&r.x_request_id), "req-7");
     assert_eq!(read_str(&r.model), "smollm2");
@@ -177,9 +215,7 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
 
     // The 20 ms sleep is a slow syscall.
     let slow = events.iter().find_map(|e| match e.body {
-        EventBody::SlowSyscall { nr, dur_ns, .. }
-            if nr == NR_NANOSLEEP || nr == NR_CLOCK_NANOSLEEP =>
-        {
+        EventBody::SlowSyscall { nr, dur_ns, .. } if nr == NR_NANOSLEEP || nr == NR_CLOCK_NANOSLEEP => {
             Some(dur_ns)
         }
         _ => None,
@@ -189,24 +225,39 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
 
     // The model file: opened, read to the end (bytes == size), closed, all with its path.
     let path = gguf.to_str().unwrap();
-    assert!(events
-        .iter()
-        .any(|e| matches!(&e.body, EventBody::FileOpen { path: p, ret, .. } if p == path && *ret >= 0)));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::FileOpen { path: p, ret, .. } if p == path && *ret >= 0))
+    );
     let read_bytes: i64 = events
         .iter()
         .filter_map(|e| match &e.body {
-            EventBody::FileIo { op: FileOp::Read, path: Some(p), ret, .. } if p == path => Some(*ret),
+            EventBody::FileIo {
+                op: FileOp::Read,
+                path: Some(p),
+                ret,
+                ..
+            } if p == path => Some(*ret),
             _ => None,
         })
         .sum();
     assert_eq!(read_bytes, GGUF_SIZE as i64, "read bytes equal the file size");
-    assert!(events
-        .iter()
-        .any(|e| matches!(&e.body, EventBody::FileIo { op: FileOp::Close, path: Some(p), .. } if p == path)));
+    assert!(
+        events.iter().any(
+            |e| matches!(&e.body, EventBody::FileIo { op: FileOp::Close, path: Some(p), .. } if p == path)
+        )
+    );
 
     // The connect to 127.0.0.1, outside the 10.0.0.0/8 allow list: flagged.
     let conn = events.iter().find_map(|e| match e.body {
-        EventBody::Connect { addr, port: p, ret, allowed, .. } if p == port => Some((addr, ret, allowed)),
+        EventBody::Connect {
+            addr,
+            port: p,
+            ret,
+            allowed,
+            ..
+        } if p == port => Some((addr, ret, allowed)),
         _ => None,
     });
     let (addr, ret, allowed) = conn.expect("the connect is reported");
@@ -231,7 +282,11 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     assert_eq!(c[ProbeId::Range as usize].emitted, 2);
     assert!(c.iter().all(|p| p.dropped == 0), "no drops: {c:?}");
     assert!(cap.syscall_total() > 10);
-    assert!(cap.syscall_aggregates().iter().any(|a| a.pid == pid && a.count > 0));
+    assert!(
+        cap.syscall_aggregates()
+            .iter()
+            .any(|a| a.pid == pid && a.count > 0)
+    );
     assert_eq!(cap.decode_errors(), 0);
 
     drop(cap);
@@ -245,18 +300,38 @@ fn a_plain_process_is_traced_without_engine_probes() {
     if !have_root() {
         return;
     }
-    let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+    // bash waits for a line, then blocks 300 ms in its own process (read -t: a pselect6), then exits 0.
+    let mut child = Command::new("bash")
+        .args(["-c", "read x; read -t 0.3 y; exit 0"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
-    let cfg = CaptureConfig { pids: vec![pid], ..CaptureConfig::default() };
+    let cfg = CaptureConfig {
+        pids: vec![pid],
+        ..CaptureConfig::default()
+    };
     let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));
     assert_eq!(cap.engine_probes(pid), EngineProbes::NotFound);
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "go").unwrap();
+    stdin.flush().unwrap();
     let events = collect(&mut cap, Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
+        evs.iter()
+            .any(|e| matches!(e.body, EventBody::ProcessExit { .. }))
     });
     child.wait().unwrap();
     // The 300 ms sleep is slow; the exit is seen.
-    assert!(events.iter().any(|e| matches!(e.body, EventBody::SlowSyscall { dur_ns, .. } if dur_ns > 200_000_000)));
-    assert!(events.iter().any(|e| matches!(e.body, EventBody::ProcessExit { exit_code: 0 })));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e.body, EventBody::SlowSyscall { dur_ns, .. } if dur_ns > 200_000_000))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e.body, EventBody::ProcessExit { exit_code: 0 }))
+    );
 }
 
 #[test]
@@ -264,10 +339,16 @@ fn a_missing_pid_is_reported() {
     if !have_root() {
         return;
     }
-    let cfg = CaptureConfig { pids: vec![0x3fff_fff0], ..CaptureConfig::default() };
+    let cfg = CaptureConfig {
+        pids: vec![0x3fff_fff0],
+        ..CaptureConfig::default()
+    };
     let err = Capture::start(&cfg).expect_err("no such pid");
     assert!(matches!(err, CaptureError::PidNotFound(0x3fff_fff0)), "{err:?}");
-    assert!(err.to_string().contains("pgrep"), "the message says what to do: {err}");
+    assert!(
+        err.to_string().contains("pgrep"),
+        "the message says what to do: {err}"
+    );
 }
 
 /// Throughput of the whole pipeline (uprobe → ring → decode): `cargo test -p llmprof --test
@@ -281,7 +362,10 @@ fn bench_pipeline_events_per_second() {
     const N: u64 = 1_000_000;
     let mut t = Testee::spawn(&[]);
     let pid = t.pid();
-    let cfg = CaptureConfig { pids: vec![pid], ..CaptureConfig::default() };
+    let cfg = CaptureConfig {
+        pids: vec![pid],
+        ..CaptureConfig::default()
+    };
     let mut cap = Capture::start(&cfg).expect("start");
     eprintln!("attach latency: {:?}", cap.attach_latency());
     let t0 = Instant::now();
@@ -291,7 +375,10 @@ fn bench_pipeline_events_per_second() {
     while got < N && t0.elapsed() < Duration::from_secs(60) {
         out.clear();
         cap.poll(&mut out, Duration::from_millis(50)).expect("poll");
-        got += out.iter().filter(|e| matches!(e.body, EventBody::Range(_))).count() as u64;
+        got += out
+            .iter()
+            .filter(|e| matches!(e.body, EventBody::Range(_)))
+            .count() as u64;
         let c = cap.counters()[ProbeId::Range as usize];
         if got + c.dropped >= N {
             break;

@@ -4,6 +4,7 @@
 //! `OtelSink`; the checks are what a user looks at in Jaeger or Tempo: the request span sits under the caller's
 //! span in the caller's trace, carries the GenAI attributes, and its children add up to its duration. Also: a
 //! receiver that is down costs a bounded wait and shows up in the counters, never a panic or a hang.
+#![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,16 +14,24 @@ use std::time::{Duration, Instant};
 
 use llmprof::event::{Event, EventBody};
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
-use llmprof_abi::{fill_str, FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, ABI_VERSION, MAX_STEP_REQS};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
+use llmprof_abi::{
+    ABI_VERSION, FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
 use prost::Message;
 
 const PID: u32 = 31337;
 const MS: u64 = 1_000_000;
-const TRACE_ID: [u8; 16] = [0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c];
+const TRACE_ID: [u8; 16] = [
+    0x0a, 0xf7, 0x65, 0x19, 0x16, 0xcd, 0x43, 0xdd, 0x84, 0x48, 0xeb, 0x21, 0x1c, 0x80, 0x31, 0x9c,
+];
 const PARENT_SPAN_ID: [u8; 8] = [0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31];
 
 // ---------------------------------------------------------------- fixture
@@ -52,7 +61,12 @@ fn record(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
 }
 
 fn req(r: RequestRecord) -> Event {
-    Event { ts_ns: r.ts_ns, pid: PID, tid: PID, body: EventBody::Request(Box::new(r)) }
+    Event {
+        ts_ns: r.ts_ns,
+        pid: PID,
+        tid: PID,
+        body: EventBody::Request(Box::new(r)),
+    }
 }
 
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
@@ -78,7 +92,12 @@ fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
         req_ids_truncated: 0,
         req_ids,
     };
-    Event { ts_ns: end, pid: PID, tid: PID, body: EventBody::Step(Box::new(rec)) }
+    Event {
+        ts_ns: end,
+        pid: PID,
+        tid: PID,
+        body: EventBody::Step(Box::new(rec)),
+    }
 }
 
 /// Two requests on one engine, starting at BOOTTIME `t0`:
@@ -107,7 +126,16 @@ fn fixture(t0: u64) -> Vec<Event> {
         req(record(FirstToken, 1, t0 + 19 * MS)),
         req(record(FirstToken, 2, t0 + 19 * MS + MS / 2)),
         step(2, StepKind::Mixed, t0 + 10 * MS, t0 + 20 * MS, &[1, 2]),
-        Event { ts_ns: t0 + 21 * MS, pid: PID, tid: PID + 1, body: EventBody::SlowSyscall { nr: 202, ret: 0, dur_ns: 12 * MS } },
+        Event {
+            ts_ns: t0 + 21 * MS,
+            pid: PID,
+            tid: PID + 1,
+            body: EventBody::SlowSyscall {
+                nr: 202,
+                ret: 0,
+                dur_ns: 12 * MS,
+            },
+        },
         step(3, StepKind::Mixed, t0 + 20 * MS, t0 + 30 * MS, &[1, 2]),
         req(record(Preempted, 1, t0 + 30 * MS)),
         step(4, StepKind::Decode, t0 + 30 * MS, t0 + 40 * MS, &[2]),
@@ -158,20 +186,29 @@ impl TraceService for GrpcReceiver {
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         self.got.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
 /// Serves OTLP/gRPC on 127.0.0.1 on a runtime of its own; returns the address and what arrives.
 fn start_grpc_receiver() -> (SocketAddr, Received, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let got = Received::default();
     let svc = GrpcReceiver { got: got.clone() };
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
     rt.spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(svc))
+            // Collectors send gzip by default (rotel does): accept it like a real receiver.
+            .add_service(
+                TraceServiceServer::new(svc).accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
             .unwrap();
@@ -226,18 +263,31 @@ fn serve_http_conn(conn: std::net::TcpStream, got: &Received, seen: &Mutex<HttpS
                 headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
             }
         }
-        let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let len: usize = headers
+            .get("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let mut body = vec![0u8; len];
         reader.read_exact(&mut body).unwrap();
         {
             let mut s = seen.lock().unwrap();
             s.paths.push(path);
-            s.content_types.push(headers.get("content-type").cloned().unwrap_or_default());
+            s.content_types
+                .push(headers.get("content-type").cloned().unwrap_or_default());
         }
-        got.lock().unwrap().push(ExportTraceServiceRequest::decode(&body[..]).expect("OTLP protobuf body"));
-        let resp = ExportTraceServiceResponse { partial_success: None }.encode_to_vec();
-        write!(writer, "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n", resp.len())
-            .unwrap();
+        got.lock()
+            .unwrap()
+            .push(ExportTraceServiceRequest::decode(&body[..]).expect("OTLP protobuf body"));
+        let resp = ExportTraceServiceResponse {
+            partial_success: None,
+        }
+        .encode_to_vec();
+        write!(
+            writer,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
+            resp.len()
+        )
+        .unwrap();
         writer.write_all(&resp).unwrap();
     }
 }
@@ -245,7 +295,11 @@ fn serve_http_conn(conn: std::net::TcpStream, got: &Received, seen: &Mutex<HttpS
 // ---------------------------------------------------------------- checks
 
 fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
-    attrs.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()).and_then(|v| v.value.as_ref())
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
 }
 
 fn s(v: &str) -> any_value::Value {
@@ -270,9 +324,18 @@ fn check_received(got: &[ExportTraceServiceRequest], t0_wall_ns: u64) {
             let res = rs.resource.as_ref().expect("resource");
             assert_eq!(attr(&res.attributes, "service.name"), Some(&s("llmserve")));
             assert_eq!(attr(&res.attributes, "host.name"), Some(&s("llm-7")));
-            assert_eq!(attr(&res.attributes, "process.pid"), Some(&any_value::Value::IntValue(i64::from(PID))));
-            assert_eq!(attr(&res.attributes, "process.executable.name"), Some(&s("llmserve")));
-            assert_eq!(attr(&res.attributes, "deployment.environment.name"), Some(&s("test")));
+            assert_eq!(
+                attr(&res.attributes, "process.pid"),
+                Some(&any_value::Value::IntValue(i64::from(PID)))
+            );
+            assert_eq!(
+                attr(&res.attributes, "process.executable.name"),
+                Some(&s("llmserve"))
+            );
+            assert_eq!(
+                attr(&res.attributes, "deployment.environment.name"),
+                Some(&s("test"))
+            );
             assert_eq!(
                 attr(&res.attributes, "llmprof.gpu.uuid"),
                 Some(&s("GPU-00000000-1111-2222-3333-444444444444"))
@@ -285,42 +348,95 @@ fn check_received(got: &[ExportTraceServiceRequest], t0_wall_ns: u64) {
     }
     // Request 1: 1 request + queue + 2 prefill + decode + preempted + recompute prefill + decode = 8 spans.
     // Request 2: 1 request + queue + 1 prefill + decode = 4 spans.
-    assert_eq!(spans.len(), 12, "spans: {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>());
+    assert_eq!(
+        spans.len(),
+        12,
+        "spans: {:?}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
 
     let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
-    let requests: Vec<&Span> = spans.iter().filter(|s| s.kind == SpanKind::Server as i32).collect();
+    let requests: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
     assert_eq!(requests.len(), 2);
 
     // The traced request joins the caller's trace under the caller's span.
-    let r1 = requests.iter().find(|s| s.trace_id == TRACE_ID).expect("request span in the caller's trace");
+    let r1 = requests
+        .iter()
+        .find(|s| s.trace_id == TRACE_ID)
+        .expect("request span in the caller's trace");
     assert_eq!(r1.parent_span_id, PARENT_SPAN_ID.to_vec());
     assert_eq!(r1.name, "chat SmolLM2-135M-Instruct");
-    assert_eq!(r1.start_time_unix_nano, t0_wall_ns, "starts at the engine's arrival time");
+    assert_eq!(
+        r1.start_time_unix_nano, t0_wall_ns,
+        "starts at the engine's arrival time"
+    );
     assert_eq!(dur_ns(r1), 80 * MS);
     let a = &r1.attributes;
     assert_eq!(attr(a, "gen_ai.operation.name"), Some(&s("chat")));
     assert_eq!(attr(a, "gen_ai.provider.name"), Some(&s("llmserve")));
     assert_eq!(attr(a, "gen_ai.request.model"), Some(&s("SmolLM2-135M-Instruct")));
-    assert_eq!(attr(a, "gen_ai.request.max_tokens"), Some(&any_value::Value::IntValue(32)));
-    assert_eq!(attr(a, "gen_ai.request.temperature"), Some(&any_value::Value::DoubleValue(0.0)));
-    assert_eq!(attr(a, "gen_ai.request.top_p"), Some(&any_value::Value::DoubleValue(1.0)));
-    assert_eq!(attr(a, "gen_ai.response.finish_reasons"), Some(&str_array(&["stop"])));
-    assert_eq!(attr(a, "gen_ai.usage.input_tokens"), Some(&any_value::Value::IntValue(24)));
-    assert_eq!(attr(a, "gen_ai.usage.output_tokens"), Some(&any_value::Value::IntValue(5)));
-    assert_eq!(attr(a, "gen_ai.response.time_to_first_chunk"), Some(&any_value::Value::DoubleValue(0.019)));
-    assert_eq!(attr(a, "http.request.header.x-request-id"), Some(&str_array(&["xr-1"])));
-    assert_eq!(attr(a, "llmprof.preemptions"), Some(&any_value::Value::IntValue(1)));
+    assert_eq!(
+        attr(a, "gen_ai.request.max_tokens"),
+        Some(&any_value::Value::IntValue(32))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.request.temperature"),
+        Some(&any_value::Value::DoubleValue(0.0))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.request.top_p"),
+        Some(&any_value::Value::DoubleValue(1.0))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.response.finish_reasons"),
+        Some(&str_array(&["stop"]))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.usage.input_tokens"),
+        Some(&any_value::Value::IntValue(24))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.usage.output_tokens"),
+        Some(&any_value::Value::IntValue(5))
+    );
+    assert_eq!(
+        attr(a, "gen_ai.response.time_to_first_chunk"),
+        Some(&any_value::Value::DoubleValue(0.019))
+    );
+    assert_eq!(
+        attr(a, "http.request.header.x-request-id"),
+        Some(&str_array(&["xr-1"]))
+    );
+    assert_eq!(
+        attr(a, "llmprof.preemptions"),
+        Some(&any_value::Value::IntValue(1))
+    );
     assert_eq!(attr(a, "llmprof.steps"), Some(&any_value::Value::IntValue(6)));
-    assert_eq!(attr(a, "llmprof.prefill_chunks"), Some(&any_value::Value::IntValue(3)));
+    assert_eq!(
+        attr(a, "llmprof.prefill_chunks"),
+        Some(&any_value::Value::IntValue(3))
+    );
     let ev = &r1.events;
     assert_eq!(ev.len(), 1, "the slow futex on an engine thread");
     assert_eq!(ev[0].name, "slow_syscall");
     assert_eq!(attr(&ev[0].attributes, "llmprof.syscall.name"), Some(&s("futex")));
 
     // The untraced request starts a trace of its own.
-    let r2 = requests.iter().find(|s| s.trace_id != TRACE_ID).expect("second request");
-    assert!(r2.parent_span_id.is_empty() || r2.parent_span_id == vec![0; 8], "root span");
-    assert_eq!(attr(&r2.attributes, "gen_ai.response.finish_reasons"), Some(&str_array(&["length"])));
+    let r2 = requests
+        .iter()
+        .find(|s| s.trace_id != TRACE_ID)
+        .expect("second request");
+    assert!(
+        r2.parent_span_id.is_empty() || r2.parent_span_id == vec![0; 8],
+        "root span"
+    );
+    assert_eq!(
+        attr(&r2.attributes, "gen_ai.response.finish_reasons"),
+        Some(&str_array(&["length"]))
+    );
 
     for r in [r1, r2] {
         let mut kids: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == r.span_id).collect();
@@ -332,10 +448,25 @@ fn check_received(got: &[ExportTraceServiceRequest], t0_wall_ns: u64) {
         let sum: u64 = kids.iter().map(|k| dur_ns(k)).sum();
         // Tolerance: 1 µs per child for the ns → wall-clock conversion (exact here, but the contract is "within").
         let tol = 1_000 * kids.len() as u64;
-        assert!(sum.abs_diff(dur_ns(r)) <= tol, "children add up to {sum} ns, request lasted {} ns", dur_ns(r));
+        assert!(
+            sum.abs_diff(dur_ns(r)) <= tol,
+            "children add up to {sum} ns, request lasted {} ns",
+            dur_ns(r)
+        );
         let names: Vec<&str> = kids.iter().map(|k| k.name.as_str()).collect();
         if r.trace_id == TRACE_ID {
-            assert_eq!(names, ["queue", "prefill", "prefill", "decode", "preempted", "prefill", "decode"]);
+            assert_eq!(
+                names,
+                [
+                    "queue",
+                    "prefill",
+                    "prefill",
+                    "decode",
+                    "preempted",
+                    "prefill",
+                    "decode"
+                ]
+            );
         } else {
             assert_eq!(names, ["queue", "prefill", "decode"]);
         }
@@ -347,7 +478,11 @@ fn push_fixture(sink: &mut OtelSink, clock: WallClock) -> u64 {
     for ev in fixture(t0) {
         sink.push(&ev);
     }
-    clock.to_system_time(t0).duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    clock
+        .to_system_time(t0)
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 // ---------------------------------------------------------------- tests
@@ -356,8 +491,12 @@ fn push_fixture(sink: &mut OtelSink, clock: WallClock) -> u64 {
 fn grpc_spans_arrive_in_the_callers_trace_with_genai_attributes() {
     let (addr, got, _rt) = start_grpc_receiver();
     let clock = WallClock::now().unwrap();
-    let mut sink =
-        OtelSink::with_config(&config(format!("http://{addr}"), OtlpProtocol::Grpc), resource_info(), clock).unwrap();
+    let mut sink = OtelSink::with_config(
+        &config(format!("http://{addr}"), OtlpProtocol::Grpc),
+        resource_info(),
+        clock,
+    )
+    .unwrap();
     let t0_wall = push_fixture(&mut sink, clock);
     let stats = sink.finish();
     assert_eq!(stats.spans_built, 12);
@@ -386,7 +525,10 @@ fn http_spans_arrive_at_v1_traces_as_protobuf() {
     assert_eq!(stats.spans_dropped, 0);
     let seen = seen.lock().unwrap().clone();
     assert!(seen.paths.iter().all(|p| p == "/v1/traces"), "{seen:?}");
-    assert!(seen.content_types.iter().all(|c| c == "application/x-protobuf"), "{seen:?}");
+    assert!(
+        seen.content_types.iter().all(|c| c == "application/x-protobuf"),
+        "{seen:?}"
+    );
     check_received(&got.lock().unwrap(), t0_wall);
 }
 
@@ -398,7 +540,11 @@ fn no_endpoint_means_no_sink() {
 
 /// A port nobody listens on (bound, then released).
 fn dead_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn receiver_down(protocol: OtlpProtocol) {
@@ -415,11 +561,20 @@ fn receiver_down(protocol: OtlpProtocol) {
     let total = started.elapsed();
     assert_eq!(stats.spans_built, 12);
     assert_eq!(stats.spans_exported, 0);
-    assert_eq!(stats.spans_dropped, 12, "every span is counted as dropped: {stats:?}");
+    assert_eq!(
+        stats.spans_dropped, 12,
+        "every span is counted as dropped: {stats:?}"
+    );
     assert!(stats.export_errors >= 1 || stats.flush_timed_out, "{stats:?}");
     // Bounds, not performance: pushing never waits on the network, and finish gives up at its deadline.
-    assert!(pushed < Duration::from_secs(1), "push waited on the dead receiver: {pushed:?}");
-    assert!(total < otel::FINISH_TIMEOUT + Duration::from_secs(2), "finish took {total:?}");
+    assert!(
+        pushed < Duration::from_secs(1),
+        "push waited on the dead receiver: {pushed:?}"
+    );
+    assert!(
+        total < otel::FINISH_TIMEOUT + Duration::from_secs(2),
+        "finish took {total:?}"
+    );
 }
 
 #[test]
@@ -430,4 +585,119 @@ fn grpc_receiver_down_counts_drops_and_finishes() {
 #[test]
 fn http_receiver_down_counts_drops_and_finishes() {
     receiver_down(OtlpProtocol::Http);
+}
+
+// ---------------------------------------------------------------- through a real collector
+
+/// Kills the collector when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `rotel-agent` as `cargo xtask setup-otel-tools` installs it (or `$LLMPROF_ROTEL`).
+fn rotel_agent() -> Option<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("LLMPROF_ROTEL") {
+        return Some(p.into());
+    }
+    let cache = std::env::var("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
+        });
+    let p = cache.join("llmprof/tools/rotel/rotel/rotel-agent");
+    p.exists().then_some(p)
+}
+
+fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the collector did not listen on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_spans(got: &Received, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let have: usize = got
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len())
+            .sum();
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector forwarded {have} of {n} spans"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// llmprof → rotel (a real OpenTelemetry collector, receiving OTLP over gRPC and over HTTP) → our gRPC receiver:
+/// what a user's collector forwards to Tempo or Jaeger is still joined to the caller's trace.
+#[test]
+fn spans_pass_through_a_real_collector_over_grpc_and_http() {
+    let Some(rotel) = rotel_agent() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "rotel-agent is missing: run `cargo xtask setup-otel-tools` (CI must run this test)"
+        );
+        eprintln!("SKIPPED: rotel-agent not installed; run `cargo xtask setup-otel-tools` to run this test");
+        return;
+    };
+    let (sink_addr, got, _rt) = start_grpc_receiver();
+    let (grpc_in, http_in) = (free_addr(), free_addr());
+    let child = std::process::Command::new(&rotel)
+        .args([
+            "start",
+            "--otlp-grpc-endpoint",
+            &grpc_in.to_string(),
+            "--otlp-http-endpoint",
+        ])
+        .arg(http_in.to_string())
+        .args([
+            "--exporter",
+            "otlp",
+            "--otlp-exporter-endpoint",
+            &format!("http://{sink_addr}"),
+        ])
+        .args(["--otlp-exporter-protocol", "grpc"])
+        .args(["--batch-timeout", "100ms"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", rotel.display()));
+    let _collector = KillOnDrop(child);
+    wait_listening(grpc_in);
+    wait_listening(http_in);
+
+    for (endpoint, protocol) in [
+        (format!("http://{grpc_in}"), OtlpProtocol::Grpc),
+        (format!("http://{http_in}/v1/traces"), OtlpProtocol::Http),
+    ] {
+        got.lock().unwrap().clear();
+        let clock = WallClock::now().unwrap();
+        let mut sink = OtelSink::with_config(&config(endpoint, protocol), resource_info(), clock).unwrap();
+        let t0_wall = push_fixture(&mut sink, clock);
+        let stats = sink.finish();
+        assert_eq!(stats.spans_exported, 12, "{protocol:?}: {stats:?}");
+        wait_spans(&got, 12);
+        check_received(&got.lock().unwrap(), t0_wall);
+    }
 }

@@ -55,14 +55,8 @@ pub fn bin_path(name: &str) -> PathBuf {
     p
 }
 
-/// Path of the default model (the engine's own default: `$LLMSERVE_MODEL` or the cache written by
+/// Path of the default model: the engine's own default (`$LLMSERVE_MODEL`, or the cache written by
 /// `cargo xtask fetch-model`).
 pub fn default_model() -> PathBuf {
-    if let Ok(p) = std::env::var("LLMSERVE_MODEL") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache"));
-    cache.join("llmprof/models/SmolLM2-135M-Instruct-Q4_1.gguf")
+    inference::model::default_model_path()
 }

@@ -154,12 +154,14 @@ impl Trace {
             })
     }
 
-    /// Rows of the `stats` table with severity `error` or `data_loss` and a value > 0: what Perfetto UI shows
-    /// as import errors. An empty list is a clean import.
+    /// Rows of the `stats` table with severity `error` or `data_loss` and a value > 0 (what Perfetto UI shows
+    /// as import errors), plus any `*_errors` counter > 0 whatever its severity (the trace processor files
+    /// e.g. `track_event_tokenizer_errors` as `info`, yet it means events were dropped). Empty = clean import.
     pub fn import_errors(&mut self) -> Result<Vec<Value>, TpError> {
         self.query(
             "select name, idx, severity, source, value, description from stats \
-             where severity in ('error', 'data_loss') and value > 0 order by name",
+             where value > 0 and (severity in ('error', 'data_loss') or name like '%\\_errors' escape '\\') \
+             order by name",
         )
     }
 

@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::util::{have, repo_root, run};
 
@@ -45,7 +45,9 @@ enum Chain {
 
 fn debian_ready() -> bool {
     Path::new(DEBIAN_RUSTC).exists()
-        && Path::new(DEBIAN_SYSROOT).join("lib/rustlib/src/rust/library/core").is_dir()
+        && Path::new(DEBIAN_SYSROOT)
+            .join("lib/rustlib/src/rust/library/core")
+            .is_dir()
 }
 
 fn nightly_ready() -> bool {
@@ -82,20 +84,26 @@ fn llvm_major(rustc_vv: &str) -> Option<u32> {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo")
-    })
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo")
+        })
 }
 
 fn rustup_home() -> PathBuf {
-    std::env::var_os("RUSTUP_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".rustup")
-    })
+    std::env::var_os("RUSTUP_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".rustup")
+        })
 }
 
 fn bpf_linker_version() -> Option<String> {
     let out = Command::new("bpf-linker").arg("--version").output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// An LLVM prefix (with `lib/libLLVM.so`) of major `major` for building bpf-linker.
@@ -111,7 +119,12 @@ fn llvm_prefix(major: u32) -> Result<PathBuf> {
         .into_iter()
         .flatten()
         .flatten()
-        .flat_map(|tc| std::fs::read_dir(tc.path().join("lib")).into_iter().flatten().flatten())
+        .flat_map(|tc| {
+            std::fs::read_dir(tc.path().join("lib"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
         .map(|e| e.path())
         .filter(|p| {
             p.file_name()
@@ -164,7 +177,10 @@ pub fn setup(_args: &[String]) -> Result<()> {
         }
     };
     let vv = rustc_version(&chain)?;
-    println!("setup-ebpf: compiler chain {chain:?}: {}", vv.lines().next().unwrap_or(""));
+    println!(
+        "setup-ebpf: compiler chain {chain:?}: {}",
+        vv.lines().next().unwrap_or("")
+    );
     if let Some(v) = bpf_linker_version() {
         if v.contains(BPF_LINKER_VERSION) {
             println!("setup-ebpf: {v} already installed");
@@ -177,9 +193,14 @@ pub fn setup(_args: &[String]) -> Result<()> {
         .iter()
         .copied()
         .find(|m| *m >= major)
-        .with_context(|| format!("bpf-linker {BPF_LINKER_VERSION} supports LLVM {LLVM_MAJORS:?}, the compiler has {major}"))?;
+        .with_context(|| {
+            format!("bpf-linker {BPF_LINKER_VERSION} supports LLVM {LLVM_MAJORS:?}, the compiler has {major}")
+        })?;
     let prefix = llvm_prefix(feature_major)?;
-    println!("setup-ebpf: building bpf-linker {BPF_LINKER_VERSION} against LLVM {feature_major} at {}", prefix.display());
+    println!(
+        "setup-ebpf: building bpf-linker {BPF_LINKER_VERSION} against LLVM {feature_major} at {}",
+        prefix.display()
+    );
     run(Command::new("cargo")
         .args(["install", "bpf-linker", "--locked", "--force", "--version"])
         .arg(format!("={BPF_LINKER_VERSION}"))
@@ -201,7 +222,9 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     let sysroot = match chain {
         Chain::Debian => PathBuf::from(DEBIAN_SYSROOT),
         Chain::Nightly => {
-            let out = Command::new("rustc").args(["+nightly", "--print", "sysroot"]).output()?;
+            let out = Command::new("rustc")
+                .args(["+nightly", "--print", "sysroot"])
+                .output()?;
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
@@ -211,7 +234,10 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
         "-Clink-arg=--btf".to_string(),
         format!("--remap-path-prefix={}=/llmprof", root.display()),
         format!("--remap-path-prefix={}=/cargo", cargo_home().display()),
-        format!("--remap-path-prefix={}=/rust", sysroot.join("lib/rustlib/src/rust").display()),
+        format!(
+            "--remap-path-prefix={}=/rust",
+            sysroot.join("lib/rustlib/src/rust").display()
+        ),
     ]
     .join("\u{1f}");
     let mut cmd = Command::new("cargo");
@@ -246,7 +272,10 @@ pub fn build(args: &[String]) -> Result<()> {
         let old = std::fs::read(&committed).with_context(|| format!("reading {}", committed.display()))?;
         let old_record = std::fs::read_to_string(&record_path).unwrap_or_default();
         if old == fresh_bytes {
-            println!("build-ebpf --check: {OBJECT} matches its source ({} bytes)", old.len());
+            println!(
+                "build-ebpf --check: {OBJECT} matches its source ({} bytes)",
+                old.len()
+            );
             return Ok(());
         }
         if old_record != record {

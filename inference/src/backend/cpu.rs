@@ -85,11 +85,22 @@ fn rope_inv_freq(c: &ModelConfig) -> Vec<f32> {
 impl CpuBackend {
     /// A backend for `model` with a KV cache of `num_blocks` blocks of `block_size` tokens, computing with
     /// `threads` threads (0: the number of available CPUs).
-    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize, threads: usize) -> Result<Self, BackendError> {
+    pub fn new(
+        model: Arc<Model>,
+        num_blocks: usize,
+        block_size: usize,
+        threads: usize,
+    ) -> Result<Self, BackendError> {
         if num_blocks == 0 || block_size == 0 {
-            return Err(BackendError::InvalidBatch("KV cache needs at least one block of at least one slot".into()));
+            return Err(BackendError::InvalidBatch(
+                "KV cache needs at least one block of at least one slot".into(),
+            ));
         }
-        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            threads
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("llmserve-cpu-{i}"))
@@ -104,7 +115,17 @@ impl CpuBackend {
         let k_cache = (0..c.n_layers).map(|_| vec![0f32; per_layer]).collect();
         let v_cache = (0..c.n_layers).map(|_| vec![0f32; per_layer]).collect();
         let inv_freq = rope_inv_freq(c);
-        Ok(CpuBackend { model, num_blocks, block_size, threads, pool, k_cache, v_cache, inv_freq, scratch: Scratch::default() })
+        Ok(CpuBackend {
+            model,
+            num_blocks,
+            block_size,
+            threads,
+            pool,
+            k_cache,
+            v_cache,
+            inv_freq,
+            scratch: Scratch::default(),
+        })
     }
 
     /// The model in use.
@@ -129,7 +150,11 @@ impl CpuBackend {
 
     /// Bytes of KV-cache memory.
     pub fn kv_cache_bytes(&self) -> usize {
-        self.k_cache.iter().chain(&self.v_cache).map(|l| l.len() * 4).sum()
+        self.k_cache
+            .iter()
+            .chain(&self.v_cache)
+            .map(|l| l.len() * 4)
+            .sum()
     }
 
     fn validate(&self, batch: &[BatchItem<'_>]) -> Result<(), BackendError> {
@@ -139,7 +164,9 @@ impl CpuBackend {
                 return Err(BackendError::InvalidBatch(format!("item {i} has no tokens")));
             }
             if let Some(t) = it.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(BackendError::InvalidBatch(format!("item {i}: token {t} outside the vocabulary")));
+                return Err(BackendError::InvalidBatch(format!(
+                    "item {i}: token {t} outside the vocabulary"
+                )));
             }
             let end = it.start_pos + it.tokens.len();
             if it.block_table.len() * self.block_size < end {
@@ -150,7 +177,10 @@ impl CpuBackend {
                 )));
             }
             if let Some(b) = it.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(BackendError::InvalidBatch(format!("item {i}: block {b} outside the pool of {}", self.num_blocks)));
+                return Err(BackendError::InvalidBatch(format!(
+                    "item {i}: block {b} outside the pool of {}",
+                    self.num_blocks
+                )));
             }
         }
         Ok(())
@@ -162,16 +192,25 @@ impl CpuBackend {
 fn matmul_multi(threads: usize, mats: &[&QMatrix], x: &[f32], n_tok: usize, tmp: &mut [f32]) {
     let total: usize = mats.iter().map(|m| m.rows()).sum();
     let chunk = total.div_ceil(threads * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
-    let mut tasks: Vec<(&QMatrix, usize, &mut [f32])> = Vec::with_capacity(mats.len() * threads * TASKS_PER_THREAD + 4);
-    let mut rest = tmp;
-    for m in mats {
-        let (seg, r) = rest.split_at_mut(m.rows() * n_tok);
-        rest = r;
-        for (j, part) in seg.chunks_mut(chunk * n_tok).enumerate() {
-            tasks.push((m, j * chunk, part));
-        }
+    matmul_split(chunk, mats, x, n_tok, tmp);
+}
+
+/// The matrices of `mats` side by side (rayon `join`, no allocation), each cut into tasks of `chunk` rows.
+fn matmul_split(chunk: usize, mats: &[&QMatrix], x: &[f32], n_tok: usize, tmp: &mut [f32]) {
+    let Some((m, rest)) = mats.split_first() else {
+        return;
+    };
+    let (seg, tail) = tmp.split_at_mut(m.rows() * n_tok);
+    let mut run = move || {
+        seg.par_chunks_mut(chunk * n_tok)
+            .enumerate()
+            .for_each(|(j, out)| m.matmul_rows(x, n_tok, j * chunk, out))
+    };
+    if rest.is_empty() {
+        run();
+    } else {
+        rayon::join(run, || matmul_split(chunk, rest, x, n_tok, tail));
     }
-    tasks.into_par_iter().for_each(|(m, row0, out)| m.matmul_rows(x, n_tok, row0, out));
 }
 
 /// `src` is `[rows][n_tok]`; writes `dst[t * rows + r]`.
@@ -229,12 +268,20 @@ impl Backend for CpuBackend {
         self.validate(batch)?;
         if batch.is_empty() {
             let end = llmprof_probes::boottime_ns();
-            return Ok(StepOutput { logits: Vec::new(), device_start_ns: start, device_end_ns: end });
+            return Ok(StepOutput {
+                logits: Vec::new(),
+                device_start_ns: start,
+                device_end_ns: end,
+            });
         }
         let pool = Arc::clone(&self.pool);
         let logits = pool.install(|| self.forward_inner(batch));
         let end = llmprof_probes::boottime_ns();
-        Ok(StepOutput { logits, device_start_ns: start, device_end_ns: end })
+        Ok(StepOutput {
+            logits,
+            device_start_ns: start,
+            device_end_ns: end,
+        })
     }
 
     fn swap_weights(&mut self, model: Arc<Model>) -> Result<(), BackendError> {
@@ -288,7 +335,8 @@ impl CpuBackend {
         let mut t = 0;
         for it in batch {
             for &tok in it.tokens {
-                w.token_embd.dequantize_row(tok as usize, &mut s.x[t * dim..(t + 1) * dim]);
+                w.token_embd
+                    .dequantize_row(tok as usize, &mut s.x[t * dim..(t + 1) * dim]);
                 t += 1;
             }
         }
@@ -315,32 +363,36 @@ impl CpuBackend {
             }
             let (kc, vc) = (&*kc, &*vc);
             let (q, tok) = (&s.q, &s.tok);
-            s.att[..n * qd].par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, out)| {
-                let (ti, h) = (idx / nh, idx % nh);
-                let (item, pos) = tok[ti];
-                let table = batch[item].block_table;
-                let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
-                let koff = (h / group) * hd;
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for p in 0..=pos {
-                    let slot = table[p / bs] as usize * bs + p % bs;
-                    let sc = quant::dot(qh, &kc[slot * kvd + koff..slot * kvd + koff + hd]) * scale;
-                    max = max.max(sc);
-                    scores.push(sc);
-                }
-                let mut sum = 0f32;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
-                out.fill(0.0);
-                let inv = 1.0 / sum;
-                for (p, &sc) in scores.iter().enumerate() {
-                    let slot = table[p / bs] as usize * bs + p % bs;
-                    quant::axpy(sc * inv, &vc[slot * kvd + koff..slot * kvd + koff + hd], out);
-                }
-            });
+            s.att[..n * qd]
+                .par_chunks_mut(hd)
+                .enumerate()
+                .for_each(|(idx, out)| {
+                    let (ti, h) = (idx / nh, idx % nh);
+                    let (item, pos) = tok[ti];
+                    let table = batch[item].block_table;
+                    let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
+                    let koff = (h / group) * hd;
+                    // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
+                    // no score buffer, each K/V slot read once.
+                    out.fill(0.0);
+                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    for p in 0..=pos {
+                        let slot = table[p / bs] as usize * bs + p % bs;
+                        let base = slot * kvd + koff;
+                        let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
+                        if sc > max {
+                            let r = (max - sc).exp();
+                            sum *= r;
+                            out.iter_mut().for_each(|o| *o *= r);
+                            max = sc;
+                        }
+                        let w = (sc - max).exp();
+                        sum += w;
+                        quant::axpy(w, &vc[base..base + hd], out);
+                    }
+                    let inv = 1.0 / sum;
+                    out.iter_mut().for_each(|o| *o *= inv);
+                });
             matmul_multi(threads, &[&lw.wo], &s.att[..n * qd], n, &mut s.tmp);
             transpose_into(&s.tmp[..dim * n], dim, n, xn);
             for (a, b) in x.iter_mut().zip(xn.iter()) {
@@ -376,6 +428,8 @@ impl CpuBackend {
         let vocab = head.rows();
         grow(&mut s.tmp, vocab * nl);
         matmul_multi(threads, &[head], &s.q[..nl * dim], nl, &mut s.tmp);
-        (0..nl).map(|j| (0..vocab).map(|r| s.tmp[r * nl + j]).collect()).collect()
+        (0..nl)
+            .map(|j| (0..vocab).map(|r| s.tmp[r * nl + j]).collect())
+            .collect()
     }
 }

@@ -12,8 +12,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use llmprof_abi::{
-    fill_str, DeviceClock, FinishReason, RangeOp, RangeRecord, RequestEventKind, RequestRecord,
-    StepKind, StepRecord, ABI_VERSION, MAX_STEP_REQS,
+    ABI_VERSION, DeviceClock, FinishReason, MAX_STEP_REQS, RangeOp, RangeRecord, RequestEventKind,
+    RequestRecord, StepKind, StepRecord, fill_str,
 };
 
 /// Exit status the tests expect from the ProcessExit record.

@@ -111,6 +111,7 @@ impl fmt::Display for Cidr {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
 

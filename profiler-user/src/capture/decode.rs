@@ -148,6 +148,7 @@ impl Decoder {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
     use llmprof_abi::{PATH_LEN, fill_str};

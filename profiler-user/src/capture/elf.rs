@@ -77,6 +77,7 @@ fn read_u32(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u32
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
 

@@ -288,6 +288,7 @@ impl Capture {
             engine.insert(pid, probes);
         }
         let patterns = patterns::parse_all(&cfg.model_patterns)?;
+        log::debug!("capture: targets inspected in {:?}", t0.elapsed());
         ensure_tracefs()?;
         for (category, name, _) in TRACEPOINTS {
             if !Path::new(TRACEFS)
@@ -311,6 +312,7 @@ impl Capture {
             .map_max_entries("EVENTS", ring_size(cfg.ring_bytes))
             .load(EBPF_OBJECT)
             .map_err(CaptureError::Load)?;
+        log::debug!("capture: object loaded (maps created) at {:?}", t0.elapsed());
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -334,6 +336,7 @@ impl Capture {
             })?;
         }
 
+        log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
         let want_uprobes = engine
             .values()
             .any(|e| matches!(e, EngineProbes::Attached { .. }));
@@ -359,6 +362,7 @@ impl Capture {
             }
         }
 
+        log::debug!("capture: all probes live at {:?}", t0.elapsed());
         let ring_map = ebpf
             .take_map("EVENTS")
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
@@ -513,11 +517,11 @@ impl Capture {
 impl Drop for Capture {
     fn drop(&mut self) {
         // Stop recording first; dropping the fields then detaches every link and unloads the programs.
-        if let Some(map) = self.ebpf.map_mut("TRACED") {
-            if let Ok(mut traced) = HashMap::<_, u32, u8>::try_from(map) {
-                for pid in &self.pids {
-                    let _ = traced.remove(pid);
-                }
+        if let Some(map) = self.ebpf.map_mut("TRACED")
+            && let Ok(mut traced) = HashMap::<_, u32, u8>::try_from(map)
+        {
+            for pid in &self.pids {
+                let _ = traced.remove(pid);
             }
         }
     }

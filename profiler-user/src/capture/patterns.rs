@@ -67,6 +67,7 @@ pub fn matches(pat: &FilePattern, path: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
 

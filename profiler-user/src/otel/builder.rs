@@ -33,7 +33,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::net::IpAddr;
 
 use llmprof_abi::{
     FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, read_str,
@@ -511,16 +510,14 @@ impl SpanBuilder {
                 port,
                 ret,
                 dur_ns,
-                allowed,
+                allowed: false,
             } => {
-                if !*allowed {
-                    let attrs = vec![
-                        KeyValue::new(sc::NETWORK_PEER_ADDRESS, ip_string(addr)),
-                        KeyValue::new(sc::NETWORK_PEER_PORT, i64::from(*port)),
-                        KeyValue::new(sc::LLMPROF_RET, *ret),
-                    ];
-                    self.attach(ev, sc::EVENT_FLAGGED_EGRESS, *dur_ns, attrs);
-                }
+                let attrs = vec![
+                    KeyValue::new(sc::NETWORK_PEER_ADDRESS, addr.to_string()),
+                    KeyValue::new(sc::NETWORK_PEER_PORT, i64::from(*port)),
+                    KeyValue::new(sc::LLMPROF_RET, *ret),
+                ];
+                self.attach(ev, sc::EVENT_FLAGGED_EGRESS, *dur_ns, attrs);
             }
             _ => {}
         }
@@ -826,11 +823,8 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-fn ip_string(addr: &IpAddr) -> String {
-    addr.to_string()
-}
-
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
     use llmprof_abi::{ABI_VERSION, fill_str};

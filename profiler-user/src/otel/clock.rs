@@ -67,6 +67,7 @@ pub fn boottime_now_ns() -> std::io::Result<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
 

@@ -161,10 +161,10 @@ impl OtelSink {
         let deadline = Instant::now() + timeout;
         let mut rest = Vec::new();
         self.builder.finish_open(None, &mut rest);
-        if !rest.is_empty() {
-            if let Err(spans) = self.export.send_until(rest, deadline) {
-                self.queue_drops += spans.len() as u64;
-            }
+        if !rest.is_empty()
+            && let Err(spans) = self.export.send_until(rest, deadline)
+        {
+            self.queue_drops += spans.len() as u64;
         }
         let b = self.builder.stats();
         let counts = self.export.finish(deadline);

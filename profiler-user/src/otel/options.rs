@@ -207,6 +207,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
     use std::collections::HashMap;

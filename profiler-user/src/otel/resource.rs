@@ -63,6 +63,7 @@ pub fn build_resource(cfg: &ExportConfig, info: &ResourceInfo) -> Resource {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
     use crate::otel::options::OtlpProtocol;

@@ -1,0 +1,173 @@
+//! The `llmprof` binary as a user runs it: help with examples, the exit codes of bad input, `open` serving a
+//! trace, and (as root, with the eBPF object) a real attach to a process that is not an instrumented engine.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
+
+#[test]
+fn help_shows_subcommands_examples_and_exit_codes() {
+    let out = Command::new(LLMPROF).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in ["attach", "open", "sudo llmprof attach --pid", "Exit codes"] {
+        assert!(help.contains(want), "--help lacks {want:?}:\n{help}");
+    }
+    let out = Command::new(LLMPROF).args(["attach", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "--slow-syscall",
+        "--model-path",
+        "--egress-allow",
+        "--metrics-url",
+        "--ring-size",
+        "Examples:",
+    ] {
+        assert!(help.contains(want), "attach --help lacks {want:?}:\n{help}");
+    }
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_its_exit_code() {
+    // Unparsable duration: usage error.
+    let out = Command::new(LLMPROF)
+        .args(["attach", "--pid", "1", "-d", "soon"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
+    // A pid that does not exist: 4 as root, 3 (not root) otherwise.
+    let out = Command::new(LLMPROF)
+        .args(["attach", "--pid", "999999999", "-d", "1s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if e2e::is_root() {
+        assert_eq!(out.status.code(), Some(4), "{err}");
+        assert!(err.contains("no process with pid 999999999"), "{err}");
+    } else {
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains("root"), "{err}");
+    }
+}
+
+#[test]
+fn open_serves_the_trace_to_the_ui_origin_and_exits() {
+    let dir = std::env::temp_dir().join(format!("llmprof-cli-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("demo.perfetto-trace");
+    std::fs::write(&trace, b"\x0a\x02\x40\x01").unwrap();
+    let mut child = Command::new(LLMPROF)
+        .arg("open")
+        .arg(&trace)
+        .args(["--port", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let link = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.contains("ui.perfetto.dev"))
+        .unwrap();
+    let url = link.trim().split("?url=").nth(1).unwrap().to_owned();
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/demo.perfetto-trace"),
+        "{link}"
+    );
+    let (hostport, path) = url.trim_start_matches("http://").split_once('/').unwrap();
+    let mut s = TcpStream::connect(hostport).unwrap();
+    write!(
+        s,
+        "GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nOrigin: https://ui.perfetto.dev\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let text = String::from_utf8_lossy(&resp);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("Access-Control-Allow-Origin: https://ui.perfetto.dev"));
+    assert!(resp.ends_with(b"\x0a\x02\x40\x01"));
+    let status = child.wait().unwrap();
+    assert!(status.success(), "open exits after the fetch");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Real eBPF: attach to a plain process (no engine probes) that sleeps in a loop; the trace must say the
+/// engine probes were not found, still have the slow syscalls, end with "target exited", and load cleanly.
+#[test]
+fn attach_to_a_non_engine_process_traces_syscalls_and_ends_when_it_exits() {
+    if !e2e::require(e2e::is_root(), "not root: cannot load eBPF programs") {
+        return;
+    }
+    if !e2e::require(
+        e2e::trace_processor::available(),
+        "Perfetto trace processor not installed (cargo xtask setup-tools)",
+    ) {
+        return;
+    }
+    let mut target = Command::new("python3")
+        .args(["-c", "import time\nfor _ in range(15): time.sleep(0.1)"])
+        .spawn()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("llmprof-cli-attach-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.perfetto-trace");
+    let out = Command::new(LLMPROF)
+        .args([
+            "attach",
+            "--pid",
+            &target.id().to_string(),
+            "-d",
+            "20s",
+            "--slow-syscall",
+            "50ms",
+            "-o",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    target.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "attach failed: {stdout}\n{stderr}");
+    assert!(stdout.contains("target exited"), "{stdout}");
+    assert!(stderr.contains("exports no llmprof probe points"), "{stderr}");
+    assert!(stdout.contains("llmprof open"), "{stdout}");
+    std::thread::sleep(Duration::from_millis(10));
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    assert_eq!(tp.unterminated_slices().unwrap(), Vec::<serde_json::Value>::new());
+    let q =
+        |tp: &mut e2e::trace_processor::Trace, sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        q(
+            &mut tp,
+            "select count(*) from slice where name like 'syscall %sleep%' and dur >= 50000000"
+        ) >= 5
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from slice where name like 'engine probes not found%'"
+        ),
+        1
+    );
+    assert_eq!(
+        q(&mut tp, "select count(*) from slice where name = 'target exited'"),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from slice where name = 'llmprof summary'"
+        ),
+        1
+    );
+    drop(tp);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
