@@ -412,14 +412,16 @@ async fn chat(
             (m.role, text)
         })
         .collect();
+    let chars: usize = msgs.iter().map(|(r, c)| r.len() + c.len()).sum();
+    check_prompt_bytes(&st, chars, "messages")?;
     let model = st.engine.model();
-    {
-        let _r = Range::push("tokenize", 0);
+    p.req.prompt = tokenize(move || {
         let text = model
             .render_chat(&msgs)
             .map_err(|e| ApiError::bad(e, Some("messages")))?;
-        p.req.prompt = model.encode_chat(&text);
-    }
+        Ok(model.encode_chat(&text))
+    })
+    .await?;
     run(st, p, true, "messages").await
 }
 
@@ -433,12 +435,12 @@ async fn completions(
     let model = st.engine.model();
     p.req.prompt = match b.prompt {
         PromptSpec::Text(t) => {
-            let _r = Range::push("tokenize", 0);
-            model.encode_prompt(&t)
+            check_prompt_bytes(&st, t.len(), "prompt")?;
+            tokenize(move || Ok(model.encode_prompt(&t))).await?
         }
         PromptSpec::Texts(v) if v.len() == 1 => {
-            let _r = Range::push("tokenize", 0);
-            model.encode_prompt(&v[0])
+            check_prompt_bytes(&st, v[0].len(), "prompt")?;
+            tokenize(move || Ok(model.encode_prompt(&v[0]))).await?
         }
         PromptSpec::Texts(_) => {
             return Err(ApiError::bad(
@@ -455,6 +457,44 @@ async fn completions(
         p.req.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS;
     }
     run(st, p, false, "prompt").await
+}
+
+/// Most prompt bytes per token of capacity: a token is rarely longer than a few bytes, so a prompt with more
+/// bytes than this times the sequence capacity cannot fit and is refused before the (costly) tokenization.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
+
+fn check_prompt_bytes(st: &AppState, bytes: usize, param: &'static str) -> Result<(), ApiError> {
+    let max_tokens = st.engine.max_seq_tokens();
+    if bytes > max_tokens.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN) {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "the prompt has {bytes} bytes, far more than the {max_tokens} tokens that fit; shorten the prompt"
+            ),
+            kind: "invalid_request_error",
+            param: Some(param),
+            code: Some("context_length_exceeded"),
+        });
+    }
+    Ok(())
+}
+
+/// Tokenizes on the blocking pool (range `tokenize`), so long prompts never stall the HTTP workers.
+async fn tokenize(
+    f: impl FnOnce() -> Result<Vec<u32>, ApiError> + Send + 'static,
+) -> Result<Vec<u32>, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        let _r = Range::push("tokenize", 0);
+        f()
+    })
+    .await
+    .map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("tokenization failed: {e}"),
+        kind: "server_error",
+        param: None,
+        code: None,
+    })?
 }
 
 /// Rejects token ids the model does not know.

@@ -90,7 +90,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 }
             );
             println!(
-                "  dropped: {} (kernel {}, user {}), decode errors {}, late {}",
+                "  dropped: {} (kernel {}, user {}), decode errors {}, written out of order {} (the trace processor sorts them)",
                 r.stats.total_dropped(),
                 r.stats.total_dropped() - r.stats.user_drops,
                 r.stats.user_drops,

@@ -701,3 +701,36 @@ fn spans_pass_through_a_real_collector_over_grpc_and_http() {
         check_received(&got.lock().unwrap(), t0_wall);
     }
 }
+
+/// A receiver that accepts connections and never answers (a hung collector): `finish` gives up at its deadline
+/// and counts everything as dropped.
+#[test]
+fn hung_receiver_cannot_hold_up_the_end_of_a_session() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let held2 = held.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            held2.lock().unwrap().push(conn);
+        }
+    });
+    let clock = WallClock::now().unwrap();
+    let mut sink = OtelSink::with_config(
+        &config(format!("http://{addr}"), OtlpProtocol::Grpc),
+        resource_info(),
+        clock,
+    )
+    .unwrap();
+    push_fixture(&mut sink, clock);
+    let started = Instant::now();
+    let stats = sink.finish_within(Duration::from_millis(500));
+    let took = started.elapsed();
+    assert!(stats.flush_timed_out, "{stats:?}");
+    assert_eq!(stats.spans_exported, 0);
+    assert_eq!(stats.spans_dropped, 12);
+    assert!(
+        took < Duration::from_secs(3),
+        "finish waited {took:?} past its 500 ms deadline"
+    );
+}

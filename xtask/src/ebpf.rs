@@ -9,7 +9,7 @@
 //! installed, else the `libLLVM.so.N*` a rustup toolchain ships (linked through a prefix of symlinks,
 //! since that directory has neither `libLLVM.so` nor `llvm-config`).
 //!
-//! `build-ebpf` builds the object with path prefixes remapped (so the bytes do not depend on where the
+//! `build-ebpf` builds the object through a fixed path with path prefixes remapped (so the bytes do not depend on where the
 //! checkout lives) and copies it to `profiler-user/ebpf/llmprof-ebpf.o`, next to a `.toolchain` file naming
 //! the compiler and linker that made it. `build-ebpf --check` rebuilds and fails when the committed object
 //! differs (CI runs it).
@@ -212,12 +212,30 @@ pub fn setup(_args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Fixed path through which the sources are built: cargo hashes the absolute path of `llmprof-abi` (outside
+/// the eBPF workspace) into every symbol name of the object, so building through the same path on every
+/// machine keeps the object byte-identical wherever the checkout lives.
+const STABLE_SRC: &str = "/tmp/llmprof-ebpf-src";
+
+/// (Re)creates [`STABLE_SRC`] as symlinks into `root`; returns it.
+fn stable_source_path(root: &Path) -> Result<PathBuf> {
+    let dir = PathBuf::from(STABLE_SRC);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {STABLE_SRC}"))?;
+    for name in ["Cargo.toml", "llmprof-abi", "profiler-ebpf"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(root.join(name), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(dir)
+}
+
 /// Builds the object; returns (path of the fresh object, toolchain record).
 fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     let chain = detect_chain().context("no eBPF compiler chain: run `cargo xtask setup-ebpf` first")?;
     let linker = bpf_linker_version().context("bpf-linker missing: run `cargo xtask setup-ebpf` first")?;
     let vv = rustc_version(&chain)?;
-    let crate_dir = root.join("profiler-ebpf");
+    let src = stable_source_path(root)?;
     let target_dir = root.join("target").join("ebpf");
     let sysroot = match chain {
         Chain::Debian => PathBuf::from(DEBIAN_SYSROOT),
@@ -233,6 +251,7 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
         "-Cdebuginfo=2".to_string(),
         "-Clink-arg=--btf".to_string(),
         format!("--remap-path-prefix={}=/llmprof", root.display()),
+        format!("--remap-path-prefix={STABLE_SRC}=/llmprof"),
         format!("--remap-path-prefix={}=/cargo", cargo_home().display()),
         format!(
             "--remap-path-prefix={}=/rust",
@@ -249,8 +268,9 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
             cmd.arg("+nightly");
         }
     }
-    cmd.args(["build", "--release", "--locked"])
-        .current_dir(&crate_dir)
+    cmd.args(["build", "--release", "--locked", "--manifest-path"])
+        .arg(src.join("profiler-ebpf/Cargo.toml"))
+        .current_dir(root.join("profiler-ebpf"))
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("CARGO_ENCODED_RUSTFLAGS", flags)
         .env_remove("RUSTFLAGS");

@@ -23,6 +23,26 @@ pub struct ResourceInfo {
     pub gpu_uuid: Option<String>,
 }
 
+impl ResourceInfo {
+    /// What /proc tells about process `pid`: its executable (the `/proc/<pid>/exe` link, else its `comm`) and
+    /// the host name (`/proc/sys/kernel/hostname`). Fields that cannot be read stay empty.
+    pub fn from_proc(pid: u32, gpu_uuid: Option<String>) -> Self {
+        let executable = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .or_else(|_| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()))
+            .unwrap_or_default();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        Self {
+            pid,
+            executable,
+            host,
+            gpu_uuid,
+        }
+    }
+}
+
 /// The resource attributes, in the order they are applied (a later key overrides an earlier one).
 pub fn resource_attributes(cfg: &ExportConfig, info: &ResourceInfo) -> Vec<KeyValue> {
     let mut attrs = Vec::new();
@@ -68,6 +88,14 @@ mod tests {
     use super::*;
     use crate::otel::options::OtlpProtocol;
     use opentelemetry::{Key, Value};
+
+    #[test]
+    fn from_proc_names_this_process() {
+        let me = ResourceInfo::from_proc(std::process::id(), None);
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(me.executable, exe.to_string_lossy());
+        assert!(!me.host.is_empty());
+    }
 
     #[test]
     fn user_attributes_override_detected_ones() {
