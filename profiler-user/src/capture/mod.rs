@@ -329,11 +329,17 @@ impl Capture {
                 program: prog.to_string(),
                 source,
             };
+            let t = Instant::now();
             p.load().map_err(perr)?;
+            let loaded = t.elapsed();
             p.attach(category, name).map_err(|source| CaptureError::Program {
                 program: prog.to_string(),
                 source,
             })?;
+            log::debug!(
+                "capture: {prog}: verified in {loaded:?}, attached in {:?}",
+                t.elapsed() - loaded
+            );
         }
 
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
