@@ -208,8 +208,16 @@ pub fn llmprof_sysexit(ctx: TracePointContext) -> u32 {
         slow_syscall(pid_tgid, &inf, ret, dur);
     }
     match nr {
-        NR_OPENAT => file_open(pid_tgid, &inf, inf.args[1], ret, dur),
-        NR_OPEN => file_open(pid_tgid, &inf, inf.args[0], ret, dur),
+        // One call site for both opens: the pattern loops are verified once, not per caller.
+        NR_OPENAT | NR_OPEN => {
+            // openat(dfd, path, flags, mode) / open(path, flags, mode)
+            let (path_ptr, flags) = if nr == NR_OPENAT {
+                (inf.args[1], inf.args[2])
+            } else {
+                (inf.args[0], inf.args[1])
+            };
+            file_open(pid_tgid, &inf, path_ptr, flags as u32, ret, dur)
+        }
         NR_READ => file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur),
         NR_PREAD64 => file_io(pid_tgid, &inf, FileOp::Pread, inf.args[2], ret, dur),
         NR_READV => file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur),
@@ -275,7 +283,7 @@ fn slow_syscall(pid_tgid: u64, inf: &Inflight, ret: i64, dur: u64) {
 }
 
 #[inline(always)]
-fn file_open(pid_tgid: u64, inf: &Inflight, path_ptr: u64, ret: i64, dur: u64) {
+fn file_open(pid_tgid: u64, inf: &Inflight, path_ptr: u64, flags: u32, ret: i64, dur: u64) {
     let Some(mut e) = EVENTS.reserve::<FileOpenEvent>(0) else {
         count(ProbeId::FileOpen, 1, 0, 1);
         return;
@@ -300,7 +308,7 @@ fn file_open(pid_tgid: u64, inf: &Inflight, path_ptr: u64, ret: i64, dur: u64) {
         (*p).hdr = header(EventKind::FileOpen, inf.ts_ns, pid_tgid);
         (*p).ret = ret;
         (*p).dur_ns = dur;
-        (*p).flags = inf.args[2] as u32;
+        (*p).flags = flags;
         (*p)._pad = 0;
     }
     e.submit(BPF_RB_NO_WAKEUP as u64);

@@ -44,7 +44,11 @@ fn have_root() -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{msg}, and CI=true: run the tests as root");
     }
-    eprintln!("\n!!!!! SKIPPED: {msg}; run `sudo -E cargo test -p llmprof --test capture_probes` !!!!!\n");
+    // Written to the stderr handle, not eprintln!, so libtest's output capture does not hide it.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!!!! SKIPPED: {msg}; run `sudo -E cargo test -p llmprof --test capture_probes` !!!!!\n"
+    );
     false
 }
 
@@ -385,7 +389,16 @@ fn bench_pipeline_events_per_second() {
         }
     }
     let dt = t0.elapsed();
-    assert_eq!(t.line(), "burst done");
+    let done = t.line();
+    let produce_ns: f64 = done
+        .strip_prefix("burst done ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("testee said {done:?}"));
+    eprintln!(
+        "producer: {N} probe hits in {:.3} s = {:.2} us/hit",
+        produce_ns / 1e9,
+        produce_ns / 1e3 / N as f64
+    );
     let c = cap.counters()[ProbeId::Range as usize];
     eprintln!(
         "pipeline: {got} of {N} events in {dt:?} = {:.0} events/s, dropped {}",

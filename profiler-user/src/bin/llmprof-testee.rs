@@ -3,7 +3,7 @@
 //! Owns a fixed, known sequence of observable actions: engine probe records (through the real
 //! `llmprof-probes` functions), a slow syscall, a model-file read, an outbound connect. It prints `ready PID`,
 //! then for each stdin line: `go` runs the sequence and prints `done`; `burst N` emits N range marks and
-//! prints `burst done`; `exit` (or EOF) exits with status 3.
+//! prints `burst done NS` (the loop's duration); `exit` (or EOF) exits with status 3.
 //!
 //! Usage: `llmprof-testee --gguf PATH --connect 127.0.0.1:PORT`
 
@@ -53,8 +53,10 @@ fn run() -> Result<(), String> {
             }
             Some("burst") => {
                 let n: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1000);
+                let t0 = std::time::Instant::now();
                 burst(n);
-                writeln!(out, "burst done").map_err(|e| e.to_string())?;
+                let ns = t0.elapsed().as_nanos();
+                writeln!(out, "burst done {ns}").map_err(|e| e.to_string())?;
             }
             Some("exit") => break,
             _ => {}
