@@ -236,7 +236,7 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     let linker = bpf_linker_version().context("bpf-linker missing: run `cargo xtask setup-ebpf` first")?;
     let vv = rustc_version(&chain)?;
     let src = stable_source_path(root)?;
-    let target_dir = root.join("target").join("ebpf");
+    let target_dir = crate::util::cache_dir().join("ebpf-target");
     let sysroot = match chain {
         Chain::Debian => PathBuf::from(DEBIAN_SYSROOT),
         Chain::Nightly => {

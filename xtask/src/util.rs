@@ -42,3 +42,13 @@ pub fn is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The project's cache: `$XDG_CACHE_HOME/llmprof` or `~/.cache/llmprof` (models, tools, the eBPF build's target
+/// dir). Kept outside the checkout so fresh clones (CI) reuse what an earlier run built.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"))
+        .join("llmprof")
+}
