@@ -70,9 +70,32 @@ pub struct Args {
     /// Compute threads [default: available CPUs].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// POST anonymous usage statistics (model, uptime, counters) to this `http://` URL, like vLLM's usage
+    /// reporting. Off by default.
+    #[arg(long, value_name = "URL")]
+    pub usage_stats_url: Option<String>,
+    /// Interval between usage-stats reports, e.g. `30s`, `500ms`, `5m`.
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub usage_stats_interval: std::time::Duration,
     /// Compute device.
     #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
     pub device: String,
+}
+
+/// Parses `500ms`, `30s`, `5m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let v: f64 = num.parse().map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (ms, s or m)")),
+    };
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 impl Args {

@@ -906,6 +906,7 @@ impl EngineLoop {
             req_ids_truncated: u32::from(out.seqs.len() > MAX_STEP_REQS),
             req_ids,
         };
+        self.metrics.add_step(kind);
         llmprof_probes::step(&rec);
     }
 }

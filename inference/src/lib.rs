@@ -5,7 +5,8 @@
 //! [`chat_template`], [`model`] (weights + config), [`backend`] (the compute trait; CPU backend),
 //! [`tiny_gguf`] (tiny generated models for tests).
 //! Serving side: [`block_pool`], [`kv_cache_manager`], [`scheduler`], [`sampling`], [`engine`] (the step loop),
-//! [`api`] (OpenAI-compatible HTTP), [`metrics`], [`trace_context`] (W3C traceparent), [`config`].
+//! [`api`] (OpenAI-compatible HTTP), [`metrics`], [`trace_context`] (W3C traceparent), [`config`],
+//! [`usage_stats`] (the optional outbound usage report).
 
 // Model side (owner: engine-model).
 pub mod backend;
@@ -26,3 +27,4 @@ pub mod metrics;
 pub mod sampling;
 pub mod scheduler;
 pub mod trace_context;
+pub mod usage_stats;

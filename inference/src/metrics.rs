@@ -6,6 +6,7 @@
 //! histogram mutexes are held for one observation.
 
 use std::fmt::Write as _;
+use llmprof_abi::StepKind;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -93,6 +94,8 @@ struct Scalars {
     generation_tokens: AtomicU64,
     success: [AtomicU64; 3],
     stream_stalls: AtomicU64,
+    /// Engine steps by kind (prefill, decode, mixed), in `llmprof_abi::StepKind` order.
+    steps: [AtomicU64; 3],
 }
 
 /// Request-level histograms.
@@ -187,6 +190,14 @@ impl Metrics {
     /// Counts a step where a client's bounded stream was full (output kept and coalesced, loop not blocked).
     pub fn add_stream_stall(&self) {
         self.s.stream_stalls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one engine step of `kind` (`llmserve:engine_steps_total{kind}`): the engine's own step count, which
+    /// a trace's step slices can be checked against.
+    pub fn add_step(&self, kind: llmprof_abi::StepKind) {
+        if let Some(c) = self.s.steps.get(kind as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Records a time to first token.
@@ -293,6 +304,17 @@ impl Metrics {
             "llmserve:stream_stalls_total",
             "Times a client's bounded output stream was full; the output was held back and coalesced (engine loop not blocked).",
             &[(lbl.clone(), ld(&self.s.stream_stalls))],
+        );
+        let steps: Vec<(String, u64)> = [StepKind::Prefill, StepKind::Decode, StepKind::Mixed]
+            .iter()
+            .zip(&self.s.steps)
+            .map(|(k, c)| (format!("{lbl},kind=\"{}\"", k.name()), ld(c)))
+            .collect();
+        counter(
+            &mut o,
+            "llmserve:engine_steps_total",
+            "Engine steps (forward passes) by kind: prefill, decode or mixed.",
+            &steps,
         );
         let h = self.hists().clone_all();
         hist(
