@@ -17,6 +17,7 @@ use crate::clock::{boottime_ns, realtime_ns};
 use crate::event::{Event, EventBody, SessionStats};
 use crate::merge::{DEFAULT_WINDOW_NS, Merger};
 use crate::metrics_scrape::{self, Scraper};
+use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::perfetto::{EventCounts, TraceSink};
 use crate::procfs;
 
@@ -49,6 +50,8 @@ pub struct AttachOptions {
     pub ring_bytes: usize,
     /// Print more.
     pub verbose: bool,
+    /// OTLP export of request spans (no endpoint: no export).
+    pub otel: OtelOptions,
 }
 
 /// Why a session could not run. Messages say what to do next.
@@ -63,6 +66,9 @@ pub enum AttachError {
     /// Capture failed to start or to poll.
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// The OTLP export is misconfigured.
+    #[error(transparent)]
+    Otel(#[from] OtelError),
     /// The trace file could not be created or written.
     #[error("cannot write the trace {path}: {source}")]
     Output {
@@ -95,6 +101,8 @@ pub struct AttachReport {
     pub engine_probes: EngineProbes,
     /// The /metrics URL scraped, if any.
     pub metrics_url: Option<String>,
+    /// OTLP export statistics, when spans were exported.
+    pub otel: Option<OtelStats>,
 }
 
 /// Default trace name: `llmprof-<pid>-<UTC yyyymmdd-hhmmss>.perfetto-trace`.
@@ -133,6 +141,9 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let Some(mut info) = procfs::process_info(opts.pid) else {
         return Err(AttachError::NoProcess(opts.pid));
     };
+    // Validate the OTLP configuration before loading anything; the exporter runs on its own thread and never
+    // stalls capture.
+    let mut otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, None))?;
     let mut cfg = CaptureConfig {
         pids: vec![opts.pid],
         slow_syscall: opts.slow_syscall,
@@ -189,13 +200,11 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             None
         }
     };
-    if opts.verbose {
-        eprintln!(
-            "llmprof: probes live after {:.1} ms; writing {}",
-            attach_latency.as_secs_f64() * 1e3,
-            opts.output.display()
-        );
-    }
+    eprintln!(
+        "llmprof: probes live after {:.1} ms; writing {}",
+        attach_latency.as_secs_f64() * 1e3,
+        opts.output.display()
+    );
 
     let tty = io::stderr().is_terminal();
     let start = Instant::now();
@@ -261,7 +270,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         }
         merger.drain_at(boottime_ns(), &mut ready);
         events_total += ready.len() as u64;
-        write_all(&mut sink, &mut ready, opts.pid).map_err(out_err)?;
+        write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
     };
     if tty {
         eprintln!();
@@ -277,7 +286,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     }
     merger.finish(&mut ready);
     events_total += ready.len() as u64;
-    write_all(&mut sink, &mut ready, opts.pid).map_err(out_err)?;
+    write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
     let end_ts = boottime_ns();
     if end_reason == "target exited" && !exit_event_seen {
         sink.marker(end_ts, "target exited").map_err(out_err)?;
@@ -299,6 +308,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
     // Detach everything before reporting.
     drop(capture);
+    let otel = otel.map(OtelSink::finish);
     let _ = events_total;
     Ok(AttachReport {
         trace: opts.output.clone(),
@@ -310,17 +320,27 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         elapsed: start.elapsed(),
         engine_probes,
         metrics_url,
+        otel,
     })
 }
 
 /// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
-fn write_all<W: Write>(sink: &mut TraceSink<W>, ready: &mut Vec<Event>, pid: u32) -> io::Result<()> {
+/// Every event goes to the trace and, when configured, to the OTel span builder.
+fn write_all<W: Write>(
+    sink: &mut TraceSink<W>,
+    otel: &mut Option<OtelSink>,
+    ready: &mut Vec<Event>,
+    pid: u32,
+) -> io::Result<()> {
     for ev in ready.drain(..) {
         if ev.tid != 0
             && !sink.knows_thread(ev.tid)
             && let Some(name) = procfs::thread_name(pid, ev.tid)
         {
             sink.note_thread(ev.tid, name);
+        }
+        if let Some(o) = otel.as_mut() {
+            o.push(&ev);
         }
         sink.push(&ev)?;
     }

@@ -100,6 +100,9 @@ pub struct AttachArgs {
     /// More output (eBPF program logs, per-second details).
     #[arg(short, long)]
     pub verbose: bool,
+    /// OpenTelemetry export of per-request spans (OTLP).
+    #[command(flatten)]
+    pub otel: crate::otel::OtelOptions,
 }
 
 /// Options of `llmprof open`.

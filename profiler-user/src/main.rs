@@ -59,6 +59,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         metrics_url: a.metrics_url,
         ring_bytes: a.ring_size,
         verbose: a.verbose,
+        otel: a.otel,
     };
     match attach::run(&opts, &STOP) {
         Ok(r) => {
@@ -121,6 +122,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 ) => exit::KERNEL,
                 AttachError::Capture(CaptureError::Pattern(_)) => exit::USAGE,
                 AttachError::Output { .. } => exit::OUTPUT,
+                AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
             }
         }

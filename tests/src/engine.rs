@@ -6,6 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The name the tests serve the model under (requests must name it).
+pub const SERVED_NAME: &str = "smollm2";
+
 /// A running `llmserve`; killed on drop.
 pub struct Engine {
     /// The process.
@@ -17,12 +20,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts `llmserve --model MODEL --port 0 EXTRA...` and waits (up to 120 s) for its `listening on` line.
+    /// Starts `llmserve --model MODEL --port 0 --served-model-name smollm2 EXTRA...` and waits (up to 120 s) for its `listening on` line.
     pub fn spawn(model: &Path, extra: &[&str]) -> Engine {
         let mut child = Command::new(crate::bin_path("llmserve"))
             .arg("--model")
             .arg(model)
-            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--host", "127.0.0.1", "--port", "0", "--served-model-name", SERVED_NAME])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -71,8 +71,10 @@ fn attach_to_the_engine_and_check_the_trace() {
     let sink = TcpListener::bind("127.0.0.1:0").expect("bind sink");
     let sink_port = sink.local_addr().expect("addr").port();
     std::thread::spawn(move || {
-        for s in sink.incoming().flatten() {
-            drop(s);
+        for mut s in sink.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut buf);
+            let _ = std::io::Write::write_all(&mut s, b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
         }
     });
     let usage_url = format!("http://127.0.0.1:{sink_port}/usage");

@@ -41,7 +41,7 @@ struct Opts {
 
 fn parse(args: &[String]) -> Result<Opts> {
     let mut o = Opts {
-        model: default_model(),
+        model: crate::model::default_model_path(),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         max_tokens: MAX_TOKENS,
         levels: LEVELS.to_vec(),
@@ -60,23 +60,6 @@ fn parse(args: &[String]) -> Result<Opts> {
     Ok(o)
 }
 
-/// Same rule as `inference::model::default_model_path` (xtask does not depend on the engine crate).
-fn default_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("LLMSERVE_MODEL").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache.join("llmprof/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
-fn workspace_root() -> PathBuf {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    here.parent().map(Path::to_path_buf).unwrap_or(here)
-}
 
 fn engine(args: &[String]) -> Result<()> {
     let o = parse(args)?;
@@ -86,7 +69,7 @@ fn engine(args: &[String]) -> Result<()> {
             o.model.display()
         );
     }
-    let root = workspace_root();
+    let root = crate::util::repo_root();
     eprintln!("bench: building llmserve (release)...");
     let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["build", "--release", "-p", "inference", "--bin", "llmserve"])

@@ -53,7 +53,7 @@ pub fn demo(args: &[String]) -> Result<()> {
                 let mut n = 0u32;
                 while Instant::now() < stop {
                     let body = format!(
-                        r#"{{"model":"default","messages":[{{"role":"user","content":"{}"}}],"max_tokens":48,"temperature":0.7,"seed":{n}}}"#,
+                        r#"{{"model":"smollm2","messages":[{{"role":"user","content":"{}"}}],"max_tokens":48,"temperature":0.7,"seed":{n}}}"#,
                         prompts[(i + n as usize) % prompts.len()]
                     );
                     let _ = post(port, "/v1/chat/completions", &body);
@@ -85,7 +85,7 @@ pub fn demo(args: &[String]) -> Result<()> {
 
 fn start_engine(bin: &Path) -> Result<(std::process::Child, u16)> {
     let mut child = Command::new(bin)
-        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(["--host", "127.0.0.1", "--port", "0", "--served-model-name", "smollm2"])
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;

@@ -7,6 +7,7 @@ mod bench;
 mod ebpf;
 mod flows;
 mod model;
+mod otel_tools;
 mod tools;
 mod util;
 
@@ -21,7 +22,8 @@ tasks:
   fetch-model      fetch the default GGUF (SmolLM2-135M-Instruct Q4_1) into the model cache
   setup-ebpf       install the eBPF build chain (compiler able to build core for bpfel, bpf-linker)
   build-ebpf       rebuild the committed eBPF object from profiler-ebpf/ (--check: fail if it differs)
-  setup-tools      install test tools (Perfetto trace processor, Prometheus, ...)
+  setup-tools      install test tools (Perfetto trace processor, Prometheus, OpenAI client, rotel)
+  setup-otel-tools install the rotel OTLP collector only
   bench <what>     benchmarks (engine, attach)
 ";
 
@@ -44,6 +46,7 @@ fn main() -> Result<()> {
         "setup-ebpf" => ebpf::setup(rest),
         "build-ebpf" => ebpf::build(rest),
         "setup-tools" => tools::setup(rest),
+        "setup-otel-tools" => otel_tools::setup(rest),
         "bench" => bench::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

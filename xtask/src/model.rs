@@ -23,16 +23,11 @@ const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const EXPECTED_SIZE: u64 = 98_362_432;
 
 /// Where the engine looks for the default model (same rule as `inference::model::default_model_path`).
-fn default_model_path() -> PathBuf {
+pub fn default_model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("LLMSERVE_MODEL").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache.join("llmprof").join("models").join(FILE_NAME)
+    crate::util::cache_dir().join("models").join(FILE_NAME)
 }
 
 /// `cargo xtask fetch-model [--force]`.

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{have, run};
+use crate::util::{cache_dir, pip_target};
 
 /// Pinned `rotel` release (a pre-release: the only kind PyPI has); verified here with its OTLP gRPC and HTTP
 /// receivers and its OTLP exporter.
@@ -18,12 +18,7 @@ const ROTEL: &str = "rotel==0.0.1a15";
 
 /// `$XDG_CACHE_HOME/llmprof/tools/rotel` (or `~/.cache/llmprof/tools/rotel`).
 fn rotel_dir() -> PathBuf {
-    let cache = std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
-        });
-    cache.join("llmprof").join("tools").join("rotel")
+    cache_dir().join("tools").join("rotel")
 }
 
 /// `cargo xtask setup-otel-tools`.
@@ -31,24 +26,11 @@ pub fn setup(_args: &[String]) -> Result<()> {
     let dir = rotel_dir();
     let agent = dir.join("rotel").join("rotel-agent");
     if !agent.exists() {
-        let python = if have("python3") { "python3" } else { "python" };
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         eprintln!(
             "setup-otel-tools: installing {ROTEL} (OpenTelemetry collector) into {}",
             dir.display()
         );
-        run(Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--upgrade",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(ROTEL))?;
+        pip_target(ROTEL, &dir)?;
     }
     let out = Command::new(&agent)
         .arg("--version")

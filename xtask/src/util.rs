@@ -1,6 +1,6 @@
 //! Small helpers shared by the tasks: running commands with context, locating the repository.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -51,4 +51,32 @@ pub fn cache_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from(".cache"))
         .join("llmprof")
+}
+
+/// `python3 -m pip install --no-deps --target DIR SPEC`: a tool's wheel files in the project cache, nothing in
+/// the system site.
+pub fn pip_target(spec: &str, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    run(Command::new(python())
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+        .arg(dir)
+        .arg(spec))
+}
+
+/// The Python interpreter to use for pip.
+pub fn python() -> &'static str {
+    if have("python3") { "python3" } else { "python" }
+}
+
+/// Installs Debian packages (root only) unless `probe` (a command) is already on PATH.
+pub fn apt_install(probe: &str, pkgs: &[&str]) -> Result<()> {
+    if have(probe) {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("{probe} is missing: install {} (as root: apt-get install -y {})", pkgs.join(" "), pkgs.join(" "));
+    }
+    eprintln!("xtask: apt-get install {}", pkgs.join(" "));
+    let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+    run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(pkgs))
 }
