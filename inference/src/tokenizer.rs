@@ -338,28 +338,57 @@ impl Tokenizer {
         }
     }
 
-    /// BPE of one pre-token: start from byte tokens, repeatedly apply the lowest-ranked merge.
+    /// BPE of one pre-token: start from byte tokens, repeatedly apply the lowest-ranked merge (leftmost on
+    /// ties). A heap of candidate pairs over a linked list of symbols makes this O(n log n) in the piece's
+    /// length, so a long run without spaces cannot tie up a CPU (the naive rescan is quadratic).
     fn bpe(&self, piece: &str, out: &mut Vec<u32>) {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        const NONE: usize = usize::MAX;
         let mut syms: Vec<u32> = piece.bytes().map(|b| self.byte_ids[b as usize]).collect();
-        loop {
-            let mut best: Option<(u32, usize, u32)> = None;
-            for i in 0..syms.len().saturating_sub(1) {
-                if let Some(&(rank, merged)) = self.merges.get(&(syms[i], syms[i + 1]))
-                    && best.is_none_or(|(br, _, _)| rank < br)
-                {
-                    best = Some((rank, i, merged));
+        let n = syms.len();
+        let mut next: Vec<usize> = (1..=n).map(|j| if j < n { j } else { NONE }).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| if i == 0 { NONE } else { i - 1 }).collect();
+        let mut alive = vec![true; n];
+        // (rank, left position, left id, right id); stale entries are skipped when popped.
+        let mut heap = BinaryHeap::new();
+        let rank_of = |a: u32, b: u32| self.merges.get(&(a, b)).copied();
+        for i in 0..n.saturating_sub(1) {
+            if let Some((rank, _)) = rank_of(syms[i], syms[i + 1]) {
+                heap.push(Reverse((rank, i, syms[i], syms[i + 1])));
+            }
+        }
+        while let Some(Reverse((_, i, a, b))) = heap.pop() {
+            let j = next[i];
+            if !alive[i] || j == NONE || syms[i] != a || syms[j] != b {
+                continue;
+            }
+            let Some((_, merged)) = rank_of(a, b) else { continue };
+            syms[i] = merged;
+            alive[j] = false;
+            let k = next[j];
+            next[i] = k;
+            if k != NONE {
+                prev[k] = i;
+                if let Some((rank, _)) = rank_of(merged, syms[k]) {
+                    heap.push(Reverse((rank, i, merged, syms[k])));
                 }
             }
-            let Some((_, i, merged)) = best else { break };
-            syms[i] = merged;
-            syms.remove(i + 1);
+            let p = prev[i];
+            if p != NONE
+                && let Some((rank, _)) = rank_of(syms[p], merged)
+            {
+                heap.push(Reverse((rank, p, syms[p], merged)));
+            }
         }
-        for s in syms {
-            match (s, self.unk) {
+        let mut i = if n == 0 { NONE } else { 0 };
+        while i != NONE {
+            match (syms[i], self.unk) {
                 (NO_TOKEN, Some(unk)) => out.push(unk),
                 (NO_TOKEN, None) => {}
                 (id, _) => out.push(id),
             }
+            i = next[i];
         }
     }
 

@@ -165,6 +165,12 @@ fn model_tokenizer_round_trips_and_matches_vocabulary() {
     // SmolLM's pre-tokenizer splits digits one by one.
     let digits = tok.encode("2024");
     assert_eq!(digits.len(), 4, "{digits:?}");
+    // A long run without spaces (one pre-token) encodes to few tokens and round-trips (the merge is
+    // O(n log n): this used to take minutes of CPU).
+    let long = "a".repeat(20_000);
+    let ids = tok.encode(&long);
+    assert!(ids.len() < long.len() / 2, "long run merged: {} tokens", ids.len());
+    assert_eq!(tok.decode(&ids), long);
 }
 
 /// `cargo test --release -p inference --test model_smollm2 -- --ignored --nocapture`
