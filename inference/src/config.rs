@@ -88,7 +88,9 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         Some(i) => (&s[..i], &s[i..]),
         None => (s, "s"),
     };
-    let v: f64 = num.parse().map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
     let secs = match unit {
         "ms" => v / 1e3,
         "s" => v,

@@ -60,8 +60,13 @@ fn main() -> Result<()> {
     let metrics = Arc::new(Metrics::new(&cfg.served_model_name, model.config.context_len));
     if let Some(url) = &args.usage_stats_url {
         let target = inference::usage_stats::Target::parse(url)?;
-        inference::usage_stats::start(target, args.usage_stats_interval, cfg.served_model_name.clone(), metrics.clone())
-            .context("starting the usage-stats reporter")?;
+        inference::usage_stats::start(
+            target,
+            args.usage_stats_interval,
+            cfg.served_model_name.clone(),
+            metrics.clone(),
+        )
+        .context("starting the usage-stats reporter")?;
     }
     let handle: Arc<dyn ModelHandle> = model.clone();
     let served = cfg.served_model_name.clone();

@@ -5,8 +5,8 @@
 //! them; `GET /metrics` renders them. Every series carries the label `model_name`. Updating never blocks for long:
 //! histogram mutexes are held for one observation.
 
-use std::fmt::Write as _;
 use llmprof_abi::StepKind;
+use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -363,7 +363,9 @@ impl Tokenizer {
             if !alive[i] || j == NONE || syms[i] != a || syms[j] != b {
                 continue;
             }
-            let Some((_, merged)) = rank_of(a, b) else { continue };
+            let Some((_, merged)) = rank_of(a, b) else {
+                continue;
+            };
             syms[i] = merged;
             alive[j] = false;
             let k = next[j];

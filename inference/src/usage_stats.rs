@@ -48,12 +48,21 @@ impl Target {
         if host.is_empty() {
             return Err(bad());
         }
-        Ok(Self { host: host.to_string(), port, path: path.to_string() })
+        Ok(Self {
+            host: host.to_string(),
+            port,
+            path: path.to_string(),
+        })
     }
 }
 
 /// Starts the reporter thread.
-pub fn start(target: Target, interval: Duration, model: String, metrics: Arc<Metrics>) -> std::io::Result<()> {
+pub fn start(
+    target: Target,
+    interval: Duration,
+    model: String,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
     let started = Instant::now();
     std::thread::Builder::new().name("llmserve-usage".into()).spawn(move || {
         let mut warned = false;
@@ -108,7 +117,10 @@ mod tests {
     #[test]
     fn parses_http_urls() {
         let t = Target::parse("http://127.0.0.1:9000/usage").expect("valid");
-        assert_eq!((t.host.as_str(), t.port, t.path.as_str()), ("127.0.0.1", 9000, "/usage"));
+        assert_eq!(
+            (t.host.as_str(), t.port, t.path.as_str()),
+            ("127.0.0.1", 9000, "/usage")
+        );
         let t = Target::parse("http://stats.example").expect("valid");
         assert_eq!((t.port, t.path.as_str()), (80, "/"));
         assert!(Target::parse("https://x").is_err());
@@ -129,6 +141,9 @@ mod tests {
         });
         report(&t, r#"{"a":1}"#).expect("report");
         let got = h.join().expect("join");
-        assert!(got.starts_with("POST /u HTTP/1.1") && got.ends_with(r#"{"a":1}"#), "{got}");
+        assert!(
+            got.starts_with("POST /u HTTP/1.1") && got.ends_with(r#"{"a":1}"#),
+            "{got}"
+        );
     }
 }

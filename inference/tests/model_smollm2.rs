@@ -169,7 +169,11 @@ fn model_tokenizer_round_trips_and_matches_vocabulary() {
     // O(n log n): this used to take minutes of CPU).
     let long = "a".repeat(20_000);
     let ids = tok.encode(&long);
-    assert!(ids.len() < long.len() / 2, "long run merged: {} tokens", ids.len());
+    assert!(
+        ids.len() < long.len() / 2,
+        "long run merged: {} tokens",
+        ids.len()
+    );
     assert_eq!(tok.decode(&ids), long);
 }
 

@@ -70,7 +70,10 @@ pub fn keep() -> u32 {
 
 /// Current CLOCK_BOOTTIME in nanoseconds (the clock of every record).
 pub fn boottime_ns() -> u64 {
-    let mut ts = libc_timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc_timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes a timespec into the valid, properly aligned `ts`.
     let rc = unsafe { clock_gettime(CLOCK_BOOTTIME, &mut ts) };
     if rc != 0 {

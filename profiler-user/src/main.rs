@@ -98,6 +98,12 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.decode_errors,
                 r.late_events
             );
+            if let Some(o) = &r.otel {
+                println!(
+                    "  otel: {} spans built, {} exported, {} dropped, {} export errors",
+                    o.spans_built, o.spans_exported, o.spans_dropped, o.export_errors
+                );
+            }
             println!(
                 "  trace: {} ({:.1} KiB)",
                 r.trace.display(),

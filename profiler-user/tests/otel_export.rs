@@ -734,3 +734,122 @@ fn hung_receiver_cannot_hold_up_the_end_of_a_session() {
         "finish waited {took:?} past its 500 ms deadline"
     );
 }
+
+// ---------------------------------------------------------------- the real thing: engine + llmprof attach
+
+/// The issue's end-to-end check: the real engine, `llmprof attach --otlp-endpoint` (real eBPF), a chat request with
+/// a known traceparent; the receiver gets the request span in the caller's trace, under the caller's span, with the
+/// token counts the engine reported and children that add up to the request.
+#[test]
+fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
+    let model = e2e::default_model();
+    if !e2e::require(e2e::is_root(), "not root: eBPF probes need root")
+        || !e2e::require(
+            model.exists(),
+            "the default model is missing (run `cargo xtask fetch-model`)",
+        )
+    {
+        return;
+    }
+    let (addr, got, _rt) = start_grpc_receiver();
+    let engine = e2e::engine::Engine::spawn(&model, &[]);
+    let trace = std::env::temp_dir().join(format!("llmprof-otel-e2e-{}.perfetto-trace", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmprof"))
+        .args([
+            "attach",
+            "--pid",
+            &engine.pid.to_string(),
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-endpoint",
+        ])
+        .arg(format!("http://{addr}"))
+        .arg("-o")
+        .arg(&trace)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[llmprof] {line}");
+            if line.contains("probes live") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("llmprof never reported `probes live`");
+
+    let traceparent = format!("00-{}-{}-01", hex(&TRACE_ID), hex(&PARENT_SPAN_ID));
+    let body = format!(
+        r#"{{"model":"{}","messages":[{{"role":"user","content":"What is the capital of France?"}}],"max_tokens":8,"temperature":0}}"#,
+        e2e::engine::SERVED_NAME
+    );
+    let r = e2e::http::post_json(
+        engine.port,
+        "/v1/chat/completions",
+        &[("traceparent", &traceparent), ("x-request-id", "otel-e2e")],
+        &body,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    // Let the finish event reach llmprof, then stop the session like a user (Ctrl-C).
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child's pid with SIGINT has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{summary}");
+    assert!(out.status.success(), "llmprof attach failed");
+    assert!(
+        summary.contains("otel:"),
+        "the exit summary reports the export: {summary}"
+    );
+
+    let spans: Vec<Span> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.resource_spans.clone())
+        .flat_map(|rs| rs.scope_spans)
+        .flat_map(|ss| ss.spans)
+        .collect();
+    let root = spans
+        .iter()
+        .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
+        .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()));
+    assert_eq!(root.name, format!("chat {}", e2e::engine::SERVED_NAME));
+    assert_eq!(
+        attr(&root.attributes, "gen_ai.usage.output_tokens"),
+        Some(&any_value::Value::IntValue(
+            usage["usage"]["completion_tokens"].as_i64().unwrap()
+        ))
+    );
+    assert_eq!(
+        attr(&root.attributes, "gen_ai.usage.input_tokens"),
+        Some(&any_value::Value::IntValue(
+            usage["usage"]["prompt_tokens"].as_i64().unwrap()
+        ))
+    );
+    let children: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == root.span_id)
+        .collect();
+    assert!(children.iter().any(|c| c.name == "queue"), "queue child");
+    assert!(children.iter().any(|c| c.name == "prefill"), "prefill child");
+    let sum: u64 = children.iter().map(|c| dur_ns(c)).sum();
+    let total = dur_ns(root);
+    assert!(
+        sum.abs_diff(total) <= total / 100 + 1_000_000,
+        "children {sum} ns vs request {total} ns"
+    );
+    let _ = std::fs::remove_file(&trace);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

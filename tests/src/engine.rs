@@ -25,7 +25,14 @@ impl Engine {
         let mut child = Command::new(crate::bin_path("llmserve"))
             .arg("--model")
             .arg(model)
-            .args(["--host", "127.0.0.1", "--port", "0", "--served-model-name", SERVED_NAME])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--served-model-name",
+                SERVED_NAME,
+            ])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -51,7 +58,9 @@ impl Engine {
 
     /// Scrapes `/metrics`.
     pub fn metrics(&self) -> String {
-        crate::http::get(self.port, "/metrics").expect("GET /metrics").body
+        crate::http::get(self.port, "/metrics")
+            .expect("GET /metrics")
+            .body
     }
 }
 

@@ -16,7 +16,13 @@ pub struct Response {
 }
 
 /// Sends one request to 127.0.0.1:`port` and reads the whole response.
-pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<Response> {
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<Response> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(120)))?;
     let mut req = format!(
@@ -71,7 +77,11 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
     } else {
         r.read_to_end(&mut body)?;
     }
-    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+    Ok(Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 /// GET helper.

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 
 /// True when running under CI (`CI=true`): tests that need root, the model or a tool must fail, not skip.
 pub fn in_ci() -> bool {
-    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
 }
 
 /// Returns false (after a loud message) when a precondition is missing outside CI; panics under CI.

@@ -25,7 +25,10 @@ fn wait_idle(engine: &Engine) {
         if running == 0.0 && waiting == 0.0 {
             return;
         }
-        assert!(Instant::now() < deadline, "engine not idle after 120 s: running {running}, waiting {waiting}");
+        assert!(
+            Instant::now() < deadline,
+            "engine not idle after 120 s: running {running}, waiting {waiting}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -53,7 +56,9 @@ fn chat(port: u16, content: &str, max_tokens: u32, headers: &[(&str, &str)]) -> 
     let v: serde_json::Value = serde_json::from_str(&r.body).expect("chat response is JSON");
     Usage {
         prompt: v["usage"]["prompt_tokens"].as_i64().expect("usage.prompt_tokens"),
-        completion: v["usage"]["completion_tokens"].as_i64().expect("usage.completion_tokens"),
+        completion: v["usage"]["completion_tokens"]
+            .as_i64()
+            .expect("usage.completion_tokens"),
     }
 }
 
@@ -61,8 +66,14 @@ fn chat(port: u16, content: &str, max_tokens: u32, headers: &[(&str, &str)]) -> 
 fn attach_to_the_engine_and_check_the_trace() {
     let model = default_model();
     if !require(is_root(), "not root: eBPF probes need root")
-        || !require(model.exists(), "the default model is missing (run `cargo xtask fetch-model`)")
-        || !require(trace_processor::available(), "Perfetto's trace processor is missing (`cargo xtask setup-tools`)")
+        || !require(
+            model.exists(),
+            "the default model is missing (run `cargo xtask fetch-model`)",
+        )
+        || !require(
+            trace_processor::available(),
+            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
+        )
     {
         return;
     }
@@ -74,13 +85,21 @@ fn attach_to_the_engine_and_check_the_trace() {
         for mut s in sink.incoming().flatten() {
             let mut buf = [0u8; 4096];
             let _ = std::io::Read::read(&mut s, &mut buf);
-            let _ = std::io::Write::write_all(&mut s, b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
+            let _ =
+                std::io::Write::write_all(&mut s, b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
         }
     });
     let usage_url = format!("http://127.0.0.1:{sink_port}/usage");
     let engine = Engine::spawn(
         &model,
-        &["--max-num-seqs", "4", "--usage-stats-url", &usage_url, "--usage-stats-interval", "1s"],
+        &[
+            "--max-num-seqs",
+            "4",
+            "--usage-stats-url",
+            &usage_url,
+            "--usage-stats-interval",
+            "1s",
+        ],
     );
     let model_size = std::fs::metadata(&model).expect("model metadata").len() as i64;
     wait_idle(&engine);
@@ -89,7 +108,14 @@ fn attach_to_the_engine_and_check_the_trace() {
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let trace_path = dir.join("attach.perfetto-trace");
     let mut llmprof = Command::new(bin_path("llmprof"))
-        .args(["attach", "--pid", &engine.pid.to_string(), "--egress-allow", "10.0.0.0/8", "-o"])
+        .args([
+            "attach",
+            "--pid",
+            &engine.pid.to_string(),
+            "--egress-allow",
+            "10.0.0.0/8",
+            "-o",
+        ])
         .arg(&trace_path)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -105,7 +131,8 @@ fn attach_to_the_engine_and_check_the_trace() {
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(60)).expect("llmprof did not report `probes live` within 60 s");
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("llmprof did not report `probes live` within 60 s");
     wait_idle(&engine);
     let steps_before = steps_total(&engine);
 
@@ -113,7 +140,12 @@ fn attach_to_the_engine_and_check_the_trace() {
     let port = engine.port;
     let traced = std::thread::spawn(move || {
         let tp = format!("00-{TRACE_ID}-{PARENT_SPAN}-01");
-        chat(port, "What is the capital of France?", 12, &[("traceparent", &tp), ("x-request-id", "e2e-traced")])
+        chat(
+            port,
+            "What is the capital of France?",
+            12,
+            &[("traceparent", &tp), ("x-request-id", "e2e-traced")],
+        )
     });
     let others: Vec<_> = (0..3)
         .map(|i| std::thread::spawn(move || chat(port, &format!("Count to {}.", i + 3), 16, &[])))
@@ -138,8 +170,16 @@ fn attach_to_the_engine_and_check_the_trace() {
     assert!(out.status.success(), "llmprof attach failed: {}", out.status);
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
-    assert_eq!(tp.import_errors().expect("stats"), Vec::<serde_json::Value>::new(), "import errors in the trace");
-    assert_eq!(tp.unterminated_slices().expect("slices"), Vec::<serde_json::Value>::new(), "unterminated slices");
+    assert_eq!(
+        tp.import_errors().expect("stats"),
+        Vec::<serde_json::Value>::new(),
+        "import errors in the trace"
+    );
+    assert_eq!(
+        tp.unterminated_slices().expect("slices"),
+        Vec::<serde_json::Value>::new(),
+        "unterminated slices"
+    );
 
     // Every engine step of the window is a slice on the engine-steps track.
     let steps = tp
@@ -149,7 +189,11 @@ fn attach_to_the_engine_and_check_the_trace() {
         )
         .expect("step query");
     assert!(steps_after > steps_before, "the engine ran no step in the window");
-    assert_eq!(steps as f64, steps_after - steps_before, "step slices vs the engine's own step counter");
+    assert_eq!(
+        steps as f64,
+        steps_after - steps_before,
+        "step slices vs the engine's own step counter"
+    );
 
     // Each request has its track with the right token counts; the traced one keeps its trace id.
     let rows = tp
@@ -174,7 +218,12 @@ fn attach_to_the_engine_and_check_the_trace() {
     want.sort();
     let mut got: Vec<(i64, i64)> = rows
         .iter()
-        .map(|r| (r["prompt"].as_i64().unwrap_or(-1), r["output"].as_i64().unwrap_or(-1)))
+        .map(|r| {
+            (
+                r["prompt"].as_i64().unwrap_or(-1),
+                r["output"].as_i64().unwrap_or(-1),
+            )
+        })
         .collect();
     got.sort();
     assert_eq!(got, want, "token counts per request (prompt, output)");
@@ -190,7 +239,10 @@ fn attach_to_the_engine_and_check_the_trace() {
             model_path.display()
         ))
         .expect("file read query");
-    assert_eq!(read_bytes, model_size, "bytes read from the model file during the reload");
+    assert_eq!(
+        read_bytes, model_size,
+        "bytes read from the model file during the reload"
+    );
 
     // The usage-stats connect to loopback, outside 10.0.0.0/8, is flagged with its port.
     let flagged = tp
@@ -202,11 +254,15 @@ fn attach_to_the_engine_and_check_the_trace() {
     assert!(flagged >= 1, "no flagged connect to port {sink_port}");
 
     // Idle engine threads block in the kernel for longer than 1 ms: slow syscalls are there, on named threads.
-    let slow = tp.query_i64("select count(*) from slice where name like 'syscall %'").expect("syscall query");
+    let slow = tp
+        .query_i64("select count(*) from slice where name like 'syscall %'")
+        .expect("syscall query");
     assert!(slow > 0, "no slow syscall in the trace");
 
     // The session says what it lost.
-    let summary_rows = tp.query_i64("select count(*) from slice where name = 'llmprof summary'").expect("summary");
+    let summary_rows = tp
+        .query_i64("select count(*) from slice where name = 'llmprof summary'")
+        .expect("summary");
     assert_eq!(summary_rows, 1, "the final llmprof summary is in the trace");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -215,11 +271,22 @@ fn attach_to_the_engine_and_check_the_trace() {
 fn attach_to_a_missing_pid_fails_clearly() {
     // Pid 0x3fffffff is above pid_max on Linux: never a process.
     let out = Command::new(bin_path("llmprof"))
-        .args(["attach", "--pid", "1073741823", "-d", "1s", "-o", "/tmp/never.perfetto-trace"])
+        .args([
+            "attach",
+            "--pid",
+            "1073741823",
+            "-d",
+            "1s",
+            "-o",
+            "/tmp/never.perfetto-trace",
+        ])
         .output()
         .expect("run llmprof");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("1073741823"), "the error names the pid: {err}");
-    assert!(!std::path::Path::new("/tmp/never.perfetto-trace").exists(), "no trace file for a failed attach");
+    assert!(
+        !std::path::Path::new("/tmp/never.perfetto-trace").exists(),
+        "no trace file for a failed attach"
+    );
 }

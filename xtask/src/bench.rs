@@ -25,9 +25,11 @@ const LEVELS: [usize; 3] = [1, 8, 32];
 pub fn run(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("engine") => engine(&args[1..]),
+        Some("attach") => attach(&args[1..]),
         _ => bail!(
-            "usage: cargo xtask bench engine [--model PATH] [--threads N] [--max-tokens N] [--levels 1,8,32]\n\
-             drives llmserve over HTTP and prints decode tokens/s, TTFT/ITL p50/p95 and peak RSS"
+            "usage: cargo xtask bench engine|attach [--model PATH] [--threads N] [--max-tokens N] [--levels 1,8,32]\n\
+             engine: drives llmserve over HTTP and prints decode tokens/s, TTFT/ITL p50/p95 and peak RSS\n\
+             attach: decode tokens/s and TTFT with llmprof attached vs detached, A/B interleaved (root)"
         ),
     }
 }
@@ -60,7 +62,6 @@ fn parse(args: &[String]) -> Result<Opts> {
     Ok(o)
 }
 
-
 fn engine(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     if !o.model.exists() {
@@ -69,25 +70,7 @@ fn engine(args: &[String]) -> Result<()> {
             o.model.display()
         );
     }
-    let root = crate::util::repo_root();
-    eprintln!("bench: building llmserve (release)...");
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "-p", "inference", "--bin", "llmserve"])
-        .current_dir(&root)
-        .status()
-        .context("running cargo build")?;
-    if !st.success() {
-        bail!("building llmserve failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let target = if target.is_absolute() {
-        target
-    } else {
-        root.join(target)
-    };
-    let bin = target.join("release/llmserve");
+    let bin = build_release(&["inference"])?.join("llmserve");
 
     let mut server = start_server(&bin, &o)?;
     let port = server.port;
@@ -143,6 +126,157 @@ fn engine(args: &[String]) -> Result<()> {
             println!("reference llama.cpp: llama_cpp not importable (pip install llama-cpp-python); skipped")
         }
         Err(e) => println!("reference llama.cpp failed: {e:#}"),
+    }
+    Ok(())
+}
+
+/// Builds `packages` in release; returns the release directory.
+fn build_release(packages: &[&str]) -> Result<PathBuf> {
+    let root = crate::util::repo_root();
+    eprintln!("bench: building {} (release)...", packages.join(", "));
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "--release"]).current_dir(&root);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    if !cmd.status().context("running cargo build")?.success() {
+        bail!("building {} failed", packages.join(", "));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
+    Ok(target.join("release"))
+}
+
+/// Rounds of the attached/detached A/B comparison (order alternates each round).
+const AB_ROUNDS: usize = 5;
+
+/// `cargo xtask bench attach`: the engine's decode throughput and TTFT with llmprof attached (default mode) vs
+/// detached, A/B interleaved in one run on one engine process, plus the trace size per minute of the attached rounds.
+fn attach(args: &[String]) -> Result<()> {
+    let mut o = parse(args)?;
+    if !args.iter().any(|a| a == "--levels") {
+        o.levels = vec![8];
+    }
+    if !crate::util::is_root() {
+        bail!("bench attach loads eBPF programs: run it as root");
+    }
+    let release = build_release(&["inference", "llmprof"])?;
+    let mut server = start_server(&release.join("llmserve"), &o)?;
+    let port = server.port;
+    let _ = one_request(port, "Warm up.", 8);
+    let c = o.levels.first().copied().unwrap_or(8);
+    let n_req = c.max(3);
+    let trace = std::env::temp_dir().join("llmprof-bench-attach.perfetto-trace");
+    let (mut detached, mut attached, mut ttft_d, mut ttft_a) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut trace_mb_per_min = Vec::new();
+    for round in 0..AB_ROUNDS {
+        for with_probe in if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            let session = if with_probe {
+                Some(start_attach(&release.join("llmprof"), server.child.id(), &trace)?)
+            } else {
+                None
+            };
+            let t0 = Instant::now();
+            let row = level(port, c, n_req, o.max_tokens)?;
+            let secs = t0.elapsed().as_secs_f64();
+            eprintln!(
+                "bench: round {round} {}: {:.1} tok/s, TTFT p50 {:.0} ms",
+                if with_probe { "attached" } else { "detached" },
+                row.tokens_per_s,
+                row.ttft_p50 * 1e3
+            );
+            if let Some(child) = session {
+                stop_attach(child)?;
+                let bytes = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+                trace_mb_per_min.push(bytes as f64 / 1e6 / (secs / 60.0));
+                attached.push(row.tokens_per_s);
+                ttft_a.push(row.ttft_p50);
+            } else {
+                detached.push(row.tokens_per_s);
+                ttft_d.push(row.ttft_p50);
+            }
+        }
+    }
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let _ = std::fs::remove_file(&trace);
+    let stat = |v: &mut Vec<f64>| {
+        let med = pct(v, 0.5);
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+        (med, lo, hi)
+    };
+    let (dm, dl, dh) = stat(&mut detached);
+    let (am, al, ah) = stat(&mut attached);
+    let (tdm, _, _) = stat(&mut ttft_d);
+    let (tam, _, _) = stat(&mut ttft_a);
+    let (mm, ml, mh) = stat(&mut trace_mb_per_min);
+    println!();
+    println!(
+        "llmserve at concurrency {c}, {n_req} requests x {} tokens per round, {AB_ROUNDS} rounds A/B interleaved",
+        o.max_tokens
+    );
+    println!(
+        "  detached: decode {dm:.1} tok/s (range {dl:.1}-{dh:.1}), TTFT p50 median {:.0} ms",
+        tdm * 1e3
+    );
+    println!(
+        "  attached: decode {am:.1} tok/s (range {al:.1}-{ah:.1}), TTFT p50 median {:.0} ms",
+        tam * 1e3
+    );
+    println!(
+        "  attached / detached throughput (medians): {:.4} ({:+.2}%)",
+        am / dm,
+        (am / dm - 1.0) * 100.0
+    );
+    println!("  trace size: {mm:.2} MB/min (range {ml:.2}-{mh:.2})");
+    Ok(())
+}
+
+/// Starts `llmprof attach` on `pid` and waits for "probes live".
+fn start_attach(llmprof: &Path, pid: u32, trace: &Path) -> Result<Child> {
+    let mut child = Command::new(llmprof)
+        .args(["attach", "--pid", &pid.to_string(), "-o"])
+        .arg(trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting llmprof attach")?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("probes live") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = child.kill();
+        bail!("llmprof attach did not report `probes live` within 60 s");
+    }
+    Ok(child)
+}
+
+/// Ends an attach session like Ctrl-C and waits for the trace to be finished.
+fn stop_attach(mut child: Child) -> Result<()> {
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").args(["-INT", &pid]).status();
+    let st = child.wait().context("waiting for llmprof")?;
+    if !st.success() {
+        bail!("llmprof attach exited with {st}");
     }
     Ok(())
 }

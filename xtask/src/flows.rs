@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::util::{repo_root, run};
 
@@ -19,22 +19,38 @@ pub fn test(args: &[String]) -> Result<()> {
     crate::tools::setup(&[])?;
     crate::ebpf::setup(&[])?;
     crate::ebpf::build(&["--check".to_string()])?;
-    run(Command::new("cargo").current_dir(&root).args(["build", "--workspace", "--bins"]))?;
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .args(["build", "--workspace", "--bins"]))?;
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(&root).args(["test", "--workspace", "--no-fail-fast"]).args(args);
+    cmd.current_dir(&root)
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(args);
     run(&mut cmd)
 }
 
 /// `cargo xtask demo [SECONDS]`: starts the engine on the default model, drives concurrent chat requests, attaches
 /// llmprof for the window, and prints where the trace is and how to open it.
 pub fn demo(args: &[String]) -> Result<()> {
-    let secs: u64 = args.first().map(|s| s.parse()).transpose().context("demo takes a duration in seconds")?.unwrap_or(20);
+    let secs: u64 = args
+        .first()
+        .map(|s| s.parse())
+        .transpose()
+        .context("demo takes a duration in seconds")?
+        .unwrap_or(20);
     let root = repo_root();
     if !crate::util::is_root() {
         bail!("the demo attaches eBPF probes and needs root: run `sudo -E cargo xtask demo`");
     }
     crate::model::fetch(&[])?;
-    run(Command::new("cargo").current_dir(&root).args(["build", "--release", "-p", "inference", "-p", "llmprof"]))?;
+    run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "inference",
+        "-p",
+        "llmprof",
+    ]))?;
     let bin = root.join("target/release");
     let (mut engine, port) = start_engine(&bin.join("llmserve"))?;
     let pid = engine.id();
@@ -66,7 +82,14 @@ pub fn demo(args: &[String]) -> Result<()> {
 
     let out = root.join("llmprof-demo.perfetto-trace");
     let status = Command::new(bin.join("llmprof"))
-        .args(["attach", "--pid", &pid.to_string(), "-d", &format!("{secs}s"), "-o"])
+        .args([
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "-d",
+            &format!("{secs}s"),
+            "-o",
+        ])
         .arg(&out)
         .status()
         .context("running llmprof attach")?;
@@ -78,14 +101,25 @@ pub fn demo(args: &[String]) -> Result<()> {
     }
     println!("\n{requests} chat requests served during the demo.");
     println!("Trace: {}", out.display());
-    println!("Open it in Perfetto UI: {} open {}", bin.join("llmprof").display(), out.display());
+    println!(
+        "Open it in Perfetto UI: {} open {}",
+        bin.join("llmprof").display(),
+        out.display()
+    );
     println!("(or drag the file onto https://ui.perfetto.dev)");
     Ok(())
 }
 
 fn start_engine(bin: &Path) -> Result<(std::process::Child, u16)> {
     let mut child = Command::new(bin)
-        .args(["--host", "127.0.0.1", "--port", "0", "--served-model-name", "smollm2"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--served-model-name",
+            "smollm2",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
@@ -97,7 +131,11 @@ fn start_engine(bin: &Path) -> Result<(std::process::Child, u16)> {
         let line = line?;
         println!("[llmserve] {line}");
         if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
-            let port: u16 = rest.trim().trim_end_matches('/').parse().context("port in the listening line")?;
+            let port: u16 = rest
+                .trim()
+                .trim_end_matches('/')
+                .parse()
+                .context("port in the listening line")?;
             std::thread::spawn(move || lines.for_each(drop));
             return Ok((child, port));
         }
@@ -119,4 +157,3 @@ pub fn post(port: u16, path: &str, body: &str) -> Result<String> {
     std::io::Read::read_to_string(&mut s, &mut out)?;
     Ok(out)
 }
-

@@ -11,7 +11,7 @@ mod otel_tools;
 mod tools;
 mod util;
 
-use anyhow::{bail, Result};
+use anyhow::{Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <task>
 

@@ -78,11 +78,13 @@ pub fn setup(_args: &[String]) -> Result<()> {
     // promtool and prometheus: the engine's /metrics is checked by promtool and scraped by a real Prometheus.
     apt_install("promtool", &["prometheus"])?;
     // The official OpenAI Python client, pointed at the engine by its tests.
-    let has_openai = Command::new(python()).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    let has_openai = Command::new(python())
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !has_openai {
         eprintln!("setup-tools: pip install openai");
         run(Command::new(python()).args(["-m", "pip", "install", "--quiet", "openai"]))?;
     }
     crate::otel_tools::setup(&[])
 }
-

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// The repository root (the parent of xtask/).
 pub fn repo_root() -> PathBuf {
@@ -58,7 +58,15 @@ pub fn cache_dir() -> PathBuf {
 pub fn pip_target(spec: &str, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     run(Command::new(python())
-        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--upgrade",
+            "--target",
+        ])
         .arg(dir)
         .arg(spec))
 }
@@ -74,9 +82,15 @@ pub fn apt_install(probe: &str, pkgs: &[&str]) -> Result<()> {
         return Ok(());
     }
     if !is_root() {
-        bail!("{probe} is missing: install {} (as root: apt-get install -y {})", pkgs.join(" "), pkgs.join(" "));
+        bail!(
+            "{probe} is missing: install {} (as root: apt-get install -y {})",
+            pkgs.join(" "),
+            pkgs.join(" ")
+        );
     }
     eprintln!("xtask: apt-get install {}", pkgs.join(" "));
     let _ = Command::new("apt-get").args(["update", "-qq"]).status();
-    run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(pkgs))
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(pkgs))
 }
