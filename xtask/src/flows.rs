@@ -11,14 +11,25 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{repo_root, run};
 
-/// `cargo xtask test`: installs what the tests need, proves the committed eBPF object matches its source, builds
-/// every binary and runs every test (eBPF tests need root; under `CI=true` they fail instead of skipping).
+/// `cargo xtask test`: installs what the tests need, proves the committed eBPF object matches its source, checks
+/// rustfmt and clippy (warnings are errors), builds every binary and runs every test (eBPF tests need root; under `CI=true` they fail instead of skipping).
 pub fn test(args: &[String]) -> Result<()> {
     let root = repo_root();
     crate::model::fetch(&[])?;
     crate::tools::setup(&[])?;
     crate::ebpf::setup(&[])?;
     crate::ebpf::build(&["--check".to_string()])?;
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .args(["fmt", "--all", "--check"]))?;
+    run(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     run(Command::new("cargo")
         .current_dir(&root)
         .args(["build", "--workspace", "--bins"]))?;
