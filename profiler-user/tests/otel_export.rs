@@ -737,11 +737,16 @@ fn hung_receiver_cannot_hold_up_the_end_of_a_session() {
 
 // ---------------------------------------------------------------- the real thing: engine + llmprof attach
 
-/// The end-to-end check: the real engine, `llmprof attach --otlp-endpoint` (real eBPF), a chat request with
-/// a known traceparent; the receiver gets the request span in the caller's trace, under the caller's span, with the
-/// token counts the engine reported and children that add up to the request.
-#[test]
-fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
+/// One `llmprof attach --otlp-endpoint URL` session on a real engine serving one chat request with the fixture's
+/// traceparent; returns the HTTP usage, llmprof's exit summary and the trace path.
+struct AttachRun {
+    usage: serde_json::Value,
+    summary: String,
+    trace: std::path::PathBuf,
+}
+
+/// None (after the CI policy's message) when this host cannot run the real thing.
+fn attach_session(endpoint: &str, tag: &str) -> Option<AttachRun> {
     let model = e2e::default_model();
     if !e2e::require(e2e::is_root(), "not root: eBPF probes need root")
         || !e2e::require(
@@ -749,22 +754,16 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
             "the default model is missing (run `cargo xtask fetch-model`)",
         )
     {
-        return;
+        return None;
     }
-    let (addr, got, _rt) = start_grpc_receiver();
     let engine = e2e::engine::Engine::spawn(&model, &[]);
-    let trace = std::env::temp_dir().join(format!("llmprof-otel-e2e-{}.perfetto-trace", std::process::id()));
+    let trace = std::env::temp_dir().join(format!(
+        "llmprof-otel-{tag}-{}.perfetto-trace",
+        std::process::id()
+    ));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmprof"))
-        .args([
-            "attach",
-            "--pid",
-            &engine.pid.to_string(),
-            "--otlp-protocol",
-            "grpc",
-            "--otlp-endpoint",
-        ])
-        .arg(format!("http://{addr}"))
-        .arg("-o")
+        .args(["attach", "--pid", &engine.pid.to_string()])
+        .args(["--otlp-protocol", "grpc", "--otlp-endpoint", endpoint, "-o"])
         .arg(&trace)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -809,7 +808,22 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
         summary.contains("otel:"),
         "the exit summary reports the export: {summary}"
     );
+    Some(AttachRun {
+        usage,
+        summary,
+        trace,
+    })
+}
 
+/// The end-to-end check: the real engine, `llmprof attach --otlp-endpoint` (real eBPF), a chat request with
+/// a known traceparent; the receiver gets the request span in the caller's trace, under the caller's span, with the
+/// token counts the engine reported and children that add up to the request.
+#[test]
+fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
+    let (addr, got, _rt) = start_grpc_receiver();
+    let Some(run) = attach_session(&format!("http://{addr}"), "up") else {
+        return;
+    };
     let spans: Vec<Span> = got
         .lock()
         .unwrap()
@@ -823,16 +837,17 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
         .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
         .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()));
     assert_eq!(root.name, format!("chat {}", e2e::engine::SERVED_NAME));
+    let usage = &run.usage["usage"];
     assert_eq!(
         attr(&root.attributes, "gen_ai.usage.output_tokens"),
         Some(&any_value::Value::IntValue(
-            usage["usage"]["completion_tokens"].as_i64().unwrap()
+            usage["completion_tokens"].as_i64().unwrap()
         ))
     );
     assert_eq!(
         attr(&root.attributes, "gen_ai.usage.input_tokens"),
         Some(&any_value::Value::IntValue(
-            usage["usage"]["prompt_tokens"].as_i64().unwrap()
+            usage["prompt_tokens"].as_i64().unwrap()
         ))
     );
     let children: Vec<&Span> = spans
@@ -847,7 +862,36 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
         sum.abs_diff(total) <= total / 100 + 1_000_000,
         "children {sum} ns vs request {total} ns"
     );
-    let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&run.trace);
+}
+
+/// Receiver down: the session still completes, the trace file is valid and holds the request, and the exit summary
+/// reports the spans as dropped.
+#[test]
+fn attach_with_the_receiver_down_still_writes_the_trace_and_counts_drops() {
+    if !e2e::require(
+        e2e::trace_processor::available(),
+        "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
+    ) {
+        return;
+    }
+    let Some(run) = attach_session(&format!("http://127.0.0.1:{}", dead_port()), "down") else {
+        return;
+    };
+    let line = run
+        .summary
+        .lines()
+        .find(|l| l.contains("otel:"))
+        .unwrap_or_default();
+    assert!(line.contains(" 0 exported"), "nothing exported: {line}");
+    assert!(!line.contains(" 0 dropped"), "drops reported: {line}");
+    let mut tp = e2e::trace_processor::load(&run.trace).expect("trace processor loads the trace");
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    let requests = tp
+        .query_i64("select count(*) from slice where name like 'request %' and depth = 0")
+        .unwrap();
+    assert_eq!(requests, 1, "the request is in the trace");
+    let _ = std::fs::remove_file(&run.trace);
 }
 
 fn hex(b: &[u8]) -> String {
