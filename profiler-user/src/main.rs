@@ -100,8 +100,8 @@ fn run_attach(a: AttachArgs) -> i32 {
             );
             if let Some(o) = &r.otel {
                 println!(
-                    "  otel: {} spans built, {} exported, {} dropped, {} export errors",
-                    o.spans_built, o.spans_exported, o.spans_dropped, o.export_errors
+                    "  otel: {} spans built, {} exported, {} dropped, {} export errors, {} unsampled requests",
+                    o.spans_built, o.spans_exported, o.spans_dropped, o.export_errors, o.requests_unsampled
                 );
             }
             println!(

@@ -62,6 +62,9 @@ pub struct BuilderStats {
     pub requests_skipped: u64,
     /// Request records with an unknown kind.
     pub bad_records: u64,
+    /// Requests whose caller's `traceparent` had the sampled flag off: not exported (parent-based sampling, as the
+    /// OTel SDK's default `ParentBased(AlwaysOn)` sampler does).
+    pub requests_unsampled: u64,
 }
 
 /// Where a request is in its life.
@@ -608,6 +611,10 @@ impl SpanBuilder {
 
     /// Turns a closed request into its span and its children's.
     fn emit(&mut self, st: RequestState, end_ns: u64, unfinished: bool, out: &mut Vec<SpanData>) {
+        if !st.flags.is_sampled() {
+            self.stats.requests_unsampled += 1;
+            return;
+        }
         let info = &st.info;
         let operation = if info.is_chat {
             sc::OPERATION_CHAT
@@ -976,6 +983,25 @@ mod tests {
         }
         let sum: Duration = kids.iter().map(dur).sum();
         assert_eq!(sum, dur(req));
+    }
+
+    #[test]
+    fn unsampled_caller_gets_no_spans() {
+        let Event {
+            body: EventBody::Request(mut r),
+            ..
+        } = arrived(7, T0, true)
+        else {
+            unreachable!("arrived() builds a request event")
+        };
+        r.trace_flags = 0;
+        let (b, spans) = run(&[
+            req_ev(*r),
+            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
+            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
+        ]);
+        assert!(spans.is_empty(), "{} spans for an unsampled caller", spans.len());
+        assert_eq!(b.stats().requests_unsampled, 1);
     }
 
     #[test]

@@ -94,6 +94,8 @@ pub struct OtelStats {
     pub export_errors: u64,
     /// Requests not tracked because too many were open at once (see [`builder::MAX_OPEN_REQUESTS`]).
     pub requests_skipped: u64,
+    /// Requests not exported because the caller's trace context was not sampled.
+    pub requests_unsampled: u64,
     /// True when the receiver did not finish the last export within [`FINISH_TIMEOUT`].
     pub flush_timed_out: bool,
 }
@@ -175,6 +177,7 @@ impl OtelSink {
             spans_dropped_queue_full: self.queue_drops,
             export_errors: counts.export_errors,
             requests_skipped: b.requests_skipped,
+            requests_unsampled: b.requests_unsampled,
             flush_timed_out: !counts.completed,
         }
     }
