@@ -68,6 +68,25 @@ in every case. Open it with `llmprof open FILE`.")]
 Serves the file once (exits after the UI fetched it, or on Ctrl-C). Open the printed link in a browser on
 this machine (or forward the port: ssh -L 9001:127.0.0.1:9001 HOST).")]
     Open(OpenArgs),
+    /// Check what this host allows: privileges, kernel, tracepoints, uprobes (measured), BTF, GPU libraries.
+    #[command(after_help = "Examples:
+  sudo llmprof doctor                  # one line per check: ok / warn / FAIL, with the fix
+  sudo llmprof doctor --pid 1234       # also: the target exists, its probe ABI, its engine probes
+  sudo llmprof doctor --json | jq '.[] | select(.status != \"ok\")'
+
+As root it runs a short capture of llmprof itself: ns per engine probe call detached and attached (the
+patched probe's first byte tells the optimized NOP5 path, a call, from the int3 trap) and ns per syscall.
+Exit codes: 0 ready to attach (warnings allowed); otherwise the first failure's: 3 not root,
+4 no such process, 5 kernel lacks a needed feature, 6 engine probe ABI mismatch.")]
+    Doctor(DoctorArgs),
+    /// Summarize a trace: TTFT decomposition, ITL, steps, KV cache, syscalls, model files, egress, drops.
+    #[command(after_help = "Examples:
+  llmprof report incident.perfetto-trace
+  llmprof report incident.perfetto-trace --json | jq '.requests.ttft_ms'
+
+Reads the files `llmprof attach` writes (no trace processor needed); exits 1 with a clear message when the
+file is not one. The --json fields are listed at the top of profiler-user/src/report.rs (`cargo doc`).")]
+    Report(ReportArgs),
 }
 
 /// Options of `llmprof attach`.
@@ -103,6 +122,27 @@ pub struct AttachArgs {
     /// OpenTelemetry export of per-request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
+}
+
+/// Options of `llmprof doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also check this target: it exists, its probe ABI version, whether it exports the engine probes.
+    #[arg(short, long)]
+    pub pid: Option<u32>,
+    /// A JSON array of {check, status, detail, fix, measured} instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `llmprof report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The trace file (written by `llmprof attach`).
+    pub trace: PathBuf,
+    /// One JSON document (stable layout, "format": "llmprof-report/1") instead of the text report.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `llmprof open`.

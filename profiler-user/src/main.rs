@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
-use llmprof::cli::{AttachArgs, Cli, Command, OpenArgs, exit};
+use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, exit};
+use llmprof::doctor::{self, DoctorOptions};
 use llmprof::open::TraceServer;
 
 /// Set by the SIGINT/SIGTERM handler; polled by the session loops.
@@ -34,6 +35,8 @@ fn main() {
     let code = match cli.command {
         Command::Attach(a) => run_attach(a),
         Command::Open(o) => run_open(o),
+        Command::Doctor(d) => run_doctor(&d),
+        Command::Report(r) => run_report(&r),
     };
     std::process::exit(code);
 }
@@ -131,6 +134,30 @@ fn run_attach(a: AttachArgs) -> i32 {
                 AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
             }
+        }
+    }
+}
+
+fn run_doctor(d: &DoctorArgs) -> i32 {
+    let report = doctor::run(&DoctorOptions { pid: d.pid });
+    if d.json {
+        print!("{}", report.json());
+    } else {
+        print!("{}", report.human());
+    }
+    report.exit_code()
+}
+
+fn run_report(r: &ReportArgs) -> i32 {
+    match llmprof::report::load(&r.trace) {
+        Ok(rep) => {
+            print!("{}", if r.json { rep.to_json() } else { rep.to_text() });
+            exit::OK
+        }
+        Err(e) => {
+            // The messages carry their cause and what to do next.
+            eprintln!("error: {e}");
+            exit::FAILURE
         }
     }
 }

@@ -49,10 +49,10 @@ pub const DEFAULT_RING_BYTES: usize = 64 << 20;
 /// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
 const MAX_RECORDS_PER_POLL: usize = 1 << 16;
 /// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.
-const TRACEFS: &str = "/sys/kernel/tracing";
+pub const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// Tracepoints the programs need: (category, name, program).
-const TRACEPOINTS: [(&str, &str, &str); 3] = [
+pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("raw_syscalls", "sys_enter", "llmprof_sysent"),
     ("raw_syscalls", "sys_exit", "llmprof_sysexit"),
     ("sched", "sched_process_exit", "llmprof_pexit"),
@@ -233,7 +233,8 @@ fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
     Ok(proc_dir.join("exe"))
 }
 
-fn ensure_tracefs() -> Result<(), CaptureError> {
+/// Mounts tracefs at [`TRACEFS`] unless its `events` directory is already there (needs root).
+pub fn ensure_tracefs() -> Result<(), CaptureError> {
     let events = Path::new(TRACEFS).join("events");
     if events.is_dir() {
         return Ok(());

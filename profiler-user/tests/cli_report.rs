@@ -1,0 +1,550 @@
+//! `llmprof report` on a trace written by the real sink from a fixture session: the real binary, `--json`
+//! parsed like a script would, the numbers a user checks against what the fixture did; and files that are not
+//! llmprof traces fail with a clear message and a non-zero exit.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use llmprof::event::{
+    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
+};
+use llmprof::perfetto::TraceSink;
+use llmprof::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
+use llmprof_abi::{
+    ABI_VERSION, FileOp, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
+};
+use prost::Message;
+use serde_json::Value;
+
+const PID: u32 = 4242;
+const MAIN: u32 = 4242;
+const SCHED: u32 = 4243;
+/// 0.1 ms: the fixture's time unit.
+const U: u64 = 100_000;
+const T0: u64 = 1_000_000_000_000;
+
+/// An event at `ts` units of [`U`] after [`T0`].
+fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
+    Event {
+        ts_ns: T0 + ts * U,
+        pid: PID,
+        tid,
+        body,
+    }
+}
+
+fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
+    let mut req_ids = [0u64; MAX_STEP_REQS];
+    req_ids[..reqs.len()].copy_from_slice(reqs);
+    let rec = StepRecord {
+        abi_version: ABI_VERSION,
+        kind: kind as u32,
+        step_id: id,
+        host_start_ns: T0 + start * U,
+        host_end_ns: T0 + end * U,
+        device_start_ns: 0,
+        device_end_ns: 0,
+        device_clock: 0,
+        num_seqs: reqs.len() as u32,
+        prefill_tokens: 0,
+        decode_tokens: reqs.len() as u32,
+        kv_blocks_used: 3,
+        kv_blocks_total: 64,
+        num_waiting: 0,
+        num_preempted: 0,
+        num_req_ids: reqs.len() as u32,
+        req_ids_truncated: 0,
+        req_ids,
+    };
+    ev(end, SCHED, EventBody::Step(Box::new(rec)))
+}
+
+fn req(ts: u64, id: u64, kind: RequestEventKind, output: u32, finish: u32) -> Event {
+    let rec = RequestRecord {
+        abi_version: ABI_VERSION,
+        kind: kind as u32,
+        req_id: id,
+        ts_ns: T0 + ts * U,
+        trace_id: [0; 16],
+        parent_span_id: [0; 8],
+        has_trace_context: 0,
+        trace_flags: 0,
+        is_chat: 1,
+        _pad: 0,
+        finish_reason: finish,
+        prompt_tokens: 12,
+        output_tokens: output,
+        max_tokens: 16,
+        temperature: 0.0,
+        top_p: 1.0,
+        num_preemptions: u32::from(kind == RequestEventKind::Preempted),
+        x_request_id: fill_str(&format!("xr-{id}")),
+        model: fill_str("smollm2"),
+    };
+    ev(ts, MAIN, EventBody::Request(Box::new(rec)))
+}
+
+fn metrics(ts: u64, kv: f64, waiting: f64) -> Event {
+    ev(
+        ts,
+        0,
+        EventBody::Metrics(MetricsSample {
+            kv_cache_usage: Some(kv),
+            running: Some(1.0),
+            waiting: Some(waiting),
+            preemptions_total: Some(if ts > 29 { 1.0 } else { 0.0 }),
+        }),
+    )
+}
+
+fn connect(ts: u64, a: [u8; 4], port: u16, ret: i64, allowed: bool) -> Event {
+    ev(
+        ts,
+        MAIN,
+        EventBody::Connect {
+            addr: IpAddr::V4(Ipv4Addr::from(a)),
+            port,
+            ret,
+            dur_ns: 1000,
+            allowed,
+        },
+    )
+}
+
+/// Three requests (times in units of 0.1 ms):
+/// - 1: arrives 10, scheduled 12, first token 22, finished 36 with 3 tokens → queue 0.2, prefill 1.0 ms;
+/// - 2: arrives 11, scheduled 12, first token 22, preempted 29, rescheduled 30, running at the end → queue 0.1;
+/// - 3: arrives 40, scheduled 45, first token 50, finished 60 with 3 tokens → queue 0.5, prefill 0.5 ms;
+/// - 4: already running when llmprof attached (first seen at its first token, 55), finished 65 with 2 tokens
+///   and no step naming it: TTFT unknown, one ITL sample (65 − 55) / (2 − 1) = 1.0 ms.
+///
+/// Steps: prefill 12-22 [1,2], decode 23-28 [1,2], mixed 30-35 [1,2], prefill 45-50 [3], decode 51-54 [3],
+/// decode 55-59 [3]. First decode step: 0.5, 0.5, 0.3 ms. ITL: 0.6, 0.7 (req 1 and 2), 0.4, 0.5 (req 3).
+fn fixture() -> Vec<Event> {
+    use RequestEventKind::*;
+    let mut v = vec![
+        metrics(0, 0.0, 0.0),
+        req(10, 1, Arrived, 0, 0),
+        req(11, 2, Arrived, 0, 0),
+        req(12, 1, Scheduled, 0, 0),
+        req(12, 2, Scheduled, 0, 0),
+        step(1, StepKind::Prefill, 12, 22, &[1, 2]),
+        req(22, 1, FirstToken, 1, 0),
+        req(22, 2, FirstToken, 1, 0),
+        step(2, StepKind::Decode, 23, 28, &[1, 2]),
+        req(29, 2, Preempted, 2, 0),
+        metrics(30, 0.05, 1.0),
+        req(30, 2, Scheduled, 2, 0),
+        step(3, StepKind::Mixed, 30, 35, &[1, 2]),
+        req(36, 1, Finished, 3, 1),
+        req(40, 3, Arrived, 0, 0),
+        req(45, 3, Scheduled, 0, 0),
+        step(4, StepKind::Prefill, 45, 50, &[3]),
+        req(50, 3, FirstToken, 1, 0),
+        step(5, StepKind::Decode, 51, 54, &[3]),
+        step(6, StepKind::Decode, 55, 59, &[3]),
+        req(60, 3, Finished, 3, 1),
+        req(55, 4, FirstToken, 1, 0),
+        req(65, 4, Finished, 2, 1),
+        metrics(60, 0.1, 2.0),
+        ev(
+            40,
+            SCHED,
+            EventBody::SlowSyscall {
+                nr: 35,
+                ret: 0,
+                dur_ns: 20 * U,
+            },
+        ),
+        ev(
+            62,
+            SCHED,
+            EventBody::SlowSyscall {
+                nr: 35,
+                ret: 0,
+                dur_ns: 40 * U,
+            },
+        ),
+        ev(
+            50,
+            MAIN,
+            EventBody::FileOpen {
+                path: "/models/m.gguf".into(),
+                ret: 7,
+                dur_ns: U / 10,
+            },
+        ),
+        ev(
+            51,
+            MAIN,
+            EventBody::FileIo {
+                op: FileOp::Read,
+                fd: 7,
+                path: Some("/models/m.gguf".into()),
+                ret: 1000,
+                len: 1000,
+                dur_ns: U,
+            },
+        ),
+        connect(61, [10, 0, 0, 1], 80, 0, true),
+        connect(62, [203, 0, 113, 7], 443, -111, false),
+        connect(63, [203, 0, 113, 7], 443, -111, false),
+    ];
+    v.sort_by_key(|e| e.ts_ns);
+    v
+}
+
+fn stats() -> SessionStats {
+    let mut s = SessionStats {
+        end_reason: "duration elapsed".into(),
+        user_drops: 2,
+        ..Default::default()
+    };
+    s.probes[0].hits = 6;
+    s.probes[0].emitted = 6;
+    s.probes[3].hits = 100;
+    s.probes[3].emitted = 95;
+    s.probes[3].dropped = 5;
+    for (tid, count, total_ns) in [(SCHED, 4, 80 * U), (MAIN, 1, 10 * U)] {
+        s.syscalls.push(SyscallAggregate {
+            pid: PID,
+            tid,
+            nr: 35,
+            count,
+            total_ns,
+            hist: vec![0; 32],
+        });
+    }
+    s.syscalls.push(SyscallAggregate {
+        pid: PID,
+        tid: MAIN,
+        nr: 0,
+        count: 50,
+        total_ns: 5 * U,
+        hist: vec![0; 32],
+    });
+    s
+}
+
+fn write_trace(name: &str) -> PathBuf {
+    let process = ProcessInfo {
+        pid: PID,
+        name: "llmserve".into(),
+        cmdline: "llmserve --model m.gguf".into(),
+        threads: vec![
+            ThreadInfo {
+                tid: MAIN,
+                name: "llmserve".into(),
+            },
+            ThreadInfo {
+                tid: SCHED,
+                name: "scheduler".into(),
+            },
+        ],
+        engine_probes: true,
+    };
+    let mut sink = TraceSink::new(Vec::new(), &[process], Some((T0, 1_700_000_000_000_000_000))).unwrap();
+    for e in fixture() {
+        sink.push(&e).unwrap();
+    }
+    let bytes = sink.finish(&stats(), Some(T0 + 70 * U)).unwrap();
+    write_file(name, &bytes)
+}
+
+fn write_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("llmprof-report-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn llmprof(args: &[&str], trace: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llmprof"))
+        .args(args)
+        .arg(trace)
+        .output()
+        .unwrap()
+}
+
+fn report_json(trace: &Path) -> Value {
+    let out = llmprof(&["report", "--json"], trace);
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "--json is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn close(v: &Value, want: f64) -> bool {
+    v.as_f64().is_some_and(|x| (x - want).abs() < 1e-6)
+}
+
+#[track_caller]
+fn assert_ms(v: &Value, want: f64) {
+    assert!(close(v, want), "got {v}, want {want}");
+}
+
+#[test]
+fn report_json_has_the_numbers_of_the_session() {
+    let path = write_trace("ok.perfetto-trace");
+    let j = report_json(&path);
+    assert_eq!(j["format"], "llmprof-report/1");
+    // The documented top-level layout (profiler-user/src/report.rs), in order.
+    let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut want_keys = [
+        "format",
+        "trace",
+        "truncated",
+        "has_summary",
+        "end_reason",
+        "requests",
+        "steps",
+        "counters",
+        "syscalls",
+        "model_files",
+        "egress",
+        "drops",
+    ];
+    want_keys.sort_unstable();
+    let mut keys_sorted = keys.clone();
+    keys_sorted.sort_unstable();
+    assert_eq!(keys_sorted, want_keys);
+    assert_eq!(j["truncated"], false);
+    assert_eq!(j["has_summary"], true);
+    assert_eq!(j["end_reason"], "duration elapsed");
+
+    // Requests and their TTFT decomposition.
+    let r = &j["requests"];
+    assert_eq!(r["count"], 4);
+    assert_eq!(r["finished"], 3);
+    assert_eq!(r["unfinished"], 1);
+    let per: Vec<&Value> = r["per_request"].as_array().unwrap().iter().collect();
+    let want = [
+        // (id, queue, prefill, ttft, first decode step, finish)
+        (1, 0.2, 1.0, 1.2, 0.5, "stop"),
+        (2, 0.1, 1.0, 1.1, 0.5, "unfinished"),
+        (3, 0.5, 0.5, 1.0, 0.3, "stop"),
+    ];
+    assert_eq!(per.len(), want.len() + 1);
+    for (q, (id, queue, prefill, ttft, first, finish)) in per.iter().zip(want) {
+        assert_eq!(q["req_id"], id);
+        assert_eq!(q["x_request_id"], format!("xr-{id}"));
+        assert_ms(&q["queue_ms"], queue);
+        assert_ms(&q["prefill_ms"], prefill);
+        assert_ms(&q["ttft_ms"], ttft);
+        assert_ms(&q["first_decode_step_ms"], first);
+        assert_eq!(q["finish_reason"], finish, "request {id}");
+    }
+    assert_eq!(per[1]["preemptions"], 1);
+    assert_eq!(per[3]["attached_mid_request"], true);
+    assert_eq!(per[3]["ttft_ms"], Value::Null, "arrival not seen");
+    assert_eq!(per[3]["queue_ms"], Value::Null);
+    assert_eq!(r["ttft_ms"]["count"], 3);
+    assert_ms(&r["ttft_ms"]["p50"], 1.1);
+    assert_ms(&r["ttft_ms"]["max"], 1.2);
+    assert_ms(&r["queue_ms"]["p99"], 0.5);
+    // ITL: 0.6, 0.7 for requests 1 and 2, 0.4, 0.5 for request 3, 1.0 for request 4.
+    assert_eq!(r["itl_ms"]["count"], 7);
+    assert_ms(&r["itl_ms"]["p50"], 0.6);
+    assert_ms(&r["itl_ms"]["p95"], 1.0);
+
+    // Steps by kind and batch size.
+    let s = &j["steps"];
+    assert_eq!(s["count"], 6);
+    assert_eq!(s["by_kind"]["prefill"]["count"], 2);
+    assert_eq!(s["by_kind"]["decode"]["count"], 3);
+    assert_eq!(s["by_kind"]["mixed"]["count"], 1);
+    assert_ms(&s["by_kind"]["prefill"]["max"], 1.0);
+    let buckets = s["by_batch_size"].as_array().unwrap();
+    assert_eq!(buckets.len(), 2);
+    assert_eq!(buckets[0]["bucket"], "1");
+    assert_eq!(buckets[0]["stats"]["count"], 3);
+    assert_eq!(buckets[1]["bucket"], "2");
+    assert_eq!(buckets[1]["stats"]["count"], 3);
+
+    // KV cache and queue.
+    let c = &j["counters"];
+    assert_eq!(c["kv_cache_usage"]["samples"], 3);
+    assert_ms(&c["kv_cache_usage"]["max"], 0.1);
+    assert_ms(&c["kv_cache_usage"]["mean"], 0.05);
+    assert_ms(&c["requests_waiting"]["max"], 2.0);
+    assert_ms(&c["requests_waiting"]["mean"], 1.0);
+    assert_ms(&c["preemptions_total"], 1.0);
+
+    // Syscalls: the slow slices and the kernel aggregates (summed over threads), by total time.
+    let slow = &j["syscalls"]["slow_syscall_slices"][0];
+    assert_eq!(slow["name"], "nanosleep");
+    assert_eq!(slow["count"], 2);
+    assert_ms(&slow["total_ms"], 6.0);
+    assert_ms(&slow["max_ms"], 4.0);
+    let agg = j["syscalls"]["kernel_aggregates"].as_array().unwrap();
+    assert_eq!(agg[0]["name"], "nanosleep");
+    assert_eq!(agg[0]["count"], 5);
+    assert_ms(&agg[0]["total_ms"], 9.0);
+    assert_eq!(agg[1]["name"], "read");
+    assert_eq!(agg[1]["count"], 50);
+
+    // Model file: 1000 bytes in 0.1 ms = 10 MB/s.
+    let m = &j["model_files"][0];
+    assert_eq!(m["path"], "/models/m.gguf");
+    assert_eq!(m["reads"], 1);
+    assert_eq!(m["bytes"], 1000);
+    assert_eq!(m["opens"], 1);
+    assert_ms(&m["mb_per_s"], 10.0);
+
+    // Egress: one allowed destination, one flagged (twice, both refused).
+    let e = j["egress"].as_array().unwrap();
+    assert_eq!(e.len(), 2);
+    let flagged: Vec<&Value> = e.iter().filter(|d| d["verdict"] == "flagged").collect();
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(flagged[0]["address"], "203.0.113.7");
+    assert_eq!(flagged[0]["port"], 443);
+    assert_eq!(flagged[0]["connects"], 2);
+    assert_eq!(flagged[0]["failed"], 2);
+    assert_eq!(flagged[0]["allowed"], false);
+
+    // Drops, from the summary.
+    let d = &j["drops"];
+    assert_eq!(d["source"], "summary");
+    assert_eq!(d["total_dropped"], 7);
+    assert_eq!(d["user_drops"], 2);
+    let sys = d["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == "syscalls")
+        .unwrap();
+    assert_eq!(
+        (&sys["hits"], &sys["emitted"], &sys["dropped"]),
+        (&100.into(), &95.into(), &5.into())
+    );
+
+    // The terminal report says the same things in words.
+    let out = llmprof(&["report"], &path);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "Requests: 4 (3 finished, 1 still running at the end)",
+        "FLAGGED  203.0.113.7:443",
+        "nanosleep",
+        "/models/m.gguf",
+        "Dropped: 7 total",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_trace_cut_mid_packet_is_reported_from_its_valid_prefix() {
+    let full_path = write_trace("full.perfetto-trace");
+    let full = std::fs::read(&full_path).unwrap();
+    let _ = std::fs::remove_file(&full_path);
+    let path = write_file("cut.perfetto-trace", &full[..full.len() - 7]);
+    let j = report_json(&path);
+    assert_eq!(j["truncated"], true);
+    assert_eq!(j["has_summary"], false, "the summary is the last packet");
+    assert_eq!(j["drops"]["source"], "drop_counters");
+    assert_eq!(j["requests"]["count"], 4);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn files_that_are_not_llmprof_traces_fail_clearly() {
+    // A Perfetto trace with only a process descriptor: valid protobuf, no llmprof tracks.
+    let mut foreign = vec![TRACE_PACKET_TAG];
+    TracePacket {
+        track_descriptor: Some(TrackDescriptor {
+            uuid: Some(1),
+            process: Some(ProcessDescriptor {
+                pid: Some(1),
+                process_name: Some("init".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_length_delimited(&mut foreign)
+    .unwrap();
+    let random: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let cases: [(&str, &[u8], &str); 3] = [
+        ("empty", &[], "is empty"),
+        ("random", &random, "is not a Perfetto trace"),
+        ("foreign", &foreign, "not one llmprof wrote"),
+    ];
+    for (name, bytes, msg) in cases {
+        let path = write_file(name, bytes);
+        for args in [&["report"][..], &["report", "--json"][..]] {
+            let out = llmprof(args, &path);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{name} {args:?}: {err}");
+            assert!(err.contains(msg), "{name}: stderr {err:?} lacks {msg:?}");
+            assert!(out.stdout.is_empty(), "{name}: nothing on stdout");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let out = llmprof(&["report"], Path::new("/nonexistent/x.perfetto-trace"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn report_agrees_with_perfetto_trace_processor() {
+    if !e2e::require(
+        e2e::trace_processor::available(),
+        "Perfetto trace processor not installed (cargo xtask setup-tools)",
+    ) {
+        return;
+    }
+    let path = write_trace("tp.perfetto-trace");
+    let j = report_json(&path);
+    let mut tp = e2e::trace_processor::load(&path).expect("trace loads");
+    // TTFT: the sink's own `ttft_ms` on each `first token` instant, in request order.
+    let rows = tp
+        .query(
+            "select cast(substr(t.name, 9) as int) as id, extract_arg(s.arg_set_id, 'debug.ttft_ms') as v \
+             from slice s join track t on s.track_id = t.id where s.name = 'first token' order by id",
+        )
+        .unwrap();
+    let ours: Vec<&Value> = j["requests"]["per_request"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| !q["ttft_ms"].is_null())
+        .collect();
+    let theirs: Vec<&Value> = rows.iter().filter(|r| r["id"] != 4).collect();
+    assert_eq!(ours.len(), theirs.len());
+    for (q, r) in ours.iter().zip(theirs) {
+        assert_eq!(q["req_id"], r["id"]);
+        assert!(close(&q["ttft_ms"], r["v"].as_f64().unwrap()), "{q} vs {r}");
+    }
+    // Steps by kind, and the slow syscall total.
+    for kind in ["prefill", "decode", "mixed"] {
+        let n = tp
+            .query_i64(&format!(
+                "select count(*) from slice s join track t on s.track_id = t.id \
+                 where t.name = 'engine steps' and s.name = '{kind}'"
+            ))
+            .unwrap();
+        assert_eq!(j["steps"]["by_kind"][kind]["count"], n, "{kind}");
+    }
+    let total = tp
+        .query("select sum(dur) / 1e6 as v from slice where name = 'syscall nanosleep'")
+        .unwrap();
+    assert!(close(
+        &j["syscalls"]["slow_syscall_slices"][0]["total_ms"],
+        total[0]["v"].as_f64().unwrap()
+    ));
+    drop(tp);
+    let _ = std::fs::remove_file(&path);
+}
