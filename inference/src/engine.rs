@@ -20,8 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use llmprof_abi::{
-    ABI_VERSION, FinishReason, MAX_STEP_REQS, RangeOp, RangeRecord, RequestEventKind, RequestRecord,
-    StepKind, StepRecord,
+    ABI_VERSION, FinishReason, RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind, StepRecord,
 };
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -338,14 +337,7 @@ impl Drop for Range {
 
 /// Emits one range record.
 pub fn emit_range(op: RangeOp, name: &str, step_id: u64) {
-    let rec = RangeRecord {
-        abi_version: ABI_VERSION,
-        op: op as u32,
-        ts_ns: llmprof_probes::boottime_ns(),
-        step_id,
-        domain: llmprof_abi::fill_str(RANGE_DOMAIN),
-        name: llmprof_abi::fill_str(name),
-    };
+    let rec = RangeRecord::new(op, llmprof_probes::boottime_ns(), step_id, RANGE_DOMAIN, name);
     llmprof_probes::range(&rec);
 }
 
@@ -882,29 +874,20 @@ impl EngineLoop {
             (false, true) => StepKind::Decode,
             _ => StepKind::Prefill,
         };
-        let mut req_ids = [0u64; MAX_STEP_REQS];
-        for (slot, sc) in req_ids.iter_mut().zip(&out.seqs) {
-            *slot = sc.id;
-        }
+        let ids: Vec<u64> = out.seqs.iter().map(|sc| sc.id).collect();
         let rec = StepRecord {
-            abi_version: ABI_VERSION,
-            kind: kind as u32,
-            step_id,
             host_start_ns,
             host_end_ns,
             device_start_ns: step_out.device_start_ns,
             device_end_ns: step_out.device_end_ns,
             device_clock: self.backend.device_clock() as u32,
-            num_seqs: out.seqs.len() as u32,
             prefill_tokens: out.prefill_tokens as u32,
             decode_tokens: out.decode_tokens as u32,
             kv_blocks_used,
             kv_blocks_total: self.sched.kv().num_blocks() as u32,
             num_waiting,
             num_preempted: out.preempted.len() as u32,
-            num_req_ids: out.seqs.len().min(MAX_STEP_REQS) as u32,
-            req_ids_truncated: u32::from(out.seqs.len() > MAX_STEP_REQS),
-            req_ids,
+            ..StepRecord::new(kind, step_id, &ids)
         };
         self.metrics.add_step(kind);
         llmprof_probes::step(&rec);

@@ -6,9 +6,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use llmprof_abi::{
-    ABI_VERSION, ENGINE_PROBES, MAX_STEP_REQS, RangeOp, RangeRecord, RequestRecord, StepRecord,
-};
+use llmprof_abi::{ENGINE_PROBES, RangeOp, RequestEventKind, RequestRecord, StepKind, StepRecord};
 
 fn dynamic_symbols(path: &std::path::Path) -> String {
     let out = Command::new("nm")
@@ -70,24 +68,9 @@ fn probe_symbols_survive_strip() {
 fn detached_probe_cost() {
     const N: u64 = 10_000_000;
     let step = StepRecord {
-        abi_version: ABI_VERSION,
-        kind: 1,
-        step_id: 1,
-        host_start_ns: 0,
-        host_end_ns: 0,
-        device_start_ns: 0,
-        device_end_ns: 0,
-        device_clock: 0,
         num_seqs: 1,
-        prefill_tokens: 0,
         decode_tokens: 1,
-        kv_blocks_used: 0,
-        kv_blocks_total: 0,
-        num_waiting: 0,
-        num_preempted: 0,
-        num_req_ids: 0,
-        req_ids_truncated: 0,
-        req_ids: [0; MAX_STEP_REQS],
+        ..StepRecord::new(StepKind::Decode, 1, &[])
     };
     let t = Instant::now();
     for i in 0..N {
@@ -97,7 +80,7 @@ fn detached_probe_cost() {
     }
     let step_ns = t.elapsed().as_nanos() as f64 / N as f64;
 
-    let rec: RequestRecord = request_record();
+    let rec = RequestRecord::new(RequestEventKind::Arrived, 1, 0);
     let t = Instant::now();
     for _ in 0..N {
         llmprof_probes::request(std::hint::black_box(&rec));
@@ -114,39 +97,7 @@ fn detached_probe_cost() {
         std::hint::black_box(llmprof_probes::boottime_ns());
     }
     let clock_ns = t.elapsed().as_nanos() as f64 / N as f64;
-    let _ = RangeRecord {
-        abi_version: 0,
-        op: 0,
-        ts_ns: 0,
-        step_id: 0,
-        domain: [0; 16],
-        name: [0; 48],
-    };
     println!(
         "detached probe cost: step {step_ns:.2} ns/call, request {req_ns:.2} ns/call, range (incl. clock read + record) {range_ns:.2} ns/call, boottime clock read {clock_ns:.2} ns"
     );
-}
-
-fn request_record() -> RequestRecord {
-    RequestRecord {
-        abi_version: ABI_VERSION,
-        kind: 0,
-        req_id: 1,
-        ts_ns: 0,
-        trace_id: [0; 16],
-        parent_span_id: [0; 8],
-        has_trace_context: 0,
-        trace_flags: 0,
-        is_chat: 0,
-        _pad: 0,
-        finish_reason: 0,
-        prompt_tokens: 0,
-        output_tokens: 0,
-        max_tokens: 0,
-        temperature: 0.0,
-        top_p: 1.0,
-        num_preemptions: 0,
-        x_request_id: [0; llmprof_abi::REQUEST_ID_LEN],
-        model: [0; llmprof_abi::MODEL_LEN],
-    }
 }

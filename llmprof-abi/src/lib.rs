@@ -130,6 +130,36 @@ pub struct StepRecord {
     pub req_ids: [u64; MAX_STEP_REQS],
 }
 
+impl StepRecord {
+    /// A record of this ABI version for step `step_id` serving `req_ids` (at most [`MAX_STEP_REQS`] kept, the rest
+    /// flagged as truncated; `num_seqs` is the full count). Every other field is zero: set what the step knows.
+    pub fn new(kind: StepKind, step_id: u64, req_ids: &[u64]) -> Self {
+        let n = req_ids.len().min(MAX_STEP_REQS);
+        let mut ids = [0u64; MAX_STEP_REQS];
+        ids[..n].copy_from_slice(&req_ids[..n]);
+        Self {
+            abi_version: ABI_VERSION,
+            kind: kind as u32,
+            step_id,
+            host_start_ns: 0,
+            host_end_ns: 0,
+            device_start_ns: 0,
+            device_end_ns: 0,
+            device_clock: DeviceClock::HostCompute as u32,
+            num_seqs: req_ids.len() as u32,
+            prefill_tokens: 0,
+            decode_tokens: 0,
+            kv_blocks_used: 0,
+            kv_blocks_total: 0,
+            num_waiting: 0,
+            num_preempted: 0,
+            num_req_ids: n as u32,
+            req_ids_truncated: u32::from(req_ids.len() > MAX_STEP_REQS),
+            req_ids: ids,
+        }
+    }
+}
+
 /// A request lifecycle transition.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +273,34 @@ pub struct RequestRecord {
     pub model: [u8; MODEL_LEN],
 }
 
+impl RequestRecord {
+    /// A record of this ABI version for a `kind` transition of request `req_id` at `ts_ns`. Every other field is
+    /// zero (no trace context, no tokens, empty strings): set what the transition carries.
+    pub fn new(kind: RequestEventKind, req_id: u64, ts_ns: u64) -> Self {
+        Self {
+            abi_version: ABI_VERSION,
+            kind: kind as u32,
+            req_id,
+            ts_ns,
+            trace_id: [0; 16],
+            parent_span_id: [0; 8],
+            has_trace_context: 0,
+            trace_flags: 0,
+            is_chat: 0,
+            _pad: 0,
+            finish_reason: FinishReason::None as u32,
+            prompt_tokens: 0,
+            output_tokens: 0,
+            max_tokens: 0,
+            temperature: 0.0,
+            top_p: 0.0,
+            num_preemptions: 0,
+            x_request_id: [0; REQUEST_ID_LEN],
+            model: [0; MODEL_LEN],
+        }
+    }
+}
+
 /// NVTX-style range operation.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,6 +341,20 @@ pub struct RangeRecord {
     pub domain: [u8; RANGE_DOMAIN_LEN],
     /// Range name (e.g. `forward`), NUL padded.
     pub name: [u8; RANGE_NAME_LEN],
+}
+
+impl RangeRecord {
+    /// A record of this ABI version: `op` on range `domain::name` at `ts_ns`, within step `step_id` (0: none).
+    pub fn new(op: RangeOp, ts_ns: u64, step_id: u64, domain: &str, name: &str) -> Self {
+        Self {
+            abi_version: ABI_VERSION,
+            op: op as u32,
+            ts_ns,
+            step_id,
+            domain: fill_str(domain),
+            name: fill_str(name),
+        }
+    }
 }
 
 /// Kinds of records the eBPF programs write into the ring buffer. Each record starts with an [`EventHeader`].
@@ -684,6 +756,26 @@ mod tests {
         assert_eq!(read_str(&a), "abc");
         let b: [u8; 4] = fill_str("abcé");
         assert_eq!(read_str(&b), "abc");
+    }
+
+    #[test]
+    fn step_record_keeps_at_most_max_ids_and_flags_the_rest() {
+        let ids: [u64; MAX_STEP_REQS + 3] = core::array::from_fn(|i| i as u64 + 1);
+        let r = StepRecord::new(StepKind::Decode, 9, &ids);
+        assert_eq!(
+            (r.num_seqs, r.num_req_ids, r.req_ids_truncated),
+            (MAX_STEP_REQS as u32 + 3, MAX_STEP_REQS as u32, 1)
+        );
+        assert_eq!(r.req_ids[MAX_STEP_REQS - 1], MAX_STEP_REQS as u64);
+        let r = StepRecord::new(StepKind::Prefill, 1, &[7]);
+        assert_eq!(
+            (r.num_req_ids, r.req_ids_truncated, r.req_ids[0], r.abi_version),
+            (1, 0, 7, ABI_VERSION)
+        );
+        let q = RequestRecord::new(RequestEventKind::Finished, 3, 42);
+        assert_eq!((q.kind, q.req_id, q.ts_ns, q.has_trace_context), (4, 3, 42, 0));
+        let g = RangeRecord::new(RangeOp::Push, 5, 1, "llmserve", "forward");
+        assert_eq!((read_str(&g.domain), read_str(&g.name)), ("llmserve", "forward"));
     }
 
     #[test]

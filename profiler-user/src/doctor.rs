@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use llmprof_abi::{ABI_VERSION, ENGINE_PROBES, ProbeId, RangeOp, RangeRecord, fill_str};
+use llmprof_abi::{ABI_VERSION, ENGINE_PROBES, ProbeId, RangeOp, RangeRecord};
 
 use crate::capture::{self, Capture, CaptureConfig, EngineProbes};
 use crate::cli::exit;
@@ -575,14 +575,7 @@ enum MeasureError {
 fn measure_uprobe() -> Result<UprobeCost, MeasureError> {
     // References every probe symbol and the ABI version, so the linker keeps them for capture to find.
     llmprof_probes::keep();
-    let rec = RangeRecord {
-        abi_version: ABI_VERSION,
-        op: RangeOp::Mark as u32,
-        ts_ns: 0,
-        step_id: 0,
-        domain: fill_str("llmprof"),
-        name: fill_str("doctor"),
-    };
+    let rec = RangeRecord::new(RangeOp::Mark, 0, 0, "llmprof", "doctor");
     let detached_ns = median_ns_per_call(&rec);
     let syscall_detached_ns = median_ns_per_syscall();
     let pid = std::process::id();

@@ -12,9 +12,7 @@ use llmprof::event::{
 };
 use llmprof::perfetto::TraceSink;
 use llmprof::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
-use llmprof_abi::{
-    ABI_VERSION, FileOp, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
-};
+use llmprof_abi::{FileOp, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
 use prost::Message;
 use serde_json::Value;
 
@@ -36,52 +34,29 @@ fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
 }
 
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-    let mut req_ids = [0u64; MAX_STEP_REQS];
-    req_ids[..reqs.len()].copy_from_slice(reqs);
     let rec = StepRecord {
-        abi_version: ABI_VERSION,
-        kind: kind as u32,
-        step_id: id,
         host_start_ns: T0 + start * U,
         host_end_ns: T0 + end * U,
-        device_start_ns: 0,
-        device_end_ns: 0,
-        device_clock: 0,
-        num_seqs: reqs.len() as u32,
-        prefill_tokens: 0,
         decode_tokens: reqs.len() as u32,
         kv_blocks_used: 3,
         kv_blocks_total: 64,
-        num_waiting: 0,
-        num_preempted: 0,
-        num_req_ids: reqs.len() as u32,
-        req_ids_truncated: 0,
-        req_ids,
+        ..StepRecord::new(kind, id, reqs)
     };
     ev(end, SCHED, EventBody::Step(Box::new(rec)))
 }
 
 fn req(ts: u64, id: u64, kind: RequestEventKind, output: u32, finish: u32) -> Event {
     let rec = RequestRecord {
-        abi_version: ABI_VERSION,
-        kind: kind as u32,
-        req_id: id,
-        ts_ns: T0 + ts * U,
-        trace_id: [0; 16],
-        parent_span_id: [0; 8],
-        has_trace_context: 0,
-        trace_flags: 0,
         is_chat: 1,
-        _pad: 0,
         finish_reason: finish,
         prompt_tokens: 12,
         output_tokens: output,
         max_tokens: 16,
-        temperature: 0.0,
         top_p: 1.0,
         num_preemptions: u32::from(kind == RequestEventKind::Preempted),
         x_request_id: fill_str(&format!("xr-{id}")),
         model: fill_str("smollm2"),
+        ..RequestRecord::new(kind, id, T0 + ts * U)
     };
     ev(ts, MAIN, EventBody::Request(Box::new(rec)))
 }

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 
 use llmprof::event::{Event, EventBody};
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
-use llmprof_abi::{
-    ABI_VERSION, FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
-};
+use llmprof_abi::{FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -38,25 +36,13 @@ const PARENT_SPAN_ID: [u8; 8] = [0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]
 
 fn record(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
     RequestRecord {
-        abi_version: ABI_VERSION,
-        kind: kind as u32,
-        req_id: id,
-        ts_ns: ts,
-        trace_id: [0; 16],
-        parent_span_id: [0; 8],
-        has_trace_context: 0,
-        trace_flags: 0,
         is_chat: 1,
-        _pad: 0,
-        finish_reason: 0,
         prompt_tokens: 24,
-        output_tokens: 0,
         max_tokens: 32,
-        temperature: 0.0,
         top_p: 1.0,
-        num_preemptions: 0,
         x_request_id: fill_str(&format!("xr-{id}")),
         model: fill_str("SmolLM2-135M-Instruct"),
+        ..RequestRecord::new(kind, id, ts)
     }
 }
 
@@ -70,27 +56,16 @@ fn req(r: RequestRecord) -> Event {
 }
 
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-    let mut req_ids = [0u64; MAX_STEP_REQS];
-    req_ids[..reqs.len()].copy_from_slice(reqs);
     let rec = StepRecord {
-        abi_version: ABI_VERSION,
-        kind: kind as u32,
-        step_id: id,
         host_start_ns: start,
         host_end_ns: end,
         device_start_ns: start,
         device_end_ns: end,
-        device_clock: 0,
-        num_seqs: reqs.len() as u32,
         prefill_tokens: if kind == StepKind::Decode { 0 } else { 16 },
         decode_tokens: if kind == StepKind::Prefill { 0 } else { 1 },
         kv_blocks_used: 4,
         kv_blocks_total: 64,
-        num_waiting: 0,
-        num_preempted: 0,
-        num_req_ids: reqs.len() as u32,
-        req_ids_truncated: 0,
-        req_ids,
+        ..StepRecord::new(kind, id, reqs)
     };
     Event {
         ts_ns: end,

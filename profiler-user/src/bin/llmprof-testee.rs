@@ -11,10 +11,7 @@ use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use llmprof_abi::{
-    ABI_VERSION, DeviceClock, FinishReason, MAX_STEP_REQS, RangeOp, RangeRecord, RequestEventKind,
-    RequestRecord, StepKind, StepRecord, fill_str,
-};
+use llmprof_abi::{RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
 
 /// Exit status the tests expect from the ProcessExit record.
 const EXIT_STATUS: i32 = 3;
@@ -68,60 +65,34 @@ fn run() -> Result<(), String> {
 
 fn sequence(gguf: Option<&str>, connect: Option<&str>) -> Result<(), String> {
     let now = llmprof_probes::boottime_ns();
-    let mut req_ids = [0u64; MAX_STEP_REQS];
-    req_ids[0] = 7;
-    req_ids[1] = 8;
     let request = RequestRecord {
-        abi_version: ABI_VERSION,
-        kind: RequestEventKind::Arrived as u32,
-        req_id: 7,
-        ts_ns: now,
         trace_id: [0xab; 16],
         parent_span_id: [0xcd; 8],
         has_trace_context: 1,
         trace_flags: 1,
         is_chat: 1,
-        _pad: 0,
-        finish_reason: FinishReason::None as u32,
         prompt_tokens: 11,
-        output_tokens: 0,
         max_tokens: 32,
         temperature: 0.5,
         top_p: 0.9,
-        num_preemptions: 0,
         x_request_id: fill_str("req-7"),
         model: fill_str("smollm2"),
+        ..RequestRecord::new(RequestEventKind::Arrived, 7, now)
     };
     llmprof_probes::request(&request);
-    let range = |op: RangeOp| RangeRecord {
-        abi_version: ABI_VERSION,
-        op: op as u32,
-        ts_ns: llmprof_probes::boottime_ns(),
-        step_id: 42,
-        domain: fill_str("llmserve"),
-        name: fill_str("forward"),
-    };
+    let range = |op: RangeOp| RangeRecord::new(op, llmprof_probes::boottime_ns(), 42, "llmserve", "forward");
     llmprof_probes::range(&range(RangeOp::Push));
     llmprof_probes::range(&range(RangeOp::Pop));
     let step = StepRecord {
-        abi_version: ABI_VERSION,
-        kind: StepKind::Decode as u32,
-        step_id: 42,
         host_start_ns: now,
         host_end_ns: now + 1_000,
         device_start_ns: now + 10,
         device_end_ns: now + 990,
-        device_clock: DeviceClock::HostCompute as u32,
-        num_seqs: 2,
-        prefill_tokens: 0,
         decode_tokens: 2,
         kv_blocks_used: 5,
         kv_blocks_total: 100,
         num_waiting: 1,
-        num_preempted: 0,
-        num_req_ids: 2,
-        req_ids_truncated: 0,
-        req_ids,
+        ..StepRecord::new(StepKind::Decode, 42, &[7, 8])
     };
     llmprof_probes::step(&step);
 
@@ -148,14 +119,7 @@ fn sequence(gguf: Option<&str>, connect: Option<&str>) -> Result<(), String> {
 }
 
 fn burst(n: u64) {
-    let mut rec = RangeRecord {
-        abi_version: ABI_VERSION,
-        op: RangeOp::Mark as u32,
-        ts_ns: 0,
-        step_id: 0,
-        domain: fill_str("bench"),
-        name: fill_str("mark"),
-    };
+    let mut rec = RangeRecord::new(RangeOp::Mark, 0, 0, "bench", "mark");
     for i in 0..n {
         rec.step_id = i;
         llmprof_probes::range(&rec);

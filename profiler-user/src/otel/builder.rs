@@ -834,7 +834,7 @@ fn secs(ns: u64) -> f64 {
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
-    use llmprof_abi::{ABI_VERSION, fill_str};
+    use llmprof_abi::fill_str;
     use std::time::Duration;
 
     const PID: u32 = 4242;
@@ -848,25 +848,14 @@ mod tests {
 
     fn rec(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
         RequestRecord {
-            abi_version: ABI_VERSION,
-            kind: kind as u32,
-            req_id: id,
-            ts_ns: ts,
-            trace_id: [0; 16],
-            parent_span_id: [0; 8],
-            has_trace_context: 0,
-            trace_flags: 0,
             is_chat: 1,
-            _pad: 0,
-            finish_reason: 0,
             prompt_tokens: 12,
-            output_tokens: 0,
             max_tokens: 64,
             temperature: 0.7,
             top_p: 0.9,
-            num_preemptions: 0,
             x_request_id: fill_str("req-abc"),
             model: fill_str("smollm2-135m"),
+            ..RequestRecord::new(kind, id, ts)
         }
     }
 
@@ -902,18 +891,11 @@ mod tests {
     }
 
     fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-        let mut req_ids = [0u64; MAX_STEP_REQS];
-        req_ids[..reqs.len()].copy_from_slice(reqs);
         let s = StepRecord {
-            abi_version: ABI_VERSION,
-            kind: kind as u32,
-            step_id: id,
             host_start_ns: start,
             host_end_ns: end,
             device_start_ns: start,
             device_end_ns: end,
-            device_clock: 0,
-            num_seqs: reqs.len() as u32,
             prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
             decode_tokens: if kind == StepKind::Prefill {
                 0
@@ -922,11 +904,7 @@ mod tests {
             },
             kv_blocks_used: 1,
             kv_blocks_total: 100,
-            num_waiting: 0,
-            num_preempted: 0,
-            num_req_ids: reqs.len() as u32,
-            req_ids_truncated: 0,
-            req_ids,
+            ..StepRecord::new(kind, id, reqs)
         };
         Event {
             ts_ns: end,
