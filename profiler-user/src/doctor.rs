@@ -153,56 +153,34 @@ impl Report {
     /// A JSON array of `{check, status, detail, fix, measured}`; `fix` is null when ok, `measured` an object
     /// of numbers (empty when the check measures nothing). `status` is `ok`, `warn` or `FAIL`.
     pub fn json(&self) -> String {
-        let mut s = String::from("[");
-        for (i, c) in self.checks.iter().enumerate() {
-            if i > 0 {
-                s.push(',');
-            }
-            s.push_str("\n  {\"check\": ");
-            json_str(&mut s, &c.check);
-            s.push_str(", \"status\": ");
-            json_str(&mut s, c.status.as_str());
-            s.push_str(", \"detail\": ");
-            json_str(&mut s, &c.detail);
-            s.push_str(", \"fix\": ");
-            match &c.fix {
-                Some(f) => json_str(&mut s, f),
-                None => s.push_str("null"),
-            }
-            s.push_str(", \"measured\": {");
-            for (j, (k, v)) in c.measured.iter().enumerate() {
-                if j > 0 {
-                    s.push_str(", ");
-                }
-                json_str(&mut s, k);
-                if v.is_finite() {
-                    let _ = write!(s, ": {v:.1}");
-                } else {
-                    s.push_str(": null");
-                }
-            }
-            s.push_str("}}");
-        }
-        s.push_str("\n]\n");
+        let round = |v: f64| serde_json::Number::from_f64((v * 10.0).round() / 10.0);
+        let checks: Vec<serde_json::Value> = self
+            .checks
+            .iter()
+            .map(|c| {
+                let measured: serde_json::Map<String, serde_json::Value> = c
+                    .measured
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            round(*v).map_or(serde_json::Value::Null, Into::into),
+                        )
+                    })
+                    .collect();
+                serde_json::json!({
+                    "check": c.check,
+                    "status": c.status.as_str(),
+                    "detail": c.detail,
+                    "fix": c.fix,
+                    "measured": measured,
+                })
+            })
+            .collect();
+        let mut s = serde_json::to_string_pretty(&checks).unwrap_or_default();
+        s.push('\n');
         s
     }
-}
-
-fn json_str(out: &mut String, v: &str) {
-    out.push('"');
-    for ch in v.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// Runs every check (the measured one only as root) and returns them in order.

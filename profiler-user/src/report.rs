@@ -874,56 +874,24 @@ enum Json {
 }
 
 impl Json {
-    fn write(&self, out: &mut String, indent: usize) {
-        let pad = |out: &mut String, n: usize| out.push_str(&"  ".repeat(n));
+    /// The serde_json value (object keys keep their order: serde_json's `preserve_order`); numbers rounded to
+    /// 1e-6, non-finite numbers as null.
+    fn into_value(self) -> serde_json::Value {
+        use serde_json::Value;
         match self {
-            Self::Null => out.push_str("null"),
-            Self::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Self::Num(v) if v.is_finite() => {
-                let _ = write!(out, "{}", (v * 1e6).round() / 1e6);
+            Self::Null => Value::Null,
+            Self::Bool(b) => Value::Bool(b),
+            Self::Num(v) => {
+                serde_json::Number::from_f64((v * 1e6).round() / 1e6).map_or(Value::Null, Value::Number)
             }
-            Self::Num(_) => out.push_str("null"),
-            Self::Int(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Self::Str(s) => {
-                out.push('"');
-                for c in s.chars() {
-                    match c {
-                        '"' => out.push_str("\\\""),
-                        '\\' => out.push_str("\\\\"),
-                        '\n' => out.push_str("\\n"),
-                        c if (c as u32) < 0x20 => {
-                            let _ = write!(out, "\\u{:04x}", c as u32);
-                        }
-                        c => out.push(c),
-                    }
-                }
-                out.push('"');
-            }
-            Self::Arr(v) if v.is_empty() => out.push_str("[]"),
-            Self::Arr(v) => {
-                out.push_str("[\n");
-                for (i, x) in v.iter().enumerate() {
-                    pad(out, indent + 1);
-                    x.write(out, indent + 1);
-                    out.push_str(if i + 1 < v.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push(']');
-            }
-            Self::Obj(v) if v.is_empty() => out.push_str("{}"),
-            Self::Obj(v) => {
-                out.push_str("{\n");
-                for (i, (k, x)) in v.iter().enumerate() {
-                    pad(out, indent + 1);
-                    let _ = write!(out, "\"{k}\": ");
-                    x.write(out, indent + 1);
-                    out.push_str(if i + 1 < v.len() { ",\n" } else { "\n" });
-                }
-                pad(out, indent);
-                out.push('}');
-            }
+            Self::Int(v) => Value::from(v),
+            Self::Str(s) => Value::String(s),
+            Self::Arr(v) => Value::Array(v.into_iter().map(Self::into_value).collect()),
+            Self::Obj(v) => Value::Object(
+                v.into_iter()
+                    .map(|(k, x)| (k.to_string(), x.into_value()))
+                    .collect(),
+            ),
         }
     }
 }
@@ -1160,8 +1128,7 @@ impl Report {
                 ]),
             ),
         ]);
-        let mut out = String::new();
-        doc.write(&mut out, 0);
+        let mut out = serde_json::to_string_pretty(&doc.into_value()).unwrap_or_default();
         out.push('\n');
         out
     }
