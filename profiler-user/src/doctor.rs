@@ -736,10 +736,22 @@ mod tests {
             checks: vec![c, Check::new("ok", Status::Ok, "fine")],
         }
         .json();
-        assert!(j.contains(r#""check": "q\"x""#), "{j}");
-        assert!(j.contains(r#""detail": "line\nbreak\\""#), "{j}");
-        assert!(j.contains(r#""fix": "do \u0001""#), "{j}");
-        assert!(j.contains(r#""measured": {"n": 2.0, "bad": null}"#), "{j}");
-        assert!(j.contains(r#""fix": null, "measured": {}"#), "{j}");
+        let v: serde_json::Value = serde_json::from_str(&j).expect("doctor --json is valid JSON");
+        assert_eq!(v[0]["check"], "q\"x", "{j}");
+        assert_eq!(v[0]["detail"], "line\nbreak\\", "{j}");
+        assert_eq!(v[0]["fix"], "do \u{1}", "{j}");
+        assert_eq!(
+            v[0]["measured"],
+            serde_json::json!({"n": 2.0, "bad": null}),
+            "{j}"
+        );
+        let keys: Vec<&String> = v[0].as_object().expect("object").keys().collect();
+        assert_eq!(
+            keys,
+            ["check", "status", "detail", "fix", "measured"],
+            "documented key order"
+        );
+        assert_eq!(v[1]["fix"], serde_json::Value::Null, "{j}");
+        assert_eq!(v[1]["measured"], serde_json::json!({}), "{j}");
     }
 }
