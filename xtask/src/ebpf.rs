@@ -235,8 +235,17 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     let chain = detect_chain().context("no eBPF compiler chain: run `cargo xtask setup-ebpf` first")?;
     let linker = bpf_linker_version().context("bpf-linker missing: run `cargo xtask setup-ebpf` first")?;
     let vv = rustc_version(&chain)?;
+    // Two checkouts building at once would race on the symlinks of STABLE_SRC: one build at a time.
+    std::fs::create_dir_all(crate::util::cache_dir())?;
+    let lock_path = crate::util::cache_dir().join("ebpf-build.lock");
+    let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.lock().with_context(|| format!("locking {}", lock_path.display()))?;
     let src = stable_source_path(root)?;
-    let target_dir = crate::util::cache_dir().join("ebpf-target");
+    // One target dir per checkout (LLMPROF_EBPF_TARGET_DIR) keeps cargo's mtime checks honest when several
+    // checkouts build through the same STABLE_SRC path.
+    let target_dir = std::env::var_os("LLMPROF_EBPF_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::util::cache_dir().join("ebpf-target"));
     let sysroot = match chain {
         Chain::Debian => PathBuf::from(DEBIAN_SYSROOT),
         Chain::Nightly => {
@@ -275,6 +284,7 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
         .env("CARGO_ENCODED_RUSTFLAGS", flags)
         .env_remove("RUSTFLAGS");
     run(&mut cmd)?;
+    drop(lock);
     let obj = target_dir.join("bpfel-unknown-none/release/llmprof-ebpf");
     let record = format!("{vv}\n{linker}\n");
     Ok((obj, record))
