@@ -888,7 +888,8 @@ impl EngineLoop {
             num_waiting,
             num_preempted: out.preempted.len() as u32,
             ..StepRecord::new(kind, step_id, &ids)
-        };
+        }
+        .with_req_tokens(out.seqs.iter().map(|sc| sc.num_tokens as u32));
         self.metrics.add_step(kind);
         llmprof_probes::step(&rec);
     }

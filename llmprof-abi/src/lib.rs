@@ -16,7 +16,7 @@
 #![no_std]
 
 /// Version of every layout in this crate. Bump on any change.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Name of the exported `u32` static holding the engine's [`ABI_VERSION`].
 pub const ABI_VERSION_SYMBOL: &str = "llmprof_abi_version";
@@ -128,6 +128,9 @@ pub struct StepRecord {
     pub req_ids_truncated: u32,
     /// Engine request ids served by this step.
     pub req_ids: [u64; MAX_STEP_REQS],
+    /// Tokens computed for `req_ids[i]` in this step (its prompt or recompute chunk, or 1 for a decode); added in
+    /// ABI version 2 so a request's share of a batched prefill is known.
+    pub req_tokens: [u32; MAX_STEP_REQS],
 }
 
 impl StepRecord {
@@ -156,7 +159,26 @@ impl StepRecord {
             num_req_ids: n as u32,
             req_ids_truncated: u32::from(req_ids.len() > MAX_STEP_REQS),
             req_ids: ids,
+            req_tokens: [0; MAX_STEP_REQS],
         }
+    }
+
+    /// Sets the tokens each request of [`StepRecord::req_ids`] computed in this step, in the same order
+    /// (entries past [`MAX_STEP_REQS`] are dropped like their ids).
+    pub fn with_req_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
+        for (slot, t) in self.req_tokens.iter_mut().zip(tokens) {
+            *slot = t;
+        }
+        self
+    }
+
+    /// Tokens request `req` computed in this step, when it is among the recorded ids.
+    pub fn tokens_of(&self, req: u64) -> Option<u32> {
+        let n = (self.num_req_ids as usize).min(MAX_STEP_REQS);
+        self.req_ids[..n]
+            .iter()
+            .position(|&r| r == req)
+            .map(|i| self.req_tokens[i])
     }
 }
 
@@ -694,7 +716,7 @@ pub struct FilePattern {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<StepRecord>() == 88 + 8 * MAX_STEP_REQS);
+    assert!(core::mem::size_of::<StepRecord>() == 88 + 12 * MAX_STEP_REQS);
     assert!(core::mem::size_of::<RequestRecord>() == 80 + REQUEST_ID_LEN + MODEL_LEN);
     assert!(core::mem::size_of::<RangeRecord>() == 24 + RANGE_DOMAIN_LEN + RANGE_NAME_LEN);
     assert!(core::mem::size_of::<EventHeader>() == 24);
@@ -772,6 +794,12 @@ mod tests {
             (r.num_req_ids, r.req_ids_truncated, r.req_ids[0], r.abi_version),
             (1, 0, 7, ABI_VERSION)
         );
+        let r = StepRecord::new(StepKind::Mixed, 2, &[7, 8, 9]).with_req_tokens([128, 1, 64, 5]);
+        assert_eq!(
+            (r.tokens_of(7), r.tokens_of(8), r.tokens_of(9), r.tokens_of(10)),
+            (Some(128), Some(1), Some(64), None)
+        );
+        assert_eq!(r.req_tokens[3], 5, "extra entries land past num_req_ids, never read");
         let q = RequestRecord::new(RequestEventKind::Finished, 3, 42);
         assert_eq!((q.kind, q.req_id, q.ts_ns, q.has_trace_context), (4, 3, 42, 0));
         let g = RangeRecord::new(RangeOp::Push, 5, 1, "llmserve", "forward");

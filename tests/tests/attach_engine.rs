@@ -195,6 +195,27 @@ fn attach_to_the_engine_and_check_the_trace() {
         "step slices vs the engine's own step counter"
     );
 
+    // Each step's per-request token shares (ABI v2) add up to the tokens the step computed.
+    let shares = tp
+        .query(
+            "select extract_arg(s.arg_set_id, 'debug.prefill_tokens') + \
+                    extract_arg(s.arg_set_id, 'debug.decode_tokens') as total, \
+                    extract_arg(s.arg_set_id, 'debug.req_tokens') as shares \
+             from slice s join track t on s.track_id = t.id where t.name = 'engine steps' \
+             and s.name in ('prefill', 'decode', 'mixed')",
+        )
+        .expect("step shares query");
+    assert_eq!(shares.len() as i64, steps);
+    for row in &shares {
+        let sum: i64 = row["shares"]
+            .as_str()
+            .unwrap_or_default()
+            .split(',')
+            .map(|t| t.parse::<i64>().expect("req_tokens entry"))
+            .sum();
+        assert_eq!(Some(sum), row["total"].as_i64(), "per-request shares vs step totals: {row:?}");
+    }
+
     // Each request has its track with the right token counts; the traced one keeps its trace id.
     let rows = tp
         .query(

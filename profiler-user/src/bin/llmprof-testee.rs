@@ -93,7 +93,8 @@ fn sequence(gguf: Option<&str>, connect: Option<&str>) -> Result<(), String> {
         kv_blocks_total: 100,
         num_waiting: 1,
         ..StepRecord::new(StepKind::Decode, 42, &[7, 8])
-    };
+    }
+    .with_req_tokens([1, 1]);
     llmprof_probes::step(&step);
 
     std::thread::sleep(SLOW_SLEEP);

@@ -88,6 +88,8 @@ struct StepInfo {
     num_seqs: u32,
     prefill_tokens: u32,
     decode_tokens: u32,
+    /// This request's own tokens in the step (its chunk); None when its id was past the record's id list.
+    request_tokens: Option<u32>,
     host_ns: u64,
 }
 
@@ -293,7 +295,7 @@ impl RequestState {
         }
     }
 
-    fn on_step(&mut self, step: &StepRecord) {
+    fn on_step(&mut self, step: &StepRecord, req: u64) {
         self.steps += 1;
         let hs = step.host_start_ns;
         let he = step.host_end_ns.max(hs);
@@ -341,6 +343,7 @@ impl RequestState {
                     num_seqs: step.num_seqs,
                     prefill_tokens: step.prefill_tokens,
                     decode_tokens: step.decode_tokens,
+                    request_tokens: step.tokens_of(req),
                     host_ns: he - hs,
                 };
                 let index = self.chunks;
@@ -472,7 +475,7 @@ impl SpanBuilder {
                 let n = (step.num_req_ids as usize).min(MAX_STEP_REQS);
                 for id in &step.req_ids[..n] {
                     if let Some(st) = self.open.get_mut(&(ev.pid, *id)) {
-                        st.on_step(step);
+                        st.on_step(step, *id);
                     }
                 }
             }
@@ -794,6 +797,9 @@ fn segment_attrs(seg: &Segment) -> (&'static str, Vec<KeyValue>) {
                     a.push(KeyValue::new(sc::LLMPROF_STEP_KIND, k.name()));
                 }
                 a.push(KeyValue::new(sc::LLMPROF_STEP_NUM_SEQS, i64::from(s.num_seqs)));
+                if let Some(t) = s.request_tokens {
+                    a.push(KeyValue::new(sc::LLMPROF_PREFILL_CHUNK_TOKENS, i64::from(t)));
+                }
                 a.push(KeyValue::new(
                     sc::LLMPROF_STEP_PREFILL_TOKENS,
                     i64::from(s.prefill_tokens),
@@ -905,7 +911,13 @@ mod tests {
             kv_blocks_used: 1,
             kv_blocks_total: 100,
             ..StepRecord::new(kind, id, reqs)
-        };
+        }
+        // Each request's share: the first of a prefill batch 8 tokens, the others 4 (12 in all for two).
+        .with_req_tokens((0..reqs.len()).map(|i| match (kind, i) {
+            (StepKind::Decode, _) => 1,
+            (_, 0) => 8,
+            _ => 4,
+        }));
         Event {
             ts_ns: end,
             pid: PID,
@@ -1085,6 +1097,30 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
         assert!(!spans[0].parent_span_is_remote);
         assert_ne!(spans[0].span_context.trace_id(), TraceId::INVALID);
+    }
+
+    #[test]
+    fn batched_prefill_chunk_carries_the_request_share_and_the_batch_totals() {
+        let (_, spans) = run(&[
+            arrived(1, T0, false),
+            arrived(2, T0, false),
+            step(1, StepKind::Prefill, T0 + MS, T0 + 5 * MS, &[1, 2]),
+            simple(RequestEventKind::FirstToken, 1, T0 + 5 * MS),
+            simple(RequestEventKind::FirstToken, 2, T0 + 5 * MS),
+            finished(1, T0 + 6 * MS, FinishReason::Length, 1),
+            finished(2, T0 + 6 * MS, FinishReason::Length, 1),
+        ]);
+        let prefills: Vec<&SpanData> = spans.iter().filter(|s| s.name == "prefill").collect();
+        assert_eq!(prefills.len(), 2, "{:?}", names(&spans));
+        let shares: Vec<_> = prefills
+            .iter()
+            .map(|s| attr(s, "llmprof.prefill.tokens").cloned())
+            .collect();
+        assert_eq!(shares, [Some(Value::I64(8)), Some(Value::I64(4))]);
+        for s in prefills {
+            assert_eq!(attr(s, "llmprof.step.prefill_tokens"), Some(&Value::I64(12)));
+            assert_eq!(attr(s, "llmprof.step.num_seqs"), Some(&Value::I64(2)));
+        }
     }
 
     #[test]

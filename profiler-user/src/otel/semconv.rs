@@ -101,12 +101,14 @@ pub const LLMPROF_STEP_ID: &str = "llmprof.step.id";
 pub const LLMPROF_STEP_KIND: &str = "llmprof.step.kind";
 /// Sequences in the step's batch.
 pub const LLMPROF_STEP_NUM_SEQS: &str = "llmprof.step.num_seqs";
-/// Prefill tokens of the whole batch (the ABI carries no per-request split).
+/// Prefill tokens of the whole batch (this request's share is [`LLMPROF_PREFILL_CHUNK_TOKENS`]).
 pub const LLMPROF_STEP_PREFILL_TOKENS: &str = "llmprof.step.prefill_tokens";
 /// Decode tokens of the whole batch.
 pub const LLMPROF_STEP_DECODE_TOKENS: &str = "llmprof.step.decode_tokens";
 /// Seconds the step itself ran on the host (a chunk span also covers the scheduling gap before its step).
 pub const LLMPROF_STEP_HOST_DURATION: &str = "llmprof.step.host_duration";
+/// This request's own tokens computed in the chunk (its share of the batch; ABI v2 `req_tokens`).
+pub const LLMPROF_PREFILL_CHUNK_TOKENS: &str = "llmprof.prefill.tokens";
 /// Index of a prefill chunk within the request (0-based).
 pub const LLMPROF_CHUNK_INDEX: &str = "llmprof.chunk.index";
 /// True on prefill chunks that recompute a preempted request.

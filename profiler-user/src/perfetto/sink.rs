@@ -546,6 +546,11 @@ impl<W: Write> TraceSink<W> {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(",");
+        let req_tokens = r.req_tokens[..n]
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let args = vec![
             arg_u("step_id", r.step_id),
             arg_u("num_seqs", r.num_seqs),
@@ -556,6 +561,7 @@ impl<W: Write> TraceSink<W> {
             arg_u("num_waiting", r.num_waiting),
             arg_u("num_preempted", r.num_preempted),
             arg_s("req_ids", req_ids),
+            arg_s("req_tokens", req_tokens),
             arg_b("req_ids_truncated", r.req_ids_truncated != 0),
         ];
         let dur = r.host_end_ns.saturating_sub(r.host_start_ns);
