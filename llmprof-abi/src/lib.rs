@@ -799,7 +799,10 @@ mod tests {
             (r.tokens_of(7), r.tokens_of(8), r.tokens_of(9), r.tokens_of(10)),
             (Some(128), Some(1), Some(64), None)
         );
-        assert_eq!(r.req_tokens[3], 5, "extra entries land past num_req_ids, never read");
+        assert_eq!(
+            r.req_tokens[3], 5,
+            "extra entries land past num_req_ids, never read"
+        );
         let q = RequestRecord::new(RequestEventKind::Finished, 3, 42);
         assert_eq!((q.kind, q.req_id, q.ts_ns, q.has_trace_context), (4, 3, 42, 0));
         let g = RangeRecord::new(RangeOp::Push, 5, 1, "llmserve", "forward");

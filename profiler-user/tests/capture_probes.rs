@@ -185,7 +185,11 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
         (2, 2, 5, 100)
     );
     assert_eq!(&s.req_ids[..s.num_req_ids as usize], &[7, 8]);
-    assert_eq!(&s.req_tokens[..s.num_req_ids as usize], &[1, 1], "ABI v2 per-request tokens");
+    assert_eq!(
+        &s.req_tokens[..s.num_req_ids as usize],
+        &[1, 1],
+        "ABI v2 per-request tokens"
+    );
     assert_eq!(s.host_end_ns - s.host_start_ns, 1_000);
 
     let reqs: Vec<_> = events

@@ -213,7 +213,11 @@ fn attach_to_the_engine_and_check_the_trace() {
             .split(',')
             .map(|t| t.parse::<i64>().expect("req_tokens entry"))
             .sum();
-        assert_eq!(Some(sum), row["total"].as_i64(), "per-request shares vs step totals: {row:?}");
+        assert_eq!(
+            Some(sum),
+            row["total"].as_i64(),
+            "per-request shares vs step totals: {row:?}"
+        );
     }
 
     // Each request has its track with the right token counts; the traced one keeps its trace id.
