@@ -14,12 +14,14 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 
 use super::OtelError;
 use super::options::{ExportConfig, OtlpProtocol};
+use super::tls::TlsMaterial;
 
 /// Requests (each one's spans are one message) the queue between capture and export holds. At ~6 spans a request
 /// this is ~6000 spans, three times the OTel batch processor's default queue (`OTEL_BSP_MAX_QUEUE_SIZE` = 2048).
@@ -164,22 +166,49 @@ impl ExportThread {
 /// contradict them; headers, timeout and compression variables still apply.
 fn build_exporter(cfg: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, OtelError> {
     let builder = opentelemetry_otlp::SpanExporter::builder();
+    // TLS material only for https: the files are read and checked here, before anything is attached.
+    let tls = if cfg.endpoint.starts_with("https://") {
+        Some(TlsMaterial::load(&cfg.tls)?)
+    } else {
+        None
+    };
     let exporter = match cfg.protocol {
-        OtlpProtocol::Grpc => builder
-            .with_tonic()
-            .with_endpoint(cfg.endpoint.clone())
-            .with_protocol(Protocol::Grpc)
-            .build(),
-        OtlpProtocol::Http => builder
-            .with_http()
-            .with_endpoint(cfg.endpoint.clone())
-            .with_protocol(Protocol::HttpBinary)
-            .build(),
+        OtlpProtocol::Grpc => {
+            let b = builder
+                .with_tonic()
+                .with_endpoint(cfg.endpoint.clone())
+                .with_protocol(Protocol::Grpc);
+            match &tls {
+                Some(t) => b.with_tls_config(t.grpc()).build(),
+                None => b.build(),
+            }
+        }
+        OtlpProtocol::Http => {
+            let b = builder
+                .with_http()
+                .with_endpoint(cfg.endpoint.clone())
+                .with_protocol(Protocol::HttpBinary);
+            match &tls {
+                Some(t) => b
+                    .with_http_client(HyperClient::new(t.http_connector()?, export_timeout(), None))
+                    .build(),
+                None => b.build(),
+            }
+        }
     };
     exporter.map_err(|source| OtelError::Exporter {
         endpoint: cfg.endpoint.clone(),
         source,
     })
+}
+
+/// The exporter's request timeout: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, `OTEL_EXPORTER_OTLP_TIMEOUT` (ms), else
+/// the specification's 10 s (opentelemetry-otlp applies the same to the clients it builds itself).
+fn export_timeout() -> Duration {
+    ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
 /// The thread's loop: batch, export, count, until the queue is closed and drained.

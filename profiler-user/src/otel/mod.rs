@@ -28,6 +28,7 @@ mod export;
 pub mod options;
 pub mod resource;
 pub mod semconv;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,18 @@ pub enum OtelError {
     /// `OTEL_EXPORTER_OTLP_PROTOCOL` names a protocol llmprof does not speak.
     #[error("unsupported OTLP protocol {0:?}: use grpc or http/protobuf")]
     InvalidProtocol(String),
-    /// opentelemetry-otlp refused the configuration (e.g. https without TLS support).
+    /// A TLS file (CA, client certificate or key) is missing or malformed.
+    #[error("OTLP TLS file {path}: {reason}")]
+    Tls {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// rustls refused the TLS configuration.
+    #[error("cannot set up TLS to the OTLP endpoint: {0}")]
+    TlsSetup(String),
+    /// opentelemetry-otlp refused the configuration.
     #[error("cannot set up the OTLP exporter for {endpoint}")]
     Exporter {
         /// The endpoint.

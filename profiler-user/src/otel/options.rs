@@ -10,6 +10,10 @@
 //! - other resource attributes: `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, values percent-decoded) over what
 //!   llmprof detects.
 //!
+//! - TLS (https:// endpoints only): `--otlp-ca-cert`, `--otlp-client-cert`, `--otlp-client-key`, then
+//!   `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`/`..._CLIENT_CERTIFICATE`/`..._CLIENT_KEY`, then the same without
+//!   `TRACES_`. The system roots are always trusted too.
+//!
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`, `..._COMPRESSION` are read by opentelemetry-otlp itself.
 
 use super::OtelError;
@@ -41,6 +45,18 @@ pub struct OtelOptions {
     /// OTLP transport. Default: $OTEL_EXPORTER_OTLP_PROTOCOL, else grpc for port 4317 and http otherwise.
     #[arg(long, value_enum, value_name = "PROTOCOL")]
     pub otlp_protocol: Option<OtlpProtocol>,
+    /// PEM CA certificate(s) to trust, besides the system roots, for an https:// endpoint.
+    /// Default: $OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, then $OTEL_EXPORTER_OTLP_CERTIFICATE.
+    #[arg(long, value_name = "FILE")]
+    pub otlp_ca_cert: Option<std::path::PathBuf>,
+    /// PEM client certificate for mutual TLS to an https:// endpoint (with --otlp-client-key).
+    /// Default: $OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE, then $OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE.
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --otlp-client-cert.
+    /// Default: $OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, then $OTEL_EXPORTER_OTLP_CLIENT_KEY.
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_key: Option<std::path::PathBuf>,
     /// Allow prompt and completion text in spans. Off by default: spans carry token counts and timings only.
     /// (The engine's probes carry no text today, so this changes nothing yet.)
     #[arg(long)]
@@ -60,6 +76,8 @@ pub struct ExportConfig {
     pub resource_attributes: Vec<(String, String)>,
     /// `--capture-content`.
     pub capture_content: bool,
+    /// TLS files (used for https:// endpoints only).
+    pub tls: super::tls::TlsFiles,
 }
 
 impl OtelOptions {
@@ -115,12 +133,25 @@ impl OtelOptions {
         let service_name = env("OTEL_SERVICE_NAME")
             .or(attr_service)
             .unwrap_or_else(|| super::semconv::DEFAULT_SERVICE_NAME.to_string());
+        let file = |flag: &Option<std::path::PathBuf>, var: &str| {
+            flag.clone().or_else(|| {
+                env(&format!("OTEL_EXPORTER_OTLP_TRACES_{var}"))
+                    .or_else(|| env(&format!("OTEL_EXPORTER_OTLP_{var}")))
+                    .map(std::path::PathBuf::from)
+            })
+        };
+        let tls = super::tls::TlsFiles {
+            ca: file(&self.otlp_ca_cert, "CERTIFICATE"),
+            client_cert: file(&self.otlp_client_cert, "CLIENT_CERTIFICATE"),
+            client_key: file(&self.otlp_client_key, "CLIENT_KEY"),
+        };
         Ok(Some(ExportConfig {
             endpoint,
             protocol,
             service_name,
             resource_attributes,
             capture_content: self.capture_content,
+            tls,
         }))
     }
 }
@@ -266,7 +297,7 @@ mod tests {
         let opts = OtelOptions {
             otlp_endpoint: Some("http://[::1]:4318/v1/traces".into()),
             otlp_protocol: Some(OtlpProtocol::Http),
-            capture_content: false,
+            ..Default::default()
         };
         assert_eq!(
             resolve(&opts, &[]).unwrap().unwrap().endpoint,
@@ -311,6 +342,38 @@ mod tests {
             resolve(&opts, &[]),
             Err(OtelError::InvalidEndpoint { .. })
         ));
+    }
+
+    #[test]
+    fn tls_files_flag_then_traces_variable_then_general_variable() {
+        let opts = OtelOptions {
+            otlp_endpoint: Some("https://collector:4317".into()),
+            otlp_ca_cert: Some("/flag/ca.pem".into()),
+            ..Default::default()
+        };
+        let c = resolve(
+            &opts,
+            &[
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/env/ca.pem"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                    "/traces/client.pem",
+                ),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/env/client.pem"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/env/client.key"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.tls.ca.as_deref(), Some(std::path::Path::new("/flag/ca.pem")));
+        assert_eq!(
+            c.tls.client_cert.as_deref(),
+            Some(std::path::Path::new("/traces/client.pem"))
+        );
+        assert_eq!(
+            c.tls.client_key.as_deref(),
+            Some(std::path::Path::new("/env/client.key"))
+        );
     }
 
     #[test]

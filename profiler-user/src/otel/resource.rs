@@ -105,6 +105,7 @@ mod tests {
             service_name: "llm-7".into(),
             resource_attributes: vec![("host.name".into(), "gpu-node-7".into())],
             capture_content: false,
+            tls: Default::default(),
         };
         let info = ResourceInfo {
             pid: 4242,
