@@ -59,7 +59,7 @@ pub enum Command {
 
 Ends on Ctrl-C / SIGTERM, when the duration elapsed, or when the target exits; the trace is finished cleanly
 in every case. Open it with `llmprof open FILE`.")]
-    Attach(AttachArgs),
+    Attach(Box<AttachArgs>),
     /// Serve a trace to Perfetto UI (https://ui.perfetto.dev) from 127.0.0.1 and print the link.
     #[command(after_help = "Examples:
   llmprof open incident.perfetto-trace

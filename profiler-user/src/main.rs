@@ -33,7 +33,7 @@ fn main() {
     let cli = Cli::parse();
     install_signal_handlers();
     let code = match cli.command {
-        Command::Attach(a) => run_attach(a),
+        Command::Attach(a) => run_attach(*a),
         Command::Open(o) => run_open(o),
         Command::Doctor(d) => run_doctor(&d),
         Command::Report(r) => run_report(&r),

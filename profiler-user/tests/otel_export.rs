@@ -1055,9 +1055,9 @@ fn untrusted_collector_certificate_fails_the_export_not_the_session() {
 fn unreadable_tls_file_is_a_clear_error_before_anything_starts() {
     let mut cfg = config("https://localhost:4318/v1/traces".into(), OtlpProtocol::Http);
     cfg.tls.ca = Some(tls_fixture("no-such-ca.pem"));
-    let err = OtelSink::with_config(&cfg, resource_info(), WallClock::now().unwrap())
-        .err()
-        .expect("a missing CA file must be refused")
-        .to_string();
+    let Err(err) = OtelSink::with_config(&cfg, resource_info(), WallClock::now().unwrap()) else {
+        panic!("a missing CA file must be refused");
+    };
+    let err = err.to_string();
     assert!(err.contains("no-such-ca.pem"), "{err}");
 }
