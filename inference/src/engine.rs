@@ -20,7 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use llmprof_abi::{
-    ABI_VERSION, FinishReason, RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind, StepRecord,
+    ABI_VERSION, ContentKind, ContentRecord, FinishReason, RangeOp, RangeRecord, RequestEventKind,
+    RequestRecord, StepKind, StepRecord,
 };
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -428,6 +429,11 @@ impl Detokenizer {
     }
 
     /// Text that is safe to send now (`last`: everything, flushing incomplete bytes).
+    /// Everything released to the client so far (after `take(true)`: the whole completion).
+    pub fn released(&self) -> &str {
+        &self.text[..self.sent]
+    }
+
     pub fn take(&mut self, last: bool) -> String {
         if last {
             self.decode_pending(true);
@@ -572,8 +578,21 @@ impl EngineLoop {
             req,
         };
         self.sched.add(Sequence::new(id, live.req.prompt.clone()));
+        let prompt_text = llmprof_probes::content_attached().then(|| {
+            // Only while `llmprof attach --capture-content` is attached: the prompt as the model sees it.
+            let bytes: Vec<u8> = live
+                .req
+                .prompt
+                .iter()
+                .flat_map(|&t| self.model.token_bytes(t).iter().copied())
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        });
         self.live.insert(id, live);
         self.probe_request(id, RequestEventKind::Arrived, FinishReason::None);
+        if let Some(text) = prompt_text {
+            llmprof_probes::content(&ContentRecord::new(ContentKind::Prompt, id, &text));
+        }
     }
 
     fn reload(&mut self, r: Reloaded) -> Result<String, String> {
@@ -685,6 +704,13 @@ impl EngineLoop {
             prompt_tokens: l.prompt_len as u32,
             completion_tokens: l.output_tokens,
         };
+        if llmprof_probes::content_attached() {
+            llmprof_probes::content(&ContentRecord::new(
+                ContentKind::Completion,
+                id,
+                l.detok.released(),
+            ));
+        }
         self.metrics.observe_finished(&stats);
         self.probe_request(id, RequestEventKind::Finished, reason);
         self.queue_out(

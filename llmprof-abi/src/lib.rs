@@ -28,6 +28,9 @@ pub const PROBE_REQUEST: &str = "llmprof_probe_request";
 pub const PROBE_RANGE: &str = "llmprof_probe_range";
 /// All probe symbols, in [`ProbeId`] order of the engine probes.
 pub const ENGINE_PROBES: [&str; 3] = [PROBE_STEP, PROBE_REQUEST, PROBE_RANGE];
+/// Engine probe: prompt or completion text of a request (`*const ContentRecord`). Attached only with
+/// `--capture-content`; the engine renders the text only while it is attached (`llmprof_probes::content_attached`).
+pub const PROBE_CONTENT: &str = "llmprof_probe_content";
 
 /// The 5-byte NOP (`nopl 0x0(%rax,%rax,1)`) each probe function begins with; the uprobe sits on it, which
 /// lets kernels with optimized uprobes (6.18 here) replace the int3 trap by a call.
@@ -379,6 +382,59 @@ impl RangeRecord {
     }
 }
 
+/// Bytes of text one [`ContentEvent`] carries; longer texts are cut (and flagged).
+pub const CONTENT_MAX: usize = 4096;
+
+/// Which text a [`ContentRecord`] points to.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentKind {
+    /// The prompt as the model saw it (the rendered chat template for chat requests).
+    Prompt = 0,
+    /// The completion text returned to the client.
+    Completion = 1,
+}
+
+impl ContentKind {
+    /// From the raw value of [`ContentRecord::kind`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Prompt),
+            1 => Some(Self::Completion),
+            _ => None,
+        }
+    }
+}
+
+/// A request's text, passed by pointer to [`PROBE_CONTENT`]; the eBPF program copies up to [`CONTENT_MAX`] bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ContentRecord {
+    /// [`ABI_VERSION`].
+    pub abi_version: u32,
+    /// [`ContentKind`] as u32.
+    pub kind: u32,
+    /// Engine request id.
+    pub req_id: u64,
+    /// UTF-8 text in the engine's memory (valid for the duration of the call).
+    pub ptr: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+impl ContentRecord {
+    /// A record pointing at `text` (which must outlive the probe call).
+    pub fn new(kind: ContentKind, req_id: u64, text: &str) -> Self {
+        Self {
+            abi_version: ABI_VERSION,
+            kind: kind as u32,
+            req_id,
+            ptr: text.as_ptr() as u64,
+            len: text.len() as u64,
+        }
+    }
+}
+
 /// Kinds of records the eBPF programs write into the ring buffer. Each record starts with an [`EventHeader`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -399,6 +455,8 @@ pub enum EventKind {
     Connect = 7,
     /// [`ProcessExitEvent`].
     ProcessExit = 8,
+    /// [`ContentEvent`].
+    Content = 9,
 }
 
 impl EventKind {
@@ -413,6 +471,7 @@ impl EventKind {
             6 => Some(Self::FileIo),
             7 => Some(Self::Connect),
             8 => Some(Self::ProcessExit),
+            9 => Some(Self::Content),
             _ => None,
         }
     }
@@ -589,6 +648,22 @@ pub struct ProcessExitEvent {
     pub exit_code: i64,
 }
 
+/// A request's text (only written when `--capture-content` attached the content uprobe).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ContentEvent {
+    /// Header ([`EventKind::Content`]).
+    pub hdr: EventHeader,
+    /// The engine's record (its `ptr` is the engine's address, meaningless here).
+    pub rec: ContentRecord,
+    /// Bytes of `data` copied: `min(rec.len, CONTENT_MAX)`.
+    pub copied: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// The first `copied` bytes of the text (a cut may split a UTF-8 character).
+    pub data: [u8; CONTENT_MAX],
+}
+
 /// Key of the in-kernel syscall aggregate map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -648,10 +723,12 @@ pub enum ProbeId {
     Send = 7,
     /// sched_process_exit.
     ProcessExit = 8,
+    /// Engine content uprobe (only with `--capture-content`).
+    Content = 9,
 }
 
 /// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 9;
+pub const NUM_PROBES: usize = 10;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -664,6 +741,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "connect",
     "send",
     "process_exit",
+    "engine_content",
 ];
 
 /// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
@@ -725,6 +803,8 @@ const _: () = {
     assert!(core::mem::size_of::<FileIoEvent>() == 56);
     assert!(core::mem::size_of::<ConnectEvent>() == 72);
     assert!(core::mem::size_of::<ProcessExitEvent>() == 32);
+    assert!(core::mem::size_of::<ContentRecord>() == 32);
+    assert!(core::mem::size_of::<ContentEvent>() == 64 + CONTENT_MAX);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);

@@ -10,7 +10,7 @@
 //! `println!("cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol=llmprof_*");`
 //! and reference [`keep`] once from `main` so the linker keeps the object.
 
-use llmprof_abi::{RangeRecord, RequestRecord, StepRecord};
+use llmprof_abi::{ContentRecord, RangeRecord, RequestRecord, StepRecord};
 
 /// The engine's probe ABI version, read by llmprof from the binary before attaching.
 #[unsafe(no_mangle)]
@@ -36,6 +36,29 @@ pub extern "C" fn llmprof_probe_request(rec: *const RequestRecord) {
 #[unsafe(naked)]
 pub extern "C" fn llmprof_probe_range(rec: *const RangeRecord) {
     core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+}
+
+/// The engine's text of a request; attached only by `llmprof attach --capture-content`.
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+pub extern "C" fn llmprof_probe_content(rec: *const ContentRecord) {
+    core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+}
+
+/// True while a uprobe sits on [`llmprof_probe_content`]: its first byte is then no longer the NOP's `0x0f`
+/// (the kernel patched this process's copy of the page to an int3 or a call). Lets the engine render text
+/// only while someone asked for it.
+#[inline]
+pub fn content_attached() -> bool {
+    // SAFETY: the function's code is mapped readable (r-x) for the life of the process; a volatile one-byte
+    // read of its first instruction has no side effect.
+    unsafe { core::ptr::read_volatile(llmprof_probe_content as *const u8) != llmprof_abi::PROBE_NOP5[0] }
+}
+
+/// Emits a content record (call only when [`content_attached`]; `rec` points into a live string).
+#[inline]
+pub fn content(rec: &ContentRecord) {
+    llmprof_probe_content(rec);
 }
 
 /// Emits a step record.
@@ -65,6 +88,7 @@ pub fn keep() -> u32 {
     core::hint::black_box(llmprof_probe_step as *const ());
     core::hint::black_box(llmprof_probe_request as *const ());
     core::hint::black_box(llmprof_probe_range as *const ());
+    core::hint::black_box(llmprof_probe_content as *const ());
     v
 }
 

@@ -10,6 +10,8 @@
 //! - `llmprof_pexit` (sched:sched_process_exit): the traced process's end.
 //! - `llmprof_step` / `llmprof_request` / `llmprof_range` (uprobes at the engine's probe NOPs): copy the
 //!   engine's record with `bpf_probe_read_user` straight into the ring-buffer reservation.
+//! - `llmprof_content` (uprobe at the engine's content probe, attached only with `--capture-content`):
+//!   copies the record and up to `CONTENT_MAX` bytes of the text it points to.
 //!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
@@ -31,7 +33,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use llmprof_abi::{
-    ABI_VERSION, Config, ConnectEvent, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
+    ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
     FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters,
     ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
     SyscallStats,
@@ -589,6 +591,58 @@ pub fn llmprof_request(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn llmprof_range(ctx: ProbeContext) -> u32 {
     engine_record::<RangeEvent>(&ctx, ProbeId::Range, EventKind::Range)
+}
+
+/// Uprobe at `llmprof_probe_content`: the record, then the first `CONTENT_MAX` bytes of its text.
+#[uprobe]
+pub fn llmprof_content(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let ts = now();
+    let Some(src) = ctx.arg::<u64>(0) else { return 0 };
+    let Some(mut e) = EVENTS.reserve::<ContentEvent>(0) else {
+        count(ProbeId::Content, 1, 0, 1);
+        return 0;
+    };
+    let p = e.as_mut_ptr();
+    // SAFETY: `p` is a reserved ContentEvent; every write stays inside it. The user reads go through the
+    // helper, which fails cleanly on a bad pointer; the text length is clamped to the `data` array.
+    let ok = unsafe {
+        (&raw mut (*p).hdr).write(header(EventKind::Content, ts, pid_tgid));
+        let rec = &raw mut (*p).rec;
+        let rc = bpf_probe_read_user(
+            rec.cast::<c_void>(),
+            core::mem::size_of::<ContentRecord>() as u32,
+            src as *const c_void,
+        );
+        if rc != 0 || (*rec).abi_version != ABI_VERSION {
+            false
+        } else {
+            let n = if (*rec).len > CONTENT_MAX as u64 {
+                CONTENT_MAX as u32
+            } else {
+                (*rec).len as u32
+            };
+            (&raw mut (*p).copied).write(n);
+            (&raw mut (*p)._pad).write(0);
+            n == 0
+                || bpf_probe_read_user(
+                    (&raw mut (*p).data).cast::<c_void>(),
+                    n,
+                    (*rec).ptr as *const c_void,
+                ) == 0
+        }
+    };
+    if !ok {
+        e.discard(0);
+        count(ProbeId::Content, 1, 0, 1);
+        return 0;
+    }
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Content, 1, 1, 0);
+    0
 }
 
 #[cfg(not(test))]

@@ -144,10 +144,18 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     // Validate the OTLP configuration before loading anything; the exporter runs on its own thread and never
     // stalls capture.
     let mut otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, None))?;
+    // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
+    let capture_content = opts.otel.capture_content && otel.is_some();
+    if opts.otel.capture_content && otel.is_none() {
+        eprintln!(
+            "warning: --capture-content needs an OTLP endpoint (text goes to spans only): not capturing text"
+        );
+    }
     let mut cfg = CaptureConfig {
         pids: vec![opts.pid],
         slow_syscall: opts.slow_syscall,
         ring_bytes: opts.ring_bytes,
+        capture_content,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use llmprof_abi::{FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord, StepRecord};
+use llmprof_abi::{ContentKind, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord, StepRecord};
 
 /// One decoded event.
 #[derive(Clone, Debug)]
@@ -32,6 +32,17 @@ pub enum EventBody {
     Request(Box<RequestRecord>),
     /// An NVTX-style push/pop/mark (probe `llmprof_probe_range`).
     Range(RangeRecord),
+    /// A request's prompt or completion text (probe `llmprof_probe_content`, only with `--capture-content`).
+    Content {
+        /// Prompt or completion.
+        kind: ContentKind,
+        /// Engine request id.
+        req_id: u64,
+        /// The text (its first `CONTENT_MAX` bytes; a cut character becomes U+FFFD).
+        text: String,
+        /// The text's full length in the engine, bytes (more than `text` when cut).
+        len: u64,
+    },
     /// A syscall slower than the threshold.
     SlowSyscall {
         /// Syscall number.

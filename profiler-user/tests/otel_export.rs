@@ -725,7 +725,7 @@ struct AttachRun {
 }
 
 /// None (after the CI policy's message) when this host cannot run the real thing.
-fn attach_session(endpoint: &str, tag: &str) -> Option<AttachRun> {
+fn attach_session(endpoint: &str, tag: &str, extra: &[&str]) -> Option<AttachRun> {
     let model = e2e::default_model();
     if !e2e::require(e2e::is_root(), "not root: eBPF probes need root")
         || !e2e::require(
@@ -742,7 +742,9 @@ fn attach_session(endpoint: &str, tag: &str) -> Option<AttachRun> {
     ));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmprof"))
         .args(["attach", "--pid", &engine.pid.to_string()])
-        .args(["--otlp-protocol", "grpc", "--otlp-endpoint", endpoint, "-o"])
+        .args(["--otlp-protocol", "grpc", "--otlp-endpoint", endpoint])
+        .args(extra)
+        .arg("-o")
         .arg(&trace)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -800,7 +802,7 @@ fn attach_session(endpoint: &str, tag: &str) -> Option<AttachRun> {
 #[test]
 fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
     let (addr, got, _rt) = start_grpc_receiver();
-    let Some(run) = attach_session(&format!("http://{addr}"), "up") else {
+    let Some(run) = attach_session(&format!("http://{addr}"), "up", &[]) else {
         return;
     };
     let spans: Vec<Span> = got
@@ -841,6 +843,55 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
         sum.abs_diff(total) <= total / 100 + 1_000_000,
         "children {sum} ns vs request {total} ns"
     );
+    assert_eq!(
+        attr(&root.attributes, "gen_ai.input.messages"),
+        None,
+        "no text without --capture-content"
+    );
+    let _ = std::fs::remove_file(&run.trace);
+}
+
+/// `--capture-content`: the prompt and the completion reach the request span as GenAI messages (the completion
+/// exactly as the client got it); the trace file still holds no text.
+#[test]
+fn attach_with_capture_content_puts_the_text_in_the_span_only() {
+    let (addr, got, _rt) = start_grpc_receiver();
+    let Some(run) = attach_session(&format!("http://{addr}"), "content", &["--capture-content"]) else {
+        return;
+    };
+    let spans: Vec<Span> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.resource_spans.clone())
+        .flat_map(|rs| rs.scope_spans)
+        .flat_map(|ss| ss.spans)
+        .collect();
+    let root = spans
+        .iter()
+        .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
+        .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()));
+    let json = |key: &str| -> serde_json::Value {
+        match attr(&root.attributes, key) {
+            Some(any_value::Value::StringValue(v)) => serde_json::from_str(v).unwrap(),
+            other => panic!("{key}: {other:?}"),
+        }
+    };
+    let input = json("gen_ai.input.messages");
+    let prompt = input[0]["parts"][0]["content"].as_str().unwrap();
+    assert!(prompt.contains("What is the capital of France?"), "{prompt}");
+    assert_eq!(input[0]["role"], "user");
+    let output = json("gen_ai.output.messages");
+    let answer = run.usage["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!answer.is_empty());
+    assert_eq!(output[0]["parts"][0]["content"], answer, "{output}");
+    assert_eq!(output[0]["role"], "assistant");
+    let bytes = std::fs::read(&run.trace).unwrap();
+    let needle = b"capital of France";
+    assert!(
+        !bytes.windows(needle.len()).any(|w| w == needle),
+        "the trace file must not hold prompt text"
+    );
     let _ = std::fs::remove_file(&run.trace);
 }
 
@@ -854,7 +905,7 @@ fn attach_with_the_receiver_down_still_writes_the_trace_and_counts_drops() {
     ) {
         return;
     }
-    let Some(run) = attach_session(&format!("http://127.0.0.1:{}", dead_port()), "down") else {
+    let Some(run) = attach_session(&format!("http://127.0.0.1:{}", dead_port()), "down", &[]) else {
         return;
     };
     let line = run

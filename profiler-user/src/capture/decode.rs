@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use llmprof_abi::{
-    ConnectEvent, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent, ProcessExitEvent, RangeEvent,
-    RequestEvent, SlowSyscallEvent, StepEvent, read_str,
+    ConnectEvent, ContentEvent, ContentKind, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
+    ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, StepEvent, read_str,
 };
 
 use super::cidr::Cidr;
@@ -37,6 +37,7 @@ impl Record for FileOpenEvent {}
 impl Record for FileIoEvent {}
 impl Record for ConnectEvent {}
 impl Record for ProcessExitEvent {}
+impl Record for ContentEvent {}
 
 fn read<T: Record>(b: &[u8]) -> Option<T> {
     if b.len() < std::mem::size_of::<T>() {
@@ -128,6 +129,16 @@ impl Decoder {
                     ret: e.ret,
                     dur_ns: e.dur_ns,
                     allowed,
+                }
+            }
+            EventKind::Content => {
+                let e: ContentEvent = read(b)?;
+                let n = (e.copied as usize).min(e.data.len());
+                EventBody::Content {
+                    kind: ContentKind::from_raw(e.rec.kind)?,
+                    req_id: e.rec.req_id,
+                    text: String::from_utf8_lossy(&e.data[..n]).into_owned(),
+                    len: e.rec.len,
                 }
             }
             EventKind::ProcessExit => {

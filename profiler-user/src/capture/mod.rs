@@ -26,8 +26,8 @@ use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::{TracePoint, UProbe, uprobe::UProbeScope};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
-    ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, ProbeCounters, SockKey, SyscallKey,
-    SyscallStats,
+    ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, PROBE_CONTENT, ProbeCounters, SockKey,
+    SyscallKey, SyscallStats,
 };
 
 pub use cidr::{Cidr, CidrError};
@@ -60,14 +60,17 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 6] = [
+pub const PROGRAM_NAMES: [&str; 7] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
     "llmprof_step",
     "llmprof_request",
     "llmprof_range",
+    "llmprof_content",
 ];
+/// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
+const CONTENT_UPROBE: &str = "llmprof_content";
 
 /// What to capture.
 #[derive(Clone, Debug)]
@@ -82,6 +85,8 @@ pub struct CaptureConfig {
     pub egress_allow: Vec<Cidr>,
     /// Ring-buffer size in bytes (rounded up to a power of two, at least one page).
     pub ring_bytes: usize,
+    /// Attach the engine's content probe: prompt and completion text leave the engine (opt-in).
+    pub capture_content: bool,
 }
 
 impl Default for CaptureConfig {
@@ -92,6 +97,7 @@ impl Default for CaptureConfig {
             model_patterns: DEFAULT_MODEL_PATTERNS.iter().map(|s| s.to_string()).collect(),
             egress_allow: Cidr::default_allow(),
             ring_bytes: DEFAULT_RING_BYTES,
+            capture_content: false,
         }
     }
 }
@@ -348,7 +354,8 @@ impl Capture {
             .values()
             .any(|e| matches!(e, EngineProbes::Attached { .. }));
         if want_uprobes {
-            for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES) {
+            let content = cfg.capture_content.then_some((&PROBE_CONTENT, CONTENT_UPROBE));
+            for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES).chain(content) {
                 let p: &mut UProbe = program(&mut ebpf, prog)?;
                 p.load().map_err(|source| CaptureError::Program {
                     program: prog.to_string(),

@@ -35,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use llmprof_abi::{
-    FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, read_str,
+    ContentKind, FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, read_str,
 };
 use opentelemetry::trace::{
     Event as SpanEvent, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -131,6 +131,12 @@ struct RequestInfo {
     finish_reason: Option<FinishReason>,
     /// Preemptions as the engine counts them (covers those before the session).
     num_preemptions: u32,
+    /// Prompt text (`--capture-content` only).
+    prompt_text: Option<String>,
+    /// Completion text (`--capture-content` only).
+    completion_text: Option<String>,
+    /// A captured text was cut at the probe's limit.
+    content_truncated: bool,
 }
 
 impl RequestInfo {
@@ -146,6 +152,7 @@ impl RequestInfo {
             x_request_id: read_str(&rec.x_request_id).to_string(),
             finish_reason: None,
             num_preemptions: rec.num_preemptions,
+            ..Self::default()
         }
     }
 
@@ -525,6 +532,20 @@ impl SpanBuilder {
                 ];
                 self.attach(ev, sc::EVENT_FLAGGED_EGRESS, *dur_ns, attrs);
             }
+            EventBody::Content {
+                kind,
+                req_id,
+                text,
+                len,
+            } => {
+                if let Some(st) = self.open.get_mut(&(ev.pid, *req_id)) {
+                    st.info.content_truncated |= *len > text.len() as u64;
+                    match kind {
+                        ContentKind::Prompt => st.info.prompt_text = Some(text.clone()),
+                        ContentKind::Completion => st.info.completion_text = Some(text.clone()),
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -684,6 +705,23 @@ impl SpanBuilder {
                 sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
                 secs(ft.saturating_sub(st.start_ns)),
             ));
+        }
+        if let Some(t) = &info.prompt_text {
+            let m = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": t}]}]);
+            attrs.push(KeyValue::new(sc::GEN_AI_INPUT_MESSAGES, m.to_string()));
+        }
+        if let Some(t) = &info.completion_text {
+            let mut m = serde_json::json!({"role": "assistant", "parts": [{"type": "text", "content": t}]});
+            if let Some(r) = finish {
+                m["finish_reason"] = serde_json::Value::from(r.name());
+            }
+            attrs.push(KeyValue::new(
+                sc::GEN_AI_OUTPUT_MESSAGES,
+                serde_json::json!([m]).to_string(),
+            ));
+        }
+        if info.content_truncated {
+            attrs.push(KeyValue::new(sc::LLMPROF_CONTENT_TRUNCATED, true));
         }
         if !info.x_request_id.is_empty() {
             attrs.push(KeyValue::new(

@@ -57,8 +57,9 @@ pub struct OtelOptions {
     /// Default: $OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, then $OTEL_EXPORTER_OTLP_CLIENT_KEY.
     #[arg(long, value_name = "FILE")]
     pub otlp_client_key: Option<std::path::PathBuf>,
-    /// Allow prompt and completion text in spans. Off by default: spans carry token counts and timings only.
-    /// (The engine's probes carry no text today, so this changes nothing yet.)
+    /// Put prompt and completion text in the request spans (`gen_ai.input.messages`/`gen_ai.output.messages`,
+    /// first 4 KiB of each). Off by default: without it the engine's content probe is not even attached, so no
+    /// text leaves the engine; spans carry token counts and timings only. Never written to the trace file.
     #[arg(long)]
     pub capture_content: bool,
 }

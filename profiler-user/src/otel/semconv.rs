@@ -109,6 +109,12 @@ pub const LLMPROF_STEP_DECODE_TOKENS: &str = "llmprof.step.decode_tokens";
 pub const LLMPROF_STEP_HOST_DURATION: &str = "llmprof.step.host_duration";
 /// This request's own tokens computed in the chunk (its share of the batch; ABI v2 `req_tokens`).
 pub const LLMPROF_PREFILL_CHUNK_TOKENS: &str = "llmprof.prefill.tokens";
+/// The prompt (only with `--capture-content`): a JSON array of messages, GenAI semantic conventions.
+pub const GEN_AI_INPUT_MESSAGES: &str = "gen_ai.input.messages";
+/// The completion (only with `--capture-content`): a JSON array of messages.
+pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+/// True when captured text was cut at the probe's limit (4 KiB per text).
+pub const LLMPROF_CONTENT_TRUNCATED: &str = "llmprof.content.truncated";
 /// Index of a prefill chunk within the request (0-based).
 pub const LLMPROF_CHUNK_INDEX: &str = "llmprof.chunk.index";
 /// True on prefill chunks that recompute a preempted request.

@@ -381,6 +381,12 @@ impl<W: Write> TraceSink<W> {
                 self.count("request");
                 self.request(ev.pid, ts, rec)
             }
+            // Prompt and completion text go to OTel spans only (`--capture-content`); the trace file, which is
+            // passed around more freely, never holds it. Counted so the summary says it was seen.
+            EventBody::Content { .. } => {
+                self.count("content");
+                Ok(())
+            }
             EventBody::Range(rec) => {
                 self.count("range");
                 let track = self.thread_track(ev.pid, ev.tid)?;
