@@ -890,6 +890,10 @@ impl EngineLoop {
             ..StepRecord::new(kind, step_id, &ids)
         };
         self.metrics.add_step(kind);
+        self.metrics.add_step_time(
+            host_end_ns.saturating_sub(host_start_ns),
+            step_out.device_end_ns.saturating_sub(step_out.device_start_ns),
+        );
         llmprof_probes::step(&rec);
     }
 }
