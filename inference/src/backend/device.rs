@@ -40,6 +40,17 @@ pub enum DeviceError {
     Backend(#[from] BackendError),
 }
 
+impl DeviceError {
+    /// Why, without the advice of the full message (for `--device auto`'s log line).
+    pub fn reason(&self) -> String {
+        match self {
+            DeviceError::NotBuilt => "this llmserve was built without the cuda feature".into(),
+            DeviceError::CudaUnavailable(r) => r.clone(),
+            DeviceError::Backend(e) => e.to_string(),
+        }
+    }
+}
+
 /// The backend that was created, with a one-line description for the startup log.
 pub struct Selected {
     /// The backend.
@@ -72,7 +83,10 @@ pub fn create_backend(
         DeviceChoice::Auto => match cuda(model.clone(), num_blocks, block_size) {
             Ok(s) => Ok(s),
             Err(e) => {
-                eprintln!("llmserve: --device auto: CUDA is not usable ({e}); using the CPU");
+                eprintln!(
+                    "llmserve: --device auto: CUDA is not usable ({}); using the CPU",
+                    e.reason()
+                );
                 cpu(model, num_blocks, block_size, threads)
             }
         },

@@ -18,6 +18,7 @@
 //! device. Never launches anything itself (that is [`super::forward`]).
 
 use std::ffi::{CStr, CString};
+use std::sync::{Arc, Mutex};
 
 /// Elements per quantization block (ggml's QK8_0 = QK4_0 = QK4_1 = 32; also the warp size the matmul relies on).
 pub const QBLOCK: usize = crate::quant::BLOCK;
@@ -310,6 +311,22 @@ pub struct Compiled {
     pub image: Vec<u8>,
     /// `cubin sm_90` or `ptx compute_90`.
     pub kind: String,
+}
+
+/// A compiled image and the compute capability it is for.
+type CacheEntry = ((i32, i32), Arc<Compiled>);
+
+/// [`compile`], once per compute capability per process (each backend of a process reuses the image; NVRTC
+/// takes seconds).
+pub fn compile_cached(cc: (i32, i32)) -> Result<Arc<Compiled>, String> {
+    static CACHE: Mutex<Vec<CacheEntry>> = Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, c)) = cache.iter().find(|(k, _)| *k == cc) {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(compile(cc)?);
+    cache.push((cc, c.clone()));
+    Ok(c)
 }
 
 /// Compiles [`kernel_source`] for a device of compute capability `cc`: a CUBIN for `sm_XY`, else PTX for

@@ -195,7 +195,15 @@ fn open_global(name: &Path) -> Result<(), String> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     // SAFETY: loading a shared library runs its initializers; the CUDA libraries' initializers are safe to run
     // on any thread. The handle is leaked on purpose so the library stays loaded for cudarc's lookups.
-    let lib = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| e.to_string())?;
+    let lib = unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg = format!("{msg}: {s}");
+            src = s.source();
+        }
+        msg
+    })?;
     std::mem::forget(lib);
     Ok(())
 }

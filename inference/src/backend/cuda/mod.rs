@@ -125,9 +125,9 @@ impl CudaBackend {
             .map_err(dev("reading the compute capability"))?;
 
         let tc = Instant::now();
-        let compiled = kernels::compile(cc).map_err(BackendError::Device)?;
+        let compiled = kernels::compile_cached(cc).map_err(BackendError::Device)?;
         let module = ctx
-            .load_module(Ptx::from_binary(compiled.image))
+            .load_module(Ptx::from_binary(compiled.image.clone()))
             .map_err(dev("loading the compiled kernels"))?;
         let kernels = Kernels::load(&module).map_err(BackendError::Device)?;
         eprintln!(
@@ -189,7 +189,7 @@ impl CudaBackend {
             ev_end,
             device_name,
             compute_capability: cc,
-            compiled: compiled.kind,
+            compiled: compiled.kind.clone(),
             _ctx: ctx,
         })
     }
