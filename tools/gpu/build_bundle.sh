@@ -2,6 +2,7 @@
 # Builds what tools/gpu/run_gpu_checks.sh needs on a GPU machine without Rust, into one folder:
 # llmserve (release, --features cuda), the cuda_backend test binary, llmprof (release), bench_engine.py and the
 # check script itself. Usage: tools/gpu/build_bundle.sh [OUT_DIR]   (default: target/gpu-bundle)
+# WITH_LLMPROF=0 skips building llmprof (then the trace step of the checks is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-target/gpu-bundle}
@@ -11,10 +12,11 @@ cargo build --release -p inference --features cuda --bin llmserve
 TEST_BIN=$(cargo test --release -p inference --features cuda --test cuda_backend --no-run 2>&1 \
     | sed -n 's/.*Executable tests\/cuda_backend.rs (\(.*\))/\1/p' | tail -1)
 [ -x "$TEST_BIN" ] || { echo "cuda_backend test binary not found" >&2; exit 1; }
-cp target/release/llmserve "$OUT/llmserve"
-cp "$TEST_BIN" "$OUT/cuda_backend"
-if cargo build --release -p llmprof 2>/dev/null && [ -x target/release/llmprof ]; then
-    cp target/release/llmprof "$OUT/llmprof"
+# Debug info stripped (6 MB instead of 35 MB); the probe symbols live in .dynsym and stay.
+strip --strip-debug -o "$OUT/llmserve" target/release/llmserve
+strip --strip-debug -o "$OUT/cuda_backend" "$TEST_BIN"
+if [ "${WITH_LLMPROF:-1}" = 1 ] && cargo build --release -p llmprof && [ -x target/release/llmprof ]; then
+    strip --strip-debug -o "$OUT/llmprof" target/release/llmprof
 else
     echo "note: llmprof not built; the trace step will be skipped" >&2
 fi
