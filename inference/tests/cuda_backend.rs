@@ -207,7 +207,11 @@ fn cuda_answers_capital_of_france_like_the_cpu() {
     eprintln!("CPU answer: {:?}", model.tokenizer.decode(&cpu_ids));
     eprintln!(
         "greedy outputs {} on CPU and GPU",
-        if ids == cpu_ids { "identical" } else { "DIFFER (near-tied logits?)" }
+        if ids == cpu_ids {
+            "identical"
+        } else {
+            "DIFFER (near-tied logits?)"
+        }
     );
     // Whole-prompt prefill logits agree too.
     let table: Vec<u32> = (0..8).collect();
