@@ -139,8 +139,8 @@ pub fn newest_first(mut v: Vec<PathBuf>) -> Vec<PathBuf> {
     v
 }
 
-/// Python site-packages folders: `$VIRTUAL_ENV`, `/usr/local/lib/python3*/{dist,site}-packages`,
-/// `/usr/lib/python3*/{dist,site}-packages`, `~/.local/lib/python3*/site-packages`, `/opt/conda/lib/python3*`.
+/// Python site-packages folders: `$VIRTUAL_ENV`, `~/.local`, pyenv's `~/.pyenv/versions/*`, `/usr/local`, `/usr`,
+/// `/opt/conda` and `/opt/conda/envs/*`, each `lib/python3*/{site,dist}-packages`.
 fn python_site_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
     if let Some(v) = env("VIRTUAL_ENV") {
@@ -148,10 +148,17 @@ fn python_site_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
     }
     if let Some(h) = env("HOME") {
         roots.push(Path::new(&h).join(".local/lib"));
+        // pyenv interpreters: ~/.pyenv/versions/*/lib.
+        roots.extend(newest_first(glob_dirs(
+            &Path::new(&h).join(".pyenv/versions"),
+            "",
+            "lib",
+        )));
     }
     for r in ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"] {
         roots.push(PathBuf::from(r));
     }
+    roots.extend(glob_dirs(Path::new("/opt/conda/envs"), "", "lib"));
     let mut out = Vec::new();
     for root in roots {
         for py in newest_first(glob_dirs(&root, "python3", "")) {
@@ -309,6 +316,21 @@ mod tests {
         assert!(d.contains(&PathBuf::from("/usr/local/cuda/lib64")));
         let unique: std::collections::HashSet<_> = d.iter().collect();
         assert_eq!(unique.len(), d.len(), "no folder twice");
+    }
+
+    #[test]
+    fn search_dirs_include_pip_wheel_lib_folders() {
+        let venv = std::env::temp_dir().join(format!("llmserve-venv-{}", std::process::id()));
+        let lib = venv.join("lib/python3.12/site-packages/nvidia/cu13/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        let v = venv.display().to_string();
+        let env = move |k: &str| (k == "VIRTUAL_ENV").then(|| v.clone());
+        let dirs = nvrtc_search_dirs(&env);
+        assert!(
+            dirs.iter().any(|d| d.ends_with("site-packages/nvidia/cu13/lib")),
+            "{dirs:?}"
+        );
+        std::fs::remove_dir_all(&venv).ok();
     }
 
     #[test]

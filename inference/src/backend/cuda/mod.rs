@@ -123,6 +123,7 @@ impl CudaBackend {
         let cc = ctx
             .compute_capability()
             .map_err(dev("reading the compute capability"))?;
+        let total_mem = ctx.total_mem().map_err(dev("reading the device memory size"))?;
 
         let tc = Instant::now();
         let compiled = kernels::compile_cached(cc).map_err(BackendError::Device)?;
@@ -159,11 +160,11 @@ impl CudaBackend {
         stream.synchronize().map_err(dev("uploading the weights"))?;
         let kv_bytes = 2 * c.n_layers * per_layer * 4;
         eprintln!(
-            "llmserve: CUDA device 0 of {}: {device_name} (sm_{}{}); weights {} MiB on the device ({}) in {:.2}s; \
-             KV cache {} MiB ({num_blocks} blocks x {block_size} tokens); setup {:.2}s",
-            ordinal,
+            "llmserve: CUDA device {ordinal}: {device_name} (sm_{}{}, {} MiB); weights {} MiB on the device ({}) \
+             in {:.2}s; KV cache {} MiB ({num_blocks} blocks x {block_size} tokens); setup {:.2}s",
             cc.0,
             cc.1,
+            total_mem >> 20,
             weights.bytes() >> 20,
             weights.kinds_summary(),
             tw.elapsed().as_secs_f64(),
