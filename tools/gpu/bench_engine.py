@@ -54,10 +54,17 @@ def metrics(url):
         "vllm:generation_tokens_total": 0.0,
         "vllm:prompt_tokens_total": 0.0,
     }
+    want["steps"] = 0.0
     for line in get(url, "/metrics").splitlines():
         if line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == "llmserve:engine_steps_total":
+            try:
+                want["steps"] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+            continue
         if name in want:
             try:
                 want[name] += float(line.rsplit(" ", 1)[1])
@@ -162,6 +169,9 @@ def run_level(url, model, concurrency, max_tokens, duration, timeout):
         "per_request_decode_tokens_per_s_median": round(statistics.median(per_req), 1) if per_req else None,
         "ttft_s_median": round(statistics.median(ttfts), 4) if ttfts else None,
         "ttft_s_p95": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4) if ttfts else None,
+        "engine_steps": d["steps"],
+        "mean_step_ms": round(1e3 * step_s / d["steps"], 3) if d["steps"] > 0 else None,
+        "mean_tokens_per_step": round(d["vllm:generation_tokens_total"] / d["steps"], 2) if d["steps"] > 0 else None,
         "step_seconds": round(step_s, 3),
         "device_busy_seconds": round(dev_s, 3),
         "device_busy_fraction_of_steps": round(dev_s / step_s, 3) if step_s > 0 else None,
@@ -193,6 +203,7 @@ def main():
             f"({r['requests']} requests, {r['mean_completion_tokens']} tokens each, "
             f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
             f"TTFT median {r['ttft_s_median']} s p95 {r['ttft_s_p95']} s; "
+            f"{r['engine_steps']:.0f} steps of {r['mean_step_ms']} ms, {r['mean_tokens_per_step']} tokens/step; "
             f"device busy {r['device_busy_fraction_of_steps']} of step time, "
             f"{r['device_busy_fraction_of_wall']} of wall time; errors {r['errors']}",
             flush=True,
