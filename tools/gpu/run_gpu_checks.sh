@@ -27,7 +27,13 @@ PORT=${PORT:-18231}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BUNDLE=$(cd "$BUNDLE" && pwd)
-MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+if [ -f "$MODEL" ]; then
+    MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+    HAVE_MODEL=1
+else
+    echo "WARNING: model $MODEL not found: only the tiny-model GPU tests run (no Paris, no server, no benchmark)"
+    HAVE_MODEL=0
+fi
 RESULTS=()
 FAILED=0
 SERVER_PID=
@@ -59,7 +65,6 @@ start_server() {
 }
 
 [ -x "$BUNDLE/llmserve" ] || { echo "missing $BUNDLE/llmserve"; exit 2; }
-[ -f "$MODEL" ] || { echo "missing model $MODEL"; exit 2; }
 
 step "1. environment"
 {
@@ -80,8 +85,10 @@ if nvidia-smi -L >/dev/null 2>&1; then record "gpu present" ok "$(nvidia-smi -L 
 
 step "2. GPU tests (cuda_backend --ignored)"
 if [ -x "$BUNDLE/cuda_backend" ]; then
+    FILTER=()
+    [ "$HAVE_MODEL" = 1 ] || FILTER=(cuda_logits_match_cpu cuda_step_times)
     LLMSERVE_MODEL="$MODEL" timeout 600 "$BUNDLE/cuda_backend" --ignored --nocapture --test-threads 1 \
-        >"$OUT/02-cuda-tests.log" 2>&1
+        "${FILTER[@]}" >"$OUT/02-cuda-tests.log" 2>&1
     rc=$?
     grep -E "^test |test result|agree|answer|tokens/s|anchors|panicked" "$OUT/02-cuda-tests.log"
     if [ $rc -eq 0 ]; then record "cuda_backend tests" ok "$(grep 'test result' "$OUT/02-cuda-tests.log")"
@@ -91,7 +98,9 @@ else
 fi
 
 step "3. llmserve --device cuda: Paris over HTTP"
-if start_server "$OUT/03-llmserve-cuda.log" --device cuda; then
+if [ "$HAVE_MODEL" = 0 ]; then
+    record "llmserve on cuda (needs the model)" skip "no model file"
+elif start_server "$OUT/03-llmserve-cuda.log" --device cuda; then
     cat "$OUT/03-llmserve-cuda.log"
     python3 - "$PORT" >"$OUT/03-chat.log" 2>&1 <<'EOF'
 import json, sys, urllib.request
@@ -152,7 +161,9 @@ fi
 stop_server
 
 step "6. llmserve --device auto picks CUDA"
-if start_server "$OUT/06-llmserve-auto.log" --device auto && grep -q "backend cuda on" "$OUT/06-llmserve-auto.log"; then
+if [ "$HAVE_MODEL" = 0 ]; then
+    record "--device auto picks CUDA" skip "no model file"
+elif start_server "$OUT/06-llmserve-auto.log" --device auto && grep -q "backend cuda on" "$OUT/06-llmserve-auto.log"; then
     record "--device auto picks CUDA" ok ""
 else
     record "--device auto picks CUDA" FAIL "see 06-llmserve-auto.log"
