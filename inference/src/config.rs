@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::backend::device::DeviceChoice;
 use crate::engine::EngineConfig;
 use crate::scheduler::SchedulerConfig;
 
@@ -35,6 +36,7 @@ pub const DEFAULT_STREAM_CAPACITY: usize = 64;
     after_help = "Examples:
   llmserve                                   # default model (cargo xtask fetch-model), port 8000
   llmserve --model ./model.gguf --port 0     # any free port; the address is printed on stdout
+  llmserve --device cuda                     # on the GPU (build with --features cuda)
   curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
        -d '{\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}],\"temperature\":0}'
   curl -s -XPOST localhost:8000/admin/reload -d '{\"path\":\"./other.gguf\"}'   # swap weights while serving"
@@ -77,9 +79,10 @@ pub struct Args {
     /// Interval between usage-stats reports, e.g. `30s`, `500ms`, `5m`.
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub usage_stats_interval: std::time::Duration,
-    /// Compute device.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
-    pub device: String,
+    /// Compute device: `cpu`; `cuda` (an NVIDIA GPU; needs a build with `--features cuda`, the NVIDIA driver
+    /// and NVRTC, and fails with the reason when one is missing); `auto` (CUDA when usable, else the CPU).
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
+    pub device: DeviceChoice,
 }
 
 /// Parses `500ms`, `30s`, `5m` or a plain number of seconds.
@@ -150,6 +153,15 @@ mod tests {
             (c.num_blocks, c.block_size, c.served_model_name.as_str()),
             (8, 16, "m")
         );
+        assert_eq!(a.device, DeviceChoice::Cpu);
         assert!(Args::try_parse_from(["llmserve", "--device", "tpu"]).is_err());
+        for (flag, want) in [
+            ("cpu", DeviceChoice::Cpu),
+            ("cuda", DeviceChoice::Cuda),
+            ("auto", DeviceChoice::Auto),
+        ] {
+            let a = Args::try_parse_from(["llmserve", "--device", flag]).unwrap();
+            assert_eq!(a.device, want);
+        }
     }
 }

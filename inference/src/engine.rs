@@ -917,6 +917,10 @@ impl EngineLoop {
         }
         .with_req_tokens(out.seqs.iter().map(|sc| sc.num_tokens as u32));
         self.metrics.add_step(kind);
+        self.metrics.add_step_time(
+            host_end_ns.saturating_sub(host_start_ns),
+            step_out.device_end_ns.saturating_sub(step_out.device_start_ns),
+        );
         llmprof_probes::step(&rec);
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use inference::api::{self, AppState, Loader};
 use inference::backend::Backend;
-use inference::backend::cpu::CpuBackend;
+use inference::backend::device::create_backend;
 use inference::config::Args;
 use inference::engine::{EngineHandle, ModelHandle, Reloaded};
 use inference::metrics::Metrics;
@@ -33,13 +33,14 @@ fn main() -> Result<()> {
     let t0 = std::time::Instant::now();
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let threads = args.threads();
-    let backend = CpuBackend::new(
+    let selected = create_backend(
+        args.device,
         model.clone(),
         args.num_kv_blocks.max(1),
         args.block_size.max(1),
         threads,
     )
-    .context("creating the CPU backend")?;
+    .context("creating the compute backend")?;
     // Default served name: the file name without `.gguf` (like vLLM, which serves a model under its path), so
     // clients can name it without the spaces GGUF `general.name` values often have.
     let default_name = path
@@ -47,13 +48,13 @@ fn main() -> Result<()> {
         .map_or_else(|| model.config.name.clone(), |s| s.to_string_lossy().into_owned());
     let cfg = args.engine_config(&default_name);
     eprintln!(
-        "llmserve: loaded {} ({}, {} layers, context {}) in {:.2}s; backend {} with {threads} threads; KV cache {} blocks x {} tokens",
+        "llmserve: loaded {} ({}, {} layers, context {}) in {:.2}s; backend {}; KV cache {} blocks x {} tokens",
         path.display(),
         model.config.name,
         model.config.n_layers,
         model.config.context_len,
         t0.elapsed().as_secs_f64(),
-        backend.name(),
+        selected.description,
         cfg.num_blocks,
         cfg.block_size
     );
@@ -71,7 +72,7 @@ fn main() -> Result<()> {
     let handle: Arc<dyn ModelHandle> = model.clone();
     let served = cfg.served_model_name.clone();
     let engine =
-        EngineHandle::start(Box::new(backend), handle, cfg, metrics).context("starting the engine thread")?;
+        EngineHandle::start(selected.backend, handle, cfg, metrics).context("starting the engine thread")?;
     let loader: Loader = Arc::new(|p: PathBuf| -> Result<Reloaded, String> {
         let m = Arc::new(Model::load(&p).map_err(|e| e.to_string())?);
         let handle: Arc<dyn ModelHandle> = m.clone();

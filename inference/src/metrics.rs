@@ -96,6 +96,10 @@ struct Scalars {
     stream_stalls: AtomicU64,
     /// Engine steps by kind (prefill, decode, mixed), in `llmprof_abi::StepKind` order.
     steps: [AtomicU64; 3],
+    /// Host time of all steps, ns.
+    step_host_ns: AtomicU64,
+    /// Device time of all steps (the step records' device intervals), ns.
+    step_device_ns: AtomicU64,
 }
 
 /// Request-level histograms.
@@ -198,6 +202,13 @@ impl Metrics {
         if let Some(c) = self.s.steps.get(kind as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Adds one step's host time and device time (`llmserve:step_seconds_total`,
+    /// `llmserve:device_busy_seconds_total`; their ratio over an interval is how busy the device kept).
+    pub fn add_step_time(&self, host_ns: u64, device_ns: u64) {
+        self.s.step_host_ns.fetch_add(host_ns, Ordering::Relaxed);
+        self.s.step_device_ns.fetch_add(device_ns, Ordering::Relaxed);
     }
 
     /// Records a time to first token.
@@ -316,6 +327,24 @@ impl Metrics {
             "Engine steps (forward passes) by kind: prefill, decode or mixed.",
             &steps,
         );
+        for (name, help, v) in [
+            (
+                "llmserve:step_seconds_total",
+                "Host time spent in engine steps (scheduling to step record), seconds.",
+                &self.s.step_host_ns,
+            ),
+            (
+                "llmserve:device_busy_seconds_total",
+                "Device time of engine steps, seconds: CUDA events on the CUDA backend, the host compute interval on the CPU backend.",
+                &self.s.step_device_ns,
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{lbl}}} {}",
+                ld(v) as f64 / 1e9
+            );
+        }
         let h = self.hists().clone_all();
         hist(
             &mut o,
@@ -450,6 +479,23 @@ mod tests {
     fn buckets_1_2_5_match_vllm() {
         assert_eq!(buckets_1_2_5(100), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
         assert_eq!(buckets_1_2_5(8192).last(), Some(&5000.0));
+    }
+
+    #[test]
+    fn step_and_device_busy_seconds_accumulate() {
+        let m = Metrics::new("m", 128);
+        m.add_step_time(2_000_000, 1_500_000);
+        m.add_step_time(3_000_000, 2_500_000);
+        let t = m.render();
+        assert!(
+            t.contains("llmserve:step_seconds_total{model_name=\"m\"} 0.005\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("llmserve:device_busy_seconds_total{model_name=\"m\"} 0.004\n"),
+            "{t}"
+        );
+        assert!(t.contains("# TYPE llmserve:device_busy_seconds_total counter"));
     }
 
     #[test]

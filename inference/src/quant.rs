@@ -98,6 +98,38 @@ enum Data {
     Q4_1 { d: Vec<f32>, m: Vec<f32>, qs: Vec<u8> },
 }
 
+/// Borrowed view of a matrix's repacked storage (structure of arrays), for backends that copy it elsewhere
+/// (the CUDA backend uploads these arrays as they are).
+#[derive(Debug, Clone, Copy)]
+pub enum QData<'a> {
+    /// Plain f32, row-major (F32 and widened F16 tensors).
+    F32(&'a [f32]),
+    /// Q8_0: one scale per 32-element block, 32 signed quants per block; value = q * d.
+    Q8_0 {
+        /// Scales, one per block.
+        d: &'a [f32],
+        /// Quants, 32 per block.
+        qs: &'a [i8],
+    },
+    /// Q4_0: one scale per block, 16 bytes of nibbles per block (byte j: element j low, j + 16 high);
+    /// value = (q - 8) * d.
+    Q4_0 {
+        /// Scales, one per block.
+        d: &'a [f32],
+        /// Nibbles, 16 bytes per block.
+        qs: &'a [u8],
+    },
+    /// Q4_1: scale and min per block, nibbles as Q4_0; value = q * d + m.
+    Q4_1 {
+        /// Scales, one per block.
+        d: &'a [f32],
+        /// Minimums, one per block.
+        m: &'a [f32],
+        /// Nibbles, 16 bytes per block.
+        qs: &'a [u8],
+    },
+}
+
 /// A 2-D weight matrix of `rows` rows of `cols` elements, kept in its (repacked) quantized form.
 #[derive(Clone)]
 pub struct QMatrix {
@@ -196,6 +228,16 @@ impl QMatrix {
     /// The type of the file's tensor.
     pub fn ggml_type(&self) -> GgmlType {
         self.ty
+    }
+
+    /// The repacked storage, borrowed.
+    pub fn data(&self) -> QData<'_> {
+        match &self.data {
+            Data::F32(v) => QData::F32(v),
+            Data::Q8_0 { d, qs } => QData::Q8_0 { d, qs },
+            Data::Q4_0 { d, qs } => QData::Q4_0 { d, qs },
+            Data::Q4_1 { d, m, qs } => QData::Q4_1 { d, m, qs },
+        }
     }
 
     /// Bytes of weight storage in memory.

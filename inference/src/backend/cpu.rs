@@ -75,7 +75,7 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-fn rope_inv_freq(c: &ModelConfig) -> Vec<f32> {
+pub(crate) fn rope_inv_freq(c: &ModelConfig) -> Vec<f32> {
     // theta_i = base^(-2i / head_dim) (RoPE paper; llama.cpp rope with n_dims = head_dim).
     (0..c.head_dim / 2)
         .map(|i| (f64::from(c.rope_base).powf(-2.0 * i as f64 / c.head_dim as f64)) as f32)
@@ -158,32 +158,7 @@ impl CpuBackend {
     }
 
     fn validate(&self, batch: &[BatchItem<'_>]) -> Result<(), BackendError> {
-        let c = &self.model.config;
-        for (i, it) in batch.iter().enumerate() {
-            if it.tokens.is_empty() {
-                return Err(BackendError::InvalidBatch(format!("item {i} has no tokens")));
-            }
-            if let Some(t) = it.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(BackendError::InvalidBatch(format!(
-                    "item {i}: token {t} outside the vocabulary"
-                )));
-            }
-            let end = it.start_pos + it.tokens.len();
-            if it.block_table.len() * self.block_size < end {
-                return Err(BackendError::InvalidBatch(format!(
-                    "item {i}: {} blocks of {} slots do not cover {end} positions",
-                    it.block_table.len(),
-                    self.block_size
-                )));
-            }
-            if let Some(b) = it.block_table.iter().find(|&&b| b as usize >= self.num_blocks) {
-                return Err(BackendError::InvalidBatch(format!(
-                    "item {i}: block {b} outside the pool of {}",
-                    self.num_blocks
-                )));
-            }
-        }
-        Ok(())
+        super::validate_batch(&self.model.config, self.num_blocks, self.block_size, batch)
     }
 }
 

@@ -8,6 +8,9 @@
 //! A backend must never block on anything but its own compute.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod device;
 
 use std::sync::Arc;
 
@@ -67,4 +70,39 @@ pub trait Backend: Send {
     /// Swaps in new weights (same architecture and KV geometry) between steps. The KV cache contents
     /// become stale; the engine recomputes running sequences after a swap.
     fn swap_weights(&mut self, model: Arc<Model>) -> Result<(), BackendError>;
+}
+
+/// Checks a batch against the model and a KV cache of `num_blocks` blocks of `block_size` slots: every item has
+/// tokens inside the vocabulary, and a block table of valid blocks covering its positions. Backends call this
+/// before touching memory (the CUDA backend's kernels index the cache through these tables unchecked).
+pub fn validate_batch(
+    c: &ModelConfig,
+    num_blocks: usize,
+    block_size: usize,
+    batch: &[BatchItem<'_>],
+) -> Result<(), BackendError> {
+    for (i, it) in batch.iter().enumerate() {
+        if it.tokens.is_empty() {
+            return Err(BackendError::InvalidBatch(format!("item {i} has no tokens")));
+        }
+        if let Some(t) = it.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(BackendError::InvalidBatch(format!(
+                "item {i}: token {t} outside the vocabulary"
+            )));
+        }
+        let end = it.start_pos + it.tokens.len();
+        if it.block_table.len() * block_size < end {
+            return Err(BackendError::InvalidBatch(format!(
+                "item {i}: {} blocks of {} slots do not cover {end} positions",
+                it.block_table.len(),
+                block_size
+            )));
+        }
+        if let Some(b) = it.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(BackendError::InvalidBatch(format!(
+                "item {i}: block {b} outside the pool of {num_blocks}"
+            )));
+        }
+    }
+    Ok(())
 }

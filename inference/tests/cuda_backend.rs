@@ -1,0 +1,328 @@
+//! The CUDA backend on a real GPU (every test is `#[ignore]`: run with `--ignored` where a GPU is present):
+//! CPU and GPU logits agree on tiny generated models of every tensor type through chunked prefill, mixed
+//! batches and decode over a scattered paged KV cache; the default model answers "Paris" on the GPU; step
+//! device times lie on the host BOOTTIME clock inside the host interval of the call; and (printing only) decode
+//! throughput at batch 1 and 32.
+//!
+//! Build here, run on the GPU machine:
+//! `cargo test --release -p inference --features cuda --test cuda_backend --no-run`, then
+//! `LLMSERVE_MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf ./cuda_backend-* --ignored --nocapture --test-threads 1`.
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use inference::backend::cpu::CpuBackend;
+use inference::backend::cuda::CudaBackend;
+use inference::backend::{Backend, BatchItem, DeviceClock};
+use inference::chat_template::ChatMessage;
+use inference::gguf::GgmlType;
+use inference::model::{Model, default_model_path};
+use inference::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
+
+/// Largest |GPU - CPU| logit difference allowed, relative to the largest |CPU logit| of the step. Both compute in
+/// f32 with f32 accumulation; only summation order differs.
+const REL_TOL: f32 = 2e-3;
+
+fn tiny_model(ty: GgmlType, tied: bool) -> Arc<Model> {
+    let dir = std::env::temp_dir().join(format!("llmserve-cuda-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path: PathBuf = dir.join(format!("tiny-{ty:?}-{tied}.gguf"));
+    let spec = TinyModelSpec {
+        weight_type: ty,
+        tied_embeddings: tied,
+        seed: 7,
+        ..Default::default()
+    };
+    write_tiny_gguf(&path, &spec).unwrap();
+    let m = Model::load(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    Arc::new(m)
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Compares one step's logits; returns the relative error.
+fn compare(what: &str, cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> f32 {
+    assert_eq!(cpu.len(), gpu.len(), "{what}: number of logit rows");
+    let mut worst = 0f32;
+    for (i, (c, g)) in cpu.iter().zip(gpu).enumerate() {
+        assert_eq!(c.len(), g.len(), "{what}: row {i} length");
+        let scale = c.iter().fold(0f32, |a, v| a.max(v.abs())).max(1e-6);
+        let diff = c.iter().zip(g).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        let rel = diff / scale;
+        assert!(
+            rel <= REL_TOL,
+            "{what}: row {i}: max |gpu - cpu| = {diff} (relative {rel}, tolerance {REL_TOL})"
+        );
+        // The greedy choice agrees, unless the CPU's top two are tied within the tolerance.
+        let (ac, ag) = (argmax(c), argmax(g));
+        assert!(
+            ac == ag || (c[ac] - c[ag]).abs() <= REL_TOL * scale,
+            "{what}: row {i}: argmax {ag} on the GPU, {ac} on the CPU ({} vs {})",
+            c[ag],
+            c[ac]
+        );
+        worst = worst.max(rel);
+    }
+    worst
+}
+
+fn item<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32], need_logits: bool) -> BatchItem<'a> {
+    BatchItem {
+        tokens,
+        start_pos,
+        block_table,
+        need_logits,
+    }
+}
+
+/// Runs the same steps on both backends and compares every step's logits.
+fn cpu_vs_gpu(ty: GgmlType, tied: bool) {
+    let model = tiny_model(ty, tied);
+    let (num_blocks, bs) = (64, 4);
+    let mut cpu = CpuBackend::new(model.clone(), num_blocks, bs, 2).unwrap();
+    let mut gpu = CudaBackend::new(model.clone(), num_blocks, bs, 0).unwrap();
+    let vocab = model.config.vocab_size as u32;
+    let a: Vec<u32> = (0..23).map(|i| (i * 7 + 3) % vocab).collect();
+    let b: Vec<u32> = (0..17).map(|i| (i * 13 + 5) % vocab).collect();
+    // Scattered, interleaved block tables.
+    let ta: Vec<u32> = vec![40, 3, 17, 60, 9, 22, 51, 30];
+    let tb: Vec<u32> = vec![5, 41, 0, 63, 12, 33];
+    let (a, b, ta, tb) = (&a[..], &b[..], &ta[..], &tb[..]);
+    let steps: Vec<Vec<BatchItem<'_>>> = vec![
+        // A's first prefill chunk alone (no logits), then A's rest with B's whole prompt (mixed prefill).
+        vec![item(&a[..9], 0, ta, false)],
+        vec![item(&a[9..20], 9, ta, true), item(&b[..17], 0, tb, true)],
+        // Decode-like single tokens and a chunk together.
+        vec![item(&a[20..21], 20, ta, true), item(&b[..1], 17, tb, true)],
+        vec![item(&a[21..23], 21, ta, true), item(&b[1..2], 18, tb, true)],
+    ];
+    let mut worst = 0f32;
+    for (i, s) in steps.iter().enumerate() {
+        let c = cpu.forward(s).unwrap();
+        let g = gpu.forward(s).unwrap();
+        worst = worst.max(compare(
+            &format!("{ty:?} tied={tied} step {i}"),
+            &c.logits,
+            &g.logits,
+        ));
+    }
+    eprintln!("{ty:?} tied={tied}: CPU and GPU logits agree, worst relative difference {worst:.2e}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --ignored on the GPU machine)"]
+fn cuda_logits_match_cpu_on_tiny_models_of_every_type() {
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+    ] {
+        cpu_vs_gpu(ty, false);
+    }
+    cpu_vs_gpu(GgmlType::Q4_1, true);
+    cpu_vs_gpu(GgmlType::Q8_0, true);
+}
+
+fn load_default_model() -> Arc<Model> {
+    let path = default_model_path();
+    assert!(
+        path.exists(),
+        "default model missing at {}: set LLMSERVE_MODEL to the SmolLM2-135M-Instruct.Q4_1.gguf file",
+        path.display()
+    );
+    Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display())))
+}
+
+/// Greedy generation on one backend: prefill in chunks of `chunk`, then up to `max_new` tokens (stops at EOS).
+fn generate(backend: &mut dyn Backend, prompt: &[u32], chunk: usize, max_new: usize) -> Vec<u32> {
+    let eos = backend.config().eos_token_ids.clone();
+    let total = prompt.len() + max_new;
+    let table: Vec<u32> = (0..total.div_ceil(16) as u32).rev().collect();
+    let mut logits = Vec::new();
+    let mut pos = 0;
+    while pos < prompt.len() {
+        let end = (pos + chunk).min(prompt.len());
+        let out = backend
+            .forward(&[BatchItem {
+                tokens: &prompt[pos..end],
+                start_pos: pos,
+                block_table: &table,
+                need_logits: end == prompt.len(),
+            }])
+            .unwrap();
+        if end == prompt.len() {
+            logits = out.logits.into_iter().next().unwrap();
+        }
+        pos = end;
+    }
+    let mut out_ids = Vec::new();
+    let mut next = argmax(&logits) as u32;
+    while out_ids.len() < max_new {
+        out_ids.push(next);
+        if eos.contains(&next) {
+            break;
+        }
+        let p = prompt.len() + out_ids.len() - 1;
+        let out = backend
+            .forward(&[BatchItem {
+                tokens: std::slice::from_ref(&next),
+                start_pos: p,
+                block_table: &table,
+                need_logits: true,
+            }])
+            .unwrap();
+        next = argmax(&out.logits[0]) as u32;
+    }
+    out_ids
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and the default model (LLMSERVE_MODEL)"]
+fn cuda_answers_capital_of_france_like_the_cpu() {
+    let model = load_default_model();
+    let template = model.chat_template.as_ref().unwrap();
+    let question = [ChatMessage::new("user", "What is the capital of France?")];
+    let prompt = model.tokenizer.encode(&template.render(&question, true).unwrap());
+    let mut gpu = CudaBackend::new(model.clone(), 64, 16, 0).unwrap();
+    let ids = generate(&mut gpu, &prompt, 7, 20);
+    let answer = model.tokenizer.decode(&ids);
+    eprintln!("GPU answer: {answer:?}");
+    assert!(answer.contains("Paris"), "GPU answer {answer:?} lacks Paris");
+    let mut cpu = CpuBackend::new(model.clone(), 64, 16, 0).unwrap();
+    let cpu_ids = generate(&mut cpu, &prompt, 7, 20);
+    eprintln!("CPU answer: {:?}", model.tokenizer.decode(&cpu_ids));
+    eprintln!(
+        "greedy outputs {} on CPU and GPU",
+        if ids == cpu_ids {
+            "identical"
+        } else {
+            "DIFFER (near-tied logits?)"
+        }
+    );
+    // Whole-prompt prefill logits agree too.
+    let table: Vec<u32> = (0..8).collect();
+    let item = [BatchItem {
+        tokens: &prompt,
+        start_pos: 0,
+        block_table: &table,
+        need_logits: true,
+    }];
+    let worst = compare(
+        "default model prefill",
+        &cpu.forward(&item).unwrap().logits,
+        &gpu.forward(&item).unwrap().logits,
+    );
+    eprintln!("default model: prefill logits agree, worst relative difference {worst:.2e}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_step_times_are_cuda_events_on_the_host_boottime_clock() {
+    let model = tiny_model(GgmlType::Q4_1, false);
+    let mut gpu = CudaBackend::new(model, 64, 4, 0).unwrap();
+    assert_eq!(gpu.device_clock(), DeviceClock::CudaEvents);
+    let toks: Vec<u32> = (3..40).collect();
+    let table: Vec<u32> = (0..16).collect();
+    let started = Instant::now();
+    let mut n = 0;
+    // Run for over two anchor intervals so the clock is re-anchored.
+    while started.elapsed().as_secs_f64() < 2.5 {
+        let before = llmprof_probes::boottime_ns();
+        let out = gpu
+            .forward(&[BatchItem {
+                tokens: &toks,
+                start_pos: 0,
+                block_table: &table,
+                need_logits: true,
+            }])
+            .unwrap();
+        let after = llmprof_probes::boottime_ns();
+        // The anchor's uncertainty is a few microseconds; allow 50 µs.
+        let slack = 50_000;
+        assert!(
+            out.device_start_ns + slack >= before,
+            "device start {} before the call began {before}",
+            out.device_start_ns
+        );
+        assert!(
+            out.device_end_ns <= after + slack,
+            "device end {} after the call returned {after}",
+            out.device_end_ns
+        );
+        assert!(out.device_end_ns > out.device_start_ns, "empty device interval");
+        n += 1;
+    }
+    assert!(
+        gpu.clock_anchors() >= 2,
+        "{} anchors in 2.5 s of steps: the clock is not re-anchored",
+        gpu.clock_anchors()
+    );
+    eprintln!("{n} steps, {} clock anchors", gpu.clock_anchors());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and the default model; prints decode throughput"]
+fn cuda_decode_throughput_batch_1_and_32() {
+    let model = load_default_model();
+    let mut gpu = CudaBackend::new(model.clone(), 1024, 16, 0).unwrap();
+    for batch in [1usize, 32] {
+        let prompt_len = 32;
+        let steps = 128;
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|s| {
+                (0..((prompt_len + steps) / 16 + 1) as u32)
+                    .map(|b| s as u32 * 16 + b)
+                    .collect()
+            })
+            .collect();
+        let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
+        let items: Vec<BatchItem<'_>> = tables
+            .iter()
+            .map(|t| BatchItem {
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: t,
+                need_logits: true,
+            })
+            .collect();
+        gpu.forward(&items).unwrap();
+        let toks: Vec<u32> = vec![200; batch];
+        let t0 = Instant::now();
+        let mut device_ns = 0u64;
+        for s in 0..steps {
+            let items: Vec<BatchItem<'_>> = tables
+                .iter()
+                .enumerate()
+                .map(|(i, t)| BatchItem {
+                    tokens: &toks[i..i + 1],
+                    start_pos: prompt_len + s,
+                    block_table: t,
+                    need_logits: true,
+                })
+                .collect();
+            let out = gpu.forward(&items).unwrap();
+            device_ns += out.device_end_ns - out.device_start_ns;
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "batch {batch}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
+            (batch * steps) as f64 / wall,
+            wall * 1e3 / steps as f64,
+            100.0 * device_ns as f64 / 1e9 / wall
+        );
+    }
+}

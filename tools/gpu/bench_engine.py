@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Decode throughput, TTFT and device busy time of a running llmserve (python3 standard library only).
+
+For each concurrency level, N client threads each send streaming /v1/completions requests back to back
+(fixed max_tokens, temperature 0, prompts that make the model write on) for --duration seconds. Reported:
+
+- decode tokens/s: completion tokens (from each response's usage) per wall-clock second;
+- per-request decode tokens/s: (completion_tokens - 1) / (last token time - first token time), median;
+- TTFT: time from sending the request to the first streamed text, median and p95;
+- device busy: from llmserve's /metrics, the change of llmserve:device_busy_seconds_total (the step records'
+  device intervals: CUDA events on the CUDA backend) divided by the change of llmserve:step_seconds_total (host
+  time of the steps) -- "how much of each step the device is busy" -- and divided by wall time.
+
+Usage: bench_engine.py --url http://127.0.0.1:8000 [--concurrency 1,32] [--max-tokens 128] [--duration 20]
+Prints one line per level and a JSON summary (also written to --json PATH when given).
+"""
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "The history of the Roman Empire begins with the founding of the city of Rome. In the",
+    "Here is a detailed recipe for a traditional French onion soup. First, you",
+    "The following is a long essay about the importance of sleep for human health.",
+    "Chapter 1. The train left the station at dawn, and as the fields rolled past the window,",
+    "To understand how computers work, we must start with the transistor, which",
+]
+
+
+def get(url, path, timeout=10):
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read().decode()
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"GET {path}: HTTP {r.status}: {body[:300]}")
+    return body
+
+
+def metrics(url):
+    """The llmserve/vLLM counters this benchmark reads, summed over label sets."""
+    want = {
+        "llmserve:device_busy_seconds_total": 0.0,
+        "llmserve:step_seconds_total": 0.0,
+        "vllm:generation_tokens_total": 0.0,
+        "vllm:prompt_tokens_total": 0.0,
+    }
+    want["steps"] = 0.0
+    for line in get(url, "/metrics").splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == "llmserve:engine_steps_total":
+            try:
+                want["steps"] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+            continue
+        if name in want:
+            try:
+                want[name] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return want
+
+
+def one_request(url, model, prompt, max_tokens, timeout):
+    """Streams one completion; returns (ttft_s, first_to_last_s, completion_tokens) or raises."""
+    u = urllib.parse.urlparse(url)
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    first = last = None
+    tokens = None
+    buf = b""
+    while True:
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(4096)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    continue
+                msg = json.loads(data)
+                now = time.perf_counter()
+                choices = msg.get("choices") or []
+                if choices and choices[0].get("text"):
+                    if first is None:
+                        first = now
+                    last = now
+                if msg.get("usage"):
+                    tokens = msg["usage"].get("completion_tokens")
+    c.close()
+    if first is None:
+        first = last = time.perf_counter()
+    return first - t0, (last - first), tokens or 0
+
+
+def run_level(url, model, concurrency, max_tokens, duration, timeout):
+    results, errors = [], []
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + duration
+
+    def worker(i):
+        k = i
+        while time.perf_counter() < stop_at:
+            try:
+                res = one_request(url, model, PROMPTS[k % len(PROMPTS)], max_tokens, timeout)
+                with lock:
+                    results.append(res)
+            except Exception as e:  # noqa: BLE001 -- reported below
+                with lock:
+                    errors.append(str(e))
+                time.sleep(0.1)
+            k += 1
+
+    m0 = metrics(url)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    m1 = metrics(url)
+    d = {k: m1[k] - m0[k] for k in m0}
+    tokens = sum(r[2] for r in results)
+    ttfts = sorted(r[0] for r in results)
+    per_req = [(r[2] - 1) / r[1] for r in results if r[2] > 1 and r[1] > 0]
+    step_s = d["llmserve:step_seconds_total"]
+    dev_s = d["llmserve:device_busy_seconds_total"]
+    out = {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "wall_s": round(wall, 3),
+        "completion_tokens": tokens,
+        "decode_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
+        "engine_generation_tokens": d["vllm:generation_tokens_total"],
+        "mean_completion_tokens": round(tokens / len(results), 1) if results else 0.0,
+        "per_request_decode_tokens_per_s_median": round(statistics.median(per_req), 1) if per_req else None,
+        "ttft_s_median": round(statistics.median(ttfts), 4) if ttfts else None,
+        "ttft_s_p95": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4) if ttfts else None,
+        "engine_steps": d["steps"],
+        "mean_step_ms": round(1e3 * step_s / d["steps"], 3) if d["steps"] > 0 else None,
+        "mean_tokens_per_step": round(d["vllm:generation_tokens_total"] / d["steps"], 2) if d["steps"] > 0 else None,
+        "step_seconds": round(step_s, 3),
+        "device_busy_seconds": round(dev_s, 3),
+        "device_busy_fraction_of_steps": round(dev_s / step_s, 3) if step_s > 0 else None,
+        "device_busy_fraction_of_wall": round(dev_s / wall, 3) if wall > 0 else None,
+    }
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", help="served model name (default: the first of /v1/models)")
+    ap.add_argument("--concurrency", default="1,32", help="comma-separated levels")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per level")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
+    ap.add_argument("--json", help="also write the summary here")
+    a = ap.parse_args()
+
+    model = a.model or json.loads(get(a.url, "/v1/models"))["data"][0]["id"]
+    # Warm-up: one short request (first-step costs such as buffer growth are not measured).
+    one_request(a.url, model, PROMPTS[0], 8, a.timeout)
+    summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "levels": []}
+    for level in [int(x) for x in a.concurrency.split(",") if x.strip()]:
+        r = run_level(a.url, model, level, a.max_tokens, a.duration, a.timeout)
+        summary["levels"].append(r)
+        print(
+            f"concurrency {level:3d}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
+            f"({r['requests']} requests, {r['mean_completion_tokens']} tokens each, "
+            f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
+            f"TTFT median {r['ttft_s_median']} s p95 {r['ttft_s_p95']} s; "
+            f"{r['engine_steps']:.0f} steps of {r['mean_step_ms']} ms, {r['mean_tokens_per_step']} tokens/step; "
+            f"device busy {r['device_busy_fraction_of_steps']} of step time, "
+            f"{r['device_busy_fraction_of_wall']} of wall time; errors {r['errors']}",
+            flush=True,
+        )
+        if r["errors"]:
+            print(f"  first error: {r['first_error']}", file=sys.stderr)
+    print(json.dumps(summary, indent=2))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=2)
+    if any(lv["requests"] == 0 or lv["errors"] for lv in summary["levels"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+// A minimal CUDA-on-CPU-threads emulator for checking llmserve's kernels without a GPU: one std::thread per CUDA
+// thread, blocks run one at a time (so `__shared__` can be a static), warp shuffles and __syncwarp are barriers
+// among the 32 threads of a warp, __syncthreads a barrier of the block. Enough for kernels whose early returns are
+// whole warps (as llmserve's are). Used by inference/tests/cuda_kernels_emulated.rs.
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+#include <algorithm>
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+thread_local int emu_lane, emu_warp;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+static std::unique_ptr<std::barrier<>> block_bar;
+static float shfl_buf[64][32];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+    shfl_buf[emu_warp][emu_lane] = v; warp_bars[emu_warp]->arrive_and_wait();
+    float r = shfl_buf[emu_warp][emu_lane ^ o]; warp_bars[emu_warp]->arrive_and_wait(); return r;
+}
+static inline float __shfl_sync(unsigned, float v, int src) {
+    shfl_buf[emu_warp][emu_lane] = v; warp_bars[emu_warp]->arrive_and_wait();
+    float r = shfl_buf[emu_warp][src]; warp_bars[emu_warp]->arrive_and_wait(); return r;
+}
+static inline void __syncwarp() { warp_bars[emu_warp]->arrive_and_wait(); }
+static inline void __syncthreads() { block_bar->arrive_and_wait(); }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+using std::min;
+template <typename F>
+void launch(dim3 grid, dim3 block, F f) {
+    gridDim = grid; blockDim = block;
+    for (unsigned by = 0; by < grid.y; by++)
+        for (unsigned bx = 0; bx < grid.x; bx++) {
+            int nw = (block.x + 31) / 32;
+            warp_bars.clear();
+            for (int w = 0; w < nw; w++) warp_bars.emplace_back(new std::barrier<>(std::min(32u, block.x - 32 * w)));
+            block_bar.reset(new std::barrier<>(block.x));
+            std::vector<std::thread> ts;
+            for (unsigned t = 0; t < block.x; t++)
+                ts.emplace_back([=] {
+                    threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; emu_lane = t % 32; emu_warp = t / 32; f();
+                });
+            for (auto& t : ts) t.join();
+        }
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# GPU checks of llmserve's CUDA backend, for a GPU machine without Rust: everything is built elsewhere
+# (tools/gpu/build_bundle.sh) and carried here as a bundle folder.
+#
+# Usage: tools/gpu/run_gpu_checks.sh BUNDLE_DIR MODEL_GGUF [OUT_DIR]
+#   BUNDLE_DIR has: llmserve (built with --features cuda), cuda_backend (the test binary), bench_engine.py,
+#               and optionally llmprof (the profiler CLI; used when running as root).
+#   MODEL_GGUF is SmolLM2-135M-Instruct.Q4_1.gguf.
+#   OUT_DIR (default ./gpu-results) receives every log, the benchmark JSON and, with llmprof, a trace.
+#
+# Steps (each logged to OUT_DIR/NN-*.log; a summary at the end and in OUT_DIR/summary.txt):
+#   1. environment: nvidia-smi, NVRTC libraries found;
+#   2. the ignored GPU tests of inference/tests/cuda_backend.rs (CPU vs GPU logits on tiny models of every
+#      type, "Paris" on the default model, CUDA-event step times on the host clock, decode throughput);
+#   3. llmserve --device cuda: startup log, a chat request answered with "Paris", /metrics;
+#   4. tools/gpu/bench_engine.py: decode tokens/s at concurrency 1 and 32, TTFT, device busy fraction;
+#   5. (root and llmprof present) llmprof attach during a short load: a trace with "device (CUDA)" slices,
+#      and llmprof report on it;
+#   6. llmserve --device auto picks CUDA.
+# Exit status: 0 when every step passed.
+set -u
+BUNDLE=${1:?usage: run_gpu_checks.sh BUNDLE_DIR MODEL_GGUF [OUT_DIR]}
+MODEL=${2:?usage: run_gpu_checks.sh BUNDLE_DIR MODEL_GGUF [OUT_DIR]}
+OUT=${3:-./gpu-results}
+BENCH_DURATION=${BENCH_DURATION:-15}
+PORT=${PORT:-18231}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUNDLE=$(cd "$BUNDLE" && pwd)
+if [ -f "$MODEL" ]; then
+    MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+    HAVE_MODEL=1
+else
+    echo "WARNING: model $MODEL not found: only the tiny-model GPU tests run (no Paris, no server, no benchmark)"
+    HAVE_MODEL=0
+fi
+RESULTS=()
+FAILED=0
+SERVER_PID=
+
+step() { echo; echo "=== $1"; }
+record() { # name status detail
+    RESULTS+=("$(printf '%-34s %-4s %s' "$1" "$2" "$3")")
+    [ "$2" = ok ] || [ "$2" = skip ] || FAILED=1
+}
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+        SERVER_PID=
+    fi
+}
+trap stop_server EXIT
+# Starts llmserve with the given args; waits for "listening on" (max 120 s). Log: $1.
+start_server() {
+    local log=$1; shift
+    "$BUNDLE/llmserve" --model "$MODEL" --port "$PORT" --served-model-name smollm2 "$@" >"$log.stdout" 2>"$log" &
+    SERVER_PID=$!
+    for _ in $(seq 1 240); do
+        grep -q "listening on" "$log.stdout" 2>/dev/null && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { SERVER_PID=; return 1; }
+        sleep 0.5
+    done
+    return 1
+}
+
+[ -x "$BUNDLE/llmserve" ] || { echo "missing $BUNDLE/llmserve"; exit 2; }
+
+step "1. environment"
+{
+    nvidia-smi || true
+    echo "--- NVRTC candidates"
+    ldconfig -p | grep -E "libnvrtc|libcuda" || true
+    ls -l /usr/local/cuda*/lib64/libnvrtc* 2>/dev/null || true
+    python3 - <<'EOF' || true
+import glob, site, sys
+for s in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in sorted(glob.glob(s + "/nvidia/*/lib/libnvrtc*")):
+        print(p)
+EOF
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+} >"$OUT/01-env.log" 2>&1
+head -20 "$OUT/01-env.log"
+if nvidia-smi -L >/dev/null 2>&1; then record "gpu present" ok "$(nvidia-smi -L | head -1)"; else record "gpu present" FAIL "nvidia-smi -L failed"; fi
+
+step "2. GPU tests (cuda_backend --ignored)"
+if [ -x "$BUNDLE/cuda_backend" ]; then
+    FILTER=()
+    [ "$HAVE_MODEL" = 1 ] || FILTER=(cuda_logits_match_cpu cuda_step_times)
+    LLMSERVE_MODEL="$MODEL" timeout 600 "$BUNDLE/cuda_backend" --ignored --nocapture --test-threads 1 \
+        "${FILTER[@]}" >"$OUT/02-cuda-tests.log" 2>&1
+    rc=$?
+    grep -E "^test |test result|agree|answer|tokens/s|anchors|panicked" "$OUT/02-cuda-tests.log"
+    if [ $rc -eq 0 ]; then record "cuda_backend tests" ok "$(grep 'test result' "$OUT/02-cuda-tests.log")"
+    else record "cuda_backend tests" FAIL "exit $rc, see 02-cuda-tests.log"; fi
+else
+    record "cuda_backend tests" FAIL "no test binary in the bundle"
+fi
+
+step "3. llmserve --device cuda: Paris over HTTP"
+if [ "$HAVE_MODEL" = 0 ]; then
+    record "llmserve on cuda (needs the model)" skip "no model file"
+elif start_server "$OUT/03-llmserve-cuda.log" --device cuda; then
+    cat "$OUT/03-llmserve-cuda.log"
+    python3 - "$PORT" >"$OUT/03-chat.log" 2>&1 <<'EOF'
+import json, sys, urllib.request
+port = sys.argv[1]
+body = json.dumps({"model": "smollm2", "temperature": 0, "max_tokens": 30,
+                   "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                             {"content-type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=120))
+text = r["choices"][0]["message"]["content"]
+print("answer:", repr(text))
+m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+for line in m.splitlines():
+    if line.startswith(("llmserve:device_busy", "llmserve:step_seconds", "llmserve:engine_steps")):
+        print(line)
+sys.exit(0 if "Paris" in text else 1)
+EOF
+    rc=$?
+    cat "$OUT/03-chat.log"
+    if [ $rc -eq 0 ]; then record "HTTP chat on cuda (Paris)" ok "$(grep answer "$OUT/03-chat.log")"
+    else record "HTTP chat on cuda (Paris)" FAIL "see 03-chat.log"; fi
+    if grep -q "backend cuda on" "$OUT/03-llmserve-cuda.log"; then record "startup log names the GPU" ok "$(grep -o 'backend cuda on [^;]*' "$OUT/03-llmserve-cuda.log")"
+    else record "startup log names the GPU" FAIL "see 03-llmserve-cuda.log"; fi
+
+    step "4. benchmark (concurrency 1 and 32)"
+    timeout 300 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+        --concurrency 1,32 --max-tokens 128 --duration "$BENCH_DURATION" --json "$OUT/04-bench.json" \
+        >"$OUT/04-bench.log" 2>&1
+    rc=$?
+    grep -E "^concurrency|error" "$OUT/04-bench.log"
+    if [ $rc -eq 0 ]; then record "benchmark" ok "see 04-bench.log"
+    else record "benchmark" FAIL "exit $rc, see 04-bench.log"; fi
+
+    step "5. llmprof attach (root only)"
+    if [ -x "$BUNDLE/llmprof" ] && [ "$(id -u)" = 0 ]; then
+        timeout 60 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+            --concurrency 8 --max-tokens 64 --duration 12 >"$OUT/05-load.log" 2>&1 &
+        LOAD=$!
+        sleep 1
+        timeout 60 "$BUNDLE/llmprof" attach --pid "$SERVER_PID" -d 8s -o "$OUT/cuda.perfetto-trace" \
+            --metrics-url "http://127.0.0.1:$PORT/metrics" >"$OUT/05-attach.log" 2>&1
+        rc=$?
+        wait $LOAD
+        "$BUNDLE/llmprof" report "$OUT/cuda.perfetto-trace" >"$OUT/05-report.log" 2>&1
+        head -40 "$OUT/05-report.log"
+        if [ $rc -eq 0 ] && [ -s "$OUT/cuda.perfetto-trace" ] && grep -aq "device (CUDA)" "$OUT/cuda.perfetto-trace"; then
+            record "llmprof trace with CUDA slices" ok "$(stat -c %s "$OUT/cuda.perfetto-trace") bytes"
+        else
+            record "llmprof trace with CUDA slices" FAIL "exit $rc, see 05-attach.log"
+        fi
+    else
+        record "llmprof trace with CUDA slices" skip "needs root and BUNDLE/llmprof"
+    fi
+else
+    cat "$OUT/03-llmserve-cuda.log"
+    record "llmserve --device cuda starts" FAIL "see 03-llmserve-cuda.log"
+fi
+stop_server
+
+step "6. llmserve --device auto picks CUDA"
+if [ "$HAVE_MODEL" = 0 ]; then
+    record "--device auto picks CUDA" skip "no model file"
+elif start_server "$OUT/06-llmserve-auto.log" --device auto && grep -q "backend cuda on" "$OUT/06-llmserve-auto.log"; then
+    record "--device auto picks CUDA" ok ""
+else
+    record "--device auto picks CUDA" FAIL "see 06-llmserve-auto.log"
+fi
+stop_server
+
+echo
+echo "=== summary"
+printf '%s\n' "${RESULTS[@]}" | tee "$OUT/summary.txt"
+exit $FAILED
