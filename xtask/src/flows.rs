@@ -37,7 +37,32 @@ pub fn test(args: &[String]) -> Result<()> {
     cmd.current_dir(&root)
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(args);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The engine's `cuda` feature (cudarc loads libcuda at run time, so it builds anywhere): lint it and run
+    // what runs without a GPU (device selection and failover, the kernels under the CPU emulator, unit tests).
+    run(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "-p",
+        "inference",
+        "--features",
+        "cuda",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(Command::new("cargo").current_dir(&root).args([
+        "test",
+        "-p",
+        "inference",
+        "--features",
+        "cuda",
+        "--lib",
+        "--test",
+        "cuda_kernels_emulated",
+        "--test",
+        "cuda_device_select",
+    ]))
 }
 
 /// `cargo xtask demo [SECONDS]`: starts the engine on the default model, drives concurrent chat requests, attaches
