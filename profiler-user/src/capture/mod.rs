@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::{TracePoint, UProbe, uprobe::UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
     ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, ProbeCounters, SockKey, SyscallKey,
@@ -59,14 +60,18 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 ];
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
+/// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
+pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 6] = [
+pub const PROGRAM_NAMES: [&str; 8] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
     "llmprof_step",
     "llmprof_request",
     "llmprof_range",
+    "llmprof_cuent",
+    "llmprof_curet",
 ];
 
 /// What to capture.
@@ -199,6 +204,7 @@ pub struct Capture {
     engine: StdHashMap<u32, EngineProbes>,
     pids: Vec<u32>,
     attach_latency: Duration,
+    cuda_loaded: bool,
 }
 
 impl std::fmt::Debug for Capture {
@@ -382,7 +388,60 @@ impl Capture {
             engine,
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
+            cuda_loaded: false,
         })
+    }
+
+    /// Attaches the CUDA driver uprobes (entry and return) of `pid` at each `(file offset, cookie)` of the
+    /// library `lib` (see `gpu::libcuda`); return probes first, so every entry seen has its return. Returns
+    /// how many entry points were attached; entry points the kernel refuses are skipped (logged), and an
+    /// error is returned only when none could be attached.
+    pub fn attach_cuda(
+        &mut self,
+        pid: u32,
+        lib: &Path,
+        points: &[(u64, u64)],
+    ) -> Result<usize, CaptureError> {
+        let (entry, ret) = CUDA_PROGRAMS;
+        if !self.cuda_loaded {
+            for prog in [ret, entry] {
+                let p: &mut UProbe = program(&mut self.ebpf, prog)?;
+                p.load().map_err(|source| CaptureError::Program {
+                    program: prog.to_string(),
+                    source,
+                })?;
+            }
+            self.cuda_loaded = true;
+        }
+        let Some(nz) = NonZeroU32::new(pid) else {
+            return Err(CaptureError::PidNotFound(pid));
+        };
+        let mut attached = 0;
+        let mut first_err = None;
+        for &(offset, cookie) in points {
+            let mut ok = true;
+            for prog in [ret, entry] {
+                let p: &mut UProbe = program(&mut self.ebpf, prog)?;
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie: Some(cookie),
+                };
+                if let Err(source) = p.attach(point, lib, UProbeScope::OneProcess(nz)) {
+                    log::debug!("capture: {prog} at {offset:#x} of {}: {source}", lib.display());
+                    first_err.get_or_insert(CaptureError::Program {
+                        program: format!("{prog} at offset {offset:#x} of {}", lib.display()),
+                        source,
+                    });
+                    ok = false;
+                    break;
+                }
+            }
+            attached += usize::from(ok);
+        }
+        match first_err {
+            Some(e) if attached == 0 => Err(e),
+            _ => Ok(attached),
+        }
     }
 
     /// Whether the engine probes of `pid` are attached (NotFound for pids not traced).
