@@ -630,16 +630,22 @@ pub fn llmprof_cuent(ctx: ProbeContext) -> u32 {
     let ts_ns = now();
     // SAFETY: the helper only reads the cookie of the link this program runs for.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let arg = match (cookie >> 16) & 0xff {
-        0 => ctx.arg::<u64>(0),
-        1 => ctx.arg::<u64>(1),
-        2 => ctx.arg::<u64>(2),
-        3 => ctx.arg::<u64>(3),
-        4 => ctx.arg::<u64>(4),
-        5 => ctx.arg::<u64>(5),
-        _ => None,
-    }
-    .unwrap_or(0);
+    // The argument registers of the x86-64 SysV ABI, read with volatile loads: a `match` over `ctx.arg(n)`
+    // is folded by LLVM into one load at a computed context offset, which the verifier rejects.
+    let regs = ctx.regs;
+    // SAFETY: `regs` is the probe's pt_regs context pointer; fields are read at constant offsets.
+    let args = unsafe {
+        [
+            core::ptr::read_volatile(&(*regs).rdi),
+            core::ptr::read_volatile(&(*regs).rsi),
+            core::ptr::read_volatile(&(*regs).rdx),
+            core::ptr::read_volatile(&(*regs).rcx),
+            core::ptr::read_volatile(&(*regs).r8),
+            core::ptr::read_volatile(&(*regs).r9),
+        ]
+    };
+    let idx = ((cookie >> 16) & 0xff) as usize;
+    let arg = if idx < args.len() { args[idx] } else { 0 };
     let frame = CudaFrame { ts_ns, cookie, arg };
     let tid = pid_tgid as u32;
     match CUDA_INFLIGHT.get_ptr_mut(&tid) {
