@@ -770,11 +770,24 @@ pub enum CudaVariant {
     V2Ptds = 4,
     /// `_v2_ptsz`.
     V2Ptsz = 5,
+    /// An entry point `cuGetProcAddress` hands out that no exported symbol names (how cudart, and so
+    /// PyTorch, reaches the driver).
+    ProcAddress = 6,
 }
 
 impl CudaVariant {
     /// Every variant, in value order.
-    pub const ALL: [CudaVariant; 6] = [
+    pub const ALL: [CudaVariant; 7] = [
+        Self::Plain,
+        Self::V2,
+        Self::Ptds,
+        Self::Ptsz,
+        Self::V2Ptds,
+        Self::V2Ptsz,
+        Self::ProcAddress,
+    ];
+    /// The variants that are exported symbol names (all but [`CudaVariant::ProcAddress`]).
+    pub const SYMBOLS: [CudaVariant; 6] = [
         Self::Plain,
         Self::V2,
         Self::Ptds,
@@ -786,7 +799,7 @@ impl CudaVariant {
     pub fn from_raw(v: u32) -> Option<Self> {
         Self::ALL.get(v as usize).copied()
     }
-    /// The symbol suffix (`""`, `"_v2"`, `"_ptds"`, ...).
+    /// The symbol suffix (`""`, `"_v2"`, `"_ptds"`, ...; for [`CudaVariant::ProcAddress`] a note).
     pub fn suffix(self) -> &'static str {
         match self {
             Self::Plain => "",
@@ -795,6 +808,7 @@ impl CudaVariant {
             Self::Ptsz => "_ptsz",
             Self::V2Ptds => "_v2_ptds",
             Self::V2Ptsz => "_v2_ptsz",
+            Self::ProcAddress => " (via cuGetProcAddress)",
         }
     }
 }

@@ -695,7 +695,7 @@ pub fn llmprof_curet(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     // SAFETY: a valid map value of this thread; copied out before the entry may be removed.
-    let (frame, depth) = unsafe {
+    let (frame, depth, nested_same) = unsafe {
         let depth = (*s).depth;
         let mut found = CUDA_STACK;
         // Innermost frame of this function; frames above it are calls whose return never came.
@@ -709,10 +709,17 @@ pub fn llmprof_curet(ctx: RetProbeContext) -> u32 {
             return 0;
         }
         (*s).depth = found as u64;
-        ((*s).frames[found], found)
+        // A call nested in a call of the same function (an exported wrapper calling the implementation
+        // that cuGetProcAddress hands out, both probed) is the outer call: only the outer one is written.
+        let same_as_outer =
+            found > 0 && ((*s).frames[(found - 1) & (CUDA_STACK - 1)].cookie & 0xff) == (cookie & 0xff);
+        ((*s).frames[found], found, same_as_outer)
     };
     if depth == 0 {
         let _ = CUDA_INFLIGHT.remove(&tid);
+    }
+    if nested_same {
+        return 0;
     }
     let result: u64 = ctx.ret();
     let Some(mut e) = EVENTS.reserve::<CudaCallEvent>(0) else {

@@ -163,7 +163,7 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         .find(|l| l.contains("CUDA driver calls:"))
         .unwrap_or("");
     assert!(
-        cuda_line.contains("libcuda.so.1") && cuda_line.contains("15 entry points"),
+        cuda_line.contains("libcuda.so.1") && cuda_line.contains("16 entry points"),
         "{stdout}"
     );
     assert_eq!(
@@ -306,7 +306,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'CUDA driver probes attached: 15 entry points%'"
+            "select count(*) from slice where name like 'CUDA driver probes attached: 16 entry points%'"
         ),
         1
     );

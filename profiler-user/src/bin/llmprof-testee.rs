@@ -7,7 +7,8 @@
 //!
 //! CUDA driver calls, against a stand-in libcuda (`profiler-user/tests/fixtures/fake_libcuda.c`, compiled by
 //! the tests): `--libcuda PATH` `dlopen`s it at start; `cuda-load PATH` does so later (printing `cuda loaded`);
-//! `cuda STEPS LAUNCHES` runs STEPS engine steps, each `LAUNCHES` × `cuLaunchKernel`/`_ptsz` inside a
+//! `cuda STEPS LAUNCHES` runs STEPS engine steps, each `LAUNCHES` × `cuLaunchKernel` (in turn the exported
+//! symbol, `_ptsz`, and the pointer `cuGetProcAddress_v2` hands out) inside a
 //! `llmserve::forward` range, then `cuMemcpyDtoH_v2` (4096 bytes) and `cuStreamSynchronize`, ended by a step
 //! record (ids 1..=STEPS); then, outside any step, cuMemAlloc_v2 (1 MiB), cuMemFree_v2,
 //! cuMemcpyHtoDAsync_v2 (256 bytes), cuMemcpyAsync_ptsz, cuLaunchKernelEx, cuGraphLaunch, cuCtxSynchronize,
@@ -182,6 +183,8 @@ type CtxSyncFn = unsafe extern "C" fn() -> CuResult;
 /// The stand-in libcuda's entry points, resolved with `dlsym` (the library stays loaded for the process).
 struct FakeCuda {
     launch: LaunchFn,
+    /// cuLaunchKernel as `cuGetProcAddress_v2` hands it out (how cudart calls the driver).
+    launch_proc: LaunchFn,
     launch_ptsz: LaunchFn,
     launch_ex: LaunchExFn,
     graph_launch: GraphLaunchFn,
@@ -214,10 +217,24 @@ impl FakeCuda {
                 Ok(p)
             }
         };
+        type GetProcFn =
+            unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void, i32, u64, *mut i32) -> CuResult;
+        // SAFETY: the stand-in's cuGetProcAddress_v2 has this signature (cuda.h); the name is NUL-terminated.
+        let launch_proc = unsafe {
+            let get = std::mem::transmute::<*mut c_void, GetProcFn>(sym("cuGetProcAddress_v2")?);
+            let mut pfn = std::ptr::null_mut();
+            let mut status = 0;
+            let rc = get(c"cuLaunchKernel".as_ptr(), &mut pfn, 12_000, 0, &mut status);
+            if rc != 0 || pfn.is_null() {
+                return Err(format!("cuGetProcAddress_v2(cuLaunchKernel) failed: {rc}"));
+            }
+            std::mem::transmute::<*mut c_void, LaunchFn>(pfn)
+        };
         // SAFETY: each symbol is a function of the stand-in library with exactly this C signature
         // (tests/fixtures/fake_libcuda.c, the CUDA driver API's argument order).
         unsafe {
             Ok(Self {
+                launch_proc,
                 launch: std::mem::transmute::<*mut c_void, LaunchFn>(sym("cuLaunchKernel")?),
                 launch_ptsz: std::mem::transmute::<*mut c_void, LaunchFn>(sym("cuLaunchKernel_ptsz")?),
                 launch_ex: std::mem::transmute::<*mut c_void, LaunchExFn>(sym("cuLaunchKernelEx")?),
@@ -247,7 +264,11 @@ impl FakeCuda {
                 |op| RangeRecord::new(op, llmprof_probes::boottime_ns(), step_id, "llmserve", "forward");
             llmprof_probes::range(&range(RangeOp::Push));
             for i in 0..launches {
-                let f = if i % 2 == 0 { self.launch } else { self.launch_ptsz };
+                let f = match i % 3 {
+                    0 => self.launch,
+                    1 => self.launch_ptsz,
+                    _ => self.launch_proc,
+                };
                 // SAFETY: the stand-in ignores its pointers (only adds their values).
                 unsafe { f(null, 1, 1, 1, 32, 1, 1, 0, stream, null.cast(), null.cast()) };
             }

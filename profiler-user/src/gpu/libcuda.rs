@@ -6,14 +6,14 @@
 //! crate, read once), deduplicated by offset so an aliased symbol is probed once. It never attaches anything:
 //! `capture` does, with the cookies computed here.
 //!
-//! PyTorch and other cudart users reach the driver through `cuGetProcAddress`, which hands out these same
-//! entry points, so uprobes on their addresses see those calls too.
+//! PyTorch and other cudart users reach the driver through `cuGetProcAddress`; the pointers it hands out
+//! that are not exported symbols are added too ([`super::procaddr`]), so those calls are seen either way.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use llmprof_abi::{CudaFunc, CudaVariant};
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
 /// Basename prefix of the CUDA driver library.
 pub const LIBCUDA_PREFIX: &str = "libcuda.so";
@@ -97,7 +97,7 @@ pub fn find_in_maps(maps: &str) -> Option<String> {
 pub fn wanted_symbols() -> Vec<(String, CudaFunc, CudaVariant)> {
     let mut out = Vec::new();
     for f in CudaFunc::ALL {
-        for v in CudaVariant::ALL {
+        for v in CudaVariant::SYMBOLS {
             out.push((format!("{}{}", f.name(), v.suffix()), f, v));
         }
     }
@@ -138,11 +138,38 @@ pub fn resolve(path: &Path) -> Result<Vec<CudaEntry>, LibcudaError> {
             });
         }
     }
+    // Entry points cuGetProcAddress hands out that no exported symbol names (cudart's way to the driver).
+    if !out.is_empty() {
+        let first_load = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+        for (func, base_off) in super::procaddr::entry_points(path) {
+            let Some(offset) = vaddr_file_offset(&file, first_load + base_off) else {
+                continue;
+            };
+            if seen.insert(offset) {
+                out.push(CudaEntry {
+                    symbol: format!("{}{}", func.name(), CudaVariant::ProcAddress.suffix()),
+                    func,
+                    variant: CudaVariant::ProcAddress,
+                    file_offset: offset,
+                });
+            }
+        }
+    }
     if out.is_empty() {
         return Err(LibcudaError::NoFunctions { path: shown });
     }
     out.sort_by_key(|e| (e.func, e.variant as u32));
     Ok(out)
+}
+
+/// File offset of an ELF virtual address inside an executable section.
+fn vaddr_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
+    file.sections().find_map(|s| {
+        let (off, _) = s.file_range()?;
+        let inside = vaddr >= s.address() && vaddr < s.address() + s.size();
+        let code = s.kind() == object::SectionKind::Text;
+        (inside && code).then(|| vaddr - s.address() + off)
+    })
 }
 
 /// File offset of a symbol's address: `st_value - sh_addr + sh_offset` of the section holding it.

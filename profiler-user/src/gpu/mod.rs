@@ -10,6 +10,7 @@
 pub mod cuda_agg;
 pub mod libcuda;
 pub mod nvml;
+pub mod procaddr;
 
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
