@@ -20,7 +20,18 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="how long to run the matmul loop (default 20)")
     ap.add_argument("--size", type=int, default=4096, help="matrix size (default 4096)")
     ap.add_argument("--chain", type=int, default=8, help="matmuls per iteration (default 8)")
+    ap.add_argument(
+        "--lazy",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="print `ready PID` before importing torch and touching CUDA, then wait SECONDS: libcuda is loaded "
+        "after a profiler attached (as in a server that initializes CUDA lazily)",
+    )
     args = ap.parse_args()
+    if args.lazy > 0:
+        print(f"ready {os.getpid()} (lazy: CUDA in {args.lazy} s)", flush=True)
+        time.sleep(args.lazy)
     try:
         import torch
     except ImportError as e:
@@ -34,7 +45,8 @@ def main() -> int:
     b = torch.randn(args.size, args.size, device=dev, dtype=torch.float16)
     host = torch.randn(1024, 1024, pin_memory=True)
     torch.cuda.synchronize()
-    print(f"ready {os.getpid()} {torch.cuda.get_device_name(0)} torch {torch.__version__}", flush=True)
+    if args.lazy <= 0:
+        print(f"ready {os.getpid()} {torch.cuda.get_device_name(0)} torch {torch.__version__}", flush=True)
     end = time.monotonic() + args.seconds
     it = 0
     while time.monotonic() < end:
