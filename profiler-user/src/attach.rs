@@ -325,6 +325,12 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     file.sync_all().map_err(out_err)?;
     let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
     // Detach everything before reporting.
+    if capture.cuda_links() > 0 {
+        eprintln!(
+            "llmprof: trace written; detaching {} CUDA driver probes (the kernel takes a while per probe)",
+            capture.cuda_links()
+        );
+    }
     drop(capture);
     let otel = otel.map(OtelSink::finish);
     let _ = events_total;
