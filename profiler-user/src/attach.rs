@@ -318,6 +318,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         end_reason: end_reason.to_owned(),
         syscalls: capture.syscall_aggregates(),
     };
+    sink.flush_cuda().map_err(out_err)?;
     let counts = sink.counts().clone();
     let cuda = sink.cuda_stats();
     let trace_bytes_before = sink.bytes();

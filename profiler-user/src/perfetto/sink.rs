@@ -405,6 +405,13 @@ impl<W: Write> TraceSink<W> {
         self.cuda.stats()
     }
 
+    /// Writes the CUDA batches still open (so [`TraceSink::cuda_stats`] is final); [`TraceSink::finish`] does
+    /// it too.
+    pub fn flush_cuda(&mut self) -> io::Result<()> {
+        self.cuda.finish(&mut self.cuda_out);
+        self.write_cuda()
+    }
+
     /// Writes one event.
     pub fn push(&mut self, ev: &Event) -> io::Result<()> {
         let ts = ev.ts_ns;
@@ -995,8 +1002,7 @@ impl<W: Write> TraceSink<W> {
             let args = self.request_end_args(&s, "unfinished", reason);
             self.end(ts, track, args)?;
         }
-        self.cuda.finish(&mut self.cuda_out);
-        self.write_cuda()?;
+        self.flush_cuda()?;
         let ranges: Vec<_> = std::mem::take(&mut self.ranges).into_iter().collect();
         for ((pid, tid), stack) in ranges {
             let track = self.thread_track(pid, tid)?;
