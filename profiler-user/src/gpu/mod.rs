@@ -143,14 +143,20 @@ impl GpuSession {
             .map_err(|e| e.to_string())
             .and_then(|entries| {
                 let points: Vec<(u64, u64)> = entries.iter().map(|e| (e.file_offset, e.cookie())).collect();
+                let via_proc = entries
+                    .iter()
+                    .filter(|e| e.variant == llmprof_abi::CudaVariant::ProcAddress)
+                    .count();
                 capture
                     .attach_cuda(self.pid, &lib, &points)
+                    .map(|n| (n, via_proc))
                     .map_err(|e| chain(&e))
             });
         let text = match result {
-            Ok(n) => {
+            Ok((n, via_proc)) => {
                 let text = format!(
-                    "CUDA driver probes attached: {n} entry points of {}",
+                    "CUDA driver probes attached: {n} entry points of {} ({via_proc} of them only reachable \
+                     through cuGetProcAddress)",
                     lib.display()
                 );
                 self.cuda = CudaState::Attached { lib, functions: n };

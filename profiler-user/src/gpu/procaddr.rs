@@ -5,7 +5,8 @@
 //! one of the exported symbols (a driver may hand out its internal implementation behind an exported
 //! wrapper), a uprobe on the symbol never sees those calls. This module asks the same library file for the
 //! pointers, in llmprof's own process (`dlopen` of the library the target mapped; `cuGetProcAddress` needs no
-//! `cuInit` and touches no GPU), and turns each into an ELF virtual address of that file, which
+//! `cuInit` on current drivers; if one answers `CUDA_ERROR_NOT_INITIALIZED`, `cuInit(0)` is called once, which
+//! creates no context), and turns each into an ELF virtual address of that file, which
 //! `libcuda::resolve` adds as extra probe points. It never calls into the target.
 
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -15,6 +16,8 @@ use llmprof_abi::CudaFunc;
 
 /// `CU_GET_PROC_ADDRESS_DEFAULT`, `_LEGACY_STREAM`, `_PER_THREAD_DEFAULT_STREAM` (cuda.h).
 const FLAGS: [u64; 3] = [0, 1, 2];
+/// `CUDA_ERROR_NOT_INITIALIZED` (cuda.h).
+const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
 /// CUDA versions asked for (`cudaVersion` is 1000 × major + 10 × minor): what cudart 12 and 13 builds ask.
 const VERSIONS: [c_int; 2] = [12_000, 13_000];
 
@@ -52,50 +55,66 @@ pub fn entry_points(lib: &Path) -> Vec<(CudaFunc, u64)> {
     let Some(base) = v2.or(v1).and_then(load_base) else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for f in CudaFunc::ALL {
-        let Ok(name) = CString::new(f.name()) else {
-            continue;
-        };
-        for version in VERSIONS {
-            for flags in FLAGS {
-                let mut pfn: *mut c_void = std::ptr::null_mut();
-                let mut status: c_int = 0;
-                let rc = match (v2, v1) {
-                    // SAFETY: the symbol is the driver's cuGetProcAddress_v2 with this signature (cuda.h);
-                    // every pointer is valid for the call.
-                    (Some(p), _) => unsafe {
-                        std::mem::transmute::<*mut c_void, GetProcAddressV2>(p)(
-                            name.as_ptr(),
-                            &mut pfn,
-                            version,
-                            flags,
-                            &mut status,
-                        )
-                    },
-                    // SAFETY: as above, for the older cuGetProcAddress.
-                    (None, Some(p)) => unsafe {
-                        std::mem::transmute::<*mut c_void, GetProcAddressV1>(p)(
-                            name.as_ptr(),
-                            &mut pfn,
-                            version,
-                            flags,
-                        )
-                    },
-                    (None, None) => return out,
-                };
-                if rc != 0 || pfn.is_null() {
-                    continue;
-                }
-                // Only pointers into this library (not, e.g., into a tool that hooks the driver).
-                if load_base(pfn) != Some(base) {
-                    continue;
-                }
-                let off = (pfn as u64).wrapping_sub(base);
-                if !out.contains(&(f, off)) {
-                    out.push((f, off));
+    let query = |out: &mut Vec<(CudaFunc, u64)>| -> bool {
+        let mut not_initialized = false;
+        for f in CudaFunc::ALL {
+            let Ok(name) = CString::new(f.name()) else {
+                continue;
+            };
+            for version in VERSIONS {
+                for flags in FLAGS {
+                    let mut pfn: *mut c_void = std::ptr::null_mut();
+                    let mut status: c_int = 0;
+                    let rc = match (v2, v1) {
+                        // SAFETY: the symbol is the driver's cuGetProcAddress_v2 with this signature (cuda.h);
+                        // every pointer is valid for the call.
+                        (Some(p), _) => unsafe {
+                            std::mem::transmute::<*mut c_void, GetProcAddressV2>(p)(
+                                name.as_ptr(),
+                                &mut pfn,
+                                version,
+                                flags,
+                                &mut status,
+                            )
+                        },
+                        // SAFETY: as above, for the older cuGetProcAddress.
+                        (None, Some(p)) => unsafe {
+                            std::mem::transmute::<*mut c_void, GetProcAddressV1>(p)(
+                                name.as_ptr(),
+                                &mut pfn,
+                                version,
+                                flags,
+                            )
+                        },
+                        (None, None) => return false,
+                    };
+                    not_initialized |= rc == CUDA_ERROR_NOT_INITIALIZED;
+                    if rc != 0 || pfn.is_null() {
+                        continue;
+                    }
+                    // Only pointers into this library (not, e.g., into a tool that hooks the driver).
+                    if load_base(pfn) != Some(base) {
+                        continue;
+                    }
+                    let off = (pfn as u64).wrapping_sub(base);
+                    if !out.contains(&(f, off)) {
+                        out.push((f, off));
+                    }
                 }
             }
+        }
+        not_initialized
+    };
+    let mut out = Vec::new();
+    if query(&mut out) && out.is_empty() {
+        // A driver that wants cuInit first: initialize it in llmprof's process (no context, no GPU memory)
+        // and ask again.
+        if let Some(init) = sym("cuInit") {
+            // SAFETY: the driver's cuInit(unsigned int flags); flags must be 0.
+            let rc =
+                unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u32) -> c_int>(init)(0) };
+            log::debug!("gpu: cuGetProcAddress wanted cuInit; cuInit(0) = {rc}");
+            query(&mut out);
         }
     }
     out
