@@ -4,7 +4,7 @@
 #   tools/gpu/check_torch.sh PATH/TO/llmprof OUTDIR
 #
 # 1. doctor + a 5 s attach to tools/gpu/torch_matmul.py (CUDA initialized before the attach);
-# 2. a 8 s attach to a torch_matmul.py that loads CUDA 2 s after the attach (libcuda found on a later tick).
+# 2. a 15 s attach to a torch_matmul.py that loads CUDA 2 s after the attach (libcuda found on a later tick).
 # Writes into OUTDIR: nvidia-smi.txt, torch*.out/err, doctor.txt, attach*.txt/err, torch*.perfetto-trace;
 # prints the attach summaries. Check the traces with tools/gpu/check_trace.sh (node + trace processor).
 set -u
@@ -29,10 +29,10 @@ head -1 "$OUT/torch.out"
 echo "attach exit code $?" >> "$OUT/attach.txt"
 kill $TPID 2>/dev/null; wait $TPID 2>/dev/null
 
-python3 "$HERE/torch_matmul.py" --seconds 4 --lazy 2 > "$OUT/torch-lazy.out" 2> "$OUT/torch-lazy.err" &
+python3 "$HERE/torch_matmul.py" --seconds 6 --lazy 2 > "$OUT/torch-lazy.out" 2> "$OUT/torch-lazy.err" &
 LPID=$!
 wait_ready "$OUT/torch-lazy.out" || { echo "lazy torch_matmul.py did not start"; cat "$OUT/torch-lazy.err"; }
-"$LLMPROF" attach --pid $LPID -d 8s -o "$OUT/torch-lazy.perfetto-trace" > "$OUT/attach-lazy.txt" 2> "$OUT/attach-lazy.err"
+"$LLMPROF" attach --pid $LPID -d 15s -o "$OUT/torch-lazy.perfetto-trace" > "$OUT/attach-lazy.txt" 2> "$OUT/attach-lazy.err"
 echo "attach exit code $?" >> "$OUT/attach-lazy.txt"
 wait $LPID 2>/dev/null
 
