@@ -13,14 +13,18 @@ OUT=${2:?usage: check_torch.sh LLMPROF OUTDIR}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-wait_ready() { # FILE
-    for _ in $(seq 1 240); do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.5; done
+wait_ready() { # FILE PID: 0 once FILE has the `ready` line, 1 when PID died or after 120 s
+    for _ in $(seq 1 240); do
+        grep -q '^ready' "$1" 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.5
+    done
     return 1
 }
 
 python3 "$HERE/torch_matmul.py" --seconds 20 > "$OUT/torch.out" 2> "$OUT/torch.err" &
 TPID=$!
-if ! wait_ready "$OUT/torch.out"; then
+if ! wait_ready "$OUT/torch.out" $TPID; then
     echo "torch_matmul.py did not start:"; cat "$OUT/torch.err"; kill $TPID 2>/dev/null; exit 1
 fi
 head -1 "$OUT/torch.out"
@@ -31,7 +35,7 @@ kill $TPID 2>/dev/null; wait $TPID 2>/dev/null
 
 python3 "$HERE/torch_matmul.py" --seconds 6 --lazy 2 > "$OUT/torch-lazy.out" 2> "$OUT/torch-lazy.err" &
 LPID=$!
-wait_ready "$OUT/torch-lazy.out" || { echo "lazy torch_matmul.py did not start"; cat "$OUT/torch-lazy.err"; }
+wait_ready "$OUT/torch-lazy.out" $LPID || { echo "lazy torch_matmul.py did not start"; cat "$OUT/torch-lazy.err"; }
 "$LLMPROF" attach --pid $LPID -d 15s -o "$OUT/torch-lazy.perfetto-trace" > "$OUT/attach-lazy.txt" 2> "$OUT/attach-lazy.err"
 echo "attach exit code $?" >> "$OUT/attach-lazy.txt"
 wait $LPID 2>/dev/null
