@@ -195,6 +195,12 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         )
     };
     assert_eq!(q(&mut tp, &syncs("cuStreamSynchronize (host)", 5_000_000)), 3);
+    // ... each labelled with the engine step it happened in.
+    let sync_steps = format!(
+        "select count(distinct extract_arg(arg_set_id, 'debug.step_id')) from ({})",
+        cuda_slices("cuStreamSynchronize (host)")
+    );
+    assert_eq!(q(&mut tp, &sync_steps), 3);
     assert_eq!(q(&mut tp, &syncs("cuCtxSynchronize (host)", 3_000_000)), 1);
     assert_eq!(q(&mut tp, &syncs("cuEventSynchronize (host)", 2_000_000)), 1);
     // The failing call keeps its CUresult.

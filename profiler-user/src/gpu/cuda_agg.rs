@@ -73,8 +73,6 @@ pub enum CudaSliceKind {
         errors: u64,
         /// Why the batch ended.
         end: BatchEnd,
-        /// The engine step it belongs to (started inside its host interval), when known.
-        step_id: Option<u64>,
         /// Whether the batch followed engine steps (else the time window).
         per_step: bool,
     },
@@ -91,6 +89,8 @@ pub struct CudaSlice {
     pub ts_ns: u64,
     /// Duration (to the return of the last call), ns.
     pub dur_ns: u64,
+    /// The engine step it belongs to (it started inside the step's host interval), when known.
+    pub step_id: Option<u64>,
     /// What it shows.
     pub kind: CudaSliceKind,
 }
@@ -203,18 +203,20 @@ impl CudaAggregator {
                 self.emit(slice, out);
             }
             self.stats.individual += 1;
-            out.push(CudaSlice {
+            let slice = CudaSlice {
                 pid,
                 tid,
                 ts_ns,
                 dur_ns,
+                step_id: None,
                 kind: CudaSliceKind::Call {
                     func,
                     variant,
                     arg,
                     result,
                 },
-            });
+            };
+            self.emit(slice, out);
             return;
         }
         if over_budget {
@@ -250,9 +252,11 @@ impl CudaAggregator {
         self.stats.batched_calls += 1;
     }
 
-    /// Writes a finished batch, or keeps it until its engine step record arrives.
+    /// Writes a finished slice, or, for an engine process, keeps it until its step record arrives.
     fn emit(&mut self, slice: CudaSlice, out: &mut Vec<CudaSlice>) {
-        self.stats.batches += 1;
+        if matches!(slice.kind, CudaSliceKind::Batch { .. }) {
+            self.stats.batches += 1;
+        }
         if !self.engine_pids.contains(&slice.pid) {
             out.push(slice);
             return;
@@ -264,7 +268,7 @@ impl CudaAggregator {
     }
 
     /// An engine step of `pid` ran over `[host_start_ns, host_end_ns]` (its record arrives at its end): its
-    /// threads' open batches end with it, and every batch of `pid` that started inside it gets its id.
+    /// threads' open batches end with it, and every slice of `pid` that started inside it gets its id.
     pub fn step(
         &mut self,
         pid: u32,
@@ -291,11 +295,8 @@ impl CudaAggregator {
             .partition(|s| s.pid == pid);
         self.pending = rest;
         for mut s in mine {
-            if s.ts_ns >= host_start_ns
-                && s.ts_ns < host_end_ns
-                && let CudaSliceKind::Batch { step_id: id, .. } = &mut s.kind
-            {
-                *id = Some(step_id);
+            if s.ts_ns >= host_start_ns && s.ts_ns < host_end_ns {
+                s.step_id = Some(step_id);
             }
             out.push(s);
         }
@@ -356,6 +357,7 @@ fn close(pid: u32, tid: u32, b: Batch, end: BatchEnd, per_step: bool) -> CudaSli
         tid,
         ts_ns: b.start,
         dur_ns: b.end.saturating_sub(b.start),
+        step_id: None,
         kind: CudaSliceKind::Batch {
             funcs: b.funcs,
             calls: b.calls,
@@ -363,7 +365,6 @@ fn close(pid: u32, tid: u32, b: Batch, end: BatchEnd, per_step: bool) -> CudaSli
             max_ns: b.max_ns,
             errors: b.errors,
             end,
-            step_id: None,
             per_step,
         },
     }
@@ -408,28 +409,30 @@ mod tests {
             5_000_000,
             &mut out,
         );
+        assert!(
+            out.is_empty(),
+            "the batch and the sync wait for their step record"
+        );
+        a.step(1, 500, 5_300_000, 1, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(batch_calls(&out[0]), 100);
         assert_eq!(
-            out.len(),
-            1,
-            "the sync is written, its step's batch waits for the step record"
+            (out[0].ts_ns, out[0].dur_ns, out[0].step_id),
+            (1_000, 99_000 + 500, Some(1))
         );
         assert!(matches!(
             out[0].kind,
-            CudaSliceKind::Call {
-                func: CudaFunc::StreamSynchronize,
-                ..
-            }
-        ));
-        a.step(1, 500, 5_300_000, 1, &mut out);
-        assert_eq!(out.len(), 2);
-        assert_eq!(batch_calls(&out[1]), 100);
-        assert_eq!((out[1].ts_ns, out[1].dur_ns), (1_000, 99_000 + 500));
-        assert!(matches!(
-            out[1].kind,
             CudaSliceKind::Batch {
                 end: BatchEnd::Call,
                 per_step: true,
-                step_id: Some(1),
+                ..
+            }
+        ));
+        assert_eq!(out[1].step_id, Some(1));
+        assert!(matches!(
+            out[1].kind,
+            CudaSliceKind::Call {
+                func: CudaFunc::StreamSynchronize,
                 ..
             }
         ));
@@ -439,12 +442,12 @@ mod tests {
         }
         a.step(1, 5_500_000, 7_000_000, 2, &mut out);
         assert_eq!(out.len(), 3);
+        assert_eq!(out[2].step_id, Some(2));
         assert!(matches!(
             out[2].kind,
             CudaSliceKind::Batch {
                 end: BatchEnd::Step,
                 calls: 10,
-                step_id: Some(2),
                 ..
             }
         ));

@@ -664,7 +664,6 @@ impl<W: Write> TraceSink<W> {
                 max_ns,
                 errors,
                 end,
-                step_id,
                 per_step,
             } => {
                 self.count("cuda_batch");
@@ -693,9 +692,6 @@ impl<W: Write> TraceSink<W> {
                     ),
                     arg_u("errors", *errors),
                 ];
-                if let Some(id) = step_id {
-                    args.push(arg_u("step_id", *id));
-                }
                 match end {
                     BatchEnd::Step => args.push(arg_s("ended_by", "step end")),
                     BatchEnd::Window => args.push(arg_s("ended_by", "window")),
@@ -705,6 +701,9 @@ impl<W: Write> TraceSink<W> {
                 (name, args)
             }
         };
+        if let Some(id) = s.step_id {
+            args.push(arg_u("step_id", id));
+        }
         args.push(arg_s("note", CUDA_NOTE));
         let begin = TrackEvent {
             r#type: Some(TYPE_SLICE_BEGIN),
