@@ -456,7 +456,9 @@ pub enum EventKind {
     /// [`ProcessExitEvent`].
     ProcessExit = 8,
     /// [`ContentEvent`].
-    Content = 9,
+    Content = 10,
+    /// [`CudaCallEvent`].
+    CudaCall = 9,
 }
 
 impl EventKind {
@@ -471,7 +473,8 @@ impl EventKind {
             6 => Some(Self::FileIo),
             7 => Some(Self::Connect),
             8 => Some(Self::ProcessExit),
-            9 => Some(Self::Content),
+            10 => Some(Self::Content),
+            9 => Some(Self::CudaCall),
             _ => None,
         }
     }
@@ -664,6 +667,249 @@ pub struct ContentEvent {
     pub data: [u8; CONTENT_MAX],
 }
 
+/// A CUDA driver API call of a traced thread, recorded at its return (entry and return uprobes in libcuda,
+/// paired per thread in the kernel). The times are the host thread's time inside the driver call (enqueue,
+/// or waiting for the GPU in the synchronize calls), not kernel execution on the GPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaCallEvent {
+    /// Header ([`EventKind::CudaCall`]); `ts_ns` is the call's entry time.
+    pub hdr: EventHeader,
+    /// [`CudaFunc`] as u32.
+    pub func: u32,
+    /// [`CudaVariant`] as u32: which exported symbol of the function was called.
+    pub variant: u32,
+    /// Time in the call (entry to return), ns.
+    pub dur_ns: u64,
+    /// The argument [`CudaFunc::arg`] names (bytes, device pointer or stream), 0 when it has none.
+    pub arg: u64,
+    /// The returned `CUresult` (0 = CUDA_SUCCESS).
+    pub result: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+}
+
+/// CUDA driver API functions llmprof attaches to in libcuda (append only: the value is in records).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CudaFunc {
+    /// `cuLaunchKernel`.
+    LaunchKernel = 0,
+    /// `cuLaunchKernelEx`.
+    LaunchKernelEx = 1,
+    /// `cuGraphLaunch`.
+    GraphLaunch = 2,
+    /// `cuMemcpy`.
+    Memcpy = 3,
+    /// `cuMemcpyAsync`.
+    MemcpyAsync = 4,
+    /// `cuMemcpyHtoD`.
+    MemcpyHtoD = 5,
+    /// `cuMemcpyHtoDAsync`.
+    MemcpyHtoDAsync = 6,
+    /// `cuMemcpyDtoH`.
+    MemcpyDtoH = 7,
+    /// `cuMemcpyDtoHAsync`.
+    MemcpyDtoHAsync = 8,
+    /// `cuMemcpyDtoD`.
+    MemcpyDtoD = 9,
+    /// `cuMemcpyDtoDAsync`.
+    MemcpyDtoDAsync = 10,
+    /// `cuMemcpyPeer`.
+    MemcpyPeer = 11,
+    /// `cuMemcpyPeerAsync`.
+    MemcpyPeerAsync = 12,
+    /// `cuMemAlloc`.
+    MemAlloc = 13,
+    /// `cuMemFree`.
+    MemFree = 14,
+    /// `cuStreamSynchronize`.
+    StreamSynchronize = 15,
+    /// `cuCtxSynchronize`.
+    CtxSynchronize = 16,
+    /// `cuEventSynchronize`.
+    EventSynchronize = 17,
+}
+
+/// What the recorded argument of a [`CudaFunc`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaArg {
+    /// A byte count (`ByteCount`, `bytesize`).
+    Bytes,
+    /// A device pointer (`cuMemFree`'s `dptr`).
+    DevicePtr,
+    /// A stream handle (`cuStreamSynchronize`'s `hStream`).
+    Stream,
+}
+
+/// How llmprof shows a [`CudaFunc`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaClass {
+    /// Kernel and graph launches: aggregated (per engine step, or per time window).
+    Launch,
+    /// Copies.
+    Memcpy,
+    /// Allocation and free.
+    Alloc,
+    /// Synchronize calls, where the host waits for the GPU: always shown one by one.
+    Sync,
+}
+
+impl CudaFunc {
+    /// Every function, in value order.
+    pub const ALL: [CudaFunc; 18] = [
+        Self::LaunchKernel,
+        Self::LaunchKernelEx,
+        Self::GraphLaunch,
+        Self::Memcpy,
+        Self::MemcpyAsync,
+        Self::MemcpyHtoD,
+        Self::MemcpyHtoDAsync,
+        Self::MemcpyDtoH,
+        Self::MemcpyDtoHAsync,
+        Self::MemcpyDtoD,
+        Self::MemcpyDtoDAsync,
+        Self::MemcpyPeer,
+        Self::MemcpyPeerAsync,
+        Self::MemAlloc,
+        Self::MemFree,
+        Self::StreamSynchronize,
+        Self::CtxSynchronize,
+        Self::EventSynchronize,
+    ];
+
+    /// Decodes [`CudaCallEvent::func`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    /// The driver API name without version suffix (`cuMemcpyHtoD`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LaunchKernel => "cuLaunchKernel",
+            Self::LaunchKernelEx => "cuLaunchKernelEx",
+            Self::GraphLaunch => "cuGraphLaunch",
+            Self::Memcpy => "cuMemcpy",
+            Self::MemcpyAsync => "cuMemcpyAsync",
+            Self::MemcpyHtoD => "cuMemcpyHtoD",
+            Self::MemcpyHtoDAsync => "cuMemcpyHtoDAsync",
+            Self::MemcpyDtoH => "cuMemcpyDtoH",
+            Self::MemcpyDtoHAsync => "cuMemcpyDtoHAsync",
+            Self::MemcpyDtoD => "cuMemcpyDtoD",
+            Self::MemcpyDtoDAsync => "cuMemcpyDtoDAsync",
+            Self::MemcpyPeer => "cuMemcpyPeer",
+            Self::MemcpyPeerAsync => "cuMemcpyPeerAsync",
+            Self::MemAlloc => "cuMemAlloc",
+            Self::MemFree => "cuMemFree",
+            Self::StreamSynchronize => "cuStreamSynchronize",
+            Self::CtxSynchronize => "cuCtxSynchronize",
+            Self::EventSynchronize => "cuEventSynchronize",
+        }
+    }
+
+    /// The argument recorded at entry: its index in the C signature (x86-64 SysV: register) and meaning.
+    pub fn arg(self) -> Option<(u8, CudaArg)> {
+        match self {
+            Self::Memcpy
+            | Self::MemcpyAsync
+            | Self::MemcpyHtoD
+            | Self::MemcpyHtoDAsync
+            | Self::MemcpyDtoH
+            | Self::MemcpyDtoHAsync
+            | Self::MemcpyDtoD
+            | Self::MemcpyDtoDAsync => Some((2, CudaArg::Bytes)),
+            // cuMemcpyPeer(dst, dstCtx, src, srcCtx, ByteCount[, hStream])
+            Self::MemcpyPeer | Self::MemcpyPeerAsync => Some((4, CudaArg::Bytes)),
+            // cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+            Self::MemAlloc => Some((1, CudaArg::Bytes)),
+            Self::MemFree => Some((0, CudaArg::DevicePtr)),
+            Self::StreamSynchronize => Some((0, CudaArg::Stream)),
+            _ => None,
+        }
+    }
+
+    /// How the call is shown.
+    pub fn class(self) -> CudaClass {
+        match self {
+            Self::LaunchKernel | Self::LaunchKernelEx | Self::GraphLaunch => CudaClass::Launch,
+            Self::MemAlloc | Self::MemFree => CudaClass::Alloc,
+            Self::StreamSynchronize | Self::CtxSynchronize | Self::EventSynchronize => CudaClass::Sync,
+            _ => CudaClass::Memcpy,
+        }
+    }
+
+    /// Attach cookie of this function's uprobes: `func | variant << 8 | arg index << 16` (index
+    /// [`CUDA_NO_ARG`] when the function has no recorded argument). The eBPF programs read the argument
+    /// index from it and copy `func` and `variant` into the [`CudaCallEvent`].
+    pub fn cookie(self, variant: CudaVariant) -> u64 {
+        let idx = self.arg().map(|(i, _)| u64::from(i)).unwrap_or(CUDA_NO_ARG);
+        self as u64 | (variant as u64) << 8 | idx << 16
+    }
+}
+
+/// Argument index in a CUDA uprobe cookie meaning "record no argument".
+pub const CUDA_NO_ARG: u64 = 0xff;
+
+/// Which exported symbol of a [`CudaFunc`]: libcuda exports several per function (the `_v2` ABI revisions and
+/// the per-thread default stream `_ptds`/`_ptsz` entry points), all attached.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CudaVariant {
+    /// The plain name.
+    Plain = 0,
+    /// `_v2`.
+    V2 = 1,
+    /// `_ptds` (per-thread default stream, synchronous calls).
+    Ptds = 2,
+    /// `_ptsz` (per-thread default stream, asynchronous calls).
+    Ptsz = 3,
+    /// `_v2_ptds`.
+    V2Ptds = 4,
+    /// `_v2_ptsz`.
+    V2Ptsz = 5,
+    /// An entry point `cuGetProcAddress` hands out that no exported symbol names (how cudart, and so
+    /// PyTorch, reaches the driver).
+    ProcAddress = 6,
+}
+
+impl CudaVariant {
+    /// Every variant, in value order.
+    pub const ALL: [CudaVariant; 7] = [
+        Self::Plain,
+        Self::V2,
+        Self::Ptds,
+        Self::Ptsz,
+        Self::V2Ptds,
+        Self::V2Ptsz,
+        Self::ProcAddress,
+    ];
+    /// The variants that are exported symbol names (all but [`CudaVariant::ProcAddress`]).
+    pub const SYMBOLS: [CudaVariant; 6] = [
+        Self::Plain,
+        Self::V2,
+        Self::Ptds,
+        Self::Ptsz,
+        Self::V2Ptds,
+        Self::V2Ptsz,
+    ];
+    /// Decodes [`CudaCallEvent::variant`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+    /// The symbol suffix (`""`, `"_v2"`, `"_ptds"`, ...; for [`CudaVariant::ProcAddress`] a note).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::Plain => "",
+            Self::V2 => "_v2",
+            Self::Ptds => "_ptds",
+            Self::Ptsz => "_ptsz",
+            Self::V2Ptds => "_v2_ptds",
+            Self::V2Ptsz => "_v2_ptsz",
+            Self::ProcAddress => " (via cuGetProcAddress)",
+        }
+    }
+}
+
 /// Key of the in-kernel syscall aggregate map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -724,11 +970,13 @@ pub enum ProbeId {
     /// sched_process_exit.
     ProcessExit = 8,
     /// Engine content uprobe (only with `--capture-content`).
-    Content = 9,
+    Content = 10,
+    /// CUDA driver API entry/return uprobes in libcuda.
+    Cuda = 9,
 }
 
 /// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 10;
+pub const NUM_PROBES: usize = 11;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -741,6 +989,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "connect",
     "send",
     "process_exit",
+    "cuda",
     "engine_content",
 ];
 
@@ -805,6 +1054,7 @@ const _: () = {
     assert!(core::mem::size_of::<ProcessExitEvent>() == 32);
     assert!(core::mem::size_of::<ContentRecord>() == 32);
     assert!(core::mem::size_of::<ContentEvent>() == 64 + CONTENT_MAX);
+    assert!(core::mem::size_of::<CudaCallEvent>() == 56);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
@@ -895,5 +1145,22 @@ mod tests {
         assert_eq!(EventKind::from_raw(7), Some(EventKind::Connect));
         assert_eq!(FinishReason::from_raw(2).name(), "length");
         assert_eq!(StepKind::from_raw(9), None);
+        assert_eq!(EventKind::from_raw(9), Some(EventKind::CudaCall));
+    }
+
+    #[test]
+    fn cuda_functions_roundtrip_and_cookies_carry_the_argument_index() {
+        for (i, f) in CudaFunc::ALL.iter().enumerate() {
+            assert_eq!(CudaFunc::from_raw(i as u32), Some(*f));
+        }
+        for (i, v) in CudaVariant::ALL.iter().enumerate() {
+            assert_eq!(CudaVariant::from_raw(i as u32), Some(*v));
+        }
+        let c = CudaFunc::MemcpyHtoDAsync.cookie(CudaVariant::V2Ptsz);
+        assert_eq!((c & 0xff, (c >> 8) & 0xff, (c >> 16) & 0xff), (6, 5, 2));
+        let c = CudaFunc::CtxSynchronize.cookie(CudaVariant::Plain);
+        assert_eq!((c >> 16) & 0xff, CUDA_NO_ARG);
+        assert_eq!(CudaFunc::MemAlloc.arg(), Some((1, CudaArg::Bytes)));
+        assert_eq!(CudaFunc::EventSynchronize.class(), CudaClass::Sync);
     }
 }

@@ -12,6 +12,9 @@
 //!   engine's record with `bpf_probe_read_user` straight into the ring-buffer reservation.
 //! - `llmprof_content` (uprobe at the engine's content probe, attached only with `--capture-content`):
 //!   copies the record and up to `CONTENT_MAX` bytes of the text it points to.
+//! - `llmprof_cuent` / `llmprof_curet` (uprobe / uretprobe on CUDA driver API functions in libcuda, one
+//!   attachment per exported symbol, the function in the attach cookie): the entry pushes (time, cookie, one
+//!   cheap argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
 //!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
@@ -20,23 +23,24 @@
 #![no_main]
 
 use aya_ebpf::{
-    Global,
+    EbpfContext, Global,
     bindings::BPF_RB_NO_WAKEUP,
     cty::c_void,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_probe_read_user_str_bytes, generated::bpf_probe_read_user,
+        bpf_probe_read_user_str_bytes,
+        generated::{bpf_get_attach_cookie, bpf_probe_read_user},
     },
-    macros::{map, tracepoint, uprobe},
+    macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, TracePointContext},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use llmprof_abi::{
-    ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
-    FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters,
-    ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
-    SyscallStats,
+    ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader, EventKind, FileIoEvent, FileOp,
+    FileOpenEvent, FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind,
+    ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey, StepEvent,
+    SyscallKey, SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -88,6 +92,31 @@ static PATTERNS: Array<FilePattern> = Array::with_max_entries(MAX_PATTERNS as u3
 /// Status passed to exit_group, by tgid, reported at sched_process_exit.
 #[map]
 static EXIT_CODES: HashMap<u32, i64> = HashMap::with_max_entries(1024, 0);
+
+/// CUDA driver calls in flight per thread: at most this many nested (a driver entry point calling another
+/// exported one); a deeper call replaces the stack (its frames belonged to calls whose return never came).
+const CUDA_STACK: usize = 4;
+
+/// One CUDA driver call between entry and return.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CudaFrame {
+    ts_ns: u64,
+    cookie: u64,
+    arg: u64,
+}
+
+/// The CUDA driver calls a thread is inside, innermost last.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CudaStack {
+    depth: u64,
+    frames: [CudaFrame; CUDA_STACK],
+}
+
+/// CUDA calls in flight, by tid; an entry is removed when its thread's outermost call returns.
+#[map]
+static CUDA_INFLIGHT: HashMap<u32, CudaStack> = HashMap::with_max_entries(16384, 0);
 
 /// A syscall between entry and exit.
 #[repr(C)]
@@ -591,6 +620,126 @@ pub fn llmprof_request(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn llmprof_range(ctx: ProbeContext) -> u32 {
     engine_record::<RangeEvent>(&ctx, ProbeId::Range, EventKind::Range)
+}
+
+/// Uprobe at the entry of a CUDA driver function: remember when, which (cookie) and its cheap argument.
+#[uprobe]
+pub fn llmprof_cuent(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let ts_ns = now();
+    // SAFETY: the helper only reads the cookie of the link this program runs for.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // The argument registers of the x86-64 SysV ABI, read with volatile loads: a `match` over `ctx.arg(n)`
+    // is folded by LLVM into one load at a computed context offset, which the verifier rejects.
+    let regs = ctx.regs;
+    // SAFETY: `regs` is the probe's pt_regs context pointer; fields are read at constant offsets.
+    let args = unsafe {
+        [
+            core::ptr::read_volatile(&(*regs).rdi),
+            core::ptr::read_volatile(&(*regs).rsi),
+            core::ptr::read_volatile(&(*regs).rdx),
+            core::ptr::read_volatile(&(*regs).rcx),
+            core::ptr::read_volatile(&(*regs).r8),
+            core::ptr::read_volatile(&(*regs).r9),
+        ]
+    };
+    let idx = ((cookie >> 16) & 0xff) as usize;
+    let arg = if idx < args.len() { args[idx] } else { 0 };
+    let frame = CudaFrame { ts_ns, cookie, arg };
+    let tid = pid_tgid as u32;
+    match CUDA_INFLIGHT.get_ptr_mut(&tid) {
+        Some(s) => {
+            // SAFETY: a valid map value, written only by its own thread (the key is the tid).
+            let overflow = unsafe {
+                let mut d = (*s).depth;
+                let overflow = d >= CUDA_STACK as u64;
+                if overflow {
+                    d = 0;
+                }
+                (*s).frames[(d as usize) & (CUDA_STACK - 1)] = frame;
+                (*s).depth = d + 1;
+                overflow
+            };
+            count(ProbeId::Cuda, 1, 0, u64::from(overflow));
+        }
+        None => {
+            let empty = CudaFrame {
+                ts_ns: 0,
+                cookie: 0,
+                arg: 0,
+            };
+            let stack = CudaStack {
+                depth: 1,
+                frames: [frame, empty, empty, empty],
+            };
+            let failed = CUDA_INFLIGHT.insert(&tid, &stack, 0).is_err();
+            count(ProbeId::Cuda, 1, 0, u64::from(failed));
+        }
+    }
+    0
+}
+
+/// Uretprobe of a CUDA driver function: pop the matching entry and write the call.
+#[uretprobe]
+pub fn llmprof_curet(ctx: RetProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let end = now();
+    // SAFETY: as in `llmprof_cuent`.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let tid = pid_tgid as u32;
+    let Some(s) = CUDA_INFLIGHT.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    // SAFETY: a valid map value of this thread; copied out before the entry may be removed.
+    let (frame, depth, nested_same) = unsafe {
+        let depth = (*s).depth;
+        let mut found = CUDA_STACK;
+        // Innermost frame of this function; frames above it are calls whose return never came.
+        for i in (0..CUDA_STACK).rev() {
+            if (i as u64) < depth && (*s).frames[i].cookie == cookie {
+                found = i;
+                break;
+            }
+        }
+        if found == CUDA_STACK {
+            return 0;
+        }
+        (*s).depth = found as u64;
+        // A call nested in a call of the same function (an exported wrapper calling the implementation
+        // that cuGetProcAddress hands out, both probed) is the outer call: only the outer one is written.
+        let same_as_outer =
+            found > 0 && ((*s).frames[(found - 1) & (CUDA_STACK - 1)].cookie & 0xff) == (cookie & 0xff);
+        ((*s).frames[found], found, same_as_outer)
+    };
+    if depth == 0 {
+        let _ = CUDA_INFLIGHT.remove(&tid);
+    }
+    if nested_same {
+        return 0;
+    }
+    let result: u64 = ctx.ret();
+    let Some(mut e) = EVENTS.reserve::<CudaCallEvent>(0) else {
+        count(ProbeId::Cuda, 0, 0, 1);
+        return 0;
+    };
+    e.write(CudaCallEvent {
+        hdr: header(EventKind::CudaCall, frame.ts_ns, pid_tgid),
+        func: (frame.cookie & 0xff) as u32,
+        variant: ((frame.cookie >> 8) & 0xff) as u32,
+        dur_ns: end.saturating_sub(frame.ts_ns),
+        arg: frame.arg,
+        result: result as u32,
+        _pad: 0,
+    });
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Cuda, 0, 1, 0);
+    0
 }
 
 /// Uprobe at `llmprof_probe_content`: the record, then the first `CONTENT_MAX` bytes of its text.

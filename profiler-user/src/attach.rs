@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
 use crate::clock::{boottime_ns, realtime_ns};
 use crate::event::{Event, EventBody, SessionStats};
+use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::merge::{DEFAULT_WINDOW_NS, Merger};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
@@ -52,6 +53,8 @@ pub struct AttachOptions {
     pub verbose: bool,
     /// OTLP export of request spans (no endpoint: no export).
     pub otel: OtelOptions,
+    /// NVML counters and CUDA driver probes.
+    pub gpu: GpuOptions,
 }
 
 /// Why a session could not run. Messages say what to do next.
@@ -103,6 +106,10 @@ pub struct AttachReport {
     pub metrics_url: Option<String>,
     /// OTLP export statistics, when spans were exported.
     pub otel: Option<OtelStats>,
+    /// What the GPU layer did (NVML counters, CUDA driver probes).
+    pub gpu: GpuReport,
+    /// CUDA driver calls seen and how they were shown.
+    pub cuda: crate::gpu::cuda_agg::AggStats,
 }
 
 /// Default trace name: `llmprof-<pid>-<UTC yyyymmdd-hhmmss>.perfetto-trace`.
@@ -141,9 +148,12 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let Some(mut info) = procfs::process_info(opts.pid) else {
         return Err(AttachError::NoProcess(opts.pid));
     };
+    let (tx, rx) = mpsc::sync_channel(SAMPLER_QUEUE);
+    // NVML first: the target's GPU UUID goes into the OTel resource. Its samples wait in the queue.
+    let (mut gpu, mut gpu_markers) = GpuSession::start(&opts.gpu, opts.pid, tx.clone());
     // Validate the OTLP configuration before loading anything; the exporter runs on its own thread and never
     // stalls capture.
-    let mut otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, None))?;
+    let mut otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, gpu.gpu_uuid()))?;
     // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
     let capture_content = opts.otel.capture_content && otel.is_some();
     if opts.otel.capture_content && otel.is_none() {
@@ -165,6 +175,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         cfg.egress_allow = opts.egress_allow.clone();
     }
     let mut capture = Capture::start(&cfg)?;
+    gpu_markers.extend(gpu.watch_cuda(&mut capture, true));
     let attach_latency = t0.elapsed();
     let engine_probes = capture.engine_probes(opts.pid);
     info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
@@ -187,7 +198,6 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     )
     .map_err(out_err)?;
 
-    let (tx, rx) = mpsc::sync_channel(SAMPLER_QUEUE);
     let metrics_url = opts
         .metrics_url
         .clone()
@@ -217,6 +227,9 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let tty = io::stderr().is_terminal();
     let start = Instant::now();
     let mut merger = Merger::new(DEFAULT_WINDOW_NS);
+    for ev in gpu_markers {
+        merger.push(ev);
+    }
     let mut polled = Vec::with_capacity(4096);
     let mut ready = Vec::with_capacity(4096);
     let mut last_tick = Instant::now();
@@ -261,6 +274,9 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             if !procfs::exists(opts.pid) {
                 target_exited = true;
             }
+            for ev in gpu.watch_cuda(&mut capture, false) {
+                merger.push(ev);
+            }
             if tty {
                 let drops: u64 = capture.counters().iter().map(|c| c.dropped).sum();
                 let rate = (events_total - events_at_tick) as f64 / dt;
@@ -299,7 +315,8 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     if end_reason == "target exited" && !exit_event_seen {
         sink.marker(end_ts, "target exited").map_err(out_err)?;
     }
-    let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0);
+    let gpu = gpu.finish();
+    let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
     drop(scraper);
     let stats = SessionStats {
         probes: capture.counters(),
@@ -309,12 +326,20 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         end_reason: end_reason.to_owned(),
         syscalls: capture.syscall_aggregates(),
     };
+    sink.flush_cuda().map_err(out_err)?;
     let counts = sink.counts().clone();
+    let cuda = sink.cuda_stats();
     let trace_bytes_before = sink.bytes();
     let file = sink.finish(&stats, Some(end_ts)).map_err(out_err)?;
     file.sync_all().map_err(out_err)?;
     let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
     // Detach everything before reporting.
+    if capture.cuda_links() > 0 {
+        eprintln!(
+            "llmprof: trace written; detaching {} CUDA driver probes (the kernel takes a while per probe)",
+            capture.cuda_links()
+        );
+    }
     drop(capture);
     let otel = otel.map(OtelSink::finish);
     let _ = events_total;
@@ -329,6 +354,8 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         engine_probes,
         metrics_url,
         otel,
+        gpu,
+        cuda,
     })
 }
 

@@ -56,6 +56,7 @@ pub enum Command {
   sudo llmprof attach --pid 1234 -d 30s -o incident.perfetto-trace
   sudo llmprof attach --pid 1234 --slow-syscall 500us --model-path '/models/*' --egress-allow 10.0.0.0/8
   sudo llmprof attach --pid 1234 --metrics-url http://127.0.0.1:8000/metrics
+  sudo llmprof attach --pid $(pgrep -f vllm) --gpu-sample-interval 50ms    # any CUDA process: NVML + libcuda
 
 Ends on Ctrl-C / SIGTERM, when the duration elapsed, or when the target exits; the trace is finished cleanly
 in every case. Open it with `llmprof open FILE`.")]
@@ -119,6 +120,14 @@ pub struct AttachArgs {
     /// More output (eBPF program logs, per-second details).
     #[arg(short, long)]
     pub verbose: bool,
+    /// GPU counter sampling period through NVML (utilization, memory, power, SM clock, temperature, PCIe,
+    /// the target's GPU memory); 0 turns the counters off.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub gpu_sample_interval: Duration,
+    /// Do not attach uprobes to the CUDA driver API in the target's libcuda (kernel launches, copies,
+    /// allocations, synchronize calls).
+    #[arg(long)]
+    pub no_cuda: bool,
     /// OpenTelemetry export of per-request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
@@ -235,5 +244,7 @@ mod tests {
         assert_eq!(a.duration, Some(Duration::from_secs(30)));
         assert_eq!(a.slow_syscall, Duration::from_millis(1));
         assert_eq!(a.ring_size, 64 << 20);
+        assert_eq!(a.gpu_sample_interval, Duration::from_millis(100));
+        assert!(!a.no_cuda);
     }
 }

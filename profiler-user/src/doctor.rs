@@ -199,12 +199,7 @@ pub fn run(opts: &DoctorOptions) -> Report {
     checks.push(ringbuf(root));
     checks.extend(uprobe_cost(root));
     checks.push(btf());
-    checks.push(gpu_lib(
-        "nvml",
-        NVML_SONAME,
-        "GPU utilisation and memory samples are unavailable",
-        "install the NVIDIA driver (it provides libnvidia-ml.so.1); not needed on CPU-only hosts",
-    ));
+    checks.push(nvml());
     checks.push(gpu_lib(
         "libcuda",
         LIBCUDA_SONAME,
@@ -384,6 +379,67 @@ fn btf() -> Check {
             ),
         )
         .fix("use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    }
+}
+
+/// NVML: the library loads, initializes, and which GPUs it sees (what `attach` samples).
+fn nvml() -> Check {
+    let base = gpu_lib(
+        "nvml",
+        NVML_SONAME,
+        "GPU utilisation and memory samples are unavailable",
+        "install the NVIDIA driver (it provides libnvidia-ml.so.1); not needed on CPU-only hosts",
+    );
+    if base.status != Status::Ok {
+        return base;
+    }
+    match crate::gpu::nvml::init() {
+        Ok(nvml) => {
+            let gpus = crate::gpu::nvml::gpus(&nvml, 0);
+            let list: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("GPU {} {} ({})", g.index, g.name, g.uuid))
+                .collect();
+            if list.is_empty() {
+                Check::new(
+                    "nvml",
+                    Status::Warn,
+                    format!("{NVML_SONAME} loads but sees no GPU"),
+                )
+            } else {
+                Check::new("nvml", Status::Ok, format!("{NVML_SONAME}: {}", list.join(", ")))
+            }
+        }
+        Err(e) => Check::new("nvml", Status::Warn, format!("{e}: no GPU counters"))
+            .fix("check the NVIDIA driver (`nvidia-smi`)"),
+    }
+}
+
+/// Whether the target has libcuda mapped, and how many CUDA driver entry points llmprof would probe in it.
+fn target_libcuda(pid: u32) -> Check {
+    match crate::gpu::libcuda::find_in_process(pid) {
+        None => Check::new(
+            "target_libcuda",
+            Status::Ok,
+            "no libcuda mapped: not a CUDA process (yet); attach probes it when it loads",
+        ),
+        Some(lib) => match crate::gpu::libcuda::resolve(&lib) {
+            Ok(entries) => Check::new(
+                "target_libcuda",
+                Status::Ok,
+                format!(
+                    "{} mapped: {} CUDA driver entry points to probe",
+                    lib.display(),
+                    entries.len()
+                ),
+            ),
+            Err(e) => Check::new(
+                "target_libcuda",
+                Status::Warn,
+                format!("{e}: no CUDA driver calls"),
+            )
+            .fix("report it with the libcuda version (`ls -l /usr/lib/*/libcuda.so*`)"),
+        },
     }
 }
 
@@ -697,6 +753,7 @@ fn target(pid: u32) -> Vec<Check> {
         )
         .fix("build the engine with llmprof-probes and export the symbols (-Wl,--export-dynamic-symbol=llmprof_*)")
     });
+    out.push(target_libcuda(pid));
     out
 }
 

@@ -8,7 +8,10 @@
 
 use std::net::IpAddr;
 
-use llmprof_abi::{ContentKind, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord, StepRecord};
+use llmprof_abi::{
+    ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
+    StepRecord,
+};
 
 /// One decoded event.
 #[derive(Clone, Debug)]
@@ -101,6 +104,21 @@ pub enum EventBody {
         /// Calls per second.
         per_sec: f64,
     },
+    /// A CUDA driver API call (libcuda uprobes): host-side time in the call, not GPU execution.
+    CudaCall {
+        /// The function.
+        func: CudaFunc,
+        /// Which exported symbol of it (`_v2`, `_ptsz`, ...).
+        variant: CudaVariant,
+        /// Time the calling thread spent in the call, ns.
+        dur_ns: u64,
+        /// The argument [`CudaFunc::arg`] names (bytes, device pointer, stream), 0 if none.
+        arg: u64,
+        /// The returned `CUresult` (0 = success).
+        result: u32,
+    },
+    /// One NVML sample of one GPU.
+    GpuSample(Box<GpuSample>),
     /// Something llmprof itself wants on the timeline (e.g. "target exited", "probes not found").
     Marker {
         /// Short text.
@@ -119,6 +137,38 @@ pub struct MetricsSample {
     pub waiting: Option<f64>,
     /// `vllm:num_preemptions_total`.
     pub preemptions_total: Option<f64>,
+}
+
+/// One sample of one GPU's NVML counters. A counter the GPU or driver does not support stays `None`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    /// NVML device index.
+    pub index: u32,
+    /// Product name (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Device UUID (`GPU-...`).
+    pub uuid: String,
+    /// Percent of time a kernel ran over the last sample period (NVML `utilization.gpu`).
+    pub util_gpu_pct: Option<f64>,
+    /// Percent of time device memory was read or written (NVML `utilization.memory`).
+    pub util_mem_pct: Option<f64>,
+    /// Device memory in use, bytes.
+    pub mem_used_bytes: Option<u64>,
+    /// Device memory, bytes.
+    pub mem_total_bytes: Option<u64>,
+    /// Board power draw, watts.
+    pub power_w: Option<f64>,
+    /// SM clock, MHz.
+    pub sm_clock_mhz: Option<f64>,
+    /// GPU temperature, °C.
+    pub temperature_c: Option<f64>,
+    /// PCIe transmit throughput (device → host), bytes/s.
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    /// PCIe receive throughput (host → device), bytes/s.
+    pub pcie_rx_bytes_per_s: Option<f64>,
+    /// Device memory used by the traced process (its compute contexts on this GPU), bytes; `None` when it has
+    /// none there or the driver does not say.
+    pub process_mem_bytes: Option<u64>,
 }
 
 /// A thread of a traced process, named from /proc.

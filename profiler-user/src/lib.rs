@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod doctor;
 pub mod event;
+pub mod gpu;
 pub mod merge;
 pub mod metrics_scrape;
 pub mod open;

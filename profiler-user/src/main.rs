@@ -9,6 +9,7 @@ use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
 use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, exit};
 use llmprof::doctor::{self, DoctorOptions};
+use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
 /// Set by the SIGINT/SIGTERM handler; polled by the session loops.
@@ -63,7 +64,12 @@ fn run_attach(a: AttachArgs) -> i32 {
         ring_bytes: a.ring_size,
         verbose: a.verbose,
         otel: a.otel,
+        gpu: llmprof::gpu::GpuOptions {
+            sample_interval: (!a.gpu_sample_interval.is_zero()).then_some(a.gpu_sample_interval),
+            cuda: !a.no_cuda,
+        },
     };
+    let opts_pid = opts.pid;
     match attach::run(&opts, &STOP) {
         Ok(r) => {
             println!(
@@ -83,6 +89,23 @@ fn run_attach(a: AttachArgs) -> i32 {
             );
             if let Some(u) = &r.metrics_url {
                 println!("  metrics: {u}");
+            }
+            println!("  GPU counters: {}", r.gpu.counters);
+            match &r.gpu.cuda {
+                CudaState::Disabled => println!("  CUDA driver calls: off (--no-cuda)"),
+                CudaState::Waiting => println!(
+                    "  CUDA driver calls: none (libcuda was never loaded in pid {})",
+                    opts_pid
+                ),
+                CudaState::Failed(e) => println!("  CUDA driver calls: probes failed: {e}"),
+                CudaState::Attached { lib, functions } => println!(
+                    "  CUDA driver calls: {} calls ({} shown individually, {} in {} batches) from {functions} entry points of {}",
+                    r.cuda.calls,
+                    r.cuda.individual,
+                    r.cuda.batched_calls,
+                    r.cuda.batches,
+                    lib.display()
+                ),
             }
             let events: Vec<String> = r.counts.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
             println!(

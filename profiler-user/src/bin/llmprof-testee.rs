@@ -5,8 +5,18 @@
 //! then for each stdin line: `go` runs the sequence and prints `done`; `burst N` emits N range marks and
 //! prints `burst done NS` (the loop's duration); `exit` (or EOF) exits with status 3.
 //!
-//! Usage: `llmprof-testee --gguf PATH --connect 127.0.0.1:PORT`
+//! CUDA driver calls, against a stand-in libcuda (`profiler-user/tests/fixtures/fake_libcuda.c`, compiled by
+//! the tests): `--libcuda PATH` `dlopen`s it at start; `cuda-load PATH` does so later (printing `cuda loaded`);
+//! `cuda STEPS LAUNCHES` runs STEPS engine steps, each `LAUNCHES` × `cuLaunchKernel` (in turn the exported
+//! symbol, `_ptsz`, and the pointer `cuGetProcAddress_v2` hands out) inside a
+//! `llmserve::forward` range, then `cuMemcpyDtoH_v2` (4096 bytes) and `cuStreamSynchronize`, ended by a step
+//! record (ids 1..=STEPS); then, outside any step, cuMemAlloc_v2 (1 MiB), cuMemFree_v2,
+//! cuMemcpyHtoDAsync_v2 (256 bytes), cuMemcpyAsync_ptsz, cuLaunchKernelEx, cuGraphLaunch, cuCtxSynchronize,
+//! cuEventSynchronize and a failing cuEventSynchronize_ptsz; prints `cuda done`.
+//!
+//! Usage: `llmprof-testee [--gguf PATH] [--connect 127.0.0.1:PORT] [--libcuda PATH]`
 
+use std::ffi::c_void;
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -28,11 +38,16 @@ fn main() {
 fn run() -> Result<(), String> {
     let mut gguf = None;
     let mut connect = None;
+    let mut cuda = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--gguf" => gguf = args.next(),
             "--connect" => connect = args.next(),
+            "--libcuda" => {
+                let path = args.next().ok_or("--libcuda needs a path")?;
+                cuda = Some(FakeCuda::load(&path)?);
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -54,6 +69,20 @@ fn run() -> Result<(), String> {
                 burst(n);
                 let ns = t0.elapsed().as_nanos();
                 writeln!(out, "burst done {ns}").map_err(|e| e.to_string())?;
+            }
+            Some("cuda-load") => {
+                let path = words.next().ok_or("cuda-load needs a path")?;
+                cuda = Some(FakeCuda::load(path)?);
+                writeln!(out, "cuda loaded").map_err(|e| e.to_string())?;
+            }
+            Some("cuda") => {
+                let steps: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(3);
+                let launches: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(100);
+                let c = cuda
+                    .as_ref()
+                    .ok_or("cuda: no libcuda loaded (--libcuda or cuda-load)")?;
+                c.run(steps, launches);
+                writeln!(out, "cuda done").map_err(|e| e.to_string())?;
             }
             Some("exit") => break,
             _ => {}
@@ -124,5 +153,151 @@ fn burst(n: u64) {
     for i in 0..n {
         rec.step_id = i;
         llmprof_probes::range(&rec);
+    }
+}
+
+type CuResult = i32;
+type LaunchFn = unsafe extern "C" fn(
+    *mut c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CuResult;
+type LaunchExFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> CuResult;
+type GraphLaunchFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult;
+type HtoDAsyncFn = unsafe extern "C" fn(u64, *const c_void, usize, *mut c_void) -> CuResult;
+type DtoHFn = unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult;
+type DtoDAsyncFn = unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> CuResult;
+type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
+type FreeFn = unsafe extern "C" fn(u64) -> CuResult;
+type HandleFn = unsafe extern "C" fn(*mut c_void) -> CuResult;
+type CtxSyncFn = unsafe extern "C" fn() -> CuResult;
+
+/// The stand-in libcuda's entry points, resolved with `dlsym` (the library stays loaded for the process).
+struct FakeCuda {
+    launch: LaunchFn,
+    /// cuLaunchKernel as `cuGetProcAddress_v2` hands it out (how cudart calls the driver).
+    launch_proc: LaunchFn,
+    launch_ptsz: LaunchFn,
+    launch_ex: LaunchExFn,
+    graph_launch: GraphLaunchFn,
+    htod_async: HtoDAsyncFn,
+    dtoh: DtoHFn,
+    memcpy_async: DtoDAsyncFn,
+    alloc: AllocFn,
+    free: FreeFn,
+    stream_sync: HandleFn,
+    ctx_sync: CtxSyncFn,
+    event_sync: HandleFn,
+    event_sync_ptsz: HandleFn,
+}
+
+impl FakeCuda {
+    fn load(path: &str) -> Result<Self, String> {
+        let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
+        // SAFETY: a valid NUL-terminated path; the handle is never closed, so resolved symbols stay valid.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if h.is_null() {
+            return Err(format!("dlopen {path} failed"));
+        }
+        let sym = |name: &str| -> Result<*mut c_void, String> {
+            let n = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+            // SAFETY: `h` is a live handle and `n` a valid NUL-terminated symbol name.
+            let p = unsafe { libc::dlsym(h, n.as_ptr()) };
+            if p.is_null() {
+                Err(format!("{path} has no {name}"))
+            } else {
+                Ok(p)
+            }
+        };
+        type GetProcFn =
+            unsafe extern "C" fn(*const std::ffi::c_char, *mut *mut c_void, i32, u64, *mut i32) -> CuResult;
+        // SAFETY: the stand-in's cuGetProcAddress_v2 has this signature (cuda.h); the name is NUL-terminated.
+        let launch_proc = unsafe {
+            let get = std::mem::transmute::<*mut c_void, GetProcFn>(sym("cuGetProcAddress_v2")?);
+            let mut pfn = std::ptr::null_mut();
+            let mut status = 0;
+            let rc = get(c"cuLaunchKernel".as_ptr(), &mut pfn, 12_000, 0, &mut status);
+            if rc != 0 || pfn.is_null() {
+                return Err(format!("cuGetProcAddress_v2(cuLaunchKernel) failed: {rc}"));
+            }
+            std::mem::transmute::<*mut c_void, LaunchFn>(pfn)
+        };
+        // SAFETY: each symbol is a function of the stand-in library with exactly this C signature
+        // (tests/fixtures/fake_libcuda.c, the CUDA driver API's argument order).
+        unsafe {
+            Ok(Self {
+                launch_proc,
+                launch: std::mem::transmute::<*mut c_void, LaunchFn>(sym("cuLaunchKernel")?),
+                launch_ptsz: std::mem::transmute::<*mut c_void, LaunchFn>(sym("cuLaunchKernel_ptsz")?),
+                launch_ex: std::mem::transmute::<*mut c_void, LaunchExFn>(sym("cuLaunchKernelEx")?),
+                graph_launch: std::mem::transmute::<*mut c_void, GraphLaunchFn>(sym("cuGraphLaunch")?),
+                htod_async: std::mem::transmute::<*mut c_void, HtoDAsyncFn>(sym("cuMemcpyHtoDAsync_v2")?),
+                dtoh: std::mem::transmute::<*mut c_void, DtoHFn>(sym("cuMemcpyDtoH_v2")?),
+                memcpy_async: std::mem::transmute::<*mut c_void, DtoDAsyncFn>(sym("cuMemcpyAsync_ptsz")?),
+                alloc: std::mem::transmute::<*mut c_void, AllocFn>(sym("cuMemAlloc_v2")?),
+                free: std::mem::transmute::<*mut c_void, FreeFn>(sym("cuMemFree_v2")?),
+                stream_sync: std::mem::transmute::<*mut c_void, HandleFn>(sym("cuStreamSynchronize")?),
+                ctx_sync: std::mem::transmute::<*mut c_void, CtxSyncFn>(sym("cuCtxSynchronize")?),
+                event_sync: std::mem::transmute::<*mut c_void, HandleFn>(sym("cuEventSynchronize")?),
+                event_sync_ptsz: std::mem::transmute::<*mut c_void, HandleFn>(sym(
+                    "cuEventSynchronize_ptsz",
+                )?),
+            })
+        }
+    }
+
+    fn run(&self, steps: u64, launches: u64) {
+        let null = std::ptr::null_mut::<c_void>();
+        let stream = 0x5usize as *mut c_void;
+        let mut host = vec![0u8; 4096];
+        for step_id in 1..=steps {
+            let start = llmprof_probes::boottime_ns();
+            let range =
+                |op| RangeRecord::new(op, llmprof_probes::boottime_ns(), step_id, "llmserve", "forward");
+            llmprof_probes::range(&range(RangeOp::Push));
+            for i in 0..launches {
+                let f = match i % 3 {
+                    0 => self.launch,
+                    1 => self.launch_ptsz,
+                    _ => self.launch_proc,
+                };
+                // SAFETY: the stand-in ignores its pointers (only adds their values).
+                unsafe { f(null, 1, 1, 1, 32, 1, 1, 0, stream, null.cast(), null.cast()) };
+            }
+            llmprof_probes::range(&range(RangeOp::Pop));
+            // SAFETY: `host` is a valid 4096-byte buffer; the stand-in does not write it.
+            unsafe { (self.dtoh)(host.as_mut_ptr().cast(), 0x1000, host.len()) };
+            // SAFETY: the stand-in only reads the handle's value.
+            unsafe { (self.stream_sync)(stream) };
+            let rec = StepRecord {
+                host_start_ns: start,
+                host_end_ns: llmprof_probes::boottime_ns(),
+                decode_tokens: 1,
+                ..StepRecord::new(StepKind::Decode, step_id, &[1])
+            };
+            llmprof_probes::step(&rec);
+        }
+        let mut dptr = 0u64;
+        // SAFETY: the stand-in writes one u64 through `dptr` and reads nothing else.
+        unsafe {
+            (self.alloc)(&mut dptr, 1 << 20);
+            (self.free)(dptr);
+            (self.htod_async)(0x2000, host.as_ptr().cast(), 256, stream);
+            (self.memcpy_async)(0x2000, 0x3000, 512, stream);
+            (self.launch_ex)(std::ptr::null(), null, null.cast(), null.cast());
+            (self.graph_launch)(null, stream);
+            (self.ctx_sync)();
+            (self.event_sync)(0x7usize as *mut c_void);
+            (self.event_sync_ptsz)(null);
+        }
     }
 }

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use llmprof_abi::{
-    ConnectEvent, ContentEvent, ContentKind, EventHeader, EventKind, FileIoEvent, FileOp, FileOpenEvent,
-    ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, StepEvent, read_str,
+    ConnectEvent, ContentEvent, ContentKind, CudaCallEvent, CudaFunc, CudaVariant, EventHeader, EventKind,
+    FileIoEvent, FileOp, FileOpenEvent, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent,
+    StepEvent, read_str,
 };
 
 use super::cidr::Cidr;
@@ -38,6 +39,7 @@ impl Record for FileIoEvent {}
 impl Record for ConnectEvent {}
 impl Record for ProcessExitEvent {}
 impl Record for ContentEvent {}
+impl Record for CudaCallEvent {}
 
 fn read<T: Record>(b: &[u8]) -> Option<T> {
     if b.len() < std::mem::size_of::<T>() {
@@ -148,6 +150,16 @@ impl Decoder {
                     exit_code: e.exit_code,
                 }
             }
+            EventKind::CudaCall => {
+                let e: CudaCallEvent = read(b)?;
+                EventBody::CudaCall {
+                    func: CudaFunc::from_raw(e.func)?,
+                    variant: CudaVariant::from_raw(e.variant)?,
+                    dur_ns: e.dur_ns,
+                    arg: e.arg,
+                    result: e.result,
+                }
+            }
         };
         Some(Event {
             ts_ns: hdr.ts_ns,
@@ -237,6 +249,34 @@ mod tests {
             other => panic!("expected a connect, got {other:?}"),
         }
         assert_eq!((ev.pid, ev.tid, ev.ts_ns), (10, 11, 5));
+    }
+
+    #[test]
+    fn cuda_calls_decode_and_unknown_functions_are_counted() {
+        let mut d = Decoder::new(vec![]);
+        let mut c = CudaCallEvent {
+            hdr: hdr(EventKind::CudaCall),
+            func: CudaFunc::MemcpyDtoH as u32,
+            variant: CudaVariant::V2 as u32,
+            dur_ns: 1234,
+            arg: 4096,
+            result: 0,
+            _pad: 0,
+        };
+        let ev = d.decode(&bytes(&c)).unwrap();
+        assert!(matches!(
+            ev.body,
+            EventBody::CudaCall {
+                func: CudaFunc::MemcpyDtoH,
+                variant: CudaVariant::V2,
+                dur_ns: 1234,
+                arg: 4096,
+                result: 0
+            }
+        ));
+        c.func = 200;
+        assert!(d.decode(&bytes(&c)).is_none());
+        assert_eq!(d.undecodable(), 1);
     }
 
     #[test]

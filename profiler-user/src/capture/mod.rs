@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::{TracePoint, UProbe, uprobe::UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
     ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, PROBE_CONTENT, ProbeCounters, SockKey,
@@ -59,8 +60,10 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 ];
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
+/// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
+pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 7] = [
+pub const PROGRAM_NAMES: [&str; 9] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
@@ -68,6 +71,8 @@ pub const PROGRAM_NAMES: [&str; 7] = [
     "llmprof_request",
     "llmprof_range",
     "llmprof_content",
+    "llmprof_cuent",
+    "llmprof_curet",
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -205,6 +210,9 @@ pub struct Capture {
     engine: StdHashMap<u32, EngineProbes>,
     pids: Vec<u32>,
     attach_latency: Duration,
+    cuda_loaded: bool,
+    /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
+    cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -389,7 +397,68 @@ impl Capture {
             engine,
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
+            cuda_loaded: false,
+            cuda_links: Vec::new(),
         })
+    }
+
+    /// Attaches the CUDA driver uprobes (entry and return) of `pid` at each `(file offset, cookie)` of the
+    /// library `lib` (see `gpu::libcuda`); return probes first, so every entry seen has its return. Returns
+    /// how many entry points were attached; entry points the kernel refuses are skipped (logged), and an
+    /// error is returned only when none could be attached.
+    pub fn attach_cuda(
+        &mut self,
+        pid: u32,
+        lib: &Path,
+        points: &[(u64, u64)],
+    ) -> Result<usize, CaptureError> {
+        let (entry, ret) = CUDA_PROGRAMS;
+        if !self.cuda_loaded {
+            for prog in [ret, entry] {
+                let p: &mut UProbe = program(&mut self.ebpf, prog)?;
+                p.load().map_err(|source| CaptureError::Program {
+                    program: prog.to_string(),
+                    source,
+                })?;
+            }
+            self.cuda_loaded = true;
+        }
+        let Some(nz) = NonZeroU32::new(pid) else {
+            return Err(CaptureError::PidNotFound(pid));
+        };
+        let mut attached = 0;
+        let mut first_err = None;
+        for &(offset, cookie) in points {
+            let mut ok = true;
+            for prog in [ret, entry] {
+                let p: &mut UProbe = program(&mut self.ebpf, prog)?;
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(offset),
+                    cookie: Some(cookie),
+                };
+                match p.attach(point, lib, UProbeScope::OneProcess(nz)) {
+                    Ok(id) => {
+                        if let Ok(link) = p.take_link(id) {
+                            self.cuda_links.push(link);
+                        }
+                    }
+                    Err(source) => {
+                        log::debug!("capture: {prog} at {offset:#x} of {}: {source}", lib.display());
+                        first_err.get_or_insert(CaptureError::Program {
+                            program: format!("{prog} at offset {offset:#x} of {}", lib.display()),
+                            source,
+                        });
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            attached += usize::from(ok);
+        }
+        match first_err {
+            Some(e) if attached == 0 => Err(e),
+            _ => Ok(attached),
+        }
     }
 
     /// Whether the engine probes of `pid` are attached (NotFound for pids not traced).
@@ -522,6 +591,11 @@ impl Capture {
             .collect()
     }
 
+    /// CUDA driver uprobe links attached (entry and return), which [`Drop`] detaches.
+    pub fn cuda_links(&self) -> usize {
+        self.cuda_links.len()
+    }
+
     /// Time from the start of [`Capture::start`] until every probe was live.
     pub fn attach_latency(&self) -> Duration {
         self.attach_latency
@@ -538,7 +612,27 @@ impl Drop for Capture {
                 let _ = traced.remove(pid);
             }
         }
+        detach_parallel(std::mem::take(&mut self.cuda_links));
     }
+}
+
+/// Threads that detach the CUDA uprobe links. Each detach waits for RCU grace periods in the kernel (~0.1 s
+/// per link on a busy 6.18 VM, much of it serialized by the kernel's trace-event lock); threads recover a
+/// part of it (32 links: 4.5 s one by one, 3 to 3.5 s here).
+const DETACH_THREADS: usize = 16;
+
+/// Drops `links` (detaching them) on up to [`DETACH_THREADS`] threads and waits for all.
+fn detach_parallel(mut links: Vec<aya::programs::uprobe::UProbeLink>) {
+    if links.is_empty() {
+        return;
+    }
+    let per = links.len().div_ceil(DETACH_THREADS);
+    std::thread::scope(|s| {
+        while !links.is_empty() {
+            let chunk: Vec<_> = links.drain(..per.min(links.len())).collect();
+            s.spawn(move || drop(chunk));
+        }
+    });
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, CaptureError>

@@ -12,6 +12,13 @@
 //! - "request N": queued → prefill → decode slices inside a "request N" slice, preemption instants, flows;
 //! - counters: "KV cache usage", "requests running", "requests waiting", "preemptions", "syscalls/s".
 //!
+//! - "CUDA driver calls (host time)" (a child track of each calling thread): CUDA driver API calls seen by the
+//!   libcuda uprobes, category `cuda-host`: synchronize calls and long copies/allocations one by one
+//!   (`cuStreamSynchronize (host)`), launches gathered per engine step or 10 ms window
+//!   (`cuLaunchKernel ×N (host)`), see [`crate::gpu::cuda_agg`]. Host-side times, not GPU execution;
+//! - GPU counters (global, one group per GPU): "GPU N utilization", "GPU N memory used", "GPU N power", ...,
+//!   and per traced process "GPU N memory (pid P)".
+//!
 //! A global "llmprof" track carries markers (probes not found, target exited) and the final "llmprof summary"
 //! instant with the session statistics; "llmprof drops: <probe>" counter tracks carry per-probe drops.
 
@@ -29,7 +36,8 @@ use super::schema::{
     TrackEvent,
 };
 use super::writer::{Arg, PacketWriter, arg_b, arg_f, arg_i, arg_s, arg_u};
-use crate::event::{Event, EventBody, MetricsSample, ProcessInfo, SessionStats};
+use crate::event::{Event, EventBody, GpuSample, MetricsSample, ProcessInfo, SessionStats};
+use crate::gpu::cuda_agg::{AggStats, BatchEnd, CudaAggregator, CudaSlice, CudaSliceKind};
 use crate::syscall_names;
 
 /// Name of the global track with llmprof's own markers and summary.
@@ -38,6 +46,12 @@ pub const LLMPROF_TRACK: &str = "llmprof";
 pub const SUMMARY_EVENT: &str = "llmprof summary";
 /// Name of the steps track.
 pub const STEPS_TRACK: &str = "engine steps";
+/// Name of each thread's child track of CUDA driver calls.
+pub const CUDA_TRACK: &str = "CUDA driver calls (host time)";
+/// Category of the CUDA driver call slices.
+pub const CUDA_CATEGORY: &str = "cuda-host";
+/// The `note` arg of every CUDA driver call slice: what its duration means.
+pub const CUDA_NOTE: &str = "host-side time in the CUDA driver call (enqueue, or waiting for the GPU in synchronize calls); not GPU kernel execution";
 /// How many syscall aggregates the summary lists (by total time).
 pub const SUMMARY_TOP_SYSCALLS: usize = 10;
 
@@ -49,6 +63,21 @@ const NS_DEVICE: u64 = 4;
 const NS_REQUEST: u64 = 5;
 const NS_COUNTER: u64 = 6;
 const NS_GLOBAL: u64 = 7;
+const NS_CUDA: u64 = 8;
+const NS_GPU: u64 = 9;
+
+/// GPU counter tracks: (name suffix after "GPU N ", unit). Index = metric id in the track uuid.
+const GPU_COUNTERS: [(&str, &str); 8] = [
+    ("utilization", "%"),
+    ("memory utilization", "%"),
+    ("memory used", "MiB"),
+    ("power", "W"),
+    ("SM clock", "MHz"),
+    ("temperature", "°C"),
+    ("PCIe TX (device to host)", "MB/s"),
+    ("PCIe RX (host to device)", "MB/s"),
+];
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn uuid(ns: u64, id: u64) -> u64 {
     (ns << 56) | (id & ((1 << 56) - 1))
@@ -107,6 +136,8 @@ pub struct TraceSink<W: Write> {
     counts: EventCounts,
     last_ts: u64,
     first_ts: Option<u64>,
+    cuda: CudaAggregator,
+    cuda_out: Vec<CudaSlice>,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -124,6 +155,8 @@ impl<W: Write> TraceSink<W> {
             counts: EventCounts::default(),
             last_ts: clocks.map(|c| c.0).unwrap_or(0),
             first_ts: None,
+            cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
+            cuda_out: Vec::new(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -367,15 +400,62 @@ impl<W: Write> TraceSink<W> {
         self.instant(ts, t, text, vec![arg_s("marker", text)], Vec::new())
     }
 
+    /// What the CUDA call aggregation did so far.
+    pub fn cuda_stats(&self) -> AggStats {
+        self.cuda.stats()
+    }
+
+    /// Writes the CUDA batches still open (so [`TraceSink::cuda_stats`] is final); [`TraceSink::finish`] does
+    /// it too.
+    pub fn flush_cuda(&mut self) -> io::Result<()> {
+        self.cuda.finish(&mut self.cuda_out);
+        self.write_cuda()
+    }
+
     /// Writes one event.
     pub fn push(&mut self, ev: &Event) -> io::Result<()> {
         let ts = ev.ts_ns;
         self.last_ts = self.last_ts.max(ts);
         self.first_ts.get_or_insert(ts);
+        self.cuda.advance(ts, &mut self.cuda_out);
+        self.write_cuda()?;
         match &ev.body {
             EventBody::Step(rec) => {
                 self.count("step");
-                self.step(ev.pid, rec)
+                self.step(ev.pid, rec)?;
+                self.cuda.step(
+                    ev.pid,
+                    rec.host_start_ns,
+                    rec.host_end_ns,
+                    rec.step_id,
+                    &mut self.cuda_out,
+                );
+                self.write_cuda()
+            }
+            EventBody::CudaCall {
+                func,
+                variant,
+                dur_ns,
+                arg,
+                result,
+            } => {
+                self.count("cuda_call");
+                self.cuda.call(
+                    ev.pid,
+                    ev.tid,
+                    ts,
+                    *func,
+                    *variant,
+                    *dur_ns,
+                    *arg,
+                    *result,
+                    &mut self.cuda_out,
+                );
+                self.write_cuda()
+            }
+            EventBody::GpuSample(g) => {
+                self.count("gpu_sample");
+                self.gpu_sample(ev.pid, ts, g)
             }
             EventBody::Request(rec) => {
                 self.count("request");
@@ -525,6 +605,190 @@ impl<W: Write> TraceSink<W> {
                 self.marker(ts, text)
             }
         }
+    }
+
+    /// The track of `tid`'s CUDA driver calls, a child of its thread track.
+    fn cuda_track(&mut self, pid: u32, tid: u32) -> io::Result<u64> {
+        let id = uuid(NS_CUDA, u64::from(tid));
+        if self.tracks.contains(&id) {
+            return Ok(id);
+        }
+        let parent = self.thread_track(pid, tid)?;
+        self.descriptor(TrackDescriptor {
+            uuid: Some(id),
+            parent_uuid: Some(parent),
+            name: Some(CUDA_TRACK.to_owned()),
+            ..Default::default()
+        })
+    }
+
+    /// Writes the CUDA slices the aggregator produced.
+    fn write_cuda(&mut self) -> io::Result<()> {
+        if self.cuda_out.is_empty() {
+            return Ok(());
+        }
+        let slices = std::mem::take(&mut self.cuda_out);
+        for s in &slices {
+            self.cuda_slice(s)?;
+        }
+        self.cuda_out = slices;
+        self.cuda_out.clear();
+        Ok(())
+    }
+
+    fn cuda_slice(&mut self, s: &CudaSlice) -> io::Result<()> {
+        let track = self.cuda_track(s.pid, s.tid)?;
+        let (name, mut args) = match &s.kind {
+            CudaSliceKind::Call {
+                func,
+                variant,
+                arg,
+                result,
+            } => {
+                self.count("cuda_slice");
+                let mut args = vec![
+                    arg_s("function", format!("{}{}", func.name(), variant.suffix())),
+                    arg_f("host_ms", s.dur_ns as f64 / 1e6),
+                    arg_u("result", *result),
+                ];
+                match func.arg() {
+                    Some((_, llmprof_abi::CudaArg::Bytes)) => args.push(arg_u("bytes", *arg)),
+                    Some((_, llmprof_abi::CudaArg::DevicePtr)) => {
+                        args.push(arg_s("dptr", format!("{arg:#x}")));
+                    }
+                    Some((_, llmprof_abi::CudaArg::Stream)) => {
+                        args.push(arg_s("stream", format!("{arg:#x}")));
+                    }
+                    None => {}
+                }
+                (format!("{} (host)", func.name()), args)
+            }
+            CudaSliceKind::Batch {
+                funcs,
+                calls,
+                host_total_ns,
+                max_ns,
+                errors,
+                end,
+                per_step,
+            } => {
+                self.count("cuda_batch");
+                let name = match funcs.keys().next() {
+                    Some(f) if funcs.len() == 1 => format!("{} ×{calls} (host)", f.name()),
+                    _ => format!("CUDA calls ×{calls} (host)"),
+                };
+                let breakdown: Vec<String> = funcs
+                    .iter()
+                    .map(|(f, (n, ns))| format!("{}={n} ({:.3} ms)", f.name(), *ns as f64 / 1e6))
+                    .collect();
+                let launches: u64 = funcs
+                    .iter()
+                    .filter(|(f, _)| f.class() == llmprof_abi::CudaClass::Launch)
+                    .map(|(_, (n, _))| n)
+                    .sum();
+                let mut args = vec![
+                    arg_u("calls", *calls),
+                    arg_u("launches", launches),
+                    arg_f("host_total_ms", *host_total_ns as f64 / 1e6),
+                    arg_f("host_max_ms", *max_ns as f64 / 1e6),
+                    arg_s("functions", breakdown.join(" ")),
+                    arg_s(
+                        "aggregated_per",
+                        if *per_step { "engine step" } else { "10 ms window" },
+                    ),
+                    arg_u("errors", *errors),
+                ];
+                match end {
+                    BatchEnd::Step => args.push(arg_s("ended_by", "step end")),
+                    BatchEnd::Window => args.push(arg_s("ended_by", "window")),
+                    BatchEnd::Call => args.push(arg_s("ended_by", "next individual call")),
+                    BatchEnd::End => args.push(arg_s("ended_by", "end of trace")),
+                }
+                (name, args)
+            }
+        };
+        if let Some(id) = s.step_id {
+            args.push(arg_u("step_id", id));
+        }
+        args.push(arg_s("note", CUDA_NOTE));
+        let begin = TrackEvent {
+            r#type: Some(TYPE_SLICE_BEGIN),
+            track_uuid: Some(track),
+            categories: vec![CUDA_CATEGORY.to_owned()],
+            ..Default::default()
+        };
+        self.w.write_event(s.ts_ns, Some(&name), begin, args)?;
+        self.end(s.ts_ns + s.dur_ns, track, Vec::new())
+    }
+
+    fn gpu_track(&mut self, g: &GpuSample, metric: usize) -> io::Result<u64> {
+        let idx = u64::from(g.index) << 8;
+        let group = uuid(NS_GPU, idx | 0xff);
+        if !self.tracks.contains(&group) {
+            let name = if g.uuid.is_empty() {
+                format!("GPU {}: {}", g.index, g.name)
+            } else {
+                format!("GPU {}: {} ({})", g.index, g.name, g.uuid)
+            };
+            self.descriptor(TrackDescriptor {
+                uuid: Some(group),
+                name: Some(name),
+                ..Default::default()
+            })?;
+        }
+        let id = uuid(NS_GPU, idx | metric as u64);
+        if self.tracks.contains(&id) {
+            return Ok(id);
+        }
+        let (name, unit) = GPU_COUNTERS[metric];
+        self.descriptor(TrackDescriptor {
+            uuid: Some(id),
+            parent_uuid: Some(group),
+            name: Some(format!("GPU {} {name}", g.index)),
+            counter: Some(CounterDescriptor {
+                unit_name: Some(unit.to_owned()),
+                is_incremental: None,
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn gpu_sample(&mut self, pid: u32, ts: u64, g: &GpuSample) -> io::Result<()> {
+        let values = [
+            g.util_gpu_pct,
+            g.util_mem_pct,
+            g.mem_used_bytes.map(|b| b as f64 / MIB),
+            g.power_w,
+            g.sm_clock_mhz,
+            g.temperature_c,
+            g.pcie_tx_bytes_per_s.map(|b| b / 1e6),
+            g.pcie_rx_bytes_per_s.map(|b| b / 1e6),
+        ];
+        for (metric, v) in values.into_iter().enumerate() {
+            if let Some(v) = v {
+                let t = self.gpu_track(g, metric)?;
+                self.counter(ts, t, v)?;
+            }
+        }
+        // The traced process's device memory: 0 when it has no context on this GPU (once it had one).
+        let id = uuid(NS_GPU, (1 << 40) | (u64::from(pid) << 8) | u64::from(g.index));
+        if g.process_mem_bytes.is_some() || self.tracks.contains(&id) {
+            if !self.tracks.contains(&id) {
+                let parent = self.process_track(pid)?;
+                self.descriptor(TrackDescriptor {
+                    uuid: Some(id),
+                    parent_uuid: Some(parent),
+                    name: Some(format!("GPU {} memory (pid {pid})", g.index)),
+                    counter: Some(CounterDescriptor {
+                        unit_name: Some("MiB".to_owned()),
+                        is_incremental: None,
+                    }),
+                    ..Default::default()
+                })?;
+            }
+            self.counter(ts, id, g.process_mem_bytes.unwrap_or(0) as f64 / MIB)?;
+        }
+        Ok(())
     }
 
     fn metrics(&mut self, pid: u32, ts: u64, m: &MetricsSample) -> io::Result<()> {
@@ -749,6 +1013,7 @@ impl<W: Write> TraceSink<W> {
             let args = self.request_end_args(&s, "unfinished", reason);
             self.end(ts, track, args)?;
         }
+        self.flush_cuda()?;
         let ranges: Vec<_> = std::mem::take(&mut self.ranges).into_iter().collect();
         for ((pid, tid), stack) in ranges {
             let track = self.thread_track(pid, tid)?;
@@ -792,6 +1057,16 @@ impl<W: Write> TraceSink<W> {
             })
             .collect();
         args.push(arg_s("top_syscalls", top.join("; ")));
+        let c = self.cuda.stats();
+        if c.calls > 0 {
+            args.push(arg_s(
+                "cuda_calls",
+                format!(
+                    "calls={} individual={} batches={} batched={} over_budget={}",
+                    c.calls, c.individual, c.batches, c.batched_calls, c.over_budget
+                ),
+            ));
+        }
         let events: Vec<String> = self
             .counts
             .by_kind

@@ -1,0 +1,246 @@
+//! Finding the CUDA driver library in a target process and the functions llmprof attaches to in it.
+//!
+//! Owns: the lookup of libcuda in `/proc/PID/maps` (any mapped file whose basename starts with `libcuda.so`,
+//! so the driver's `libcuda.so.1`, `libcuda.so.580.65.06` and a test's stand-in all count), and the
+//! resolution of the [`CudaFunc`] entry points from the library's `.dynsym` into file offsets (the `object`
+//! crate, read once), deduplicated by offset so an aliased symbol is probed once. It never attaches anything:
+//! `capture` does, with the cookies computed here.
+//!
+//! PyTorch and other cudart users reach the driver through `cuGetProcAddress`; the pointers it hands out
+//! that are not exported symbols are added too ([`super::procaddr`]), so those calls are seen either way.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use llmprof_abi::{CudaFunc, CudaVariant};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+
+/// Basename prefix of the CUDA driver library.
+pub const LIBCUDA_PREFIX: &str = "libcuda.so";
+
+/// One entry point to probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaEntry {
+    /// The exported symbol (`cuMemcpyHtoDAsync_v2_ptsz`).
+    pub symbol: String,
+    /// The function it implements.
+    pub func: CudaFunc,
+    /// Which of its symbols.
+    pub variant: CudaVariant,
+    /// File offset of the symbol's first instruction (what the kernel's uprobe API takes).
+    pub file_offset: u64,
+}
+
+impl CudaEntry {
+    /// The uprobe cookie of this entry ([`CudaFunc::cookie`]).
+    pub fn cookie(&self) -> u64 {
+        self.func.cookie(self.variant)
+    }
+}
+
+/// Why libcuda could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LibcudaError {
+    /// The library file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not an ELF object llmprof can parse.
+    #[error("{path} is not an ELF shared library llmprof can read: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's error.
+        #[source]
+        source: object::Error,
+    },
+    /// None of the CUDA driver functions is exported.
+    #[error(
+        "{path} exports none of the CUDA driver functions llmprof probes (cuLaunchKernel, cuMemcpy*, ...)"
+    )]
+    NoFunctions {
+        /// The file.
+        path: String,
+    },
+}
+
+/// The libcuda mapped into `pid`, as a path this process can open: the mapped path itself, or the same path
+/// under `/proc/PID/root` when the target lives in another mount namespace. `None` when none is mapped.
+pub fn find_in_process(pid: u32) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mapped = find_in_maps(&maps)?;
+    let direct = PathBuf::from(&mapped);
+    if direct.exists() {
+        return Some(direct);
+    }
+    let rooted = PathBuf::from(format!("/proc/{pid}/root{mapped}"));
+    rooted.exists().then_some(rooted)
+}
+
+/// The first mapped file of a `/proc/PID/maps` text whose basename starts with [`LIBCUDA_PREFIX`].
+pub fn find_in_maps(maps: &str) -> Option<String> {
+    maps.lines().find_map(|line| {
+        // address perms offset dev inode pathname (the path may contain spaces)
+        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
+        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let base = path.rsplit('/').next()?;
+        (path.starts_with('/') && base.starts_with(LIBCUDA_PREFIX)).then(|| path.to_owned())
+    })
+}
+
+/// Every symbol name llmprof looks for, with the function and variant it stands for.
+pub fn wanted_symbols() -> Vec<(String, CudaFunc, CudaVariant)> {
+    let mut out = Vec::new();
+    for f in CudaFunc::ALL {
+        for v in CudaVariant::SYMBOLS {
+            out.push((format!("{}{}", f.name(), v.suffix()), f, v));
+        }
+    }
+    out
+}
+
+/// Resolves the CUDA driver entry points exported by the library at `path`.
+pub fn resolve(path: &Path) -> Result<Vec<CudaEntry>, LibcudaError> {
+    let shown = path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| LibcudaError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let file = object::File::parse(&*data).map_err(|source| LibcudaError::Parse {
+        path: shown.clone(),
+        source,
+    })?;
+    let wanted = wanted_symbols();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for sym in file.dynamic_symbols() {
+        if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        let Some((_, func, variant)) = wanted.iter().find(|(n, _, _)| n == name) else {
+            continue;
+        };
+        let Some(offset) = file_offset(&file, &sym) else {
+            continue;
+        };
+        if seen.insert(offset) {
+            out.push(CudaEntry {
+                symbol: name.to_owned(),
+                func: *func,
+                variant: *variant,
+                file_offset: offset,
+            });
+        }
+    }
+    // Entry points cuGetProcAddress hands out that no exported symbol names (cudart's way to the driver).
+    if !out.is_empty() {
+        let first_load = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+        for (func, base_off) in super::procaddr::entry_points(path) {
+            let Some(offset) = vaddr_file_offset(&file, first_load + base_off) else {
+                continue;
+            };
+            if seen.insert(offset) {
+                out.push(CudaEntry {
+                    symbol: format!("{}{}", func.name(), CudaVariant::ProcAddress.suffix()),
+                    func,
+                    variant: CudaVariant::ProcAddress,
+                    file_offset: offset,
+                });
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(LibcudaError::NoFunctions { path: shown });
+    }
+    out.sort_by_key(|e| (e.func, e.variant as u32));
+    Ok(out)
+}
+
+/// File offset of an ELF virtual address inside an executable section.
+fn vaddr_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
+    file.sections().find_map(|s| {
+        let (off, _) = s.file_range()?;
+        let inside = vaddr >= s.address() && vaddr < s.address() + s.size();
+        let code = s.kind() == object::SectionKind::Text;
+        (inside && code).then(|| vaddr - s.address() + off)
+    })
+}
+
+/// File offset of a symbol's address: `st_value - sh_addr + sh_offset` of the section holding it.
+fn file_offset(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u64> {
+    let section = file.section_by_index(sym.section_index()?).ok()?;
+    let (sec_off, _) = section.file_range()?;
+    sym.address().checked_sub(section.address())?.checked_add(sec_off)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests panic with the error")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_libcuda_by_basename_in_maps() {
+        let maps = "\
+7f00000000-7f00001000 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f10000000-7f10100000 r-xp 00000000 08:01 43 /usr/lib/x86_64-linux-gnu/libcudart.so.12
+7f20000000-7f20100000 r-xp 00010000 08:01 44 /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06
+7f30000000-7f30001000 rw-p 00000000 00:00 0 [heap]
+";
+        assert_eq!(
+            find_in_maps(maps).as_deref(),
+            Some("/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06")
+        );
+        let spaced = "7f-80 r-xp 0 08:01 44 /tmp/my dir/libcuda.so.1 (deleted)\n";
+        assert_eq!(find_in_maps(spaced).as_deref(), Some("/tmp/my dir/libcuda.so.1"));
+        assert_eq!(
+            find_in_maps("7f-80 r-xp 0 08:01 44 /usr/lib/libcudnn.so.9\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn this_test_process_has_no_libcuda_and_libc_exports_no_cuda() {
+        assert_eq!(find_in_process(std::process::id()), None);
+        let libc = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.split_whitespace()
+                    .nth(5)
+                    .filter(|p| p.contains("libc.so"))
+                    .map(String::from)
+            });
+        if let Some(libc) = libc {
+            assert!(matches!(
+                resolve(Path::new(&libc)),
+                Err(LibcudaError::NoFunctions { .. })
+            ));
+        }
+        assert!(matches!(
+            resolve(Path::new("/etc/hostname")),
+            Err(LibcudaError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn every_function_has_its_plain_and_versioned_names() {
+        let names: Vec<String> = wanted_symbols().into_iter().map(|(n, _, _)| n).collect();
+        for n in [
+            "cuLaunchKernel",
+            "cuLaunchKernel_ptsz",
+            "cuMemcpyHtoDAsync_v2_ptsz",
+            "cuMemcpyDtoH_v2",
+            "cuMemAlloc_v2",
+            "cuStreamSynchronize_ptsz",
+            "cuGraphLaunch_ptsz",
+        ] {
+            assert!(names.iter().any(|x| x == n), "{n}");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The GPU layer of a session: NVML counters and CUDA driver API calls of the target.
+//!
+//! Owns: [`GpuSession`], which `attach` starts next to the capture: the NVML sampler ([`nvml`]) feeding the
+//! session's sampler queue, and the watch for libcuda in the target ([`libcuda`]) that attaches the CUDA
+//! driver uprobes through [`Capture::attach_cuda`] as soon as the library is mapped (at start, or on a later
+//! tick when the process loads CUDA lazily, as PyTorch does). What it cannot do it says once: one marker for
+//! the trace and one line for the attach summary. The per-step aggregation of the calls ([`cuda_agg`]) runs in
+//! the Perfetto sink, a pure consumer of the event stream.
+
+pub mod cuda_agg;
+pub mod libcuda;
+pub mod nvml;
+pub mod procaddr;
+
+use std::path::PathBuf;
+use std::sync::mpsc::SyncSender;
+use std::time::Duration;
+
+use crate::capture::Capture;
+use crate::clock::boottime_ns;
+use crate::event::{Event, EventBody};
+
+/// What the GPU layer should do.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// NVML sampling period; `None` turns the GPU counters off.
+    pub sample_interval: Option<Duration>,
+    /// Attach the CUDA driver API uprobes.
+    pub cuda: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            sample_interval: Some(nvml::DEFAULT_INTERVAL),
+            cuda: true,
+        }
+    }
+}
+
+/// Where the CUDA driver probes stand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CudaState {
+    /// `--no-cuda`.
+    Disabled,
+    /// libcuda is not mapped in the target (yet): watched every tick.
+    Waiting,
+    /// Attached to `functions` entry points of `lib`.
+    Attached {
+        /// The library.
+        lib: PathBuf,
+        /// Entry points attached.
+        functions: usize,
+    },
+    /// Attaching failed (the reason); not retried.
+    Failed(String),
+}
+
+/// The GPU side of one session.
+#[derive(Debug)]
+pub struct GpuSession {
+    pid: u32,
+    sampler: Option<nvml::NvmlSampler>,
+    nvml_line: String,
+    cuda: CudaState,
+    interval: Option<Duration>,
+}
+
+/// What the GPU layer did, for the attach summary.
+#[derive(Clone, Debug)]
+pub struct GpuReport {
+    /// One line on the GPU counters.
+    pub counters: String,
+    /// Where the CUDA driver probes stood at the end.
+    pub cuda: CudaState,
+    /// NVML samples dropped because the session queue was full.
+    pub dropped: u64,
+}
+
+impl GpuSession {
+    /// Starts the NVML sampler for `pid` (its samples go to `tx`) and returns the session with the markers
+    /// to put on the timeline now (at most one: why there are no GPU counters). CUDA probes are attached by
+    /// [`GpuSession::watch_cuda`].
+    pub fn start(opts: &GpuOptions, pid: u32, tx: SyncSender<Event>) -> (Self, Vec<Event>) {
+        let mut markers = Vec::new();
+        let (sampler, nvml_line) = match opts.sample_interval {
+            None => (None, "off (--gpu-sample-interval 0)".to_owned()),
+            Some(interval) => match nvml::NvmlSampler::start(pid, interval, tx) {
+                Ok(s) => {
+                    let names: Vec<String> = s
+                        .gpus()
+                        .iter()
+                        .map(|g| format!("GPU {} {}", g.index, g.name))
+                        .collect();
+                    let line = format!("{} every {} ms", names.join(", "), interval.as_millis());
+                    (Some(s), line)
+                }
+                Err(e) => {
+                    let text = format!("GPU counters unavailable: {e}");
+                    markers.push(marker(pid, text.clone()));
+                    (None, format!("unavailable: {e}"))
+                }
+            },
+        };
+        let cuda = if opts.cuda {
+            CudaState::Waiting
+        } else {
+            CudaState::Disabled
+        };
+        let s = Self {
+            pid,
+            sampler,
+            nvml_line,
+            cuda,
+            interval: opts.sample_interval,
+        };
+        (s, markers)
+    }
+
+    /// UUID of the target's GPU when NVML knows it (for the OTel resource).
+    pub fn gpu_uuid(&self) -> Option<String> {
+        self.sampler.as_ref().and_then(|s| nvml::target_uuid(s.gpus()))
+    }
+
+    /// Attaches the CUDA driver probes once libcuda is mapped in the target. Call it at start (`first`) and
+    /// every tick; it returns the markers to put on the timeline: that libcuda is not loaded (once, at
+    /// start), that the probes are attached, or why they could not be.
+    pub fn watch_cuda(&mut self, capture: &mut Capture, first: bool) -> Vec<Event> {
+        if self.cuda != CudaState::Waiting {
+            return Vec::new();
+        }
+        let Some(lib) = libcuda::find_in_process(self.pid) else {
+            if first {
+                let text = format!(
+                    "libcuda not loaded in pid {}: no CUDA driver calls yet (probes attach when it loads)",
+                    self.pid
+                );
+                return vec![marker(self.pid, text)];
+            }
+            return Vec::new();
+        };
+        let result = libcuda::resolve(&lib)
+            .map_err(|e| e.to_string())
+            .and_then(|entries| {
+                let points: Vec<(u64, u64)> = entries.iter().map(|e| (e.file_offset, e.cookie())).collect();
+                let via_proc = entries
+                    .iter()
+                    .filter(|e| e.variant == llmprof_abi::CudaVariant::ProcAddress)
+                    .count();
+                capture
+                    .attach_cuda(self.pid, &lib, &points)
+                    .map(|n| (n, via_proc))
+                    .map_err(|e| chain(&e))
+            });
+        let text = match result {
+            Ok((n, via_proc)) => {
+                let text = format!(
+                    "CUDA driver probes attached: {n} entry points of {} ({via_proc} of them only reachable \
+                     through cuGetProcAddress)",
+                    lib.display()
+                );
+                self.cuda = CudaState::Attached { lib, functions: n };
+                text
+            }
+            Err(e) => {
+                let text = format!("CUDA driver probes failed: {e}");
+                self.cuda = CudaState::Failed(e);
+                text
+            }
+        };
+        vec![marker(self.pid, text)]
+    }
+
+    /// Stops the sampler and reports.
+    pub fn finish(mut self) -> GpuReport {
+        let (samples, dropped) = self
+            .sampler
+            .as_ref()
+            .map(|s| (s.samples(), s.dropped()))
+            .unwrap_or((0, 0));
+        self.sampler = None;
+        let counters = if self.interval.is_some() && samples > 0 {
+            format!("{}, {samples} samples", self.nvml_line)
+        } else {
+            self.nvml_line.clone()
+        };
+        GpuReport {
+            counters,
+            cuda: self.cuda.clone(),
+            dropped,
+        }
+    }
+}
+
+/// An error and its sources, `: `-joined (aya's program errors keep the kernel's reason in the source).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn marker(pid: u32, text: String) -> Event {
+    Event {
+        ts_ns: boottime_ns(),
+        pid,
+        tid: 0,
+        body: EventBody::Marker { text },
+    }
+}

@@ -1,0 +1,167 @@
+//! The GPU part of the Perfetto sink on a fixture built in code (no GPU, no root): NVML samples become
+//! per-GPU counter tracks and the target's GPU-memory counter; CUDA driver calls of an engine with probes
+//! become per-step launch batches and individual synchronize slices on the thread's CUDA track. Checked with
+//! Perfetto's real trace processor.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use llmprof::event::{Event, EventBody, GpuSample, ProcessInfo, SessionStats, ThreadInfo};
+use llmprof::perfetto::TraceSink;
+use llmprof_abi::{CudaFunc, CudaVariant, StepKind, StepRecord};
+
+const PID: u32 = 777;
+const TID: u32 = 778;
+const MS: u64 = 1_000_000;
+const T0: u64 = 5_000 * 1_000 * MS;
+
+fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
+    Event {
+        ts_ns: T0 + ts,
+        pid: PID,
+        tid,
+        body,
+    }
+}
+
+fn cuda(ts: u64, func: CudaFunc, dur: u64, arg: u64) -> Event {
+    ev(
+        ts,
+        TID,
+        EventBody::CudaCall {
+            func,
+            variant: CudaVariant::V2,
+            dur_ns: dur,
+            arg,
+            result: 0,
+        },
+    )
+}
+
+fn gpu(ts: u64, util: f64, proc_mem: Option<u64>) -> Event {
+    ev(
+        ts,
+        0,
+        EventBody::GpuSample(Box::new(GpuSample {
+            index: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: "GPU-0123".into(),
+            util_gpu_pct: Some(util),
+            util_mem_pct: Some(util / 2.0),
+            mem_used_bytes: Some(1 << 30),
+            mem_total_bytes: Some(80 << 30),
+            power_w: Some(300.5),
+            sm_clock_mhz: Some(1980.0),
+            temperature_c: Some(55.0),
+            pcie_tx_bytes_per_s: Some(2e6),
+            pcie_rx_bytes_per_s: None,
+            process_mem_bytes: proc_mem,
+        })),
+    )
+}
+
+fn fixture() -> Vec<Event> {
+    let mut evs = vec![gpu(0, 10.0, None)];
+    // Two engine steps of 50 launches + a synchronizing copy + a stream sync each.
+    for s in 0..2u64 {
+        let base = 10 * MS + s * 20 * MS;
+        for i in 0..50 {
+            evs.push(cuda(base + i * 10_000, CudaFunc::LaunchKernel, 4_000, 0));
+        }
+        evs.push(cuda(base + MS, CudaFunc::MemcpyDtoH, 100_000, 4096));
+        evs.push(cuda(base + 2 * MS, CudaFunc::StreamSynchronize, 5 * MS, 0));
+        let rec = StepRecord {
+            host_start_ns: T0 + base - 1_000,
+            host_end_ns: T0 + base + 8 * MS,
+            ..StepRecord::new(StepKind::Decode, s + 1, &[1])
+        };
+        evs.push(ev(base + 8 * MS, TID, EventBody::Step(Box::new(rec))));
+    }
+    evs.push(gpu(100 * MS, 90.0, Some(512 << 20)));
+    evs.push(gpu(200 * MS, 80.0, Some(512 << 20)));
+    evs.sort_by_key(|e| e.ts_ns);
+    evs
+}
+
+#[test]
+fn gpu_counters_and_cuda_slices_load_in_the_trace_processor() {
+    if !e2e::require(
+        e2e::trace_processor::available(),
+        "Perfetto trace processor not installed (cargo xtask setup-tools)",
+    ) {
+        return;
+    }
+    let info = ProcessInfo {
+        pid: PID,
+        name: "llmserve".into(),
+        cmdline: "llmserve --backend cuda".into(),
+        threads: vec![ThreadInfo {
+            tid: TID,
+            name: "engine".into(),
+        }],
+        engine_probes: true,
+    };
+    let mut sink = TraceSink::new(Vec::new(), &[info], Some((T0, 1_700_000_000 * 1_000_000_000))).unwrap();
+    for e in fixture() {
+        sink.push(&e).unwrap();
+    }
+    let stats = SessionStats {
+        end_reason: "duration elapsed".into(),
+        ..Default::default()
+    };
+    let bytes = sink.finish(&stats, Some(T0 + 300 * MS)).unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "llmprof-gpu-fixture-{}.perfetto-trace",
+        std::process::id()
+    ));
+    std::fs::write(&path, bytes).unwrap();
+    let mut tp = e2e::trace_processor::load(&path).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    assert_eq!(tp.unterminated_slices().unwrap(), Vec::<serde_json::Value>::new());
+    let mut q = |sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let counter = |name: &str| {
+        format!(
+            "select count(*) from counter c join counter_track t on c.track_id = t.id where t.name = '{name}'"
+        )
+    };
+    assert_eq!(q(&counter("GPU 0 utilization")), 3);
+    assert_eq!(q(&counter("GPU 0 power")), 3);
+    assert_eq!(q(&counter("GPU 0 SM clock")), 3);
+    assert_eq!(q(&counter("GPU 0 temperature")), 3);
+    assert_eq!(q(&counter("GPU 0 memory used")), 3);
+    assert_eq!(q(&counter("GPU 0 PCIe TX (device to host)")), 3);
+    assert_eq!(
+        q(&counter("GPU 0 PCIe RX (host to device)")),
+        0,
+        "unsupported counters stay absent"
+    );
+    assert_eq!(q(&counter(&format!("GPU 0 memory (pid {PID})"))), 2);
+    assert_eq!(
+        q(
+            "select cast(max(c.value) as int) from counter c join counter_track t on c.track_id = t.id \
+           where t.name = 'GPU 0 utilization'"
+        ),
+        90
+    );
+    // Per-step launch batches with their step ids; copies ≥ 50 µs and syncs individually.
+    assert_eq!(
+        q(
+            "select count(*) from slice where name = 'cuLaunchKernel ×50 (host)' \
+           and extract_arg(arg_set_id, 'debug.step_id') in (1, 2)"
+        ),
+        2
+    );
+    assert_eq!(
+        q("select count(*) from slice where name = 'cuStreamSynchronize (host)' and dur = 5000000"),
+        2
+    );
+    assert_eq!(
+        q("select count(*) from slice where name = 'cuMemcpyDtoH (host)' \
+           and extract_arg(arg_set_id, 'debug.function') = 'cuMemcpyDtoH_v2'"),
+        2
+    );
+    assert_eq!(
+        q("select count(*) from thread_track t join thread using (utid) \
+           where t.name = 'CUDA driver calls (host time)' and thread.tid = 778"),
+        1
+    );
+    std::fs::remove_file(&path).unwrap();
+}
