@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, exit};
+use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs, exit};
 use llmprof::doctor::{self, DoctorOptions};
 use llmprof::open::TraceServer;
 
@@ -37,6 +37,7 @@ fn main() {
         Command::Open(o) => run_open(o),
         Command::Doctor(d) => run_doctor(&d),
         Command::Report(r) => run_report(&r),
+        Command::Serve(s) => run_serve(s),
     };
     std::process::exit(code);
 }
@@ -63,6 +64,9 @@ fn run_attach(a: AttachArgs) -> i32 {
         ring_bytes: a.ring_size,
         verbose: a.verbose,
         otel: a.otel,
+        live_status: true,
+        metadata: None,
+        prelude: None,
     };
     match attach::run(&opts, &STOP) {
         Ok(r) => {
@@ -133,6 +137,72 @@ fn run_attach(a: AttachArgs) -> i32 {
                 AttachError::Output { .. } => exit::OUTPUT,
                 AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
+            }
+        }
+    }
+}
+
+fn run_serve(s: ServeArgs) -> i32 {
+    use llmprof::serve::{self, ServeError, ServeOptions, auth::Token, manager::ManagerConfig};
+    let mut egress = Vec::new();
+    for c in &s.egress_allow {
+        match c.parse::<Cidr>() {
+            Ok(c) => egress.push(c),
+            Err(e) => {
+                eprintln!("error: --egress-allow {c}: {e}");
+                return exit::USAGE;
+            }
+        }
+    }
+    let token = match s.token_file.as_deref().map(Token::from_file).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let template = AttachOptions {
+        pid: 0,
+        duration: Some(s.duration),
+        output: s.out_dir.clone(),
+        slow_syscall: s.slow_syscall,
+        model_patterns: s.model_paths,
+        egress_allow: egress,
+        metrics_url: None,
+        ring_bytes: s.ring_size,
+        verbose: false,
+        otel: s.otel,
+        live_status: false,
+        metadata: None,
+        prelude: None,
+    };
+    let opts = ServeOptions {
+        listen: s.listen,
+        token,
+        flight_recorder: s.flight_recorder,
+        flight_recorder_memory: s.flight_recorder_memory,
+        watch: s.watch,
+        max_body: s.max_body,
+        manager: ManagerConfig {
+            out_dir: s.out_dir,
+            default_target: s.default_target,
+            default_duration: s.duration,
+            max_duration: s.max_duration,
+            max_sessions: s.max_sessions.max(1),
+            cooldown: s.cooldown,
+            disk_quota: s.max_disk.map(|b| b as u64),
+            template,
+        },
+    };
+    match serve::run(opts, &STOP) {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            match e {
+                ServeError::NotRoot => exit::NOT_ROOT,
+                ServeError::Insecure(_) | ServeError::Usage(_) | ServeError::Token(_) => exit::USAGE,
+                ServeError::OutDir { .. } => exit::OUTPUT,
+                ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }
         }
     }
