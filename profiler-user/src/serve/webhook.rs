@@ -33,7 +33,7 @@ pub enum PayloadError {
 }
 
 /// A webhook notification.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Payload {
     /// Always "4".
@@ -68,7 +68,7 @@ pub enum AlertStatus {
 }
 
 /// One alert of a notification.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Alert {
     /// Firing or resolved.
