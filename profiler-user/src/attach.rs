@@ -194,10 +194,15 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         Some((boottime_ns(), realtime_ns())),
     )
     .map_err(out_err)?;
-    if let Some(p) = &opts.prelude {
+    // With a prelude, history ends at `live_ns` and the live capture starts there: live events older than it
+    // (seen by both captures while the probes were attaching) are dropped, so the two never interleave.
+    let floor = if let Some(p) = &opts.prelude {
         let mut history = (p.0)(live_ns);
-        write_all(&mut sink, &mut otel, &mut history, opts.pid).map_err(out_err)?;
-    }
+        write_all(&mut sink, &mut otel, &mut history, opts.pid, 0).map_err(out_err)?;
+        live_ns
+    } else {
+        0
+    };
     if let Some(m) = &opts.metadata {
         sink.annotation(live_ns, &m.event, &m.args).map_err(out_err)?;
     }
@@ -293,7 +298,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         }
         merger.drain_at(boottime_ns(), &mut ready);
         events_total += ready.len() as u64;
-        write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
+        write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
     };
     if tty {
         eprintln!();
@@ -309,7 +314,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     }
     merger.finish(&mut ready);
     events_total += ready.len() as u64;
-    write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
+    write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
     let end_ts = boottime_ns();
     if end_reason == "target exited" && !exit_event_seen {
         sink.marker(end_ts, "target exited").map_err(out_err)?;
@@ -348,14 +353,18 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
 }
 
 /// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
-/// Every event goes to the trace and, when configured, to the OTel span builder.
+/// Every event at or after `floor_ns` goes to the trace and, when configured, to the OTel span builder.
 fn write_all<W: Write>(
     sink: &mut TraceSink<W>,
     otel: &mut Option<OtelSink>,
     ready: &mut Vec<Event>,
     pid: u32,
+    floor_ns: u64,
 ) -> io::Result<()> {
     for ev in ready.drain(..) {
+        if ev.ts_ns < floor_ns {
+            continue;
+        }
         if ev.tid != 0
             && !sink.knows_thread(ev.tid)
             && let Some(name) = procfs::thread_name(pid, ev.tid)

@@ -34,7 +34,7 @@ const POLL: Duration = Duration::from_millis(50);
 /// How often a missing or exited target is looked up again.
 const RETRY: Duration = Duration::from_secs(2);
 /// Longest a snapshot waits for the recorder to have drained everything before the cut.
-const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
 
 /// Bytes an event holds in the ring: the struct, its boxed record and its strings.
 pub fn event_bytes(ev: &Event) -> usize {
@@ -255,7 +255,24 @@ fn snapshot(shared: &Shared, pid: u32, cut_ns: u64, window: Duration) -> Vec<Eve
         std::thread::sleep(Duration::from_millis(10));
     }
     let from = cut_ns.saturating_sub(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX));
-    lock(&shared.ring).snapshot(pid, from, cut_ns)
+    let mut events = lock(&shared.ring).snapshot(pid, from, cut_ns);
+    let drained = shared.watermark.load(Ordering::Relaxed);
+    if drained < cut_ns {
+        // The recorder fell behind (a loaded host): say where its history stops being complete.
+        let at = drained.max(events.last().map_or(from, |e| e.ts_ns));
+        events.push(Event {
+            ts_ns: at.min(cut_ns.saturating_sub(1)),
+            pid,
+            tid: 0,
+            body: EventBody::Marker {
+                text: format!(
+                    "flight recorder history incomplete for the last {:.0} ms before the alert",
+                    (cut_ns - drained) as f64 / 1e6
+                ),
+            },
+        });
+    }
+    events
 }
 
 fn set_state(shared: &Shared, pid: Option<u32>, state: String) {
