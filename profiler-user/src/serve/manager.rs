@@ -512,8 +512,10 @@ impl Manager {
         })))
     }
 
-    /// Records the end of session `id`.
+    /// Records the end of session `id` and applies the quota in the same critical section, so nobody sees
+    /// the session finished while the directory is still over the quota.
     fn finish(&self, id: u64, r: Result<attach::AttachReport, attach::AttachError>) {
+        let files = quota::scan(&self.cfg.out_dir);
         {
             let mut inner = lock(&self.inner);
             let Some(s) = inner.sessions.get_mut(&id) else { return };
@@ -550,20 +552,25 @@ impl Manager {
                     Metrics::inc(&self.metrics.sessions_failed);
                 }
             }
+            self.apply_quota(&mut inner, files);
         }
-        self.enforce_quota();
     }
 
     /// Applies the disk quota now (see the module docs).
     pub fn enforce_quota(&self) {
-        let files = match quota::scan(&self.cfg.out_dir) {
+        let files = quota::scan(&self.cfg.out_dir);
+        let mut inner = lock(&self.inner);
+        self.apply_quota(&mut inner, files);
+    }
+
+    fn apply_quota(&self, inner: &mut Inner, files: std::io::Result<Vec<quota::TraceFile>>) {
+        let files = match files {
             Ok(f) => f,
             Err(e) => {
                 log::warn!("cannot scan {}: {e}", self.cfg.out_dir.display());
                 return;
             }
         };
-        let mut inner = lock(&self.inner);
         // Sizes of running traces, for the sessions list.
         for s in inner.sessions.values_mut().filter(|s| s.view.state == State::Running) {
             if let Some(f) = files.iter().find(|f| Some(f.path.display().to_string()) == s.view.trace) {
