@@ -311,11 +311,21 @@ mod tests {
     #[test]
     fn serve_parses_the_help_example() {
         let c = Cli::try_parse_from([
-            "llmprof", "serve", "--out-dir", "traces", "--watch", "port:8000", "--flight-recorder", "30s",
-            "--max-disk", "2GiB",
+            "llmprof",
+            "serve",
+            "--out-dir",
+            "traces",
+            "--watch",
+            "port:8000",
+            "--flight-recorder",
+            "30s",
+            "--max-disk",
+            "2GiB",
         ])
         .unwrap();
-        let Command::Serve(s) = c.command else { panic!("serve") };
+        let Command::Serve(s) = c.command else {
+            panic!("serve")
+        };
         assert_eq!(s.listen.to_string(), "127.0.0.1:9464");
         assert_eq!(s.watch, vec![crate::serve::target::TargetSpec::Port(8000)]);
         assert_eq!(s.flight_recorder, Some(Duration::from_secs(30)));

@@ -35,13 +35,22 @@ fn chat_body(i: usize, max_tokens: u32) -> String {
 fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_it() {
     let model = default_model();
     if !require(is_root(), "not root: llmprof serve loads eBPF programs")
-        || !require(model.exists(), "the default model is missing (run `cargo xtask fetch-model`)")
+        || !require(
+            model.exists(),
+            "the default model is missing (run `cargo xtask fetch-model`)",
+        )
         || !require(
             trace_processor::available(),
             "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
         )
-        || !require(serve::have("prometheus"), "prometheus is missing (`cargo xtask setup-tools`)")
-        || !require(serve::have(ALERTMANAGER), "Alertmanager is missing (`cargo xtask setup-tools`)")
+        || !require(
+            serve::have("prometheus"),
+            "prometheus is missing (`cargo xtask setup-tools`)",
+        )
+        || !require(
+            serve::have(ALERTMANAGER),
+            "Alertmanager is missing (`cargo xtask setup-tools`)",
+        )
     {
         return;
     }
@@ -63,7 +72,11 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(recording, "flight recorder not recording the engine: {}", srv.healthz());
+    assert!(
+        recording,
+        "flight recorder not recording the engine: {}",
+        srv.healthz()
+    );
 
     // Before the alert: a little normal traffic, which only the flight recorder sees.
     for i in 0..2 {
@@ -72,7 +85,8 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     }
 
     let rules = serve::fast_rules("1s", "8s");
-    let (_am, am_port) = serve::alertmanager(&dir, &serve::test_alertmanager_config(srv.port, &srv.token_file));
+    let (_am, am_port) =
+        serve::alertmanager(&dir, &serve::test_alertmanager_config(srv.port, &srv.token_file));
     let (_prom, _prom_port) = serve::prometheus(&dir, engine.port, &rules, am_port);
 
     // Overload: many clients against two sequence slots, until the session has finished.
@@ -98,23 +112,39 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     let alert = session["alert"].as_str().expect("alert name").to_owned();
     stop.store(true, Ordering::Relaxed);
     assert_eq!(session["state"], "finished", "the session failed: {session:#}");
-    assert_eq!(session["target_pid"], engine.pid, "resolved from the instance label: {session:#}");
+    assert_eq!(
+        session["target_pid"], engine.pid,
+        "resolved from the instance label: {session:#}"
+    );
     assert!(
         session["target"].as_str().unwrap_or("").contains("instance"),
         "resolved from the instance label: {session:#}"
     );
     assert!(
-        session["labels"]["instance"].as_str().unwrap_or("").ends_with(&format!(":{}", engine.port)),
+        session["labels"]["instance"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with(&format!(":{}", engine.port)),
         "{session:#}"
     );
     let prelude = session["prelude_events"].as_u64().unwrap_or(0);
-    assert!(prelude > 0, "no flight-recorder events before the alert: {session:#}");
+    assert!(
+        prelude > 0,
+        "no flight-recorder events before the alert: {session:#}"
+    );
 
     // Alertmanager reached serve through the token; serve counts what it did.
     let m = srv.metrics();
-    assert!(counter(&m, "llmprof_serve_webhooks_total{code=\"200\"}") >= 1.0, "{m}");
+    assert!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"200\"}") >= 1.0,
+        "{m}"
+    );
     assert!(counter(&m, "llmprof_serve_sessions_started_total") >= 1.0, "{m}");
-    assert_eq!(counter(&m, "llmprof_serve_webhooks_total{code=\"401\"}"), 0.0, "{m}");
+    assert_eq!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"401\"}"),
+        0.0,
+        "{m}"
+    );
 
     // The trace, downloaded through the API, is the file on disk.
     let id = session["id"].as_u64().expect("id");
@@ -122,13 +152,25 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     assert_eq!(status, 200);
     let path = session["trace"].as_str().expect("trace path").to_owned();
     assert!(path.contains(&alert), "trace named after the alert: {path}");
-    assert_eq!(bytes, std::fs::read(&path).expect("trace on disk"), "downloaded trace = file");
+    assert_eq!(
+        bytes,
+        std::fs::read(&path).expect("trace on disk"),
+        "downloaded trace = file"
+    );
     let local = dir.join("downloaded.perfetto-trace");
     std::fs::write(&local, &bytes).expect("write download");
 
     let mut tp = trace_processor::load(&local).expect("trace processor loads the trace");
-    assert_eq!(tp.import_errors().expect("stats"), Vec::<Value>::new(), "import errors");
-    assert_eq!(tp.unterminated_slices().expect("slices"), Vec::<Value>::new(), "unterminated slices");
+    assert_eq!(
+        tp.import_errors().expect("stats"),
+        Vec::<Value>::new(),
+        "import errors"
+    );
+    assert_eq!(
+        tp.unterminated_slices().expect("slices"),
+        Vec::<Value>::new(),
+        "unterminated slices"
+    );
 
     // The alert is in the trace, with its fingerprint and labels.
     let rows = tp
@@ -142,10 +184,16 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     assert_eq!(rows.len(), 1, "one alert instant: {rows:?}");
     let alert_ts = rows[0]["ts"].as_i64().expect("ts");
     assert_eq!(rows[0]["fp"], session["fingerprint"]);
-    let labels: Value = serde_json::from_str(rows[0]["labels"].as_str().unwrap_or("{}")).expect("labels JSON");
+    let labels: Value =
+        serde_json::from_str(rows[0]["labels"].as_str().unwrap_or("{}")).expect("labels JSON");
     assert_eq!(labels["alertname"], alert.as_str());
     assert_eq!(labels["llmprof"], "trace");
-    assert!(rows[0]["annotations"].as_str().unwrap_or("").contains("llmprof_duration"));
+    assert!(
+        rows[0]["annotations"]
+            .as_str()
+            .unwrap_or("")
+            .contains("llmprof_duration")
+    );
 
     // The overload: engine steps, and a waiting-requests counter above the rule's threshold.
     let mut steps = |cond: &str| {
@@ -155,9 +203,15 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
         ))
         .expect("steps query")
     };
-    let (before, after) = (steps(&format!("s.ts < {alert_ts}")), steps(&format!("s.ts >= {alert_ts}")));
+    let (before, after) = (
+        steps(&format!("s.ts < {alert_ts}")),
+        steps(&format!("s.ts >= {alert_ts}")),
+    );
     assert!(after > 0, "no engine step after the alert");
-    assert!(before > 0, "no engine step from the flight recorder before the alert");
+    assert!(
+        before > 0,
+        "no engine step from the flight recorder before the alert"
+    );
     let max_waiting = tp
         .query("select max(c.value) as v from counter c join counter_track t on c.track_id = t.id where t.name = 'requests waiting'")
         .expect("counter query");

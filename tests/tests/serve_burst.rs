@@ -90,7 +90,14 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     let _ = std::fs::remove_dir_all(&dir);
     let srv = Serve::spawn(
         &dir,
-        &["--max-sessions", &CAP.to_string(), "--cooldown", "10m", "--max-body", "64KiB"],
+        &[
+            "--max-sessions",
+            &CAP.to_string(),
+            "--cooldown",
+            "10m",
+            "--max-body",
+            "64KiB",
+        ],
     );
 
     // 1,000 posts: 100 without a valid token (carrying an alert that must never start), 99 malformed, 1 over
@@ -156,7 +163,10 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
         assert_eq!(*status, want, "post {i} ({kind:?}): {body}");
         if *kind == Kind::Malformed {
             let v: Value = serde_json::from_str(body).expect("400 bodies are JSON");
-            assert!(!v["error"].as_str().unwrap_or("").is_empty(), "400 without a reason: {body}");
+            assert!(
+                !v["error"].as_str().unwrap_or("").is_empty(),
+                "400 without a reason: {body}"
+            );
         }
     }
 
@@ -174,7 +184,10 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     assert_eq!(failed.len(), 1, "{sessions:#?}");
     assert_eq!(failed[0]["fingerprint"], "fp-nowhere");
     assert!(
-        failed[0]["reason"].as_str().unwrap_or("").contains(&NO_PID.to_string()),
+        failed[0]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&NO_PID.to_string()),
         "the failure says why: {:#}",
         failed[0]
     );
@@ -186,11 +199,31 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     // The counters agree: each valid alert was started once, failed once, deduped or capped.
     let m = srv.metrics();
     let per_alert = 800.0 / (TARGETS + 1) as f64;
-    assert_eq!(counter(&m, "llmprof_serve_webhooks_total{code=\"200\"}"), 800.0, "{m}");
-    assert_eq!(counter(&m, "llmprof_serve_webhooks_total{code=\"401\"}"), 100.0, "{m}");
-    assert_eq!(counter(&m, "llmprof_serve_webhooks_total{code=\"400\"}"), 99.0, "{m}");
-    assert_eq!(counter(&m, "llmprof_serve_webhooks_total{code=\"413\"}"), 1.0, "{m}");
-    assert_eq!(counter(&m, "llmprof_serve_sessions_started_total"), CAP as f64, "{m}");
+    assert_eq!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"200\"}"),
+        800.0,
+        "{m}"
+    );
+    assert_eq!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"401\"}"),
+        100.0,
+        "{m}"
+    );
+    assert_eq!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"400\"}"),
+        99.0,
+        "{m}"
+    );
+    assert_eq!(
+        counter(&m, "llmprof_serve_webhooks_total{code=\"413\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        counter(&m, "llmprof_serve_sessions_started_total"),
+        CAP as f64,
+        "{m}"
+    );
     assert_eq!(counter(&m, "llmprof_serve_sessions_failed_total"), 1.0, "{m}");
     assert_eq!(
         counter(&m, "llmprof_serve_alerts_skipped_total{reason=\"cap\"}"),
@@ -214,11 +247,21 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     assert_eq!(traces.len(), CAP, "{traces:?}");
     for t in &traces {
         let mut tp = trace_processor::load(t).expect("trace processor loads the trace");
-        assert_eq!(tp.import_errors().expect("stats"), Vec::<Value>::new(), "{}", t.display());
+        assert_eq!(
+            tp.import_errors().expect("stats"),
+            Vec::<Value>::new(),
+            "{}",
+            t.display()
+        );
         let summary = tp
             .query("select extract_arg(arg_set_id, 'debug.end_reason') as r from slice where name = 'llmprof summary'")
             .expect("summary");
-        assert_eq!(summary.len(), 1, "finished trace has its summary: {}", t.display());
+        assert_eq!(
+            summary.len(),
+            1,
+            "finished trace has its summary: {}",
+            t.display()
+        );
         let alerts = tp
             .query_i64("select count(*) from slice where name = 'alert fired: Burst'")
             .expect("alert instant");

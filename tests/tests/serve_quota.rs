@@ -92,18 +92,32 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
         }
         // The quota is applied when a session ends.
         let total = trace_bytes(&traces);
-        assert!(total <= QUOTA, "after session {i}: {total} bytes of traces > quota {QUOTA}");
-        assert!(std::path::Path::new(&path).exists(), "the newest trace was removed: {path}");
+        assert!(
+            total <= QUOTA,
+            "after session {i}: {total} bytes of traces > quota {QUOTA}"
+        );
+        assert!(
+            std::path::Path::new(&path).exists(),
+            "the newest trace was removed: {path}"
+        );
         paths.push(path);
         // Oldest first: the traces still there are the newest ones.
         let kept: Vec<bool> = paths.iter().map(|p| std::path::Path::new(p).exists()).collect();
         let first_kept = kept.iter().position(|k| *k).unwrap_or(kept.len());
-        assert!(kept[first_kept..].iter().all(|k| *k), "a newer trace went before an older one: {kept:?}");
+        assert!(
+            kept[first_kept..].iter().all(|k| *k),
+            "a newer trace went before an older one: {kept:?}"
+        );
     }
     assert!(!old.exists(), "the oldest trace (from an earlier run) goes first");
     assert!(notes.exists(), "files that are not traces are never removed");
-    let removed: Vec<usize> = (0..SESSIONS).filter(|&i| !std::path::Path::new(&paths[i]).exists()).collect();
-    assert!(!removed.is_empty(), "{SESSIONS} sessions should not fit in {QUOTA} bytes");
+    let removed: Vec<usize> = (0..SESSIONS)
+        .filter(|&i| !std::path::Path::new(&paths[i]).exists())
+        .collect();
+    assert!(
+        !removed.is_empty(),
+        "{SESSIONS} sessions should not fit in {QUOTA} bytes"
+    );
 
     // The API says which are gone, and serves the rest.
     let sessions = srv.sessions();

@@ -64,7 +64,10 @@ impl Token {
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
     let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |i| i + 1);
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |i| i + 1);
     &b[start..end]
 }
 

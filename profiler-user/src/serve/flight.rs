@@ -81,7 +81,9 @@ impl Ring {
             return;
         }
         while self.bytes + size > self.max_bytes {
-            let Some((_, s)) = self.events.pop_front() else { break };
+            let Some((_, s)) = self.events.pop_front() else {
+                break;
+            };
             self.bytes -= s;
             self.dropped += 1;
         }
@@ -398,7 +400,10 @@ mod tests {
         let snap = r.snapshot(1, 25_000_000_000, 28_000_000_000);
         let ts: Vec<u64> = snap.iter().map(|e| e.ts_ns / 1_000_000_000).collect();
         assert_eq!(ts, vec![25, 26, 27]);
-        assert!(r.snapshot(2, 0, u64::MAX).is_empty(), "other pids are not in a snapshot");
+        assert!(
+            r.snapshot(2, 0, u64::MAX).is_empty(),
+            "other pids are not in a snapshot"
+        );
     }
 
     #[test]

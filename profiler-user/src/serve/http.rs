@@ -106,12 +106,19 @@ async fn alerts_inner(app: &Arc<App>, req: Request) -> Response {
     };
     let manager = app.manager.clone();
     let outcomes = tokio::task::spawn_blocking(move || {
-        payload.alerts.iter().map(|a| manager.handle(a)).collect::<Vec<_>>()
+        payload
+            .alerts
+            .iter()
+            .map(|a| manager.handle(a))
+            .collect::<Vec<_>>()
     })
     .await;
     match outcomes {
         Ok(o) => json(StatusCode::OK, &serde_json::json!({ "alerts": o })),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("alert handling failed: {e}")),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("alert handling failed: {e}"),
+        ),
     }
 }
 
@@ -156,13 +163,19 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
         Ok(Err(e)) => return error(StatusCode::GONE, &format!("cannot read {}: {e}", path.display())),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let disposition = HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
         .unwrap_or_else(|_| HeaderValue::from_static("attachment"));
     (
         StatusCode::OK,
         [
-            (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
             (header::CONTENT_DISPOSITION, disposition),
         ],
         Body::from(data),

@@ -215,7 +215,13 @@ fn now_rfc3339() -> String {
 fn file_stem(name: &str) -> String {
     let s: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(64)
         .collect();
     if s.is_empty() { "alert".into() } else { s }
@@ -281,7 +287,9 @@ impl Manager {
         if let Some(s) = inner.sessions.values().rev().find(|s| {
             s.view.fingerprint == fingerprint
                 && (s.view.state == State::Running
-                    || (s.view.state == State::Failed && s.view.trace.is_none() && s.created.elapsed() < cooldown))
+                    || (s.view.state == State::Failed
+                        && s.view.trace.is_none()
+                        && s.created.elapsed() < cooldown))
         }) {
             Metrics::inc(&self.metrics.sessions_deduped);
             return Outcome::Deduped {
@@ -351,12 +359,19 @@ impl Manager {
             };
             return Outcome::Skipped { fingerprint, reason };
         }
-        let running = inner.sessions.values().filter(|s| s.view.state == State::Running).count();
+        let running = inner
+            .sessions
+            .values()
+            .filter(|s| s.view.state == State::Running)
+            .count();
         if running >= self.cfg.max_sessions {
             Metrics::inc(&self.metrics.skipped_cap);
             return Outcome::Skipped {
                 fingerprint,
-                reason: format!("{running} sessions running (--max-sessions {})", self.cfg.max_sessions),
+                reason: format!(
+                    "{running} sessions running (--max-sessions {})",
+                    self.cfg.max_sessions
+                ),
             };
         }
         inner.next_id += 1;
@@ -402,10 +417,13 @@ impl Manager {
             });
         match spawned {
             Ok(h) => lock(&self.threads).push(h),
-            Err(e) => self.finish(id, Err(attach::AttachError::Output {
-                path: trace.clone(),
-                source: e,
-            })),
+            Err(e) => self.finish(
+                id,
+                Err(attach::AttachError::Output {
+                    path: trace.clone(),
+                    source: e,
+                }),
+            ),
         }
         Outcome::Started {
             fingerprint,
@@ -468,7 +486,10 @@ impl Manager {
         let mut p = self.cfg.out_dir.join(format!("{stem}{}", quota::TRACE_SUFFIX));
         let mut n = 2;
         while p.exists() {
-            p = self.cfg.out_dir.join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
+            p = self
+                .cfg
+                .out_dir
+                .join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
             n += 1;
         }
         p
@@ -518,7 +539,9 @@ impl Manager {
         let files = quota::scan(&self.cfg.out_dir);
         {
             let mut inner = lock(&self.inner);
-            let Some(s) = inner.sessions.get_mut(&id) else { return };
+            let Some(s) = inner.sessions.get_mut(&id) else {
+                return;
+            };
             s.ended = Some(Instant::now());
             s.view.ended_at = Some(now_rfc3339());
             s.view.prelude_events = s.prelude_events.load(Ordering::Relaxed);
@@ -528,7 +551,9 @@ impl Manager {
                     s.view.bytes = rep.trace_bytes;
                     s.view.drops = rep.stats.total_dropped();
                     s.view.end_reason = Some(s.stopped_by.unwrap_or(&rep.stats.end_reason).to_owned());
-                    self.metrics.bytes_written.fetch_add(rep.trace_bytes, Ordering::Relaxed);
+                    self.metrics
+                        .bytes_written
+                        .fetch_add(rep.trace_bytes, Ordering::Relaxed);
                     eprintln!(
                         "llmprof serve: session {id} finished ({}): {} bytes, {} dropped, {} events before the alert",
                         s.view.end_reason.as_deref().unwrap_or(""),
@@ -572,13 +597,21 @@ impl Manager {
             }
         };
         // Sizes of running traces, for the sessions list.
-        for s in inner.sessions.values_mut().filter(|s| s.view.state == State::Running) {
-            if let Some(f) = files.iter().find(|f| Some(f.path.display().to_string()) == s.view.trace) {
+        for s in inner
+            .sessions
+            .values_mut()
+            .filter(|s| s.view.state == State::Running)
+        {
+            if let Some(f) = files
+                .iter()
+                .find(|f| Some(f.path.display().to_string()) == s.view.trace)
+            {
                 s.view.bytes = f.bytes;
             }
         }
         let Some(q) = self.cfg.disk_quota else {
-            self.disk_bytes.store(files.iter().map(|f| f.bytes).sum(), Ordering::Relaxed);
+            self.disk_bytes
+                .store(files.iter().map(|f| f.bytes).sum(), Ordering::Relaxed);
             return;
         };
         let running: HashSet<PathBuf> = inner
@@ -631,7 +664,11 @@ impl Manager {
 
     /// Every session, oldest first.
     pub fn sessions(&self) -> Vec<SessionView> {
-        lock(&self.inner).sessions.values().map(|s| s.view.clone()).collect()
+        lock(&self.inner)
+            .sessions
+            .values()
+            .map(|s| s.view.clone())
+            .collect()
     }
 
     /// One session.

@@ -102,13 +102,41 @@ impl Metrics {
             v(&self.alerts_resolved)
         );
         let counters: [(&str, &str, &AtomicU64); 7] = [
-            ("sessions_started_total", "Sessions started (a capture began).", &self.sessions_started),
-            ("sessions_failed_total", "Sessions that failed, with the reason in /v1/sessions.", &self.sessions_failed),
-            ("sessions_deduped_total", "Firing alerts folded into a session of the same fingerprint.", &self.sessions_deduped),
-            ("sessions_resolved_early_total", "Sessions ended early by a resolved alert.", &self.sessions_resolved_early),
-            ("sessions_stopped_quota_total", "Sessions stopped because traces in progress exceeded the disk quota.", &self.sessions_stopped_quota),
-            ("bytes_written_total", "Trace bytes written by finished sessions.", &self.bytes_written),
-            ("traces_removed_total", "Traces removed by the disk quota, oldest first.", &self.traces_removed),
+            (
+                "sessions_started_total",
+                "Sessions started (a capture began).",
+                &self.sessions_started,
+            ),
+            (
+                "sessions_failed_total",
+                "Sessions that failed, with the reason in /v1/sessions.",
+                &self.sessions_failed,
+            ),
+            (
+                "sessions_deduped_total",
+                "Firing alerts folded into a session of the same fingerprint.",
+                &self.sessions_deduped,
+            ),
+            (
+                "sessions_resolved_early_total",
+                "Sessions ended early by a resolved alert.",
+                &self.sessions_resolved_early,
+            ),
+            (
+                "sessions_stopped_quota_total",
+                "Sessions stopped because traces in progress exceeded the disk quota.",
+                &self.sessions_stopped_quota,
+            ),
+            (
+                "bytes_written_total",
+                "Trace bytes written by finished sessions.",
+                &self.bytes_written,
+            ),
+            (
+                "traces_removed_total",
+                "Traces removed by the disk quota, oldest first.",
+                &self.traces_removed,
+            ),
         ];
         for (name, help, c) in counters {
             let _ = writeln!(
@@ -143,7 +171,11 @@ impl Metrics {
                  # TYPE llmprof_serve_flight_recorder_bytes gauge"
             );
             for r in &g.recorders {
-                let _ = writeln!(s, "llmprof_serve_flight_recorder_bytes{{target=\"{}\"}} {}", r.target, r.bytes);
+                let _ = writeln!(
+                    s,
+                    "llmprof_serve_flight_recorder_bytes{{target=\"{}\"}} {}",
+                    r.target, r.bytes
+                );
             }
             let _ = writeln!(
                 s,
@@ -151,7 +183,11 @@ impl Metrics {
                  # TYPE llmprof_serve_flight_recorder_events gauge"
             );
             for r in &g.recorders {
-                let _ = writeln!(s, "llmprof_serve_flight_recorder_events{{target=\"{}\"}} {}", r.target, r.events);
+                let _ = writeln!(
+                    s,
+                    "llmprof_serve_flight_recorder_events{{target=\"{}\"}} {}",
+                    r.target, r.events
+                );
             }
             let _ = writeln!(
                 s,
@@ -189,9 +225,18 @@ mod tests {
             disk_quota: 100,
             recorders: Vec::new(),
         });
-        assert!(text.contains("llmprof_serve_webhooks_total{code=\"401\"} 2\n"), "{text}");
-        assert!(text.contains("llmprof_serve_webhooks_total{code=\"500\"} 1\n"), "{text}");
-        assert!(text.contains("llmprof_serve_sessions_started_total 1\n"), "{text}");
+        assert!(
+            text.contains("llmprof_serve_webhooks_total{code=\"401\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("llmprof_serve_webhooks_total{code=\"500\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("llmprof_serve_sessions_started_total 1\n"),
+            "{text}"
+        );
         assert!(text.contains("llmprof_serve_sessions_running 1\n"), "{text}");
         assert_eq!(m.webhooks(401), 2);
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -59,7 +59,9 @@ pub struct ServeOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// Not root.
-    #[error("llmprof serve needs root to load eBPF programs for its sessions: run it with sudo (or as the systemd unit in deploy/)")]
+    #[error(
+        "llmprof serve needs root to load eBPF programs for its sessions: run it with sudo (or as the systemd unit in deploy/)"
+    )]
     NotRoot,
     /// The output directory is unusable.
     #[error("cannot use the output directory {path}: {source}")]
@@ -120,7 +122,8 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
     let targets = recorder_targets(&opts);
     if opts.flight_recorder.is_some() && targets.is_empty() {
         return Err(ServeError::Usage(
-            "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target".into(),
+            "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target"
+                .into(),
         ));
     }
     let out = &opts.manager.out_dir;
@@ -154,7 +157,11 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
     let addr = listener.local_addr().map_err(ServeError::Runtime)?;
     println!(
         "llmprof serve: listening on http://{addr} (POST /v1/alerts{}); traces in {}",
-        if opts.token.is_some() { ", bearer token required" } else { ", no authentication" },
+        if opts.token.is_some() {
+            ", bearer token required"
+        } else {
+            ", no authentication"
+        },
         out.display()
     );
     let ticker_stop = Arc::new(AtomicBool::new(false));

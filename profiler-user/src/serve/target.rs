@@ -35,8 +35,18 @@ impl FromStr for TargetSpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || format!("invalid target {s:?}: use pid:N or port:N (e.g. port:8000)");
         match s.split_once(':') {
-            Some(("pid", n)) => n.parse().ok().filter(|&p| p > 0).map(TargetSpec::Pid).ok_or_else(bad),
-            Some(("port", n)) => n.parse().ok().filter(|&p| p > 0).map(TargetSpec::Port).ok_or_else(bad),
+            Some(("pid", n)) => n
+                .parse()
+                .ok()
+                .filter(|&p| p > 0)
+                .map(TargetSpec::Pid)
+                .ok_or_else(bad),
+            Some(("port", n)) => n
+                .parse()
+                .ok()
+                .filter(|&p| p > 0)
+                .map(TargetSpec::Port)
+                .ok_or_else(bad),
             _ => Err(bad()),
         }
     }
@@ -200,7 +210,10 @@ mod tests {
     fn alert(labels: &[(&str, &str)]) -> Alert {
         Alert {
             status: AlertStatus::Firing,
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             annotations: Default::default(),
             starts_at: String::new(),
             ends_at: String::new(),

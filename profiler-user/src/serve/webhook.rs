@@ -19,7 +19,9 @@ pub enum PayloadError {
     #[error("the body is not JSON: {0}")]
     NotJson(String),
     /// No `version` field.
-    #[error("the payload has no \"version\": llmprof serve expects Alertmanager webhook payloads (version 4)")]
+    #[error(
+        "the payload has no \"version\": llmprof serve expects Alertmanager webhook payloads (version 4)"
+    )]
     NoVersion,
     /// Another payload version.
     #[error("unsupported payload version {0}: llmprof serve speaks Alertmanager webhook version 4")]
@@ -105,7 +107,8 @@ impl Alert {
 
 /// Parses and validates a body.
 pub fn parse(body: &[u8]) -> Result<Payload, PayloadError> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| PayloadError::NotJson(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| PayloadError::NotJson(e.to_string()))?;
     match v.get("version") {
         None => return Err(PayloadError::NoVersion),
         Some(serde_json::Value::String(s)) if s == PAYLOAD_VERSION => {}
@@ -153,8 +156,14 @@ mod tests {
             parse(br#"{"version":"3","alerts":[]}"#),
             Err(PayloadError::Version("\"3\"".into()))
         );
-        assert_eq!(parse(br#"{"version":4,"alerts":[]}"#), Err(PayloadError::Version("4".into())));
-        assert!(matches!(parse(br#"{"version":"4"}"#), Err(PayloadError::Shape(_))));
+        assert_eq!(
+            parse(br#"{"version":4,"alerts":[]}"#),
+            Err(PayloadError::Version("4".into()))
+        );
+        assert!(matches!(
+            parse(br#"{"version":"4"}"#),
+            Err(PayloadError::Shape(_))
+        ));
         assert!(matches!(
             parse(br#"{"version":"4","alerts":[{"status":"burning"}]}"#),
             Err(PayloadError::Shape(_))
