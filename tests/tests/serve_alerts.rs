@@ -128,6 +128,11 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
         "{session:#}"
     );
     let prelude = session["prelude_events"].as_u64().unwrap_or(0);
+    // The recorder keeps running within its memory bound.
+    let rec = &srv.healthz()["flight_recorders"][0];
+    assert_eq!(rec["state"], "recording", "{rec}");
+    assert!(rec["events"].as_u64().unwrap_or(0) > 0, "{rec}");
+    assert!(rec["bytes"].as_u64() <= rec["max_bytes"].as_u64(), "{rec}");
     assert!(
         prelude > 0,
         "no flight-recorder events before the alert: {session:#}"

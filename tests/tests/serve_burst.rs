@@ -271,3 +271,53 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     std::thread::sleep(Duration::from_millis(10));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
+    if !require(is_root(), "not root: llmprof serve loads eBPF programs") {
+        return;
+    }
+    let target = Kill(
+        Command::new("sleep")
+            .arg("600")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn sleep"),
+    );
+    let pid = target.0.id();
+    let dir = std::env::temp_dir().join(format!("llmprof-serve-resolved-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let srv = Serve::spawn(&dir, &[]);
+    let body = |status: &str| {
+        format!(
+            r#"{{"version":"4","status":"{status}","alerts":[{{"status":"{status}","labels":{{"alertname":"Flap","pid":"{pid}"}},"annotations":{{"llmprof_duration":"5m"}},"fingerprint":"fp-flap"}}]}}"#
+        )
+    };
+    let r = srv.post_alerts(&body("firing"), Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let running = srv.wait_session(Duration::from_secs(30), "running", |s| s["state"] == "running");
+    // While it runs, the trace cannot be downloaded yet.
+    let id = running["id"].as_u64().expect("id");
+    assert_eq!(srv.download(&format!("/v1/sessions/{id}/trace")).0, 409);
+    std::thread::sleep(Duration::from_secs(1));
+    let r = srv.post_alerts(&body("resolved"), Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("\"stopped\""), "{}", r.body);
+    let done = srv.wait_session(Duration::from_secs(30), "ended by the resolved alert", |s| {
+        s["state"] != "running"
+    });
+    assert_eq!(done["state"], "finished", "{done:#}");
+    assert_eq!(done["end_reason"], "alert resolved", "{done:#}");
+    let (status, bytes) = srv.download(&format!("/v1/sessions/{id}/trace"));
+    assert_eq!(status, 200);
+    assert!(!bytes.is_empty());
+    let m = srv.metrics();
+    assert_eq!(
+        counter(&m, "llmprof_serve_sessions_resolved_early_total"),
+        1.0,
+        "{m}"
+    );
+    assert!(srv.stop().success());
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}

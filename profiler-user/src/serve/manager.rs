@@ -412,7 +412,14 @@ impl Manager {
         let spawned = std::thread::Builder::new()
             .name(format!("llmprof-session-{id}"))
             .spawn(move || {
-                let r = attach::run(&opts, &stop);
+                // A panic in a session must not leave it "running" forever (it would hold a slot of the cap).
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| attach::run(&opts, &stop)))
+                    .unwrap_or_else(|_| {
+                        Err(attach::AttachError::Output {
+                            path: opts.output.clone(),
+                            source: std::io::Error::other("the session panicked (see stderr)"),
+                        })
+                    });
                 me.finish(id, r);
             });
         match spawned {
@@ -751,6 +758,106 @@ impl Manager {
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
+    use crate::otel::OtelOptions;
+
+    fn manager(cooldown: Duration) -> Arc<Manager> {
+        let out_dir = std::env::temp_dir().join(format!("llmprof-manager-{}", std::process::id()));
+        let template = AttachOptions {
+            pid: 0,
+            duration: None,
+            output: out_dir.clone(),
+            slow_syscall: Duration::from_millis(1),
+            model_patterns: Vec::new(),
+            egress_allow: Vec::new(),
+            metrics_url: None,
+            ring_bytes: 1 << 20,
+            verbose: false,
+            otel: OtelOptions::default(),
+            live_status: false,
+            metadata: None,
+            prelude: None,
+        };
+        let cfg = ManagerConfig {
+            out_dir,
+            default_target: None,
+            default_duration: Duration::from_secs(30),
+            max_duration: Duration::from_secs(600),
+            max_sessions: 2,
+            cooldown,
+            disk_quota: None,
+            template,
+        };
+        Arc::new(Manager::new(cfg, Vec::new(), Arc::new(Metrics::default())))
+    }
+
+    fn alert(fp: &str, status: AlertStatus, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Alert {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Alert {
+            status,
+            labels: map(labels),
+            annotations: map(annotations),
+            starts_at: String::new(),
+            ends_at: String::new(),
+            generator_url: String::new(),
+            fingerprint: fp.into(),
+        }
+    }
+
+    #[test]
+    fn alerts_naming_no_process_fail_once_per_cooldown() {
+        let m = manager(Duration::from_secs(600));
+        let a = alert(
+            "f1",
+            AlertStatus::Firing,
+            &[("alertname", "X"), ("pid", "1073741823")],
+            &[],
+        );
+        let Outcome::Failed { session, reason, .. } = m.handle(&a) else {
+            panic!("failed")
+        };
+        assert!(reason.contains("1073741823"), "{reason}");
+        assert!(matches!(m.handle(&a), Outcome::Deduped { session: s, .. } if s == session));
+        let none = alert("f2", AlertStatus::Firing, &[("alertname", "Y")], &[]);
+        let Outcome::Failed { reason, .. } = m.handle(&none) else {
+            panic!("failed")
+        };
+        assert!(reason.contains("--default-target"), "{reason}");
+        let sessions = m.sessions();
+        assert_eq!(sessions.len(), 2);
+        assert!(
+            sessions
+                .iter()
+                .all(|s| s.state == State::Failed && s.trace.is_none())
+        );
+        assert_eq!(m.metrics.sessions_failed.load(Ordering::Relaxed), 2);
+        assert_eq!(m.metrics.sessions_deduped.load(Ordering::Relaxed), 1);
+        // Without a cooldown a failure is reported again.
+        let m = manager(Duration::ZERO);
+        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
+        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
+    }
+
+    #[test]
+    fn a_bad_duration_annotation_is_a_failed_session_with_the_reason() {
+        let m = manager(Duration::from_secs(600));
+        let me = std::process::id().to_string();
+        let a = alert(
+            "f3",
+            AlertStatus::Firing,
+            &[("alertname", "X"), ("pid", &me)],
+            &[(DURATION_ANNOTATION, "soon")],
+        );
+        let Outcome::Failed { reason, .. } = m.handle(&a) else {
+            panic!("failed")
+        };
+        assert!(reason.contains(DURATION_ANNOTATION), "{reason}");
+        assert_eq!(m.sessions()[0].target_pid, Some(std::process::id()));
+        // A resolved alert without a running session is ignored.
+        let r = alert("f3", AlertStatus::Resolved, &[], &[]);
+        assert!(matches!(m.handle(&r), Outcome::Ignored { .. }));
+        assert!(matches!(m.trace_of(1), Err(TraceLookupError::NoTrace(1, _))));
+        assert_eq!(m.trace_of(9), Err(TraceLookupError::NotFound(9)));
+    }
 
     #[test]
     fn file_names_are_safe() {
