@@ -31,8 +31,11 @@ pub const RECORDER_SLOW_SYSCALL: Duration = Duration::from_millis(10);
 pub const RECORDER_RING_BYTES: usize = 8 << 20;
 /// Poll period of the recorder thread.
 const POLL: Duration = Duration::from_millis(50);
-/// How often a missing or exited target is looked up again.
+/// How soon a missing or exited target is looked up again; doubled after each failed capture start (a
+/// persistent error, e.g. an engine of another probe ABI, must not reload eBPF programs every 2 s).
 const RETRY: Duration = Duration::from_secs(2);
+/// Longest wait between two capture starts that failed.
+const MAX_RETRY: Duration = Duration::from_secs(60);
 /// Longest a snapshot waits for the recorder to have drained everything before the cut.
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
 
@@ -295,6 +298,7 @@ fn nap(shared: &Shared, d: Duration) -> bool {
 
 /// The recorder thread: resolve, capture until the process is gone, repeat.
 fn record(spec: TargetSpec, shared: &Shared) {
+    let mut backoff = RETRY;
     while !shared.stop.load(Ordering::Relaxed) {
         let pid = match target::resolve(spec, &format!("--watch {spec}")) {
             Ok(r) => r.pid,
@@ -306,11 +310,17 @@ fn record(spec: TargetSpec, shared: &Shared) {
                 continue;
             }
         };
-        if let Err(e) = record_pid(pid, shared) {
-            log::warn!("flight recorder for {spec} (pid {pid}): {e}");
-            set_state(shared, Some(pid), format!("waiting: {e}"));
-            if !nap(shared, RETRY) {
-                break;
+        match record_pid(pid, shared) {
+            Ok(()) => backoff = RETRY,
+            Err(e) => {
+                eprintln!(
+                    "llmprof serve: flight recorder for {spec} (pid {pid}): {e}; retrying in {backoff:?}"
+                );
+                set_state(shared, Some(pid), format!("waiting: {e}"));
+                if !nap(shared, backoff) {
+                    break;
+                }
+                backoff = (backoff * 2).min(MAX_RETRY);
             }
         }
     }
