@@ -113,9 +113,7 @@ fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
 
 /// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
 pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
-    if !is_root() {
-        return Err(ServeError::NotRoot);
-    }
+    // Configuration mistakes first (the same with or without root), then privileges.
     if !opts.listen.ip().is_loopback() && opts.token.is_none() {
         return Err(ServeError::Insecure(opts.listen));
     }
@@ -125,6 +123,9 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
             "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target"
                 .into(),
         ));
+    }
+    if !is_root() {
+        return Err(ServeError::NotRoot);
     }
     let out = &opts.manager.out_dir;
     std::fs::create_dir_all(out).map_err(|source| ServeError::OutDir {
