@@ -34,6 +34,7 @@ syscalls, model-file I/O and network egress (eBPF, no restart of the server).";
 const AFTER_HELP: &str = "Examples:
   sudo llmprof attach --pid $(pgrep llmserve) -d 30s -o incident.perfetto-trace
   llmprof open incident.perfetto-trace
+  sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s   # for Alertmanager
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
 6 engine probe ABI mismatch, 7 cannot write the trace.";
