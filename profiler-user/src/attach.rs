@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -55,6 +56,34 @@ pub struct AttachOptions {
     pub otel: OtelOptions,
     /// NVML counters and CUDA driver probes.
     pub gpu: GpuOptions,
+    /// Show the live status line when stderr is a terminal (off for `llmprof serve`'s concurrent sessions).
+    pub live_status: bool,
+    /// An instant with string args on the llmprof track at the moment the probes are live (`llmprof serve`: the
+    /// alert that triggered the session, with its labels, annotations and fingerprint).
+    pub metadata: Option<TraceMetadata>,
+    /// History written before the live capture (`llmprof serve`'s flight recorder).
+    pub prelude: Option<Prelude>,
+}
+
+/// Session metadata recorded in the trace as one instant on the llmprof track.
+#[derive(Clone, Debug, Default)]
+pub struct TraceMetadata {
+    /// Name of the instant, e.g. `alert fired: LLMQueueBacklog`.
+    pub event: String,
+    /// Its args (`debug.<name>` in the trace processor).
+    pub args: Vec<(&'static str, String)>,
+}
+
+/// Events that happened before the session: called once, when the session's own probes are live, with that
+/// moment (BOOTTIME ns); returns the events older than it, in timestamp order. They are written first, so the
+/// trace shows what led up to the session; the live capture continues from that moment.
+#[derive(Clone)]
+pub struct Prelude(pub Arc<dyn Fn(u64) -> Vec<Event> + Send + Sync>);
+
+impl std::fmt::Debug for Prelude {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prelude(..)")
+    }
 }
 
 /// Why a session could not run. Messages say what to do next.
@@ -114,23 +143,9 @@ pub struct AttachReport {
 
 /// Default trace name: `llmprof-<pid>-<UTC yyyymmdd-hhmmss>.perfetto-trace`.
 pub fn default_output(pid: u32) -> PathBuf {
-    let secs = realtime_ns() / 1_000_000_000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d, hh, mm, ss) = crate::clock::utc_civil(realtime_ns() / 1_000_000_000);
     PathBuf::from(format!(
-        "llmprof-{pid}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}.perfetto-trace",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "llmprof-{pid}-{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}.perfetto-trace"
     ))
 }
 
@@ -177,6 +192,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let mut capture = Capture::start(&cfg)?;
     gpu_markers.extend(gpu.watch_cuda(&mut capture, true));
     let attach_latency = t0.elapsed();
+    let live_ns = boottime_ns();
     let engine_probes = capture.engine_probes(opts.pid);
     info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
     if !info.engine_probes {
@@ -197,6 +213,18 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         Some((boottime_ns(), realtime_ns())),
     )
     .map_err(out_err)?;
+    // With a prelude, history ends at `live_ns` and the live capture starts there: live events older than it
+    // (seen by both captures while the probes were attaching) are dropped, so the two never interleave.
+    let floor = if let Some(p) = &opts.prelude {
+        let mut history = (p.0)(live_ns);
+        write_all(&mut sink, &mut otel, &mut history, opts.pid, 0).map_err(out_err)?;
+        live_ns
+    } else {
+        0
+    };
+    if let Some(m) = &opts.metadata {
+        sink.annotation(live_ns, &m.event, &m.args).map_err(out_err)?;
+    }
 
     let metrics_url = opts
         .metrics_url
@@ -224,7 +252,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         opts.output.display()
     );
 
-    let tty = io::stderr().is_terminal();
+    let tty = opts.live_status && io::stderr().is_terminal();
     let start = Instant::now();
     let mut merger = Merger::new(DEFAULT_WINDOW_NS);
     for ev in gpu_markers {
@@ -294,7 +322,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         }
         merger.drain_at(boottime_ns(), &mut ready);
         events_total += ready.len() as u64;
-        write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
+        write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
     };
     if tty {
         eprintln!();
@@ -310,7 +338,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     }
     merger.finish(&mut ready);
     events_total += ready.len() as u64;
-    write_all(&mut sink, &mut otel, &mut ready, opts.pid).map_err(out_err)?;
+    write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
     let end_ts = boottime_ns();
     if end_reason == "target exited" && !exit_event_seen {
         sink.marker(end_ts, "target exited").map_err(out_err)?;
@@ -360,14 +388,18 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
 }
 
 /// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
-/// Every event goes to the trace and, when configured, to the OTel span builder.
+/// Every event at or after `floor_ns` goes to the trace and, when configured, to the OTel span builder.
 fn write_all<W: Write>(
     sink: &mut TraceSink<W>,
     otel: &mut Option<OtelSink>,
     ready: &mut Vec<Event>,
     pid: u32,
+    floor_ns: u64,
 ) -> io::Result<()> {
     for ev in ready.drain(..) {
+        if ev.ts_ns < floor_ns {
+            continue;
+        }
         if ev.tid != 0
             && !sink.knows_thread(ev.tid)
             && let Some(name) = procfs::thread_name(pid, ev.tid)

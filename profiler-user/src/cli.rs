@@ -34,6 +34,7 @@ syscalls, model-file I/O and network egress (eBPF, no restart of the server).";
 const AFTER_HELP: &str = "Examples:
   sudo llmprof attach --pid $(pgrep llmserve) -d 30s -o incident.perfetto-trace
   llmprof open incident.perfetto-trace
+  sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s   # for Alertmanager
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
 6 engine probe ABI mismatch, 7 cannot write the trace.";
@@ -88,6 +89,18 @@ Exit codes: 0 ready to attach (warnings allowed); otherwise the first failure's:
 Reads the files `llmprof attach` writes (no trace processor needed); exits 1 with a clear message when the
 file is not one. The --json fields are listed at the top of profiler-user/src/report.rs (`cargo doc`).")]
     Report(ReportArgs),
+    /// Alert-triggered tracing: receive Alertmanager webhooks and trace the alerting process (needs root).
+    #[command(after_help = "Examples:
+  sudo llmprof serve --out-dir /var/lib/llmprof/traces --token-file /etc/llmprof/token
+  sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s --max-disk 2GiB
+  curl -H \"Authorization: Bearer $(cat /etc/llmprof/token)\" 127.0.0.1:9464/v1/sessions
+
+Each firing alert of POST /v1/alerts (Alertmanager webhook, payload version 4) is traced like `llmprof attach`:
+the target is the alert's `pid` label, else the local process listening on its `instance` label's port, else
+--default-target; the length is its `llmprof_duration` annotation, else --duration. With --flight-recorder
+the trace starts with the seconds before the alert. Rules, routing and units for Prometheus, Alertmanager,
+systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
+    Serve(Box<ServeArgs>),
 }
 
 /// Options of `llmprof attach`.
@@ -129,6 +142,65 @@ pub struct AttachArgs {
     #[arg(long)]
     pub no_cuda: bool,
     /// OpenTelemetry export of per-request spans (OTLP).
+    #[command(flatten)]
+    pub otel: crate::otel::OtelOptions,
+}
+
+/// Options of `llmprof serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the API (loopback by default; any other address needs --token-file).
+    #[arg(long, default_value = crate::serve::DEFAULT_LISTEN)]
+    pub listen: std::net::SocketAddr,
+    /// Directory for the traces (created if missing).
+    #[arg(long)]
+    pub out_dir: PathBuf,
+    /// File holding the bearer token every /v1 request must carry (Alertmanager: http_config.authorization).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Target of alerts without `pid` or `instance` labels: pid:N or port:N.
+    #[arg(long, value_name = "TARGET")]
+    pub default_target: Option<crate::serve::target::TargetSpec>,
+    /// Keep this many seconds of history of the watched targets (e.g. 30s); alert traces start with it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub flight_recorder: Option<Duration>,
+    /// Memory of the flight recorder, all targets together (its ring evicts the oldest events beyond it).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub flight_recorder_memory: usize,
+    /// A target the flight recorder keeps recording: pid:N or port:N (repeatable; the default target is too).
+    #[arg(long, value_name = "TARGET")]
+    pub watch: Vec<crate::serve::target::TargetSpec>,
+    /// Session length when the alert has no `llmprof_duration` annotation.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Longest session an annotation may ask for.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub max_duration: Duration,
+    /// Most sessions at once (alerts beyond it start nothing).
+    #[arg(long, default_value_t = 2)]
+    pub max_sessions: usize,
+    /// Quiet time per target after a session (and per fingerprint after a failed one).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub cooldown: Duration,
+    /// Disk quota of --out-dir (e.g. 2GiB): the oldest finished traces are removed first.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_disk: Option<usize>,
+    /// Largest webhook body accepted.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub max_body: usize,
+    /// Sessions record syscalls at least this slow individually.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub slow_syscall: Duration,
+    /// Model-file pattern to track (repeatable; default as `attach`).
+    #[arg(long = "model-path", value_name = "PATTERN")]
+    pub model_paths: Vec<String>,
+    /// Allowed egress network (repeatable; default: loopback and RFC 1918).
+    #[arg(long = "egress-allow", value_name = "CIDR")]
+    pub egress_allow: Vec<String>,
+    /// Kernel ring-buffer size of each session.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub ring_size: usize,
+    /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
 }
@@ -246,5 +318,30 @@ mod tests {
         assert_eq!(a.ring_size, 64 << 20);
         assert_eq!(a.gpu_sample_interval, Duration::from_millis(100));
         assert!(!a.no_cuda);
+    }
+
+    #[test]
+    fn serve_parses_the_help_example() {
+        let c = Cli::try_parse_from([
+            "llmprof",
+            "serve",
+            "--out-dir",
+            "traces",
+            "--watch",
+            "port:8000",
+            "--flight-recorder",
+            "30s",
+            "--max-disk",
+            "2GiB",
+        ])
+        .unwrap();
+        let Command::Serve(s) = c.command else {
+            panic!("serve")
+        };
+        assert_eq!(s.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(s.watch, vec![crate::serve::target::TargetSpec::Port(8000)]);
+        assert_eq!(s.flight_recorder, Some(Duration::from_secs(30)));
+        assert_eq!(s.max_disk, Some(2 << 30));
+        assert!(Cli::try_parse_from(["llmprof", "serve", "--out-dir", "t", "--watch", "8000"]).is_err());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Capture (`capture`, the only part that touches the kernel) produces [`event::Event`]s; [`merge`] orders
 //! the streams by timestamp; sinks ([`perfetto`], otel) are pure consumers of the ordered stream. Front ends:
-//! [`attach`] (the `llmprof attach` session) and [`open`] (serving a trace to Perfetto UI).
+//! [`attach`] (the `llmprof attach` session), [`serve`] (alert-triggered sessions for Alertmanager) and [`open`]
+//! (serving a trace to Perfetto UI).
 
 pub mod attach;
 pub mod capture;
@@ -18,4 +19,5 @@ pub mod otel;
 pub mod perfetto;
 pub mod procfs;
 pub mod report;
+pub mod serve;
 pub mod syscall_names;

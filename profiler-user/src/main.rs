@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, exit};
+use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs, exit};
 use llmprof::doctor::{self, DoctorOptions};
 use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
@@ -38,6 +38,7 @@ fn main() {
         Command::Open(o) => run_open(o),
         Command::Doctor(d) => run_doctor(&d),
         Command::Report(r) => run_report(&r),
+        Command::Serve(s) => run_serve(*s),
     };
     std::process::exit(code);
 }
@@ -68,6 +69,9 @@ fn run_attach(a: AttachArgs) -> i32 {
             sample_interval: (!a.gpu_sample_interval.is_zero()).then_some(a.gpu_sample_interval),
             cuda: !a.no_cuda,
         },
+        live_status: true,
+        metadata: None,
+        prelude: None,
     };
     let opts_pid = opts.pid;
     match attach::run(&opts, &STOP) {
@@ -156,6 +160,74 @@ fn run_attach(a: AttachArgs) -> i32 {
                 AttachError::Output { .. } => exit::OUTPUT,
                 AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
+            }
+        }
+    }
+}
+
+fn run_serve(s: ServeArgs) -> i32 {
+    use llmprof::serve::{self, ServeError, ServeOptions, auth::Token, manager::ManagerConfig};
+    let mut egress = Vec::new();
+    for c in &s.egress_allow {
+        match c.parse::<Cidr>() {
+            Ok(c) => egress.push(c),
+            Err(e) => {
+                eprintln!("error: --egress-allow {c}: {e}");
+                return exit::USAGE;
+            }
+        }
+    }
+    let token = match s.token_file.as_deref().map(Token::from_file).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let template = AttachOptions {
+        pid: 0,
+        duration: Some(s.duration),
+        output: s.out_dir.clone(),
+        slow_syscall: s.slow_syscall,
+        model_patterns: s.model_paths,
+        egress_allow: egress,
+        metrics_url: None,
+        ring_bytes: s.ring_size,
+        verbose: false,
+        otel: s.otel,
+        // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
+        gpu: llmprof::gpu::GpuOptions::default(),
+        live_status: false,
+        metadata: None,
+        prelude: None,
+    };
+    let opts = ServeOptions {
+        listen: s.listen,
+        token,
+        flight_recorder: s.flight_recorder,
+        flight_recorder_memory: s.flight_recorder_memory,
+        watch: s.watch,
+        max_body: s.max_body,
+        manager: ManagerConfig {
+            out_dir: s.out_dir,
+            default_target: s.default_target,
+            default_duration: s.duration,
+            max_duration: s.max_duration,
+            max_sessions: s.max_sessions.max(1),
+            cooldown: s.cooldown,
+            disk_quota: s.max_disk.map(|b| b as u64),
+            template,
+        },
+    };
+    match serve::run(opts, &STOP) {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            match e {
+                ServeError::NotRoot => exit::NOT_ROOT,
+                ServeError::Insecure(_) | ServeError::Usage(_) | ServeError::Token(_) => exit::USAGE,
+                ServeError::OutDir { .. } => exit::OUTPUT,
+                ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }
         }
     }

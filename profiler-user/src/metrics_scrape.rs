@@ -73,28 +73,35 @@ pub fn listening_ports(pid: u32) -> Vec<u16> {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
         };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-            if f.len() < 10 || f[3] != TCP_LISTEN {
-                continue;
-            }
-            let Ok(inode) = f[9].parse::<u64>() else { continue };
-            if !inodes.contains(&inode) {
-                continue;
-            }
-            if let Some(port) = f[1]
-                .rsplit(':')
-                .next()
-                .and_then(|p| u16::from_str_radix(p, 16).ok())
-                && !ports.contains(&port)
-            {
+        for (port, inode) in listening_sockets(&text) {
+            if inodes.contains(&inode) && !ports.contains(&port) {
                 ports.push(port);
             }
         }
     }
     ports.sort_unstable();
     ports
+}
+
+/// The LISTEN sockets of one `/proc/net/tcp` or `/proc/net/tcp6` table: (local port, socket inode).
+pub fn listening_sockets(table: &str) -> Vec<(u16, u64)> {
+    let mut out = Vec::new();
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+        if f.len() < 10 || f[3] != TCP_LISTEN {
+            continue;
+        }
+        let Ok(inode) = f[9].parse::<u64>() else { continue };
+        if let Some(port) = f[1]
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+        {
+            out.push((port, inode));
+        }
+    }
+    out
 }
 
 /// Splits `http://HOST:PORT/PATH` into a socket address and a path (loopback/IP literals only).

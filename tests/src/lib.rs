@@ -1,10 +1,12 @@
 //! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, a tiny HTTP
-//! client for loopback, and the root / CI policy (eBPF tests skip loudly when not root, but fail under `CI=true`).
+//! client for loopback, `llmprof serve` with real Prometheus and Alertmanager around it, and the root / CI
+//! policy (eBPF tests skip loudly when not root, but fail under `CI=true`).
 //!
 //! The tests here drive the real `llmserve` and the real `llmprof` binaries; `cargo xtask test` builds them first.
 
 pub mod engine;
 pub mod http;
+pub mod serve;
 pub mod trace_processor;
 
 use std::path::PathBuf;

@@ -22,7 +22,7 @@ tasks:
   fetch-model      fetch the default GGUF (SmolLM2-135M-Instruct Q4_1) into the model cache
   setup-ebpf       install the eBPF build chain (compiler able to build core for bpfel, bpf-linker)
   build-ebpf       rebuild the committed eBPF object from profiler-ebpf/ (--check: fail if it differs)
-  setup-tools      install test tools (Perfetto trace processor, Prometheus, OpenAI client, rotel)
+  setup-tools      install test tools (Perfetto trace processor, Prometheus, Alertmanager, OpenAI client, rotel)
   setup-otel-tools install the rotel OTLP collector only
   bench <what>     benchmarks (engine, attach)
 ";

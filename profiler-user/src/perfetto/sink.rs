@@ -412,6 +412,13 @@ impl<W: Write> TraceSink<W> {
         self.write_cuda()
     }
 
+    /// An instant on the llmprof track with string args (session metadata, e.g. the alert behind a trace).
+    pub fn annotation(&mut self, ts: u64, name: &str, args: &[(&'static str, String)]) -> io::Result<()> {
+        let t = self.global_track(0, LLMPROF_TRACK.to_owned(), false)?;
+        let args = args.iter().map(|(k, v)| arg_s(k, v.clone())).collect();
+        self.instant(ts, t, name, args, Vec::new())
+    }
+
     /// Writes one event.
     pub fn push(&mut self, ev: &Event) -> io::Result<()> {
         let ts = ev.ts_ns;

@@ -1,0 +1,217 @@
+//! The HTTP API of `llmprof serve` (axum on a small tokio runtime).
+//!
+//! Owns the routes, authentication and the mapping of every outcome to a status code with a JSON reason:
+//! - `POST /v1/alerts` (auth): an Alertmanager webhook; 200 with what became of each alert, 400 for malformed
+//!   JSON or an unknown payload version, 401 without the bearer token, 413 over the body limit;
+//! - `GET /v1/sessions`, `GET /v1/sessions/{id}` (auth): sessions as JSON;
+//! - `GET /v1/sessions/{id}/trace` (auth): the trace file (409 while running, 410 once the quota removed it);
+//! - `GET /healthz`, `GET /metrics`: liveness and counters, open (no trace data).
+//!
+//! The session decisions run on tokio's blocking pool (they read /proc); no handler waits for a capture.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use super::auth::Token;
+use super::manager::{Manager, TraceLookupError};
+use super::metrics::Metrics;
+use super::webhook;
+
+/// What the handlers share.
+pub struct App {
+    /// Sessions.
+    pub manager: Arc<Manager>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Bearer token (None: no authentication, loopback only).
+    pub token: Option<Token>,
+    /// Largest accepted body, bytes.
+    pub max_body: usize,
+}
+
+/// The router.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/alerts", post(alerts))
+        .route("/v1/sessions", get(sessions))
+        .route("/v1/sessions/{id}", get(session))
+        .route("/v1/sessions/{id}/trace", get(trace))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+fn json(code: StatusCode, v: &serde_json::Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        format!("{v}\n"),
+    )
+        .into_response()
+}
+
+fn error(code: StatusCode, msg: &str) -> Response {
+    json(code, &serde_json::json!({ "error": msg }))
+}
+
+fn authorized(app: &App, req: &axum::http::request::Parts) -> bool {
+    match &app.token {
+        None => true,
+        Some(t) => t.check_header(req.headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes)),
+    }
+}
+
+fn unauthorized() -> Response {
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong bearer token (Alertmanager: http_config.authorization.credentials_file)",
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"llmprof\""),
+    );
+    r
+}
+
+async fn alerts(State(app): State<Arc<App>>, req: Request) -> Response {
+    let r = alerts_inner(&app, req).await;
+    app.metrics.webhook(r.status().as_u16());
+    r
+}
+
+async fn alerts_inner(app: &Arc<App>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if !authorized(app, &parts) {
+        return unauthorized();
+    }
+    let bytes = match axum::body::to_bytes(body, app.max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("body over the {} byte limit (--max-body)", app.max_body),
+            );
+        }
+    };
+    let payload = match webhook::parse(&bytes) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let manager = app.manager.clone();
+    let outcomes = tokio::task::spawn_blocking(move || {
+        payload
+            .alerts
+            .iter()
+            .map(|a| manager.handle(a))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match outcomes {
+        Ok(o) => json(StatusCode::OK, &serde_json::json!({ "alerts": o })),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("alert handling failed: {e}"),
+        ),
+    }
+}
+
+async fn sessions(State(app): State<Arc<App>>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if !authorized(&app, &parts) {
+        return unauthorized();
+    }
+    json(StatusCode::OK, &serde_json::json!(app.manager.sessions()))
+}
+
+async fn session(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if !authorized(&app, &parts) {
+        return unauthorized();
+    }
+    match app.manager.session(id) {
+        Some(s) => json(StatusCode::OK, &serde_json::json!(s)),
+        None => error(StatusCode::NOT_FOUND, &format!("no session {id}")),
+    }
+}
+
+async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if !authorized(&app, &parts) {
+        return unauthorized();
+    }
+    let path = match app.manager.trace_of(id) {
+        Ok(p) => p,
+        Err(e) => {
+            let code = match e {
+                TraceLookupError::NotFound(_) | TraceLookupError::NoTrace(..) => StatusCode::NOT_FOUND,
+                TraceLookupError::Running(_) => StatusCode::CONFLICT,
+                TraceLookupError::Removed(_) => StatusCode::GONE,
+            };
+            return error(code, &e.to_string());
+        }
+    };
+    let p2 = path.clone();
+    let data = match tokio::task::spawn_blocking(move || std::fs::read(&p2)).await {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => return error(StatusCode::GONE, &format!("cannot read {}: {e}", path.display())),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let disposition = HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("attachment"));
+    (
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        Body::from(data),
+    )
+        .into_response()
+}
+
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    let g = app.manager.gauges();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "status": "ok",
+            "sessions_running": g.running,
+            "disk_bytes": g.disk_bytes,
+            "flight_recorders": g.recorders,
+        }),
+    )
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let text = app.metrics.render(&app.manager.gauges());
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such endpoint (POST /v1/alerts, GET /v1/sessions, /v1/sessions/{id}, /v1/sessions/{id}/trace, /healthz, /metrics)",
+    )
+}

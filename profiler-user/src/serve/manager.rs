@@ -1,0 +1,869 @@
+//! The session manager: turns alerts into tracing sessions and keeps the output directory within its quota.
+//!
+//! Owns the rules (all decided under one lock, so concurrent posts cannot race past them):
+//! - dedupe: a firing alert whose fingerprint has a running session, or a failed one less than `cooldown` ago,
+//!   starts nothing (Alertmanager re-sends the same alert on every group change and repeat);
+//! - cooldown: a target with a running session, or one that ended less than `cooldown` ago, gets no new one;
+//! - cap: at most `max_sessions` run at once; alerts over the cap start nothing (a later re-send may);
+//! - an alert that resolves to no process, or carries a bad `llmprof_duration`, is a failed session with the
+//!   reason; a `resolved` alert stops its running session early;
+//! - quota: after each session and every second, the oldest finished traces are removed until the directory
+//!   fits; a trace in progress is never removed (if those alone exceed the quota, the newest sessions stop).
+//!
+//! Each session runs `attach::run` on its own thread (the same capture as `llmprof attach`), with the alert in
+//! the trace's metadata and, when a flight recorder watches the target, its history as the trace's prelude.
+//! The HTTP layer never waits for a session.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::attach::{self, AttachOptions, Prelude, TraceMetadata};
+use crate::clock::{realtime_ns, rfc3339, utc_civil};
+
+use super::flight::FlightRecorder;
+use super::metrics::{Gauges, Metrics};
+use super::quota;
+use super::target::{self, TargetSpec};
+use super::webhook::{Alert, AlertStatus};
+
+/// Annotation giving a session's duration (e.g. `30s`), parsed like `attach --duration`.
+pub const DURATION_ANNOTATION: &str = "llmprof_duration";
+/// Sessions remembered for `GET /v1/sessions` (oldest finished ones are forgotten first; files stay).
+pub const MAX_HISTORY: usize = 1000;
+
+/// How sessions are run.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// Where traces go.
+    pub out_dir: PathBuf,
+    /// Target of alerts without `pid`/`instance` labels.
+    pub default_target: Option<TargetSpec>,
+    /// Session length without a `llmprof_duration` annotation.
+    pub default_duration: Duration,
+    /// Longest session an annotation may ask for.
+    pub max_duration: Duration,
+    /// Most sessions at once.
+    pub max_sessions: usize,
+    /// Per target (and per failed fingerprint): quiet time after a session.
+    pub cooldown: Duration,
+    /// Bytes of traces the directory may hold (None: unbounded).
+    pub disk_quota: Option<u64>,
+    /// The capture options of every session (pid, duration, output, metadata and prelude are set per session).
+    pub template: AttachOptions,
+}
+
+/// A session's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Capturing.
+    Running,
+    /// The trace is complete.
+    Finished,
+    /// No trace (or a partial one): see `reason`.
+    Failed,
+}
+
+/// A session as `GET /v1/sessions` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionView {
+    /// Id (in this run of serve).
+    pub id: u64,
+    /// `alertname`.
+    pub alert: String,
+    /// Alertmanager's fingerprint.
+    pub fingerprint: String,
+    /// The alert's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The alert's annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The traced process.
+    pub target_pid: Option<u32>,
+    /// How the process was found.
+    pub target: Option<String>,
+    /// State.
+    pub state: State,
+    /// Why it failed.
+    pub reason: Option<String>,
+    /// Why capture ended.
+    pub end_reason: Option<String>,
+    /// The trace file.
+    pub trace: Option<String>,
+    /// Whether the disk quota removed the trace.
+    pub trace_removed: bool,
+    /// Trace size so far, bytes.
+    pub bytes: u64,
+    /// Events lost (kernel ring and user space), known when finished.
+    pub drops: u64,
+    /// Flight-recorder events written before the alert.
+    pub prelude_events: u64,
+    /// Requested capture length, seconds.
+    pub duration_s: f64,
+    /// When the session was created (RFC 3339 UTC).
+    pub created_at: String,
+    /// When it ended.
+    pub ended_at: Option<String>,
+}
+
+struct Session {
+    view: SessionView,
+    stop: Arc<AtomicBool>,
+    prelude_events: Arc<AtomicU64>,
+    created: Instant,
+    ended: Option<Instant>,
+    /// Why the session was stopped from outside (resolved alert, quota, shutdown).
+    stopped_by: Option<&'static str>,
+}
+
+/// What became of one alert of a webhook (the response body lists them).
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// A session started.
+    Started {
+        /// Fingerprint.
+        fingerprint: String,
+        /// Session id.
+        session: u64,
+        /// Trace path.
+        trace: String,
+    },
+    /// Folded into an existing session.
+    Deduped {
+        /// Fingerprint.
+        fingerprint: String,
+        /// The existing session.
+        session: u64,
+    },
+    /// Recorded as a failed session.
+    Failed {
+        /// Fingerprint.
+        fingerprint: String,
+        /// Session id.
+        session: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Nothing started (cooldown or cap).
+    Skipped {
+        /// Fingerprint.
+        fingerprint: String,
+        /// Why.
+        reason: String,
+    },
+    /// A resolved alert stopped its running session.
+    Stopped {
+        /// Fingerprint.
+        fingerprint: String,
+        /// Session id.
+        session: u64,
+    },
+    /// A resolved alert without a running session.
+    Ignored {
+        /// Fingerprint.
+        fingerprint: String,
+    },
+}
+
+/// Why a trace cannot be downloaded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TraceLookupError {
+    /// No such session.
+    #[error("no session {0}")]
+    NotFound(u64),
+    /// Still capturing.
+    #[error("session {0} is still running: download its trace when it has finished")]
+    Running(u64),
+    /// The session has no trace.
+    #[error("session {0} has no trace: {1}")]
+    NoTrace(u64, String),
+    /// The quota removed it.
+    #[error("the trace of session {0} was removed by the disk quota")]
+    Removed(u64),
+}
+
+struct Inner {
+    sessions: BTreeMap<u64, Session>,
+    next_id: u64,
+}
+
+/// The manager (shared by the HTTP handlers and the session threads).
+pub struct Manager {
+    cfg: ManagerConfig,
+    inner: Mutex<Inner>,
+    recorders: Vec<FlightRecorder>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    metrics: Arc<Metrics>,
+    disk_bytes: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_rfc3339() -> String {
+    rfc3339(realtime_ns() / 1_000_000_000)
+}
+
+/// `alertname` reduced to file-name-safe characters.
+fn file_stem(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if s.is_empty() { "alert".into() } else { s }
+}
+
+/// The error and its sources on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+impl Manager {
+    /// A manager; `recorders` are the flight recorders of the watched targets.
+    pub fn new(cfg: ManagerConfig, recorders: Vec<FlightRecorder>, metrics: Arc<Metrics>) -> Manager {
+        Manager {
+            cfg,
+            inner: Mutex::new(Inner {
+                sessions: BTreeMap::new(),
+                next_id: 1,
+            }),
+            recorders,
+            threads: Mutex::new(Vec::new()),
+            metrics,
+            disk_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The flight recorders.
+    pub fn recorders(&self) -> &[FlightRecorder] {
+        &self.recorders
+    }
+
+    /// Handles one alert of a webhook.
+    pub fn handle(self: &Arc<Self>, alert: &Alert) -> Outcome {
+        let fingerprint = alert.fingerprint.clone();
+        let mut inner = lock(&self.inner);
+        if alert.status == AlertStatus::Resolved {
+            Metrics::inc(&self.metrics.alerts_resolved);
+            let running = inner
+                .sessions
+                .values_mut()
+                .find(|s| s.view.state == State::Running && s.view.fingerprint == fingerprint);
+            return match running {
+                Some(s) => {
+                    s.stopped_by.get_or_insert("alert resolved");
+                    s.stop.store(true, Ordering::Relaxed);
+                    Metrics::inc(&self.metrics.sessions_resolved_early);
+                    Outcome::Stopped {
+                        fingerprint,
+                        session: s.view.id,
+                    }
+                }
+                None => Outcome::Ignored { fingerprint },
+            };
+        }
+        Metrics::inc(&self.metrics.alerts_firing);
+        let cooldown = self.cfg.cooldown;
+        if let Some(s) = inner.sessions.values().rev().find(|s| {
+            s.view.fingerprint == fingerprint
+                && (s.view.state == State::Running
+                    || (s.view.state == State::Failed
+                        && s.view.trace.is_none()
+                        && s.created.elapsed() < cooldown))
+        }) {
+            Metrics::inc(&self.metrics.sessions_deduped);
+            return Outcome::Deduped {
+                fingerprint,
+                session: s.view.id,
+            };
+        }
+        let resolved = target::resolve_alert(alert, self.cfg.default_target);
+        let duration = match alert.annotations.get(DURATION_ANNOTATION) {
+            None => Ok(self.cfg.default_duration),
+            Some(d) => crate::cli::parse_duration(d)
+                .map_err(|e| format!("annotation {DURATION_ANNOTATION}: {e}"))
+                .and_then(|d| {
+                    if d.is_zero() {
+                        Err(format!("annotation {DURATION_ANNOTATION} is zero"))
+                    } else {
+                        Ok(d.min(self.cfg.max_duration))
+                    }
+                }),
+        };
+        let id = inner.next_id;
+        let mut view = SessionView {
+            id,
+            alert: alert.name().to_owned(),
+            fingerprint: fingerprint.clone(),
+            labels: alert.labels.clone(),
+            annotations: alert.annotations.clone(),
+            target_pid: None,
+            target: None,
+            state: State::Failed,
+            reason: None,
+            end_reason: None,
+            trace: None,
+            trace_removed: false,
+            bytes: 0,
+            drops: 0,
+            prelude_events: 0,
+            duration_s: duration.as_ref().map_or(0.0, Duration::as_secs_f64),
+            created_at: now_rfc3339(),
+            ended_at: None,
+        };
+        let (target, duration) = match (resolved, duration) {
+            (Ok(t), Ok(d)) => (t, d),
+            (Err(e), _) => return self.fail(&mut inner, view, e.to_string()),
+            (Ok(t), Err(e)) => {
+                view.target_pid = Some(t.pid);
+                view.target = Some(t.how);
+                return self.fail(&mut inner, view, e);
+            }
+        };
+        view.target_pid = Some(target.pid);
+        view.target = Some(target.how.clone());
+        // Cooldown per target.
+        if let Some(s) = inner.sessions.values().rev().find(|s| {
+            s.view.target_pid == Some(target.pid)
+                && (s.view.state == State::Running || s.ended.is_some_and(|e| e.elapsed() < cooldown))
+                && s.view.trace.is_some()
+        }) {
+            Metrics::inc(&self.metrics.skipped_cooldown);
+            let reason = if s.view.state == State::Running {
+                format!("session {} is already tracing pid {}", s.view.id, target.pid)
+            } else {
+                format!(
+                    "pid {} is in its cooldown ({:?} after session {})",
+                    target.pid, cooldown, s.view.id
+                )
+            };
+            return Outcome::Skipped { fingerprint, reason };
+        }
+        let running = inner
+            .sessions
+            .values()
+            .filter(|s| s.view.state == State::Running)
+            .count();
+        if running >= self.cfg.max_sessions {
+            Metrics::inc(&self.metrics.skipped_cap);
+            return Outcome::Skipped {
+                fingerprint,
+                reason: format!(
+                    "{running} sessions running (--max-sessions {})",
+                    self.cfg.max_sessions
+                ),
+            };
+        }
+        inner.next_id += 1;
+        let trace = self.trace_path(alert.name(), id);
+        view.trace = Some(trace.display().to_string());
+        view.state = State::Running;
+        let stop = Arc::new(AtomicBool::new(false));
+        let prelude_events = Arc::new(AtomicU64::new(0));
+        let mut opts = self.cfg.template.clone();
+        opts.pid = target.pid;
+        opts.duration = Some(duration);
+        opts.output = trace.clone();
+        opts.live_status = false;
+        opts.metadata = Some(self.metadata(alert, &view, &target.how));
+        opts.prelude = self.prelude(target.pid, &prelude_events);
+        inner.sessions.insert(
+            id,
+            Session {
+                view,
+                stop: stop.clone(),
+                prelude_events: prelude_events.clone(),
+                created: Instant::now(),
+                ended: None,
+                stopped_by: None,
+            },
+        );
+        Self::forget_old(&mut inner);
+        drop(inner);
+        Metrics::inc(&self.metrics.sessions_started);
+        eprintln!(
+            "llmprof serve: session {id}: {} ({fingerprint}) → {} for {:?} → {}",
+            alert.name(),
+            target.how,
+            duration,
+            trace.display()
+        );
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("llmprof-session-{id}"))
+            .spawn(move || {
+                // A panic in a session must not leave it "running" forever (it would hold a slot of the cap).
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| attach::run(&opts, &stop)))
+                    .unwrap_or_else(|_| {
+                        Err(attach::AttachError::Output {
+                            path: opts.output.clone(),
+                            source: std::io::Error::other("the session panicked (see stderr)"),
+                        })
+                    });
+                me.finish(id, r);
+            });
+        match spawned {
+            Ok(h) => lock(&self.threads).push(h),
+            Err(e) => self.finish(
+                id,
+                Err(attach::AttachError::Output {
+                    path: trace.clone(),
+                    source: e,
+                }),
+            ),
+        }
+        Outcome::Started {
+            fingerprint,
+            session: id,
+            trace: trace.display().to_string(),
+        }
+    }
+
+    fn fail(&self, inner: &mut Inner, mut view: SessionView, reason: String) -> Outcome {
+        let id = inner.next_id;
+        inner.next_id += 1;
+        view.id = id;
+        view.reason = Some(reason.clone());
+        view.ended_at = Some(now_rfc3339());
+        eprintln!(
+            "llmprof serve: session {id}: {} ({}) failed: {reason}",
+            view.alert, view.fingerprint
+        );
+        let fingerprint = view.fingerprint.clone();
+        inner.sessions.insert(
+            id,
+            Session {
+                view,
+                stop: Arc::new(AtomicBool::new(true)),
+                prelude_events: Arc::new(AtomicU64::new(0)),
+                created: Instant::now(),
+                ended: Some(Instant::now()),
+                stopped_by: None,
+            },
+        );
+        Self::forget_old(inner);
+        Metrics::inc(&self.metrics.sessions_failed);
+        Outcome::Failed {
+            fingerprint,
+            session: id,
+            reason,
+        }
+    }
+
+    fn forget_old(inner: &mut Inner) {
+        while inner.sessions.len() > MAX_HISTORY {
+            let Some(id) = inner
+                .sessions
+                .values()
+                .find(|s| s.view.state != State::Running)
+                .map(|s| s.view.id)
+            else {
+                break;
+            };
+            inner.sessions.remove(&id);
+        }
+    }
+
+    fn trace_path(&self, alertname: &str, id: u64) -> PathBuf {
+        let (y, m, d, hh, mm, ss) = utc_civil(realtime_ns() / 1_000_000_000);
+        let stem = format!(
+            "{}-{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}-{id}",
+            file_stem(alertname)
+        );
+        let mut p = self.cfg.out_dir.join(format!("{stem}{}", quota::TRACE_SUFFIX));
+        let mut n = 2;
+        while p.exists() {
+            p = self
+                .cfg
+                .out_dir
+                .join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
+            n += 1;
+        }
+        p
+    }
+
+    fn metadata(&self, alert: &Alert, view: &SessionView, how: &str) -> TraceMetadata {
+        let json = |m: &BTreeMap<String, String>| serde_json::to_string(m).unwrap_or_default();
+        let recorder = match self.recorder_for(view.target_pid.unwrap_or(0)) {
+            Some(r) => format!("{:?} of history before the alert", r.window()),
+            None => "off for this target".to_owned(),
+        };
+        TraceMetadata {
+            event: format!("alert fired: {}", alert.name()),
+            args: vec![
+                ("alertname", alert.name().to_owned()),
+                ("fingerprint", alert.fingerprint.clone()),
+                ("status", "firing".to_owned()),
+                ("starts_at", alert.starts_at.clone()),
+                ("labels", json(&alert.labels)),
+                ("annotations", json(&alert.annotations)),
+                ("generator_url", alert.generator_url.clone()),
+                ("session_id", view.id.to_string()),
+                ("target", how.to_owned()),
+                ("flight_recorder", recorder),
+                ("trigger", "llmprof serve (Alertmanager webhook)".to_owned()),
+            ],
+        }
+    }
+
+    fn recorder_for(&self, pid: u32) -> Option<&FlightRecorder> {
+        self.recorders.iter().find(|r| r.pid() == Some(pid))
+    }
+
+    fn prelude(&self, pid: u32, count: &Arc<AtomicU64>) -> Option<Prelude> {
+        let inner = self.recorder_for(pid)?.prelude(pid);
+        let count = count.clone();
+        Some(Prelude(Arc::new(move |cut| {
+            let events = (inner.0)(cut);
+            count.store(events.len() as u64, Ordering::Relaxed);
+            events
+        })))
+    }
+
+    /// Records the end of session `id` and applies the quota in the same critical section, so nobody sees
+    /// the session finished while the directory is still over the quota.
+    fn finish(&self, id: u64, r: Result<attach::AttachReport, attach::AttachError>) {
+        let files = quota::scan(&self.cfg.out_dir);
+        {
+            let mut inner = lock(&self.inner);
+            let Some(s) = inner.sessions.get_mut(&id) else {
+                return;
+            };
+            s.ended = Some(Instant::now());
+            s.view.ended_at = Some(now_rfc3339());
+            s.view.prelude_events = s.prelude_events.load(Ordering::Relaxed);
+            match r {
+                Ok(rep) => {
+                    s.view.state = State::Finished;
+                    s.view.bytes = rep.trace_bytes;
+                    s.view.drops = rep.stats.total_dropped();
+                    s.view.end_reason = Some(s.stopped_by.unwrap_or(&rep.stats.end_reason).to_owned());
+                    self.metrics
+                        .bytes_written
+                        .fetch_add(rep.trace_bytes, Ordering::Relaxed);
+                    eprintln!(
+                        "llmprof serve: session {id} finished ({}): {} bytes, {} dropped, {} events before the alert",
+                        s.view.end_reason.as_deref().unwrap_or(""),
+                        rep.trace_bytes,
+                        s.view.drops,
+                        s.view.prelude_events
+                    );
+                }
+                Err(e) => {
+                    s.view.state = State::Failed;
+                    let reason = chain(&e);
+                    eprintln!("llmprof serve: session {id} failed: {reason}");
+                    s.view.reason = Some(reason);
+                    if let Some(t) = &s.view.trace
+                        && let Ok(m) = std::fs::metadata(t)
+                    {
+                        s.view.bytes = m.len();
+                    } else {
+                        s.view.trace = None;
+                    }
+                    Metrics::inc(&self.metrics.sessions_failed);
+                }
+            }
+            self.apply_quota(&mut inner, files);
+        }
+    }
+
+    /// Applies the disk quota now (see the module docs).
+    pub fn enforce_quota(&self) {
+        let files = quota::scan(&self.cfg.out_dir);
+        let mut inner = lock(&self.inner);
+        self.apply_quota(&mut inner, files);
+    }
+
+    fn apply_quota(&self, inner: &mut Inner, files: std::io::Result<Vec<quota::TraceFile>>) {
+        let files = match files {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("cannot scan {}: {e}", self.cfg.out_dir.display());
+                return;
+            }
+        };
+        // Sizes of running traces, for the sessions list.
+        for s in inner
+            .sessions
+            .values_mut()
+            .filter(|s| s.view.state == State::Running)
+        {
+            if let Some(f) = files
+                .iter()
+                .find(|f| Some(f.path.display().to_string()) == s.view.trace)
+            {
+                s.view.bytes = f.bytes;
+            }
+        }
+        let Some(q) = self.cfg.disk_quota else {
+            self.disk_bytes
+                .store(files.iter().map(|f| f.bytes).sum(), Ordering::Relaxed);
+            return;
+        };
+        let running: HashSet<PathBuf> = inner
+            .sessions
+            .values()
+            .filter(|s| s.view.state == State::Running)
+            .filter_map(|s| s.view.trace.as_ref().map(PathBuf::from))
+            .collect();
+        let plan = quota::plan(&files, &running, q);
+        let mut total = plan.total_after;
+        for p in &plan.remove {
+            match std::fs::remove_file(p) {
+                Ok(()) => {
+                    Metrics::inc(&self.metrics.traces_removed);
+                    eprintln!("llmprof serve: disk quota: removed {}", p.display());
+                    let shown = p.display().to_string();
+                    for s in inner.sessions.values_mut() {
+                        if s.view.trace.as_deref() == Some(shown.as_str()) {
+                            s.view.trace_removed = true;
+                        }
+                    }
+                }
+                Err(e) => {
+                    total += files.iter().find(|f| &f.path == p).map_or(0, |f| f.bytes);
+                    log::warn!("disk quota: cannot remove {}: {e}", p.display());
+                }
+            }
+        }
+        self.disk_bytes.store(total, Ordering::Relaxed);
+        if plan.over_by > 0 {
+            // Traces in progress alone are over: stop the newest until the rest fit.
+            let mut freed = 0;
+            for s in inner.sessions.values_mut().rev() {
+                if freed >= plan.over_by {
+                    break;
+                }
+                if s.view.state == State::Running && !s.stop.load(Ordering::Relaxed) {
+                    s.stop.store(true, Ordering::Relaxed);
+                    s.stopped_by = Some("disk quota");
+                    freed += s.view.bytes.max(1);
+                    Metrics::inc(&self.metrics.sessions_stopped_quota);
+                    eprintln!(
+                        "llmprof serve: disk quota: traces in progress exceed it; stopping session {}",
+                        s.view.id
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every session, oldest first.
+    pub fn sessions(&self) -> Vec<SessionView> {
+        lock(&self.inner)
+            .sessions
+            .values()
+            .map(|s| s.view.clone())
+            .collect()
+    }
+
+    /// One session.
+    pub fn session(&self, id: u64) -> Option<SessionView> {
+        lock(&self.inner).sessions.get(&id).map(|s| s.view.clone())
+    }
+
+    /// The trace file of a finished session.
+    pub fn trace_of(&self, id: u64) -> Result<PathBuf, TraceLookupError> {
+        let inner = lock(&self.inner);
+        let s = inner.sessions.get(&id).ok_or(TraceLookupError::NotFound(id))?;
+        if s.view.state == State::Running {
+            return Err(TraceLookupError::Running(id));
+        }
+        if s.view.trace_removed {
+            return Err(TraceLookupError::Removed(id));
+        }
+        match &s.view.trace {
+            Some(t) if Path::new(t).exists() => Ok(PathBuf::from(t)),
+            Some(_) => Err(TraceLookupError::Removed(id)),
+            None => Err(TraceLookupError::NoTrace(
+                id,
+                s.view.reason.clone().unwrap_or_else(|| "none written".into()),
+            )),
+        }
+    }
+
+    /// Gauges for `/metrics`.
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            running: self.running() as u64,
+            disk_bytes: self.disk_bytes.load(Ordering::Relaxed),
+            disk_quota: self.cfg.disk_quota.unwrap_or(0),
+            recorders: self.recorders.iter().map(FlightRecorder::status).collect(),
+        }
+    }
+
+    /// Sessions running now.
+    pub fn running(&self) -> usize {
+        lock(&self.inner)
+            .sessions
+            .values()
+            .filter(|s| s.view.state == State::Running)
+            .count()
+    }
+
+    /// Stops every running session and waits (at most `wait`) for their traces to be finished.
+    pub fn shutdown(&self, wait: Duration) {
+        for s in lock(&self.inner).sessions.values_mut() {
+            if s.view.state == State::Running {
+                s.stopped_by.get_or_insert("llmprof serve stopped");
+                s.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        let deadline = Instant::now() + wait;
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for h in threads {
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Joins the threads of sessions that have ended (keeps the handle list short).
+    pub fn reap(&self) {
+        let mut threads = lock(&self.threads);
+        let (done, live): (Vec<_>, Vec<_>) = threads.drain(..).partition(|h| h.is_finished());
+        *threads = live;
+        drop(threads);
+        for h in done {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+    use crate::otel::OtelOptions;
+
+    fn manager(cooldown: Duration) -> Arc<Manager> {
+        let out_dir = std::env::temp_dir().join(format!("llmprof-manager-{}", std::process::id()));
+        let template = AttachOptions {
+            pid: 0,
+            duration: None,
+            output: out_dir.clone(),
+            slow_syscall: Duration::from_millis(1),
+            model_patterns: Vec::new(),
+            egress_allow: Vec::new(),
+            metrics_url: None,
+            ring_bytes: 1 << 20,
+            verbose: false,
+            otel: OtelOptions::default(),
+            gpu: crate::gpu::GpuOptions::default(),
+            live_status: false,
+            metadata: None,
+            prelude: None,
+        };
+        let cfg = ManagerConfig {
+            out_dir,
+            default_target: None,
+            default_duration: Duration::from_secs(30),
+            max_duration: Duration::from_secs(600),
+            max_sessions: 2,
+            cooldown,
+            disk_quota: None,
+            template,
+        };
+        Arc::new(Manager::new(cfg, Vec::new(), Arc::new(Metrics::default())))
+    }
+
+    fn alert(fp: &str, status: AlertStatus, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Alert {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Alert {
+            status,
+            labels: map(labels),
+            annotations: map(annotations),
+            starts_at: String::new(),
+            ends_at: String::new(),
+            generator_url: String::new(),
+            fingerprint: fp.into(),
+        }
+    }
+
+    #[test]
+    fn alerts_naming_no_process_fail_once_per_cooldown() {
+        let m = manager(Duration::from_secs(600));
+        let a = alert(
+            "f1",
+            AlertStatus::Firing,
+            &[("alertname", "X"), ("pid", "1073741823")],
+            &[],
+        );
+        let Outcome::Failed { session, reason, .. } = m.handle(&a) else {
+            panic!("failed")
+        };
+        assert!(reason.contains("1073741823"), "{reason}");
+        assert!(matches!(m.handle(&a), Outcome::Deduped { session: s, .. } if s == session));
+        let none = alert("f2", AlertStatus::Firing, &[("alertname", "Y")], &[]);
+        let Outcome::Failed { reason, .. } = m.handle(&none) else {
+            panic!("failed")
+        };
+        assert!(reason.contains("--default-target"), "{reason}");
+        let sessions = m.sessions();
+        assert_eq!(sessions.len(), 2);
+        assert!(
+            sessions
+                .iter()
+                .all(|s| s.state == State::Failed && s.trace.is_none())
+        );
+        assert_eq!(m.metrics.sessions_failed.load(Ordering::Relaxed), 2);
+        assert_eq!(m.metrics.sessions_deduped.load(Ordering::Relaxed), 1);
+        // Without a cooldown a failure is reported again.
+        let m = manager(Duration::ZERO);
+        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
+        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
+    }
+
+    #[test]
+    fn a_bad_duration_annotation_is_a_failed_session_with_the_reason() {
+        let m = manager(Duration::from_secs(600));
+        let me = std::process::id().to_string();
+        let a = alert(
+            "f3",
+            AlertStatus::Firing,
+            &[("alertname", "X"), ("pid", &me)],
+            &[(DURATION_ANNOTATION, "soon")],
+        );
+        let Outcome::Failed { reason, .. } = m.handle(&a) else {
+            panic!("failed")
+        };
+        assert!(reason.contains(DURATION_ANNOTATION), "{reason}");
+        assert_eq!(m.sessions()[0].target_pid, Some(std::process::id()));
+        // A resolved alert without a running session is ignored.
+        let r = alert("f3", AlertStatus::Resolved, &[], &[]);
+        assert!(matches!(m.handle(&r), Outcome::Ignored { .. }));
+        assert!(matches!(m.trace_of(1), Err(TraceLookupError::NoTrace(1, _))));
+        assert_eq!(m.trace_of(9), Err(TraceLookupError::NotFound(9)));
+    }
+
+    #[test]
+    fn file_names_are_safe() {
+        assert_eq!(file_stem("LLMQueueBacklog"), "LLMQueueBacklog");
+        assert_eq!(file_stem("../etc/passwd"), "___etc_passwd");
+        assert_eq!(file_stem(""), "alert");
+    }
+}

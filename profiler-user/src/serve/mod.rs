@@ -1,0 +1,203 @@
+//! `llmprof serve`: alert-triggered deep tracing. Alertmanager posts its webhook here; each firing alert is
+//! resolved to a local process and traced like `llmprof attach` would, starting (with the flight recorder)
+//! with the seconds before the alert.
+//!
+//! Modules, each owning one thing: [`webhook`] (the payload), [`target`] (alert → pid), [`manager`] (sessions,
+//! dedupe, cooldown, cap, quota), [`quota`] (which traces to remove), [`flight`] (the flight recorder),
+//! [`http`] (the API), [`auth`] (bearer token), [`metrics`] (serve's own counters). This file wires them: it
+//! checks the options, starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM stops
+//! the sessions (their traces are finished, not cut) before exiting. See docs/serve.md.
+
+pub mod auth;
+pub mod flight;
+pub mod http;
+pub mod manager;
+pub mod metrics;
+pub mod quota;
+pub mod target;
+pub mod webhook;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use auth::Token;
+use flight::FlightRecorder;
+use manager::{Manager, ManagerConfig};
+use metrics::Metrics;
+use target::TargetSpec;
+
+/// Default listen address: loopback, port 9464 (next to the Prometheus exporter range).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+/// How long shutdown waits for running sessions to finish their traces.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+/// Period of the quota check while sessions write.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Everything `llmprof serve` is configured with.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// The bearer token (None: no authentication; only allowed on loopback).
+    pub token: Option<Token>,
+    /// Flight-recorder history (None: off).
+    pub flight_recorder: Option<Duration>,
+    /// Memory of all flight recorders together, bytes (split evenly between targets).
+    pub flight_recorder_memory: usize,
+    /// Targets the flight recorder keeps recording (the default target is added).
+    pub watch: Vec<TargetSpec>,
+    /// Largest webhook body, bytes.
+    pub max_body: usize,
+    /// Session rules and capture options.
+    pub manager: ManagerConfig,
+}
+
+/// Why serve cannot start. Messages say what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Not root.
+    #[error(
+        "llmprof serve needs root to load eBPF programs for its sessions: run it with sudo (or as the systemd unit in deploy/)"
+    )]
+    NotRoot,
+    /// The output directory is unusable.
+    #[error("cannot use the output directory {path}: {source}")]
+    OutDir {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file is unusable.
+    #[error(transparent)]
+    Token(#[from] auth::TokenError),
+    /// Listening beyond loopback without a token.
+    #[error("refusing to listen on {0} without authentication: pass --token-file (or listen on 127.0.0.1)")]
+    Insecure(SocketAddr),
+    /// The address is taken or not local.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The options contradict each other.
+    #[error("{0}")]
+    Usage(String),
+    /// The async runtime or a thread could not start.
+    #[error("cannot start llmprof serve's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The flight recorder's targets: the default target and `--watch`, without repeats.
+fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
+    let mut out: Vec<TargetSpec> = Vec::new();
+    for t in opts.manager.default_target.iter().chain(&opts.watch) {
+        if !out.contains(t) {
+            out.push(*t);
+        }
+    }
+    out
+}
+
+/// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
+pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
+    // Configuration mistakes first (the same with or without root), then privileges.
+    if !opts.listen.ip().is_loopback() && opts.token.is_none() {
+        return Err(ServeError::Insecure(opts.listen));
+    }
+    let targets = recorder_targets(&opts);
+    if opts.flight_recorder.is_some() && targets.is_empty() {
+        return Err(ServeError::Usage(
+            "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target"
+                .into(),
+        ));
+    }
+    if !is_root() {
+        return Err(ServeError::NotRoot);
+    }
+    let out = &opts.manager.out_dir;
+    std::fs::create_dir_all(out).map_err(|source| ServeError::OutDir {
+        path: out.clone(),
+        source,
+    })?;
+    let metrics = Arc::new(Metrics::default());
+    let mut recorders = Vec::new();
+    if let Some(window) = opts.flight_recorder {
+        let per_target = opts.flight_recorder_memory / targets.len().max(1);
+        for t in &targets {
+            recorders.push(FlightRecorder::spawn(*t, window, per_target).map_err(ServeError::Runtime)?);
+            eprintln!(
+                "llmprof serve: flight recorder on {t}: last {window:?}, at most {} KiB",
+                per_target >> 10
+            );
+        }
+    }
+    let manager = Arc::new(Manager::new(opts.manager.clone(), recorders, metrics.clone()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(opts.listen))
+        .map_err(|source| ServeError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServeError::Runtime)?;
+    println!(
+        "llmprof serve: listening on http://{addr} (POST /v1/alerts{}); traces in {}",
+        if opts.token.is_some() {
+            ", bearer token required"
+        } else {
+            ", no authentication"
+        },
+        out.display()
+    );
+    let ticker_stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (m, s) = (manager.clone(), ticker_stop.clone());
+        std::thread::Builder::new()
+            .name("llmprof-serve-quota".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    m.enforce_quota();
+                    m.reap();
+                    std::thread::sleep(TICK);
+                }
+            })
+            .map_err(ServeError::Runtime)?
+    };
+    let app = Arc::new(http::App {
+        manager: manager.clone(),
+        metrics,
+        token: opts.token.clone(),
+        max_body: opts.max_body,
+    });
+    let served = rt.block_on(async move {
+        axum::serve(listener, http::router(app))
+            .with_graceful_shutdown(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+    });
+    eprintln!("llmprof serve: stopping; finishing the traces of running sessions");
+    manager.shutdown(SHUTDOWN_WAIT);
+    ticker_stop.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    manager.enforce_quota();
+    served.map_err(ServeError::Runtime)
+}
