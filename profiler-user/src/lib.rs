@@ -5,6 +5,7 @@
 //! [`attach`] (the `llmprof attach` session) and [`open`] (serving a trace to Perfetto UI).
 
 pub mod attach;
+pub mod budget;
 pub mod capture;
 pub mod cli;
 pub mod clock;
@@ -17,4 +18,6 @@ pub mod otel;
 pub mod perfetto;
 pub mod procfs;
 pub mod report;
+pub mod selfacct;
+pub mod sizecap;
 pub mod syscall_names;

@@ -63,6 +63,8 @@ fn run_attach(a: AttachArgs) -> i32 {
         ring_bytes: a.ring_size,
         verbose: a.verbose,
         otel: a.otel,
+        overhead_budget: a.overhead_budget,
+        max_trace_size: a.max_trace_size.map(|b| b as u64),
     };
     match attach::run(&opts, &STOP) {
         Ok(r) => {
@@ -71,7 +73,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.end_reason,
                 r.elapsed.as_secs_f64()
             );
-            match r.engine_probes {
+            match &r.engine_probes {
                 EngineProbes::Attached { abi_version } => {
                     println!("  engine probes: attached (ABI {abi_version})")
                 }
@@ -101,6 +103,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.decode_errors,
                 r.late_events
             );
+            print_overhead(&r);
             if let Some(o) = &r.otel {
                 println!(
                     "  otel: {} spans built, {} exported, {} dropped, {} export errors, {} unsampled requests",
@@ -119,6 +122,7 @@ fn run_attach(a: AttachArgs) -> i32 {
             eprintln!("error: {}", chain(&e));
             match e {
                 AttachError::NotRoot | AttachError::Capture(CaptureError::NotRoot) => exit::NOT_ROOT,
+                AttachError::InvalidOption(_) => exit::USAGE,
                 AttachError::NoProcess(_) | AttachError::Capture(CaptureError::PidNotFound(_)) => {
                     exit::NO_PROCESS
                 }
@@ -135,6 +139,61 @@ fn run_attach(a: AttachArgs) -> i32 {
                 AttachError::Capture(_) => exit::FAILURE,
             }
         }
+    }
+}
+
+/// The self-accounting part of attach's exit summary.
+fn print_overhead(r: &attach::AttachReport) {
+    for (name, c) in llmprof_abi::PROBE_NAMES.iter().zip(&r.stats.probes) {
+        if c.hits + c.dropped > 0 {
+            println!(
+                "  probe {name}: hits {}, emitted {}, dropped {}",
+                c.hits, c.emitted, c.dropped
+            );
+        }
+    }
+    let Some(o) = &r.stats.overhead else { return };
+    if let Some(c) = &o.calibration {
+        let probe = c.probe_ns.map_or("no engine probe attached".to_owned(), |p| {
+            format!("{p:.0} ns per engine probe hit")
+        });
+        println!(
+            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, probe entry {}",
+            c.took_ms,
+            c.syscall_ns,
+            c.entry_name()
+        );
+    }
+    let pct = o
+        .est_overhead_pct
+        .map_or(String::new(), |p| format!(" = {p:.2}% of its CPU"));
+    println!(
+        "  overhead: est. {:.1} ms CPU added to the target{pct}; llmprof itself {:.1} ms CPU ({:.1}% of one core), peak RSS {:.1} MiB",
+        o.est_added_ns / 1e6,
+        o.llmprof_cpu_ns / 1e6,
+        o.llmprof_cpu_ns / o.elapsed_ns.max(1) as f64 * 100.0,
+        o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64
+    );
+    if let Some(b) = o.budget_pct {
+        if o.degradations.is_empty() {
+            println!("  overhead budget {b}%: met, nothing degraded");
+        } else {
+            let steps: Vec<String> = o
+                .degradations
+                .iter()
+                .map(|d| format!("{} (at est. {:.1}%)", d.name, d.overhead_pct))
+                .collect();
+            println!("  overhead budget {b}%: degraded: {}", steps.join(", "));
+        }
+    }
+    if let Some(l) = o.size_limit
+        && r.stats.end_reason == attach::END_SIZE_LIMIT
+    {
+        println!(
+            "  trace size limit {:.1} MiB reached: the trace ended early and cleanly; {} events not written",
+            l as f64 / (1u64 << 20) as f64,
+            o.events_not_written
+        );
     }
 }
 

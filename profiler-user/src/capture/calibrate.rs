@@ -17,13 +17,15 @@
 use std::time::Instant;
 
 use aya::maps::HashMap;
-use aya::programs::{UProbe, uprobe::UProbeScope};
+use aya::programs::UProbe;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey, SyscallStats};
 
 use super::CaptureError;
 
-/// Calls per timed round at attach start-up (5 rounds of each measurement: ~40 ms in all on this host).
-pub const STARTUP_CALLS_PER_ROUND: u32 = 1_000;
+/// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
+/// host, idle to loaded).
+pub const STARTUP_CALLS_PER_ROUND: u32 = 600;
 /// Rounds timed per measurement; the median round is used (robust to one preemption).
 pub const ROUNDS: usize = 5;
 
@@ -60,7 +62,8 @@ impl Calibration {
 
     /// "call (optimized)", "int3 (trap)", ... for the probe entry byte.
     pub fn entry_name(&self) -> String {
-        self.probe_entry.map_or_else(|| "not measured".to_owned(), entry_name)
+        self.probe_entry
+            .map_or_else(|| "not measured".to_owned(), entry_name)
     }
 }
 
@@ -134,9 +137,8 @@ impl Raw {
     /// Applies the cost model of the module docs. Negative differences (noise on a fast path) become 0.
     pub fn into_calibration(self, took_ms: f64) -> Calibration {
         let syscall_ns = (self.sys_traced - self.sys_untraced).max(0.0);
-        let probe = |attached: f64| {
-            (attached - self.probe_detached - syscall_ns * self.syscalls_per_call).max(0.0)
-        };
+        let probe =
+            |attached: f64| (attached - self.probe_detached - syscall_ns * self.syscalls_per_call).max(0.0);
         Calibration {
             syscall_ns,
             syscall_untraced_ns: self.sys_untraced,
@@ -195,22 +197,51 @@ fn measure_traced(
         program: "llmprof_range at llmprof itself (calibration)".to_owned(),
         source,
     };
+    // The file offset from our own mapping: resolving the symbol would parse llmprof's ELF (tens of ms
+    // with debug info), more than the whole measurement.
+    let addr = llmprof_probes::llmprof_probe_range as *const u8 as u64;
+    let location = match self_file_offset(addr) {
+        Some(off) => UProbeAttachLocation::AbsoluteOffset(off),
+        None => UProbeAttachLocation::Symbol(llmprof_abi::PROBE_RANGE),
+    };
     let link = p
-        .attach(llmprof_abi::PROBE_RANGE, "/proc/self/exe", UProbeScope::OneProcess(me))
+        .attach(location, "/proc/self/exe", UProbeScope::OneProcess(me))
         .map_err(perr)?;
     let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.probe_attached = Some(median_ns_per_call(rec, calls));
     let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.entry = Some(probe_first_byte());
-    raw.syscalls_per_call =
-        sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
+    raw.syscalls_per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     // Sampled out: the record's step (1) is not a multiple of the sampling period.
     super::write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
     raw.probe_sampled_out = Some(median_ns_per_call(rec, calls));
     super::write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
-    let p: &mut UProbe = super::program(ebpf, "llmprof_range")?;
-    p.detach(link).map_err(perr)?;
+    // The link stays until the capture is dropped: detaching a uprobe waits for an RCU grace period
+    // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
+    let _ = link;
     Ok(())
+}
+
+/// File offset in llmprof's own executable of the code at `addr`, from `/proc/self/maps`.
+fn self_file_offset(addr: u64) -> Option<u64> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .find_map(|l| parse_maps_line(l, addr, &exe.to_string_lossy()))
+}
+
+/// `addr - start + offset` when the maps line `l` maps `path` and contains `addr`.
+fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
+    let mut f = l.split_whitespace();
+    let (range, _perms, off) = (f.next()?, f.next()?, f.next()?);
+    let (_dev, _inode) = (f.next()?, f.next()?);
+    if f.next()? != path {
+        return None;
+    }
+    let (a, b) = range.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+    let off = u64::from_str_radix(off, 16).ok()?;
+    (start..end).contains(&addr).then(|| addr - start + off)
 }
 
 fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
@@ -272,6 +303,19 @@ mod tests {
         assert_eq!(c.syscall_ns, 0.0);
         assert_eq!(c.probe_ns, None);
         assert_eq!(c.optimized(), None);
+    }
+
+    #[test]
+    fn file_offsets_come_from_the_mapping_that_holds_the_address() {
+        let l = "55d0c000-55d0d000 r-xp 00002000 08:01 123 /usr/bin/llmprof";
+        assert_eq!(parse_maps_line(l, 0x55d0c010, "/usr/bin/llmprof"), Some(0x2010));
+        assert_eq!(parse_maps_line(l, 0x55d0d000, "/usr/bin/llmprof"), None);
+        assert_eq!(parse_maps_line(l, 0x55d0c010, "/other"), None);
+        let f = llmprof_probes::llmprof_probe_range as *const u8 as u64;
+        assert!(
+            self_file_offset(f).is_some(),
+            "this test binary maps its own code"
+        );
     }
 
     #[test]
