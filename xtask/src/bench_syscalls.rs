@@ -283,7 +283,7 @@ fn parse_summary(out: &str, s: &mut Sample) {
     }
 }
 
-fn stat(v: &mut Vec<f64>) -> String {
+fn stat(v: &mut [f64]) -> String {
     if v.is_empty() {
         return "n/a".into();
     }
@@ -344,7 +344,7 @@ fn report(o: &Opts, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]
                 "    llmprof's estimate of the overhead, % of target CPU: {}",
                 stat(&mut est)
             );
-            if let Some(s) = of(m).last() {
+            if let Some(s) = of(m).next_back() {
                 if let Some(e) = &s.events {
                     println!("    events written (last round): {e}");
                 }
