@@ -155,7 +155,10 @@ fn print_overhead(r: &attach::AttachReport) {
     let Some(o) = &r.stats.overhead else { return };
     if let Some(c) = &o.calibration {
         let probe = c.probe_ns.map_or("no engine probe attached".to_owned(), |p| {
-            format!("{p:.0} ns per engine probe hit")
+            format!(
+                "{p:.0} ns per engine probe hit (+ {:.2} traced syscalls each)",
+                c.syscalls_per_probe_hit
+            )
         });
         println!(
             "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, probe entry {}",

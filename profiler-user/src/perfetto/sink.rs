@@ -909,6 +909,7 @@ fn overhead_args(o: &crate::event::OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.probe_sampled_out_ns {
             args.push(arg_f("cost_ns_engine_probe_sampled_out", p));
         }
+        args.push(arg_f("syscalls_per_probe_hit", c.syscalls_per_probe_hit));
         args.push(arg_s("probe_entry", c.entry_name()));
         args.push(arg_f("calibration_ms", c.took_ms));
     }
