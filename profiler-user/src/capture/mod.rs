@@ -6,8 +6,11 @@
 //! `cargo xtask build-ebpf` and embedded here, so llmprof builds with stable Rust alone.
 //!
 //! Lifecycle: [`Capture::start`] checks privileges and targets, loads the object (ring size and slow-syscall
-//! threshold set at load), fills the traced-pid and pattern maps, attaches the tracepoints and, for each
-//! target whose binary exports the probe ABI, the engine uprobes. [`Capture::poll`] drains the ring buffer
+//! threshold set at load), fills the pattern map, attaches the tracepoints and, for each target whose binary
+//! exports the probe ABI, the engine uprobes; then, when asked, measures the per-hit cost on llmprof itself
+//! ([`calibrate`]) and only then puts the targets in the traced-pid map. While running, the overhead budget
+//! turns `KNOBS` ([`Capture::set_knob`]) and detaches the syscall or range programs
+//! ([`Capture::detach_syscalls`], [`Capture::detach_ranges`]). [`Capture::poll`] drains the ring buffer
 //! (the kernel never wakes us per event, see `BPF_RB_NO_WAKEUP`; we poll at [`POLL_INTERVAL`]). Dropping the
 //! `Capture` detaches and unloads everything.
 
