@@ -4,13 +4,15 @@
 //! before any target is in the `TRACED` map, llmprof traces *itself* for a few milliseconds with the programs
 //! just loaded: `getppid` untraced and traced (the cost of the raw_syscalls pair on one syscall), the range
 //! probe detached, attached, and attached but sampled out (the optimized NOP5 path and the int3 trap differ
-//! ~20×, and kernels differ). Then it undoes everything it did: its own pid leaves `TRACED`, its syscall
+//! ~20×, and kernels differ). Then it undoes what it did: its own pid leaves `TRACED`, its syscall
 //! aggregates are deleted, its records are discarded, and the counters it moved become the baseline that
-//! [`super::Capture::counters`] subtracts. It never touches a target.
+//! [`super::Capture::counters`] subtracts (the uprobe on llmprof's own probe stays until the capture is
+//! dropped: detaching waits ~100 ms for an RCU grace period, and untraced it costs nothing). It never
+//! touches a target.
 //!
 //! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`; an engine
 //! probe hit costs `probe_ns` on top of the syscalls it makes itself. On 6.18 an optimized hit *is* a
-//! `uprobe` syscall that the raw_syscalls programs see and count as a syscall hit, so `probe_ns` is the
+//! `uprobe` syscall that the raw_syscalls programs may see and count as a syscall hit, so `probe_ns` is the
 //! attached-minus-detached time of a probe call minus `syscall_ns` × the syscall hits each call produced
 //! (measured, `syscalls_per_probe_hit`): every nanosecond is counted once.
 
