@@ -2,7 +2,8 @@
 //!
 //! Owns the timing loops (shared with `llmprof doctor`) and the start-up calibration of a [`super::Capture`]:
 //! before any target is in the `TRACED` map, llmprof traces *itself* for a few milliseconds with the programs
-//! just loaded: `getppid` untraced and traced (the cost of the raw_syscalls pair on one syscall), the range
+//! just loaded: `getppid` untraced (before the tracepoints were attached) and traced (the cost of the
+//! raw_syscalls pair on one syscall, including the slower syscall entry any attached tracepoint causes), the range
 //! probe detached, attached, and attached but sampled out (the optimized NOP5 path and the int3 trap differ
 //! ~20×, and kernels differ). Then it undoes what it did: its own pid leaves `TRACED`, its syscall
 //! aggregates are deleted, its records are discarded, and the counters it moved become the baseline that
@@ -159,6 +160,7 @@ pub(super) fn startup(
     ebpf: &mut aya::Ebpf,
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     range_probe_loaded: bool,
+    sys_untraced: Option<f64>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
     let calls = STARTUP_CALLS_PER_ROUND;
@@ -166,7 +168,7 @@ pub(super) fn startup(
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
     let mut raw = Raw {
-        sys_untraced: median_ns_per_syscall(calls),
+        sys_untraced: sys_untraced.unwrap_or_else(|| median_ns_per_syscall(calls)),
         probe_detached: median_ns_per_call(&rec, calls),
         ..Raw::default()
     };

@@ -341,6 +341,12 @@ impl Capture {
 
         // Targets enter TRACED last, after the calibration (which traces llmprof itself).
         fill_maps(&mut ebpf, &[], &patterns)?;
+        // The untraced syscall reference is taken before any tracepoint is attached: an attached
+        // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
+        // and that is part of what a target pays.
+        let sys_untraced = cfg
+            .calibrate
+            .then(|| calibrate::median_ns_per_syscall(calibrate::STARTUP_CALLS_PER_ROUND));
         let mut syscall_links = Vec::new();
         let mut range_links = Vec::new();
 
@@ -401,7 +407,7 @@ impl Capture {
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) = calibrate::startup(&mut ebpf, &mut ring, want_uprobes)?;
+            let (c, base) = calibrate::startup(&mut ebpf, &mut ring, want_uprobes, sys_untraced)?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {
