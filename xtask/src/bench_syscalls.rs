@@ -5,7 +5,9 @@
 //! chosen at start so the untraced target makes ~500k syscalls/s. Three modes, interleaved in every round
 //! with a rotating order (A/B/C, B/C/A, C/A/B, ...) on one target process: detached, attached with default
 //! settings, attached with `--overhead-budget`. Each round runs a short settling phase (the budget needs a
-//! few 100 ms windows to act) and a measured phase; both are reported. For the attached modes it parses
+//! few 100 ms windows to act) and a measured phase; both are reported, as wall time and as the target's own
+//! CPU time (`/proc/PID/schedstat`: the probes run in the target's context and are charged to it, and CPU
+//! time is far less disturbed than wall time by other work on a shared machine). For the attached modes it parses
 //! llmprof's exit summary: syscalls the kernel aggregates counted against the calls the target made,
 //! records dropped, llmprof's own CPU, the estimated overhead, and the budget's steps.
 
@@ -76,6 +78,24 @@ impl Testee {
         })
     }
 
+    /// The testee's CPU time so far, s (`/proc/PID/schedstat`, first field, ns on CPU).
+    fn cpu_s(&self) -> Result<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/schedstat", self.pid))?;
+        let ns: f64 = s
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .context("unreadable schedstat")?;
+        Ok(ns / 1e9)
+    }
+
+    /// Runs `syscalls n work 0`; (wall seconds it took, CPU seconds the testee used).
+    fn timed(&mut self, n: u64, work: u64) -> Result<(f64, f64)> {
+        let c0 = self.cpu_s()?;
+        let wall = self.syscalls(n, work)?;
+        Ok((wall, self.cpu_s()? - c0))
+    }
+
     /// Runs `syscalls n work 0`; seconds it took.
     fn syscalls(&mut self, n: u64, work: u64) -> Result<f64> {
         writeln!(self.stdin, "syscalls {n} {work} 0")?;
@@ -103,6 +123,8 @@ impl Drop for Testee {
 struct Sample {
     settle_s: f64,
     measured_s: f64,
+    settle_cpu_s: f64,
+    measured_cpu_s: f64,
     calls: u64,
     kernel_counted: Option<u64>,
     dropped: Option<u64>,
@@ -174,9 +196,13 @@ pub fn run(args: &[String]) -> Result<()> {
                     &["--overhead-budget", &o.budget],
                 )?),
             };
+            let (settle_s, settle_cpu_s) = t.timed(n_settle, work)?;
+            let (measured_s, measured_cpu_s) = t.timed(n, work)?;
             let mut s = Sample {
-                settle_s: t.syscalls(n_settle, work)?,
-                measured_s: t.syscalls(n, work)?,
+                settle_s,
+                measured_s,
+                settle_cpu_s,
+                measured_cpu_s,
                 calls: n_settle + n,
                 ..Sample::default()
             };
@@ -198,23 +224,26 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// WORK such that one iteration (busy work + untraced getppid) takes 1/rate s: two points of the line
-/// time = a + b·WORK, then solve.
+/// WORK such that one iteration (busy work + untraced getppid) takes 1/rate s of the target's CPU: two
+/// points of the line cpu = a + b·WORK (CPU time, not wall time: robust to other work on the machine),
+/// then solve.
 fn pick_work(t: &mut Testee, rate: f64) -> Result<u64> {
     let per_call = |t: &mut Testee, w: u64| -> Result<f64> {
         let n = 200_000;
         let mut v = Vec::new();
         for _ in 0..3 {
-            v.push(t.syscalls(n, w)? / n as f64);
+            v.push(t.timed(n, w)?.1 / n as f64);
         }
         Ok(pct(&mut v, 0.5))
     };
-    let a = per_call(t, 0)?;
-    let b = (per_call(t, 200)? - a) / 200.0;
-    if b <= 0.0 {
-        bail!("busy work did not take time (a={a}, b={b})");
+    for _ in 0..3 {
+        let a = per_call(t, 0)?;
+        let b = (per_call(t, 1_000)? - a) / 1_000.0;
+        if b > 0.0 {
+            return Ok(((1.0 / rate - a) / b).max(0.0).round() as u64);
+        }
     }
-    Ok(((1.0 / rate - a) / b).max(0.0).round() as u64)
+    bail!("the busy work did not measurably take CPU time: is the testee running?")
 }
 
 fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str]) -> Result<Child> {
@@ -300,6 +329,10 @@ fn report(o: &Opts, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]
     let mut det_settle: Vec<f64> = of(Mode::Detached).map(|s| s.settle_s).collect();
     let base = pct(&mut det_measured, 0.5);
     let base_settle = pct(&mut det_settle, 0.5);
+    let mut det_cpu: Vec<f64> = of(Mode::Detached).map(|s| s.measured_cpu_s).collect();
+    let mut det_cpu_settle: Vec<f64> = of(Mode::Detached).map(|s| s.settle_cpu_s).collect();
+    let base_cpu = pct(&mut det_cpu, 0.5);
+    let base_cpu_settle = pct(&mut det_cpu_settle, 0.5);
     println!();
     println!(
         "llmprof-testee syscalls (getppid after WORK={work} busy rounds), {} rounds, modes interleaved with rotating order;",
@@ -317,10 +350,30 @@ fn report(o: &Opts, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]
             .map(|s| ((s.settle_s + s.measured_s) / (base + base_settle) - 1.0) * 100.0)
             .collect();
         println!("\n  {}:", m.name());
+        let mut cpu_per_call: Vec<f64> = of(m).map(|s| s.measured_cpu_s / n as f64 * 1e9).collect();
         println!("    rate, k syscalls/s (measured phase): {}", stat(&mut rate));
+        println!(
+            "    target CPU per call, ns (measured phase): {}",
+            stat(&mut cpu_per_call)
+        );
         if m != Mode::Detached {
+            let mut cpu_slow: Vec<f64> = of(m)
+                .map(|s| (s.measured_cpu_s / base_cpu - 1.0) * 100.0)
+                .collect();
+            let mut cpu_slow_settle: Vec<f64> = of(m)
+                .map(|s| (s.settle_cpu_s / base_cpu_settle - 1.0) * 100.0)
+                .collect();
+            let mut cpu_whole: Vec<f64> = of(m)
+                .map(|s| ((s.settle_cpu_s + s.measured_cpu_s) / (base_cpu + base_cpu_settle) - 1.0) * 100.0)
+                .collect();
             println!(
-                "    slowdown vs detached median, %: measured phase {}",
+                "    target CPU added vs detached median, %: measured phase {}, first {SETTLE_SECONDS} s {}, whole round {}",
+                stat(&mut cpu_slow),
+                stat(&mut cpu_slow_settle),
+                stat(&mut cpu_whole)
+            );
+            println!(
+                "    wall-time slowdown vs detached median, %: measured phase {}",
                 stat(&mut slow)
             );
             println!(
