@@ -255,7 +255,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             break "target exited";
         }
         if let Some(b) = budget.as_mut()
-            && last_budget_check.elapsed() >= budget::CHECK_INTERVAL
+            && last_budget_check.elapsed() >= b.interval()
         {
             last_budget_check = Instant::now();
             if let Some(ev) = check_budget(b, &mut capture, opts.pid)? {

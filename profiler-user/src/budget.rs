@@ -5,7 +5,9 @@
 //! calibrated at start-up, [`crate::selfacct`]) as a percentage of the target's own CPU time over the same
 //! window (all threads, measured from /proc, minus the estimate, since the kernel charges the probes to the
 //! target). For a CPU-bound target this is its slowdown. It is judged every [`CHECK_INTERVAL`] once the
-//! target used at least [`MIN_TARGET_CPU`] of CPU in the window (an idle target is never judged on noise).
+//! target used at least [`MIN_TARGET_CPU`] of CPU in the window (an idle target is never judged on noise);
+//! once a step was taken, the next windows are shorter ([`FOLLOW_UP_INTERVAL`], [`FOLLOW_UP_MIN_CPU`]) so a
+//! target far over budget reaches the step that helps in ~160 ms rather than ~300 ms.
 //!
 //! **Order** ([`LEVELS`]), one step per judgment that exceeds the budget, never undone within a session:
 //! 1. `syscall_events_off` — individual (slow) syscall events stop; the kernel aggregates continue;
@@ -31,6 +33,10 @@ use crate::selfacct::{Snapshot, added_ns, overhead_pct};
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Target CPU a window must hold before it is judged (below it the estimate is noise).
 pub const MIN_TARGET_CPU: Duration = Duration::from_millis(20);
+/// Window length once a step was taken: the first judgment showed the estimate is meaningful.
+pub const FOLLOW_UP_INTERVAL: Duration = Duration::from_millis(30);
+/// Target CPU a follow-up window must hold.
+pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 /// `ranges_sampled`: the ranges of one step in this many are kept.
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
@@ -130,14 +136,27 @@ impl Budget {
         &self.taken
     }
 
+    /// How long the current window must last before [`Budget::check`] judges it.
+    pub fn interval(&self) -> Duration {
+        if self.level == 0 {
+            CHECK_INTERVAL
+        } else {
+            FOLLOW_UP_INTERVAL
+        }
+    }
+
     /// Judges the window ending at `now`. A judged window (over or under) starts the next one.
     pub fn check(&mut self, now: Snapshot) -> Verdict {
         let (Some(t0), Some(t1)) = (self.window_start.target_cpu_ns, now.target_cpu_ns) else {
             return Verdict::Ok;
         };
         let target = t1.saturating_sub(t0);
-        if now.at.duration_since(self.window_start.at) < CHECK_INTERVAL
-            || target < MIN_TARGET_CPU.as_nanos() as u64
+        let min_cpu = if self.level == 0 {
+            MIN_TARGET_CPU
+        } else {
+            FOLLOW_UP_MIN_CPU
+        };
+        if now.at.duration_since(self.window_start.at) < self.interval() || target < min_cpu.as_nanos() as u64
         {
             return Verdict::Ok;
         }
@@ -256,6 +275,23 @@ mod tests {
         }
         assert_eq!(levels, [1, 2, 3, 4, 99, 0]);
         assert!(b.exhausted());
+    }
+
+    #[test]
+    fn after_a_step_the_windows_are_shorter() {
+        let t = Instant::now();
+        let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
+        assert_eq!(b.interval(), CHECK_INTERVAL);
+        assert!(matches!(
+            b.check(snap(t, 100, 50_000, 100)),
+            Verdict::Degrade { level: 1, .. }
+        ));
+        assert_eq!(b.interval(), FOLLOW_UP_INTERVAL);
+        // 30 ms later, 15 ms of target CPU of which 7.5 ms added: judged, next step.
+        assert!(matches!(
+            b.check(snap(t, 130, 57_500, 115)),
+            Verdict::Degrade { level: 2, .. }
+        ));
     }
 
     #[test]
