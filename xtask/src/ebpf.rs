@@ -238,10 +238,8 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     // Two checkouts building at once would race on the symlinks of STABLE_SRC: one build at a time.
     std::fs::create_dir_all(crate::util::cache_dir())?;
     let lock_path = crate::util::cache_dir().join("ebpf-build.lock");
-    let lock =
-        std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
-    lock.lock()
-        .with_context(|| format!("locking {}", lock_path.display()))?;
+    let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.lock().with_context(|| format!("locking {}", lock_path.display()))?;
     let src = stable_source_path(root)?;
     // One target dir per checkout (LLMPROF_EBPF_TARGET_DIR) keeps cargo's mtime checks honest when several
     // checkouts build through the same STABLE_SRC path.
