@@ -286,11 +286,13 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
                 body: EventBody::SyscallRate { per_sec },
             });
             let level = budget.as_ref().map_or(0, Budget::level);
+            let sample = acct.sample(capture.counters(), level);
+            let est_pct = sample.est_overhead_pct;
             merger.push(Event {
                 ts_ns: boottime_ns(),
                 pid: 0,
                 tid: 0,
-                body: EventBody::Overhead(Box::new(acct.sample(capture.counters(), level))),
+                body: EventBody::Overhead(Box::new(sample)),
             });
             if !procfs::exists(opts.pid) {
                 target_exited = true;
@@ -300,11 +302,12 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
                 let rate = (events_total - events_at_tick) as f64 / dt;
                 events_at_tick = events_total;
                 eprint!(
-                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  {:.1} MiB → {}",
+                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  est. overhead {}  {:.1} MiB → {}",
                     start.elapsed().as_secs_f64(),
                     events_total,
                     rate,
                     drops,
+                    est_pct.map_or("-".to_owned(), |p| format!("{p:.2}%")),
                     sink.bytes() as f64 / (1 << 20) as f64,
                     opts.output.display()
                 );
