@@ -1013,6 +1013,22 @@ pub struct Config {
     pub slow_syscall_ns: u64,
 }
 
+/// Runtime knobs of the eBPF programs: entries of the `KNOBS` array map (u64 each), written by user space
+/// while attached (the overhead budget, `profiler-user/src/budget.rs`). Every knob's zero value means "full
+/// tracing", so a freshly created map changes nothing. Append new knobs; never renumber.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Knob {
+    /// Non-zero: individual slow-syscall records are not sent (the kernel aggregates continue).
+    SyscallEventsOff = 0,
+    /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
+    /// so pairs stay whole); 0 or 1: all ranges.
+    RangeSampleEvery = 1,
+}
+
+/// Entries of the `KNOBS` map (room for knobs appended later).
+pub const NUM_KNOBS: usize = 8;
+
 /// Most model-file path patterns the kernel matches (entries of the `PATTERNS` array map).
 pub const MAX_PATTERNS: usize = 8;
 /// Bytes of one model-file path pattern (without its `*`).

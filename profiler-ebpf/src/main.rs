@@ -37,10 +37,10 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use llmprof_abi::{
-    ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader, EventKind, FileIoEvent, FileOp,
-    FileOpenEvent, FilePattern, LAT_BUCKETS, MAX_PATTERNS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind,
-    ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent, SockKey, StepEvent,
-    SyscallKey, SyscallStats,
+    ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader,
+    EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NUM_KNOBS,
+    NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent,
+    RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -117,6 +117,14 @@ struct CudaStack {
 /// CUDA calls in flight, by tid; an entry is removed when its thread's outermost call returns.
 #[map]
 static CUDA_INFLIGHT: HashMap<u32, CudaStack> = HashMap::with_max_entries(16384, 0);
+/// Runtime knobs (`llmprof_abi::Knob`), written by user space while attached; zero = full tracing.
+#[map]
+static KNOBS: Array<u64> = Array::with_max_entries(NUM_KNOBS as u32, 0);
+
+#[inline(always)]
+fn knob(k: Knob) -> u64 {
+    KNOBS.get(k as u32).copied().unwrap_or(0)
+}
 
 /// A syscall between entry and exit.
 #[repr(C)]
@@ -235,7 +243,7 @@ pub fn llmprof_sysexit(ctx: TracePointContext) -> u32 {
     let dur = end.saturating_sub(inf.ts_ns);
     aggregate(tgid, tid, nr, dur);
     count(ProbeId::Syscalls, 1, 0, 0);
-    if dur >= LLMPROF_CONFIG.load().slow_syscall_ns {
+    if dur >= LLMPROF_CONFIG.load().slow_syscall_ns && knob(Knob::SyscallEventsOff) == 0 {
         slow_syscall(pid_tgid, &inf, ret, dur);
     }
     match nr {
@@ -616,9 +624,31 @@ pub fn llmprof_request(ctx: ProbeContext) -> u32 {
     engine_record::<RequestEvent>(&ctx, ProbeId::Request, EventKind::Request)
 }
 
-/// Uprobe at `llmprof_probe_range`.
+/// Uprobe at `llmprof_probe_range`. With `Knob::RangeSampleEvery` = N > 1, only ranges of steps
+/// `step_id % N == 0` are sent; the others count as hits that were neither emitted nor dropped.
 #[uprobe]
 pub fn llmprof_range(ctx: ProbeContext) -> u32 {
+    let every = knob(Knob::RangeSampleEvery);
+    if every > 1 {
+        if !traced((bpf_get_current_pid_tgid() >> 32) as u32) {
+            return 0;
+        }
+        let Some(src) = ctx.arg::<u64>(0) else { return 0 };
+        let mut step_id = 0u64;
+        // SAFETY: reads 8 bytes of the engine's record (the step_id field) into a stack value; a bad
+        // pointer makes the helper fail, and the range is then sent (and rejected) as without sampling.
+        let rc = unsafe {
+            bpf_probe_read_user(
+                (&mut step_id as *mut u64).cast::<c_void>(),
+                8,
+                (src as usize + core::mem::offset_of!(RangeRecord, step_id)) as *const c_void,
+            )
+        };
+        if rc == 0 && step_id % every != 0 {
+            count(ProbeId::Range, 1, 0, 0);
+            return 0;
+        }
+    }
     engine_record::<RangeEvent>(&ctx, ProbeId::Range, EventKind::Range)
 }
 

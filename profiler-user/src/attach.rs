@@ -2,8 +2,9 @@
 //!
 //! Owns the orchestration only: preflight checks (root, pid), starting [`Capture`], the poll loop that feeds
 //! capture and the /metrics scraper through the [`Merger`] into the [`TraceSink`], the live status line, the
-//! end conditions (stop flag from Ctrl-C/SIGTERM, duration, target exit) and the final statistics. The kernel
-//! side is all in `capture`; the trace layout is all in `perfetto`.
+//! end conditions (stop flag from Ctrl-C/SIGTERM, duration, target exit, `--max-trace-size`) and the final
+//! statistics. The kernel side is all in `capture`; the trace layout is all in `perfetto`; llmprof's own cost
+//! is in `selfacct`, the overhead budget in `budget`, the size cap in `sizecap` (this loop only calls them).
 
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
 use crate::clock::{boottime_ns, realtime_ns};
 use crate::event::{Event, EventBody, SessionStats};
@@ -22,6 +24,8 @@ use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::perfetto::{EventCounts, TraceSink};
 use crate::procfs;
+use crate::selfacct::{SelfAccount, Snapshot};
+use crate::sizecap::SizeCap;
 
 /// How long one poll of the ring buffer may wait when it is empty (bounds the reaction time to Ctrl-C and
 /// the status-line period jitter; the ring is sized so 10 ms of events fit many times over).
@@ -54,6 +58,10 @@ pub struct AttachOptions {
     pub verbose: bool,
     /// OTLP export of request spans (no endpoint: no export).
     pub otel: OtelOptions,
+    /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
+    pub overhead_budget: Option<f64>,
+    /// `--max-trace-size`, bytes (None: no cap). See [`crate::sizecap`].
+    pub max_trace_size: Option<u64>,
     /// NVML counters and CUDA driver probes.
     pub gpu: GpuOptions,
     /// Show the live status line when stderr is a terminal (off for `llmprof serve`'s concurrent sessions).
@@ -86,6 +94,9 @@ impl std::fmt::Debug for Prelude {
     }
 }
 
+/// `end_reason` when `--max-trace-size` ended the session.
+pub const END_SIZE_LIMIT: &str = "trace size limit reached";
+
 /// Why a session could not run. Messages say what to do next.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -95,6 +106,9 @@ pub enum AttachError {
     /// No such process.
     #[error("no process with pid {0}: check the pid (e.g. `pgrep llmserve`)")]
     NoProcess(u32),
+    /// An option's value cannot work (e.g. a trace size cap smaller than the end of a trace).
+    #[error("{0}")]
+    InvalidOption(String),
     /// Capture failed to start or to poll.
     #[error(transparent)]
     Capture(#[from] CaptureError),
@@ -157,6 +171,11 @@ fn is_root() -> bool {
 /// Runs one session until `stop` is set, the duration elapsed or the target exited.
 pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, AttachError> {
     let t0 = Instant::now();
+    let cap = opts
+        .max_trace_size
+        .map(SizeCap::new)
+        .transpose()
+        .map_err(AttachError::InvalidOption)?;
     if !is_root() {
         return Err(AttachError::NotRoot);
     }
@@ -181,6 +200,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         slow_syscall: opts.slow_syscall,
         ring_bytes: opts.ring_bytes,
         capture_content,
+        calibrate: true,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {
@@ -193,6 +213,11 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     gpu_markers.extend(gpu.watch_cuda(&mut capture, true));
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
+    let cal = capture.calibration().unwrap_or_default();
+    let mut acct = SelfAccount::new(opts.pid, cal, capture.counters());
+    let mut budget = opts
+        .overhead_budget
+        .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.counters())));
     let engine_probes = capture.engine_probes(opts.pid);
     info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
     if !info.engine_probes {
@@ -215,9 +240,20 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     .map_err(out_err)?;
     // With a prelude, history ends at `live_ns` and the live capture starts there: live events older than it
     // (seen by both captures while the probes were attaching) are dropped, so the two never interleave.
+    // Events lost to --max-trace-size.
+    let mut not_written = 0u64;
     let floor = if let Some(p) = &opts.prelude {
         let mut history = (p.0)(live_ns);
-        write_all(&mut sink, &mut otel, &mut history, opts.pid, 0).map_err(out_err)?;
+        write_all(
+            &mut sink,
+            &mut otel,
+            &mut history,
+            opts.pid,
+            0,
+            cap.as_ref(),
+            &mut not_written,
+        )
+        .map_err(out_err)?;
         live_ns
     } else {
         0
@@ -261,6 +297,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let mut polled = Vec::with_capacity(4096);
     let mut ready = Vec::with_capacity(4096);
     let mut last_tick = Instant::now();
+    let mut last_budget_check = Instant::now();
     let mut last_sys = capture.syscall_total();
     let mut events_total = 0u64;
     let mut events_at_tick = 0u64;
@@ -275,6 +312,14 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         }
         if target_exited {
             break "target exited";
+        }
+        if let Some(b) = budget.as_mut()
+            && last_budget_check.elapsed() >= b.interval()
+        {
+            last_budget_check = Instant::now();
+            if let Some(ev) = check_budget(b, &mut capture, opts.pid)? {
+                merger.push(ev);
+            }
         }
         capture.poll(&mut polled, POLL_TIMEOUT)?;
         for ev in polled.drain(..) {
@@ -299,6 +344,15 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
                 tid: 0,
                 body: EventBody::SyscallRate { per_sec },
             });
+            let level = budget.as_ref().map_or(0, Budget::level);
+            let sample = acct.sample(capture.counters(), level);
+            let est_pct = sample.est_overhead_pct;
+            merger.push(Event {
+                ts_ns: boottime_ns(),
+                pid: 0,
+                tid: 0,
+                body: EventBody::Overhead(Box::new(sample)),
+            });
             if !procfs::exists(opts.pid) {
                 target_exited = true;
             }
@@ -310,11 +364,12 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
                 let rate = (events_total - events_at_tick) as f64 / dt;
                 events_at_tick = events_total;
                 eprint!(
-                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  {:.1} MiB → {}",
+                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  est. overhead {}  {:.1} MiB → {}",
                     start.elapsed().as_secs_f64(),
                     events_total,
                     rate,
                     drops,
+                    est_pct.map_or("-".to_owned(), |p| format!("{p:.2}%")),
                     sink.bytes() as f64 / (1 << 20) as f64,
                     opts.output.display()
                 );
@@ -322,7 +377,19 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         }
         merger.drain_at(boottime_ns(), &mut ready);
         events_total += ready.len() as u64;
-        write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
+        if write_all(
+            &mut sink,
+            &mut otel,
+            &mut ready,
+            opts.pid,
+            floor,
+            cap.as_ref(),
+            &mut not_written,
+        )
+        .map_err(out_err)?
+        {
+            break END_SIZE_LIMIT;
+        }
     };
     if tty {
         eprintln!();
@@ -338,20 +405,50 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     }
     merger.finish(&mut ready);
     events_total += ready.len() as u64;
-    write_all(&mut sink, &mut otel, &mut ready, opts.pid, floor).map_err(out_err)?;
+    let size_limited = end_reason == END_SIZE_LIMIT
+        || write_all(
+            &mut sink,
+            &mut otel,
+            &mut ready,
+            opts.pid,
+            floor,
+            cap.as_ref(),
+            &mut not_written,
+        )
+        .map_err(out_err)?;
+    if size_limited {
+        not_written += ready.len() as u64;
+        ready.clear();
+    }
     let end_ts = boottime_ns();
+    if size_limited && let Some(c) = &cap {
+        let text = format!(
+            "trace size limit reached (--max-trace-size {} bytes): trace ended early, {not_written} events not written",
+            c.limit()
+        );
+        sink.marker(end_ts, &text).map_err(out_err)?;
+    }
     if end_reason == "target exited" && !exit_event_seen {
         sink.marker(end_ts, "target exited").map_err(out_err)?;
     }
     let gpu = gpu.finish();
     let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
     drop(scraper);
+    let final_counters = capture.counters();
+    let mut overhead = acct.summary(
+        final_counters,
+        budget.as_ref().map(Budget::pct),
+        budget.as_ref().map(|b| b.taken().to_vec()).unwrap_or_default(),
+    );
+    overhead.size_limit = cap.map(|c| c.limit());
+    overhead.events_not_written = not_written;
     let stats = SessionStats {
-        probes: capture.counters(),
+        overhead: Some(overhead),
+        probes: final_counters,
         decode_errors: capture.decode_errors(),
         user_drops,
         trace_bytes: 0,
-        end_reason: end_reason.to_owned(),
+        end_reason: if size_limited { END_SIZE_LIMIT } else { end_reason }.to_owned(),
         syscalls: capture.syscall_aggregates(),
     };
     sink.flush_cuda().map_err(out_err)?;
@@ -387,17 +484,71 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     })
 }
 
+/// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.
+fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Option<Event>, AttachError> {
+    let body = match b.check(Snapshot::take(pid, capture.counters())) {
+        Verdict::Ok => return Ok(None),
+        Verdict::Degrade { level, overhead_pct } => {
+            let d = budget::apply(capture, level, overhead_pct, b.pct())?;
+            eprintln!(
+                "llmprof: overhead budget {}% exceeded (est. {overhead_pct:.1}% of the target's CPU): {}",
+                b.pct(),
+                d.change
+            );
+            b.record(d.clone());
+            EventBody::Degraded(d)
+        }
+        Verdict::Exhausted { overhead_pct } => {
+            let text = format!(
+                "overhead budget {}% still exceeded (est. {overhead_pct:.1}%) with engine steps and requests only: kept",
+                b.pct()
+            );
+            eprintln!("llmprof: {text}");
+            EventBody::Marker { text }
+        }
+    };
+    Ok(Some(Event {
+        ts_ns: boottime_ns(),
+        pid: 0,
+        tid: 0,
+        body,
+    }))
+}
+
 /// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
-/// Every event at or after `floor_ns` goes to the trace and, when configured, to the OTel span builder.
+/// Every event at or after `floor_ns` goes to the trace and, when configured, to the OTel span builder. With a
+/// size cap, stops at the first event that would leave too little room to end the trace: returns true then, and
+/// counts that event and the rest of `ready` in `not_written`.
 fn write_all<W: Write>(
     sink: &mut TraceSink<W>,
     otel: &mut Option<OtelSink>,
     ready: &mut Vec<Event>,
     pid: u32,
     floor_ns: u64,
-) -> io::Result<()> {
+    cap: Option<&SizeCap>,
+    not_written: &mut u64,
+) -> io::Result<bool> {
+    if let Some(c) = cap
+        && c.reached(sink.bytes(), sink.open_slices())
+    {
+        *not_written += ready.len() as u64;
+        ready.clear();
+        return Ok(true);
+    }
+    let mut full = false;
     for ev in ready.drain(..) {
         if ev.ts_ns < floor_ns {
+            continue;
+        }
+        if full {
+            *not_written += 1;
+            continue;
+        }
+        if let Some(c) = cap
+            && c.reached(sink.bytes(), sink.open_slices())
+        {
+            full = true;
+            *not_written += 1;
             continue;
         }
         if ev.tid != 0
@@ -411,7 +562,7 @@ fn write_all<W: Write>(
         }
         sink.push(&ev)?;
     }
-    Ok(())
+    Ok(full)
 }
 
 #[cfg(test)]

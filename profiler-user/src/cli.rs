@@ -58,9 +58,12 @@ pub enum Command {
   sudo llmprof attach --pid 1234 --slow-syscall 500us --model-path '/models/*' --egress-allow 10.0.0.0/8
   sudo llmprof attach --pid 1234 --metrics-url http://127.0.0.1:8000/metrics
   sudo llmprof attach --pid $(pgrep -f vllm) --gpu-sample-interval 50ms    # any CUDA process: NVML + libcuda
+  sudo llmprof attach --pid 1234 --overhead-budget 1% --max-trace-size 50M
 
-Ends on Ctrl-C / SIGTERM, when the duration elapsed, or when the target exits; the trace is finished cleanly
-in every case. Open it with `llmprof open FILE`.")]
+Ends on Ctrl-C / SIGTERM, when the duration elapsed, when the target exits, or when --max-trace-size is
+reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
+Every trace accounts for llmprof itself: per-probe hits, events and drops, the cost per hit measured at
+start-up, the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]
     Attach(Box<AttachArgs>),
     /// Serve a trace to Perfetto UI (https://ui.perfetto.dev) from 127.0.0.1 and print the link.
     #[command(after_help = "Examples:
@@ -141,6 +144,15 @@ pub struct AttachArgs {
     /// allocations, synchronize calls).
     #[arg(long)]
     pub no_cuda: bool,
+    /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
+    /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then syscall
+    /// tracepoints detached, then ranges detached; steps and requests are kept). Default: no budget.
+    #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
+    pub overhead_budget: Option<f64>,
+    /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker
+    /// saying so, and attach exits 0. Default: no cap.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_trace_size: Option<usize>,
     /// OpenTelemetry export of per-request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,

@@ -14,14 +14,15 @@ use std::time::{Duration, Instant};
 
 use llmprof_abi::{ABI_VERSION, ENGINE_PROBES, ProbeId, RangeOp, RangeRecord};
 
+use crate::capture::calibrate::{
+    ENTRY_CALL, ENTRY_INT3, ROUNDS, entry_name, median_ns_per_call, median_ns_per_syscall, probe_first_byte,
+};
 use crate::capture::{self, Capture, CaptureConfig, EngineProbes};
 use crate::cli::exit;
 use crate::event::EventBody;
 
 /// Probe calls timed per round (detached and attached); five rounds, the median is reported.
 pub const CALLS_PER_ROUND: u32 = 4_000;
-/// Rounds timed per state; the median round is reported (robust to a preemption in one round).
-const ROUNDS: usize = 5;
 /// Fallback only, when the attached probe's first byte is neither `call` nor `int3`: above this many extra
 /// ns per call the probe is taken to trap. The brief's rule of thumb (">~2 µs suggests int3"), lowered a
 /// little. On this 6.18 host the optimized path measured ~2.8 µs per hit in a full capture, because each
@@ -583,21 +584,6 @@ fn uprobe_cost(root: bool) -> Vec<Check> {
     vec![c, syscall]
 }
 
-/// First byte of an attached probe on the optimized path: `call rel32` to the kernel's uprobe trampoline.
-const ENTRY_CALL: u8 = 0xe8;
-/// First byte of an attached probe on the trap path: `int3`.
-const ENTRY_INT3: u8 = 0xcc;
-
-/// What the first byte of an attached probe means.
-fn entry_name(b: u8) -> String {
-    match b {
-        ENTRY_CALL => "call (optimized)".to_owned(),
-        ENTRY_INT3 => "int3 (trap)".to_owned(),
-        0x0f => "NOP5 (unpatched)".to_owned(),
-        b => format!("0x{b:02x}"),
-    }
-}
-
 #[derive(Debug)]
 enum MeasureError {
     Capture(capture::CaptureError),
@@ -610,8 +596,8 @@ fn measure_uprobe() -> Result<UprobeCost, MeasureError> {
     // References every probe symbol and the ABI version, so the linker keeps them for capture to find.
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 0, "llmprof", "doctor");
-    let detached_ns = median_ns_per_call(&rec);
-    let syscall_detached_ns = median_ns_per_syscall();
+    let detached_ns = median_ns_per_call(&rec, CALLS_PER_ROUND);
+    let syscall_detached_ns = median_ns_per_syscall(CALLS_PER_ROUND);
     let pid = std::process::id();
     let cfg = CaptureConfig {
         pids: vec![pid],
@@ -624,9 +610,9 @@ fn measure_uprobe() -> Result<UprobeCost, MeasureError> {
         EngineProbes::Attached { .. } => {}
         other => return Err(MeasureError::NoSelfProbes(other)),
     }
-    let attached_ns = median_ns_per_call(&rec);
+    let attached_ns = median_ns_per_call(&rec, CALLS_PER_ROUND);
     let first = probe_first_byte();
-    let syscall_attached_ns = median_ns_per_syscall();
+    let syscall_attached_ns = median_ns_per_syscall(CALLS_PER_ROUND);
     let hits = cap.counters()[ProbeId::Range as usize].hits;
     let calls = u64::from(CALLS_PER_ROUND) * ROUNDS as u64;
     let mut delivered = 0u64;
@@ -652,45 +638,6 @@ fn measure_uprobe() -> Result<UprobeCost, MeasureError> {
         syscall_detached_ns,
         syscall_attached_ns,
     })
-}
-
-/// First instruction byte of the range probe as this process now executes it (the kernel rewrites it
-/// in this process's copy of the page when a uprobe is attached).
-fn probe_first_byte() -> u8 {
-    let f = llmprof_probes::llmprof_probe_range as *const u8;
-    // SAFETY: `f` points to the probe function's code, at least 6 readable bytes (NOP5 + ret, see
-    // llmprof-probes); a volatile read because the kernel changes the byte behind the compiler's back.
-    unsafe { std::ptr::read_volatile(f) }
-}
-
-/// Median over [`ROUNDS`] of the mean ns per `getppid` syscall in a round (the cheapest syscall there is:
-/// what is left is the syscall path plus, when attached, llmprof's raw_syscalls programs).
-fn median_ns_per_syscall() -> f64 {
-    let mut rounds = [0f64; ROUNDS];
-    for r in &mut rounds {
-        let t = Instant::now();
-        for _ in 0..CALLS_PER_ROUND {
-            // SAFETY: getppid takes no arguments, cannot fail and touches no memory of ours.
-            std::hint::black_box(unsafe { libc::syscall(libc::SYS_getppid) });
-        }
-        *r = t.elapsed().as_nanos() as f64 / f64::from(CALLS_PER_ROUND);
-    }
-    rounds.sort_by(f64::total_cmp);
-    rounds[ROUNDS / 2]
-}
-
-/// Median over [`ROUNDS`] of the mean ns per `llmprof_probes::range` call in a round.
-fn median_ns_per_call(rec: &RangeRecord) -> f64 {
-    let mut rounds = [0f64; ROUNDS];
-    for r in &mut rounds {
-        let t = Instant::now();
-        for _ in 0..CALLS_PER_ROUND {
-            llmprof_probes::range(std::hint::black_box(rec));
-        }
-        *r = t.elapsed().as_nanos() as f64 / f64::from(CALLS_PER_ROUND);
-    }
-    rounds.sort_by(f64::total_cmp);
-    rounds[ROUNDS / 2]
 }
 
 fn target(pid: u32) -> Vec<Check> {

@@ -124,6 +124,79 @@ pub enum EventBody {
         /// Short text.
         text: String,
     },
+    /// llmprof's own cost over the last interval (`crate::selfacct`), on global counter tracks.
+    Overhead(Box<OverheadSample>),
+    /// The overhead budget switched something off (`crate::budget`): an instant on the llmprof track.
+    Degraded(Degradation),
+}
+
+/// llmprof's self-accounting over one interval (every status tick).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverheadSample {
+    /// Length of the interval, ns.
+    pub interval_ns: u64,
+    /// Estimated CPU time the probes added to the target in the interval (hits × calibrated cost), ns.
+    pub est_added_ns: f64,
+    /// The target's CPU time in the interval (all threads, from /proc; includes what the probes added), ns.
+    pub target_cpu_ns: Option<f64>,
+    /// `est_added_ns` as a percentage of the target's CPU time without it (the budget's measure).
+    pub est_overhead_pct: Option<f64>,
+    /// llmprof's own CPU time in the interval (user + system), ns.
+    pub llmprof_cpu_ns: f64,
+    /// llmprof's resident memory, bytes.
+    pub llmprof_rss_bytes: u64,
+    /// Calibrated extra ns per traced syscall.
+    pub cost_syscall_ns: f64,
+    /// Calibrated extra ns per engine probe hit (None: no engine probe attached).
+    pub cost_probe_ns: Option<f64>,
+    /// Degradation level in force (0: full tracing; see `crate::budget::LEVELS`).
+    pub level: u32,
+}
+
+/// One step of the overhead budget's degradation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Degradation {
+    /// The level now in force (1 = first step).
+    pub level: u32,
+    /// Stable name of the step, e.g. `syscall_events_off`.
+    pub name: &'static str,
+    /// What changed, in words.
+    pub change: String,
+    /// The estimate that exceeded the budget, % of target CPU.
+    pub overhead_pct: f64,
+    /// The budget, %.
+    pub budget_pct: f64,
+    /// Syscalls counted by the kernel aggregates when the step was taken.
+    pub syscalls_counted: u64,
+}
+
+/// Self-accounting of a whole session (the trace's summary and attach's exit summary).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverheadSummary {
+    /// Session length, ns.
+    pub elapsed_ns: u64,
+    /// Estimated CPU time the probes added to the target, ns, and per probe (indexed by `ProbeId`).
+    pub est_added_ns: f64,
+    /// See [`OverheadSummary::est_added_ns`].
+    pub est_added_by_probe_ns: Vec<f64>,
+    /// The target's CPU time during the session, ns.
+    pub target_cpu_ns: Option<f64>,
+    /// `est_added_ns` as a percentage of the target's CPU time without it.
+    pub est_overhead_pct: Option<f64>,
+    /// llmprof's CPU time (user + system, all threads), ns.
+    pub llmprof_cpu_ns: f64,
+    /// llmprof's peak resident memory, bytes.
+    pub llmprof_max_rss_bytes: u64,
+    /// The start-up calibration.
+    pub calibration: Option<crate::capture::Calibration>,
+    /// `--overhead-budget`, %.
+    pub budget_pct: Option<f64>,
+    /// Steps the budget took, in order.
+    pub degradations: Vec<Degradation>,
+    /// `--max-trace-size`, bytes.
+    pub size_limit: Option<u64>,
+    /// Events not written because the size limit was reached.
+    pub events_not_written: u64,
 }
 
 /// Values scraped from the engine's Prometheus endpoint.
@@ -227,6 +300,8 @@ pub struct SessionStats {
     pub end_reason: String,
     /// Syscall aggregates.
     pub syscalls: Vec<SyscallAggregate>,
+    /// llmprof's own cost, the budget's steps and the size limit (None when not accounted, e.g. fixtures).
+    pub overhead: Option<OverheadSummary>,
 }
 
 impl SessionStats {

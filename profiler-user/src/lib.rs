@@ -6,6 +6,7 @@
 //! (serving a trace to Perfetto UI).
 
 pub mod attach;
+pub mod budget;
 pub mod capture;
 pub mod cli;
 pub mod clock;
@@ -19,5 +20,7 @@ pub mod otel;
 pub mod perfetto;
 pub mod procfs;
 pub mod report;
+pub mod selfacct;
 pub mod serve;
+pub mod sizecap;
 pub mod syscall_names;

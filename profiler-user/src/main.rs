@@ -72,6 +72,8 @@ fn run_attach(a: AttachArgs) -> i32 {
         live_status: true,
         metadata: None,
         prelude: None,
+        overhead_budget: a.overhead_budget,
+        max_trace_size: a.max_trace_size.map(|b| b as u64),
     };
     let opts_pid = opts.pid;
     match attach::run(&opts, &STOP) {
@@ -81,7 +83,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.end_reason,
                 r.elapsed.as_secs_f64()
             );
-            match r.engine_probes {
+            match &r.engine_probes {
                 EngineProbes::Attached { abi_version } => {
                     println!("  engine probes: attached (ABI {abi_version})")
                 }
@@ -128,6 +130,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.decode_errors,
                 r.late_events
             );
+            print_overhead(&r);
             if let Some(o) = &r.otel {
                 println!(
                     "  otel: {} spans built, {} exported, {} dropped, {} export errors, {} unsampled requests",
@@ -146,6 +149,7 @@ fn run_attach(a: AttachArgs) -> i32 {
             eprintln!("error: {}", chain(&e));
             match e {
                 AttachError::NotRoot | AttachError::Capture(CaptureError::NotRoot) => exit::NOT_ROOT,
+                AttachError::InvalidOption(_) => exit::USAGE,
                 AttachError::NoProcess(_) | AttachError::Capture(CaptureError::PidNotFound(_)) => {
                     exit::NO_PROCESS
                 }
@@ -197,6 +201,8 @@ fn run_serve(s: ServeArgs) -> i32 {
         otel: s.otel,
         // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
         gpu: llmprof::gpu::GpuOptions::default(),
+        overhead_budget: None,
+        max_trace_size: None,
         live_status: false,
         metadata: None,
         prelude: None,
@@ -230,6 +236,64 @@ fn run_serve(s: ServeArgs) -> i32 {
                 ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }
         }
+    }
+}
+
+/// The self-accounting part of attach's exit summary.
+fn print_overhead(r: &attach::AttachReport) {
+    for (name, c) in llmprof_abi::PROBE_NAMES.iter().zip(&r.stats.probes) {
+        if c.hits + c.dropped > 0 {
+            println!(
+                "  probe {name}: hits {}, emitted {}, dropped {}",
+                c.hits, c.emitted, c.dropped
+            );
+        }
+    }
+    let Some(o) = &r.stats.overhead else { return };
+    if let Some(c) = &o.calibration {
+        let probe = c.probe_ns.map_or("no engine probe attached".to_owned(), |p| {
+            format!(
+                "{p:.0} ns per engine probe hit (+ {:.2} traced syscalls each)",
+                c.syscalls_per_probe_hit
+            )
+        });
+        println!(
+            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, probe entry {}",
+            c.took_ms,
+            c.syscall_ns,
+            c.entry_name()
+        );
+    }
+    let pct = o
+        .est_overhead_pct
+        .map_or(String::new(), |p| format!(" = {p:.2}% of its CPU"));
+    println!(
+        "  overhead: est. {:.1} ms CPU added to the target{pct}; llmprof itself {:.1} ms CPU ({:.1}% of one core), peak RSS {:.1} MiB",
+        o.est_added_ns / 1e6,
+        o.llmprof_cpu_ns / 1e6,
+        o.llmprof_cpu_ns / o.elapsed_ns.max(1) as f64 * 100.0,
+        o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64
+    );
+    if let Some(b) = o.budget_pct {
+        if o.degradations.is_empty() {
+            println!("  overhead budget {b}%: met, nothing degraded");
+        } else {
+            let steps: Vec<String> = o
+                .degradations
+                .iter()
+                .map(|d| format!("{} (at est. {:.1}%)", d.name, d.overhead_pct))
+                .collect();
+            println!("  overhead budget {b}%: degraded: {}", steps.join(", "));
+        }
+    }
+    if let Some(l) = o.size_limit
+        && r.stats.end_reason == attach::END_SIZE_LIMIT
+    {
+        println!(
+            "  trace size limit {:.1} MiB reached: the trace ended early and cleanly; {} events not written",
+            l as f64 / (1u64 << 20) as f64,
+            o.events_not_written
+        );
     }
 }
 

@@ -32,6 +32,13 @@
 //! - `egress`: `[{address, port, connects, failed, allowed, verdict}]` (`verdict`: `allowed` / `flagged`).
 //! - `drops`: `{total_dropped, user_drops, decode_errors, source, probes: [{probe, hits, emitted, dropped}]}`;
 //!   `source` is `summary` or `drop_counters` (the per-probe counter tracks, when the summary is missing).
+//! - `overhead`: llmprof's self-accounting, `null` for traces without it: `{est_target_cpu_ms,
+//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, llmprof_cpu_ms, llmprof_cpu_pct,
+//!   llmprof_max_rss_mib, cost_ns: {syscall, engine_probe, engine_probe_sampled_out}, probe_entry,
+//!   budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct, syscalls_counted}],
+//!   size_limit_bytes, size_limit_reached, events_not_written}`; `est_target_pct` is the estimated CPU llmprof
+//!   added as a % of the target's own CPU time (the `--overhead-budget` measure), `at_s` seconds from the
+//!   first slice or instant of the trace. Missing values are `null`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -43,7 +50,7 @@ use crate::perfetto::schema::{
     SEQ_INCREMENTAL_STATE_CLEARED, TRACE_PACKET_TAG, TYPE_COUNTER, TYPE_INSTANT, TYPE_SLICE_BEGIN,
     TYPE_SLICE_END, TracePacket,
 };
-use crate::perfetto::sink::{LLMPROF_TRACK, STEPS_TRACK, SUMMARY_EVENT};
+use crate::perfetto::sink::{DEGRADATION_PREFIX, LLMPROF_TRACK, STEPS_TRACK, SUMMARY_EVENT};
 
 /// Version tag of the `--json` layout (bumped only on an incompatible change).
 pub const JSON_FORMAT: &str = "llmprof-report/1";
@@ -549,6 +556,62 @@ pub struct Report {
     pub drops_source: &'static str,
     /// Per probe.
     pub probes: Vec<ProbeRow>,
+    /// llmprof's self-accounting (None: a trace without it).
+    pub overhead: Option<OverheadReport>,
+}
+
+/// One step the overhead budget took.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DegradationRow {
+    /// Seconds from the first event of the trace.
+    pub at_s: f64,
+    /// Level entered.
+    pub level: u64,
+    /// Step name (`crate::budget::LEVELS`).
+    pub step: String,
+    /// What changed.
+    pub change: String,
+    /// The estimate that exceeded the budget, %.
+    pub est_overhead_pct: Option<f64>,
+    /// Syscalls the kernel aggregates had counted then.
+    pub syscalls_counted: Option<u64>,
+}
+
+/// llmprof's own cost as the trace records it (summary args, budget instants, size marker).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverheadReport {
+    /// Estimated CPU added to the target, ms.
+    pub est_target_cpu_ms: Option<f64>,
+    /// The same as a % of the target's own CPU time.
+    pub est_target_pct: Option<f64>,
+    /// The target's CPU time during the session, ms.
+    pub target_cpu_ms: Option<f64>,
+    /// Estimated CPU added per probe, ms.
+    pub by_probe_ms: Vec<(String, f64)>,
+    /// llmprof's CPU, ms and % of one core.
+    pub llmprof_cpu_ms: Option<f64>,
+    /// See [`OverheadReport::llmprof_cpu_ms`].
+    pub llmprof_cpu_pct: Option<f64>,
+    /// llmprof's peak RSS, MiB.
+    pub llmprof_max_rss_mib: Option<f64>,
+    /// Calibrated cost per hit, ns: syscall, engine probe, engine probe sampled out.
+    pub cost_ns_syscall: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`].
+    pub cost_ns_engine_probe: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`].
+    pub cost_ns_engine_probe_sampled_out: Option<f64>,
+    /// How the engine probe is entered (optimized call or int3).
+    pub probe_entry: Option<String>,
+    /// `--overhead-budget`, %.
+    pub budget_pct: Option<f64>,
+    /// The budget's steps in order.
+    pub degradations: Vec<DegradationRow>,
+    /// `--max-trace-size`, bytes.
+    pub size_limit_bytes: Option<u64>,
+    /// The size limit ended the trace.
+    pub size_limit_reached: bool,
+    /// Events not written because of it.
+    pub events_not_written: Option<u64>,
 }
 
 /// Reads and summarizes the trace at `path`.
@@ -843,6 +906,33 @@ fn analyze(path: &Path, d: &Decoded) -> Report {
         r.syscall_aggregates = agg.into_values().collect();
         r.syscall_aggregates
             .sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+        if arg_f(&s.args, "cost_ns_syscall").is_some() || arg_f(&s.args, "llmprof_cpu_ms").is_some() {
+            let f = |k: &str| arg_f(&s.args, k);
+            r.overhead = Some(OverheadReport {
+                est_target_cpu_ms: f("overhead_est_target_cpu_ms"),
+                est_target_pct: f("overhead_est_target_pct"),
+                target_cpu_ms: f("target_cpu_ms"),
+                by_probe_ms: arg_s(&s.args, "overhead_by_probe_ms")
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        Some((k.to_owned(), v.parse().ok()?))
+                    })
+                    .collect(),
+                llmprof_cpu_ms: f("llmprof_cpu_ms"),
+                llmprof_cpu_pct: f("llmprof_cpu_pct"),
+                llmprof_max_rss_mib: f("llmprof_max_rss_mib"),
+                cost_ns_syscall: f("cost_ns_syscall"),
+                cost_ns_engine_probe: f("cost_ns_engine_probe"),
+                cost_ns_engine_probe_sampled_out: f("cost_ns_engine_probe_sampled_out"),
+                probe_entry: arg_s(&s.args, "probe_entry").map(str::to_owned),
+                budget_pct: f("overhead_budget_pct"),
+                size_limit_bytes: f("trace_size_limit_bytes").map(|v| v as u64),
+                events_not_written: f("events_not_written").map(|v| v as u64),
+                ..OverheadReport::default()
+            });
+        }
     } else {
         for t in d.tracks.values() {
             let Some(probe) = t.name.as_deref().and_then(|n| n.strip_prefix(DROPS_PREFIX)) else {
@@ -857,7 +947,50 @@ fn analyze(path: &Path, d: &Decoded) -> Report {
             });
         }
     }
+    overhead_events(d, &mut r);
     r
+}
+
+/// The budget's instants and the size marker on the llmprof track (present even without a summary).
+fn overhead_events(d: &Decoded, r: &mut Report) {
+    let first = d
+        .tracks
+        .values()
+        .flat_map(|t| {
+            t.slices
+                .iter()
+                .map(|s| s.ts)
+                .chain(t.instants.iter().map(|i| i.ts))
+        })
+        .min()
+        .unwrap_or(0);
+    let llmprof = d
+        .tracks
+        .values()
+        .filter(|t| t.name.as_deref() == Some(LLMPROF_TRACK))
+        .flat_map(|t| t.instants.iter());
+    let mut steps = Vec::new();
+    let mut size_reached = false;
+    for i in llmprof {
+        if let Some(step) = i.name.strip_prefix(DEGRADATION_PREFIX) {
+            steps.push(DegradationRow {
+                at_s: i.ts.saturating_sub(first) as f64 / 1e9,
+                level: arg_f(&i.args, "level").unwrap_or(0.0) as u64,
+                step: step.to_owned(),
+                change: arg_s(&i.args, "change").unwrap_or("").to_owned(),
+                est_overhead_pct: arg_f(&i.args, "est_overhead_pct"),
+                syscalls_counted: arg_f(&i.args, "syscalls_counted").map(|v| v as u64),
+            });
+        }
+        size_reached |= i.name.starts_with("trace size limit reached");
+    }
+    if steps.is_empty() && !size_reached {
+        return;
+    }
+    steps.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let o = r.overhead.get_or_insert_with(OverheadReport::default);
+    o.degradations = steps;
+    o.size_limit_reached = size_reached;
 }
 
 // ---- output ----
@@ -1127,6 +1260,10 @@ impl Report {
                     ),
                 ]),
             ),
+            (
+                "overhead",
+                self.overhead.as_ref().map_or(Json::Null, overhead_json),
+            ),
         ]);
         let mut out = serde_json::to_string_pretty(&doc.into_value()).unwrap_or_default();
         out.push('\n');
@@ -1135,6 +1272,14 @@ impl Report {
 
     /// The terminal report.
     pub fn to_text(&self) -> String {
+        let mut o = self.to_text_main();
+        if let Some(v) = &self.overhead {
+            overhead_text(&mut o, v);
+        }
+        o
+    }
+
+    fn to_text_main(&self) -> String {
         let mut o = String::new();
         let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.2}"));
         let row = |o: &mut String, label: &str, s: &Stats| {
@@ -1290,6 +1435,137 @@ impl Report {
             );
         }
         o
+    }
+}
+
+fn overhead_json(o: &OverheadReport) -> Json {
+    let int = |v: Option<u64>| v.map_or(Json::Null, Json::Int);
+    Json::Obj(vec![
+        ("est_target_cpu_ms", opt(o.est_target_cpu_ms)),
+        ("est_target_pct", opt(o.est_target_pct)),
+        ("target_cpu_ms", opt(o.target_cpu_ms)),
+        (
+            "by_probe_ms",
+            Json::Obj(
+                o.by_probe_ms
+                    .iter()
+                    .map(|(k, v)| {
+                        let name = llmprof_abi::PROBE_NAMES
+                            .iter()
+                            .find(|n| **n == k.as_str())
+                            .copied()
+                            .unwrap_or("other");
+                        (name, Json::Num(*v))
+                    })
+                    .collect(),
+            ),
+        ),
+        ("llmprof_cpu_ms", opt(o.llmprof_cpu_ms)),
+        ("llmprof_cpu_pct", opt(o.llmprof_cpu_pct)),
+        ("llmprof_max_rss_mib", opt(o.llmprof_max_rss_mib)),
+        (
+            "cost_ns",
+            Json::Obj(vec![
+                ("syscall", opt(o.cost_ns_syscall)),
+                ("engine_probe", opt(o.cost_ns_engine_probe)),
+                (
+                    "engine_probe_sampled_out",
+                    opt(o.cost_ns_engine_probe_sampled_out),
+                ),
+            ]),
+        ),
+        ("probe_entry", o.probe_entry.clone().map_or(Json::Null, Json::Str)),
+        ("budget_pct", opt(o.budget_pct)),
+        (
+            "degradations",
+            Json::Arr(
+                o.degradations
+                    .iter()
+                    .map(|d| {
+                        Json::Obj(vec![
+                            ("at_s", Json::Num(d.at_s)),
+                            ("level", Json::Int(d.level)),
+                            ("step", Json::Str(d.step.clone())),
+                            ("change", Json::Str(d.change.clone())),
+                            ("est_overhead_pct", opt(d.est_overhead_pct)),
+                            ("syscalls_counted", int(d.syscalls_counted)),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ),
+        ("size_limit_bytes", int(o.size_limit_bytes)),
+        ("size_limit_reached", Json::Bool(o.size_limit_reached)),
+        ("events_not_written", int(o.events_not_written)),
+    ])
+}
+
+fn overhead_text(out: &mut String, o: &OverheadReport) {
+    let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |x| format!("{x:.d$}"));
+    let _ = writeln!(out, "\nllmprof overhead (self-accounting):");
+    let _ = writeln!(
+        out,
+        "  est. CPU added to the target {} ms = {} % of its own CPU ({} ms); cost per hit: syscall {} ns, engine probe {} ns ({})",
+        f(o.est_target_cpu_ms, 1),
+        f(o.est_target_pct, 2),
+        f(o.target_cpu_ms, 1),
+        f(o.cost_ns_syscall, 0),
+        f(o.cost_ns_engine_probe, 0),
+        o.probe_entry.as_deref().unwrap_or("entry not measured")
+    );
+    if !o.by_probe_ms.is_empty() {
+        let parts: Vec<String> = o
+            .by_probe_ms
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1} ms"))
+            .collect();
+        let _ = writeln!(out, "  by probe: {}", parts.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "  llmprof itself: {} ms CPU ({} % of one core), peak RSS {} MiB",
+        f(o.llmprof_cpu_ms, 1),
+        f(o.llmprof_cpu_pct, 2),
+        f(o.llmprof_max_rss_mib, 1)
+    );
+    if let Some(b) = o.budget_pct {
+        let _ = writeln!(
+            out,
+            "  overhead budget {b} %: {}",
+            if o.degradations.is_empty() {
+                "met, nothing degraded"
+            } else {
+                "exceeded; degraded:"
+            }
+        );
+    }
+    for d in &o.degradations {
+        let _ = writeln!(
+            out,
+            "    +{:.2} s  level {} {:<18} (est. {} %; {} syscalls counted): {}",
+            d.at_s,
+            d.level,
+            d.step,
+            f(d.est_overhead_pct, 1),
+            d.syscalls_counted.map_or("-".to_owned(), |v| v.to_string()),
+            d.change
+        );
+    }
+    if o.size_limit_reached || o.size_limit_bytes.is_some() {
+        let _ = writeln!(
+            out,
+            "  trace size limit {}: {}",
+            o.size_limit_bytes
+                .map_or("-".to_owned(), |b| format!("{b} bytes")),
+            if o.size_limit_reached {
+                format!(
+                    "reached, the trace ended early ({} events not written)",
+                    o.events_not_written.map_or("?".to_owned(), |v| v.to_string())
+                )
+            } else {
+                "not reached".to_owned()
+            }
+        );
     }
 }
 

@@ -412,3 +412,65 @@ fn bench_pipeline_events_per_second() {
     );
     assert_eq!(got + c.dropped, N);
 }
+
+/// The overhead budget's switches on a real capture: with `RangeSampleEvery` = 16 only the ranges of steps
+/// 0, 16, 32, ... reach user space and the rest count as hits that were neither emitted nor dropped;
+/// after `detach_ranges` the probe no longer fires at all. The calibration traced llmprof itself and left
+/// nothing behind: no counts, no events of this process.
+#[test]
+fn budget_knobs_sample_ranges_and_detach_them() {
+    if !have_root() {
+        return;
+    }
+    const N: u64 = 1_600;
+    let mut t = Testee::spawn(&[]);
+    let pid = t.pid();
+    let cfg = CaptureConfig {
+        pids: vec![pid],
+        calibrate: true,
+        ..CaptureConfig::default()
+    };
+    let mut cap = Capture::start(&cfg).expect("start");
+    let cal = cap.calibration().expect("calibrated");
+    assert!(
+        cal.syscall_ns > 0.0 && cal.probe_ns.is_some_and(|p| p > 0.0),
+        "{cal:?}"
+    );
+    assert!(cal.took_ms < 1_000.0, "{cal:?}");
+    assert_eq!(
+        cap.counters()[ProbeId::Range as usize].hits,
+        0,
+        "calibration counts are the baseline"
+    );
+    cap.set_knob(llmprof_abi::Knob::RangeSampleEvery, 16)
+        .expect("knob");
+    t.say(&format!("burst {N}"));
+    assert!(t.line().starts_with("burst done"));
+    let ranges = |evs: &[Event]| {
+        evs.iter()
+            .filter(|e| matches!(e.body, EventBody::Range(_)))
+            .count() as u64
+    };
+    let evs = collect(&mut cap, Duration::from_secs(5), |e| ranges(e) >= N / 16);
+    assert!(evs.iter().all(|e| e.pid == pid), "only the target's events");
+    assert_eq!(ranges(&evs), N / 16, "steps 0, 16, 32, ... of the burst");
+    assert!(evs.iter().all(|e| match &e.body {
+        EventBody::Range(r) => r.step_id % 16 == 0,
+        _ => true,
+    }));
+    let c = cap.counters()[ProbeId::Range as usize];
+    assert_eq!((c.hits, c.emitted, c.dropped), (N, N / 16, 0));
+    assert!(
+        cap.detach_ranges().expect("detach"),
+        "the range uprobe was attached"
+    );
+    t.say(&format!("burst {N}"));
+    assert!(t.line().starts_with("burst done"));
+    assert_eq!(
+        cap.counters()[ProbeId::Range as usize].hits,
+        N,
+        "no hits once detached"
+    );
+    assert!(cap.detach_syscalls().expect("detach"));
+    assert!(!cap.detach_syscalls().expect("second detach"), "already detached");
+}

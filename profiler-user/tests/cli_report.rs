@@ -7,8 +7,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use llmprof::capture::Calibration;
 use llmprof::event::{
-    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
+    Degradation, Event, EventBody, MetricsSample, OverheadSample, OverheadSummary, ProcessInfo, SessionStats,
+    SyscallAggregate, ThreadInfo,
 };
 use llmprof::perfetto::TraceSink;
 use llmprof::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
@@ -204,6 +206,10 @@ fn stats() -> SessionStats {
 }
 
 fn write_trace(name: &str) -> PathBuf {
+    write_trace_with(name, &[], &stats())
+}
+
+fn write_trace_with(name: &str, extra: &[Event], stats: &SessionStats) -> PathBuf {
     let process = ProcessInfo {
         pid: PID,
         name: "llmserve".into(),
@@ -221,10 +227,13 @@ fn write_trace(name: &str) -> PathBuf {
         engine_probes: true,
     };
     let mut sink = TraceSink::new(Vec::new(), &[process], Some((T0, 1_700_000_000_000_000_000))).unwrap();
-    for e in fixture() {
+    let mut events = fixture();
+    events.extend(extra.iter().cloned());
+    events.sort_by_key(|e| e.ts_ns);
+    for e in events {
         sink.push(&e).unwrap();
     }
-    let bytes = sink.finish(&stats(), Some(T0 + 70 * U)).unwrap();
+    let bytes = sink.finish(stats, Some(T0 + 70 * U)).unwrap();
     write_file(name, &bytes)
 }
 
@@ -286,6 +295,7 @@ fn report_json_has_the_numbers_of_the_session() {
         "model_files",
         "egress",
         "drops",
+        "overhead",
     ];
     want_keys.sort_unstable();
     let mut keys_sorted = keys.clone();
@@ -522,4 +532,82 @@ fn report_agrees_with_perfetto_trace_processor() {
     ));
     drop(tp);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Self-accounting and the overhead budget's steps, as `attach` writes them, come back out of `report`.
+#[test]
+fn report_shows_self_accounting_and_the_budget_steps() {
+    let sample = OverheadSample {
+        interval_ns: 1_000_000_000,
+        est_added_ns: 30e6,
+        target_cpu_ns: Some(530e6),
+        est_overhead_pct: Some(6.0),
+        llmprof_cpu_ns: 12e6,
+        llmprof_rss_bytes: 20 << 20,
+        cost_syscall_ns: 700.0,
+        cost_probe_ns: Some(1_800.0),
+        level: 0,
+    };
+    let step = Degradation {
+        level: 1,
+        name: "syscall_events_off",
+        change: "individual syscall events off".into(),
+        overhead_pct: 6.0,
+        budget_pct: 1.0,
+        syscalls_counted: 4_000,
+    };
+    let extra = [
+        ev(10, 0, EventBody::Overhead(Box::new(sample))),
+        ev(20, 0, EventBody::Degraded(step.clone())),
+    ];
+    let mut st = stats();
+    st.overhead = Some(OverheadSummary {
+        elapsed_ns: 2_000_000_000,
+        est_added_ns: 40e6,
+        est_added_by_probe_ns: vec![0.0, 0.0, 0.0, 40e6, 0.0, 0.0, 0.0, 0.0, 0.0],
+        target_cpu_ns: Some(1_040e6),
+        est_overhead_pct: Some(4.0),
+        llmprof_cpu_ns: 20e6,
+        llmprof_max_rss_bytes: 24 << 20,
+        calibration: Some(Calibration {
+            syscall_ns: 700.0,
+            probe_ns: Some(1_800.0),
+            probe_entry: Some(0xe8),
+            ..Calibration::default()
+        }),
+        budget_pct: Some(1.0),
+        degradations: vec![step],
+        size_limit: None,
+        events_not_written: 0,
+    });
+    let trace = write_trace_with("overhead.perfetto-trace", &extra, &st);
+    let j = report_json(&trace);
+    let o = &j["overhead"];
+    assert_ms(&o["est_target_cpu_ms"], 40.0);
+    assert_ms(&o["est_target_pct"], 4.0);
+    assert_ms(&o["cost_ns"]["syscall"], 700.0);
+    assert_ms(&o["cost_ns"]["engine_probe"], 1_800.0);
+    assert_ms(&o["llmprof_max_rss_mib"], 24.0);
+    assert_ms(&o["by_probe_ms"]["syscalls"], 40.0);
+    assert_eq!(o["probe_entry"], "call (optimized)");
+    assert_ms(&o["budget_pct"], 1.0);
+    assert_eq!(o["degradations"][0]["step"], "syscall_events_off");
+    assert_eq!(o["degradations"][0]["syscalls_counted"], 4_000);
+    assert_ms(&o["degradations"][0]["at_s"], 0.001);
+    assert_eq!(o["size_limit_reached"], false);
+    let out = llmprof(&["report"], &trace);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "llmprof overhead",
+        "cost per hit: syscall 700 ns",
+        "syscall_events_off",
+        "peak RSS 24.0 MiB",
+    ] {
+        assert!(text.contains(want), "report lacks {want:?}:\n{text}");
+    }
+    // A trace without self-accounting says nothing about it.
+    assert_eq!(
+        report_json(&write_trace("plain.perfetto-trace"))["overhead"],
+        Value::Null
+    );
 }

@@ -27,11 +27,14 @@ pub fn run(args: &[String]) -> Result<()> {
         Some("engine") => engine(&args[1..]),
         Some("attach") => attach(&args[1..]),
         Some("serve") => serve(&args[1..]),
+        Some("syscalls") => crate::bench_syscalls::run(&args[1..]),
         _ => bail!(
-            "usage: cargo xtask bench engine|attach [--model PATH] [--threads N] [--max-tokens N] [--levels 1,8,32]\n\
+            "usage: cargo xtask bench engine|attach|serve|syscalls [--model PATH] [--threads N] [--max-tokens N] [--levels 1,8,32]\n\
              engine: drives llmserve over HTTP and prints decode tokens/s, TTFT/ITL p50/p95 and peak RSS\n\
              attach: decode tokens/s and TTFT with llmprof attached vs detached, A/B interleaved (root)\n\
-             serve: decode tokens/s with `llmprof serve`'s flight recorder on vs off, A/B interleaved (root)"
+             serve: decode tokens/s with `llmprof serve`'s flight recorder on vs off, A/B interleaved (root)\n\
+             syscalls: a ~500k syscalls/s target detached / attached / attached with --overhead-budget (root;\n\
+             [--rounds N] [--rate CALLS_PER_S] [--budget 1%] [--seconds S])"
         ),
     }
 }
@@ -133,7 +136,7 @@ fn engine(args: &[String]) -> Result<()> {
 }
 
 /// Builds `packages` in release; returns the release directory.
-fn build_release(packages: &[&str]) -> Result<PathBuf> {
+pub(crate) fn build_release(packages: &[&str]) -> Result<PathBuf> {
     let root = crate::util::repo_root();
     eprintln!("bench: building {} (release)...", packages.join(", "));
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
@@ -530,7 +533,7 @@ fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Result<Row> {
     })
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+pub(crate) fn pct(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }

@@ -4,6 +4,7 @@
 //! never done by hand.
 
 mod bench;
+mod bench_syscalls;
 mod ebpf;
 mod flows;
 mod model;
@@ -24,7 +25,7 @@ tasks:
   build-ebpf       rebuild the committed eBPF object from profiler-ebpf/ (--check: fail if it differs)
   setup-tools      install test tools (Perfetto trace processor, Prometheus, Alertmanager, OpenAI client, rotel)
   setup-otel-tools install the rotel OTLP collector only
-  bench <what>     benchmarks (engine, attach)
+  bench <what>     benchmarks (engine, attach, syscalls)
 ";
 
 fn main() -> Result<()> {

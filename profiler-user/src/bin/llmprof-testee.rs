@@ -3,7 +3,10 @@
 //! Owns a fixed, known sequence of observable actions: engine probe records (through the real
 //! `llmprof-probes` functions), a slow syscall, a model-file read, an outbound connect. It prints `ready PID`,
 //! then for each stdin line: `go` runs the sequence and prints `done`; `burst N` emits N range marks and
-//! prints `burst done NS` (the loop's duration); `exit` (or EOF) exits with status 3.
+//! prints `burst done NS` (the loop's duration); `syscalls N WORK [SLEEP_EVERY]` makes N `getppid` calls,
+//! each after WORK rounds of integer busy work (the knob that sets the syscall rate: `cargo xtask bench
+//! syscalls` picks it for ~500k calls/s), plus a 2 ms sleep (a slow syscall) every SLEEP_EVERY calls, and
+//! prints `syscalls done NS`; `exit` (or EOF) exits with status 3.
 //!
 //! CUDA driver calls, against a stand-in libcuda (`profiler-user/tests/fixtures/fake_libcuda.c`, compiled by
 //! the tests): `--libcuda PATH` `dlopen`s it at start; `cuda-load PATH` does so later (printing `cuda loaded`);
@@ -83,6 +86,14 @@ fn run() -> Result<(), String> {
                     .ok_or("cuda: no libcuda loaded (--libcuda or cuda-load)")?;
                 c.run(steps, launches);
                 writeln!(out, "cuda done").map_err(|e| e.to_string())?;
+            }
+            Some("syscalls") => {
+                let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
+                let (n, work, sleep_every) = (num().unwrap_or(1000), num().unwrap_or(0), num().unwrap_or(0));
+                let t0 = std::time::Instant::now();
+                syscalls(n, work, sleep_every);
+                let ns = t0.elapsed().as_nanos();
+                writeln!(out, "syscalls done {ns}").map_err(|e| e.to_string())?;
             }
             Some("exit") => break,
             _ => {}
@@ -300,4 +311,22 @@ impl FakeCuda {
             (self.event_sync_ptsz)(null);
         }
     }
+}
+
+/// A slow syscall for the `syscalls` command: above llmprof's default 1 ms threshold.
+const SYSCALLS_SLEEP: Duration = Duration::from_millis(2);
+
+fn syscalls(n: u64, work: u64, sleep_every: u64) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..n {
+        for _ in 0..work {
+            x = std::hint::black_box(x.rotate_left(5) ^ 0x2545_f491_4f6c_dd1d).wrapping_mul(3);
+        }
+        // SAFETY: getppid takes no arguments, cannot fail and touches no memory of ours.
+        std::hint::black_box(unsafe { libc::syscall(libc::SYS_getppid) });
+        if sleep_every > 0 && i % sleep_every == sleep_every - 1 {
+            std::thread::sleep(SYSCALLS_SLEEP);
+        }
+    }
+    std::hint::black_box(x);
 }

@@ -6,11 +6,15 @@
 //! `cargo xtask build-ebpf` and embedded here, so llmprof builds with stable Rust alone.
 //!
 //! Lifecycle: [`Capture::start`] checks privileges and targets, loads the object (ring size and slow-syscall
-//! threshold set at load), fills the traced-pid and pattern maps, attaches the tracepoints and, for each
-//! target whose binary exports the probe ABI, the engine uprobes. [`Capture::poll`] drains the ring buffer
+//! threshold set at load), fills the pattern map, attaches the tracepoints and, for each target whose binary
+//! exports the probe ABI, the engine uprobes; then, when asked, measures the per-hit cost on llmprof itself
+//! ([`calibrate`]) and only then puts the targets in the traced-pid map. While running, the overhead budget
+//! turns `KNOBS` ([`Capture::set_knob`]) and detaches the syscall or range programs
+//! ([`Capture::detach_syscalls`], [`Capture::detach_ranges`]). [`Capture::poll`] drains the ring buffer
 //! (the kernel never wakes us per event, see `BPF_RB_NO_WAKEUP`; we poll at [`POLL_INTERVAL`]). Dropping the
 //! `Capture` detaches and unloads everything.
 
+pub mod calibrate;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
@@ -23,14 +27,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::trace_point::TracePointLinkId;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
-    ABI_VERSION, Config, ENGINE_PROBES, FilePattern, NUM_PROBES, PROBE_CONTENT, ProbeCounters, SockKey,
-    SyscallKey, SyscallStats,
+    ABI_VERSION, Config, ENGINE_PROBES, FilePattern, Knob, NUM_KNOBS, NUM_PROBES, PROBE_CONTENT,
+    ProbeCounters, SockKey, SyscallKey, SyscallStats,
 };
 
+pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
@@ -92,6 +98,8 @@ pub struct CaptureConfig {
     pub ring_bytes: usize,
     /// Attach the engine's content probe: prompt and completion text leave the engine (opt-in).
     pub capture_content: bool,
+    /// Measure the per-hit cost on llmprof itself before tracing the targets ([`calibrate`], ~40 ms).
+    pub calibrate: bool,
 }
 
 impl Default for CaptureConfig {
@@ -103,6 +111,7 @@ impl Default for CaptureConfig {
             egress_allow: Cidr::default_allow(),
             ring_bytes: DEFAULT_RING_BYTES,
             capture_content: false,
+            calibrate: false,
         }
     }
 }
@@ -213,6 +222,13 @@ pub struct Capture {
     cuda_loaded: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
+    calibration: Option<Calibration>,
+    /// Counter values left by the calibration, subtracted by [`Capture::counters`].
+    counter_base: [ProbeCounters; NUM_PROBES],
+    /// raw_syscalls attachments (enter, exit), detachable by [`Capture::detach_syscalls`].
+    syscall_links: Vec<(&'static str, TracePointLinkId)>,
+    /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
+    range_links: Vec<UProbeLinkId>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -336,7 +352,16 @@ impl Capture {
             }
         };
 
-        fill_maps(&mut ebpf, &cfg.pids, &patterns)?;
+        // Targets enter TRACED last, after the calibration (which traces llmprof itself).
+        fill_maps(&mut ebpf, &[], &patterns)?;
+        // The untraced syscall reference is taken before any tracepoint is attached: an attached
+        // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
+        // and that is part of what a target pays.
+        let sys_untraced = cfg
+            .calibrate
+            .then(|| calibrate::median_ns_per_syscall(calibrate::STARTUP_CALLS_PER_ROUND));
+        let mut syscall_links = Vec::new();
+        let mut range_links = Vec::new();
 
         for (category, name, prog) in TRACEPOINTS {
             let p: &mut TracePoint = program(&mut ebpf, prog)?;
@@ -347,10 +372,13 @@ impl Capture {
             let t = Instant::now();
             p.load().map_err(perr)?;
             let loaded = t.elapsed();
-            p.attach(category, name).map_err(|source| CaptureError::Program {
+            let link = p.attach(category, name).map_err(|source| CaptureError::Program {
                 program: prog.to_string(),
                 source,
             })?;
+            if category == "raw_syscalls" {
+                syscall_links.push((prog, link));
+            }
             log::debug!(
                 "capture: {prog}: verified in {loaded:?}, attached in {:?}",
                 t.elapsed() - loaded
@@ -375,20 +403,32 @@ impl Capture {
                     }
                     let Some(nz) = NonZeroU32::new(pid) else { continue };
                     let exe = exe_of(pid)?;
-                    p.attach(*sym, &exe, UProbeScope::OneProcess(nz))
+                    let link = p
+                        .attach(*sym, &exe, UProbeScope::OneProcess(nz))
                         .map_err(|source| CaptureError::Program {
                             program: format!("{prog} at {sym} of pid {pid}"),
                             source,
                         })?;
+                    if prog == "llmprof_range" {
+                        range_links.push(link);
+                    }
                 }
             }
         }
 
-        log::debug!("capture: all probes live at {:?}", t0.elapsed());
         let ring_map = ebpf
             .take_map("EVENTS")
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
-        let ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
+        let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
+        let (calibration, counter_base) = if cfg.calibrate {
+            let (c, base) = calibrate::startup(&mut ebpf, &mut ring, want_uprobes, sys_untraced)?;
+            log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
+            (Some(c), base)
+        } else {
+            (None, [ProbeCounters::default(); NUM_PROBES])
+        };
+        fill_maps(&mut ebpf, &cfg.pids, &[])?;
+        log::debug!("capture: all probes live at {:?}", t0.elapsed());
         Ok(Capture {
             ring,
             ebpf,
@@ -399,6 +439,10 @@ impl Capture {
             attach_latency: t0.elapsed(),
             cuda_loaded: false,
             cuda_links: Vec::new(),
+            calibration,
+            counter_base,
+            syscall_links,
+            range_links,
         })
     }
 
@@ -516,24 +560,52 @@ impl Capture {
 
     /// Per-probe counters summed over CPUs, indexed by `llmprof_abi::ProbeId`.
     pub fn counters(&self) -> [ProbeCounters; NUM_PROBES] {
-        let mut out = [ProbeCounters::default(); NUM_PROBES];
-        let Some(map) = self.ebpf.map("COUNTERS") else {
-            return out;
-        };
-        let Ok(arr) = PerCpuArray::<_, ProbeCounters>::try_from(map) else {
-            return out;
-        };
-        for (i, slot) in out.iter_mut().enumerate() {
-            let Ok(vals) = arr.get(&(i as u32), 0) else {
-                continue;
-            };
-            for v in vals.iter() {
-                slot.hits += v.hits;
-                slot.emitted += v.emitted;
-                slot.dropped += v.dropped;
-            }
+        let mut out = read_counters(&self.ebpf);
+        for (c, b) in out.iter_mut().zip(&self.counter_base) {
+            c.hits = c.hits.saturating_sub(b.hits);
+            c.emitted = c.emitted.saturating_sub(b.emitted);
+            c.dropped = c.dropped.saturating_sub(b.dropped);
         }
         out
+    }
+
+    /// The per-hit costs measured at start (None unless [`CaptureConfig::calibrate`]).
+    pub fn calibration(&self) -> Option<Calibration> {
+        self.calibration
+    }
+
+    /// Sets a runtime knob of the programs (takes effect on the next hit).
+    pub fn set_knob(&mut self, knob: Knob, value: u64) -> Result<(), CaptureError> {
+        write_knob(&mut self.ebpf, knob, value)
+    }
+
+    /// Detaches the raw_syscalls programs: syscall aggregates, slow syscalls, model-file I/O, connects and
+    /// sent bytes stop (what was aggregated stays readable). Returns false when they were not attached.
+    pub fn detach_syscalls(&mut self) -> Result<bool, CaptureError> {
+        let links = std::mem::take(&mut self.syscall_links);
+        let any = !links.is_empty();
+        for (prog, link) in links {
+            let p: &mut TracePoint = program(&mut self.ebpf, prog)?;
+            p.detach(link).map_err(|source| CaptureError::Program {
+                program: prog.to_string(),
+                source,
+            })?;
+        }
+        Ok(any)
+    }
+
+    /// Detaches the engine range uprobes (steps and requests stay). Returns false when none was attached.
+    pub fn detach_ranges(&mut self) -> Result<bool, CaptureError> {
+        let links = std::mem::take(&mut self.range_links);
+        let any = !links.is_empty();
+        for link in links {
+            let p: &mut UProbe = program(&mut self.ebpf, "llmprof_range")?;
+            p.detach(link).map_err(|source| CaptureError::Program {
+                program: "llmprof_range".to_owned(),
+                source,
+            })?;
+        }
+        Ok(any)
     }
 
     /// Completed syscalls of the traced processes so far (sum of the in-kernel aggregates).
@@ -664,4 +736,35 @@ fn fill_maps(ebpf: &mut Ebpf, pids: &[u32], patterns: &[FilePattern]) -> Result<
         pats.set(i as u32, p, 0).map_err(map_err("PATTERNS"))?;
     }
     Ok(())
+}
+
+/// Per-probe counters summed over CPUs, as the kernel holds them (no baseline subtracted).
+fn read_counters(ebpf: &Ebpf) -> [ProbeCounters; NUM_PROBES] {
+    let mut out = [ProbeCounters::default(); NUM_PROBES];
+    let Some(map) = ebpf.map("COUNTERS") else {
+        return out;
+    };
+    let Ok(arr) = PerCpuArray::<_, ProbeCounters>::try_from(map) else {
+        return out;
+    };
+    for (i, slot) in out.iter_mut().enumerate() {
+        let Ok(vals) = arr.get(&(i as u32), 0) else {
+            continue;
+        };
+        for v in vals.iter() {
+            slot.hits += v.hits;
+            slot.emitted += v.emitted;
+            slot.dropped += v.dropped;
+        }
+    }
+    out
+}
+
+fn write_knob(ebpf: &mut Ebpf, knob: Knob, value: u64) -> Result<(), CaptureError> {
+    let map = ebpf
+        .map_mut("KNOBS")
+        .ok_or_else(|| CaptureError::MissingInObject("map KNOBS".into()))?;
+    let mut knobs = Array::<_, u64>::try_from(map).map_err(map_err("KNOBS"))?;
+    debug_assert!((knob as usize) < NUM_KNOBS);
+    knobs.set(knob as u32, value, 0).map_err(map_err("KNOBS"))
 }

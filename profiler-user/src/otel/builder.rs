@@ -45,7 +45,7 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEve
 
 use super::clock::WallClock;
 use super::semconv as sc;
-use crate::event::{Event, EventBody};
+use crate::event::{Event, EventBody, OverheadSample};
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
 /// its state forever). 64 Ki requests × ~1 KiB of state is 64 MiB at worst; an engine serves far fewer at once.
@@ -441,6 +441,8 @@ pub struct SpanBuilder {
     open: HashMap<(u32, u64), RequestState>,
     last_ts: u64,
     stats: BuilderStats,
+    /// llmprof's self-accounting of the last tick: a summary on each request span.
+    overhead: Option<OverheadSample>,
 }
 
 impl SpanBuilder {
@@ -460,6 +462,7 @@ impl SpanBuilder {
             open: HashMap::new(),
             last_ts: 0,
             stats: BuilderStats::default(),
+            overhead: None,
         }
     }
 
@@ -546,6 +549,7 @@ impl SpanBuilder {
                     }
                 }
             }
+            EventBody::Overhead(o) => self.overhead = Some((**o).clone()),
             _ => {}
         }
     }
@@ -756,6 +760,16 @@ impl SpanBuilder {
             Status::Unset
         };
         attrs.push(KeyValue::new(sc::LLMPROF_REQUEST_ID, request_id_value(st.req_id)));
+        if let Some(o) = &self.overhead {
+            if let Some(p) = o.est_overhead_pct {
+                attrs.push(KeyValue::new(sc::LLMPROF_OVERHEAD_PCT, p));
+            }
+            attrs.push(KeyValue::new(sc::LLMPROF_COST_SYSCALL_NS, o.cost_syscall_ns));
+            if let Some(p) = o.cost_probe_ns {
+                attrs.push(KeyValue::new(sc::LLMPROF_COST_PROBE_NS, p));
+            }
+            attrs.push(KeyValue::new(sc::LLMPROF_DEGRADATION_LEVEL, i64::from(o.level)));
+        }
 
         let request_ctx = SpanContext::new(st.trace_id, st.span_id, st.flags, false, TraceState::NONE);
         out.push(SpanData {
@@ -1030,6 +1044,38 @@ mod tests {
         ]);
         assert!(spans.is_empty(), "{} spans for an unsampled caller", spans.len());
         assert_eq!(b.stats().requests_unsampled, 1);
+    }
+
+    #[test]
+    fn request_spans_carry_the_latest_self_accounting() {
+        let overhead = Event {
+            ts_ns: T0 + 5 * MS,
+            pid: 0,
+            tid: 0,
+            body: EventBody::Overhead(Box::new(OverheadSample {
+                est_overhead_pct: Some(0.4),
+                cost_syscall_ns: 700.0,
+                cost_probe_ns: Some(1_800.0),
+                level: 1,
+                ..OverheadSample::default()
+            })),
+        };
+        let (_, spans) = run(&[
+            arrived(7, T0, true),
+            overhead,
+            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
+            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
+        ]);
+        let req = &spans[0];
+        assert_eq!(attr(req, sc::LLMPROF_OVERHEAD_PCT), Some(&Value::F64(0.4)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_SYSCALL_NS), Some(&Value::F64(700.0)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_PROBE_NS), Some(&Value::F64(1_800.0)));
+        assert_eq!(attr(req, sc::LLMPROF_DEGRADATION_LEVEL), Some(&Value::I64(1)));
+        assert_eq!(
+            attr(&spans[1], sc::LLMPROF_OVERHEAD_PCT),
+            None,
+            "only on the request span"
+        );
     }
 
     #[test]

@@ -133,6 +133,15 @@ pub const LLMPROF_DURATION: &str = "llmprof.duration";
 pub const LLMPROF_FILE_OP: &str = "llmprof.file.op";
 /// Bytes requested by a model-file operation.
 pub const LLMPROF_FILE_LEN: &str = "llmprof.file.len";
+/// llmprof's estimated overhead on the target when the request span was built, % of the target's CPU time
+/// (self-accounting of the last tick; `profiler-user/src/selfacct.rs`).
+pub const LLMPROF_OVERHEAD_PCT: &str = "llmprof.overhead.est_target_cpu_pct";
+/// Extra ns per traced syscall, calibrated at attach start-up.
+pub const LLMPROF_COST_SYSCALL_NS: &str = "llmprof.overhead.cost_per_syscall_ns";
+/// Extra ns per engine probe hit, calibrated at attach start-up.
+pub const LLMPROF_COST_PROBE_NS: &str = "llmprof.overhead.cost_per_probe_hit_ns";
+/// The overhead budget's degradation level in force (0: full tracing; `profiler-user/src/budget.rs`).
+pub const LLMPROF_DEGRADATION_LEVEL: &str = "llmprof.overhead.degradation_level";
 
 // --- Span and span-event names ---
 

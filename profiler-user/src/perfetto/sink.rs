@@ -19,8 +19,11 @@
 //! - GPU counters (global, one group per GPU): "GPU N utilization", "GPU N memory used", "GPU N power", ...,
 //!   and per traced process "GPU N memory (pid P)".
 //!
-//! A global "llmprof" track carries markers (probes not found, target exited) and the final "llmprof summary"
-//! instant with the session statistics; "llmprof drops: <probe>" counter tracks carry per-probe drops.
+//! A global "llmprof" track carries markers (probes not found, target exited, trace size limit), the overhead
+//! budget's steps ("overhead budget: <step>") and the final "llmprof summary" instant with the session
+//! statistics and self-accounting; "llmprof drops: <probe>" counter tracks carry per-probe drops and
+//! "llmprof overhead: ..." / "llmprof CPU" / "llmprof RSS" / "llmprof cost per hit: ..." counter tracks
+//! llmprof's own cost every tick ([`OVERHEAD_COUNTERS`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
@@ -36,7 +39,9 @@ use super::schema::{
     TrackEvent,
 };
 use super::writer::{Arg, PacketWriter, arg_b, arg_f, arg_i, arg_s, arg_u};
-use crate::event::{Event, EventBody, GpuSample, MetricsSample, ProcessInfo, SessionStats};
+use crate::event::{
+    Degradation, Event, EventBody, GpuSample, MetricsSample, OverheadSample, ProcessInfo, SessionStats,
+};
 use crate::gpu::cuda_agg::{AggStats, BatchEnd, CudaAggregator, CudaSlice, CudaSliceKind};
 use crate::syscall_names;
 
@@ -54,6 +59,20 @@ pub const CUDA_CATEGORY: &str = "cuda-host";
 pub const CUDA_NOTE: &str = "host-side time in the CUDA driver call (enqueue, or waiting for the GPU in synchronize calls); not GPU kernel execution";
 /// How many syscall aggregates the summary lists (by total time).
 pub const SUMMARY_TOP_SYSCALLS: usize = 10;
+/// Prefix of the overhead budget's instants on [`LLMPROF_TRACK`] (followed by the step's name).
+pub const DEGRADATION_PREFIX: &str = "overhead budget: ";
+/// Global counter tracks of llmprof's self-accounting: `(name, unit)`, written every tick.
+pub const OVERHEAD_COUNTERS: [(&str, &str); 7] = [
+    ("llmprof overhead: est. target CPU added", "%"),
+    ("llmprof overhead: est. added CPU", "ms/s"),
+    ("llmprof CPU", "%"),
+    ("llmprof RSS", "MiB"),
+    ("llmprof cost per hit: syscall", "ns"),
+    ("llmprof cost per hit: engine probe", "ns"),
+    ("llmprof degradation level", "level"),
+];
+/// Key offset of the [`OVERHEAD_COUNTERS`] tracks in the global namespace (drop counters use 1..=probes).
+const OVERHEAD_KEY: u64 = 0x100;
 
 // Track uuid namespaces (top byte), so uuids of different kinds never collide.
 const NS_PROCESS: u64 = 1;
@@ -212,6 +231,15 @@ impl<W: Write> TraceSink<W> {
     /// What was written so far, per event kind.
     pub fn counts(&self) -> &EventCounts {
         &self.counts
+    }
+
+    /// Slices still open (request slices and their phases, ranges): each costs an end when finishing.
+    pub fn open_slices(&self) -> usize {
+        self.requests
+            .values()
+            .map(|r| 1 + usize::from(r.phase.is_some()))
+            .sum::<usize>()
+            + self.ranges.values().map(Vec::len).sum::<usize>()
     }
 
     /// Bytes written so far.
@@ -611,6 +639,14 @@ impl<W: Write> TraceSink<W> {
                 self.count("marker");
                 self.marker(ts, text)
             }
+            EventBody::Overhead(o) => {
+                self.count("overhead");
+                self.overhead(ts, o)
+            }
+            EventBody::Degraded(d) => {
+                self.count("degradation");
+                self.degraded(ts, d)
+            }
         }
     }
 
@@ -796,6 +832,57 @@ impl<W: Write> TraceSink<W> {
             self.counter(ts, id, g.process_mem_bytes.unwrap_or(0) as f64 / MIB)?;
         }
         Ok(())
+    }
+
+    fn overhead_counter(&mut self, i: usize, ts: u64, v: f64) -> io::Result<()> {
+        let id = uuid(NS_GLOBAL, OVERHEAD_KEY + i as u64);
+        if !self.tracks.contains(&id) {
+            let (name, unit) = OVERHEAD_COUNTERS[i];
+            self.descriptor(TrackDescriptor {
+                uuid: Some(id),
+                name: Some(name.to_owned()),
+                counter: Some(CounterDescriptor {
+                    unit_name: Some(unit.to_owned()),
+                    is_incremental: None,
+                }),
+                ..Default::default()
+            })?;
+        }
+        self.counter(ts, id, v)
+    }
+
+    fn overhead(&mut self, ts: u64, o: &OverheadSample) -> io::Result<()> {
+        let secs = (o.interval_ns as f64 / 1e9).max(1e-9);
+        if let Some(p) = o.est_overhead_pct {
+            self.overhead_counter(0, ts, p)?;
+        }
+        self.overhead_counter(1, ts, o.est_added_ns / 1e6 / secs)?;
+        self.overhead_counter(2, ts, o.llmprof_cpu_ns / o.interval_ns.max(1) as f64 * 100.0)?;
+        self.overhead_counter(3, ts, o.llmprof_rss_bytes as f64 / (1u64 << 20) as f64)?;
+        self.overhead_counter(4, ts, o.cost_syscall_ns)?;
+        if let Some(c) = o.cost_probe_ns {
+            self.overhead_counter(5, ts, c)?;
+        }
+        self.overhead_counter(6, ts, f64::from(o.level))
+    }
+
+    fn degraded(&mut self, ts: u64, d: &Degradation) -> io::Result<()> {
+        let t = self.global_track(0, LLMPROF_TRACK.to_owned(), false)?;
+        let args = vec![
+            arg_u("level", d.level),
+            arg_s("step", d.name),
+            arg_s("change", d.change.clone()),
+            arg_f("est_overhead_pct", d.overhead_pct),
+            arg_f("budget_pct", d.budget_pct),
+            arg_u("syscalls_counted", d.syscalls_counted),
+        ];
+        self.instant(
+            ts,
+            t,
+            &format!("{DEGRADATION_PREFIX}{}", d.name),
+            args,
+            Vec::new(),
+        )
     }
 
     fn metrics(&mut self, pid: u32, ts: u64, m: &MetricsSample) -> io::Result<()> {
@@ -1081,10 +1168,64 @@ impl<W: Write> TraceSink<W> {
             .map(|(k, n)| format!("{k}={n}"))
             .collect();
         args.push(arg_s("events", events.join(" ")));
+        if let Some(o) = &stats.overhead {
+            args.extend(overhead_args(o));
+        }
         let t = self.global_track(0, LLMPROF_TRACK.to_owned(), false)?;
         self.instant(ts, t, SUMMARY_EVENT, args, Vec::new())?;
         self.w.finish()
     }
+}
+
+/// The self-accounting part of the summary (documented in docs/perfetto-trace.md; read by `llmprof report`).
+fn overhead_args(o: &crate::event::OverheadSummary) -> Vec<Arg> {
+    let mut args = vec![
+        arg_f("overhead_est_target_cpu_ms", o.est_added_ns / 1e6),
+        arg_f("llmprof_cpu_ms", o.llmprof_cpu_ns / 1e6),
+        arg_f(
+            "llmprof_cpu_pct",
+            o.llmprof_cpu_ns / (o.elapsed_ns.max(1) as f64) * 100.0,
+        ),
+        arg_f(
+            "llmprof_max_rss_mib",
+            o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64,
+        ),
+    ];
+    if let Some(t) = o.target_cpu_ns {
+        args.push(arg_f("target_cpu_ms", t / 1e6));
+    }
+    if let Some(p) = o.est_overhead_pct {
+        args.push(arg_f("overhead_est_target_pct", p));
+    }
+    if let Some(c) = &o.calibration {
+        args.push(arg_f("cost_ns_syscall", c.syscall_ns));
+        if let Some(p) = c.probe_ns {
+            args.push(arg_f("cost_ns_engine_probe", p));
+        }
+        if let Some(p) = c.probe_sampled_out_ns {
+            args.push(arg_f("cost_ns_engine_probe_sampled_out", p));
+        }
+        args.push(arg_f("syscalls_per_probe_hit", c.syscalls_per_probe_hit));
+        args.push(arg_s("probe_entry", c.entry_name()));
+        args.push(arg_f("calibration_ms", c.took_ms));
+    }
+    let by_probe: Vec<String> = PROBE_NAMES
+        .iter()
+        .zip(&o.est_added_by_probe_ns)
+        .filter(|(_, ns)| **ns > 0.0)
+        .map(|(name, ns)| format!("{name}={:.3}", ns / 1e6))
+        .collect();
+    args.push(arg_s("overhead_by_probe_ms", by_probe.join(" ")));
+    if let Some(b) = o.budget_pct {
+        args.push(arg_f("overhead_budget_pct", b));
+    }
+    let steps: Vec<&str> = o.degradations.iter().map(|d| d.name).collect();
+    args.push(arg_s("degradations", steps.join(" ")));
+    if let Some(l) = o.size_limit {
+        args.push(arg_u("trace_size_limit_bytes", l));
+        args.push(arg_u("events_not_written", o.events_not_written));
+    }
+    args
 }
 
 fn hex(b: &[u8]) -> String {

@@ -774,6 +774,8 @@ mod tests {
             verbose: false,
             otel: OtelOptions::default(),
             gpu: crate::gpu::GpuOptions::default(),
+            overhead_budget: None,
+            max_trace_size: None,
             live_status: false,
             metadata: None,
             prelude: None,

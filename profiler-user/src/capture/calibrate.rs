@@ -1,0 +1,331 @@
+//! Per-hit cost of llmprof's probes, measured on the running machine.
+//!
+//! Owns the timing loops (shared with `llmprof doctor`) and the start-up calibration of a [`super::Capture`]:
+//! before any target is in the `TRACED` map, llmprof traces *itself* for a few milliseconds with the programs
+//! just loaded: `getppid` untraced (before the tracepoints were attached) and traced (the cost of the
+//! raw_syscalls pair on one syscall, including the slower syscall entry any attached tracepoint causes), the range
+//! probe detached, attached, and attached but sampled out (the optimized NOP5 path and the int3 trap differ
+//! ~20×, and kernels differ). Then it undoes what it did: its own pid leaves `TRACED`, its syscall
+//! aggregates are deleted, its records are discarded, and the counters it moved become the baseline that
+//! [`super::Capture::counters`] subtracts (the uprobe on llmprof's own probe stays until the capture is
+//! dropped: detaching waits ~100 ms for an RCU grace period, and untraced it costs nothing). It never
+//! touches a target.
+//!
+//! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`; an engine
+//! probe hit costs `probe_ns` on top of the syscalls it makes itself. On 6.18 an optimized hit *is* a
+//! `uprobe` syscall that the raw_syscalls programs may see and count as a syscall hit, so `probe_ns` is the
+//! attached-minus-detached time of a probe call minus `syscall_ns` × the syscall hits each call produced
+//! (measured, `syscalls_per_probe_hit`): every nanosecond is counted once.
+
+use std::time::Instant;
+
+use aya::maps::HashMap;
+use aya::programs::UProbe;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
+use llmprof_abi::{Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey, SyscallStats};
+
+use super::CaptureError;
+
+/// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
+/// host, idle to loaded).
+pub const STARTUP_CALLS_PER_ROUND: u32 = 600;
+/// Rounds timed per measurement; the median round is used (robust to one preemption).
+pub const ROUNDS: usize = 5;
+
+/// First byte of an attached probe on the optimized path: `call rel32` to the kernel's uprobe trampoline.
+pub const ENTRY_CALL: u8 = 0xe8;
+/// First byte of an attached probe on the trap path: `int3`.
+pub const ENTRY_INT3: u8 = 0xcc;
+
+/// What one probe hit costs the traced process on this machine, measured at start-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Calibration {
+    /// Extra ns per syscall of a traced process (raw_syscalls enter + exit programs, aggregates).
+    pub syscall_ns: f64,
+    /// `getppid` untraced, ns (the reference the extra is measured against).
+    pub syscall_untraced_ns: f64,
+    /// Extra ns per engine probe hit, excluding the syscalls the hit itself makes (counted by `syscall_ns`).
+    /// `None` when no engine probe is attached (nothing to measure, nothing to charge).
+    pub probe_ns: Option<f64>,
+    /// Extra ns per range probe hit that the `RangeSampleEvery` knob sampled out (same exclusion).
+    pub probe_sampled_out_ns: Option<f64>,
+    /// Syscall hits the raw_syscalls programs counted per probe call (≈1 on the optimized path, 0 with int3).
+    pub syscalls_per_probe_hit: f64,
+    /// First byte of the attached probe ([`ENTRY_CALL`]: optimized NOP5 path, [`ENTRY_INT3`]: trap).
+    pub probe_entry: Option<u8>,
+    /// Wall time the calibration took, ms.
+    pub took_ms: f64,
+}
+
+impl Calibration {
+    /// Whether the engine probes take the optimized (call) path; `None` when not measured.
+    pub fn optimized(&self) -> Option<bool> {
+        self.probe_entry.map(|b| b == ENTRY_CALL)
+    }
+
+    /// "call (optimized)", "int3 (trap)", ... for the probe entry byte.
+    pub fn entry_name(&self) -> String {
+        self.probe_entry
+            .map_or_else(|| "not measured".to_owned(), entry_name)
+    }
+}
+
+/// What the first byte of an attached probe means.
+pub fn entry_name(b: u8) -> String {
+    match b {
+        ENTRY_CALL => "call (optimized)".to_owned(),
+        ENTRY_INT3 => "int3 (trap)".to_owned(),
+        0x0f => "NOP5 (unpatched)".to_owned(),
+        b => format!("0x{b:02x}"),
+    }
+}
+
+/// First instruction byte of the range probe as this process now executes it (the kernel rewrites it
+/// in this process's copy of the page when a uprobe is attached).
+pub fn probe_first_byte() -> u8 {
+    let f = llmprof_probes::llmprof_probe_range as *const u8;
+    // SAFETY: `f` points to the probe function's code, at least 6 readable bytes (NOP5 + ret, see
+    // llmprof-probes); a volatile read because the kernel changes the byte behind the compiler's back.
+    unsafe { std::ptr::read_volatile(f) }
+}
+
+/// Median over [`ROUNDS`] of the mean ns per `getppid` syscall in a round of `calls` (the cheapest syscall
+/// there is: what is left is the syscall path plus, when traced, llmprof's raw_syscalls programs).
+pub fn median_ns_per_syscall(calls: u32) -> f64 {
+    median_round(calls, || {
+        // SAFETY: getppid takes no arguments, cannot fail and touches no memory of ours.
+        std::hint::black_box(unsafe { libc::syscall(libc::SYS_getppid) });
+    })
+}
+
+/// Median over [`ROUNDS`] of the mean ns per `llmprof_probes::range(rec)` call in a round of `calls`.
+pub fn median_ns_per_call(rec: &RangeRecord, calls: u32) -> f64 {
+    median_round(calls, || llmprof_probes::range(std::hint::black_box(rec)))
+}
+
+fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
+    let calls = calls.max(1);
+    let mut rounds = [0f64; ROUNDS];
+    for r in &mut rounds {
+        let t = Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        *r = t.elapsed().as_nanos() as f64 / f64::from(calls);
+    }
+    rounds.sort_by(f64::total_cmp);
+    rounds[ROUNDS / 2]
+}
+
+/// Timings of one start-up calibration, before they become a [`Calibration`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Raw {
+    /// getppid untraced / traced, ns.
+    pub sys_untraced: f64,
+    /// See [`Raw::sys_untraced`].
+    pub sys_traced: f64,
+    /// Probe call detached / attached / attached and sampled out, ns; None without an attached probe.
+    pub probe_detached: f64,
+    /// See [`Raw::probe_detached`].
+    pub probe_attached: Option<f64>,
+    /// See [`Raw::probe_detached`].
+    pub probe_sampled_out: Option<f64>,
+    /// Syscall hits counted per probe call.
+    pub syscalls_per_call: f64,
+    /// First byte of the attached probe.
+    pub entry: Option<u8>,
+}
+
+impl Raw {
+    /// Applies the cost model of the module docs. Negative differences (noise on a fast path) become 0.
+    pub fn into_calibration(self, took_ms: f64) -> Calibration {
+        let syscall_ns = (self.sys_traced - self.sys_untraced).max(0.0);
+        let probe =
+            |attached: f64| (attached - self.probe_detached - syscall_ns * self.syscalls_per_call).max(0.0);
+        Calibration {
+            syscall_ns,
+            syscall_untraced_ns: self.sys_untraced,
+            probe_ns: self.probe_attached.map(probe),
+            probe_sampled_out_ns: self.probe_sampled_out.map(probe),
+            syscalls_per_probe_hit: self.syscalls_per_call,
+            probe_entry: self.entry,
+            took_ms,
+        }
+    }
+}
+
+/// Traces this process with the just-loaded programs and times it (see the module docs), then undoes it.
+/// Returns the calibration and the counter values it left behind (the baseline to subtract).
+pub(super) fn startup(
+    ebpf: &mut aya::Ebpf,
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    range_probe_loaded: bool,
+    sys_untraced: Option<f64>,
+) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
+    let t0 = Instant::now();
+    let calls = STARTUP_CALLS_PER_ROUND;
+    let me = std::process::id();
+    llmprof_probes::keep();
+    let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
+    let mut raw = Raw {
+        sys_untraced: sys_untraced.unwrap_or_else(|| median_ns_per_syscall(calls)),
+        probe_detached: median_ns_per_call(&rec, calls),
+        ..Raw::default()
+    };
+    set_traced(ebpf, me, true)?;
+    let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
+    // Undo in every case: this process leaves the map before anything else can fail.
+    let untraced = set_traced(ebpf, me, false);
+    measured?;
+    untraced?;
+    forget_pid(ebpf, me)?;
+    while ring.next().is_some() {}
+    let base = super::read_counters(ebpf);
+    Ok((raw.into_calibration(t0.elapsed().as_secs_f64() * 1e3), base))
+}
+
+fn measure_traced(
+    ebpf: &mut aya::Ebpf,
+    raw: &mut Raw,
+    rec: &RangeRecord,
+    calls: u32,
+    range_probe_loaded: bool,
+) -> Result<(), CaptureError> {
+    raw.sys_traced = median_ns_per_syscall(calls);
+    if !range_probe_loaded {
+        return Ok(());
+    }
+    let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
+    let p: &mut UProbe = super::program(ebpf, "llmprof_range")?;
+    let perr = |source| CaptureError::Program {
+        program: "llmprof_range at llmprof itself (calibration)".to_owned(),
+        source,
+    };
+    // The file offset from our own mapping: resolving the symbol would parse llmprof's ELF (tens of ms
+    // with debug info), more than the whole measurement.
+    let addr = llmprof_probes::llmprof_probe_range as *const u8 as u64;
+    let location = match self_file_offset(addr) {
+        Some(off) => UProbeAttachLocation::AbsoluteOffset(off),
+        None => UProbeAttachLocation::Symbol(llmprof_abi::PROBE_RANGE),
+    };
+    let link = p
+        .attach(location, "/proc/self/exe", UProbeScope::OneProcess(me))
+        .map_err(perr)?;
+    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    raw.probe_attached = Some(median_ns_per_call(rec, calls));
+    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    raw.entry = Some(probe_first_byte());
+    raw.syscalls_per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
+    // Sampled out: the record's step (1) is not a multiple of the sampling period.
+    super::write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
+    raw.probe_sampled_out = Some(median_ns_per_call(rec, calls));
+    super::write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
+    // The link stays until the capture is dropped: detaching a uprobe waits for an RCU grace period
+    // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
+    let _ = link;
+    Ok(())
+}
+
+/// File offset in llmprof's own executable of the code at `addr`, from `/proc/self/maps`.
+fn self_file_offset(addr: u64) -> Option<u64> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .find_map(|l| parse_maps_line(l, addr, &exe.to_string_lossy()))
+}
+
+/// `addr - start + offset` when the maps line `l` maps `path` and contains `addr`.
+fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
+    let mut f = l.split_whitespace();
+    let (range, _perms, off) = (f.next()?, f.next()?, f.next()?);
+    let (_dev, _inode) = (f.next()?, f.next()?);
+    if f.next()? != path {
+        return None;
+    }
+    let (a, b) = range.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+    let off = u64::from_str_radix(off, 16).ok()?;
+    (start..end).contains(&addr).then(|| addr - start + off)
+}
+
+fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
+    let map = ebpf
+        .map_mut("TRACED")
+        .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
+    let mut traced = HashMap::<_, u32, u8>::try_from(map).map_err(super::map_err("TRACED"))?;
+    if on {
+        traced.insert(pid, 1, 0).map_err(super::map_err("TRACED"))
+    } else {
+        traced.remove(&pid).map_err(super::map_err("TRACED"))
+    }
+}
+
+/// Deletes the syscall aggregates of `pid` (this process after calibrating).
+fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
+    let map = ebpf
+        .map_mut("SYSCALLS")
+        .ok_or_else(|| CaptureError::MissingInObject("map SYSCALLS".into()))?;
+    let mut m = HashMap::<_, SyscallKey, SyscallStats>::try_from(map).map_err(super::map_err("SYSCALLS"))?;
+    let mine: Vec<SyscallKey> = m.keys().filter_map(Result::ok).filter(|k| k.pid == pid).collect();
+    for k in mine {
+        let _ = m.remove(&k);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_syscall_an_optimized_hit_makes_is_charged_once() {
+        let raw = Raw {
+            sys_untraced: 200.0,
+            sys_traced: 1_400.0,
+            probe_detached: 2.0,
+            probe_attached: Some(3_002.0),
+            probe_sampled_out: Some(2_202.0),
+            syscalls_per_call: 1.0,
+            entry: Some(ENTRY_CALL),
+        };
+        let c = raw.into_calibration(30.0);
+        assert_eq!(c.syscall_ns, 1_200.0);
+        assert_eq!(c.probe_ns, Some(1_800.0));
+        assert_eq!(c.probe_sampled_out_ns, Some(1_000.0));
+        assert_eq!(c.optimized(), Some(true));
+    }
+
+    #[test]
+    fn noise_never_makes_a_negative_cost() {
+        let raw = Raw {
+            sys_untraced: 200.0,
+            sys_traced: 190.0,
+            probe_detached: 2.0,
+            ..Raw::default()
+        };
+        let c = raw.into_calibration(1.0);
+        assert_eq!(c.syscall_ns, 0.0);
+        assert_eq!(c.probe_ns, None);
+        assert_eq!(c.optimized(), None);
+    }
+
+    #[test]
+    fn file_offsets_come_from_the_mapping_that_holds_the_address() {
+        let l = "55d0c000-55d0d000 r-xp 00002000 08:01 123 /usr/bin/llmprof";
+        assert_eq!(parse_maps_line(l, 0x55d0c010, "/usr/bin/llmprof"), Some(0x2010));
+        assert_eq!(parse_maps_line(l, 0x55d0d000, "/usr/bin/llmprof"), None);
+        assert_eq!(parse_maps_line(l, 0x55d0c010, "/other"), None);
+        let f = llmprof_probes::llmprof_probe_range as *const u8 as u64;
+        assert!(
+            self_file_offset(f).is_some(),
+            "this test binary maps its own code"
+        );
+    }
+
+    #[test]
+    fn timing_loops_measure_something() {
+        assert!(median_ns_per_syscall(100) > 0.0);
+        let rec = RangeRecord::new(llmprof_abi::RangeOp::Mark, 0, 0, "t", "t");
+        assert!(median_ns_per_call(&rec, 100) > 0.0);
+    }
+}

@@ -1,0 +1,309 @@
+//! Self-accounting: what llmprof costs, measured while it runs.
+//!
+//! Owns the arithmetic of llmprof's overhead and the /proc reads it needs: the estimated CPU time the probes
+//! add to the target (per probe: hits × the cost per hit calibrated at start-up, see
+//! [`crate::capture::calibrate`]), the target's own CPU time (all its threads' `schedstat`, ns), llmprof's
+//! CPU (`getrusage`) and resident memory (`/proc/self/statm`). [`SelfAccount::sample`] turns two
+//! [`Snapshot`]s into an [`OverheadSample`] (counter tracks every tick); [`SelfAccount::summary`] the whole
+//! session. It never touches the kernel's maps itself: the caller hands it the probe counters.
+//!
+//! Which cost each probe's hits carry: `syscalls` the calibrated raw_syscalls cost per syscall (this
+//! includes the `uprobe` syscall an optimized engine-probe hit makes); the other syscall-derived probes
+//! (model files, connect, send, process exit) nothing extra (they run inside the same exit program); engine
+//! probes, and any uprobe added later, the calibrated uprobe cost, with range hits the sampling knob
+//! skipped at the (lower) sampled-out cost.
+
+use std::time::Instant;
+
+use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
+
+use crate::capture::Calibration;
+use crate::event::{Degradation, OverheadSample, OverheadSummary};
+
+/// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
+const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
+    ProbeId::FileOpen,
+    ProbeId::FileIo,
+    ProbeId::Connect,
+    ProbeId::Send,
+    ProbeId::ProcessExit,
+];
+
+/// The counters and clocks at one instant.
+#[derive(Clone, Copy, Debug)]
+pub struct Snapshot {
+    /// When.
+    pub at: Instant,
+    /// Per-probe counters (summed over CPUs).
+    pub counters: [ProbeCounters; NUM_PROBES],
+    /// The target's CPU time so far, ns (None once it is gone).
+    pub target_cpu_ns: Option<u64>,
+    /// llmprof's CPU time so far, ns.
+    pub self_cpu_ns: u64,
+}
+
+impl Snapshot {
+    /// Reads the clocks now; `counters` come from the capture.
+    pub fn take(pid: u32, counters: [ProbeCounters; NUM_PROBES]) -> Self {
+        Snapshot {
+            at: Instant::now(),
+            counters,
+            target_cpu_ns: process_cpu_ns(pid),
+            self_cpu_ns: self_cpu_ns(),
+        }
+    }
+}
+
+/// Estimated ns the probes added to the target between two counter readings, per probe.
+pub fn added_ns(
+    cal: &Calibration,
+    before: &[ProbeCounters; NUM_PROBES],
+    now: &[ProbeCounters; NUM_PROBES],
+) -> [f64; NUM_PROBES] {
+    let mut out = [0f64; NUM_PROBES];
+    let probe = cal.probe_ns.unwrap_or(0.0);
+    for (i, slot) in out.iter_mut().enumerate() {
+        let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
+        *slot = if i == ProbeId::Syscalls as usize {
+            hits * cal.syscall_ns
+        } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
+            0.0
+        } else if i == ProbeId::Range as usize {
+            let sent = (now[i].emitted + now[i].dropped).saturating_sub(before[i].emitted + before[i].dropped)
+                as f64;
+            let skipped = (hits - sent).max(0.0);
+            (hits - skipped) * probe + skipped * cal.probe_sampled_out_ns.unwrap_or(probe)
+        } else {
+            hits * probe
+        };
+    }
+    out
+}
+
+/// Largest overhead [`overhead_pct`] reports, %: an estimate above ~90 % of the target's measured CPU says
+/// the calibration does not fit the moment (e.g. a loaded machine), not that the target ran 100× slower.
+pub const MAX_OVERHEAD_PCT: f64 = 1_000.0;
+
+/// `added` as a percentage of the target's CPU time without it (`target` includes it: the programs run
+/// in the target's context and the kernel charges their time to it), at most [`MAX_OVERHEAD_PCT`].
+pub fn overhead_pct(added_ns: f64, target_cpu_ns: f64) -> f64 {
+    let added = added_ns.min(target_cpu_ns);
+    let own = (target_cpu_ns - added).max(1.0);
+    (added / own * 100.0).min(MAX_OVERHEAD_PCT)
+}
+
+/// The session's self-accounting.
+#[derive(Debug)]
+pub struct SelfAccount {
+    pid: u32,
+    cal: Calibration,
+    start: Snapshot,
+    last: Snapshot,
+    max_rss: u64,
+}
+
+impl SelfAccount {
+    /// Starts accounting at `counters` (the capture's counters when tracing began).
+    pub fn new(pid: u32, cal: Calibration, counters: [ProbeCounters; NUM_PROBES]) -> Self {
+        let s = Snapshot::take(pid, counters);
+        SelfAccount {
+            pid,
+            cal,
+            start: s,
+            last: s,
+            max_rss: rss_bytes(),
+        }
+    }
+
+    /// The calibration in use.
+    pub fn calibration(&self) -> &Calibration {
+        &self.cal
+    }
+
+    /// The sample since the previous call (or the start), at degradation `level`.
+    pub fn sample(&mut self, counters: [ProbeCounters; NUM_PROBES], level: u32) -> OverheadSample {
+        let now = Snapshot::take(self.pid, counters);
+        let rss = rss_bytes();
+        self.max_rss = self.max_rss.max(rss);
+        let added: f64 = added_ns(&self.cal, &self.last.counters, &now.counters)
+            .iter()
+            .sum();
+        let target = match (self.last.target_cpu_ns, now.target_cpu_ns) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
+            _ => None,
+        };
+        let s = OverheadSample {
+            interval_ns: now.at.duration_since(self.last.at).as_nanos() as u64,
+            est_added_ns: added,
+            target_cpu_ns: target,
+            est_overhead_pct: target.filter(|t| *t > 0.0).map(|t| overhead_pct(added, t)),
+            llmprof_cpu_ns: now.self_cpu_ns.saturating_sub(self.last.self_cpu_ns) as f64,
+            llmprof_rss_bytes: rss,
+            cost_syscall_ns: self.cal.syscall_ns,
+            cost_probe_ns: self.cal.probe_ns,
+            level,
+        };
+        self.last = now;
+        s
+    }
+
+    /// The whole session up to `counters` (the final ones).
+    pub fn summary(
+        &mut self,
+        counters: [ProbeCounters; NUM_PROBES],
+        budget_pct: Option<f64>,
+        degradations: Vec<Degradation>,
+    ) -> OverheadSummary {
+        let now = Snapshot::take(self.pid, counters);
+        self.max_rss = self.max_rss.max(rss_bytes()).max(max_rss_bytes());
+        let by_probe = added_ns(&self.cal, &self.start.counters, &now.counters);
+        let added: f64 = by_probe.iter().sum();
+        // The target may be gone at the end: its CPU up to the last reading then.
+        let end_cpu = now.target_cpu_ns.or(self.last.target_cpu_ns);
+        let target = match (self.start.target_cpu_ns, end_cpu) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
+            _ => None,
+        };
+        OverheadSummary {
+            elapsed_ns: now.at.duration_since(self.start.at).as_nanos() as u64,
+            est_added_ns: added,
+            est_added_by_probe_ns: by_probe.to_vec(),
+            target_cpu_ns: target,
+            est_overhead_pct: target.filter(|t| *t > 0.0).map(|t| overhead_pct(added, t)),
+            llmprof_cpu_ns: now.self_cpu_ns.saturating_sub(self.start.self_cpu_ns) as f64,
+            llmprof_max_rss_bytes: self.max_rss,
+            calibration: Some(self.cal),
+            budget_pct,
+            degradations,
+            size_limit: None,
+            events_not_written: 0,
+        }
+    }
+}
+
+/// CPU time of every thread of `pid` so far, ns: the sum of `/proc/PID/task/*/schedstat` (first field,
+/// ns on CPU), falling back to `utime + stime` of `/proc/PID/stat` (clock ticks) without schedstats.
+/// Threads that exited are missed by schedstat; the fallback counts them. None when the process is gone.
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        let mut sum = 0u64;
+        let mut any = false;
+        for e in dir.flatten() {
+            let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
+                sum += ns;
+                any = true;
+            }
+        }
+        if any {
+            return Some(sum);
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_ns(&stat)
+}
+
+/// `utime + stime` of a `/proc/PID/stat` line, ns.
+pub fn stat_cpu_ns(stat: &str) -> Option<u64> {
+    // Fields after the parenthesised comm (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) * (1_000_000_000 / clock_ticks()))
+}
+
+fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
+}
+
+fn rusage_self() -> Option<libc::rusage> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: `ru` is valid for writes of one rusage; getrusage fills it entirely on success.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    // SAFETY: initialized by the successful call above.
+    (rc == 0).then(|| unsafe { ru.assume_init() })
+}
+
+/// llmprof's CPU time so far (all threads, user + system), ns.
+pub fn self_cpu_ns() -> u64 {
+    let Some(ru) = rusage_self() else { return 0 };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// llmprof's peak resident memory so far, bytes.
+pub fn max_rss_bytes() -> u64 {
+    rusage_self().map_or(0, |ru| ru.ru_maxrss as u64 * 1024)
+}
+
+/// llmprof's resident memory now, bytes (`/proc/self/statm`, second field, pages).
+pub fn rss_bytes() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    s.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |p| p * page)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+
+    fn cal() -> Calibration {
+        Calibration {
+            syscall_ns: 1_000.0,
+            probe_ns: Some(2_000.0),
+            probe_sampled_out_ns: Some(500.0),
+            ..Calibration::default()
+        }
+    }
+
+    #[test]
+    fn each_probe_is_charged_its_own_cost_and_syscall_children_nothing() {
+        let before = [ProbeCounters::default(); NUM_PROBES];
+        let mut now = before;
+        now[ProbeId::Syscalls as usize].hits = 10;
+        now[ProbeId::FileIo as usize].hits = 7;
+        now[ProbeId::Step as usize].hits = 3;
+        now[ProbeId::Range as usize] = ProbeCounters {
+            hits: 10,
+            emitted: 3,
+            dropped: 1,
+        };
+        let a = added_ns(&cal(), &before, &now);
+        assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
+        assert_eq!(a[ProbeId::FileIo as usize], 0.0);
+        assert_eq!(a[ProbeId::Step as usize], 6_000.0);
+        // 4 sent at the full cost, 6 sampled out at the lower one.
+        assert_eq!(a[ProbeId::Range as usize], 4.0 * 2_000.0 + 6.0 * 500.0);
+    }
+
+    #[test]
+    fn overhead_is_relative_to_the_targets_own_cpu() {
+        // 100 ms of target CPU of which 50 ms were added: the target's own work took 50 ms, +100 %.
+        assert!((overhead_pct(50e6, 100e6) - 100.0).abs() < 1e-9);
+        assert!((overhead_pct(1e6, 101e6) - 1.0).abs() < 1e-9);
+        // An estimate above the measured time is capped, never negative or infinite.
+        assert_eq!(overhead_pct(200e6, 100e6), MAX_OVERHEAD_PCT);
+        assert_eq!(overhead_pct(0.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn proc_readers_see_this_process() {
+        assert!(process_cpu_ns(std::process::id()).is_some());
+        assert!(rss_bytes() > 0);
+        assert!(max_rss_bytes() > 0);
+        let line = "12 (a b) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0";
+        assert_eq!(stat_cpu_ns(line), Some(200 * (1_000_000_000 / clock_ticks())));
+    }
+}

@@ -1,0 +1,308 @@
+//! Overhead you can prove (issue 6), as a user checks it: real `llmprof attach` (real eBPF, as root) on the
+//! syscall-heavy mode of `llmprof-testee`, the trace read back by Perfetto's trace processor.
+//! - every trace accounts for llmprof itself (counter tracks, summary, exit summary);
+//! - `--overhead-budget` degrades in the documented order, each step an instant, and the per-syscall events
+//!   stop at the first step while the kernel aggregates go on;
+//! - `--max-trace-size` ends the trace cleanly at the cap.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use e2e::trace_processor::{self, Trace};
+
+const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
+const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
+
+fn ready() -> bool {
+    e2e::require(e2e::is_root(), "not root: cannot load eBPF programs")
+        && e2e::require(
+            trace_processor::available(),
+            "Perfetto trace processor not installed (cargo xtask setup-tools)",
+        )
+}
+
+struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    pid: u32,
+}
+
+impl Testee {
+    fn start() -> Self {
+        let mut child = Command::new(TESTEE)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let pid = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+        // Keep reading its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines().map_while(Result::ok) {});
+        let stdin = child.stdin.take().unwrap();
+        Testee { child, stdin, pid }
+    }
+
+    fn send(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Testee {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `llmprof attach` on `pid` with `args`; once its probes are live, `then()` runs. Returns (exit code,
+/// stdout, stderr).
+fn attach(pid: u32, trace: &Path, args: &[&str], then: impl FnOnce()) -> (Option<i32>, String, String) {
+    let mut child = Command::new(LLMPROF)
+        .args(["attach", "--pid", &pid.to_string(), "-o"])
+        .arg(trace)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let err_thread = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("probes live") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("llmprof attach never said `probes live`");
+    then();
+    let out = child.wait_with_output().unwrap();
+    let stderr = err_thread.join().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("llmprof-overhead-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn clean_load(trace: &Path) -> Trace {
+    let mut tp = trace_processor::load(trace).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    assert_eq!(tp.unterminated_slices().unwrap(), Vec::<serde_json::Value>::new());
+    tp
+}
+
+fn q(tp: &mut Trace, sql: &str) -> i64 {
+    tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn qf(tp: &mut Trace, sql: &str) -> f64 {
+    let rows = tp.query(sql).unwrap_or_else(|e| panic!("{e}"));
+    rows.first()
+        .and_then(|r| r.as_object())
+        .and_then(|o| o.values().next())
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("no number from {sql}: {rows:?}"))
+}
+
+fn counter_max(tp: &mut Trace, track: &str) -> f64 {
+    qf(
+        tp,
+        &format!(
+            "select max(c.value) from counter c join counter_track t on c.track_id = t.id where t.name = '{track}'"
+        ),
+    )
+}
+
+#[test]
+fn every_trace_accounts_for_llmprof_itself() {
+    if !ready() {
+        return;
+    }
+    let d = dir("selfacct");
+    let trace = d.join("t.perfetto-trace");
+    let mut t = Testee::start();
+    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "2500ms"], || {
+        t.send("syscalls 300000 50 0")
+    });
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    for want in [
+        "cost per hit (measured at start-up",
+        "overhead: est.",
+        "peak RSS",
+        "probe syscalls: hits",
+    ] {
+        assert!(stdout.contains(want), "exit summary lacks {want:?}:\n{stdout}");
+    }
+    let mut tp = clean_load(&trace);
+    assert!(counter_max(&mut tp, "llmprof cost per hit: syscall") > 0.0);
+    assert!(counter_max(&mut tp, "llmprof cost per hit: engine probe") > 0.0);
+    assert!(counter_max(&mut tp, "llmprof RSS") > 1.0, "RSS in MiB");
+    assert!(counter_max(&mut tp, "llmprof overhead: est. added CPU") > 0.0);
+    assert!(counter_max(&mut tp, "llmprof overhead: est. target CPU added") > 0.0);
+    let cpu = counter_max(&mut tp, "llmprof CPU");
+    assert!((0.0..=200.0).contains(&cpu), "llmprof CPU {cpu}% of one core");
+    let summary = "from slice where name = 'llmprof summary'";
+    assert!(
+        qf(
+            &mut tp,
+            &format!("select extract_arg(arg_set_id, 'debug.cost_ns_syscall') {summary}")
+        ) > 0.0
+    );
+    assert!(
+        qf(
+            &mut tp,
+            &format!("select extract_arg(arg_set_id, 'debug.llmprof_max_rss_mib') {summary}")
+        ) > 0.0
+    );
+    assert!(
+        qf(
+            &mut tp,
+            &format!("select extract_arg(arg_set_id, 'debug.overhead_est_target_cpu_ms') {summary}")
+        ) > 0.0
+    );
+    drop(tp);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
+    if !ready() {
+        return;
+    }
+    let d = dir("budget");
+    let trace = d.join("t.perfetto-trace");
+    let mut t = Testee::start();
+    // getppid in a tight loop, with a 2 ms sleep (a slow syscall) every 200 calls.
+    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "3s", "--overhead-budget", "1%"], || {
+        t.send("syscalls 600000 10 200")
+    });
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("overhead budget 1%: degraded: syscall_events_off"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("overhead budget 1% exceeded"), "{stderr}");
+    let mut tp = clean_load(&trace);
+    let step = |tp: &mut Trace, name: &str, col: &str| {
+        tp.query_i64(&format!(
+            "select {col} from slice where name = 'overhead budget: {name}' order by ts limit 1"
+        ))
+        .unwrap_or_else(|e| panic!("no step {name} in the trace: {e}"))
+    };
+    let off_ts = step(&mut tp, "syscall_events_off", "ts");
+    let detached_ts = step(&mut tp, "syscalls_detached", "ts");
+    assert!(off_ts < step(&mut tp, "ranges_sampled", "ts"));
+    assert!(
+        step(&mut tp, "ranges_sampled", "ts") < detached_ts,
+        "documented order"
+    );
+    // Per-syscall events before the first step, none after it.
+    let slow = "select count(*) from slice where name like 'syscall %'";
+    assert!(
+        q(&mut tp, &format!("{slow} and ts < {off_ts}")) > 0,
+        "slow syscalls before the step"
+    );
+    assert_eq!(
+        q(&mut tp, &format!("{slow} and ts > {off_ts}")),
+        0,
+        "slow syscalls after the step"
+    );
+    // The kernel aggregates went on counting between the first step and the detach.
+    let counted =
+        |tp: &mut Trace, name: &str| step(tp, name, "extract_arg(arg_set_id, 'debug.syscalls_counted')");
+    let at_off = counted(&mut tp, "syscall_events_off");
+    let at_detach = counted(&mut tp, "syscalls_detached");
+    assert!(at_detach > at_off, "aggregates continued: {at_off} → {at_detach}");
+    let summary = "from slice where name = 'llmprof summary'";
+    let rows = tp
+        .query(&format!(
+            "select extract_arg(arg_set_id, 'debug.degradations') as d {summary}"
+        ))
+        .unwrap();
+    let steps = rows[0]["d"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        steps.starts_with("syscall_events_off ranges_sampled syscalls_detached"),
+        "summary: {steps}"
+    );
+    drop(tp);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn max_trace_size_ends_the_trace_cleanly_at_the_cap() {
+    if !ready() {
+        return;
+    }
+    let d = dir("cap");
+    let trace = d.join("t.perfetto-trace");
+    let mut t = Testee::start();
+    const CAP: u64 = 256 << 10;
+    // Every syscall is an event (--slow-syscall 0): the cap is reached in well under a second.
+    let (code, stdout, stderr) = attach(
+        t.pid,
+        &trace,
+        &["-d", "30s", "--slow-syscall", "0", "--max-trace-size", "256KiB"],
+        || t.send("syscalls 3000000 0 0"),
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("trace size limit reached"), "{stdout}");
+    let size = std::fs::metadata(&trace).unwrap().len();
+    assert!(size <= CAP, "trace is {size} bytes, cap {CAP}");
+    assert!(
+        size > CAP / 2,
+        "the cap, not something else, ended it: {size} bytes"
+    );
+    let mut tp = clean_load(&trace);
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from slice where name like 'trace size limit reached%'"
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            "select count(*) from slice where name = 'llmprof summary' \
+             and extract_arg(arg_set_id, 'debug.end_reason') = 'trace size limit reached'"
+        ),
+        1
+    );
+    assert!(q(&mut tp, "select count(*) from slice where name like 'syscall %'") > 100);
+    drop(tp);
+    // Bad input: a cap too small to hold the end of a trace.
+    let out = Command::new(LLMPROF)
+        .args([
+            "attach",
+            "--pid",
+            &t.pid.to_string(),
+            "--max-trace-size",
+            "1K",
+            "-o",
+        ])
+        .arg(d.join("x.perfetto-trace"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("too small"));
+    std::fs::remove_dir_all(&d).unwrap();
+}

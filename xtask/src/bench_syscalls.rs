@@ -1,0 +1,410 @@
+//! `cargo xtask bench syscalls` (owner: overhead): what llmprof costs a syscall-heavy target, and whether
+//! `--overhead-budget` keeps that cost under the budget.
+//!
+//! The target is `llmprof-testee`'s `syscalls N WORK` mode: `getppid` after WORK rounds of busy work, WORK
+//! chosen at start so the untraced target makes ~500k syscalls/s. Three modes, interleaved in every round
+//! with a rotating order (A/B/C, B/C/A, C/A/B, ...) on one target process: detached, attached with default
+//! settings, attached with `--overhead-budget`. Each round runs a short settling phase (the budget needs a
+//! few 100 ms windows to act) and a measured phase; both are reported, as wall time and as the target's own
+//! CPU time (`/proc/PID/schedstat`: the probes run in the target's context and are charged to it, and CPU
+//! time is far less disturbed than wall time by other work on a shared machine). For the attached modes it parses
+//! llmprof's exit summary: syscalls the kernel aggregates counted against the calls the target made,
+//! records dropped, llmprof's own CPU, the estimated overhead, and the budget's steps.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::bench::{build_release, pct};
+
+/// Rounds (each runs every mode once).
+const ROUNDS: usize = 5;
+/// Target syscall rate of the untraced testee (issue 6: "a small program making ~500k syscalls/s").
+const RATE: f64 = 500_000.0;
+/// Seconds of the measured phase at the untraced rate.
+const SECONDS: f64 = 3.0;
+/// Seconds of the settling phase before it.
+const SETTLE_SECONDS: f64 = 0.5;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Detached,
+    Attached,
+    Budget,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Detached => "detached",
+            Mode::Attached => "attached",
+            Mode::Budget => "attached + budget",
+        }
+    }
+}
+
+struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+impl Testee {
+    fn start(bin: &Path) -> Result<Self> {
+        let mut child = Command::new(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut out = BufReader::new(child.stdout.take().context("no stdout")?);
+        let stdin = child.stdin.take().context("no stdin")?;
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        let pid = line
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("testee said {line:?}"))?;
+        Ok(Testee {
+            child,
+            stdin,
+            out,
+            pid,
+        })
+    }
+
+    /// The testee's CPU time so far, s (`/proc/PID/schedstat`, first field, ns on CPU).
+    fn cpu_s(&self) -> Result<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/schedstat", self.pid))?;
+        let ns: f64 = s
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .context("unreadable schedstat")?;
+        Ok(ns / 1e9)
+    }
+
+    /// Runs `syscalls n work 0`; (wall seconds it took, CPU seconds the testee used).
+    fn timed(&mut self, n: u64, work: u64) -> Result<(f64, f64)> {
+        let c0 = self.cpu_s()?;
+        let wall = self.syscalls(n, work)?;
+        Ok((wall, self.cpu_s()? - c0))
+    }
+
+    /// Runs `syscalls n work 0`; seconds it took.
+    fn syscalls(&mut self, n: u64, work: u64) -> Result<f64> {
+        writeln!(self.stdin, "syscalls {n} {work} 0")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        self.out.read_line(&mut line)?;
+        let ns: f64 = line
+            .trim()
+            .strip_prefix("syscalls done ")
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("testee said {line:?}"))?;
+        Ok(ns / 1e9)
+    }
+}
+
+impl Drop for Testee {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one round of one mode measured.
+#[derive(Default)]
+struct Sample {
+    settle_s: f64,
+    measured_s: f64,
+    settle_cpu_s: f64,
+    measured_cpu_s: f64,
+    calls: u64,
+    kernel_counted: Option<u64>,
+    dropped: Option<u64>,
+    llmprof_cpu_pct: Option<f64>,
+    est_overhead_pct: Option<f64>,
+    steps: Option<String>,
+    events: Option<String>,
+}
+
+struct Opts {
+    rounds: usize,
+    rate: f64,
+    seconds: f64,
+    budget: String,
+}
+
+fn parse(args: &[String]) -> Result<Opts> {
+    let mut o = Opts {
+        rounds: ROUNDS,
+        rate: RATE,
+        seconds: SECONDS,
+        budget: "1%".into(),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--rounds" => o.rounds = val()?.parse()?,
+            "--rate" => o.rate = val()?.parse()?,
+            "--seconds" => o.seconds = val()?.parse()?,
+            "--budget" => o.budget = val()?.clone(),
+            other => bail!("unknown option {other}"),
+        }
+    }
+    Ok(o)
+}
+
+/// `cargo xtask bench syscalls`.
+pub fn run(args: &[String]) -> Result<()> {
+    let o = parse(args)?;
+    if !crate::util::is_root() {
+        bail!("bench syscalls loads eBPF programs: run it as root");
+    }
+    let release = build_release(&["llmprof"])?;
+    let llmprof = release.join("llmprof");
+    let mut t = Testee::start(&release.join("llmprof-testee"))?;
+    let work = pick_work(&mut t, o.rate)?;
+    let n = (o.rate * o.seconds) as u64;
+    let n_settle = (o.rate * SETTLE_SECONDS) as u64;
+    eprintln!(
+        "bench: testee pid {} at WORK={work} (~{:.0}k syscalls/s untraced); {} rounds of {n_settle} + {n} calls",
+        t.pid,
+        o.rate / 1e3,
+        o.rounds
+    );
+    let trace = std::env::temp_dir().join("llmprof-bench-syscalls.perfetto-trace");
+    let modes = [Mode::Detached, Mode::Attached, Mode::Budget];
+    let mut samples: Vec<(Mode, Sample)> = Vec::new();
+    for round in 0..o.rounds {
+        for k in 0..modes.len() {
+            let mode = modes[(round + k) % modes.len()];
+            let session = match mode {
+                Mode::Detached => None,
+                Mode::Attached => Some(start_attach(&llmprof, t.pid, &trace, &[])?),
+                Mode::Budget => Some(start_attach(
+                    &llmprof,
+                    t.pid,
+                    &trace,
+                    &["--overhead-budget", &o.budget],
+                )?),
+            };
+            let (settle_s, settle_cpu_s) = t.timed(n_settle, work)?;
+            let (measured_s, measured_cpu_s) = t.timed(n, work)?;
+            let mut s = Sample {
+                settle_s,
+                measured_s,
+                settle_cpu_s,
+                measured_cpu_s,
+                calls: n_settle + n,
+                ..Sample::default()
+            };
+            if let Some(child) = session {
+                let out = stop_attach(child)?;
+                parse_summary(&out, &mut s);
+            }
+            eprintln!(
+                "bench: round {round} {:<18} {:>8.0} calls/s settled, {:>8.0} calls/s in the first {SETTLE_SECONDS} s",
+                mode.name(),
+                n as f64 / s.measured_s,
+                n_settle as f64 / s.settle_s
+            );
+            samples.push((mode, s));
+        }
+    }
+    let _ = std::fs::remove_file(&trace);
+    report(&o, work, n, n_settle, &samples);
+    Ok(())
+}
+
+/// WORK such that one iteration (busy work + untraced getppid) takes 1/rate s of the target's CPU: two
+/// points of the line cpu = a + b·WORK (CPU time, not wall time: robust to other work on the machine),
+/// then solve.
+fn pick_work(t: &mut Testee, rate: f64) -> Result<u64> {
+    let per_call = |t: &mut Testee, w: u64| -> Result<f64> {
+        let n = 200_000;
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(t.timed(n, w)?.1 / n as f64);
+        }
+        Ok(pct(&mut v, 0.5))
+    };
+    for _ in 0..3 {
+        let a = per_call(t, 0)?;
+        let b = (per_call(t, 1_000)? - a) / 1_000.0;
+        if b > 0.0 {
+            return Ok(((1.0 / rate - a) / b).max(0.0).round() as u64);
+        }
+    }
+    bail!("the busy work did not measurably take CPU time: is the testee running?")
+}
+
+fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str]) -> Result<Child> {
+    let mut child = Command::new(llmprof)
+        .args(["attach", "--pid", &pid.to_string(), "-o"])
+        .arg(trace)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting llmprof attach")?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("probes live") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = child.kill();
+        bail!("llmprof attach did not report `probes live` within 60 s");
+    }
+    Ok(child)
+}
+
+/// Ends the session like Ctrl-C; its stdout (the exit summary).
+fn stop_attach(child: Child) -> Result<String> {
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().context("waiting for llmprof")?;
+    if !out.status.success() {
+        bail!("llmprof attach exited with {}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The number after `key` in `s` (digits, dots).
+fn number_after(s: &str, key: &str) -> Option<f64> {
+    let rest = &s[s.find(key)? + key.len()..];
+    let num: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    num.parse().ok()
+}
+
+fn parse_summary(out: &str, s: &mut Sample) {
+    for l in out.lines() {
+        let l = l.trim();
+        if l.starts_with("probe syscalls:") {
+            s.kernel_counted = number_after(l, "hits").map(|v| v as u64);
+        } else if l.starts_with("dropped:") {
+            s.dropped = number_after(l, "dropped:").map(|v| v as u64);
+        } else if l.starts_with("overhead: est.") {
+            s.est_overhead_pct = number_after(l, "= ");
+            s.llmprof_cpu_pct = l.find("CPU (").and_then(|i| number_after(&l[i..], "CPU ("));
+        } else if l.starts_with("overhead budget") {
+            s.steps = Some(l.split_once(": ").map_or(l, |(_, r)| r).to_owned());
+        } else if l.starts_with("events:") {
+            s.events = Some(l.trim_start_matches("events: ").to_owned());
+        }
+    }
+}
+
+fn stat(v: &mut [f64]) -> String {
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    let med = pct(v, 0.5);
+    let (lo, hi) = v
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    format!("{med:.1} ({lo:.1}–{hi:.1})")
+}
+
+fn report(o: &Opts, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]) {
+    let of = |m: Mode| samples.iter().filter(move |(k, _)| *k == m).map(|(_, s)| s);
+    let mut det_measured: Vec<f64> = of(Mode::Detached).map(|s| s.measured_s).collect();
+    let mut det_settle: Vec<f64> = of(Mode::Detached).map(|s| s.settle_s).collect();
+    let base = pct(&mut det_measured, 0.5);
+    let base_settle = pct(&mut det_settle, 0.5);
+    let mut det_cpu: Vec<f64> = of(Mode::Detached).map(|s| s.measured_cpu_s).collect();
+    let mut det_cpu_settle: Vec<f64> = of(Mode::Detached).map(|s| s.settle_cpu_s).collect();
+    let base_cpu = pct(&mut det_cpu, 0.5);
+    let base_cpu_settle = pct(&mut det_cpu_settle, 0.5);
+    println!();
+    println!(
+        "llmprof-testee syscalls (getppid after WORK={work} busy rounds), {} rounds, modes interleaved with rotating order;",
+        o.rounds
+    );
+    println!(
+        "per round: {n_settle} calls right after attach (first {SETTLE_SECONDS} s), then {n} calls measured; budget {}",
+        o.budget
+    );
+    for m in [Mode::Detached, Mode::Attached, Mode::Budget] {
+        let mut rate: Vec<f64> = of(m).map(|s| n as f64 / s.measured_s / 1e3).collect();
+        let mut slow: Vec<f64> = of(m).map(|s| (s.measured_s / base - 1.0) * 100.0).collect();
+        let mut slow_settle: Vec<f64> = of(m).map(|s| (s.settle_s / base_settle - 1.0) * 100.0).collect();
+        let mut whole: Vec<f64> = of(m)
+            .map(|s| ((s.settle_s + s.measured_s) / (base + base_settle) - 1.0) * 100.0)
+            .collect();
+        println!("\n  {}:", m.name());
+        let mut cpu_per_call: Vec<f64> = of(m).map(|s| s.measured_cpu_s / n as f64 * 1e9).collect();
+        println!("    rate, k syscalls/s (measured phase): {}", stat(&mut rate));
+        println!(
+            "    target CPU per call, ns (measured phase): {}",
+            stat(&mut cpu_per_call)
+        );
+        if m != Mode::Detached {
+            let mut cpu_slow: Vec<f64> = of(m)
+                .map(|s| (s.measured_cpu_s / base_cpu - 1.0) * 100.0)
+                .collect();
+            let mut cpu_slow_settle: Vec<f64> = of(m)
+                .map(|s| (s.settle_cpu_s / base_cpu_settle - 1.0) * 100.0)
+                .collect();
+            let mut cpu_whole: Vec<f64> = of(m)
+                .map(|s| ((s.settle_cpu_s + s.measured_cpu_s) / (base_cpu + base_cpu_settle) - 1.0) * 100.0)
+                .collect();
+            println!(
+                "    target CPU added vs detached median, %: measured phase {}, first {SETTLE_SECONDS} s {}, whole round {}",
+                stat(&mut cpu_slow),
+                stat(&mut cpu_slow_settle),
+                stat(&mut cpu_whole)
+            );
+            println!(
+                "    wall-time slowdown vs detached median, %: measured phase {}",
+                stat(&mut slow)
+            );
+            println!(
+                "                                     first {SETTLE_SECONDS} s {}, whole round {}",
+                stat(&mut slow_settle),
+                stat(&mut whole)
+            );
+            let mut counted: Vec<f64> = of(m)
+                .filter_map(|s| s.kernel_counted.map(|k| k as f64 / s.calls as f64 * 100.0))
+                .collect();
+            let mut dropped: Vec<f64> = of(m).filter_map(|s| s.dropped.map(|d| d as f64)).collect();
+            let mut cpu: Vec<f64> = of(m).filter_map(|s| s.llmprof_cpu_pct).collect();
+            let mut est: Vec<f64> = of(m).filter_map(|s| s.est_overhead_pct).collect();
+            println!(
+                "    syscalls counted by the kernel aggregates, % of calls made: {}",
+                stat(&mut counted)
+            );
+            println!("    records dropped: {}", stat(&mut dropped));
+            println!("    llmprof CPU, % of one core: {}", stat(&mut cpu));
+            println!(
+                "    llmprof's estimate of the overhead, % of target CPU: {}",
+                stat(&mut est)
+            );
+            if let Some(s) = of(m).next_back() {
+                if let Some(e) = &s.events {
+                    println!("    events written (last round): {e}");
+                }
+                if let Some(st) = &s.steps {
+                    println!("    budget (last round): {st}");
+                }
+            }
+        }
+    }
+}
