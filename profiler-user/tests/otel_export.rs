@@ -796,6 +796,25 @@ fn attach_session(endpoint: &str, tag: &str, extra: &[&str]) -> Option<AttachRun
     })
 }
 
+/// Every span the receiver got.
+fn received_spans(got: &Received) -> Vec<Span> {
+    got.lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.resource_spans.clone())
+        .flat_map(|rs| rs.scope_spans)
+        .flat_map(|ss| ss.spans)
+        .collect()
+}
+
+/// The request span: the one in the caller's trace under the caller's span.
+fn caller_child(spans: &[Span]) -> &Span {
+    spans
+        .iter()
+        .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
+        .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()))
+}
+
 /// The end-to-end check: the real engine, `llmprof attach --otlp-endpoint` (real eBPF), a chat request with
 /// a known traceparent; the receiver gets the request span in the caller's trace, under the caller's span, with the
 /// token counts the engine reported and children that add up to the request.
@@ -805,18 +824,8 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
     let Some(run) = attach_session(&format!("http://{addr}"), "up", &[]) else {
         return;
     };
-    let spans: Vec<Span> = got
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.resource_spans.clone())
-        .flat_map(|rs| rs.scope_spans)
-        .flat_map(|ss| ss.spans)
-        .collect();
-    let root = spans
-        .iter()
-        .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
-        .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()));
+    let spans = received_spans(&got);
+    let root = caller_child(&spans);
     assert_eq!(root.name, format!("chat {}", e2e::engine::SERVED_NAME));
     let usage = &run.usage["usage"];
     assert_eq!(
@@ -859,18 +868,8 @@ fn attach_with_capture_content_puts_the_text_in_the_span_only() {
     let Some(run) = attach_session(&format!("http://{addr}"), "content", &["--capture-content"]) else {
         return;
     };
-    let spans: Vec<Span> = got
-        .lock()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.resource_spans.clone())
-        .flat_map(|rs| rs.scope_spans)
-        .flat_map(|ss| ss.spans)
-        .collect();
-    let root = spans
-        .iter()
-        .find(|s| s.trace_id == TRACE_ID && s.parent_span_id == PARENT_SPAN_ID)
-        .unwrap_or_else(|| panic!("no span under the caller's span among {} spans", spans.len()));
+    let spans = received_spans(&got);
+    let root = caller_child(&spans);
     let json = |key: &str| -> serde_json::Value {
         match attr(&root.attributes, key) {
             Some(any_value::Value::StringValue(v)) => serde_json::from_str(v).unwrap(),

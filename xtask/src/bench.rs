@@ -188,7 +188,12 @@ fn attach(args: &[String]) -> Result<()> {
             [true, false]
         } {
             let session = if with_probe {
-                Some(start_attach(&release.join("llmprof"), server.child.id(), &trace)?)
+                Some(start_attach(
+                    &release.join("llmprof"),
+                    server.child.id(),
+                    &trace,
+                    &[],
+                )?)
             } else {
                 None
             };
@@ -250,12 +255,14 @@ fn attach(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Starts `llmprof attach` on `pid` and waits for "probes live".
-fn start_attach(llmprof: &Path, pid: u32, trace: &Path) -> Result<Child> {
+/// Starts `llmprof attach` on `pid` (with `extra` options) and waits for "probes live". Its stdout (the exit
+/// summary, a few KiB) is piped for the caller to read after stopping it.
+pub(crate) fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str]) -> Result<Child> {
     let mut child = Command::new(llmprof)
         .args(["attach", "--pid", &pid.to_string(), "-o"])
         .arg(trace)
-        .stdout(Stdio::null())
+        .args(extra)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting llmprof attach")?;

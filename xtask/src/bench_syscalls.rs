@@ -14,8 +14,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
@@ -188,8 +186,8 @@ pub fn run(args: &[String]) -> Result<()> {
             let mode = modes[(round + k) % modes.len()];
             let session = match mode {
                 Mode::Detached => None,
-                Mode::Attached => Some(start_attach(&llmprof, t.pid, &trace, &[])?),
-                Mode::Budget => Some(start_attach(
+                Mode::Attached => Some(crate::bench::start_attach(&llmprof, t.pid, &trace, &[])?),
+                Mode::Budget => Some(crate::bench::start_attach(
                     &llmprof,
                     t.pid,
                     &trace,
@@ -244,31 +242,6 @@ fn pick_work(t: &mut Testee, rate: f64) -> Result<u64> {
         }
     }
     bail!("the busy work did not measurably take CPU time: is the testee running?")
-}
-
-fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str]) -> Result<Child> {
-    let mut child = Command::new(llmprof)
-        .args(["attach", "--pid", &pid.to_string(), "-o"])
-        .arg(trace)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting llmprof attach")?;
-    let stderr = child.stderr.take().context("no stderr")?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("probes live") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
-        let _ = child.kill();
-        bail!("llmprof attach did not report `probes live` within 60 s");
-    }
-    Ok(child)
 }
 
 /// Ends the session like Ctrl-C; its stdout (the exit summary).
