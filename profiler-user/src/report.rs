@@ -39,6 +39,22 @@
 //!   size_limit_bytes, size_limit_reached, events_not_written}`; `est_target_pct` is the estimated CPU llmprof
 //!   added as a % of the target's own CPU time (the `--overhead-budget` measure), `at_s` seconds from the
 //!   first slice or instant of the trace. Missing values are `null`.
+//! - `gpu`: the GPU layer, `null` when the trace has none of it (no NVML counter, no CUDA driver call slice,
+//!   no GPU marker): `{gpus: [{index, name, counters: [{metric, unit, samples, mean, max, last}],
+//!   process_memory_mib: [{pid, samples, mean, max, last}]}], cuda: {functions: [{function, calls, total_ms,
+//!   individual}], host_total_ms, synchronize_calls, synchronize_ms, launches_per_step, summary, probe},
+//!   markers: [text]}`. `counters` are the NVML counter tracks of the GPU in the sink's order (`metric` =
+//!   the track name after `GPU N `, e.g. `utilization`, `memory used`, `power`; `unit` `%`, `MiB`, `W`, `MHz`,
+//!   `°C`, `MB/s`), `process_memory_mib` the target's own device memory on it (`GPU N memory (pid P)`).
+//!   `functions`: CUDA driver host time by function (the name without the `_v2`/`_ptsz` variant), by
+//!   `total_ms` descending: `calls` and `total_ms` count the individual slices and the calls inside batches
+//!   (their `functions` arg), `individual` is the stats of the individual slices (synchronize calls always,
+//!   copies/allocations ≥ 50 µs). `synchronize_*`: the `cu*Synchronize` slices, where the host waited for the
+//!   GPU. `launches_per_step`: stats of the kernel/graph launches per engine step (summed over the batches
+//!   with one `step_id` in one process; `count` 0 without engine probes). `summary`: the summary's
+//!   `cuda_calls` `{calls, individual, batches, batched, over_budget}` or `null`; `probe`: the `cuda` probe's
+//!   `{hits, emitted, dropped}` or `null`. `markers`: the GPU layer's markers on the `llmprof` track
+//!   (`GPU counters unavailable: ...`, `libcuda not loaded ...`, `CUDA driver probes attached/failed ...`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -50,7 +66,9 @@ use crate::perfetto::schema::{
     SEQ_INCREMENTAL_STATE_CLEARED, TRACE_PACKET_TAG, TYPE_COUNTER, TYPE_INSTANT, TYPE_SLICE_BEGIN,
     TYPE_SLICE_END, TracePacket,
 };
-use crate::perfetto::sink::{DEGRADATION_PREFIX, LLMPROF_TRACK, STEPS_TRACK, SUMMARY_EVENT};
+use crate::perfetto::sink::{
+    CUDA_TRACK, DEGRADATION_PREFIX, GPU_COUNTERS, LLMPROF_TRACK, STEPS_TRACK, SUMMARY_EVENT,
+};
 
 /// Version tag of the `--json` layout (bumped only on an incompatible change).
 pub const JSON_FORMAT: &str = "llmprof-report/1";
@@ -78,6 +96,15 @@ const RUNNING: &str = "requests running";
 const PREEMPTIONS: &str = "preemptions";
 /// Prefix of the per-probe drop counter tracks.
 const DROPS_PREFIX: &str = "llmprof drops: ";
+/// Beginnings of the GPU layer's markers on the `llmprof` track (`gpu/mod.rs`).
+const GPU_MARKERS: [&str; 4] = [
+    "GPU counters unavailable",
+    "NVML",
+    "libcuda not loaded",
+    "CUDA driver probes",
+];
+/// Suffix of every CUDA driver call slice name (`cuStreamSynchronize (host)`, `cuLaunchKernel ×N (host)`).
+const CUDA_SUFFIX: &str = " (host)";
 
 /// Why a trace could not be reported on.
 #[derive(Debug, thiserror::Error)]
@@ -340,6 +367,7 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> {
             || n == STEPS_TRACK
             || n.starts_with(DROPS_PREFIX)
             || n.starts_with("request ")
+            || n == CUDA_TRACK
             || [KV_USAGE, WAITING, RUNNING, PREEMPTIONS].contains(&n)
             || t.slices
                 .iter()
@@ -515,6 +543,81 @@ pub struct ProbeRow {
     pub dropped: u64,
 }
 
+/// One NVML counter track of a GPU, summarized.
+#[derive(Clone, Debug, Default)]
+pub struct GpuCounterRow {
+    /// Track name after `GPU N ` (`utilization`, `memory used`, ...).
+    pub metric: String,
+    /// Its unit (`%`, `MiB`, `W`, `MHz`, `°C`, `MB/s`).
+    pub unit: String,
+    /// The samples.
+    pub summary: CounterSummary,
+}
+
+/// One GPU's counters.
+#[derive(Clone, Debug, Default)]
+pub struct GpuRow {
+    /// NVML index.
+    pub index: u64,
+    /// Name and UUID as the group track shows them (empty when the group track is missing).
+    pub name: String,
+    /// Counter tracks, in the sink's order.
+    pub counters: Vec<GpuCounterRow>,
+    /// The traced processes' device memory on this GPU, MiB: `(pid, samples)`.
+    pub process_memory: Vec<(u64, CounterSummary)>,
+}
+
+/// CUDA driver host time of one function.
+#[derive(Clone, Debug, Default)]
+pub struct CudaFnRow {
+    /// Function name without its variant suffix (`cuStreamSynchronize`, `cuLaunchKernel`).
+    pub function: String,
+    /// Calls: individual slices plus the calls counted inside batches.
+    pub calls: u64,
+    /// Host time of all of them, ms.
+    pub total_ms: f64,
+    /// Durations of the individual slices, ms.
+    pub individual: Stats,
+}
+
+/// The summary's `cuda_calls`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CudaCallsSummary {
+    /// Calls seen.
+    pub calls: u64,
+    /// Calls shown one by one.
+    pub individual: u64,
+    /// Batch slices.
+    pub batches: u64,
+    /// Calls inside batches.
+    pub batched: u64,
+    /// Calls batched because their thread was over the individual-slice budget.
+    pub over_budget: u64,
+}
+
+/// The GPU layer of the trace.
+#[derive(Clone, Debug, Default)]
+pub struct GpuSection {
+    /// Per GPU, by index.
+    pub gpus: Vec<GpuRow>,
+    /// CUDA driver host time by function, by total time descending.
+    pub cuda_functions: Vec<CudaFnRow>,
+    /// All CUDA driver host time, ms.
+    pub cuda_host_total_ms: f64,
+    /// `cu*Synchronize` slices: where the host waited for the GPU.
+    pub synchronize_calls: u64,
+    /// Their total, ms.
+    pub synchronize_ms: f64,
+    /// Kernel/graph launches per engine step (batches with a `step_id`).
+    pub launches_per_step: Stats,
+    /// The summary's `cuda_calls`.
+    pub summary: Option<CudaCallsSummary>,
+    /// The `cuda` probe's counters.
+    pub probe: Option<ProbeRow>,
+    /// The GPU layer's markers, in time order.
+    pub markers: Vec<String>,
+}
+
 /// Everything `llmprof report` prints.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
@@ -558,6 +661,8 @@ pub struct Report {
     pub probes: Vec<ProbeRow>,
     /// llmprof's self-accounting (None: a trace without it).
     pub overhead: Option<OverheadReport>,
+    /// The GPU layer (None: a trace without any of it).
+    pub gpu: Option<GpuSection>,
 }
 
 /// One step the overhead budget took.
@@ -948,7 +1053,155 @@ fn analyze(path: &Path, d: &Decoded) -> Report {
         }
     }
     overhead_events(d, &mut r);
+    r.gpu = gpu_section(d, &r);
     r
+}
+
+/// `cuLaunchKernel=50 (0.200 ms) cuMemcpyDtoH=3 (0.010 ms)` (a batch's `functions` arg) → (name, calls, ms).
+fn batch_functions(s: &str) -> Vec<(String, u64, f64)> {
+    let mut out: Vec<(String, u64, f64)> = Vec::new();
+    for w in s.split_whitespace() {
+        if let Some((name, n)) = w.split_once('=') {
+            out.push((name.to_owned(), n.parse().unwrap_or(0), 0.0));
+        } else if let Some(v) = w.strip_prefix('(').and_then(|v| v.parse::<f64>().ok())
+            && let Some(last) = out.last_mut()
+        {
+            last.2 = v;
+        }
+    }
+    out
+}
+
+/// The GPU section: NVML counter tracks, CUDA driver call slices, GPU markers, the `cuda` summary values.
+fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
+    let mut g = GpuSection::default();
+    let mut gpus: BTreeMap<u64, GpuRow> = BTreeMap::new();
+    let mut metric_order: BTreeMap<(u64, usize), GpuCounterRow> = BTreeMap::new();
+    let mut fns: BTreeMap<String, (u64, f64, Vec<f64>)> = BTreeMap::new();
+    let mut launches: BTreeMap<(Option<u64>, u64), f64> = BTreeMap::new();
+    for t in d.tracks.values() {
+        let name = t.name.as_deref().unwrap_or("");
+        if let Some((idx, rest)) = name.strip_prefix("GPU ").and_then(|n| n.split_once(' ')) {
+            if let Some(i) = idx.strip_suffix(':').and_then(|i| i.parse::<u64>().ok()) {
+                gpus.entry(i).or_default().name = rest.to_owned();
+            } else if let Ok(i) = idx.parse::<u64>() {
+                let pid = rest
+                    .strip_prefix("memory (pid ")
+                    .and_then(|p| p.strip_suffix(')'))
+                    .and_then(|p| p.parse::<u64>().ok());
+                if let Some(pid) = pid {
+                    gpus.entry(i)
+                        .or_default()
+                        .process_memory
+                        .push((pid, CounterSummary::of(&t.counter)));
+                } else if let Some(m) = GPU_COUNTERS.iter().position(|(n, _)| *n == rest)
+                    && !t.counter.is_empty()
+                {
+                    gpus.entry(i).or_default();
+                    metric_order.insert(
+                        (i, m),
+                        GpuCounterRow {
+                            metric: rest.to_owned(),
+                            unit: GPU_COUNTERS[m].1.to_owned(),
+                            summary: CounterSummary::of(&t.counter),
+                        },
+                    );
+                }
+            }
+        }
+        if name != CUDA_TRACK {
+            continue;
+        }
+        // The process of the thread whose CUDA track this is (step ids are per process).
+        let process = t.parent.and_then(|p| d.tracks.get(&p)).and_then(|th| th.parent);
+        for s in t.slices.iter().filter(|s| s.name.ends_with(CUDA_SUFFIX)) {
+            if let Some(calls) = arg_f(&s.args, "calls") {
+                let listed = batch_functions(arg_s(&s.args, "functions").unwrap_or(""));
+                for (f, n, ms) in &listed {
+                    let e = fns.entry(f.clone()).or_default();
+                    e.0 += n;
+                    e.1 += ms;
+                }
+                if listed.is_empty() {
+                    let e = fns.entry("(unknown)".to_owned()).or_default();
+                    e.0 += calls as u64;
+                    e.1 += ms(s.dur);
+                }
+                if let Some(step) = arg_f(&s.args, "step_id") {
+                    *launches.entry((process, step as u64)).or_default() +=
+                        arg_f(&s.args, "launches").unwrap_or(0.0);
+                }
+            } else {
+                let f = s.name.trim_end_matches(CUDA_SUFFIX).to_owned();
+                if f.ends_with("Synchronize") {
+                    g.synchronize_calls += 1;
+                    g.synchronize_ms += ms(s.dur);
+                }
+                let e = fns.entry(f).or_default();
+                e.0 += 1;
+                e.1 += ms(s.dur);
+                e.2.push(ms(s.dur));
+            }
+        }
+    }
+    for ((i, _), row) in metric_order {
+        gpus.entry(i).or_default().counters.push(row);
+    }
+    g.gpus = gpus
+        .into_iter()
+        .map(|(index, mut row)| {
+            row.index = index;
+            row
+        })
+        .collect();
+    g.cuda_functions = fns
+        .into_iter()
+        .map(|(function, (calls, total_ms, v))| CudaFnRow {
+            function,
+            calls,
+            total_ms,
+            individual: Stats::of(&v),
+        })
+        .collect();
+    g.cuda_functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+    g.cuda_host_total_ms = g.cuda_functions.iter().map(|f| f.total_ms).sum();
+    g.launches_per_step = Stats::of(&launches.into_values().collect::<Vec<_>>());
+    let llmprof = d
+        .tracks
+        .values()
+        .filter(|t| t.name.as_deref() == Some(LLMPROF_TRACK))
+        .flat_map(|t| t.instants.iter());
+    let mut markers: Vec<(u64, String)> = Vec::new();
+    for i in llmprof {
+        if i.name == SUMMARY_EVENT {
+            if let Some(c) = arg_s(&i.args, "cuda_calls") {
+                let kv = |k: &str| -> u64 {
+                    c.split_whitespace()
+                        .find_map(|w| w.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+                        .unwrap_or(0)
+                };
+                g.summary = Some(CudaCallsSummary {
+                    calls: kv("calls"),
+                    individual: kv("individual"),
+                    batches: kv("batches"),
+                    batched: kv("batched"),
+                    over_budget: kv("over_budget"),
+                });
+            }
+        } else if GPU_MARKERS.iter().any(|m| i.name.starts_with(m)) {
+            markers.push((i.ts, i.name.clone()));
+        }
+    }
+    markers.sort();
+    g.markers = markers.into_iter().map(|(_, m)| m).collect();
+    let has_cuda = !g.cuda_functions.is_empty() || g.summary.is_some();
+    g.probe = r
+        .probes
+        .iter()
+        .find(|p| p.probe == "cuda")
+        .filter(|p| has_cuda || p.dropped > 0 || p.hits.unwrap_or(0) > 0)
+        .cloned();
+    (!g.gpus.is_empty() || has_cuda || !g.markers.is_empty()).then_some(g)
 }
 
 /// The budget's instants and the size marker on the llmprof track (present even without a summary).
@@ -1264,6 +1517,7 @@ impl Report {
                 "overhead",
                 self.overhead.as_ref().map_or(Json::Null, overhead_json),
             ),
+            ("gpu", self.gpu.as_ref().map_or(Json::Null, gpu_json)),
         ]);
         let mut out = serde_json::to_string_pretty(&doc.into_value()).unwrap_or_default();
         out.push('\n');
@@ -1273,6 +1527,7 @@ impl Report {
     /// The terminal report.
     pub fn to_text(&self) -> String {
         let mut o = self.to_text_main();
+        gpu_text(&mut o, self.gpu.as_ref());
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }
@@ -1420,11 +1675,11 @@ impl Report {
             self.decode_errors,
             self.drops_source.replace('_', " ")
         );
-        for p in self
-            .probes
-            .iter()
-            .filter(|p| p.dropped > 0 || p.hits.unwrap_or(0) > 0)
-        {
+        for p in self.probes.iter().filter(|p| {
+            p.dropped > 0
+                || p.hits.unwrap_or(0) > 0
+                || (p.probe == "cuda" && self.gpu.as_ref().is_some_and(|g| g.probe.is_some()))
+        }) {
             let _ = writeln!(
                 o,
                 "  {:<16} hits {:>10}  emitted {:>10}  dropped {:>8}",
@@ -1435,6 +1690,198 @@ impl Report {
             );
         }
         o
+    }
+}
+
+fn counter_json(c: &CounterSummary) -> Vec<(&'static str, Json)> {
+    vec![
+        ("samples", Json::Int(c.samples as u64)),
+        ("mean", opt(c.mean)),
+        ("max", opt(c.max)),
+        ("last", opt(c.last)),
+    ]
+}
+
+fn gpu_json(g: &GpuSection) -> Json {
+    let gpus = g
+        .gpus
+        .iter()
+        .map(|row| {
+            Json::Obj(vec![
+                ("index", Json::Int(row.index)),
+                ("name", Json::Str(row.name.clone())),
+                (
+                    "counters",
+                    Json::Arr(
+                        row.counters
+                            .iter()
+                            .map(|c| {
+                                let mut o = vec![
+                                    ("metric", Json::Str(c.metric.clone())),
+                                    ("unit", Json::Str(c.unit.clone())),
+                                ];
+                                o.extend(counter_json(&c.summary));
+                                Json::Obj(o)
+                            })
+                            .collect(),
+                    ),
+                ),
+                (
+                    "process_memory_mib",
+                    Json::Arr(
+                        row.process_memory
+                            .iter()
+                            .map(|(pid, c)| {
+                                let mut o = vec![("pid", Json::Int(*pid))];
+                                o.extend(counter_json(c));
+                                Json::Obj(o)
+                            })
+                            .collect(),
+                    ),
+                ),
+            ])
+        })
+        .collect();
+    let functions = g
+        .cuda_functions
+        .iter()
+        .map(|f| {
+            Json::Obj(vec![
+                ("function", Json::Str(f.function.clone())),
+                ("calls", Json::Int(f.calls)),
+                ("total_ms", Json::Num(f.total_ms)),
+                ("individual", stats_json(&f.individual)),
+            ])
+        })
+        .collect();
+    let summary = g.summary.as_ref().map_or(Json::Null, |s| {
+        Json::Obj(vec![
+            ("calls", Json::Int(s.calls)),
+            ("individual", Json::Int(s.individual)),
+            ("batches", Json::Int(s.batches)),
+            ("batched", Json::Int(s.batched)),
+            ("over_budget", Json::Int(s.over_budget)),
+        ])
+    });
+    let probe = g.probe.as_ref().map_or(Json::Null, |p| {
+        Json::Obj(vec![
+            ("hits", p.hits.map_or(Json::Null, Json::Int)),
+            ("emitted", p.emitted.map_or(Json::Null, Json::Int)),
+            ("dropped", Json::Int(p.dropped)),
+        ])
+    });
+    Json::Obj(vec![
+        ("gpus", Json::Arr(gpus)),
+        (
+            "cuda",
+            Json::Obj(vec![
+                ("functions", Json::Arr(functions)),
+                ("host_total_ms", Json::Num(g.cuda_host_total_ms)),
+                ("synchronize_calls", Json::Int(g.synchronize_calls)),
+                ("synchronize_ms", Json::Num(g.synchronize_ms)),
+                ("launches_per_step", stats_json(&g.launches_per_step)),
+                ("summary", summary),
+                ("probe", probe),
+            ]),
+        ),
+        (
+            "markers",
+            Json::Arr(g.markers.iter().cloned().map(Json::Str).collect()),
+        ),
+    ])
+}
+
+fn gpu_text(out: &mut String, g: Option<&GpuSection>) {
+    let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.2}"));
+    // CUDA calls are µs-scale: three decimals of a millisecond.
+    let f3 = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.3}"));
+    let Some(g) = g else {
+        let _ = writeln!(
+            out,
+            "\nGPU: no GPU data in this trace (no NVML counters, CUDA driver calls or GPU markers)"
+        );
+        return;
+    };
+    let _ = writeln!(out, "\nGPU");
+    if g.gpus.is_empty() {
+        let _ = writeln!(out, "  no NVML counters");
+    }
+    for row in &g.gpus {
+        let _ = writeln!(out, "  GPU {}: {}", row.index, row.name);
+        for c in &row.counters {
+            let _ = writeln!(
+                out,
+                "    {:<26} samples {:>6}  mean {:>10}  max {:>10} {}",
+                c.metric,
+                c.summary.samples,
+                f(c.summary.mean),
+                f(c.summary.max),
+                c.unit
+            );
+        }
+        for (pid, c) in &row.process_memory {
+            let _ = writeln!(
+                out,
+                "    {:<26} samples {:>6}  mean {:>10}  max {:>10} MiB",
+                format!("memory of pid {pid}"),
+                c.samples,
+                f(c.mean),
+                f(c.max)
+            );
+        }
+    }
+    if g.cuda_functions.is_empty() {
+        let _ = writeln!(out, "  CUDA driver calls: none");
+    } else {
+        let _ = writeln!(
+            out,
+            "  CUDA driver calls, host time: {:.3} ms; the host waited for the GPU in {} synchronize calls, \
+             {:.3} ms",
+            g.cuda_host_total_ms, g.synchronize_calls, g.synchronize_ms
+        );
+        let _ = writeln!(
+            out,
+            "    {:<24} {:>9} {:>12} {:>7} {:>10} {:>10} {:>10}",
+            "function", "calls", "total ms", "slices", "p50 ms", "p99 ms", "max ms"
+        );
+        for c in g.cuda_functions.iter().take(TEXT_ROWS) {
+            let _ = writeln!(
+                out,
+                "    {:<24} {:>9} {:>12.3} {:>7} {:>10} {:>10} {:>10}",
+                c.function,
+                c.calls,
+                c.total_ms,
+                c.individual.count,
+                f3(c.individual.p50),
+                f3(c.individual.p99),
+                f3(c.individual.max)
+            );
+        }
+    }
+    let l = &g.launches_per_step;
+    if l.count > 0 {
+        let _ = writeln!(
+            out,
+            "  launches per engine step: {} steps, p50 {:.0}, max {:.0}",
+            l.count,
+            l.p50.unwrap_or(0.0),
+            l.max.unwrap_or(0.0)
+        );
+    } else if !g.cuda_functions.is_empty() {
+        let _ = writeln!(
+            out,
+            "  launches per engine step: - (no engine step ids: batches are per 10 ms window)"
+        );
+    }
+    if let Some(s) = &g.summary {
+        let _ = writeln!(
+            out,
+            "  calls {}: {} individual, {} in {} batches, {} batched over the individual-slice budget",
+            s.calls, s.individual, s.batched, s.batches, s.over_budget
+        );
+    }
+    for m in &g.markers {
+        let _ = writeln!(out, "  marker: {m}");
     }
 }
 

@@ -85,8 +85,9 @@ const NS_GLOBAL: u64 = 7;
 const NS_CUDA: u64 = 8;
 const NS_GPU: u64 = 9;
 
-/// GPU counter tracks: (name suffix after "GPU N ", unit). Index = metric id in the track uuid.
-const GPU_COUNTERS: [(&str, &str); 8] = [
+/// GPU counter tracks: (name suffix after "GPU N ", unit). Index = metric id in the track uuid; `llmprof
+/// report` reads the tracks back by these names.
+pub const GPU_COUNTERS: [(&str, &str); 8] = [
     ("utilization", "%"),
     ("memory utilization", "%"),
     ("memory used", "MiB"),
