@@ -84,10 +84,11 @@ patched probe's first byte tells the optimized NOP5 path, a call, from the int3 
 Exit codes: 0 ready to attach (warnings allowed); otherwise the first failure's: 3 not root,
 4 no such process, 5 kernel lacks a needed feature, 6 engine probe ABI mismatch.")]
     Doctor(DoctorArgs),
-    /// Summarize a trace: TTFT decomposition, ITL, steps, KV cache, syscalls, model files, egress, drops.
+    /// Summarize a trace: TTFT decomposition, ITL, steps, KV cache, syscalls, model files, egress, drops, GPU.
     #[command(after_help = "Examples:
   llmprof report incident.perfetto-trace
   llmprof report incident.perfetto-trace --json | jq '.requests.ttft_ms'
+  llmprof report incident.perfetto-trace --json | jq '.gpu.cuda.functions[:3]'
 
 Reads the files `llmprof attach` writes (no trace processor needed); exits 1 with a clear message when the
 file is not one. The --json fields are listed at the top of profiler-user/src/report.rs (`cargo doc`).")]
