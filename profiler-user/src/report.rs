@@ -2034,6 +2034,18 @@ mod tests {
     }
 
     #[test]
+    fn batch_functions_arg_is_split_per_function() {
+        assert_eq!(
+            batch_functions("cuLaunchKernel=50 (0.200 ms) cuMemcpyHtoDAsync=3 (0.012 ms)"),
+            vec![
+                ("cuLaunchKernel".to_owned(), 50, 0.2),
+                ("cuMemcpyHtoDAsync".to_owned(), 3, 0.012)
+            ]
+        );
+        assert!(batch_functions("").is_empty());
+    }
+
+    #[test]
     fn garbage_is_not_a_trace() {
         let p = Path::new("x");
         assert!(matches!(from_bytes(p, &[]), Err(ReportError::Empty { .. })));
