@@ -17,6 +17,10 @@ use e2e::trace_processor::Trace;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
+/// Held by the tests whose timing a CPU-heavy neighbour would upset (the late-load test waits a fixed time for
+/// the next tick) and by the CPU-heavy budget test: on a 2-core machine they do not overlap.
+static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Points NVML at a library that does not exist, so the "NVML absent" path runs on any host.
 const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
 
@@ -369,6 +373,7 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
     if !preconditions() {
         return;
     }
+    let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-budget-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
@@ -412,6 +417,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     if !preconditions() {
         return;
     }
+    let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-late-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
