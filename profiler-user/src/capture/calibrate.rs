@@ -19,7 +19,7 @@
 //!
 //! CUDA driver probes (when the capture may attach them, [`super::CaptureConfig::calibrate_cuda`]): the
 //! `llmprof_cuent`/`llmprof_curet` pair is attached to [`llmprof_calibrate_cuda_call`], a no-op stand-in
-//! for a driver function in llmprof itself, and a call is timed detached and attached (~5 ms). A CUDA call
+//! for a driver function in llmprof itself, and a call is timed detached and attached (~7 ms). A CUDA call
 //! costs `cuda_call_ns`, the entry uprobe *and* the return uprobe (the uretprobe's trampoline is the larger
 //! part), minus `syscall_ns` × the syscall hits each call produced (a 6.11+ kernel returns through the
 //! `uretprobe` syscall). The `cuda` counter counts one hit per call (at entry), so hits × `cuda_call_ns`.
@@ -39,9 +39,9 @@ use super::CaptureError;
 /// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
 /// host, idle to loaded).
 pub const STARTUP_CALLS_PER_ROUND: u32 = 600;
-/// Calls per timed round of the CUDA probe pair (an int3 entry + uretprobe costs µs: 5 rounds of
-/// 200 calls attached take ~5 ms).
-pub const CUDA_CALLS_PER_ROUND: u32 = 200;
+/// Calls per timed round of the CUDA probe pair (entry + return uprobe: ~20 µs a call on this 2-core VM,
+/// so 5 rounds of 60 calls attached take ~7 ms; 200 took ~25 ms).
+pub const CUDA_CALLS_PER_ROUND: u32 = 60;
 /// Rounds timed per measurement; the median round is used (robust to one preemption).
 pub const ROUNDS: usize = 5;
 

@@ -100,7 +100,7 @@ pub struct CaptureConfig {
     pub capture_content: bool,
     /// Measure the per-hit cost on llmprof itself before tracing the targets ([`calibrate`], ~40 ms).
     pub calibrate: bool,
-    /// With `calibrate`: also measure the CUDA driver probe pair (~5 ms; set when CUDA probes may be
+    /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
 }
