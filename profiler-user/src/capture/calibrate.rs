@@ -220,13 +220,16 @@ pub(super) fn startup(
         ..Raw::default()
     };
     set_traced(ebpf, me, true)?;
-    let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded).and_then(|()| {
-        if cuda {
-            measure_cuda(ebpf, &mut raw)
-        } else {
-            Ok(())
-        }
-    });
+    let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
+    // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
+    // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
+    if cuda
+        && measured.is_ok()
+        && let Err(e) = measure_cuda(ebpf, &mut raw)
+    {
+        log::warn!("calibrate: CUDA probe cost not measured: {e}");
+        raw.cuda_attached = None;
+    }
     // Undo in every case: this process leaves the map before anything else can fail.
     let untraced = set_traced(ebpf, me, false);
     measured?;
