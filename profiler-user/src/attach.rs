@@ -201,6 +201,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         ring_bytes: opts.ring_bytes,
         capture_content,
         calibrate: true,
+        calibrate_cuda: opts.gpu.cuda,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {

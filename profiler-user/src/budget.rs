@@ -12,9 +12,12 @@
 //! **Order** ([`LEVELS`]), one step per judgment that exceeds the budget, never undone within a session:
 //! 1. `syscall_events_off` — individual (slow) syscall events stop; the kernel aggregates continue;
 //! 2. `ranges_sampled` — NVTX-style ranges of 1 step in [`RANGE_SAMPLE_EVERY`] only;
-//! 3. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
+//! 3. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
+//!    attached later: CUDA call events stop (this is what removes the cost of a launch-heavy target; they
+//!    are neither engine steps nor requests);
+//! 4. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
 //!    events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 4. `ranges_detached` — the range uprobe is detached.
+//! 5. `ranges_detached` — the range uprobe is detached.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -41,7 +44,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 4] = [
+pub const LEVELS: [(&str, &str); 5] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -49,6 +52,10 @@ pub const LEVELS: [(&str, &str); 4] = [
     (
         "ranges_sampled",
         "NVTX-style ranges sampled: 1 step in 16 (steps and requests complete)",
+    ),
+    (
+        "cuda_detached",
+        "CUDA driver uprobes detached: CUDA call events stop (steps and requests complete)",
     ),
     (
         "syscalls_detached",
@@ -201,6 +208,11 @@ pub fn apply(
         0 => capture.set_knob(Knob::SyscallEventsOff, 1)?,
         1 => capture.set_knob(Knob::RangeSampleEvery, RANGE_SAMPLE_EVERY)?,
         2 => {
+            if !capture.detach_cuda()? {
+                change.push_str(" (none was attached)");
+            }
+        }
+        3 => {
             if !capture.detach_syscalls()? {
                 change.push_str(" (were not attached)");
             }
@@ -263,7 +275,7 @@ mod tests {
         let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
         // 50k syscalls × 1 µs = 50 ms added to 100 ms of target CPU: +100 %.
         let mut levels = Vec::new();
-        for i in 1..=6u64 {
+        for i in 1..=7u64 {
             match b.check(snap(t, 100 * i, 50_000 * i, 100 * i)) {
                 Verdict::Degrade { level, overhead_pct } => {
                     assert!((overhead_pct - 100.0).abs() < 1e-6);
@@ -273,7 +285,7 @@ mod tests {
                 Verdict::Ok => levels.push(0),
             }
         }
-        assert_eq!(levels, [1, 2, 3, 4, 99, 0]);
+        assert_eq!(levels, [1, 2, 3, 4, 5, 99, 0]);
         assert!(b.exhausted());
     }
 

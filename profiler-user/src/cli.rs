@@ -63,7 +63,7 @@ pub enum Command {
 Ends on Ctrl-C / SIGTERM, when the duration elapsed, when the target exits, or when --max-trace-size is
 reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
 Every trace accounts for llmprof itself: per-probe hits, events and drops, the cost per hit measured at
-start-up, the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]
+start-up (CUDA driver calls included), the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]
     Attach(Box<AttachArgs>),
     /// Serve a trace to Perfetto UI (https://ui.perfetto.dev) from 127.0.0.1 and print the link.
     #[command(after_help = "Examples:
@@ -146,8 +146,9 @@ pub struct AttachArgs {
     #[arg(long)]
     pub no_cuda: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
-    /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then syscall
-    /// tracepoints detached, then ranges detached; steps and requests are kept). Default: no budget.
+    /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then CUDA
+    /// driver probes detached, then syscall tracepoints detached, then ranges detached; steps and requests
+    /// are kept). Default: no budget.
     #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker

@@ -149,6 +149,8 @@ pub struct OverheadSample {
     pub cost_syscall_ns: f64,
     /// Calibrated extra ns per engine probe hit (None: no engine probe attached).
     pub cost_probe_ns: Option<f64>,
+    /// Calibrated extra ns per CUDA driver call (entry + return uprobe; None: not measured).
+    pub cost_cuda_ns: Option<f64>,
     /// Degradation level in force (0: full tracing; see `crate::budget::LEVELS`).
     pub level: u32,
 }

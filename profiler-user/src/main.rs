@@ -257,8 +257,11 @@ fn print_overhead(r: &attach::AttachReport) {
                 c.syscalls_per_probe_hit
             )
         });
+        let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
+            format!("{p:.0} ns per CUDA driver call (entry + return probe)")
+        });
         println!(
-            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, probe entry {}",
+            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, probe entry {}",
             c.took_ms,
             c.syscall_ns,
             c.entry_name()

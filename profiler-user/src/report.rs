@@ -705,6 +705,8 @@ pub struct OverheadReport {
     pub cost_ns_engine_probe: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`].
     pub cost_ns_engine_probe_sampled_out: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a CUDA driver call (entry + return probe).
+    pub cost_ns_cuda_call: Option<f64>,
     /// How the engine probe is entered (optimized call or int3).
     pub probe_entry: Option<String>,
     /// `--overhead-budget`, %.
@@ -1031,6 +1033,7 @@ fn analyze(path: &Path, d: &Decoded) -> Report {
                 cost_ns_syscall: f("cost_ns_syscall"),
                 cost_ns_engine_probe: f("cost_ns_engine_probe"),
                 cost_ns_engine_probe_sampled_out: f("cost_ns_engine_probe_sampled_out"),
+                cost_ns_cuda_call: f("cost_ns_cuda_call"),
                 probe_entry: arg_s(&s.args, "probe_entry").map(str::to_owned),
                 budget_pct: f("overhead_budget_pct"),
                 size_limit_bytes: f("trace_size_limit_bytes").map(|v| v as u64),
@@ -1919,6 +1922,7 @@ fn overhead_json(o: &OverheadReport) -> Json {
                     "engine_probe_sampled_out",
                     opt(o.cost_ns_engine_probe_sampled_out),
                 ),
+                ("cuda_call", opt(o.cost_ns_cuda_call)),
             ]),
         ),
         ("probe_entry", o.probe_entry.clone().map_or(Json::Null, Json::Str)),
@@ -1952,12 +1956,13 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
     let _ = writeln!(out, "\nllmprof overhead (self-accounting):");
     let _ = writeln!(
         out,
-        "  est. CPU added to the target {} ms = {} % of its own CPU ({} ms); cost per hit: syscall {} ns, engine probe {} ns ({})",
+        "  est. CPU added to the target {} ms = {} % of its own CPU ({} ms); cost per hit: syscall {} ns, engine probe {} ns, CUDA call {} ns ({})",
         f(o.est_target_cpu_ms, 1),
         f(o.est_target_pct, 2),
         f(o.target_cpu_ms, 1),
         f(o.cost_ns_syscall, 0),
         f(o.cost_ns_engine_probe, 0),
+        f(o.cost_ns_cuda_call, 0),
         o.probe_entry.as_deref().unwrap_or("entry not measured")
     );
     if !o.by_probe_ms.is_empty() {

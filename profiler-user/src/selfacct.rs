@@ -11,7 +11,8 @@
 //! includes the `uprobe` syscall an optimized engine-probe hit makes); the other syscall-derived probes
 //! (model files, connect, send, process exit) nothing extra (they run inside the same exit program); engine
 //! probes, and any uprobe added later, the calibrated uprobe cost, with range hits the sampling knob
-//! skipped at the (lower) sampled-out cost.
+//! skipped at the (lower) sampled-out cost; `cuda` (one hit per driver call, counted at entry) the
+//! calibrated cost of the entry + return uprobe pair (the engine-probe cost when the pair was not measured).
 
 use std::time::Instant;
 
@@ -68,6 +69,8 @@ pub fn added_ns(
             hits * cal.syscall_ns
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
+        } else if i == ProbeId::Cuda as usize {
+            hits * cal.cuda_call_ns.unwrap_or(probe)
         } else if i == ProbeId::Range as usize {
             let sent = (now[i].emitted + now[i].dropped).saturating_sub(before[i].emitted + before[i].dropped)
                 as f64;
@@ -141,6 +144,7 @@ impl SelfAccount {
             llmprof_rss_bytes: rss,
             cost_syscall_ns: self.cal.syscall_ns,
             cost_probe_ns: self.cal.probe_ns,
+            cost_cuda_ns: self.cal.cuda_call_ns,
             level,
         };
         self.last = now;
@@ -264,6 +268,7 @@ mod tests {
             syscall_ns: 1_000.0,
             probe_ns: Some(2_000.0),
             probe_sampled_out_ns: Some(500.0),
+            cuda_call_ns: Some(5_000.0),
             ..Calibration::default()
         }
     }
@@ -275,6 +280,7 @@ mod tests {
         now[ProbeId::Syscalls as usize].hits = 10;
         now[ProbeId::FileIo as usize].hits = 7;
         now[ProbeId::Step as usize].hits = 3;
+        now[ProbeId::Cuda as usize].hits = 4;
         now[ProbeId::Range as usize] = ProbeCounters {
             hits: 10,
             emitted: 3,
@@ -284,6 +290,13 @@ mod tests {
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
         assert_eq!(a[ProbeId::FileIo as usize], 0.0);
         assert_eq!(a[ProbeId::Step as usize], 6_000.0);
+        // A CUDA call pays the entry + return pair, not an engine probe hit.
+        assert_eq!(a[ProbeId::Cuda as usize], 20_000.0);
+        let no_cuda = Calibration {
+            cuda_call_ns: None,
+            ..cal()
+        };
+        assert_eq!(added_ns(&no_cuda, &before, &now)[ProbeId::Cuda as usize], 8_000.0);
         // 4 sent at the full cost, 6 sampled out at the lower one.
         assert_eq!(a[ProbeId::Range as usize], 4.0 * 2_000.0 + 6.0 * 500.0);
     }

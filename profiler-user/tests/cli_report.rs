@@ -549,6 +549,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         llmprof_rss_bytes: 20 << 20,
         cost_syscall_ns: 700.0,
         cost_probe_ns: Some(1_800.0),
+        cost_cuda_ns: Some(4_500.0),
         level: 0,
     };
     let step = Degradation {
@@ -576,6 +577,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
             syscall_ns: 700.0,
             probe_ns: Some(1_800.0),
             probe_entry: Some(0xe8),
+            cuda_call_ns: Some(4_500.0),
             ..Calibration::default()
         }),
         budget_pct: Some(1.0),
@@ -590,6 +592,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     assert_ms(&o["est_target_pct"], 4.0);
     assert_ms(&o["cost_ns"]["syscall"], 700.0);
     assert_ms(&o["cost_ns"]["engine_probe"], 1_800.0);
+    assert_ms(&o["cost_ns"]["cuda_call"], 4_500.0);
     assert_ms(&o["llmprof_max_rss_mib"], 24.0);
     assert_ms(&o["by_probe_ms"]["syscalls"], 40.0);
     assert_eq!(o["probe_entry"], "call (optimized)");
@@ -603,6 +606,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     for want in [
         "llmprof overhead",
         "cost per hit: syscall 700 ns",
+        "CUDA call 4500 ns",
         "syscall_events_off",
         "peak RSS 24.0 MiB",
     ] {

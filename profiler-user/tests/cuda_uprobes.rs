@@ -17,6 +17,10 @@ use e2e::trace_processor::Trace;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
+/// Held by the tests whose timing a CPU-heavy neighbour would upset (the late-load test waits a fixed time for
+/// the next tick) and by the CPU-heavy budget test: on a 2-core machine they do not overlap.
+static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Points NVML at a library that does not exist, so the "NVML absent" path runs on any host.
 const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
 
@@ -87,6 +91,11 @@ impl Testee {
 /// `llmprof attach` on `pid` for `secs`: returns once it says its probes are live, with a receiver of its
 /// (stdout, stderr, success) at exit.
 fn attach(pid: u32, secs: u32, trace: &Path) -> mpsc::Receiver<(String, String, bool)> {
+    attach_with(pid, secs, trace, &[])
+}
+
+/// [`attach`] with more arguments.
+fn attach_with(pid: u32, secs: u32, trace: &Path, args: &[&str]) -> mpsc::Receiver<(String, String, bool)> {
     let mut child = Command::new(LLMPROF)
         .args([
             "attach",
@@ -97,6 +106,7 @@ fn attach(pid: u32, secs: u32, trace: &Path) -> mpsc::Receiver<(String, String, 
             "-o",
         ])
         .arg(trace)
+        .args(args)
         .env(llmprof::gpu::nvml::NVML_LIB_ENV, NO_NVML)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -130,6 +140,24 @@ fn attach(pid: u32, secs: u32, trace: &Path) -> mpsc::Receiver<(String, String, 
 
 fn q(tp: &mut Trace, sql: &str) -> i64 {
     tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn qf(tp: &mut Trace, sql: &str) -> f64 {
+    let rows = tp.query(sql).unwrap_or_else(|e| panic!("{e}"));
+    rows.first()
+        .and_then(|r| r.as_object())
+        .and_then(|o| o.values().next())
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("no number from {sql}: {rows:?}"))
+}
+
+fn counter_max(tp: &mut Trace, track: &str) -> f64 {
+    qf(
+        tp,
+        &format!(
+            "select max(c.value) from counter c join counter_track t on c.track_id = t.id where t.name = '{track}'"
+        ),
+    )
 }
 
 /// Slices on the CUDA tracks named `name`.
@@ -279,6 +307,109 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The summary's `overhead_by_probe_ms` entry of `probe`, ms.
+fn by_probe_ms(tp: &mut Trace, probe: &str) -> f64 {
+    let rows = tp
+        .query("select extract_arg(arg_set_id, 'debug.overhead_by_probe_ms') as b from slice where name = 'llmprof summary'")
+        .unwrap();
+    let b = rows[0]["b"].as_str().unwrap_or_default().to_owned();
+    b.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == probe)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {probe} in overhead_by_probe_ms {b:?}"))
+}
+
+/// The self-accounting covers the CUDA probes: the entry + return pair is calibrated at start-up, and the
+/// estimate charges each traced driver call that cost (an H200 run once said 0.0 ms for 66k calls).
+#[test]
+fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
+    if !preconditions() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("llmprof-cuda-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = build_fake_libcuda(&dir);
+    let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
+    let trace = dir.join("cost.perfetto-trace");
+    let done = attach(t.child.id(), 2, &trace);
+    t.cmd("cuda 3 1000", "cuda done");
+    let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(30)).unwrap();
+    t.cmd("exit", "");
+    let _ = t.child.wait();
+    assert!(ok, "attach failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("ns per CUDA driver call (entry + return probe)"),
+        "{stdout}"
+    );
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    let cost = qf(
+        &mut tp,
+        "select extract_arg(arg_set_id, 'debug.cost_ns_cuda_call') from slice where name = 'llmprof summary'",
+    );
+    eprintln!(
+        "calibrated CUDA call cost: {cost:.0} ns, charged {:.2} ms",
+        by_probe_ms(&mut tp, "cuda")
+    );
+    assert!(cost > 0.0, "calibrated CUDA call cost {cost} ns");
+    // 3 × (1,000 launches + 8 other calls) at least, each charged the calibrated pair.
+    let cuda_ms = by_probe_ms(&mut tp, "cuda");
+    assert!(
+        cuda_ms >= 3_000.0 * cost / 1e6 * 0.99,
+        "cuda charged {cuda_ms} ms at {cost} ns per call"
+    );
+    assert!(
+        counter_max(&mut tp, "llmprof cost per hit: CUDA call (entry + return probe)") > 0.0,
+        "the cost counter track"
+    );
+    drop(tp);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With a budget a launch-heavy target blows, the `cuda_detached` step comes, and no CUDA call is traced
+/// after it.
+#[test]
+fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
+    if !preconditions() {
+        return;
+    }
+    let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::env::temp_dir().join(format!("llmprof-cuda-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = build_fake_libcuda(&dir);
+    let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
+    let trace = dir.join("budget.perfetto-trace");
+    let done = attach_with(t.child.id(), 8, &trace, &["--overhead-budget", "0.5%"]);
+    t.cmd("cuda 150 5000", "cuda done");
+    let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(40)).unwrap();
+    t.cmd("exit", "");
+    let _ = t.child.wait();
+    assert!(ok, "attach failed:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("CUDA driver uprobes detached"), "{stderr}");
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    let at = q(
+        &mut tp,
+        "select ts from slice where name = 'overhead budget: cuda_detached' order by ts limit 1",
+    );
+    assert!(
+        q(
+            &mut tp,
+            &format!("select count(*) from slice where category = 'cuda-host' and ts < {at}")
+        ) > 0,
+        "CUDA calls traced before the step"
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from slice where category = 'cuda-host' and ts > {at}")
+        ),
+        0,
+        "no CUDA call traced after cuda_detached"
+    );
+    drop(tp);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A process that loads libcuda after llmprof attached (as PyTorch does on first CUDA use): the probes are
 /// attached on the next tick and its calls are traced.
 #[test]
@@ -286,6 +417,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     if !preconditions() {
         return;
     }
+    let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-late-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);

@@ -16,19 +16,32 @@
 //! `uprobe` syscall that the raw_syscalls programs may see and count as a syscall hit, so `probe_ns` is the
 //! attached-minus-detached time of a probe call minus `syscall_ns` × the syscall hits each call produced
 //! (measured, `syscalls_per_probe_hit`): every nanosecond is counted once.
+//!
+//! CUDA driver probes (when the capture may attach them, [`super::CaptureConfig::calibrate_cuda`]): the
+//! `llmprof_cuent`/`llmprof_curet` pair is attached to [`llmprof_calibrate_cuda_call`], a no-op stand-in
+//! for a driver function in llmprof itself, and a call is timed detached and attached (~7 ms). A CUDA call
+//! costs `cuda_call_ns`, the entry uprobe *and* the return uprobe (the uretprobe's trampoline is the larger
+//! part), minus `syscall_ns` × the syscall hits each call produced (a 6.11+ kernel returns through the
+//! `uretprobe` syscall). The `cuda` counter counts one hit per call (at entry), so hits × `cuda_call_ns`.
 
 use std::time::Instant;
 
 use aya::maps::HashMap;
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
-use llmprof_abi::{Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey, SyscallStats};
+use llmprof_abi::{
+    CudaFunc, CudaVariant, Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey,
+    SyscallStats,
+};
 
 use super::CaptureError;
 
 /// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
 /// host, idle to loaded).
 pub const STARTUP_CALLS_PER_ROUND: u32 = 600;
+/// Calls per timed round of the CUDA probe pair (entry + return uprobe: ~20 µs a call on this 2-core VM,
+/// so 5 rounds of 60 calls attached take ~7 ms; 200 took ~25 ms).
+pub const CUDA_CALLS_PER_ROUND: u32 = 60;
 /// Rounds timed per measurement; the median round is used (robust to one preemption).
 pub const ROUNDS: usize = 5;
 
@@ -53,6 +66,9 @@ pub struct Calibration {
     pub syscalls_per_probe_hit: f64,
     /// First byte of the attached probe ([`ENTRY_CALL`]: optimized NOP5 path, [`ENTRY_INT3`]: trap).
     pub probe_entry: Option<u8>,
+    /// Extra ns per CUDA driver call traced by the entry uprobe + return uprobe pair, excluding the
+    /// syscalls the pair makes (counted by `syscall_ns`). `None` when not measured (CUDA probes off).
+    pub cuda_call_ns: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }
@@ -134,6 +150,12 @@ pub struct Raw {
     pub syscalls_per_call: f64,
     /// First byte of the attached probe.
     pub entry: Option<u8>,
+    /// Call of [`llmprof_calibrate_cuda_call`] detached / with the CUDA probe pair attached, ns.
+    pub cuda_detached: f64,
+    /// See [`Raw::cuda_detached`]; None when not measured.
+    pub cuda_attached: Option<f64>,
+    /// Syscall hits counted per CUDA-probed call (the `uretprobe` syscall on 6.11+ kernels).
+    pub syscalls_per_cuda_call: f64,
 }
 
 impl Raw {
@@ -149,17 +171,37 @@ impl Raw {
             probe_sampled_out_ns: self.probe_sampled_out.map(probe),
             syscalls_per_probe_hit: self.syscalls_per_call,
             probe_entry: self.entry,
+            cuda_call_ns: self
+                .cuda_attached
+                .map(|a| (a - self.cuda_detached - syscall_ns * self.syscalls_per_cuda_call).max(0.0)),
             took_ms,
         }
     }
 }
 
+/// The function the CUDA probe pair is attached to while calibrating: a stand-in for a driver call that
+/// returns at once (so what the timing sees is the entry uprobe and the return uprobe).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn llmprof_calibrate_cuda_call(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_add(1)
+}
+
+/// Median over [`ROUNDS`] of the mean ns per [`llmprof_calibrate_cuda_call`] in a round of `calls`.
+pub fn median_ns_per_cuda_call(calls: u32) -> f64 {
+    median_round(calls, || {
+        std::hint::black_box(llmprof_calibrate_cuda_call(std::hint::black_box(1)));
+    })
+}
+
 /// Traces this process with the just-loaded programs and times it (see the module docs), then undoes it.
+/// `cuda`: also load the CUDA programs and measure their pair (the caller then counts them as loaded).
 /// Returns the calibration and the counter values it left behind (the baseline to subtract).
 pub(super) fn startup(
     ebpf: &mut aya::Ebpf,
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     range_probe_loaded: bool,
+    cuda: bool,
     sys_untraced: Option<f64>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
@@ -170,10 +212,24 @@ pub(super) fn startup(
     let mut raw = Raw {
         sys_untraced: sys_untraced.unwrap_or_else(|| median_ns_per_syscall(calls)),
         probe_detached: median_ns_per_call(&rec, calls),
+        cuda_detached: if cuda {
+            median_ns_per_cuda_call(CUDA_CALLS_PER_ROUND)
+        } else {
+            0.0
+        },
         ..Raw::default()
     };
     set_traced(ebpf, me, true)?;
     let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
+    // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
+    // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
+    if cuda
+        && measured.is_ok()
+        && let Err(e) = measure_cuda(ebpf, &mut raw)
+    {
+        log::warn!("calibrate: CUDA probe cost not measured: {e}");
+        raw.cuda_attached = None;
+    }
     // Undo in every case: this process leaves the map before anything else can fail.
     let untraced = set_traced(ebpf, me, false);
     measured?;
@@ -223,6 +279,46 @@ fn measure_traced(
     // The link stays until the capture is dropped: detaching a uprobe waits for an RCU grace period
     // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
     let _ = link;
+    Ok(())
+}
+
+/// Loads the CUDA programs (when not yet loaded) and times [`llmprof_calibrate_cuda_call`] with the pair
+/// attached (return probe first, as [`super::Capture::attach_cuda`] does). The links stay, as in
+/// [`measure_traced`]: llmprof leaves TRACED right after, so its stand-in costs nothing more.
+fn measure_cuda(ebpf: &mut aya::Ebpf, raw: &mut Raw) -> Result<(), CaptureError> {
+    let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
+    let addr = llmprof_calibrate_cuda_call as *const u8 as u64;
+    let Some(off) = self_file_offset(addr) else {
+        log::debug!("calibrate: llmprof's own mapping not found; CUDA probe cost not measured");
+        return Ok(());
+    };
+    let (entry, ret) = super::CUDA_PROGRAMS;
+    for prog in [ret, entry] {
+        let p: &mut UProbe = super::program(ebpf, prog)?;
+        let perr = |source| CaptureError::Program {
+            program: format!("{prog} at llmprof itself (calibration)"),
+            source,
+        };
+        if p.fd().is_err() {
+            p.load().map_err(perr)?;
+        }
+        let point = aya::programs::uprobe::UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(off),
+            cookie: Some(CudaFunc::LaunchKernel.cookie(CudaVariant::Plain)),
+        };
+        let perr = |source| CaptureError::Program {
+            program: format!("{prog} at llmprof itself (calibration)"),
+            source,
+        };
+        p.attach(point, "/proc/self/exe", UProbeScope::OneProcess(me))
+            .map_err(perr)?;
+    }
+    let calls = CUDA_CALLS_PER_ROUND;
+    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    raw.cuda_attached = Some(median_ns_per_cuda_call(calls));
+    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    raw.syscalls_per_cuda_call =
+        sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     Ok(())
 }
 
@@ -287,9 +383,14 @@ mod tests {
             probe_sampled_out: Some(2_202.0),
             syscalls_per_call: 1.0,
             entry: Some(ENTRY_CALL),
+            cuda_detached: 3.0,
+            cuda_attached: Some(5_203.0),
+            syscalls_per_cuda_call: 1.0,
         };
         let c = raw.into_calibration(30.0);
         assert_eq!(c.syscall_ns, 1_200.0);
+        // The uretprobe syscall of each CUDA call is charged as a syscall, not twice.
+        assert_eq!(c.cuda_call_ns, Some(4_000.0));
         assert_eq!(c.probe_ns, Some(1_800.0));
         assert_eq!(c.probe_sampled_out_ns, Some(1_000.0));
         assert_eq!(c.optimized(), Some(true));
@@ -306,6 +407,7 @@ mod tests {
         let c = raw.into_calibration(1.0);
         assert_eq!(c.syscall_ns, 0.0);
         assert_eq!(c.probe_ns, None);
+        assert_eq!(c.cuda_call_ns, None);
         assert_eq!(c.optimized(), None);
     }
 
@@ -327,5 +429,6 @@ mod tests {
         assert!(median_ns_per_syscall(100) > 0.0);
         let rec = RangeRecord::new(llmprof_abi::RangeOp::Mark, 0, 0, "t", "t");
         assert!(median_ns_per_call(&rec, 100) > 0.0);
+        assert!(median_ns_per_cuda_call(100) > 0.0);
     }
 }

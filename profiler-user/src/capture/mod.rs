@@ -100,6 +100,9 @@ pub struct CaptureConfig {
     pub capture_content: bool,
     /// Measure the per-hit cost on llmprof itself before tracing the targets ([`calibrate`], ~40 ms).
     pub calibrate: bool,
+    /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
+    /// attached, see [`Capture::attach_cuda`]).
+    pub calibrate_cuda: bool,
 }
 
 impl Default for CaptureConfig {
@@ -112,6 +115,7 @@ impl Default for CaptureConfig {
             ring_bytes: DEFAULT_RING_BYTES,
             capture_content: false,
             calibrate: false,
+            calibrate_cuda: false,
         }
     }
 }
@@ -220,6 +224,8 @@ pub struct Capture {
     pids: Vec<u32>,
     attach_latency: Duration,
     cuda_loaded: bool,
+    /// The budget detached the CUDA probes ([`Capture::detach_cuda`]): none is attached again.
+    cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
     calibration: Option<Calibration>,
@@ -421,7 +427,13 @@ impl Capture {
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) = calibrate::startup(&mut ebpf, &mut ring, want_uprobes, sys_untraced)?;
+            let (c, base) = calibrate::startup(
+                &mut ebpf,
+                &mut ring,
+                want_uprobes,
+                cfg.calibrate_cuda,
+                sys_untraced,
+            )?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {
@@ -438,6 +450,7 @@ impl Capture {
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
             cuda_loaded: false,
+            cuda_detached: false,
             cuda_links: Vec::new(),
             calibration,
             counter_base,
@@ -457,9 +470,16 @@ impl Capture {
         points: &[(u64, u64)],
     ) -> Result<usize, CaptureError> {
         let (entry, ret) = CUDA_PROGRAMS;
+        if self.cuda_detached {
+            return Ok(0);
+        }
         if !self.cuda_loaded {
             for prog in [ret, entry] {
                 let p: &mut UProbe = program(&mut self.ebpf, prog)?;
+                // The start-up calibration may have loaded it already.
+                if p.fd().is_ok() {
+                    continue;
+                }
                 p.load().map_err(|source| CaptureError::Program {
                     program: prog.to_string(),
                     source,
@@ -605,6 +625,16 @@ impl Capture {
                 source,
             })?;
         }
+        Ok(any)
+    }
+
+    /// Detaches the CUDA driver uprobes and attaches none later (the `cuda_detached` budget step). Returns
+    /// false when none was attached. Takes ~0.1 s per link (RCU grace periods), on parallel threads.
+    pub fn detach_cuda(&mut self) -> Result<bool, CaptureError> {
+        self.cuda_detached = true;
+        let links = std::mem::take(&mut self.cuda_links);
+        let any = !links.is_empty();
+        detach_parallel(links);
         Ok(any)
     }
 

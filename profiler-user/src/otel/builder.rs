@@ -768,6 +768,9 @@ impl SpanBuilder {
             if let Some(p) = o.cost_probe_ns {
                 attrs.push(KeyValue::new(sc::LLMPROF_COST_PROBE_NS, p));
             }
+            if let Some(c) = o.cost_cuda_ns {
+                attrs.push(KeyValue::new(sc::LLMPROF_COST_CUDA_NS, c));
+            }
             attrs.push(KeyValue::new(sc::LLMPROF_DEGRADATION_LEVEL, i64::from(o.level)));
         }
 
@@ -1056,6 +1059,7 @@ mod tests {
                 est_overhead_pct: Some(0.4),
                 cost_syscall_ns: 700.0,
                 cost_probe_ns: Some(1_800.0),
+                cost_cuda_ns: Some(4_500.0),
                 level: 1,
                 ..OverheadSample::default()
             })),
@@ -1070,6 +1074,7 @@ mod tests {
         assert_eq!(attr(req, sc::LLMPROF_OVERHEAD_PCT), Some(&Value::F64(0.4)));
         assert_eq!(attr(req, sc::LLMPROF_COST_SYSCALL_NS), Some(&Value::F64(700.0)));
         assert_eq!(attr(req, sc::LLMPROF_COST_PROBE_NS), Some(&Value::F64(1_800.0)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_CUDA_NS), Some(&Value::F64(4_500.0)));
         assert_eq!(attr(req, sc::LLMPROF_DEGRADATION_LEVEL), Some(&Value::I64(1)));
         assert_eq!(
             attr(&spans[1], sc::LLMPROF_OVERHEAD_PCT),

@@ -140,6 +140,8 @@ pub const LLMPROF_OVERHEAD_PCT: &str = "llmprof.overhead.est_target_cpu_pct";
 pub const LLMPROF_COST_SYSCALL_NS: &str = "llmprof.overhead.cost_per_syscall_ns";
 /// Extra ns per engine probe hit, calibrated at attach start-up.
 pub const LLMPROF_COST_PROBE_NS: &str = "llmprof.overhead.cost_per_probe_hit_ns";
+/// Extra ns per CUDA driver call (entry + return uprobe pair), calibrated at attach start-up.
+pub const LLMPROF_COST_CUDA_NS: &str = "llmprof.overhead.cost_per_cuda_call_ns";
 /// The overhead budget's degradation level in force (0: full tracing; `profiler-user/src/budget.rs`).
 pub const LLMPROF_DEGRADATION_LEVEL: &str = "llmprof.overhead.degradation_level";
 

@@ -62,7 +62,7 @@ pub const SUMMARY_TOP_SYSCALLS: usize = 10;
 /// Prefix of the overhead budget's instants on [`LLMPROF_TRACK`] (followed by the step's name).
 pub const DEGRADATION_PREFIX: &str = "overhead budget: ";
 /// Global counter tracks of llmprof's self-accounting: `(name, unit)`, written every tick.
-pub const OVERHEAD_COUNTERS: [(&str, &str); 7] = [
+pub const OVERHEAD_COUNTERS: [(&str, &str); 8] = [
     ("llmprof overhead: est. target CPU added", "%"),
     ("llmprof overhead: est. added CPU", "ms/s"),
     ("llmprof CPU", "%"),
@@ -70,6 +70,7 @@ pub const OVERHEAD_COUNTERS: [(&str, &str); 7] = [
     ("llmprof cost per hit: syscall", "ns"),
     ("llmprof cost per hit: engine probe", "ns"),
     ("llmprof degradation level", "level"),
+    ("llmprof cost per hit: CUDA call (entry + return probe)", "ns"),
 ];
 /// Key offset of the [`OVERHEAD_COUNTERS`] tracks in the global namespace (drop counters use 1..=probes).
 const OVERHEAD_KEY: u64 = 0x100;
@@ -864,6 +865,9 @@ impl<W: Write> TraceSink<W> {
         if let Some(c) = o.cost_probe_ns {
             self.overhead_counter(5, ts, c)?;
         }
+        if let Some(c) = o.cost_cuda_ns {
+            self.overhead_counter(7, ts, c)?;
+        }
         self.overhead_counter(6, ts, f64::from(o.level))
     }
 
@@ -1205,6 +1209,9 @@ fn overhead_args(o: &crate::event::OverheadSummary) -> Vec<Arg> {
         }
         if let Some(p) = c.probe_sampled_out_ns {
             args.push(arg_f("cost_ns_engine_probe_sampled_out", p));
+        }
+        if let Some(p) = c.cuda_call_ns {
+            args.push(arg_f("cost_ns_cuda_call", p));
         }
         args.push(arg_f("syscalls_per_probe_hit", c.syscalls_per_probe_hit));
         args.push(arg_s("probe_entry", c.entry_name()));
