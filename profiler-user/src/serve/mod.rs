@@ -115,6 +115,8 @@ impl ServeOptions {
         let max_trace_size = s.max_trace_size as u64;
         crate::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
         let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
+        // A bad endpoint or protocol would fail every session: refuse it now.
+        s.otel.resolve().map_err(|e| ServeError::Usage(e.to_string()))?;
         let template = AttachOptions {
             pid: 0,
             duration: Some(s.duration),
@@ -312,6 +314,10 @@ mod tests {
         assert!(matches!(
             options(&["--egress-allow", "nowhere"]),
             Err(ServeError::Usage(e)) if e.contains("--egress-allow")
+        ));
+        assert!(matches!(
+            options(&["--otlp-endpoint", "ftp://collector:4317"]),
+            Err(ServeError::Usage(e)) if e.contains("invalid OTLP endpoint")
         ));
     }
 }
