@@ -9,9 +9,9 @@
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::budget::{self, Budget, Verdict};
@@ -71,6 +71,26 @@ pub struct AttachOptions {
     pub metadata: Option<TraceMetadata>,
     /// History written before the live capture (`llmprof serve`'s flight recorder).
     pub prelude: Option<Prelude>,
+    /// Why `stop` was set, when its setter says so (`llmprof serve`: alert resolved, disk quota, shutdown); the
+    /// trace's `end_reason` then names it instead of [`END_INTERRUPTED`].
+    pub stop_reason: StopReason,
+}
+
+/// Why a session's stop flag was set, shared between whoever stops it and the session. The first reason set
+/// wins; unset (Ctrl-C/SIGTERM of `llmprof attach`), the session ends [`END_INTERRUPTED`].
+#[derive(Clone, Debug, Default)]
+pub struct StopReason(Arc<OnceLock<&'static str>>);
+
+impl StopReason {
+    /// Records `reason` unless one was recorded before (set it before the stop flag). True when it was recorded.
+    pub fn set(&self, reason: &'static str) -> bool {
+        self.0.set(reason).is_ok()
+    }
+
+    /// The recorded reason.
+    pub fn get(&self) -> Option<&'static str> {
+        self.0.get().copied()
+    }
 }
 
 /// Session metadata recorded in the trace as one instant on the llmprof track.
@@ -93,6 +113,9 @@ impl std::fmt::Debug for Prelude {
         f.write_str("Prelude(..)")
     }
 }
+
+/// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM).
+pub const END_INTERRUPTED: &str = "interrupted";
 
 /// `end_reason` when `--max-trace-size` ended the session.
 pub const END_SIZE_LIMIT: &str = "trace size limit reached";
@@ -305,8 +328,9 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     let mut target_exited = false;
     let mut exit_event_seen = false;
     let end_reason = loop {
-        if stop.load(Ordering::Relaxed) {
-            break "interrupted";
+        // Acquire: pairs with the Release of whoever set a stop reason before the flag.
+        if stop.load(Ordering::Acquire) {
+            break opts.stop_reason.get().unwrap_or(END_INTERRUPTED);
         }
         if opts.duration.is_some_and(|d| start.elapsed() >= d) {
             break "duration elapsed";

@@ -214,6 +214,10 @@ pub struct ServeArgs {
     /// Kernel ring-buffer size of each session.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     pub ring_size: usize,
+    /// Hard cap on each session's trace file (as `attach --max-trace-size`): the trace ends cleanly with a
+    /// marker when reached, so one session cannot fill --max-disk on its own.
+    #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_TRACE_SIZE, value_parser = parse_size)]
+    pub max_trace_size: usize,
     /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
@@ -356,6 +360,7 @@ mod tests {
         assert_eq!(s.watch, vec![crate::serve::target::TargetSpec::Port(8000)]);
         assert_eq!(s.flight_recorder, Some(Duration::from_secs(30)));
         assert_eq!(s.max_disk, Some(2 << 30));
+        assert_eq!(s.max_trace_size, 512 << 20, "the documented default");
         assert!(Cli::try_parse_from(["llmprof", "serve", "--out-dir", "t", "--watch", "8000"]).is_err());
     }
 }

@@ -72,6 +72,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         live_status: true,
         metadata: None,
         prelude: None,
+        stop_reason: attach::StopReason::default(),
         overhead_budget: a.overhead_budget,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
     };
@@ -170,60 +171,13 @@ fn run_attach(a: AttachArgs) -> i32 {
 }
 
 fn run_serve(s: ServeArgs) -> i32 {
-    use llmprof::serve::{self, ServeError, ServeOptions, auth::Token, manager::ManagerConfig};
-    let mut egress = Vec::new();
-    for c in &s.egress_allow {
-        match c.parse::<Cidr>() {
-            Ok(c) => egress.push(c),
-            Err(e) => {
-                eprintln!("error: --egress-allow {c}: {e}");
-                return exit::USAGE;
-            }
-        }
-    }
-    let token = match s.token_file.as_deref().map(Token::from_file).transpose() {
-        Ok(t) => t,
+    use llmprof::serve::{self, ServeError, ServeOptions};
+    let opts = match ServeOptions::from_args(s) {
+        Ok(o) => o,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", chain(&e));
             return exit::USAGE;
         }
-    };
-    let template = AttachOptions {
-        pid: 0,
-        duration: Some(s.duration),
-        output: s.out_dir.clone(),
-        slow_syscall: s.slow_syscall,
-        model_patterns: s.model_paths,
-        egress_allow: egress,
-        metrics_url: None,
-        ring_bytes: s.ring_size,
-        verbose: false,
-        otel: s.otel,
-        // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
-        gpu: llmprof::gpu::GpuOptions::default(),
-        overhead_budget: None,
-        max_trace_size: None,
-        live_status: false,
-        metadata: None,
-        prelude: None,
-    };
-    let opts = ServeOptions {
-        listen: s.listen,
-        token,
-        flight_recorder: s.flight_recorder,
-        flight_recorder_memory: s.flight_recorder_memory,
-        watch: s.watch,
-        max_body: s.max_body,
-        manager: ManagerConfig {
-            out_dir: s.out_dir,
-            default_target: s.default_target,
-            default_duration: s.duration,
-            max_duration: s.max_duration,
-            max_sessions: s.max_sessions.max(1),
-            cooldown: s.cooldown,
-            disk_quota: s.max_disk.map(|b| b as u64),
-            template,
-        },
     };
     match serve::run(opts, &STOP) {
         Ok(()) => exit::OK,

@@ -6,6 +6,8 @@
 //! receiver that is down costs a bounded wait and shows up in the counters, never a panic or a hang.
 #![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -16,15 +18,15 @@ use llmprof::event::{Event, EventBody};
 use llmprof::otel::tls::TlsFiles;
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
 use llmprof_abi::{FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
 use prost::Message;
+
+use common::{GrpcReceiver, Received, hex, received_spans, start_grpc_receiver};
 
 const PID: u32 = 31337;
 const MS: u64 = 1_000_000;
@@ -148,50 +150,6 @@ fn boottime_ns() -> u64 {
 }
 
 // ---------------------------------------------------------------- receivers
-
-type Received = Arc<Mutex<Vec<ExportTraceServiceRequest>>>;
-
-#[derive(Clone, Default)]
-struct GrpcReceiver {
-    got: Received,
-}
-
-#[tonic::async_trait]
-impl TraceService for GrpcReceiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.got.lock().unwrap().push(request.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-/// Serves OTLP/gRPC on 127.0.0.1 on a runtime of its own; returns the address and what arrives.
-fn start_grpc_receiver() -> (SocketAddr, Received, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let got = Received::default();
-    let svc = GrpcReceiver { got: got.clone() };
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move {
-        tonic::transport::Server::builder()
-            // Collectors send gzip by default (rotel does): accept it like a real receiver.
-            .add_service(
-                TraceServiceServer::new(svc).accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-            )
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    (addr, got, rt)
-}
 
 /// What the HTTP receiver saw besides the bodies.
 #[derive(Clone, Debug, Default)]
@@ -796,17 +754,6 @@ fn attach_session(endpoint: &str, tag: &str, extra: &[&str]) -> Option<AttachRun
     })
 }
 
-/// Every span the receiver got.
-fn received_spans(got: &Received) -> Vec<Span> {
-    got.lock()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.resource_spans.clone())
-        .flat_map(|rs| rs.scope_spans)
-        .flat_map(|ss| ss.spans)
-        .collect()
-}
-
 /// The request span: the one in the caller's trace under the caller's span.
 fn caller_child(spans: &[Span]) -> &Span {
     spans
@@ -921,10 +868,6 @@ fn attach_with_the_receiver_down_still_writes_the_trace_and_counts_drops() {
         .unwrap();
     assert_eq!(requests, 1, "the request is in the trace");
     let _ = std::fs::remove_file(&run.trace);
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 // ---------------------------------------------------------------- TLS

@@ -262,6 +262,7 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
             "finished trace has its summary: {}",
             t.display()
         );
+        assert_eq!(summary[0]["r"], "llmprof serve stopped", "{}", t.display());
         let alerts = tp
             .query_i64("select count(*) from slice where name = 'alert fired: Burst'")
             .expect("alert instant");
@@ -274,7 +275,12 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
 
 #[test]
 fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
-    if !require(is_root(), "not root: llmprof serve loads eBPF programs") {
+    if !require(is_root(), "not root: llmprof serve loads eBPF programs")
+        || !require(
+            trace_processor::available(),
+            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
+        )
+    {
         return;
     }
     let target = Kill(
@@ -311,6 +317,13 @@ fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
     let (status, bytes) = srv.download(&format!("/v1/sessions/{id}/trace"));
     assert_eq!(status, 200);
     assert!(!bytes.is_empty());
+    // The trace says the same as the API: what stopped it, not a bare "interrupted".
+    let mut tp = trace_processor::load(done["trace"].as_str().expect("trace path")).expect("trace loads");
+    let summary = tp
+        .query("select extract_arg(arg_set_id, 'debug.end_reason') as r from slice where name = 'llmprof summary'")
+        .expect("summary");
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert_eq!(summary[0]["r"], "alert resolved", "{summary:?}");
     let m = srv.metrics();
     assert_eq!(
         counter(&m, "llmprof_serve_sessions_resolved_early_total"),

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::attach::{self, AttachOptions, Prelude, TraceMetadata};
+use crate::attach::{self, AttachOptions, Prelude, StopReason, TraceMetadata};
 use crate::clock::{realtime_ns, rfc3339, utc_civil};
 
 use super::flight::FlightRecorder;
@@ -34,6 +34,12 @@ use super::webhook::{Alert, AlertStatus};
 
 /// Annotation giving a session's duration (e.g. `30s`), parsed like `attach --duration`.
 pub const DURATION_ANNOTATION: &str = "llmprof_duration";
+/// `end_reason` (API and trace) of a session stopped by its alert's `resolved` notification.
+pub const END_RESOLVED: &str = "alert resolved";
+/// `end_reason` of a session stopped because the traces in progress exceed `--max-disk`.
+pub const END_DISK_QUOTA: &str = "disk quota";
+/// `end_reason` of a session stopped by serve's own shutdown (SIGTERM/Ctrl-C).
+pub const END_SHUTDOWN: &str = "llmprof serve stopped";
 /// Sessions remembered for `GET /v1/sessions` (oldest finished ones are forgotten first; files stay).
 pub const MAX_HISTORY: usize = 1000;
 
@@ -117,8 +123,9 @@ struct Session {
     prelude_events: Arc<AtomicU64>,
     created: Instant,
     ended: Option<Instant>,
-    /// Why the session was stopped from outside (resolved alert, quota, shutdown).
-    stopped_by: Option<&'static str>,
+    /// Why the session was stopped from outside (resolved alert, quota, shutdown); shared with the session,
+    /// whose trace ends with it as `end_reason`. Set before `stop`.
+    stop_reason: StopReason,
 }
 
 /// What became of one alert of a webhook (the response body lists them).
@@ -271,8 +278,8 @@ impl Manager {
                 .find(|s| s.view.state == State::Running && s.view.fingerprint == fingerprint);
             return match running {
                 Some(s) => {
-                    s.stopped_by.get_or_insert("alert resolved");
-                    s.stop.store(true, Ordering::Relaxed);
+                    s.stop_reason.set(END_RESOLVED);
+                    s.stop.store(true, Ordering::Release);
                     Metrics::inc(&self.metrics.sessions_resolved_early);
                     Outcome::Stopped {
                         fingerprint,
@@ -387,6 +394,8 @@ impl Manager {
         opts.live_status = false;
         opts.metadata = Some(self.metadata(alert, &view, &target.how));
         opts.prelude = self.prelude(target.pid, &prelude_events);
+        let stop_reason = StopReason::default();
+        opts.stop_reason = stop_reason.clone();
         inner.sessions.insert(
             id,
             Session {
@@ -395,7 +404,7 @@ impl Manager {
                 prelude_events: prelude_events.clone(),
                 created: Instant::now(),
                 ended: None,
-                stopped_by: None,
+                stop_reason,
             },
         );
         Self::forget_old(&mut inner);
@@ -458,7 +467,7 @@ impl Manager {
                 prelude_events: Arc::new(AtomicU64::new(0)),
                 created: Instant::now(),
                 ended: Some(Instant::now()),
-                stopped_by: None,
+                stop_reason: StopReason::default(),
             },
         );
         Self::forget_old(inner);
@@ -557,7 +566,9 @@ impl Manager {
                     s.view.state = State::Finished;
                     s.view.bytes = rep.trace_bytes;
                     s.view.drops = rep.stats.total_dropped();
-                    s.view.end_reason = Some(s.stopped_by.unwrap_or(&rep.stats.end_reason).to_owned());
+                    // The trace's own reason: the one a stop from outside handed to the session, or what
+                    // ended it first (the duration may elapse just before a resolved alert arrives).
+                    s.view.end_reason = Some(rep.stats.end_reason.clone());
                     self.metrics
                         .bytes_written
                         .fetch_add(rep.trace_bytes, Ordering::Relaxed);
@@ -656,8 +667,8 @@ impl Manager {
                     break;
                 }
                 if s.view.state == State::Running && !s.stop.load(Ordering::Relaxed) {
-                    s.stop.store(true, Ordering::Relaxed);
-                    s.stopped_by = Some("disk quota");
+                    s.stop_reason.set(END_DISK_QUOTA);
+                    s.stop.store(true, Ordering::Release);
                     freed += s.view.bytes.max(1);
                     Metrics::inc(&self.metrics.sessions_stopped_quota);
                     eprintln!(
@@ -726,8 +737,8 @@ impl Manager {
     pub fn shutdown(&self, wait: Duration) {
         for s in lock(&self.inner).sessions.values_mut() {
             if s.view.state == State::Running {
-                s.stopped_by.get_or_insert("llmprof serve stopped");
-                s.stop.store(true, Ordering::Relaxed);
+                s.stop_reason.set(END_SHUTDOWN);
+                s.stop.store(true, Ordering::Release);
             }
         }
         let deadline = Instant::now() + wait;
@@ -779,6 +790,7 @@ mod tests {
             live_status: false,
             metadata: None,
             prelude: None,
+            stop_reason: StopReason::default(),
         };
         let cfg = ManagerConfig {
             out_dir,

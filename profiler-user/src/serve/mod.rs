@@ -23,6 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::attach::{AttachOptions, StopReason};
+use crate::capture::Cidr;
+use crate::cli::ServeArgs;
 use auth::Token;
 use flight::FlightRecorder;
 use manager::{Manager, ManagerConfig};
@@ -31,6 +34,9 @@ use target::TargetSpec;
 
 /// Default listen address: loopback, port 9464 (next to the Prometheus exporter range).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+/// Default `--max-trace-size` of each session: a long session of a busy server writes ~10 MiB/min
+/// (docs/performance.md), so this holds tens of minutes while one session stays a fraction of a typical quota.
+pub const DEFAULT_MAX_TRACE_SIZE: &str = "512MiB";
 /// How long shutdown waits for running sessions to finish their traces.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 /// Period of the quota check while sessions write.
@@ -93,6 +99,63 @@ pub enum ServeError {
     /// The async runtime or a thread could not start.
     #[error("cannot start llmprof serve's runtime: {0}")]
     Runtime(#[source] std::io::Error),
+}
+
+impl ServeOptions {
+    /// The options of `llmprof serve ARGS`: reads the token file and checks what needs no privileges.
+    pub fn from_args(s: ServeArgs) -> Result<ServeOptions, ServeError> {
+        let egress = s
+            .egress_allow
+            .iter()
+            .map(|c| {
+                c.parse::<Cidr>()
+                    .map_err(|e| ServeError::Usage(format!("--egress-allow {c}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let max_trace_size = s.max_trace_size as u64;
+        crate::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
+        let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
+        // A bad endpoint or protocol would fail every session: refuse it now.
+        s.otel.resolve().map_err(|e| ServeError::Usage(e.to_string()))?;
+        let template = AttachOptions {
+            pid: 0,
+            duration: Some(s.duration),
+            output: s.out_dir.clone(),
+            slow_syscall: s.slow_syscall,
+            model_patterns: s.model_paths,
+            egress_allow: egress,
+            metrics_url: None,
+            ring_bytes: s.ring_size,
+            verbose: false,
+            otel: s.otel,
+            // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
+            gpu: crate::gpu::GpuOptions::default(),
+            overhead_budget: None,
+            max_trace_size: Some(max_trace_size),
+            live_status: false,
+            metadata: None,
+            prelude: None,
+            stop_reason: StopReason::default(),
+        };
+        Ok(ServeOptions {
+            listen: s.listen,
+            token,
+            flight_recorder: s.flight_recorder,
+            flight_recorder_memory: s.flight_recorder_memory,
+            watch: s.watch,
+            max_body: s.max_body,
+            manager: ManagerConfig {
+                out_dir: s.out_dir,
+                default_target: s.default_target,
+                default_duration: s.duration,
+                max_duration: s.max_duration,
+                max_sessions: s.max_sessions.max(1),
+                cooldown: s.cooldown,
+                disk_quota: s.max_disk.map(|b| b as u64),
+                template,
+            },
+        })
+    }
 }
 
 fn is_root() -> bool {
@@ -200,4 +263,61 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
     let _ = ticker.join();
     manager.enforce_quota();
     served.map_err(ServeError::Runtime)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn options(args: &[&str]) -> Result<ServeOptions, ServeError> {
+        let cli =
+            crate::cli::Cli::try_parse_from(["llmprof", "serve", "--out-dir", "traces"].iter().chain(args))
+                .unwrap();
+        let crate::cli::Command::Serve(s) = cli.command else {
+            panic!("serve")
+        };
+        ServeOptions::from_args(*s)
+    }
+
+    #[test]
+    fn every_session_gets_the_trace_size_cap() {
+        let o = options(&[]).unwrap();
+        assert_eq!(
+            o.manager.template.max_trace_size,
+            Some(512 << 20),
+            "the documented default"
+        );
+        let o = options(&["--max-trace-size", "50M", "--max-disk", "2GiB"]).unwrap();
+        assert_eq!(o.manager.template.max_trace_size, Some(50 << 20));
+        assert_eq!(o.manager.disk_quota, Some(2 << 30));
+        let Err(ServeError::Usage(e)) = options(&["--max-trace-size", "1KiB"]) else {
+            panic!("a cap below the end of a trace is a usage error")
+        };
+        assert!(e.contains("too small"), "{e}");
+    }
+
+    #[test]
+    fn session_options_come_from_the_command_line() {
+        let o = options(&[
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+            "--egress-allow",
+            "10.0.0.0/8",
+        ])
+        .unwrap();
+        let t = &o.manager.template;
+        assert_eq!(t.otel.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+        assert_eq!(t.egress_allow.len(), 1);
+        assert!(!t.live_status);
+        assert!(matches!(
+            options(&["--egress-allow", "nowhere"]),
+            Err(ServeError::Usage(e)) if e.contains("--egress-allow")
+        ));
+        assert!(matches!(
+            options(&["--otlp-endpoint", "ftp://collector:4317"]),
+            Err(ServeError::Usage(e)) if e.contains("invalid OTLP endpoint")
+        ));
+    }
 }
