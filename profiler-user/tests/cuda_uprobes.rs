@@ -143,21 +143,11 @@ fn q(tp: &mut Trace, sql: &str) -> i64 {
 }
 
 fn qf(tp: &mut Trace, sql: &str) -> f64 {
-    let rows = tp.query(sql).unwrap_or_else(|e| panic!("{e}"));
-    rows.first()
-        .and_then(|r| r.as_object())
-        .and_then(|o| o.values().next())
-        .and_then(serde_json::Value::as_f64)
-        .unwrap_or_else(|| panic!("no number from {sql}: {rows:?}"))
+    tp.query_f64(sql).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn counter_max(tp: &mut Trace, track: &str) -> f64 {
-    qf(
-        tp,
-        &format!(
-            "select max(c.value) from counter c join counter_track t on c.track_id = t.id where t.name = '{track}'"
-        ),
-    )
+    tp.counter_max(track).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Slices on the CUDA tracks named `name`.

@@ -18,7 +18,6 @@ use llmprof::event::{Event, EventBody};
 use llmprof::otel::tls::TlsFiles;
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
 use llmprof_abi::{FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -26,7 +25,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
 use prost::Message;
 
-use common::{GrpcReceiver, Received, hex, received_spans, start_grpc_receiver};
+use common::{Received, hex, received_spans, start_grpc_receiver};
 
 const PID: u32 = 31337;
 const MS: u64 = 1_000_000;
@@ -885,15 +884,6 @@ fn pem(name: &str) -> Vec<u8> {
 /// The OTLP/gRPC receiver behind TLS with the fixture server certificate; with `client_ca`, it also demands a
 /// client certificate signed by the fixture CA (mutual TLS).
 fn start_grpc_tls_receiver(client_ca: bool) -> (SocketAddr, Received, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let got = Received::default();
-    let svc = GrpcReceiver { got: got.clone() };
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
     let mut tls = tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(
         pem("server.pem"),
         pem("server.key"),
@@ -901,18 +891,7 @@ fn start_grpc_tls_receiver(client_ca: bool) -> (SocketAddr, Received, tokio::run
     if client_ca {
         tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(pem("ca.pem")));
     }
-    rt.spawn(async move {
-        tonic::transport::Server::builder()
-            .tls_config(tls)
-            .unwrap()
-            .add_service(
-                TraceServiceServer::new(svc).accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-            )
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    (addr, got, rt)
+    common::start_grpc_receiver_with(Some(tls))
 }
 
 /// The OTLP/HTTP receiver behind TLS (rustls on std threads) with the fixture server certificate.

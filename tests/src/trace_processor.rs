@@ -154,6 +154,26 @@ impl Trace {
             })
     }
 
+    /// The first column of the first row as a number (e.g. `select max(...)`).
+    pub fn query_f64(&mut self, sql: &str) -> Result<f64, TpError> {
+        let rows = self.query(sql)?;
+        rows.first()
+            .and_then(|r| r.as_object())
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_f64)
+            .ok_or_else(|| TpError::Query {
+                sql: sql.to_owned(),
+                msg: "no numeric result".into(),
+            })
+    }
+
+    /// Largest value of the counter track named `track`.
+    pub fn counter_max(&mut self, track: &str) -> Result<f64, TpError> {
+        self.query_f64(&format!(
+            "select max(c.value) from counter c join counter_track t on c.track_id = t.id where t.name = '{track}'"
+        ))
+    }
+
     /// Rows of the `stats` table with severity `error` or `data_loss` and a value > 0 (what Perfetto UI shows
     /// as import errors), plus any `*_errors` counter > 0 whatever its severity (the trace processor files
     /// e.g. `track_event_tokenizer_errors` as `info`, yet it means events were dropped). Empty = clean import.

@@ -37,6 +37,13 @@ impl TraceService for GrpcReceiver {
 
 /// Serves OTLP/gRPC on 127.0.0.1 on a runtime of its own; returns the address and what arrives.
 pub fn start_grpc_receiver() -> (SocketAddr, Received, tokio::runtime::Runtime) {
+    start_grpc_receiver_with(None)
+}
+
+/// [`start_grpc_receiver`], behind TLS when `tls` is given.
+pub fn start_grpc_receiver_with(
+    tls: Option<tonic::transport::ServerTlsConfig>,
+) -> (SocketAddr, Received, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -46,8 +53,12 @@ pub fn start_grpc_receiver() -> (SocketAddr, Received, tokio::runtime::Runtime) 
     let svc = GrpcReceiver { got: got.clone() };
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).unwrap();
+    }
     rt.spawn(async move {
-        tonic::transport::Server::builder()
+        server
             // Collectors send gzip by default (rotel does): accept it like a real receiver.
             .add_service(
                 TraceServiceServer::new(svc).accept_compressed(tonic::codec::CompressionEncoding::Gzip),
