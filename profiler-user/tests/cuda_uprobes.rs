@@ -413,11 +413,16 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&[]);
     let trace = dir.join("late.perfetto-trace");
-    let done = attach(t.child.id(), 3, &trace);
+    let done = attach(t.child.id(), 12, &trace);
     t.cmd(&format!("cuda-load {}", lib.display()), "cuda loaded");
-    // The session checks the target's maps every second.
-    std::thread::sleep(Duration::from_millis(1500));
-    t.cmd("cuda 1 10", "cuda done");
+    // The session checks the target's maps every second; attaching the 16 probes one by one then takes
+    // seconds on a loaded machine, so rounds of calls are repeated for 8 s: the rounds after all probes are
+    // live are traced whole.
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        t.cmd("cuda 1 10", "cuda done");
+        std::thread::sleep(Duration::from_millis(400));
+    }
     let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(30)).unwrap();
     t.cmd("exit", "");
     let _ = t.child.wait();
@@ -438,25 +443,24 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
         ),
         1
     );
-    assert_eq!(
+    assert!(
         q(
             &mut tp,
             &format!(
                 "select count(*) from ({})",
                 cuda_slices("cuLaunchKernel ×10 (host)")
             )
-        ),
-        1
+        ) >= 1,
+        "a round of 10 launches traced after the late attach"
     );
-    assert_eq!(
+    assert!(
         q(
             &mut tp,
             &format!(
                 "select count(*) from ({})",
                 cuda_slices("cuStreamSynchronize (host)")
             )
-        ),
-        1
+        ) >= 1
     );
     drop(tp);
     std::fs::remove_dir_all(&dir).unwrap();
