@@ -48,7 +48,11 @@ pub fn script() -> PathBuf {
 
 /// Whether node and the Perfetto bundle are installed (the script's own lookup, on an empty trace).
 pub fn available() -> bool {
-    let empty = std::env::temp_dir().join(format!("llmprof-tp-probe-{}.pftrace", std::process::id()));
+    // One file per call: tests of one process run this in parallel, and one's clean-up must not remove
+    // another's probe file while node reads it.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let empty = std::env::temp_dir().join(format!("llmprof-tp-probe-{}-{n}.pftrace", std::process::id()));
     if std::fs::write(&empty, b"").is_err() {
         return false;
     }
