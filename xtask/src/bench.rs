@@ -161,22 +161,52 @@ pub(crate) fn build_release(packages: &[&str]) -> Result<PathBuf> {
 /// Rounds of the attached/detached A/B comparison (order alternates each round).
 const AB_ROUNDS: usize = 5;
 
-/// `cargo xtask bench attach`: the engine's decode throughput and TTFT with llmprof attached (default mode) vs
-/// detached, A/B interleaved in one run on one engine process, plus the trace size per minute of the attached rounds.
-fn attach(args: &[String]) -> Result<()> {
+/// What both A/B benches start with: options (concurrency 8 unless `--levels`), root check, release build,
+/// one warmed-up engine.
+struct AbSetup {
+    o: Opts,
+    release: PathBuf,
+    server: ServerProc,
+    port: u16,
+    c: usize,
+    n_req: usize,
+}
+
+fn ab_setup(args: &[String], what: &str) -> Result<AbSetup> {
     let mut o = parse(args)?;
     if !args.iter().any(|a| a == "--levels") {
         o.levels = vec![8];
     }
     if !crate::util::is_root() {
-        bail!("bench attach loads eBPF programs: run it as root");
+        bail!("bench {what} loads eBPF programs: run it as root");
     }
     let release = build_release(&["inference", "llmprof"])?;
-    let mut server = start_server(&release.join("llmserve"), &o)?;
+    let server = start_server(&release.join("llmserve"), &o)?;
     let port = server.port;
     let _ = one_request(port, "Warm up.", 8);
     let c = o.levels.first().copied().unwrap_or(8);
     let n_req = c.max(3);
+    Ok(AbSetup {
+        o,
+        release,
+        server,
+        port,
+        c,
+        n_req,
+    })
+}
+
+/// `cargo xtask bench attach`: the engine's decode throughput and TTFT with llmprof attached (default mode) vs
+/// detached, A/B interleaved in one run on one engine process, plus the trace size per minute of the attached rounds.
+fn attach(args: &[String]) -> Result<()> {
+    let AbSetup {
+        o,
+        release,
+        mut server,
+        port,
+        c,
+        n_req,
+    } = ab_setup(args, "attach")?;
     let trace = std::env::temp_dir().join("llmprof-bench-attach.perfetto-trace");
     let (mut detached, mut attached, mut ttft_d, mut ttft_a) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -296,19 +326,14 @@ fn stop_attach(mut child: Child) -> Result<()> {
 /// `cargo xtask bench serve`: the engine's decode throughput with `llmprof serve --flight-recorder 30s` recording it
 /// vs without, A/B interleaved on one engine process, and the recorder's ring (events, bytes) after each round.
 fn serve(args: &[String]) -> Result<()> {
-    let mut o = parse(args)?;
-    if !args.iter().any(|a| a == "--levels") {
-        o.levels = vec![8];
-    }
-    if !crate::util::is_root() {
-        bail!("bench serve loads eBPF programs: run it as root");
-    }
-    let release = build_release(&["inference", "llmprof"])?;
-    let mut server = start_server(&release.join("llmserve"), &o)?;
-    let port = server.port;
-    let _ = one_request(port, "Warm up.", 8);
-    let c = o.levels.first().copied().unwrap_or(8);
-    let n_req = c.max(3);
+    let AbSetup {
+        o,
+        release,
+        mut server,
+        port,
+        c,
+        n_req,
+    } = ab_setup(args, "serve")?;
     let out = std::env::temp_dir().join("llmprof-bench-serve");
     let (mut off, mut on, mut ring_events, mut ring_bytes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..AB_ROUNDS {
