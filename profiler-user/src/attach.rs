@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::clock::{boottime_ns, realtime_ns};
-use crate::event::{Event, EventBody, SessionStats};
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
-use crate::merge::{DEFAULT_WINDOW_NS, Merger};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
-use crate::perfetto::{EventCounts, TraceSink};
 use crate::procfs;
 use crate::selfacct::{SelfAccount, Snapshot};
-use crate::sizecap::SizeCap;
+use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
+use llmprof_trace::event::{Event, EventBody, SessionStats};
+use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
+use llmprof_trace::perfetto::{EventCounts, TraceSink};
+use llmprof_trace::sizecap::SizeCap;
 
 /// How long one poll of the ring buffer may wait when it is empty (bounds the reaction time to Ctrl-C and
 /// the status-line period jitter; the ring is sized so 10 ms of events fit many times over).
@@ -60,7 +60,7 @@ pub struct AttachOptions {
     pub otel: OtelOptions,
     /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
     pub overhead_budget: Option<f64>,
-    /// `--max-trace-size`, bytes (None: no cap). See [`crate::sizecap`].
+    /// `--max-trace-size`, bytes (None: no cap). See [`llmprof_trace::sizecap`].
     pub max_trace_size: Option<u64>,
     /// NVML counters and CUDA driver probes.
     pub gpu: GpuOptions,
@@ -175,12 +175,20 @@ pub struct AttachReport {
     /// What the GPU layer did (NVML counters, CUDA driver probes).
     pub gpu: GpuReport,
     /// CUDA driver calls seen and how they were shown.
-    pub cuda: crate::gpu::cuda_agg::AggStats,
+    pub cuda: llmprof_trace::cuda_agg::AggStats,
+}
+
+/// The trace's BOOTTIME/REALTIME snapshot, with the session's one offset ([`WallClock`]); `None` (no snapshot: the
+/// UI shows times from the trace start) if the clocks cannot be read.
+fn clock_snapshot() -> Option<(u64, u64)> {
+    let wall = WallClock::now().ok()?;
+    let boot = boottime_ns();
+    Some((boot, wall.to_unix_ns(boot)))
 }
 
 /// Default trace name: `llmprof-<pid>-<UTC yyyymmdd-hhmmss>.perfetto-trace`.
 pub fn default_output(pid: u32) -> PathBuf {
-    let (y, m, d, hh, mm, ss) = crate::clock::utc_civil(realtime_ns() / 1_000_000_000);
+    let (y, m, d, hh, mm, ss) = llmprof_trace::clock::utc_civil(realtime_ns() / 1_000_000_000);
     PathBuf::from(format!(
         "llmprof-{pid}-{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}.perfetto-trace"
     ))
@@ -256,12 +264,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         source,
     };
     let file = File::create(&opts.output).map_err(out_err)?;
-    let mut sink = TraceSink::new(
-        file,
-        std::slice::from_ref(&info),
-        Some((boottime_ns(), realtime_ns())),
-    )
-    .map_err(out_err)?;
+    let mut sink = TraceSink::new(file, std::slice::from_ref(&info), clock_snapshot()).map_err(out_err)?;
     // With a prelude, history ends at `live_ns` and the live capture starts there: live events older than it
     // (seen by both captures while the probes were attaching) are dropped, so the two never interleave.
     // Events lost to --max-trace-size.

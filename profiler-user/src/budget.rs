@@ -28,8 +28,8 @@ use std::time::Duration;
 use llmprof_abi::{Knob, ProbeId};
 
 use crate::capture::{Calibration, Capture, CaptureError};
-use crate::event::Degradation;
 use crate::selfacct::{Snapshot, added_ns, overhead_pct};
+use llmprof_trace::event::Degradation;
 
 /// How often the budget is judged: short, so a target that blows the budget pays for at most a few
 /// windows before the steps that fix it are taken.

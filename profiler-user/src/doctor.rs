@@ -19,7 +19,7 @@ use crate::capture::calibrate::{
 };
 use crate::capture::{self, Capture, CaptureConfig, EngineProbes};
 use crate::cli::exit;
-use crate::event::EventBody;
+use llmprof_trace::event::EventBody;
 
 /// Probe calls timed per round (detached and attached); five rounds, the median is reported.
 pub const CALLS_PER_ROUND: u32 = 4_000;

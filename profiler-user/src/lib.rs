@@ -1,7 +1,9 @@
 //! llmprof: attach to an LLM inference server and merge eBPF and engine probes into a Perfetto trace.
 //!
-//! Capture (`capture`, the only part that touches the kernel) produces [`event::Event`]s; [`merge`] orders
-//! the streams by timestamp; sinks ([`perfetto`], otel) are pure consumers of the ordered stream. Front ends:
+//! Capture (`capture`, the only part that touches the kernel) produces `llmprof_trace::event::Event`s; everything
+//! that turns events into outputs (merge, the Perfetto sink, the OTel span builder, CUDA aggregation, report) is the
+//! pure crate `llmprof_trace`, testable without root. This crate keeps what needs the machine: capture, the GPU
+//! samplers and probes, self-accounting, the OTel exporter, and the front ends:
 //! [`attach`] (the `llmprof attach` session), [`serve`] (alert-triggered sessions for Alertmanager) and [`open`]
 //! (serving a trace to Perfetto UI).
 
@@ -9,18 +11,11 @@ pub mod attach;
 pub mod budget;
 pub mod capture;
 pub mod cli;
-pub mod clock;
 pub mod doctor;
-pub mod event;
 pub mod gpu;
-pub mod merge;
 pub mod metrics_scrape;
 pub mod open;
 pub mod otel;
-pub mod perfetto;
 pub mod procfs;
-pub mod report;
 pub mod selfacct;
 pub mod serve;
-pub mod sizecap;
-pub mod syscall_names;

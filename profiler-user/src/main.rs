@@ -265,7 +265,7 @@ fn run_doctor(d: &DoctorArgs) -> i32 {
 }
 
 fn run_report(r: &ReportArgs) -> i32 {
-    match llmprof::report::load(&r.trace) {
+    match llmprof_trace::report::load(&r.trace) {
         Ok(rep) => {
             print!("{}", if r.json { rep.to_json() } else { rep.to_text() });
             exit::OK

@@ -13,9 +13,9 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::boottime_ns;
-use crate::event::{Event, EventBody, MetricsSample};
 use crate::procfs;
+use llmprof_trace::clock::boottime_ns;
+use llmprof_trace::event::{Event, EventBody, MetricsSample};
 
 /// Default scrape period (Prometheus scrapes far less often; 500 ms gives a useful counter track for a 30 s
 /// trace at negligible cost to the engine).

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use crate::event::{ProcessInfo, ThreadInfo};
+use llmprof_trace::event::{ProcessInfo, ThreadInfo};
 
 /// Whether `/proc/PID` exists.
 pub fn exists(pid: u32) -> bool {

@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
 
-use crate::capture::Calibration;
-use crate::event::{Degradation, OverheadSample, OverheadSummary};
+use llmprof_trace::calibration::Calibration;
+use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
 
 /// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
 const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [

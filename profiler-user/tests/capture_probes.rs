@@ -10,8 +10,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use llmprof::capture::{Capture, CaptureConfig, CaptureError, EngineProbes};
-use llmprof::event::{Event, EventBody};
 use llmprof_abi::{ABI_VERSION, FileOp, ProbeId, RangeOp, RequestEventKind, StepKind, read_str};
+use llmprof_trace::event::{Event, EventBody};
 
 /// x86-64 syscall numbers the slow-syscall check accepts for a 20 ms sleep.
 const NR_NANOSLEEP: u64 = 35;

@@ -7,16 +7,16 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use llmprof::capture::Calibration;
-use llmprof::event::{
-    Degradation, Event, EventBody, GpuSample, MetricsSample, OverheadSample, OverheadSummary, ProcessInfo,
-    SessionStats, SyscallAggregate, ThreadInfo,
-};
-use llmprof::perfetto::TraceSink;
-use llmprof::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
 use llmprof_abi::{
     CudaFunc, CudaVariant, FileOp, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
 };
+use llmprof_trace::calibration::Calibration;
+use llmprof_trace::event::{
+    Degradation, Event, EventBody, GpuSample, MetricsSample, OverheadSample, OverheadSummary, ProcessInfo,
+    SessionStats, SyscallAggregate, ThreadInfo,
+};
+use llmprof_trace::perfetto::TraceSink;
+use llmprof_trace::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
 use prost::Message;
 use serde_json::Value;
 

@@ -14,10 +14,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use llmprof::event::{Event, EventBody};
 use llmprof::otel::tls::TlsFiles;
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
 use llmprof_abi::{FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
+use llmprof_trace::event::{Event, EventBody};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -145,7 +145,7 @@ fn config(endpoint: String, protocol: OtlpProtocol) -> ExportConfig {
 }
 
 fn boottime_ns() -> u64 {
-    otel::clock::boottime_now_ns().expect("CLOCK_BOOTTIME")
+    llmprof_trace::clock::boottime_ns()
 }
 
 // ---------------------------------------------------------------- receivers

@@ -5,14 +5,14 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use llmprof::event::{
-    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
-};
-use llmprof::perfetto::TraceSink;
-use llmprof::perfetto::schema::Trace;
 use llmprof_abi::{
     FileOp, RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
 };
+use llmprof_trace::event::{
+    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
+};
+use llmprof_trace::perfetto::TraceSink;
+use llmprof_trace::perfetto::schema::Trace;
 use prost::Message;
 
 const PID: u32 = 4242;

@@ -4,9 +4,9 @@
 //! Perfetto's real trace processor.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use llmprof::event::{Event, EventBody, GpuSample, ProcessInfo, SessionStats, ThreadInfo};
-use llmprof::perfetto::TraceSink;
 use llmprof_abi::{CudaFunc, CudaVariant, StepKind, StepRecord};
+use llmprof_trace::event::{Event, EventBody, GpuSample, ProcessInfo, SessionStats, ThreadInfo};
+use llmprof_trace::perfetto::TraceSink;
 
 const PID: u32 = 777;
 const TID: u32 = 778;

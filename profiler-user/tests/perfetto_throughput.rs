@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use llmprof::event::{Event, EventBody, ProcessInfo, SessionStats, ThreadInfo};
-use llmprof::merge::{DEFAULT_WINDOW_NS, Merger};
-use llmprof::perfetto::TraceSink;
+use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats, ThreadInfo};
+use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
+use llmprof_trace::perfetto::TraceSink;
 
 #[test]
 #[ignore = "benchmark: run explicitly with --ignored --nocapture"]

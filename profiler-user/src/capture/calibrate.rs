@@ -45,56 +45,7 @@ pub const CUDA_CALLS_PER_ROUND: u32 = 60;
 /// Rounds timed per measurement; the median round is used (robust to one preemption).
 pub const ROUNDS: usize = 5;
 
-/// First byte of an attached probe on the optimized path: `call rel32` to the kernel's uprobe trampoline.
-pub const ENTRY_CALL: u8 = 0xe8;
-/// First byte of an attached probe on the trap path: `int3`.
-pub const ENTRY_INT3: u8 = 0xcc;
-
-/// What one probe hit costs the traced process on this machine, measured at start-up.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Calibration {
-    /// Extra ns per syscall of a traced process (raw_syscalls enter + exit programs, aggregates).
-    pub syscall_ns: f64,
-    /// `getppid` untraced, ns (the reference the extra is measured against).
-    pub syscall_untraced_ns: f64,
-    /// Extra ns per engine probe hit, excluding the syscalls the hit itself makes (counted by `syscall_ns`).
-    /// `None` when no engine probe is attached (nothing to measure, nothing to charge).
-    pub probe_ns: Option<f64>,
-    /// Extra ns per range probe hit that the `RangeSampleEvery` knob sampled out (same exclusion).
-    pub probe_sampled_out_ns: Option<f64>,
-    /// Syscall hits the raw_syscalls programs counted per probe call (≈1 on the optimized path, 0 with int3).
-    pub syscalls_per_probe_hit: f64,
-    /// First byte of the attached probe ([`ENTRY_CALL`]: optimized NOP5 path, [`ENTRY_INT3`]: trap).
-    pub probe_entry: Option<u8>,
-    /// Extra ns per CUDA driver call traced by the entry uprobe + return uprobe pair, excluding the
-    /// syscalls the pair makes (counted by `syscall_ns`). `None` when not measured (CUDA probes off).
-    pub cuda_call_ns: Option<f64>,
-    /// Wall time the calibration took, ms.
-    pub took_ms: f64,
-}
-
-impl Calibration {
-    /// Whether the engine probes take the optimized (call) path; `None` when not measured.
-    pub fn optimized(&self) -> Option<bool> {
-        self.probe_entry.map(|b| b == ENTRY_CALL)
-    }
-
-    /// "call (optimized)", "int3 (trap)", ... for the probe entry byte.
-    pub fn entry_name(&self) -> String {
-        self.probe_entry
-            .map_or_else(|| "not measured".to_owned(), entry_name)
-    }
-}
-
-/// What the first byte of an attached probe means.
-pub fn entry_name(b: u8) -> String {
-    match b {
-        ENTRY_CALL => "call (optimized)".to_owned(),
-        ENTRY_INT3 => "int3 (trap)".to_owned(),
-        0x0f => "NOP5 (unpatched)".to_owned(),
-        b => format!("0x{b:02x}"),
-    }
-}
+pub use llmprof_trace::calibration::{Calibration, ENTRY_CALL, ENTRY_INT3, entry_name};
 
 /// First instruction byte of the range probe as this process now executes it (the kernel rewrites it
 /// in this process's copy of the page when a uprobe is attached).

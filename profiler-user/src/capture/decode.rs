@@ -13,7 +13,7 @@ use llmprof_abi::{
 };
 
 use super::cidr::Cidr;
-use crate::event::{Event, EventBody};
+use llmprof_trace::event::{Event, EventBody};
 
 /// AF_INET6 (include/linux/socket.h).
 const AF_INET6: u16 = 10;

@@ -1,5 +1,5 @@
 //! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and decodes what they
-//! record into the [`crate::event`] stream.
+//! record into the [`llmprof_trace::event`] stream.
 //!
 //! Owns everything that touches the kernel (and nothing else: sinks consume the events). The programs are
 //! the committed object `profiler-user/ebpf/llmprof-ebpf.o`, built from `profiler-ebpf/` by
@@ -40,7 +40,7 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use crate::event::{Event, SyscallAggregate};
+use llmprof_trace::event::{Event, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
 static EBPF_OBJECT: &[u8] =

@@ -4,10 +4,9 @@
 //! session's sampler queue, and the watch for libcuda in the target ([`libcuda`]) that attaches the CUDA
 //! driver uprobes through [`Capture::attach_cuda`] as soon as the library is mapped (at start, or on a later
 //! tick when the process loads CUDA lazily, as PyTorch does). What it cannot do it says once: one marker for
-//! the trace and one line for the attach summary. The per-step aggregation of the calls ([`cuda_agg`]) runs in
+//! the trace and one line for the attach summary. The per-step aggregation of the calls (`llmprof_trace::cuda_agg`) runs in
 //! the Perfetto sink, a pure consumer of the event stream.
 
-pub mod cuda_agg;
 pub mod libcuda;
 pub mod nvml;
 pub mod procaddr;
@@ -17,8 +16,8 @@ use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use crate::capture::Capture;
-use crate::clock::boottime_ns;
-use crate::event::{Event, EventBody};
+use llmprof_trace::clock::boottime_ns;
+use llmprof_trace::event::{Event, EventBody};
 
 /// What the GPU layer should do.
 #[derive(Clone, Debug)]

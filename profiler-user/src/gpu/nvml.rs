@@ -17,8 +17,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 
-use crate::clock::boottime_ns;
-use crate::event::{Event, EventBody, GpuSample};
+use llmprof_trace::clock::boottime_ns;
+use llmprof_trace::event::{Event, EventBody, GpuSample};
 
 /// Default sampling period (`--gpu-sample-interval`): 100 ms resolves a decode burst without a visible cost.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);

@@ -22,25 +22,22 @@
 //! Content: spans carry token counts and timings, never prompt or completion text. `--capture-content` is the
 //! switch that would allow text; the probe ABI carries no text today, so it changes nothing yet.
 
-pub mod builder;
-pub mod clock;
 mod export;
 pub mod options;
 pub mod resource;
-pub mod semconv;
 pub mod tls;
 
 use std::time::{Duration, Instant};
 
 use opentelemetry_sdk::trace::SpanData;
 
-pub use builder::SpanBuilder;
-pub use clock::WallClock;
+pub use llmprof_trace::clock::WallClock;
+pub use llmprof_trace::otel::{SpanBuilder, builder, semconv};
 pub use options::{ExportConfig, OtelOptions, OtlpProtocol};
 pub use resource::ResourceInfo;
 
-use crate::event::Event;
 use export::ExportThread;
+use llmprof_trace::event::Event;
 
 /// Longest [`OtelSink::finish`] waits for the last spans to be exported; past it, what is not exported is
 /// counted as dropped and the session ends anyway (a collector that does not answer must not hold up a trace).

@@ -16,11 +16,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::capture::{Capture, CaptureConfig};
-use crate::clock::boottime_ns;
-use crate::event::{Event, EventBody};
-use crate::merge::{DEFAULT_WINDOW_NS, Merger};
 use crate::metrics_scrape::{self, Scraper};
 use crate::procfs;
+use llmprof_trace::clock::boottime_ns;
+use llmprof_trace::event::{Event, EventBody};
+use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
 
 use super::target::{self, TargetSpec};
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::attach::{self, AttachOptions, Prelude, StopReason, TraceMetadata};
-use crate::clock::{realtime_ns, rfc3339, utc_civil};
+use llmprof_trace::clock::{realtime_ns, rfc3339, utc_civil};
 
 use super::flight::FlightRecorder;
 use super::metrics::{Gauges, Metrics};

@@ -113,7 +113,7 @@ impl ServeOptions {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let max_trace_size = s.max_trace_size as u64;
-        crate::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
+        llmprof_trace::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
         let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
         // A bad endpoint or protocol would fail every session: refuse it now.
         s.otel.resolve().map_err(|e| ServeError::Usage(e.to_string()))?;

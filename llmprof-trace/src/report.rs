@@ -672,7 +672,7 @@ pub struct DegradationRow {
     pub at_s: f64,
     /// Level entered.
     pub level: u64,
-    /// Step name (`crate::budget::LEVELS`).
+    /// Step name (`llmprof::budget::LEVELS`).
     pub step: String,
     /// What changed.
     pub change: String,

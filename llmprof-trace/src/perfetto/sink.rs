@@ -15,7 +15,7 @@
 //! - "CUDA driver calls (host time)" (a child track of each calling thread): CUDA driver API calls seen by the
 //!   libcuda uprobes, category `cuda-host`: synchronize calls and long copies/allocations one by one
 //!   (`cuStreamSynchronize (host)`), launches gathered per engine step or 10 ms window
-//!   (`cuLaunchKernel ×N (host)`), see [`crate::gpu::cuda_agg`]. Host-side times, not GPU execution;
+//!   (`cuLaunchKernel ×N (host)`), see [`crate::cuda_agg`]. Host-side times, not GPU execution;
 //! - GPU counters (global, one group per GPU): "GPU N utilization", "GPU N memory used", "GPU N power", ...,
 //!   and per traced process "GPU N memory (pid P)".
 //!
@@ -39,10 +39,10 @@ use super::schema::{
     TrackEvent,
 };
 use super::writer::{Arg, PacketWriter, arg_b, arg_f, arg_i, arg_s, arg_u};
+use crate::cuda_agg::{AggStats, BatchEnd, CudaAggregator, CudaSlice, CudaSliceKind};
 use crate::event::{
     Degradation, Event, EventBody, GpuSample, MetricsSample, OverheadSample, ProcessInfo, SessionStats,
 };
-use crate::gpu::cuda_agg::{AggStats, BatchEnd, CudaAggregator, CudaSlice, CudaSliceKind};
 use crate::syscall_names;
 
 /// Name of the global track with llmprof's own markers and summary.

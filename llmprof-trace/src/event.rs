@@ -124,9 +124,9 @@ pub enum EventBody {
         /// Short text.
         text: String,
     },
-    /// llmprof's own cost over the last interval (`crate::selfacct`), on global counter tracks.
+    /// llmprof's own cost over the last interval (`llmprof::selfacct`), on global counter tracks.
     Overhead(Box<OverheadSample>),
-    /// The overhead budget switched something off (`crate::budget`): an instant on the llmprof track.
+    /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
 }
 
@@ -151,7 +151,7 @@ pub struct OverheadSample {
     pub cost_probe_ns: Option<f64>,
     /// Calibrated extra ns per CUDA driver call (entry + return uprobe; None: not measured).
     pub cost_cuda_ns: Option<f64>,
-    /// Degradation level in force (0: full tracing; see `crate::budget::LEVELS`).
+    /// Degradation level in force (0: full tracing; see `llmprof::budget::LEVELS`).
     pub level: u32,
 }
 
@@ -190,7 +190,7 @@ pub struct OverheadSummary {
     /// llmprof's peak resident memory, bytes.
     pub llmprof_max_rss_bytes: u64,
     /// The start-up calibration.
-    pub calibration: Option<crate::capture::Calibration>,
+    pub calibration: Option<crate::calibration::Calibration>,
     /// `--overhead-budget`, %.
     pub budget_pct: Option<f64>,
     /// Steps the budget took, in order.

@@ -43,8 +43,8 @@ use opentelemetry::trace::{
 use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
 
-use super::clock::WallClock;
 use super::semconv as sc;
+use crate::clock::WallClock;
 use crate::event::{Event, EventBody, OverheadSample};
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep

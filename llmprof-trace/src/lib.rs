@@ -1,0 +1,20 @@
+//! llmprof's trace side: everything that turns events into outputs, testable without root.
+//!
+//! The flow is capture → merge → sinks. Capture (in `llmprof`, the only part that touches the kernel) decodes
+//! ring-buffer records into [`event::Event`]s; [`merge`] orders the streams by timestamp; the sinks are pure
+//! consumers of the ordered stream: [`perfetto`] (the trace file), [`otel`] (GenAI spans; exported by `llmprof`),
+//! [`cuda_agg`] (CUDA driver calls batched per step). [`report`] reads a finished trace back. [`clock`] owns the
+//! timebase; [`calibration`] the measured per-hit costs every trace carries.
+//!
+//! This crate has no aya, no clap and needs no privileges: the compiler keeps the pure half pure.
+
+pub mod calibration;
+pub mod clock;
+pub mod cuda_agg;
+pub mod event;
+pub mod merge;
+pub mod otel;
+pub mod perfetto;
+pub mod report;
+pub mod sizecap;
+pub mod syscall_names;
