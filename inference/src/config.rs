@@ -77,30 +77,12 @@ pub struct Args {
     #[arg(long, value_name = "URL")]
     pub usage_stats_url: Option<String>,
     /// Interval between usage-stats reports, e.g. `30s`, `500ms`, `5m`.
-    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = llmprof_units::parse_duration)]
     pub usage_stats_interval: std::time::Duration,
     /// Compute device: `cpu`; `cuda` (an NVIDIA GPU; needs a build with `--features cuda`, the NVIDIA driver
     /// and NVRTC, and fails with the reason when one is missing); `auto` (CUDA when usable, else the CPU).
     #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
     pub device: DeviceChoice,
-}
-
-/// Parses `500ms`, `30s`, `5m` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
-    let secs = match unit {
-        "ms" => v / 1e3,
-        "s" => v,
-        "m" => v * 60.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (ms, s or m)")),
-    };
-    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 impl Args {
@@ -148,6 +130,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.port, 0);
+        assert_eq!(a.usage_stats_interval, std::time::Duration::from_secs(300));
         let c = a.engine_config("x");
         assert_eq!(
             (c.num_blocks, c.block_size, c.served_model_name.as_str()),
@@ -162,6 +145,16 @@ mod tests {
         ] {
             let a = Args::try_parse_from(["llmserve", "--device", flag]).unwrap();
             assert_eq!(a.device, want);
+        }
+        let a = Args::try_parse_from(["llmserve", "--usage-stats-interval", "1.5min"]).unwrap();
+        assert_eq!(a.usage_stats_interval, std::time::Duration::from_secs(90));
+        // The shared parser's errors (a huge value was a panic before it).
+        for bad in ["100000000000000000000", "-1s", "5 days"] {
+            let flag = format!("--usage-stats-interval={bad}");
+            assert!(
+                Args::try_parse_from(["llmserve", flag.as_str()]).is_err(),
+                "{bad}"
+            );
         }
     }
 }

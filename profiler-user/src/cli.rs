@@ -1,4 +1,4 @@
-//! The `llmprof` command line: subcommands, options, and the parsers of durations and sizes.
+//! The `llmprof` command line: subcommands and options (durations and sizes are parsed by `llmprof_units`).
 //!
 //! Owns the user-facing surface only (help texts with examples, defaults); the work is in [`crate::attach`]
 //! and [`crate::open`].
@@ -114,13 +114,13 @@ pub struct AttachArgs {
     #[arg(short, long)]
     pub pid: u32,
     /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_parser = llmprof_units::parse_duration)]
     pub duration: Option<Duration>,
     /// Trace file to write (default: llmprof-<pid>-<timestamp>.perfetto-trace).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Record syscalls at least this slow individually (others are aggregated in the kernel).
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "1ms", value_parser = llmprof_units::parse_duration)]
     pub slow_syscall: Duration,
     /// Model-file pattern to track (repeatable; default: *.gguf *.safetensors *.bin *.pt *.pth).
     #[arg(long = "model-path", value_name = "PATTERN")]
@@ -132,14 +132,14 @@ pub struct AttachArgs {
     #[arg(long)]
     pub metrics_url: Option<String>,
     /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
     pub ring_size: usize,
     /// More output (eBPF program logs, per-second details).
     #[arg(short, long)]
     pub verbose: bool,
     /// GPU counter sampling period through NVML (utilization, memory, power, SM clock, temperature, PCIe,
     /// the target's GPU memory); 0 turns the counters off.
-    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = llmprof_units::parse_duration)]
     pub gpu_sample_interval: Duration,
     /// Do not attach uprobes to the CUDA driver API in the target's libcuda (kernel launches, copies,
     /// allocations, synchronize calls).
@@ -153,7 +153,7 @@ pub struct AttachArgs {
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker
     /// saying so, and attach exits 0. Default: no cap.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = llmprof_units::parse_size_usize)]
     pub max_trace_size: Option<usize>,
     /// OpenTelemetry export of per-request spans (OTLP).
     #[command(flatten)]
@@ -176,34 +176,34 @@ pub struct ServeArgs {
     #[arg(long, value_name = "TARGET")]
     pub default_target: Option<crate::serve::target::TargetSpec>,
     /// Keep this many seconds of history of the watched targets (e.g. 30s); alert traces start with it.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = llmprof_units::parse_duration)]
     pub flight_recorder: Option<Duration>,
     /// Memory of the flight recorder, all targets together (its ring evicts the oldest events beyond it).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
     pub flight_recorder_memory: usize,
     /// A target the flight recorder keeps recording: pid:N or port:N (repeatable; the default target is too).
     #[arg(long, value_name = "TARGET")]
     pub watch: Vec<crate::serve::target::TargetSpec>,
     /// Session length when the alert has no `llmprof_duration` annotation.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = llmprof_units::parse_duration)]
     pub duration: Duration,
     /// Longest session an annotation may ask for.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = llmprof_units::parse_duration)]
     pub max_duration: Duration,
     /// Most sessions at once (alerts beyond it start nothing).
     #[arg(long, default_value_t = 2)]
     pub max_sessions: usize,
     /// Quiet time per target after a session (and per fingerprint after a failed one).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = llmprof_units::parse_duration)]
     pub cooldown: Duration,
     /// Disk quota of --out-dir (e.g. 2GiB): the oldest finished traces are removed first.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = llmprof_units::parse_size_usize)]
     pub max_disk: Option<usize>,
     /// Largest webhook body accepted.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "1MiB", value_parser = llmprof_units::parse_size_usize)]
     pub max_body: usize,
     /// Sessions record syscalls at least this slow individually.
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "1ms", value_parser = llmprof_units::parse_duration)]
     pub slow_syscall: Duration,
     /// Model-file pattern to track (repeatable; default as `attach`).
     #[arg(long = "model-path", value_name = "PATTERN")]
@@ -212,11 +212,11 @@ pub struct ServeArgs {
     #[arg(long = "egress-allow", value_name = "CIDR")]
     pub egress_allow: Vec<String>,
     /// Kernel ring-buffer size of each session.
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
     pub ring_size: usize,
     /// Hard cap on each session's trace file (as `attach --max-trace-size`): the trace ends cleanly with a
     /// marker when reached, so one session cannot fill --max-disk on its own.
-    #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_TRACE_SIZE, value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = crate::serve::DEFAULT_MAX_TRACE_SIZE, value_parser = llmprof_units::parse_size_usize)]
     pub max_trace_size: usize,
     /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
@@ -254,73 +254,11 @@ pub struct OpenArgs {
     pub port: u16,
 }
 
-/// Parses `30s`, `500ms`, `250us`, `2m`, `1h`, `1.5s`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (examples: 30s, 500ms, 2m)"))?;
-    let secs = match unit.trim() {
-        "" | "s" => v,
-        "ms" => v / 1e3,
-        "us" | "µs" => v / 1e6,
-        "ns" => v / 1e9,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        u => {
-            return Err(format!(
-                "unknown duration unit {u:?} in {s:?} (use ns, us, ms, s, m, h)"
-            ));
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parses `64MiB`, `1M`, `512KiB`, `1GiB`, or a bare number of bytes (binary multiples).
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: usize = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?} (examples: 64MiB, 1GiB)"))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB)")),
-    };
-    v.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
     use clap::CommandFactory;
-
-    #[test]
-    fn durations_and_sizes_parse_like_the_help_says() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("3 days").is_err());
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("lots").is_err());
-    }
 
     #[test]
     fn cli_definition_is_valid_and_parses_the_readme_example() {

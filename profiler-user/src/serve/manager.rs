@@ -307,7 +307,7 @@ impl Manager {
         let resolved = target::resolve_alert(alert, self.cfg.default_target);
         let duration = match alert.annotations.get(DURATION_ANNOTATION) {
             None => Ok(self.cfg.default_duration),
-            Some(d) => crate::cli::parse_duration(d)
+            Some(d) => llmprof_units::parse_duration(d)
                 .map_err(|e| format!("annotation {DURATION_ANNOTATION}: {e}"))
                 .and_then(|d| {
                     if d.is_zero() {
