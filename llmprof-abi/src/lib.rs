@@ -1,4 +1,4 @@
-//! The llmprof probe ABI: the one definition of every record that crosses a boundary.
+//! The llmprof probe ABI: the one definition of every record that crosses a boundary. One file of ~1,200 lines on purpose: every layout sits beside its size assertion and version note, and the committed eBPF object embeds this file's line numbers (moving code means rebuilding the object).
 //!
 //! Two boundaries use these types:
 //! 1. engine → eBPF: the engine (`llmserve`) calls exported probe functions
