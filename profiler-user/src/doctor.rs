@@ -18,7 +18,7 @@ use crate::capture::calibrate::{
     ENTRY_CALL, ENTRY_INT3, ROUNDS, entry_name, median_ns_per_call, median_ns_per_syscall, probe_first_byte,
 };
 use crate::capture::{self, Capture, CaptureConfig, EngineProbes};
-use crate::cli::exit;
+use crate::exit;
 use llmprof_trace::event::EventBody;
 
 /// Probe calls timed per round (detached and attached); five rounds, the median is reported.
@@ -79,7 +79,7 @@ pub struct Check {
     pub fix: Option<String>,
     /// Measured numbers (name, value), e.g. `attached_ns_per_call`.
     pub measured: Vec<(&'static str, f64)>,
-    /// Exit code this check stands for when it fails ([`crate::cli::exit`]).
+    /// Exit code this check stands for when it fails ([`crate::exit`]).
     pub exit_code: i32,
 }
 

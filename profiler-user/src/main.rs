@@ -1,5 +1,5 @@
 //! The `llmprof` binary: parses the command line, installs the Ctrl-C/SIGTERM handler, runs a subcommand and
-//! maps its errors to the exit codes documented in `--help` ([`llmprof::cli::exit`]).
+//! maps its errors to the exit codes documented in `--help` ([`llmprof::exit`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -7,8 +7,9 @@ use anyhow::Context;
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs, exit};
+use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
 use llmprof::doctor::{self, DoctorOptions};
+use llmprof::exit;
 use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
@@ -172,7 +173,7 @@ fn run_attach(a: AttachArgs) -> i32 {
 
 fn run_serve(s: ServeArgs) -> i32 {
     use llmprof::serve::{self, ServeError, ServeOptions};
-    let opts = match ServeOptions::from_args(s) {
+    let opts = match ServeOptions::from_config(s.into()) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {}", chain(&e));
