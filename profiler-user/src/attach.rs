@@ -139,7 +139,7 @@ pub enum AttachError {
     #[error(transparent)]
     Otel(#[from] OtelError),
     /// The trace file could not be created or written.
-    #[error("cannot write the trace {path}: {source}")]
+    #[error("cannot write the trace {path}")]
     Output {
         /// Trace path.
         path: PathBuf,

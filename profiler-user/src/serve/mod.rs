@@ -114,7 +114,7 @@ pub enum ServeError {
     )]
     NotRoot,
     /// The output directory is unusable.
-    #[error("cannot use the output directory {path}: {source}")]
+    #[error("cannot use the output directory {path}")]
     OutDir {
         /// The directory.
         path: PathBuf,
@@ -129,7 +129,7 @@ pub enum ServeError {
     #[error("refusing to listen on {0} without authentication: pass --token-file (or listen on 127.0.0.1)")]
     Insecure(SocketAddr),
     /// The address is taken or not local.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// Address.
         addr: SocketAddr,
@@ -141,7 +141,7 @@ pub enum ServeError {
     #[error("{0}")]
     Usage(String),
     /// The async runtime or a thread could not start.
-    #[error("cannot start llmprof serve's runtime: {0}")]
+    #[error("cannot start llmprof serve's runtime")]
     Runtime(#[source] std::io::Error),
 }
 
@@ -160,7 +160,9 @@ impl ServeOptions {
         llmprof_trace::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
         let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
         // A bad endpoint or protocol would fail every session: refuse it now.
-        s.otel.resolve().map_err(|e| ServeError::Usage(e.to_string()))?;
+        s.otel
+            .resolve()
+            .map_err(|e| ServeError::Usage(crate::causes::one_line(&e)))?;
         let template = AttachOptions {
             pid: 0,
             duration: Some(s.duration),
