@@ -14,12 +14,13 @@ const TEMPLATE_NAME: &str = "chat";
 /// Errors of a chat template.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatTemplateError {
-    /// The template does not compile.
-    #[error("the model's chat template does not compile: {0}")]
+    /// The template does not compile (reached through `ModelError`, whose printers show the cause chain).
+    #[error("the model's chat template does not compile")]
     Compile(#[source] JinjaError),
-    /// Rendering failed (including `raise_exception` from the template, e.g. bad role order).
+    /// Rendering failed (including `raise_exception` from the template, e.g. bad role order). The reason is in
+    /// the message, not the source chain: the engine hands this message, as is, to the API client.
     #[error("cannot render the chat template: {0}")]
-    Render(#[source] JinjaError),
+    Render(JinjaError),
 }
 
 /// One chat message.

@@ -27,7 +27,7 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     /// The file could not be opened or read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: String,

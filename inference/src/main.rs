@@ -74,7 +74,8 @@ fn main() -> Result<()> {
     let engine =
         EngineHandle::start(selected.backend, handle, cfg, metrics).context("starting the engine thread")?;
     let loader: Loader = Arc::new(|p: PathBuf| -> Result<Reloaded, String> {
-        let m = Arc::new(Model::load(&p).map_err(|e| e.to_string())?);
+        // `{:#}`: the error and its causes on one line (the API answers it to the client).
+        let m = Arc::new(Model::load(&p).map_err(|e| format!("{:#}", anyhow::Error::new(e)))?);
         let handle: Arc<dyn ModelHandle> = m.clone();
         Ok(Reloaded {
             swap: Box::new(move |b: &mut dyn Backend| b.swap_weights(m)),

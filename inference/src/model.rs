@@ -72,7 +72,7 @@ pub enum ModelError {
         msg: String,
     },
     /// A tensor's type or layout cannot be used.
-    #[error("tensor {name}: {source}")]
+    #[error("tensor {name} cannot be used")]
     Quant {
         /// Tensor name.
         name: String,

@@ -8,9 +8,9 @@
 
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::procfs;
 use crate::selfacct::{SelfAccount, Snapshot};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
-use llmprof_trace::event::{Event, EventBody, SessionStats};
+use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
 use llmprof_trace::perfetto::{EventCounts, TraceSink};
 use llmprof_trace::sizecap::SizeCap;
@@ -139,7 +139,7 @@ pub enum AttachError {
     #[error(transparent)]
     Otel(#[from] OtelError),
     /// The trace file could not be created or written.
-    #[error("cannot write the trace {path}: {source}")]
+    #[error("cannot write the trace {path}")]
     Output {
         /// Trace path.
         path: PathBuf,
@@ -200,8 +200,27 @@ fn is_root() -> bool {
 }
 
 /// Runs one session until `stop` is set, the duration elapsed or the target exited.
+///
+/// The steps, in order: [`preflight`], [`open_inputs`], [`start_capture`], [`open_sink`],
+/// [`Session::write_prelude`], [`start_scraper`] (all in [`Session::start`]), [`Session::live_loop`],
+/// [`Session::finish`] and [`Session::close`].
 pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, AttachError> {
-    let t0 = Instant::now();
+    let mut session = Session::start(opts)?;
+    let end_reason = session.live_loop(stop)?;
+    session.finish(end_reason)
+}
+
+/// The error of a failed write to the trace file.
+fn output_error(path: &Path) -> impl Fn(io::Error) -> AttachError + '_ {
+    |source| AttachError::Output {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Step 1: what can be checked before anything is loaded: the size cap, root, the target. The cap and the
+/// target's name and threads.
+fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, ProcessInfo), AttachError> {
     let cap = opts
         .max_trace_size
         .map(SizeCap::new)
@@ -210,18 +229,67 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     if !is_root() {
         return Err(AttachError::NotRoot);
     }
-    let Some(mut info) = procfs::process_info(opts.pid) else {
-        return Err(AttachError::NoProcess(opts.pid));
-    };
+    let info = procfs::process_info(opts.pid).ok_or(AttachError::NoProcess(opts.pid))?;
+    Ok((cap, info))
+}
+
+/// The inputs that start before capture.
+struct Inputs {
+    /// The samplers' queue (NVML, /metrics) into the session.
+    tx: SyncSender<Event>,
+    /// Its receiving end.
+    rx: Receiver<Event>,
+    /// NVML counters and CUDA driver probes.
+    gpu: GpuSession,
+    /// What the GPU layer has to say on the timeline so far.
+    gpu_markers: Vec<Event>,
+    /// The OTel span export (None: not configured).
+    otel: Option<OtelSink>,
+}
+
+/// Step 2: the sampler queue, the GPU layer and the OTel span export. NVML first: the target's GPU UUID goes
+/// into the OTel resource; its samples wait in the queue. The OTLP configuration is checked before anything is
+/// loaded; the exporter runs on its own thread and never stalls capture.
+fn open_inputs(opts: &AttachOptions) -> Result<Inputs, AttachError> {
     let (tx, rx) = mpsc::sync_channel(SAMPLER_QUEUE);
-    // NVML first: the target's GPU UUID goes into the OTel resource. Its samples wait in the queue.
-    let (mut gpu, mut gpu_markers) = GpuSession::start(&opts.gpu, opts.pid, tx.clone());
-    // Validate the OTLP configuration before loading anything; the exporter runs on its own thread and never
-    // stalls capture.
-    let mut otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, gpu.gpu_uuid()))?;
+    let (gpu, gpu_markers) = GpuSession::start(&opts.gpu, opts.pid, tx.clone());
+    let otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, gpu.gpu_uuid()))?;
+    Ok(Inputs {
+        tx,
+        rx,
+        gpu,
+        gpu_markers,
+        otel,
+    })
+}
+
+/// A capture whose probes are live, and what is measured against it.
+struct Started {
+    /// The capture.
+    capture: Capture,
+    /// Command start → probes live.
+    attach_latency: Duration,
+    /// The moment the probes were live (BOOTTIME ns).
+    live_ns: u64,
+    /// llmprof's own cost.
+    acct: SelfAccount,
+    /// `--overhead-budget`, when given.
+    budget: Option<Budget>,
+    /// The target's engine probes.
+    engine_probes: EngineProbes,
+}
+
+/// Step 3: loads and attaches the programs (and the CUDA driver probes when libcuda is already loaded), then
+/// starts the self-accounting and the budget from the calibration. Warns when the target has no engine probes.
+fn start_capture(
+    opts: &AttachOptions,
+    t0: Instant,
+    inputs: &mut Inputs,
+    info: &mut ProcessInfo,
+) -> Result<Started, AttachError> {
     // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
-    let capture_content = opts.otel.capture_content && otel.is_some();
-    if opts.otel.capture_content && otel.is_none() {
+    let capture_content = opts.otel.capture_content && inputs.otel.is_some();
+    if opts.otel.capture_content && inputs.otel.is_none() {
         eprintln!(
             "warning: --capture-content needs an OTLP endpoint (text goes to spans only): not capturing text"
         );
@@ -242,12 +310,13 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
         cfg.egress_allow = opts.egress_allow.clone();
     }
     let mut capture = Capture::start(&cfg)?;
-    gpu_markers.extend(gpu.watch_cuda(&mut capture, true));
+    let cuda_markers = inputs.gpu.watch_cuda(&mut capture, true);
+    inputs.gpu_markers.extend(cuda_markers);
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
     let cal = capture.calibration().unwrap_or_default();
-    let mut acct = SelfAccount::new(opts.pid, cal, capture.counters());
-    let mut budget = opts
+    let acct = SelfAccount::new(opts.pid, cal, capture.counters());
+    let budget = opts
         .overhead_budget
         .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.counters())));
     let engine_probes = capture.engine_probes(opts.pid);
@@ -259,36 +328,26 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             opts.pid, info.name
         );
     }
-    let out_err = |source| AttachError::Output {
-        path: opts.output.clone(),
-        source,
-    };
-    let file = File::create(&opts.output).map_err(out_err)?;
-    let mut sink = TraceSink::new(file, std::slice::from_ref(&info), clock_snapshot()).map_err(out_err)?;
-    // With a prelude, history ends at `live_ns` and the live capture starts there: live events older than it
-    // (seen by both captures while the probes were attaching) are dropped, so the two never interleave.
-    // Events lost to --max-trace-size.
-    let mut not_written = 0u64;
-    let floor = if let Some(p) = &opts.prelude {
-        let mut history = (p.0)(live_ns);
-        write_all(
-            &mut sink,
-            &mut otel,
-            &mut history,
-            opts.pid,
-            0,
-            cap.as_ref(),
-            &mut not_written,
-        )
-        .map_err(out_err)?;
-        live_ns
-    } else {
-        0
-    };
-    if let Some(m) = &opts.metadata {
-        sink.annotation(live_ns, &m.event, &m.args).map_err(out_err)?;
-    }
+    Ok(Started {
+        capture,
+        attach_latency,
+        live_ns,
+        acct,
+        budget,
+        engine_probes,
+    })
+}
 
+/// Step 4: creates the trace file and writes its header (the target, the clock snapshot).
+fn open_sink(opts: &AttachOptions, info: &ProcessInfo) -> Result<TraceSink<File>, AttachError> {
+    let out_err = output_error(&opts.output);
+    let file = File::create(&opts.output).map_err(&out_err)?;
+    TraceSink::new(file, std::slice::from_ref(info), clock_snapshot()).map_err(out_err)
+}
+
+/// Step 6: the /metrics scraper, on `--metrics-url` or the endpoint discovered from the target's listening
+/// port; warns when there is none. The URL scraped and the scraper.
+fn start_scraper(opts: &AttachOptions, tx: SyncSender<Event>) -> (Option<String>, Option<Scraper>) {
     let metrics_url = opts
         .metrics_url
         .clone()
@@ -309,207 +368,353 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             None
         }
     };
-    eprintln!(
-        "llmprof: probes live after {:.1} ms; writing {}",
-        attach_latency.as_secs_f64() * 1e3,
-        opts.output.display()
-    );
+    (metrics_url, scraper)
+}
 
-    let tty = opts.live_status && io::stderr().is_terminal();
-    let start = Instant::now();
-    let mut merger = Merger::new(DEFAULT_WINDOW_NS);
-    for ev in gpu_markers {
-        merger.push(ev);
+/// A running session: what feeds it (capture, samplers), what it writes (the trace, spans), the merge between
+/// them and the loop's own state.
+struct Session<'a> {
+    opts: &'a AttachOptions,
+    capture: Capture,
+    gpu: GpuSession,
+    otel: Option<OtelSink>,
+    sink: TraceSink<File>,
+    /// Samples of the NVML sampler and the /metrics scraper.
+    rx: Receiver<Event>,
+    scraper: Option<Scraper>,
+    metrics_url: Option<String>,
+    acct: SelfAccount,
+    budget: Option<Budget>,
+    engine_probes: EngineProbes,
+    attach_latency: Duration,
+    /// `--max-trace-size`.
+    cap: Option<SizeCap>,
+    /// Live events older than this are not written (the prelude covers them).
+    floor_ns: u64,
+    /// Events lost to `--max-trace-size`.
+    not_written: u64,
+    merger: Merger,
+    /// Events from one poll of the ring.
+    polled: Vec<Event>,
+    /// Events the merge released, in order, to be written.
+    ready: Vec<Event>,
+    /// Start of the live loop.
+    start: Instant,
+    last_tick: Instant,
+    last_budget_check: Instant,
+    /// Syscalls counted at the last tick (for the rate counter).
+    last_sys: u64,
+    events_total: u64,
+    events_at_tick: u64,
+    target_exited: bool,
+    /// The target's exit came as an event (else the trace gets a `target exited` marker).
+    exit_event_seen: bool,
+    /// Show the live status line.
+    tty: bool,
+}
+
+impl<'a> Session<'a> {
+    /// Steps 1 to 6: checks, inputs, capture, trace file, prelude, scraper; then the probes are live and
+    /// the trace is being written.
+    fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
+        let t0 = Instant::now();
+        let (cap, mut info) = preflight(opts)?;
+        let mut inputs = open_inputs(opts)?;
+        let started = start_capture(opts, t0, &mut inputs, &mut info)?;
+        let sink = open_sink(opts, &info)?;
+        let Inputs {
+            tx,
+            rx,
+            gpu,
+            gpu_markers,
+            otel,
+        } = inputs;
+        let mut session = Session {
+            opts,
+            capture: started.capture,
+            gpu,
+            otel,
+            sink,
+            rx,
+            scraper: None,
+            metrics_url: None,
+            acct: started.acct,
+            budget: started.budget,
+            engine_probes: started.engine_probes,
+            attach_latency: started.attach_latency,
+            cap,
+            floor_ns: 0,
+            not_written: 0,
+            merger: Merger::new(DEFAULT_WINDOW_NS),
+            polled: Vec::with_capacity(4096),
+            ready: Vec::with_capacity(4096),
+            start: Instant::now(),
+            last_tick: Instant::now(),
+            last_budget_check: Instant::now(),
+            last_sys: 0,
+            events_total: 0,
+            events_at_tick: 0,
+            target_exited: false,
+            exit_event_seen: false,
+            tty: opts.live_status && io::stderr().is_terminal(),
+        };
+        session.write_prelude(started.live_ns)?;
+        (session.metrics_url, session.scraper) = start_scraper(opts, tx);
+        eprintln!(
+            "llmprof: probes live after {:.1} ms; writing {}",
+            session.attach_latency.as_secs_f64() * 1e3,
+            opts.output.display()
+        );
+        session.start = Instant::now();
+        for ev in gpu_markers {
+            session.merger.push(ev);
+        }
+        session.last_tick = Instant::now();
+        session.last_budget_check = Instant::now();
+        session.last_sys = session.capture.syscall_total();
+        Ok(session)
     }
-    let mut polled = Vec::with_capacity(4096);
-    let mut ready = Vec::with_capacity(4096);
-    let mut last_tick = Instant::now();
-    let mut last_budget_check = Instant::now();
-    let mut last_sys = capture.syscall_total();
-    let mut events_total = 0u64;
-    let mut events_at_tick = 0u64;
-    let mut target_exited = false;
-    let mut exit_event_seen = false;
-    let end_reason = loop {
+
+    /// Step 5: with a prelude, writes the history before `live_ns` and starts the live capture there: live events
+    /// older than it (seen by both captures while the probes were attaching) are dropped, so the two never
+    /// interleave. Then the metadata instant, at `live_ns`.
+    fn write_prelude(&mut self, live_ns: u64) -> Result<(), AttachError> {
+        let out_err = output_error(&self.opts.output);
+        if let Some(p) = &self.opts.prelude {
+            let mut history = (p.0)(live_ns);
+            write_all(
+                &mut self.sink,
+                &mut self.otel,
+                &mut history,
+                self.opts.pid,
+                0,
+                self.cap.as_ref(),
+                &mut self.not_written,
+            )
+            .map_err(&out_err)?;
+            self.floor_ns = live_ns;
+        }
+        if let Some(m) = &self.opts.metadata {
+            self.sink
+                .annotation(live_ns, &m.event, &m.args)
+                .map_err(out_err)?;
+        }
+        Ok(())
+    }
+
+    /// Step 7: polls capture and the samplers into the merge and writes what it releases, until an end
+    /// condition; the `end_reason`.
+    fn live_loop(&mut self, stop: &AtomicBool) -> Result<&'static str, AttachError> {
+        loop {
+            if let Some(reason) = self.end_condition(stop) {
+                return Ok(reason);
+            }
+            self.budget_step()?;
+            self.capture.poll(&mut self.polled, POLL_TIMEOUT)?;
+            for ev in self.polled.drain(..) {
+                if matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == self.opts.pid {
+                    self.target_exited = true;
+                    self.exit_event_seen = true;
+                }
+                self.merger.push(ev);
+            }
+            while let Ok(ev) = self.rx.try_recv() {
+                self.merger.push(ev);
+            }
+            if self.last_tick.elapsed() >= TICK {
+                self.tick();
+            }
+            self.merger.drain_at(boottime_ns(), &mut self.ready);
+            self.events_total += self.ready.len() as u64;
+            if self.write_ready()? {
+                return Ok(END_SIZE_LIMIT);
+            }
+        }
+    }
+
+    /// Why the live loop ends now, if it does: the stop flag (with its [`StopReason`]), the duration, the
+    /// target's exit.
+    fn end_condition(&self, stop: &AtomicBool) -> Option<&'static str> {
         // Acquire: pairs with the Release of whoever set a stop reason before the flag.
         if stop.load(Ordering::Acquire) {
-            break opts.stop_reason.get().unwrap_or(END_INTERRUPTED);
+            return Some(self.opts.stop_reason.get().unwrap_or(END_INTERRUPTED));
         }
-        if opts.duration.is_some_and(|d| start.elapsed() >= d) {
-            break "duration elapsed";
+        if self.opts.duration.is_some_and(|d| self.start.elapsed() >= d) {
+            return Some("duration elapsed");
         }
-        if target_exited {
-            break "target exited";
-        }
-        if let Some(b) = budget.as_mut()
-            && last_budget_check.elapsed() >= b.interval()
+        self.target_exited.then_some("target exited")
+    }
+
+    /// Judges the overhead budget when its interval has passed, and records the step it takes.
+    fn budget_step(&mut self) -> Result<(), AttachError> {
+        if let Some(b) = self.budget.as_mut()
+            && self.last_budget_check.elapsed() >= b.interval()
         {
-            last_budget_check = Instant::now();
-            if let Some(ev) = check_budget(b, &mut capture, opts.pid)? {
-                merger.push(ev);
+            self.last_budget_check = Instant::now();
+            if let Some(ev) = check_budget(b, &mut self.capture, self.opts.pid)? {
+                self.merger.push(ev);
             }
         }
-        capture.poll(&mut polled, POLL_TIMEOUT)?;
-        for ev in polled.drain(..) {
-            if matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == opts.pid {
-                target_exited = true;
-                exit_event_seen = true;
-            }
-            merger.push(ev);
+        Ok(())
+    }
+
+    /// Once per [`TICK`]: the syscall-rate and overhead counters, the target's liveness, a late libcuda, and
+    /// the status line.
+    fn tick(&mut self) {
+        let dt = self.last_tick.elapsed().as_secs_f64();
+        self.last_tick = Instant::now();
+        let sys = self.capture.syscall_total();
+        let per_sec = sys.saturating_sub(self.last_sys) as f64 / dt;
+        self.last_sys = sys;
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: self.opts.pid,
+            tid: 0,
+            body: EventBody::SyscallRate { per_sec },
+        });
+        let level = self.budget.as_ref().map_or(0, Budget::level);
+        let sample = self.acct.sample(self.capture.counters(), level);
+        let est_pct = sample.est_overhead_pct;
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: 0,
+            tid: 0,
+            body: EventBody::Overhead(Box::new(sample)),
+        });
+        if !procfs::exists(self.opts.pid) {
+            self.target_exited = true;
         }
-        while let Ok(ev) = rx.try_recv() {
-            merger.push(ev);
+        for ev in self.gpu.watch_cuda(&mut self.capture, false) {
+            self.merger.push(ev);
         }
-        if last_tick.elapsed() >= TICK {
-            let dt = last_tick.elapsed().as_secs_f64();
-            last_tick = Instant::now();
-            let sys = capture.syscall_total();
-            let per_sec = sys.saturating_sub(last_sys) as f64 / dt;
-            last_sys = sys;
-            merger.push(Event {
-                ts_ns: boottime_ns(),
-                pid: opts.pid,
-                tid: 0,
-                body: EventBody::SyscallRate { per_sec },
-            });
-            let level = budget.as_ref().map_or(0, Budget::level);
-            let sample = acct.sample(capture.counters(), level);
-            let est_pct = sample.est_overhead_pct;
-            merger.push(Event {
-                ts_ns: boottime_ns(),
-                pid: 0,
-                tid: 0,
-                body: EventBody::Overhead(Box::new(sample)),
-            });
-            if !procfs::exists(opts.pid) {
-                target_exited = true;
-            }
-            for ev in gpu.watch_cuda(&mut capture, false) {
-                merger.push(ev);
-            }
-            if tty {
-                let drops: u64 = capture.counters().iter().map(|c| c.dropped).sum();
-                let rate = (events_total - events_at_tick) as f64 / dt;
-                events_at_tick = events_total;
-                eprint!(
-                    "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  est. overhead {}  {:.1} MiB → {}",
-                    start.elapsed().as_secs_f64(),
-                    events_total,
-                    rate,
-                    drops,
-                    est_pct.map_or("-".to_owned(), |p| format!("{p:.2}%")),
-                    sink.bytes() as f64 / (1 << 20) as f64,
-                    opts.output.display()
-                );
-            }
+        if self.tty {
+            let drops: u64 = self.capture.counters().iter().map(|c| c.dropped).sum();
+            let rate = (self.events_total - self.events_at_tick) as f64 / dt;
+            self.events_at_tick = self.events_total;
+            eprint!(
+                "\r\x1b[2K[llmprof] {:>6.1}s  {} events ({:.0}/s)  drops {}  est. overhead {}  {:.1} MiB → {}",
+                self.start.elapsed().as_secs_f64(),
+                self.events_total,
+                rate,
+                drops,
+                est_pct.map_or("-".to_owned(), |p| format!("{p:.2}%")),
+                self.sink.bytes() as f64 / (1 << 20) as f64,
+                self.opts.output.display()
+            );
         }
-        merger.drain_at(boottime_ns(), &mut ready);
-        events_total += ready.len() as u64;
-        if write_all(
-            &mut sink,
-            &mut otel,
-            &mut ready,
-            opts.pid,
-            floor,
-            cap.as_ref(),
-            &mut not_written,
+    }
+
+    /// Writes the events the merge released ([`write_all`]); true when the size cap was reached.
+    fn write_ready(&mut self) -> Result<bool, AttachError> {
+        write_all(
+            &mut self.sink,
+            &mut self.otel,
+            &mut self.ready,
+            self.opts.pid,
+            self.floor_ns,
+            self.cap.as_ref(),
+            &mut self.not_written,
         )
-        .map_err(out_err)?
-        {
-            break END_SIZE_LIMIT;
+        .map_err(output_error(&self.opts.output))
+    }
+
+    /// Step 8: the last drain (the ring up to the stop, then everything the merge holds) and the end markers;
+    /// then [`Session::close`].
+    fn finish(mut self, end_reason: &'static str) -> Result<AttachReport, AttachError> {
+        if self.tty {
+            eprintln!();
         }
-    };
-    if tty {
-        eprintln!();
+        self.capture.poll(&mut self.polled, Duration::ZERO)?;
+        for ev in self.polled.drain(..) {
+            self.exit_event_seen |=
+                matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == self.opts.pid;
+            self.merger.push(ev);
+        }
+        while let Ok(ev) = self.rx.try_recv() {
+            self.merger.push(ev);
+        }
+        self.merger.finish(&mut self.ready);
+        self.events_total += self.ready.len() as u64;
+        let size_limited = end_reason == END_SIZE_LIMIT || self.write_ready()?;
+        if size_limited {
+            self.not_written += self.ready.len() as u64;
+            self.ready.clear();
+        }
+        let end_ts = boottime_ns();
+        let out_err = output_error(&self.opts.output);
+        if size_limited && let Some(c) = &self.cap {
+            let text = format!(
+                "trace size limit reached (--max-trace-size {} bytes): trace ended early, {} events not written",
+                c.limit(),
+                self.not_written
+            );
+            self.sink.marker(end_ts, &text).map_err(&out_err)?;
+        }
+        if end_reason == "target exited" && !self.exit_event_seen {
+            self.sink.marker(end_ts, "target exited").map_err(&out_err)?;
+        }
+        self.close(end_ts, if size_limited { END_SIZE_LIMIT } else { end_reason })
     }
-    // Last drain of the ring (events up to the stop), then everything held by the merge.
-    capture.poll(&mut polled, Duration::ZERO)?;
-    for ev in polled.drain(..) {
-        exit_event_seen |= matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == opts.pid;
-        merger.push(ev);
-    }
-    while let Ok(ev) = rx.try_recv() {
-        merger.push(ev);
-    }
-    merger.finish(&mut ready);
-    events_total += ready.len() as u64;
-    let size_limited = end_reason == END_SIZE_LIMIT
-        || write_all(
-            &mut sink,
-            &mut otel,
-            &mut ready,
-            opts.pid,
-            floor,
-            cap.as_ref(),
-            &mut not_written,
-        )
-        .map_err(out_err)?;
-    if size_limited {
-        not_written += ready.len() as u64;
-        ready.clear();
-    }
-    let end_ts = boottime_ns();
-    if size_limited && let Some(c) = &cap {
-        let text = format!(
-            "trace size limit reached (--max-trace-size {} bytes): trace ended early, {not_written} events not written",
-            c.limit()
+
+    /// Step 9: stops the samplers, writes the statistics into the trace's summary and closes the file, detaches
+    /// the probes, ends the span export; the session's report.
+    fn close(mut self, end_ts: u64, end_reason: &'static str) -> Result<AttachReport, AttachError> {
+        let out_err = output_error(&self.opts.output);
+        let gpu = self.gpu.finish();
+        let user_drops = self.scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
+        drop(self.scraper);
+        let final_counters = self.capture.counters();
+        let mut overhead = self.acct.summary(
+            final_counters,
+            self.budget.as_ref().map(Budget::pct),
+            self.budget
+                .as_ref()
+                .map(|b| b.taken().to_vec())
+                .unwrap_or_default(),
         );
-        sink.marker(end_ts, &text).map_err(out_err)?;
+        overhead.size_limit = self.cap.map(|c| c.limit());
+        overhead.events_not_written = self.not_written;
+        let stats = SessionStats {
+            overhead: Some(overhead),
+            probes: final_counters,
+            decode_errors: self.capture.decode_errors(),
+            user_drops,
+            trace_bytes: 0,
+            end_reason: end_reason.to_owned(),
+            syscalls: self.capture.syscall_aggregates(),
+        };
+        let mut sink = self.sink;
+        sink.flush_cuda().map_err(&out_err)?;
+        let counts = sink.counts().clone();
+        let cuda = sink.cuda_stats();
+        let trace_bytes_before = sink.bytes();
+        let file = sink.finish(&stats, Some(end_ts)).map_err(&out_err)?;
+        file.sync_all().map_err(&out_err)?;
+        let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
+        // Detach everything before reporting.
+        if self.capture.cuda_links() > 0 {
+            eprintln!(
+                "llmprof: trace written; detaching {} CUDA driver probes (the kernel takes a while per probe)",
+                self.capture.cuda_links()
+            );
+        }
+        drop(self.capture);
+        let otel = self.otel.map(OtelSink::finish);
+        Ok(AttachReport {
+            trace: self.opts.output.clone(),
+            trace_bytes,
+            stats: SessionStats { trace_bytes, ..stats },
+            counts,
+            late_events: self.merger.late(),
+            attach_latency: self.attach_latency,
+            elapsed: self.start.elapsed(),
+            engine_probes: self.engine_probes,
+            metrics_url: self.metrics_url,
+            otel,
+            gpu,
+            cuda,
+        })
     }
-    if end_reason == "target exited" && !exit_event_seen {
-        sink.marker(end_ts, "target exited").map_err(out_err)?;
-    }
-    let gpu = gpu.finish();
-    let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
-    drop(scraper);
-    let final_counters = capture.counters();
-    let mut overhead = acct.summary(
-        final_counters,
-        budget.as_ref().map(Budget::pct),
-        budget.as_ref().map(|b| b.taken().to_vec()).unwrap_or_default(),
-    );
-    overhead.size_limit = cap.map(|c| c.limit());
-    overhead.events_not_written = not_written;
-    let stats = SessionStats {
-        overhead: Some(overhead),
-        probes: final_counters,
-        decode_errors: capture.decode_errors(),
-        user_drops,
-        trace_bytes: 0,
-        end_reason: if size_limited { END_SIZE_LIMIT } else { end_reason }.to_owned(),
-        syscalls: capture.syscall_aggregates(),
-    };
-    sink.flush_cuda().map_err(out_err)?;
-    let counts = sink.counts().clone();
-    let cuda = sink.cuda_stats();
-    let trace_bytes_before = sink.bytes();
-    let file = sink.finish(&stats, Some(end_ts)).map_err(out_err)?;
-    file.sync_all().map_err(out_err)?;
-    let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
-    // Detach everything before reporting.
-    if capture.cuda_links() > 0 {
-        eprintln!(
-            "llmprof: trace written; detaching {} CUDA driver probes (the kernel takes a while per probe)",
-            capture.cuda_links()
-        );
-    }
-    drop(capture);
-    let otel = otel.map(OtelSink::finish);
-    let _ = events_total;
-    Ok(AttachReport {
-        trace: opts.output.clone(),
-        trace_bytes,
-        stats: SessionStats { trace_bytes, ..stats },
-        counts,
-        late_events: merger.late(),
-        attach_latency,
-        elapsed: start.elapsed(),
-        engine_probes,
-        metrics_url,
-        otel,
-        gpu,
-        cuda,
-    })
 }
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.

@@ -1,32 +1,15 @@
 //! The `llmprof` command line: subcommands and options (durations and sizes are parsed by `llmprof_units`).
 //!
-//! Owns the user-facing surface only (help texts with examples, defaults); the work is in [`crate::attach`]
-//! and [`crate::open`].
+//! Owns the user-facing surface only (help texts with examples, defaults) and turns what it parsed into the plain
+//! options of the library modules (e.g. [`crate::serve::ServeConfig`]); the work is in [`crate::attach`],
+//! [`crate::serve`], [`crate::doctor`] and [`crate::open`], which never import this module (save
+//! `serve::manager`'s use of [`parse_duration`] for alert annotations, until one shared duration parser replaces
+//! it). Exit codes are in [`crate::exit`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-
-/// Exit codes of `llmprof` (documented in `--help`).
-pub mod exit {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// Any other failure.
-    pub const FAILURE: i32 = 1;
-    /// Bad command line (clap's own code).
-    pub const USAGE: i32 = 2;
-    /// Not root / missing capabilities.
-    pub const NOT_ROOT: i32 = 3;
-    /// The pid does not exist.
-    pub const NO_PROCESS: i32 = 4;
-    /// The kernel lacks something llmprof needs (tracepoint, tracefs) or refused the programs.
-    pub const KERNEL: i32 = 5;
-    /// The engine speaks another probe ABI version.
-    pub const ABI_MISMATCH: i32 = 6;
-    /// The trace file could not be written.
-    pub const OUTPUT: i32 = 7;
-}
 
 const ABOUT: &str = "Attach to an LLM inference server and record a Perfetto trace of its engine steps, requests, \
 syscalls, model-file I/O and network egress (eBPF, no restart of the server).";
@@ -234,6 +217,32 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
+impl From<ServeArgs> for crate::serve::ServeConfig {
+    fn from(s: ServeArgs) -> Self {
+        crate::serve::ServeConfig {
+            listen: s.listen,
+            out_dir: s.out_dir,
+            token_file: s.token_file,
+            default_target: s.default_target,
+            flight_recorder: s.flight_recorder,
+            flight_recorder_memory: s.flight_recorder_memory,
+            watch: s.watch,
+            duration: s.duration,
+            max_duration: s.max_duration,
+            max_sessions: s.max_sessions,
+            cooldown: s.cooldown,
+            max_disk: s.max_disk,
+            max_body: s.max_body,
+            slow_syscall: s.slow_syscall,
+            model_paths: s.model_paths,
+            egress_allow: s.egress_allow,
+            ring_size: s.ring_size,
+            max_trace_size: s.max_trace_size,
+            otel: s.otel,
+        }
+    }
+}
+
 /// Options of `llmprof report`.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -300,5 +309,57 @@ mod tests {
         assert_eq!(s.max_disk, Some(2 << 30));
         assert_eq!(s.max_trace_size, 512 << 20, "the documented default");
         assert!(Cli::try_parse_from(["llmprof", "serve", "--out-dir", "t", "--watch", "8000"]).is_err());
+    }
+
+    #[test]
+    fn serve_options_come_from_the_command_line() {
+        use crate::serve::{ServeError, ServeOptions};
+        let options = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(["llmprof", "serve", "--out-dir", "traces"].iter().chain(args)).unwrap();
+            let Command::Serve(s) = cli.command else {
+                panic!("serve")
+            };
+            ServeOptions::from_config((*s).into())
+        };
+        let o = options(&[]).unwrap();
+        assert_eq!(
+            o.manager.template.max_trace_size,
+            Some(512 << 20),
+            "the documented default"
+        );
+        assert_eq!(o.manager.out_dir, PathBuf::from("traces"));
+        let o = options(&[
+            "--max-trace-size",
+            "50M",
+            "--max-disk",
+            "2GiB",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+            "--egress-allow",
+            "10.0.0.0/8",
+            "--slow-syscall",
+            "5ms",
+            "--ring-size",
+            "8MiB",
+            "--model-path",
+            "*.gguf",
+            "--max-sessions",
+            "3",
+        ])
+        .unwrap();
+        let t = &o.manager.template;
+        assert_eq!(t.max_trace_size, Some(50 << 20));
+        assert_eq!(o.manager.disk_quota, Some(2 << 30));
+        assert_eq!(t.otel.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+        assert_eq!(t.egress_allow.len(), 1);
+        assert_eq!(t.slow_syscall, Duration::from_millis(5));
+        assert_eq!(t.ring_bytes, 8 << 20);
+        assert_eq!(t.model_patterns, ["*.gguf"]);
+        assert_eq!(o.manager.max_sessions, 3);
+        assert!(matches!(
+            options(&["--egress-allow", "nowhere"]),
+            Err(ServeError::Usage(e)) if e.contains("--egress-allow")
+        ));
     }
 }

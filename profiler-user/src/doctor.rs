@@ -18,7 +18,8 @@ use crate::capture::calibrate::{
     ENTRY_CALL, ENTRY_INT3, ROUNDS, entry_name, median_ns_per_call, median_ns_per_syscall, probe_first_byte,
 };
 use crate::capture::{self, Capture, CaptureConfig, EngineProbes};
-use crate::cli::exit;
+use crate::causes;
+use crate::exit;
 use llmprof_trace::event::EventBody;
 
 /// Probe calls timed per round (detached and attached); five rounds, the median is reported.
@@ -79,7 +80,7 @@ pub struct Check {
     pub fix: Option<String>,
     /// Measured numbers (name, value), e.g. `attached_ns_per_call`.
     pub measured: Vec<(&'static str, f64)>,
-    /// Exit code this check stands for when it fails ([`crate::cli::exit`]).
+    /// Exit code this check stands for when it fails ([`crate::exit`]).
     pub exit_code: i32,
 }
 
@@ -315,7 +316,7 @@ fn tracefs(root: bool) -> Check {
                 capture::TRACEFS
             ),
         ),
-        Err(e) => Check::new("tracefs", Status::Fail, e.to_string())
+        Err(e) => Check::new("tracefs", Status::Fail, causes::one_line(&e))
             .fix(format!("mount -t tracefs nodev {}", capture::TRACEFS)),
     }
 }
@@ -411,8 +412,12 @@ fn nvml() -> Check {
                 Check::new("nvml", Status::Ok, format!("{NVML_SONAME}: {}", list.join(", ")))
             }
         }
-        Err(e) => Check::new("nvml", Status::Warn, format!("{e}: no GPU counters"))
-            .fix("check the NVIDIA driver (`nvidia-smi`)"),
+        Err(e) => Check::new(
+            "nvml",
+            Status::Warn,
+            format!("{}: no GPU counters", causes::one_line(&e)),
+        )
+        .fix("check the NVIDIA driver (`nvidia-smi`)"),
     }
 }
 
@@ -437,7 +442,7 @@ fn target_libcuda(pid: u32) -> Check {
             Err(e) => Check::new(
                 "target_libcuda",
                 Status::Warn,
-                format!("{e}: no CUDA driver calls"),
+                format!("{}: no CUDA driver calls", causes::one_line(&e)),
             )
             .fix("report it with the libcuda version (`ls -l /usr/lib/*/libcuda.so*`)"),
         },
@@ -498,7 +503,7 @@ fn uprobe_cost(root: bool) -> Vec<Check> {
                 Check::new(
                     ID,
                     Status::Fail,
-                    format!("a capture of llmprof itself failed: {e}"),
+                    format!("a capture of llmprof itself failed: {}", causes::one_line(&e)),
                 )
                 .fix("fix the checks above; if they pass, report this with `uname -r`"),
             ];
@@ -661,7 +666,7 @@ fn target(pid: u32) -> Vec<Check> {
                 Check::new(
                     "probe_abi",
                     Status::Warn,
-                    format!("cannot inspect the binary: {e}"),
+                    format!("cannot inspect the binary: {}", causes::one_line(&e)),
                 )
                 .fix("run `sudo llmprof doctor --pid PID` (reading another user's /proc/PID/exe needs root)"),
             );

@@ -6,12 +6,18 @@
 //! samplers and probes, self-accounting, the OTel exporter, and the front ends:
 //! [`attach`] (the `llmprof attach` session), [`serve`] (alert-triggered sessions for Alertmanager) and [`open`]
 //! (serving a trace to Perfetto UI).
+//!
+//! Layers: [`cli`] (clap) is the top layer, used by the binary only; the library modules take
+//! plain option structs ([`attach::AttachOptions`], [`serve::ServeConfig`], [`doctor::DoctorOptions`]) and never
+//! import [`cli`]. [`exit`] holds the exit codes and [`causes`] the one way an error is shown with its causes.
 
 pub mod attach;
 pub mod budget;
 pub mod capture;
+pub mod causes;
 pub mod cli;
 pub mod doctor;
+pub mod exit;
 pub mod gpu;
 pub mod metrics_scrape;
 pub mod open;

@@ -1,14 +1,16 @@
 //! The `llmprof` binary: parses the command line, installs the Ctrl-C/SIGTERM handler, runs a subcommand and
-//! maps its errors to the exit codes documented in `--help` ([`llmprof::cli::exit`]).
+//! maps its errors to the exit codes documented in `--help` ([`llmprof::exit`]). Errors are printed with their
+//! causes, each once ([`llmprof::causes`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Context;
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs, exit};
+use llmprof::causes;
+use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
 use llmprof::doctor::{self, DoctorOptions};
+use llmprof::exit;
 use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
@@ -147,7 +149,7 @@ fn run_attach(a: AttachArgs) -> i32 {
             exit::OK
         }
         Err(e) => {
-            eprintln!("error: {}", chain(&e));
+            eprintln!("error: {}", causes::lines(&e));
             match e {
                 AttachError::NotRoot | AttachError::Capture(CaptureError::NotRoot) => exit::NOT_ROOT,
                 AttachError::InvalidOption(_) => exit::USAGE,
@@ -172,17 +174,17 @@ fn run_attach(a: AttachArgs) -> i32 {
 
 fn run_serve(s: ServeArgs) -> i32 {
     use llmprof::serve::{self, ServeError, ServeOptions};
-    let opts = match ServeOptions::from_args(s) {
+    let opts = match ServeOptions::from_config(s.into()) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("error: {}", chain(&e));
+            eprintln!("error: {}", causes::lines(&e));
             return exit::USAGE;
         }
     };
     match serve::run(opts, &STOP) {
         Ok(()) => exit::OK,
         Err(e) => {
-            eprintln!("error: {}", chain(&e));
+            eprintln!("error: {}", causes::lines(&e));
             match e {
                 ServeError::NotRoot => exit::NOT_ROOT,
                 ServeError::Insecure(_) | ServeError::Usage(_) | ServeError::Token(_) => exit::USAGE,
@@ -271,16 +273,14 @@ fn run_report(r: &ReportArgs) -> i32 {
             exit::OK
         }
         Err(e) => {
-            // The messages carry their cause and what to do next.
-            eprintln!("error: {e}");
+            eprintln!("error: {}", causes::lines(&e));
             exit::FAILURE
         }
     }
 }
 
 fn run_open(o: OpenArgs) -> i32 {
-    let r = (|| -> anyhow::Result<bool> {
-        let srv = TraceServer::bind(&o.trace, o.port)?;
+    let r = TraceServer::bind(&o.trace, o.port).and_then(|srv| {
         println!(
             "Open this link in a browser on this machine (Perfetto UI loads the trace from 127.0.0.1):\n"
         );
@@ -290,8 +290,8 @@ fn run_open(o: OpenArgs) -> i32 {
             o.trace.display(),
             srv.file_url()
         );
-        srv.serve(&STOP).context("serving the trace")
-    })();
+        srv.serve(&STOP)
+    });
     match r {
         Ok(true) => {
             println!("Trace fetched by the UI.");
@@ -299,19 +299,8 @@ fn run_open(o: OpenArgs) -> i32 {
         }
         Ok(false) => exit::OK,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", causes::lines(&e));
             exit::FAILURE
         }
     }
-}
-
-/// The error and its sources, one per line (keeps the eBPF verifier log visible).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(&format!("\n  caused by: {c}"));
-        cur = c.source();
-    }
-    s
 }

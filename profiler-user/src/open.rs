@@ -21,7 +21,7 @@ pub const UI_ORIGIN: &str = "https://ui.perfetto.dev";
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// The trace file cannot be read.
-    #[error("cannot read trace {path}: {source}")]
+    #[error("cannot read trace {path}")]
     Trace {
         /// The path given.
         path: PathBuf,
@@ -30,7 +30,7 @@ pub enum OpenError {
         source: io::Error,
     },
     /// The port is taken or not bindable.
-    #[error("cannot listen on 127.0.0.1:{port} ({source}); pick another with --port")]
+    #[error("cannot listen on 127.0.0.1:{port} (pick another with --port)")]
     Bind {
         /// Port.
         port: u16,
@@ -39,7 +39,7 @@ pub enum OpenError {
         source: io::Error,
     },
     /// Accepting or serving failed.
-    #[error("serving the trace failed: {0}")]
+    #[error("serving the trace failed")]
     Io(#[from] io::Error),
 }
 

@@ -33,12 +33,25 @@ pub enum TpError {
         /// The error.
         msg: String,
     },
-    /// Talking to the child failed.
+    /// Talking to the child failed. The cause is in the message, not the source chain: tests print these
+    /// errors with `{e}` (`panic!`), which shows no chain.
     #[error("trace processor I/O: {0}")]
-    Io(#[from] std::io::Error),
-    /// The child answered something that is not JSON.
+    Io(std::io::Error),
+    /// The child answered something that is not JSON (cause in the message, as for `Io`).
     #[error("trace processor answered garbage: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
+}
+
+impl From<std::io::Error> for TpError {
+    fn from(e: std::io::Error) -> Self {
+        TpError::Io(e)
+    }
+}
+
+impl From<serde_json::Error> for TpError {
+    fn from(e: serde_json::Error) -> Self {
+        TpError::Json(e)
+    }
 }
 
 /// Path of the node driver script.

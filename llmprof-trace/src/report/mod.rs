@@ -110,7 +110,7 @@ const CUDA_SUFFIX: &str = " (host)";
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: PathBuf,

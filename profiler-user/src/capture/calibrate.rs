@@ -178,7 +178,10 @@ pub(super) fn startup(
         && measured.is_ok()
         && let Err(e) = measure_cuda(ebpf, &mut raw)
     {
-        log::warn!("calibrate: CUDA probe cost not measured: {e}");
+        log::warn!(
+            "calibrate: CUDA probe cost not measured: {}",
+            crate::causes::one_line(&e)
+        );
         raw.cuda_attached = None;
     }
     // Undo in every case: this process leaves the map before anything else can fail.

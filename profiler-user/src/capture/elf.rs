@@ -20,7 +20,7 @@ pub struct EngineElf {
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: String,
@@ -29,7 +29,7 @@ pub enum ElfError {
         source: std::io::Error,
     },
     /// The file is not a parsable ELF object.
-    #[error("{path} is not an ELF binary llmprof can read: {source}")]
+    #[error("{path} is not an ELF binary llmprof can read")]
     Parse {
         /// The file.
         path: String,

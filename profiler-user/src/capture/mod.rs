@@ -160,7 +160,7 @@ pub enum CaptureError {
     },
     /// tracefs is not mounted and could not be mounted.
     #[error(
-        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}): run `mount -t tracefs nodev {TRACEFS}`"
+        "tracefs is not mounted at {TRACEFS} and mounting it failed: run `mount -t tracefs nodev {TRACEFS}`"
     )]
     Tracefs(#[source] std::io::Error),
     /// The engine speaks another probe ABI version.
@@ -187,7 +187,7 @@ pub enum CaptureError {
     )]
     Load(#[source] aya::EbpfError),
     /// A program could not be loaded or attached.
-    #[error("could not load or attach eBPF program {program}: {source}")]
+    #[error("could not load or attach eBPF program {program}")]
     Program {
         /// The program's name.
         program: String,
@@ -196,7 +196,7 @@ pub enum CaptureError {
         source: aya::programs::ProgramError,
     },
     /// A map was missing or could not be read or written.
-    #[error("eBPF map {map}: {source}")]
+    #[error("eBPF map {map} cannot be used")]
     Map {
         /// The map's name.
         map: String,
@@ -208,7 +208,7 @@ pub enum CaptureError {
     #[error("the embedded eBPF object has no {0}: rebuild it with `cargo xtask build-ebpf`")]
     MissingInObject(String),
     /// Polling the ring buffer failed.
-    #[error("polling the ring buffer failed: {0}")]
+    #[error("polling the ring buffer failed")]
     Poll(#[source] std::io::Error),
 }
 

@@ -42,7 +42,7 @@ impl CudaEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum LibcudaError {
     /// The library file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: String,
@@ -51,7 +51,7 @@ pub enum LibcudaError {
         source: std::io::Error,
     },
     /// The file is not an ELF object llmprof can parse.
-    #[error("{path} is not an ELF shared library llmprof can read: {source}")]
+    #[error("{path} is not an ELF shared library llmprof can read")]
     Parse {
         /// The file.
         path: String,

@@ -16,6 +16,7 @@ use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use crate::capture::Capture;
+use crate::causes;
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody};
 
@@ -95,6 +96,7 @@ impl GpuSession {
                     (Some(s), line)
                 }
                 Err(e) => {
+                    let e = causes::one_line(&e);
                     let text = format!("GPU counters unavailable: {e}");
                     markers.push(marker(pid, text.clone()));
                     (None, format!("unavailable: {e}"))
@@ -139,7 +141,7 @@ impl GpuSession {
             return Vec::new();
         };
         let result = libcuda::resolve(&lib)
-            .map_err(|e| e.to_string())
+            .map_err(|e| causes::one_line(&e))
             .and_then(|entries| {
                 let points: Vec<(u64, u64)> = entries.iter().map(|e| (e.file_offset, e.cookie())).collect();
                 let via_proc = entries
@@ -149,7 +151,7 @@ impl GpuSession {
                 capture
                     .attach_cuda(self.pid, &lib, &points)
                     .map(|n| (n, via_proc))
-                    .map_err(|e| chain(&e))
+                    .map_err(|e| causes::one_line(&e))
             });
         let text = match result {
             Ok((n, via_proc)) => {
@@ -189,18 +191,6 @@ impl GpuSession {
             dropped,
         }
     }
-}
-
-/// An error and its sources, `: `-joined (aya's program errors keep the kernel's reason in the source).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn marker(pid: u32, text: String) -> Event {

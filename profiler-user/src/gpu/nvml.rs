@@ -47,7 +47,7 @@ pub struct GpuInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlUnavailable {
     /// The library or the driver could not be initialized.
-    #[error("NVML ({lib}) could not be initialized: {source}")]
+    #[error("NVML ({lib}) could not be initialized")]
     Init {
         /// The library tried.
         lib: String,
@@ -59,7 +59,7 @@ pub enum NvmlUnavailable {
     #[error("NVML sees no GPU")]
     NoDevice,
     /// The sampler thread could not be started.
-    #[error("cannot start the NVML sampler thread: {0}")]
+    #[error("cannot start the NVML sampler thread")]
     Thread(#[source] std::io::Error),
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// The file could not be read.
-    #[error("cannot read the token file {path}: {source}")]
+    #[error("cannot read the token file {path}")]
     Read {
         /// The file.
         path: PathBuf,

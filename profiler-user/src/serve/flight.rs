@@ -313,6 +313,7 @@ fn record(spec: TargetSpec, shared: &Shared) {
         match record_pid(pid, shared) {
             Ok(()) => backoff = RETRY,
             Err(e) => {
+                let e = crate::causes::one_line(&e);
                 eprintln!(
                     "llmprof serve: flight recorder for {spec} (pid {pid}): {e}; retrying in {backoff:?}"
                 );

@@ -234,17 +234,6 @@ fn file_stem(name: &str) -> String {
     if s.is_empty() { "alert".into() } else { s }
 }
 
-/// The error and its sources on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(&format!(": {c}"));
-        cur = c.source();
-    }
-    s
-}
-
 impl Manager {
     /// A manager; `recorders` are the flight recorders of the watched targets.
     pub fn new(cfg: ManagerConfig, recorders: Vec<FlightRecorder>, metrics: Arc<Metrics>) -> Manager {
@@ -582,7 +571,7 @@ impl Manager {
                 }
                 Err(e) => {
                     s.view.state = State::Failed;
-                    let reason = chain(&e);
+                    let reason = crate::causes::one_line(&e);
                     eprintln!("llmprof serve: session {id} failed: {reason}");
                     s.view.reason = Some(reason);
                     if let Some(t) = &s.view.trace

@@ -5,7 +5,7 @@
 //! Modules, each owning one thing: [`webhook`] (the payload), [`target`] (alert → pid), [`manager`] (sessions,
 //! dedupe, cooldown, cap, quota), [`quota`] (which traces to remove), [`flight`] (the flight recorder),
 //! [`http`] (the API), [`auth`] (bearer token), [`metrics`] (serve's own counters). This file wires them: it
-//! checks the options, starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM stops
+//! checks the options ([`ServeConfig`], what was asked, into [`ServeOptions`]), starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM stops
 //! the sessions (their traces are finished, not cut) before exiting. See docs/serve.md.
 
 pub mod auth;
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::attach::{AttachOptions, StopReason};
 use crate::capture::Cidr;
-use crate::cli::ServeArgs;
+use crate::otel::OtelOptions;
 use auth::Token;
 use flight::FlightRecorder;
 use manager::{Manager, ManagerConfig};
@@ -42,7 +42,51 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 /// Period of the quota check while sessions write.
 const TICK: Duration = Duration::from_secs(1);
 
-/// Everything `llmprof serve` is configured with.
+/// What `llmprof serve` was asked for, before any check: plain values (the binary builds it from the command
+/// line; defaults are the command line's). [`ServeOptions::from_config`] checks it.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Address of the API.
+    pub listen: SocketAddr,
+    /// Directory for the traces.
+    pub out_dir: PathBuf,
+    /// File holding the bearer token (None: no authentication; only allowed on loopback).
+    pub token_file: Option<PathBuf>,
+    /// Target of alerts without `pid` or `instance` labels.
+    pub default_target: Option<TargetSpec>,
+    /// Flight-recorder history (None: off).
+    pub flight_recorder: Option<Duration>,
+    /// Memory of all flight recorders together, bytes.
+    pub flight_recorder_memory: usize,
+    /// Targets the flight recorder keeps recording.
+    pub watch: Vec<TargetSpec>,
+    /// Session length when the alert has no `llmprof_duration` annotation.
+    pub duration: Duration,
+    /// Longest session an annotation may ask for.
+    pub max_duration: Duration,
+    /// Most sessions at once (0 is taken as 1).
+    pub max_sessions: usize,
+    /// Quiet time per target after a session.
+    pub cooldown: Duration,
+    /// Disk quota of `out_dir`, bytes (None: unbounded).
+    pub max_disk: Option<usize>,
+    /// Largest webhook body, bytes.
+    pub max_body: usize,
+    /// Sessions record syscalls at least this slow individually.
+    pub slow_syscall: Duration,
+    /// Model-file patterns (empty: capture's defaults).
+    pub model_paths: Vec<String>,
+    /// Allowed egress networks as written (CIDR; empty: capture's defaults).
+    pub egress_allow: Vec<String>,
+    /// Kernel ring-buffer bytes of each session.
+    pub ring_size: usize,
+    /// Hard cap on each session's trace file, bytes.
+    pub max_trace_size: usize,
+    /// OpenTelemetry export of each session's request spans.
+    pub otel: OtelOptions,
+}
+
+/// Everything `llmprof serve` is configured with, checked.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     /// Listen address.
@@ -70,7 +114,7 @@ pub enum ServeError {
     )]
     NotRoot,
     /// The output directory is unusable.
-    #[error("cannot use the output directory {path}: {source}")]
+    #[error("cannot use the output directory {path}")]
     OutDir {
         /// The directory.
         path: PathBuf,
@@ -85,7 +129,7 @@ pub enum ServeError {
     #[error("refusing to listen on {0} without authentication: pass --token-file (or listen on 127.0.0.1)")]
     Insecure(SocketAddr),
     /// The address is taken or not local.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// Address.
         addr: SocketAddr,
@@ -97,13 +141,13 @@ pub enum ServeError {
     #[error("{0}")]
     Usage(String),
     /// The async runtime or a thread could not start.
-    #[error("cannot start llmprof serve's runtime: {0}")]
+    #[error("cannot start llmprof serve's runtime")]
     Runtime(#[source] std::io::Error),
 }
 
 impl ServeOptions {
-    /// The options of `llmprof serve ARGS`: reads the token file and checks what needs no privileges.
-    pub fn from_args(s: ServeArgs) -> Result<ServeOptions, ServeError> {
+    /// Checks what needs no privileges and reads the token file.
+    pub fn from_config(s: ServeConfig) -> Result<ServeOptions, ServeError> {
         let egress = s
             .egress_allow
             .iter()
@@ -116,7 +160,9 @@ impl ServeOptions {
         llmprof_trace::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
         let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
         // A bad endpoint or protocol would fail every session: refuse it now.
-        s.otel.resolve().map_err(|e| ServeError::Usage(e.to_string()))?;
+        s.otel
+            .resolve()
+            .map_err(|e| ServeError::Usage(crate::causes::one_line(&e)))?;
         let template = AttachOptions {
             pid: 0,
             duration: Some(s.duration),
@@ -269,54 +315,75 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    fn options(args: &[&str]) -> Result<ServeOptions, ServeError> {
-        let cli =
-            crate::cli::Cli::try_parse_from(["llmprof", "serve", "--out-dir", "traces"].iter().chain(args))
-                .unwrap();
-        let crate::cli::Command::Serve(s) = cli.command else {
-            panic!("serve")
-        };
-        ServeOptions::from_args(*s)
+    /// A configuration with the command line's defaults.
+    fn config() -> ServeConfig {
+        ServeConfig {
+            listen: DEFAULT_LISTEN.parse().unwrap(),
+            out_dir: "traces".into(),
+            token_file: None,
+            default_target: None,
+            flight_recorder: None,
+            flight_recorder_memory: 64 << 20,
+            watch: Vec::new(),
+            duration: Duration::from_secs(30),
+            max_duration: Duration::from_secs(600),
+            max_sessions: 2,
+            cooldown: Duration::from_secs(300),
+            max_disk: None,
+            max_body: 1 << 20,
+            slow_syscall: Duration::from_millis(1),
+            model_paths: Vec::new(),
+            egress_allow: Vec::new(),
+            ring_size: 64 << 20,
+            max_trace_size: 512 << 20,
+            otel: OtelOptions::default(),
+        }
     }
 
     #[test]
     fn every_session_gets_the_trace_size_cap() {
-        let o = options(&[]).unwrap();
-        assert_eq!(
-            o.manager.template.max_trace_size,
-            Some(512 << 20),
-            "the documented default"
-        );
-        let o = options(&["--max-trace-size", "50M", "--max-disk", "2GiB"]).unwrap();
+        let o = ServeOptions::from_config(ServeConfig {
+            max_trace_size: 50 << 20,
+            max_disk: Some(2 << 30),
+            ..config()
+        })
+        .unwrap();
         assert_eq!(o.manager.template.max_trace_size, Some(50 << 20));
         assert_eq!(o.manager.disk_quota, Some(2 << 30));
-        let Err(ServeError::Usage(e)) = options(&["--max-trace-size", "1KiB"]) else {
+        let Err(ServeError::Usage(e)) = ServeOptions::from_config(ServeConfig {
+            max_trace_size: 1 << 10,
+            ..config()
+        }) else {
             panic!("a cap below the end of a trace is a usage error")
         };
         assert!(e.contains("too small"), "{e}");
     }
 
     #[test]
-    fn session_options_come_from_the_command_line() {
-        let o = options(&[
-            "--otlp-endpoint",
-            "http://127.0.0.1:4317",
-            "--egress-allow",
-            "10.0.0.0/8",
-        ])
-        .unwrap();
+    fn session_options_come_from_the_config() {
+        let mut c = config();
+        c.otel.otlp_endpoint = Some("http://127.0.0.1:4317".into());
+        c.egress_allow = vec!["10.0.0.0/8".into()];
+        c.max_sessions = 0;
+        let o = ServeOptions::from_config(c).unwrap();
         let t = &o.manager.template;
         assert_eq!(t.otel.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4317"));
         assert_eq!(t.egress_allow.len(), 1);
         assert!(!t.live_status);
+        assert_eq!(o.manager.max_sessions, 1, "0 sessions is taken as 1");
+        let bad_cidr = ServeConfig {
+            egress_allow: vec!["nowhere".into()],
+            ..config()
+        };
         assert!(matches!(
-            options(&["--egress-allow", "nowhere"]),
+            ServeOptions::from_config(bad_cidr),
             Err(ServeError::Usage(e)) if e.contains("--egress-allow")
         ));
+        let mut bad_endpoint = config();
+        bad_endpoint.otel.otlp_endpoint = Some("ftp://collector:4317".into());
         assert!(matches!(
-            options(&["--otlp-endpoint", "ftp://collector:4317"]),
+            ServeOptions::from_config(bad_endpoint),
             Err(ServeError::Usage(e)) if e.contains("invalid OTLP endpoint")
         ));
     }
