@@ -549,7 +549,7 @@ fn metrics_follow_vllm_names_and_pass_promtool() {
         .arg("--version")
         .output()
         .is_ok();
-    if !serve_common::require("promtool (apt-get install prometheus)", promtool) {
+    if !e2e::require(promtool, "promtool not installed (apt-get install prometheus)") {
         return;
     }
     let mut child = std::process::Command::new("promtool")

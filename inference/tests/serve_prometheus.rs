@@ -8,8 +8,9 @@ mod serve_common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use e2e::require;
 use serde_json::{Value, json};
-use serve_common::{Server, request, require, wait_until};
+use serve_common::{Server, request, wait_until};
 
 struct Kill(std::process::Child);
 
@@ -34,7 +35,7 @@ fn real_prometheus_scrapes_the_metrics_without_errors() {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !require("prometheus (apt-get install prometheus)", have) {
+    if !require(have, "prometheus not installed (apt-get install prometheus)") {
         return;
     }
     let s = Server::start(&serve_common::tiny_model(), &["--served-model-name", "tiny"]);

@@ -239,18 +239,6 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// Under `CI=true` missing prerequisites fail the test; elsewhere they skip it loudly.
-pub fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{what} is required under CI=true");
-    }
-    eprintln!("SKIPPED: {what} is not available (this test fails under CI=true)");
-    false
-}
-
 /// A tiny random model (seed 1) written once per test process.
 pub fn tiny_model() -> PathBuf {
     static P: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
