@@ -696,8 +696,8 @@ fn attach_session(endpoint: &str, tag: &str, extra: &[&str]) -> Option<AttachRun
         &body,
     )
     .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let usage: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let usage: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     // Let the finish event reach llmprof, then stop the session like a user (Ctrl-C).
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on our own child's pid with SIGINT has no memory-safety preconditions.

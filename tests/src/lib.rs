@@ -1,8 +1,12 @@
-//! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, a tiny HTTP
-//! client for loopback, `llmprof serve` with real Prometheus and Alertmanager around it, and the root / CI
-//! policy (eBPF tests skip loudly when not root, but fail under `CI=true`).
+//! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, the one HTTP
+//! client of the workspace's tests ([`http`]), `llmprof serve` with real Prometheus and Alertmanager around it,
+//! and the one prerequisite policy of every test crate ([`require`], [`in_ci`]: tests that need root, a model or
+//! a tool skip loudly when it is missing, but fail under CI).
 //!
 //! The tests here drive the real `llmserve` and the real `llmprof` binaries; `cargo xtask test` builds them first.
+//! `llmprof`'s and the engine's own tests use [`require`] and [`http`] from here too (a dev-dependency: the
+//! engine's tests may depend on this crate although it depends on the engine, as cargo allows dev-dependency
+//! cycles for test targets).
 
 pub mod engine;
 pub mod http;
