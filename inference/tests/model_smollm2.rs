@@ -18,17 +18,13 @@ const BLOCK_SIZE: usize = 16;
 
 fn load_default_model() -> Option<Arc<Model>> {
     let path = default_model_path();
-    if !path.exists() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!(
-                "default model missing at {} under CI=true: run `cargo xtask fetch-model`",
-                path.display()
-            );
-        }
-        eprintln!(
-            "\n*** SKIPPING: default model missing at {} (run `cargo xtask fetch-model`) ***\n",
+    if !e2e::require(
+        path.exists(),
+        &format!(
+            "default model missing at {} (run `cargo xtask fetch-model`)",
             path.display()
-        );
+        ),
+    ) {
         return None;
     }
     Some(Arc::new(

@@ -7,8 +7,9 @@ mod serve_common;
 
 use std::time::Duration;
 
+use e2e::http;
 use serde_json::{Value, json};
-use serve_common::{Server, open_stream, wait_until};
+use serve_common::{Server, wait_until};
 
 fn chat_body(content: &str, extra: Value) -> Value {
     let mut b =
@@ -327,13 +328,14 @@ fn full_queue_answers_429_and_accepted_requests_complete() {
         .map(|i| {
             std::thread::spawn(move || {
                 let body = completion_body(&format!("request {i}"), json!({"max_tokens": 40}));
-                serve_common::request(
+                http::request(
                     port,
                     "POST",
                     "/v1/completions",
                     &[],
                     Some(body.to_string().as_bytes()),
                 )
+                .expect("POST /v1/completions")
             })
         })
         .collect();
@@ -360,28 +362,35 @@ fn flood_of_bad_and_cancelled_requests_leaks_no_kv_blocks() {
     for i in 0..24 {
         threads.push(std::thread::spawn(move || match i % 4 {
             // Streaming, disconnected after the first bytes.
-            0 => drop(open_stream(
-                port,
-                "/v1/chat/completions",
-                &chat_body("tell me a story", json!({"max_tokens": 200, "stream": true})),
-                200,
-            )),
+            0 => drop(
+                http::open_stream(
+                    port,
+                    "/v1/chat/completions",
+                    &chat_body("tell me a story", json!({"max_tokens": 200, "stream": true})).to_string(),
+                    200,
+                )
+                .expect("open a stream"),
+            ),
             // Non-streaming, disconnected before the answer.
-            1 => drop(open_stream(
-                port,
-                "/v1/completions",
-                &completion_body("a long one", json!({"max_tokens": 200})),
-                0,
-            )),
+            1 => drop(
+                http::open_stream(
+                    port,
+                    "/v1/completions",
+                    &completion_body("a long one", json!({"max_tokens": 200})).to_string(),
+                    0,
+                )
+                .expect("open a stream"),
+            ),
             // Garbage.
             2 => {
-                let r = serve_common::request(
+                let r = http::request(
                     port,
                     "POST",
                     "/v1/chat/completions",
                     &[],
                     Some(&[0xff, 0xfe, b'{', 0, 1]),
-                );
+                )
+                .expect("POST /v1/chat/completions");
                 assert_eq!(r.status, 400);
             }
             // A normal request.
@@ -390,13 +399,14 @@ fn flood_of_bad_and_cancelled_requests_leaks_no_kv_blocks() {
                     "fine",
                     json!({"max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": i}),
                 );
-                let r = serve_common::request(
+                let r = http::request(
                     port,
                     "POST",
                     "/v1/completions",
                     &[],
                     Some(body.to_string().as_bytes()),
-                );
+                )
+                .expect("POST /v1/completions");
                 assert_eq!(r.status, 200, "{}", r.text());
             }
         }));
@@ -459,13 +469,14 @@ fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
             std::thread::spawn(move || {
                 let body = completion_body(&p, json!({"max_tokens": MAX}));
                 go.wait();
-                serve_common::request(
+                http::request(
                     port,
                     "POST",
                     "/v1/completions",
                     &[],
                     Some(body.to_string().as_bytes()),
                 )
+                .expect("POST /v1/completions")
             })
         })
         .collect();
@@ -549,7 +560,7 @@ fn metrics_follow_vllm_names_and_pass_promtool() {
         .arg("--version")
         .output()
         .is_ok();
-    if !serve_common::require("promtool (apt-get install prometheus)", promtool) {
+    if !e2e::require(promtool, "promtool not installed (apt-get install prometheus)") {
         return;
     }
     let mut child = std::process::Command::new("promtool")

@@ -6,8 +6,9 @@
 
 mod serve_common;
 
+use e2e::require;
 use serde_json::json;
-use serve_common::{Server, require};
+use serve_common::Server;
 
 const OPENAI_SCRIPT: &str = r#"
 import sys
@@ -45,7 +46,10 @@ fn official_openai_python_client_streaming_and_not() {
         .args(["-c", "import openai"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !require("the OpenAI Python client (pip install openai)", have) {
+    if !require(
+        have,
+        "the OpenAI Python client is not installed (pip install openai)",
+    ) {
         return;
     }
     let model = serve_common::tiny_model();
@@ -67,8 +71,11 @@ fn official_openai_python_client_streaming_and_not() {
 fn default_model_knows_the_capital_of_france() {
     let path = inference::model::default_model_path();
     if !require(
-        &format!("the default model {} (cargo xtask fetch-model)", path.display()),
         path.exists(),
+        &format!(
+            "the default model {} is missing (cargo xtask fetch-model)",
+            path.display()
+        ),
     ) {
         return;
     }

@@ -8,8 +8,9 @@ mod serve_common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use e2e::{http, require};
 use serde_json::{Value, json};
-use serve_common::{Server, request, require, wait_until};
+use serve_common::{Server, wait_until};
 
 struct Kill(std::process::Child);
 
@@ -34,7 +35,7 @@ fn real_prometheus_scrapes_the_metrics_without_errors() {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !require("prometheus (apt-get install prometheus)", have) {
+    if !require(have, "prometheus not installed (apt-get install prometheus)") {
         return;
     }
     let s = Server::start(&serve_common::tiny_model(), &["--served-model-name", "tiny"]);
@@ -64,9 +65,8 @@ fn real_prometheus_scrapes_the_metrics_without_errors() {
             .unwrap(),
     );
     let get = |path: &str| -> Option<Value> {
-        // Not listening yet: no answer (the helper would panic).
-        std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        let r = std::panic::catch_unwind(|| request(port, "GET", path, &[], None)).ok()?;
+        // Not listening yet: no answer.
+        let r = http::get(port, path).ok()?;
         serde_json::from_slice(&r.body).ok()
     };
     let mut last = Value::Null;

@@ -4,7 +4,8 @@
 //! ring-buffer records into [`event::Event`]s; [`merge`] orders the streams by timestamp; the sinks are pure
 //! consumers of the ordered stream: [`perfetto`] (the trace file), [`otel`] (GenAI spans; exported by `llmprof`),
 //! [`cuda_agg`] (CUDA driver calls batched per step). [`report`] reads a finished trace back. [`clock`] owns the
-//! timebase; [`calibration`] the measured per-hit costs every trace carries.
+//! timebase; [`calibration`] the measured per-hit costs every trace carries. `testing` (feature `testing`, and this crate's
+//! own tests) holds the event and record builders every test fixture shares.
 //!
 //! This crate has no aya, no clap and needs no privileges: the compiler keeps the pure half pure.
 
@@ -18,3 +19,5 @@ pub mod perfetto;
 pub mod report;
 pub mod sizecap;
 pub mod syscall_names;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -119,15 +119,10 @@ impl Merger {
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
-    use crate::event::EventBody;
+    use crate::testing;
 
     fn ev(ts: u64) -> Event {
-        Event {
-            ts_ns: ts,
-            pid: 1,
-            tid: 1,
-            body: EventBody::Marker { text: ts.to_string() },
-        }
+        testing::marker(1, 1, ts, &ts.to_string())
     }
 
     #[test]

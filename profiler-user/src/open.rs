@@ -202,11 +202,7 @@ mod tests {
         std::thread::scope(|sc| {
             let h = sc.spawn(|| srv.serve(&stop).unwrap());
             // A wrong path is a 404 and does not end the server.
-            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            s.write_all(b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-            let mut resp = String::new();
-            s.read_to_string(&mut resp).unwrap();
-            assert!(resp.starts_with("HTTP/1.1 404"));
+            assert_eq!(e2e::http::get(port, "/other").unwrap().status, 404);
             let body = crate::metrics_scrape::get(&url).expect("trace served");
             assert_eq!(body.as_bytes(), b"\x0a\x00hello");
             assert!(h.join().unwrap(), "server ends after the fetch");

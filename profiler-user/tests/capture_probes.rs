@@ -37,19 +37,11 @@ fn have_root() -> bool {
         log::set_max_level(log::LevelFilter::Debug);
     }
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let msg = "capture tests need root to load eBPF programs";
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}, and CI=true: run the tests as root");
-    }
-    // Written to the stderr handle, not eprintln!, so libtest's output capture does not hide it.
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n!!!!! SKIPPED: {msg}; run `sudo -E cargo test -p llmprof --test capture_probes` !!!!!\n"
-    );
-    false
+    let root = unsafe { libc::geteuid() } == 0;
+    e2e::require(
+        root,
+        "not root: capture tests need root to load eBPF programs (run `sudo -E cargo test -p llmprof --test capture_probes`)",
+    )
 }
 
 struct Testee {

@@ -2,8 +2,7 @@
 //! trace, and (as root, with the eBPF object) a real attach to a process that is not an instrumented engine.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -79,19 +78,24 @@ fn open_serves_the_trace_to_the_ui_origin_and_exits() {
         url.starts_with("http://127.0.0.1:") && url.ends_with("/demo.perfetto-trace"),
         "{link}"
     );
-    let (hostport, path) = url.trim_start_matches("http://").split_once('/').unwrap();
-    let mut s = TcpStream::connect(hostport).unwrap();
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nOrigin: https://ui.perfetto.dev\r\n\r\n"
+    let (port, path) = url
+        .trim_start_matches("http://127.0.0.1:")
+        .split_once('/')
+        .unwrap();
+    let r = e2e::http::request(
+        port.parse().unwrap(),
+        "GET",
+        &format!("/{path}"),
+        &[("Origin", "https://ui.perfetto.dev")],
+        None,
     )
     .unwrap();
-    let mut resp = Vec::new();
-    s.read_to_end(&mut resp).unwrap();
-    let text = String::from_utf8_lossy(&resp);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    assert!(text.contains("Access-Control-Allow-Origin: https://ui.perfetto.dev"));
-    assert!(resp.ends_with(b"\x0a\x02\x40\x01"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://ui.perfetto.dev")
+    );
+    assert!(r.body.ends_with(b"\x0a\x02\x40\x01"));
     let status = child.wait().unwrap();
     assert!(status.success(), "open exits after the fetch");
     std::fs::remove_dir_all(&dir).unwrap();

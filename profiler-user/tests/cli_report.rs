@@ -3,20 +3,17 @@
 //! llmprof traces fail with a clear message and a non-zero exit.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use llmprof_abi::{
-    CudaFunc, CudaVariant, FileOp, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
-};
+use llmprof_abi::{CudaFunc, FileOp, RequestEventKind, StepKind};
 use llmprof_trace::calibration::Calibration;
 use llmprof_trace::event::{
-    Degradation, Event, EventBody, GpuSample, MetricsSample, OverheadSample, OverheadSummary, ProcessInfo,
-    SessionStats, SyscallAggregate, ThreadInfo,
+    Degradation, Event, EventBody, GpuSample, OverheadSample, OverheadSummary, SessionStats, SyscallAggregate,
 };
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
+use llmprof_trace::testing;
 use prost::Message;
 use serde_json::Value;
 
@@ -27,69 +24,33 @@ const SCHED: u32 = 4243;
 const U: u64 = 100_000;
 const T0: u64 = 1_000_000_000_000;
 
-/// An event at `ts` units of [`U`] after [`T0`].
-fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
-    Event {
-        ts_ns: T0 + ts * U,
-        pid: PID,
-        tid,
-        body,
-    }
+/// `ts` units of [`U`] after [`T0`] (BOOTTIME ns).
+fn at(ts: u64) -> u64 {
+    T0 + ts * U
 }
 
+/// A step of the fixture on the scheduler thread: one decode token per request, 3 of 64 KV blocks.
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-    let rec = StepRecord {
-        host_start_ns: T0 + start * U,
-        host_end_ns: T0 + end * U,
-        decode_tokens: reqs.len() as u32,
-        kv_blocks_used: 3,
-        kv_blocks_total: 64,
-        ..StepRecord::new(kind, id, reqs)
-    };
-    ev(end, SCHED, EventBody::Step(Box::new(rec)))
+    testing::step(PID, SCHED, kind, id, at(start), at(end), reqs)
+        .tokens(0, reqs.len() as u32)
+        .kv_blocks(3, 64)
+        .build()
 }
 
+/// A transition of one of the fixture's chat requests (12 prompt tokens, `max_tokens` 16).
 fn req(ts: u64, id: u64, kind: RequestEventKind, output: u32, finish: u32) -> Event {
-    let rec = RequestRecord {
-        is_chat: 1,
-        finish_reason: finish,
-        prompt_tokens: 12,
-        output_tokens: output,
-        max_tokens: 16,
-        top_p: 1.0,
-        num_preemptions: u32::from(kind == RequestEventKind::Preempted),
-        x_request_id: fill_str(&format!("xr-{id}")),
-        model: fill_str("smollm2"),
-        ..RequestRecord::new(kind, id, T0 + ts * U)
-    };
-    ev(ts, MAIN, EventBody::Request(Box::new(rec)))
+    testing::request(PID, kind, id, at(ts))
+        .chat("smollm2", &format!("xr-{id}"))
+        .prompt(12, 16)
+        .sampling(0.0, 1.0)
+        .output_raw(output, finish)
+        .preemptions(u32::from(kind == RequestEventKind::Preempted))
+        .build()
 }
 
+/// A `/metrics` scrape: one request running; the preemption at 2.9 ms counted from 3.0 ms on.
 fn metrics(ts: u64, kv: f64, waiting: f64) -> Event {
-    ev(
-        ts,
-        0,
-        EventBody::Metrics(MetricsSample {
-            kv_cache_usage: Some(kv),
-            running: Some(1.0),
-            waiting: Some(waiting),
-            preemptions_total: Some(if ts > 29 { 1.0 } else { 0.0 }),
-        }),
-    )
-}
-
-fn connect(ts: u64, a: [u8; 4], port: u16, ret: i64, allowed: bool) -> Event {
-    ev(
-        ts,
-        MAIN,
-        EventBody::Connect {
-            addr: IpAddr::V4(Ipv4Addr::from(a)),
-            port,
-            ret,
-            dur_ns: 1000,
-            allowed,
-        },
-    )
+    testing::metrics(PID, at(ts), kv, 1.0, waiting, if ts > 29 { 1.0 } else { 0.0 })
 }
 
 /// Three requests (times in units of 0.1 ms):
@@ -128,36 +89,22 @@ fn fixture() -> Vec<Event> {
         req(55, 4, FirstToken, 1, 0),
         req(65, 4, Finished, 2, 1),
         metrics(60, 0.1, 2.0),
-        ev(
-            40,
-            SCHED,
-            EventBody::SlowSyscall {
-                nr: 35,
-                ret: 0,
-                dur_ns: 20 * U,
-            },
-        ),
-        ev(
-            62,
-            SCHED,
-            EventBody::SlowSyscall {
-                nr: 35,
-                ret: 0,
-                dur_ns: 40 * U,
-            },
-        ),
-        ev(
-            50,
+        testing::slow_syscall(PID, SCHED, at(40), 35, 0, 20 * U),
+        testing::slow_syscall(PID, SCHED, at(62), 35, 0, 40 * U),
+        testing::event(
+            PID,
             MAIN,
+            at(50),
             EventBody::FileOpen {
                 path: "/models/m.gguf".into(),
                 ret: 7,
                 dur_ns: U / 10,
             },
         ),
-        ev(
-            51,
+        testing::event(
+            PID,
             MAIN,
+            at(51),
             EventBody::FileIo {
                 op: FileOp::Read,
                 fd: 7,
@@ -167,9 +114,9 @@ fn fixture() -> Vec<Event> {
                 dur_ns: U,
             },
         ),
-        connect(61, [10, 0, 0, 1], 80, 0, true),
-        connect(62, [203, 0, 113, 7], 443, -111, false),
-        connect(63, [203, 0, 113, 7], 443, -111, false),
+        testing::connect(PID, MAIN, at(61), ([10, 0, 0, 1], 80), 0, true),
+        testing::connect(PID, MAIN, at(62), ([203, 0, 113, 7], 443), -111, false),
+        testing::connect(PID, MAIN, at(63), ([203, 0, 113, 7], 443), -111, false),
     ];
     v.sort_by_key(|e| e.ts_ns);
     v
@@ -212,22 +159,12 @@ fn write_trace(name: &str) -> PathBuf {
 }
 
 fn write_trace_with(name: &str, extra: &[Event], stats: &SessionStats) -> PathBuf {
-    let process = ProcessInfo {
-        pid: PID,
-        name: "llmserve".into(),
-        cmdline: "llmserve --model m.gguf".into(),
-        threads: vec![
-            ThreadInfo {
-                tid: MAIN,
-                name: "llmserve".into(),
-            },
-            ThreadInfo {
-                tid: SCHED,
-                name: "scheduler".into(),
-            },
-        ],
-        engine_probes: true,
-    };
+    let process = testing::process(
+        PID,
+        "llmserve",
+        "llmserve --model m.gguf",
+        [(MAIN, "llmserve"), (SCHED, "scheduler")],
+    );
     let mut sink = TraceSink::new(Vec::new(), &[process], Some((T0, 1_700_000_000_000_000_000))).unwrap();
     let mut events = fixture();
     events.extend(extra.iter().cloned());
@@ -561,8 +498,8 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         syscalls_counted: 4_000,
     };
     let extra = [
-        ev(10, 0, EventBody::Overhead(Box::new(sample))),
-        ev(20, 0, EventBody::Degraded(step.clone())),
+        testing::event(PID, 0, at(10), EventBody::Overhead(Box::new(sample))),
+        testing::event(PID, 0, at(20), EventBody::Degraded(step.clone())),
     ];
     let mut st = stats();
     st.overhead = Some(OverheadSummary {
@@ -619,44 +556,20 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     );
 }
 
-/// A CUDA driver call on the scheduler thread starting at `ts` units + `off_ns`, lasting `dur_ns`.
+/// A CUDA driver call (argument 4096) on the scheduler thread at `ts` units + `off_ns`, lasting `dur_ns`.
 fn cuda(ts: u64, off_ns: u64, func: CudaFunc, dur_ns: u64) -> Event {
-    let mut e = ev(
-        ts,
-        SCHED,
-        EventBody::CudaCall {
-            func,
-            variant: CudaVariant::V2,
-            dur_ns,
-            arg: 4096,
-            result: 0,
-        },
-    );
-    e.ts_ns += off_ns;
-    e
+    testing::cuda(PID, SCHED, at(ts) + off_ns, func, dur_ns, 4096)
 }
 
 /// One NVML sample of GPU 0 (no PCIe RX: unsupported counters stay absent).
 fn gpu(ts: u64, util: f64, power: f64, proc_mib: Option<u64>) -> Event {
-    ev(
-        ts,
-        0,
-        EventBody::GpuSample(Box::new(GpuSample {
-            index: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            uuid: "GPU-0123".into(),
-            util_gpu_pct: Some(util),
-            util_mem_pct: Some(10.0),
-            mem_used_bytes: Some(1 << 30),
-            mem_total_bytes: Some(80 << 30),
-            power_w: Some(power),
-            sm_clock_mhz: Some(1980.0),
-            temperature_c: Some(55.0),
-            pcie_tx_bytes_per_s: Some(2e6),
-            pcie_rx_bytes_per_s: None,
-            process_mem_bytes: proc_mib.map(|m| m << 20),
-        })),
-    )
+    let sample = GpuSample {
+        util_mem_pct: Some(10.0),
+        power_w: Some(power),
+        process_mem_bytes: proc_mib.map(|m| m << 20),
+        ..testing::h100(util)
+    };
+    testing::gpu(PID, at(ts), sample)
 }
 
 const CUDA_MARKER: &str = "CUDA driver probes attached: 41 entry points of /usr/lib/libcuda.so.1 (0 of them only reachable through \
@@ -673,13 +586,7 @@ fn gpu_events() -> Vec<Event> {
         gpu(0, 20.0, 100.0, None),
         gpu(30, 50.0, 200.0, Some(256)),
         gpu(60, 80.0, 300.0, Some(512)),
-        ev(
-            1,
-            0,
-            EventBody::Marker {
-                text: CUDA_MARKER.into(),
-            },
-        ),
+        testing::marker(PID, 0, at(1), CUDA_MARKER),
     ];
     for i in 0..3 {
         v.push(cuda(23, 10_000 * (i + 1), CudaFunc::LaunchKernel, 4_000));

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use llmprof::otel::tls::TlsFiles;
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
-use llmprof_abi::{FinishReason, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str};
-use llmprof_trace::event::{Event, EventBody};
+use llmprof_abi::{FinishReason, RequestEventKind, StepKind};
+use llmprof_trace::event::Event;
+use llmprof_trace::testing;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -36,45 +37,24 @@ const PARENT_SPAN_ID: [u8; 8] = [0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]
 
 // ---------------------------------------------------------------- fixture
 
-fn record(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
-    RequestRecord {
-        is_chat: 1,
-        prompt_tokens: 24,
-        max_tokens: 32,
-        top_p: 1.0,
-        x_request_id: fill_str(&format!("xr-{id}")),
-        model: fill_str("SmolLM2-135M-Instruct"),
-        ..RequestRecord::new(kind, id, ts)
-    }
+/// A transition of one of the fixture's chat requests (24 prompt tokens, `max_tokens` 32).
+fn req(kind: RequestEventKind, id: u64, ts: u64) -> testing::Request {
+    testing::request(PID, kind, id, ts)
+        .chat("SmolLM2-135M-Instruct", &format!("xr-{id}"))
+        .prompt(24, 32)
+        .sampling(0.0, 1.0)
 }
 
-fn req(r: RequestRecord) -> Event {
-    Event {
-        ts_ns: r.ts_ns,
-        pid: PID,
-        tid: PID,
-        body: EventBody::Request(Box::new(r)),
-    }
-}
-
+/// A step of the engine: device time as host time, 16 prompt tokens (prefill and mixed), 1 decode token
+/// (decode and mixed), 4 of 64 KV blocks.
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-    let rec = StepRecord {
-        host_start_ns: start,
-        host_end_ns: end,
-        device_start_ns: start,
-        device_end_ns: end,
-        prefill_tokens: if kind == StepKind::Decode { 0 } else { 16 },
-        decode_tokens: if kind == StepKind::Prefill { 0 } else { 1 },
-        kv_blocks_used: 4,
-        kv_blocks_total: 64,
-        ..StepRecord::new(kind, id, reqs)
-    };
-    Event {
-        ts_ns: end,
-        pid: PID,
-        tid: PID,
-        body: EventBody::Step(Box::new(rec)),
-    }
+    let prefill = if kind == StepKind::Decode { 0 } else { 16 };
+    let decode = if kind == StepKind::Prefill { 0 } else { 1 };
+    testing::step(PID, PID, kind, id, start, end, reqs)
+        .device(start, end)
+        .tokens(prefill, decode)
+        .kv_blocks(4, 64)
+        .build()
 }
 
 /// Two requests on one engine, starting at BOOTTIME `t0`:
@@ -82,45 +62,29 @@ fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
 /// - 2: no traceparent, one chunk, finished `length`.
 fn fixture(t0: u64) -> Vec<Event> {
     use RequestEventKind::*;
-    let mut a1 = record(Arrived, 1, t0);
-    a1.trace_id = TRACE_ID;
-    a1.parent_span_id = PARENT_SPAN_ID;
-    a1.has_trace_context = 1;
-    a1.trace_flags = 1;
-    let mut f1 = record(Finished, 1, t0 + 80 * MS);
-    f1.finish_reason = FinishReason::Stop as u32;
-    f1.output_tokens = 5;
-    f1.num_preemptions = 1;
-    let mut f2 = record(Finished, 2, t0 + 60 * MS);
-    f2.finish_reason = FinishReason::Length as u32;
-    f2.output_tokens = 32;
+    let a1 = req(Arrived, 1, t0).traced(TRACE_ID, PARENT_SPAN_ID);
+    let f1 = req(Finished, 1, t0 + 80 * MS)
+        .output(5, FinishReason::Stop)
+        .preemptions(1);
+    let f2 = req(Finished, 2, t0 + 60 * MS).output(32, FinishReason::Length);
     vec![
-        req(a1),
-        req(record(Arrived, 2, t0 + MS)),
-        req(record(Scheduled, 1, t0 + 3 * MS)),
+        a1.build(),
+        req(Arrived, 2, t0 + MS).build(),
+        req(Scheduled, 1, t0 + 3 * MS).build(),
         step(1, StepKind::Prefill, t0 + 3 * MS, t0 + 10 * MS, &[1]),
-        req(record(Scheduled, 2, t0 + 10 * MS)),
-        req(record(FirstToken, 1, t0 + 19 * MS)),
-        req(record(FirstToken, 2, t0 + 19 * MS + MS / 2)),
+        req(Scheduled, 2, t0 + 10 * MS).build(),
+        req(FirstToken, 1, t0 + 19 * MS).build(),
+        req(FirstToken, 2, t0 + 19 * MS + MS / 2).build(),
         step(2, StepKind::Mixed, t0 + 10 * MS, t0 + 20 * MS, &[1, 2]),
-        Event {
-            ts_ns: t0 + 21 * MS,
-            pid: PID,
-            tid: PID + 1,
-            body: EventBody::SlowSyscall {
-                nr: 202,
-                ret: 0,
-                dur_ns: 12 * MS,
-            },
-        },
+        testing::slow_syscall(PID, PID + 1, t0 + 21 * MS, 202, 0, 12 * MS),
         step(3, StepKind::Mixed, t0 + 20 * MS, t0 + 30 * MS, &[1, 2]),
-        req(record(Preempted, 1, t0 + 30 * MS)),
+        req(Preempted, 1, t0 + 30 * MS).build(),
         step(4, StepKind::Decode, t0 + 30 * MS, t0 + 40 * MS, &[2]),
         step(5, StepKind::Prefill, t0 + 41 * MS, t0 + 50 * MS, &[1]),
         step(6, StepKind::Decode, t0 + 50 * MS, t0 + 59 * MS, &[1, 2]),
-        req(f2),
+        f2.build(),
         step(7, StepKind::Decode, t0 + 60 * MS, t0 + 79 * MS, &[1]),
-        req(f1),
+        f1.build(),
     ]
 }
 
@@ -590,14 +554,14 @@ fn free_addr() -> SocketAddr {
 /// what a user's collector forwards to Tempo or Jaeger is still joined to the caller's trace.
 #[test]
 fn spans_pass_through_a_real_collector_over_grpc_and_http() {
-    let Some(rotel) = rotel_agent() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "rotel-agent is missing: run `cargo xtask setup-otel-tools` (CI must run this test)"
-        );
-        eprintln!("SKIPPED: rotel-agent not installed; run `cargo xtask setup-otel-tools` to run this test");
+    let rotel = rotel_agent();
+    if !e2e::require(
+        rotel.is_some(),
+        "rotel-agent not installed (run `cargo xtask setup-otel-tools`)",
+    ) {
         return;
-    };
+    }
+    let rotel = rotel.unwrap();
     let (sink_addr, got, _rt) = start_grpc_receiver();
     let (grpc_in, http_in) = (free_addr(), free_addr());
     let child = std::process::Command::new(&rotel)
@@ -732,8 +696,8 @@ fn attach_session(endpoint: &str, tag: &str, extra: &[&str]) -> Option<AttachRun
         &body,
     )
     .unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let usage: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let usage: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     // Let the finish event reach llmprof, then stop the session like a user (Ctrl-C).
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on our own child's pid with SIGINT has no memory-safety preconditions.

@@ -3,16 +3,11 @@
 //! args, flows and counters a user looks for).
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::net::{IpAddr, Ipv4Addr};
-
-use llmprof_abi::{
-    FileOp, RangeOp, RangeRecord, RequestEventKind, RequestRecord, StepKind, StepRecord, fill_str,
-};
-use llmprof_trace::event::{
-    Event, EventBody, MetricsSample, ProcessInfo, SessionStats, SyscallAggregate, ThreadInfo,
-};
+use llmprof_abi::{FileOp, RangeOp, RequestEventKind, StepKind};
+use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats, SyscallAggregate};
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::perfetto::schema::Trace;
+use llmprof_trace::testing;
 use prost::Message;
 
 const PID: u32 = 4242;
@@ -22,57 +17,37 @@ const MS: u64 = 1_000_000;
 /// BOOTTIME origin of the fixture (any value; 1000 s after boot).
 const T0: u64 = 1_000_000 * MS;
 
-fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
-    Event {
-        ts_ns: T0 + ts,
-        pid: PID,
-        tid,
-        body,
-    }
-}
-
+/// A step of the fixture on the scheduler thread: device time 0.1 ms inside the host time, 12 prompt tokens
+/// (prefill and mixed), one decode token per request (decode and mixed), 3 of 64 KV blocks.
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-    let rec = StepRecord {
-        host_start_ns: T0 + start,
-        host_end_ns: T0 + end,
-        device_start_ns: T0 + start + MS / 10,
-        device_end_ns: T0 + end - MS / 10,
-        prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
-        decode_tokens: if kind == StepKind::Prefill {
-            0
-        } else {
-            reqs.len() as u32
-        },
-        kv_blocks_used: 3,
-        kv_blocks_total: 64,
-        ..StepRecord::new(kind, id, reqs)
+    let prefill = if kind == StepKind::Decode { 0 } else { 12 };
+    let decode = if kind == StepKind::Prefill {
+        0
+    } else {
+        reqs.len() as u32
     };
-    ev(end, SCHED, EventBody::Step(Box::new(rec)))
+    testing::step(PID, SCHED, kind, id, T0 + start, T0 + end, reqs)
+        .device(T0 + start + MS / 10, T0 + end - MS / 10)
+        .tokens(prefill, decode)
+        .kv_blocks(3, 64)
+        .build()
 }
 
+/// A transition of one of the fixture's traced chat requests (12 prompt tokens, `max_tokens` 16).
 fn req(ts: u64, id: u64, kind: RequestEventKind, output: u32, finish: u32) -> Event {
-    let rec = RequestRecord {
-        trace_id: [0xab; 16],
-        parent_span_id: [0xcd; 8],
-        has_trace_context: 1,
-        trace_flags: 1,
-        is_chat: 1,
-        finish_reason: finish,
-        prompt_tokens: 12,
-        output_tokens: output,
-        max_tokens: 16,
-        top_p: 1.0,
-        num_preemptions: u32::from(kind == RequestEventKind::Preempted),
-        x_request_id: fill_str(&format!("xr-{id}")),
-        model: fill_str("smollm2"),
-        ..RequestRecord::new(kind, id, T0 + ts)
-    };
-    ev(ts, MAIN, EventBody::Request(Box::new(rec)))
+    testing::request(PID, kind, id, T0 + ts)
+        .traced([0xab; 16], [0xcd; 8])
+        .chat("smollm2", &format!("xr-{id}"))
+        .prompt(12, 16)
+        .sampling(0.0, 1.0)
+        .output_raw(output, finish)
+        .preemptions(u32::from(kind == RequestEventKind::Preempted))
+        .build()
 }
 
+/// An NVTX-style range of the engine during step 1.
 fn range(ts: u64, op: RangeOp, name: &str) -> Event {
-    let rec = RangeRecord::new(op, T0 + ts, 1, "llmserve", name);
-    ev(ts, SCHED, EventBody::Range(rec))
+    testing::range(PID, SCHED, T0 + ts, op, 1, name)
 }
 
 /// A session: two requests (one finishes, one is preempted and still running at the end), three steps, an
@@ -80,16 +55,7 @@ fn range(ts: u64, op: RangeOp, name: &str) -> Event {
 fn fixture() -> Vec<Event> {
     use RequestEventKind::*;
     let mut v = vec![
-        ev(
-            0,
-            0,
-            EventBody::Metrics(MetricsSample {
-                kv_cache_usage: Some(0.0),
-                running: Some(0.0),
-                waiting: Some(0.0),
-                preemptions_total: Some(0.0),
-            }),
-        ),
+        testing::metrics(PID, T0, 0.0, 0.0, 0.0, 0.0),
         req(MS, 1, Arrived, 0, 0),
         req(MS + MS / 10, 2, Arrived, 0, 0),
         range(12 * MS / 10, RangeOp::Push, "forward"),
@@ -101,42 +67,27 @@ fn fixture() -> Vec<Event> {
         req(22 * MS / 10, 2, FirstToken, 1, 0),
         step(2, StepKind::Decode, 23 * MS / 10, 28 * MS / 10, &[1, 2]),
         req(29 * MS / 10, 2, Preempted, 2, 0),
-        ev(
-            3 * MS,
-            0,
-            EventBody::Metrics(MetricsSample {
-                kv_cache_usage: Some(0.05),
-                running: Some(1.0),
-                waiting: Some(1.0),
-                preemptions_total: Some(1.0),
-            }),
-        ),
+        testing::metrics(PID, T0 + 3 * MS, 0.05, 1.0, 1.0, 1.0),
         req(3 * MS, 2, Scheduled, 2, 0),
         step(3, StepKind::Mixed, 3 * MS, 35 * MS / 10, &[1, 2]),
         range(31 * MS / 10, RangeOp::Push, "sample"),
         range(32 * MS / 10, RangeOp::Mark, "checkpoint"),
         req(36 * MS / 10, 1, Finished, 3, 1),
-        ev(
-            4 * MS,
-            SCHED,
-            EventBody::SlowSyscall {
-                nr: 35,
-                ret: 0,
-                dur_ns: 2 * MS,
-            },
-        ),
-        ev(
-            5 * MS,
+        testing::slow_syscall(PID, SCHED, T0 + 4 * MS, 35, 0, 2 * MS),
+        testing::event(
+            PID,
             MAIN,
+            T0 + 5 * MS,
             EventBody::FileOpen {
                 path: "/models/m.gguf".into(),
                 ret: 7,
                 dur_ns: MS / 100,
             },
         ),
-        ev(
-            51 * MS / 10,
+        testing::event(
+            PID,
             MAIN,
+            T0 + 51 * MS / 10,
             EventBody::FileIo {
                 op: FileOp::Read,
                 fd: 7,
@@ -146,9 +97,10 @@ fn fixture() -> Vec<Event> {
                 dur_ns: MS / 10,
             },
         ),
-        ev(
-            52 * MS / 10,
+        testing::event(
+            PID,
             MAIN,
+            T0 + 52 * MS / 10,
             EventBody::FileIo {
                 op: FileOp::Close,
                 fd: 7,
@@ -158,58 +110,27 @@ fn fixture() -> Vec<Event> {
                 dur_ns: MS / 100,
             },
         ),
-        ev(
-            6 * MS,
-            MAIN,
-            EventBody::Connect {
-                addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-                port: 80,
-                ret: 0,
-                dur_ns: 1000,
-                allowed: true,
-            },
-        ),
-        ev(
-            61 * MS / 10,
-            MAIN,
-            EventBody::Connect {
-                addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
-                port: 9,
-                ret: -111,
-                dur_ns: 1000,
-                allowed: false,
-            },
-        ),
-        ev(62 * MS / 10, 0, EventBody::SyscallRate { per_sec: 1234.0 }),
-        ev(
-            63 * MS / 10,
+        testing::connect(PID, MAIN, T0 + 6 * MS, ([10, 0, 0, 1], 80), 0, true),
+        testing::connect(PID, MAIN, T0 + 61 * MS / 10, ([127, 0, 0, 2], 9), -111, false),
+        testing::event(
+            PID,
             0,
-            EventBody::Marker {
-                text: "hello marker".into(),
-            },
+            T0 + 62 * MS / 10,
+            EventBody::SyscallRate { per_sec: 1234.0 },
         ),
+        testing::marker(PID, 0, T0 + 63 * MS / 10, "hello marker"),
     ];
     v.sort_by_key(|e| e.ts_ns);
     v
 }
 
 fn process() -> ProcessInfo {
-    ProcessInfo {
-        pid: PID,
-        name: "llmserve".into(),
-        cmdline: "llmserve --model m.gguf".into(),
-        threads: vec![
-            ThreadInfo {
-                tid: MAIN,
-                name: "llmserve".into(),
-            },
-            ThreadInfo {
-                tid: SCHED,
-                name: "scheduler".into(),
-            },
-        ],
-        engine_probes: true,
-    }
+    testing::process(
+        PID,
+        "llmserve",
+        "llmserve --model m.gguf",
+        [(MAIN, "llmserve"), (SCHED, "scheduler")],
+    )
 }
 
 fn stats() -> SessionStats {

@@ -4,58 +4,28 @@
 //! Perfetto's real trace processor.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use llmprof_abi::{CudaFunc, CudaVariant, StepKind, StepRecord};
-use llmprof_trace::event::{Event, EventBody, GpuSample, ProcessInfo, SessionStats, ThreadInfo};
+use llmprof_abi::{CudaFunc, StepKind};
+use llmprof_trace::event::{Event, GpuSample, SessionStats};
 use llmprof_trace::perfetto::TraceSink;
+use llmprof_trace::testing;
 
 const PID: u32 = 777;
 const TID: u32 = 778;
 const MS: u64 = 1_000_000;
 const T0: u64 = 5_000 * 1_000 * MS;
 
-fn ev(ts: u64, tid: u32, body: EventBody) -> Event {
-    Event {
-        ts_ns: T0 + ts,
-        pid: PID,
-        tid,
-        body,
-    }
-}
-
 fn cuda(ts: u64, func: CudaFunc, dur: u64, arg: u64) -> Event {
-    ev(
-        ts,
-        TID,
-        EventBody::CudaCall {
-            func,
-            variant: CudaVariant::V2,
-            dur_ns: dur,
-            arg,
-            result: 0,
-        },
-    )
+    testing::cuda(PID, TID, T0 + ts, func, dur, arg)
 }
 
 fn gpu(ts: u64, util: f64, proc_mem: Option<u64>) -> Event {
-    ev(
-        ts,
-        0,
-        EventBody::GpuSample(Box::new(GpuSample {
-            index: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            uuid: "GPU-0123".into(),
-            util_gpu_pct: Some(util),
-            util_mem_pct: Some(util / 2.0),
-            mem_used_bytes: Some(1 << 30),
-            mem_total_bytes: Some(80 << 30),
-            power_w: Some(300.5),
-            sm_clock_mhz: Some(1980.0),
-            temperature_c: Some(55.0),
-            pcie_tx_bytes_per_s: Some(2e6),
-            pcie_rx_bytes_per_s: None,
-            process_mem_bytes: proc_mem,
-        })),
-    )
+    let sample = GpuSample {
+        util_mem_pct: Some(util / 2.0),
+        power_w: Some(300.5),
+        process_mem_bytes: proc_mem,
+        ..testing::h100(util)
+    };
+    testing::gpu(PID, T0 + ts, sample)
 }
 
 fn fixture() -> Vec<Event> {
@@ -68,12 +38,18 @@ fn fixture() -> Vec<Event> {
         }
         evs.push(cuda(base + MS, CudaFunc::MemcpyDtoH, 100_000, 4096));
         evs.push(cuda(base + 2 * MS, CudaFunc::StreamSynchronize, 5 * MS, 0));
-        let rec = StepRecord {
-            host_start_ns: T0 + base - 1_000,
-            host_end_ns: T0 + base + 8 * MS,
-            ..StepRecord::new(StepKind::Decode, s + 1, &[1])
-        };
-        evs.push(ev(base + 8 * MS, TID, EventBody::Step(Box::new(rec))));
+        evs.push(
+            testing::step(
+                PID,
+                TID,
+                StepKind::Decode,
+                s + 1,
+                T0 + base - 1_000,
+                T0 + base + 8 * MS,
+                &[1],
+            )
+            .build(),
+        );
     }
     evs.push(gpu(100 * MS, 90.0, Some(512 << 20)));
     evs.push(gpu(200 * MS, 80.0, Some(512 << 20)));
@@ -89,16 +65,7 @@ fn gpu_counters_and_cuda_slices_load_in_the_trace_processor() {
     ) {
         return;
     }
-    let info = ProcessInfo {
-        pid: PID,
-        name: "llmserve".into(),
-        cmdline: "llmserve --backend cuda".into(),
-        threads: vec![ThreadInfo {
-            tid: TID,
-            name: "engine".into(),
-        }],
-        engine_probes: true,
-    };
+    let info = testing::process(PID, "llmserve", "llmserve --backend cuda", [(TID, "engine")]);
     let mut sink = TraceSink::new(Vec::new(), &[info], Some((T0, 1_700_000_000 * 1_000_000_000))).unwrap();
     for e in fixture() {
         sink.push(&e).unwrap();

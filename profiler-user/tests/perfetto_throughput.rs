@@ -4,26 +4,16 @@
 
 use std::time::Instant;
 
-use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats, ThreadInfo};
+use llmprof_trace::event::SessionStats;
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
 use llmprof_trace::perfetto::TraceSink;
+use llmprof_trace::testing;
 
 #[test]
 #[ignore = "benchmark: run explicitly with --ignored --nocapture"]
 fn merge_and_sink_throughput() {
     const N: u64 = 1_000_000;
-    let info = ProcessInfo {
-        pid: 1,
-        name: "bench".into(),
-        cmdline: String::new(),
-        threads: (1..=8)
-            .map(|tid| ThreadInfo {
-                tid,
-                name: format!("t{tid}"),
-            })
-            .collect(),
-        engine_probes: true,
-    };
+    let info = testing::process(1, "bench", "", (1..=8).map(|tid| (tid, format!("t{tid}"))));
     let path = std::env::temp_dir().join(format!("llmprof-bench-{}.perfetto-trace", std::process::id()));
     let file = std::fs::File::create(&path).unwrap();
     let mut sink = TraceSink::new(file, &[info], None).unwrap();
@@ -33,16 +23,7 @@ fn merge_and_sink_throughput() {
     for i in 0..N {
         // Two interleaved sources, slightly out of order; slow-syscall events (a slice each).
         let ts = 1_000_000_000 + i * 1000 + (i % 2) * 500;
-        let ev = Event {
-            ts_ns: ts,
-            pid: 1,
-            tid: 1 + (i % 8) as u32,
-            body: EventBody::SlowSyscall {
-                nr: 202,
-                ret: 0,
-                dur_ns: 400,
-            },
-        };
+        let ev = testing::slow_syscall(1, 1 + (i % 8) as u32, ts, 202, 0, 400);
         merger.push(ev);
         if i % 1024 == 0 {
             merger.drain_ready(&mut ready);

@@ -51,8 +51,8 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
     let srv = Serve::spawn(&dir, &["--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint]);
 
     let r = srv.post_alerts(&alert("firing", engine.pid), Some(TOKEN));
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("\"started\""), "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("\"started\""), "{}", r.text());
     let session = srv.wait_session(Duration::from_secs(30), "running", |s| s["state"] == "running");
     let id = session["id"].as_u64().unwrap();
     // The session creates its trace file once its probes are live.
@@ -78,12 +78,12 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
             &[]
         };
         let r = e2e::http::post_json(engine.port, "/v1/chat/completions", headers, &body).unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.status, 200, "{}", r.text());
     }
     // Let the last finish event reach the session, then resolve the alert: the session ends early.
     std::thread::sleep(Duration::from_millis(500));
     let r = srv.post_alerts(&alert("resolved", engine.pid), Some(TOKEN));
-    assert!(r.body.contains("\"stopped\""), "{}", r.body);
+    assert!(r.text().contains("\"stopped\""), "{}", r.text());
     let done = srv.wait_session(Duration::from_secs(30), "finished", |s| {
         s["id"] == id && s["state"] != "running"
     });

@@ -60,7 +60,7 @@ impl Engine {
     pub fn metrics(&self) -> String {
         crate::http::get(self.port, "/metrics")
             .expect("GET /metrics")
-            .body
+            .text()
     }
 }
 

@@ -1,32 +1,56 @@
-//! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, a tiny HTTP
-//! client for loopback, `llmprof serve` with real Prometheus and Alertmanager around it, and the root / CI
-//! policy (eBPF tests skip loudly when not root, but fail under `CI=true`).
+//! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, the one HTTP
+//! client of the workspace's tests ([`http`]), `llmprof serve` with real Prometheus and Alertmanager around it,
+//! and the one prerequisite policy of every test crate ([`require`], [`in_ci`]: tests that need root, a model or
+//! a tool skip loudly when it is missing, but fail under CI).
 //!
 //! The tests here drive the real `llmserve` and the real `llmprof` binaries; `cargo xtask test` builds them first.
+//! `llmprof`'s and the engine's own tests use [`require`] and [`http`] from here too (a dev-dependency: the
+//! engine's tests may depend on this crate although it depends on the engine, as cargo allows dev-dependency
+//! cycles for test targets).
 
 pub mod engine;
 pub mod http;
 pub mod serve;
 pub mod trace_processor;
 
+use std::io::Write;
 use std::path::PathBuf;
 
-/// True when running under CI (`CI=true`): tests that need root, the model or a tool must fail, not skip.
+/// True when running under CI: `CI` is set to anything but empty, `0` or `false` (GitHub Actions, GitLab and
+/// most others set `CI=true`). Tests that need root, the model or a tool must then fail, not skip.
 pub fn in_ci() -> bool {
-    std::env::var("CI")
-        .map(|v| v == "true" || v == "1")
-        .unwrap_or(false)
+    std::env::var("CI").is_ok_and(|v| ci_value_means_ci(&v))
 }
 
-/// Returns false (after a loud message) when a precondition is missing outside CI; panics under CI.
-pub fn require(cond: bool, what: &str) -> bool {
-    if cond {
+/// Whether a value of `CI` turns CI mode on (see [`in_ci`]).
+fn ci_value_means_ci(v: &str) -> bool {
+    let v = v.trim();
+    !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false"))
+}
+
+/// The one way a test checks a prerequisite (root, the model file, an installed tool): returns `ok`; when it is
+/// false, panics under CI (see [`in_ci`]) and otherwise prints a loud SKIPPED line and returns false, so the
+/// test returns early. `missing` says what is missing and how to get it, e.g.
+/// `"promtool not installed (apt-get install prometheus)"`.
+///
+/// ```no_run
+/// # fn have_promtool() -> bool { true }
+/// if !e2e::require(have_promtool(), "promtool not installed (apt-get install prometheus)") {
+///     return;
+/// }
+/// ```
+pub fn require(ok: bool, missing: &str) -> bool {
+    if ok {
         return true;
     }
     if in_ci() {
-        panic!("CI=true and {what}: this test must run in CI");
+        panic!("{missing}: CI is set, so a missing prerequisite fails this test (outside CI it skips)");
     }
-    eprintln!("\n!!! SKIPPED: {what} (set CI=true to make this a failure)\n");
+    // Written to the stderr handle, not eprintln!, so libtest's output capture does not hide the skip.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!! SKIPPED: {missing} (set CI=true to make this a failure)\n"
+    );
     false
 }
 
@@ -63,4 +87,19 @@ pub fn bin_path(name: &str) -> PathBuf {
 /// `cargo xtask fetch-model`).
 pub fn default_model() -> PathBuf {
     inference::model::default_model_path()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ci_value_means_ci;
+
+    #[test]
+    fn ci_is_on_for_any_value_but_empty_zero_or_false() {
+        for on in ["true", "1", "yes", "TRUE", "gitlab"] {
+            assert!(ci_value_means_ci(on), "CI={on:?}");
+        }
+        for off in ["", "0", "false", "False", " "] {
+            assert!(!ci_value_means_ci(off), "CI={off:?}");
+        }
+    }
 }

@@ -118,41 +118,26 @@ impl Serve {
     /// GET with the token.
     pub fn get(&self, path: &str) -> Response {
         let h = format!("Bearer {TOKEN}");
-        http::request(self.port, "GET", path, &[("Authorization", &h)], "").expect("GET")
+        http::request(self.port, "GET", path, &[("Authorization", &h)], None).expect("GET")
     }
 
     /// GET `path` with the token, body as bytes (for trace downloads): status and body.
     pub fn download(&self, path: &str) -> (u16, Vec<u8>) {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect to serve");
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).expect("send");
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).expect("read");
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .expect("HTTP response head");
-        let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status code");
+        let r = self.get(path);
         assert!(
-            !head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
-            "serve sends traces with a length: {head}"
+            !r.header("transfer-encoding")
+                .is_some_and(|v| v.contains("chunked")),
+            "serve sends traces with a length: {:?}",
+            r.headers
         );
-        (status, raw[split + 4..].to_vec())
+        (r.status, r.body)
     }
 
     /// GET /v1/sessions.
     pub fn sessions(&self) -> Vec<Value> {
         let r = self.get("/v1/sessions");
-        assert_eq!(r.status, 200, "GET /v1/sessions: {}", r.body);
-        match serde_json::from_str(&r.body).expect("sessions JSON") {
+        assert_eq!(r.status, 200, "GET /v1/sessions: {}", r.text());
+        match serde_json::from_slice(&r.body).expect("sessions JSON") {
             Value::Array(a) => a,
             other => panic!("sessions is not an array: {other}"),
         }
@@ -160,14 +145,14 @@ impl Serve {
 
     /// GET /metrics (text).
     pub fn metrics(&self) -> String {
-        http::get(self.port, "/metrics").expect("GET /metrics").body
+        http::get(self.port, "/metrics").expect("GET /metrics").text()
     }
 
     /// GET /healthz (JSON).
     pub fn healthz(&self) -> Value {
         let r = http::get(self.port, "/healthz").expect("GET /healthz");
-        assert_eq!(r.status, 200, "healthz: {}", r.body);
-        serde_json::from_str(&r.body).expect("healthz JSON")
+        assert_eq!(r.status, 200, "healthz: {}", r.text());
+        serde_json::from_slice(&r.body).expect("healthz JSON")
     }
 
     /// Polls the sessions until `pred` holds for one of them (returns it) or `timeout` passes (panics).
@@ -243,9 +228,8 @@ pub fn test_alertmanager_config(serve_port: u16, token_file: &Path) -> String {
 fn wait_http(port: u16, path: &str, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && http::get(port, path).is_ok_and(|r| r.status == 200)
-        {
+        // Not listening yet: a connection error.
+        if http::get(port, path).is_ok_and(|r| r.status == 200) {
             return;
         }
         std::thread::sleep(Duration::from_millis(200));

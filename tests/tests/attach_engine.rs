@@ -52,8 +52,8 @@ fn chat(port: u16, content: &str, max_tokens: u32, headers: &[(&str, &str)]) -> 
         r#"{{"model":"smollm2","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":{max_tokens},"temperature":0}}"#
     );
     let r = http::post_json(port, "/v1/chat/completions", headers, &body).expect("chat request");
-    assert_eq!(r.status, 200, "chat failed: {}", r.body);
-    let v: serde_json::Value = serde_json::from_str(&r.body).expect("chat response is JSON");
+    assert_eq!(r.status, 200, "chat failed: {}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).expect("chat response is JSON");
     Usage {
         prompt: v["usage"]["prompt_tokens"].as_i64().expect("usage.prompt_tokens"),
         completion: v["usage"]["completion_tokens"]
@@ -155,7 +155,7 @@ fn attach_to_the_engine_and_check_the_trace() {
 
     // Swap the weights from disk while serving (llmprof's model-file probes watch the read).
     let r = http::post_json(port, "/admin/reload", &[], "{}").expect("reload");
-    assert_eq!(r.status, 200, "reload failed: {}", r.body);
+    assert_eq!(r.status, 200, "reload failed: {}", r.text());
     // Give the usage-stats reporter a chance to connect during the window.
     std::thread::sleep(Duration::from_millis(2500));
     wait_idle(&engine);

@@ -81,7 +81,7 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     // Before the alert: a little normal traffic, which only the flight recorder sees.
     for i in 0..2 {
         let r = http::post_json(engine.port, "/v1/chat/completions", &[], &chat_body(i, 8)).expect("chat");
-        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.status, 200, "{}", r.text());
     }
 
     let rules = serve::fast_rules("1s", "8s");

@@ -142,7 +142,7 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
                         auth.iter().map(|a| ("Authorization", a.as_str())).collect();
                     let r = e2e::http::post_json(port, "/v1/alerts", &headers, body)
                         .unwrap_or_else(|e| panic!("post {i} ({kind:?}) got no answer: {e}"));
-                    answers.push((i, *kind, r.status, r.body));
+                    answers.push((i, *kind, r.status, r.text()));
                 }
                 answers
             })
@@ -300,15 +300,15 @@ fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
         )
     };
     let r = srv.post_alerts(&body("firing"), Some(TOKEN));
-    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.text());
     let running = srv.wait_session(Duration::from_secs(30), "running", |s| s["state"] == "running");
     // While it runs, the trace cannot be downloaded yet.
     let id = running["id"].as_u64().expect("id");
     assert_eq!(srv.download(&format!("/v1/sessions/{id}/trace")).0, 409);
     std::thread::sleep(Duration::from_secs(1));
     let r = srv.post_alerts(&body("resolved"), Some(TOKEN));
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("\"stopped\""), "{}", r.body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("\"stopped\""), "{}", r.text());
     let done = srv.wait_session(Duration::from_secs(30), "ended by the resolved alert", |s| {
         s["state"] != "running"
     });

@@ -70,8 +70,8 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
             r#"{{"version":"4","status":"firing","alerts":[{{"status":"firing","labels":{{"alertname":"DiskQuota","pid":"{pid}"}},"annotations":{{"llmprof_duration":"{SESSION}"}},"fingerprint":"quota-{i}"}}]}}"#
         );
         let r = srv.post_alerts(&body, Some(TOKEN));
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v: Value = serde_json::from_str(&r.body).expect("JSON");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v: Value = serde_json::from_slice(&r.body).expect("JSON");
         assert_eq!(v["alerts"][0]["outcome"], "started", "{v}");
         let id = v["alerts"][0]["session"].as_u64().expect("id");
         let path = v["alerts"][0]["trace"].as_str().expect("trace").to_owned();
@@ -79,7 +79,7 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let s = srv.get(&format!("/v1/sessions/{id}"));
-            let s: Value = serde_json::from_str(&s.body).expect("session JSON");
+            let s: Value = serde_json::from_slice(&s.body).expect("session JSON");
             if s["state"] != "running" {
                 assert_eq!(s["state"], "finished", "{s:#}");
                 break;

@@ -1,17 +1,18 @@
-//! Shared helpers of the `serve_*` end-to-end tests: spawn the real `llmserve` binary on a free port, and a tiny
-//! blocking HTTP/1.1 client (std only) that speaks enough HTTP for JSON, chunked transfer and SSE.
+//! Shared helpers of the `serve_*` end-to-end tests: spawn the real `llmserve` binary on a free port and talk to
+//! it with the workspace's one test HTTP client (`e2e::http`: JSON, chunked transfer, SSE).
 #![allow(
     dead_code,
     clippy::unwrap_used,
     reason = "shared test helpers; tests unwrap to fail loudly"
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use e2e::http::{self, Response};
 
 /// A running `llmserve`, killed on drop.
 pub struct Server {
@@ -64,21 +65,17 @@ impl Server {
     }
 
     pub fn get(&self, path: &str) -> Response {
-        request(self.port, "GET", path, &[], None)
+        http::get(self.port, path).unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
-        request(
-            self.port,
-            "POST",
-            path,
-            &[("content-type", "application/json")],
-            Some(body.to_string().as_bytes()),
-        )
+        http::post_json(self.port, path, &[], &body.to_string())
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
     }
 
     pub fn post_raw(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        request(self.port, "POST", path, headers, Some(body))
+        http::request(self.port, "POST", path, headers, Some(body))
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"))
     }
 
     /// The value of a metric series (first line starting with `prefix`).
@@ -109,124 +106,6 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// An HTTP response.
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-    /// The `data:` payloads of an SSE body.
-    pub fn sse_events(&self) -> Vec<String> {
-        self.text()
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-/// Sends one request with `Connection: close` and reads the whole response.
-pub fn request(
-    port: u16,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&[u8]>,
-) -> Response {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = body {
-        req.push_str(&format!("content-length: {}\r\n", b.len()));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    if let Some(b) = body {
-        s.write_all(b).unwrap();
-    }
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    parse_response(&raw)
-}
-
-pub fn parse_response(raw: &[u8]) -> Response {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[end + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
-    {
-        body = dechunk(&body);
-    }
-    Response {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(p) = b.windows(2).position(|w| w == b"\r\n") {
-        let size_s = String::from_utf8_lossy(&b[..p]);
-        let size = usize::from_str_radix(size_s.split(';').next().unwrap().trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        let start = p + 2;
-        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
-        b = &b[(start + size + 2).min(b.len())..];
-    }
-    out
-}
-
-/// Opens a streaming request and returns the socket after `min_bytes` of the response arrived (or the response
-/// ended); dropping it disconnects the client mid-stream.
-pub fn open_stream(port: u16, path: &str, body: &serde_json::Value, min_bytes: usize) -> TcpStream {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let b = body.to_string();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}",
-        b.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut got = 0;
-    let mut buf = [0u8; 4096];
-    while got < min_bytes {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got += n,
-        }
-    }
-    s
-}
-
 /// Polls `f` until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
@@ -237,18 +116,6 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     f()
-}
-
-/// Under `CI=true` missing prerequisites fail the test; elsewhere they skip it loudly.
-pub fn require(what: &str, ok: bool) -> bool {
-    if ok {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{what} is required under CI=true");
-    }
-    eprintln!("SKIPPED: {what} is not available (this test fails under CI=true)");
-    false
 }
 
 /// A tiny random model (seed 1) written once per test process.

@@ -895,7 +895,7 @@ fn secs(ns: u64) -> f64 {
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
-    use llmprof_abi::fill_str;
+    use crate::testing;
     use std::time::Duration;
 
     const PID: u32 = 4242;
@@ -907,78 +907,55 @@ mod tests {
     ];
     const PARENT: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
 
+    /// A chat request of the fixture's model and sampling parameters.
+    fn req(kind: RequestEventKind, id: u64, ts: u64) -> testing::Request {
+        testing::request(PID, kind, id, ts)
+            .chat("smollm2-135m", "req-abc")
+            .prompt(12, 64)
+            .sampling(0.7, 0.9)
+    }
+
     fn rec(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
-        RequestRecord {
-            is_chat: 1,
-            prompt_tokens: 12,
-            max_tokens: 64,
-            temperature: 0.7,
-            top_p: 0.9,
-            x_request_id: fill_str("req-abc"),
-            model: fill_str("smollm2-135m"),
-            ..RequestRecord::new(kind, id, ts)
-        }
+        *req(kind, id, ts).record()
     }
 
     fn req_ev(r: RequestRecord) -> Event {
-        Event {
-            ts_ns: r.ts_ns,
-            pid: PID,
-            tid: PID,
-            body: EventBody::Request(Box::new(r)),
-        }
+        testing::request_event(PID, r)
     }
 
     fn arrived(id: u64, ts: u64, traced: bool) -> Event {
-        let mut r = rec(RequestEventKind::Arrived, id, ts);
-        if traced {
-            r.trace_id = TRACE;
-            r.parent_span_id = PARENT;
-            r.has_trace_context = 1;
-            r.trace_flags = 1;
-        }
-        req_ev(r)
+        let r = req(RequestEventKind::Arrived, id, ts);
+        if traced { r.traced(TRACE, PARENT) } else { r }.build()
     }
 
     fn simple(kind: RequestEventKind, id: u64, ts: u64) -> Event {
-        req_ev(rec(kind, id, ts))
+        req(kind, id, ts).build()
     }
 
     fn finished(id: u64, ts: u64, reason: FinishReason, out_tokens: u32) -> Event {
-        let mut r = rec(RequestEventKind::Finished, id, ts);
-        r.finish_reason = reason as u32;
-        r.output_tokens = out_tokens;
-        req_ev(r)
+        req(RequestEventKind::Finished, id, ts)
+            .output(out_tokens, reason)
+            .build()
     }
 
     fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-        let s = StepRecord {
-            host_start_ns: start,
-            host_end_ns: end,
-            device_start_ns: start,
-            device_end_ns: end,
-            prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
-            decode_tokens: if kind == StepKind::Prefill {
-                0
-            } else {
-                reqs.len() as u32
-            },
-            kv_blocks_used: 1,
-            kv_blocks_total: 100,
-            ..StepRecord::new(kind, id, reqs)
-        }
-        // Each request's share: the first of a prefill batch 8 tokens, the others 4 (12 in all for two).
-        .with_req_tokens((0..reqs.len()).map(|i| match (kind, i) {
-            (StepKind::Decode, _) => 1,
-            (_, 0) => 8,
-            _ => 4,
-        }));
-        Event {
-            ts_ns: end,
-            pid: PID,
-            tid: PID,
-            body: EventBody::Step(Box::new(s)),
-        }
+        let prefill = if kind == StepKind::Decode { 0 } else { 12 };
+        let decode = if kind == StepKind::Prefill {
+            0
+        } else {
+            reqs.len() as u32
+        };
+        testing::step(PID, PID, kind, id, start, end, reqs)
+            .device(start, end)
+            .tokens(prefill, decode)
+            .kv_blocks(1, 100)
+            // Each request's share: the first of a prefill batch 8 tokens, the others 4 (12 in all for two).
+            .req_tokens((0..reqs.len()).map(|i| match (kind, i) {
+                (StepKind::Decode, _) => 1,
+                (_, 0) => 8,
+                _ => 4,
+            }))
+            .build()
     }
 
     fn run(events: &[Event]) -> (SpanBuilder, Vec<SpanData>) {
@@ -1051,11 +1028,11 @@ mod tests {
 
     #[test]
     fn request_spans_carry_the_latest_self_accounting() {
-        let overhead = Event {
-            ts_ns: T0 + 5 * MS,
-            pid: 0,
-            tid: 0,
-            body: EventBody::Overhead(Box::new(OverheadSample {
+        let overhead = testing::event(
+            0,
+            0,
+            T0 + 5 * MS,
+            EventBody::Overhead(Box::new(OverheadSample {
                 est_overhead_pct: Some(0.4),
                 cost_syscall_ns: 700.0,
                 cost_probe_ns: Some(1_800.0),
@@ -1063,7 +1040,7 @@ mod tests {
                 level: 1,
                 ..OverheadSample::default()
             })),
-        };
+        );
         let (_, spans) = run(&[
             arrived(7, T0, true),
             overhead,
@@ -1253,31 +1230,13 @@ mod tests {
         other.pid = 1;
         let (_, spans) = run(&[
             arrived(5, T0, false),
-            Event {
-                ts_ns: T0 + MS,
-                pid: PID,
-                tid: PID + 1,
-                body: EventBody::SlowSyscall {
-                    nr: 17,
-                    ret: 4096,
-                    dur_ns: 3 * MS,
-                },
-            },
-            Event {
-                ts_ns: T0 + MS,
-                pid: 1,
-                tid: 1,
-                body: EventBody::SlowSyscall {
-                    nr: 0,
-                    ret: 1,
-                    dur_ns: MS,
-                },
-            },
-            Event {
-                ts_ns: T0 + 2 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::FileIo {
+            testing::slow_syscall(PID, PID + 1, T0 + MS, 17, 4096, 3 * MS),
+            testing::slow_syscall(1, 1, T0 + MS, 0, 1, MS),
+            testing::event(
+                PID,
+                PID,
+                T0 + 2 * MS,
+                EventBody::FileIo {
                     op: llmprof_abi::FileOp::Pread,
                     fd: 9,
                     path: Some("/models/smollm2.gguf".into()),
@@ -1285,31 +1244,9 @@ mod tests {
                     len: 1 << 20,
                     dur_ns: 4 * MS,
                 },
-            },
-            Event {
-                ts_ns: T0 + 3 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::Connect {
-                    addr: "127.0.0.1".parse().unwrap(),
-                    port: 9000,
-                    ret: 0,
-                    dur_ns: 1000,
-                    allowed: true,
-                },
-            },
-            Event {
-                ts_ns: T0 + 4 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::Connect {
-                    addr: "203.0.113.9".parse().unwrap(),
-                    port: 443,
-                    ret: -115,
-                    dur_ns: 1000,
-                    allowed: false,
-                },
-            },
+            ),
+            testing::connect(PID, PID, T0 + 3 * MS, ([127, 0, 0, 1], 9000), 0, true),
+            testing::connect(PID, PID, T0 + 4 * MS, ([203, 0, 113, 9], 443), -115, false),
             other,
             finished(5, T0 + 5 * MS, FinishReason::Abort, 0),
         ]);

@@ -391,12 +391,7 @@ mod tests {
     use super::*;
 
     fn ev(ts_ns: u64, pid: u32, text: &str) -> Event {
-        Event {
-            ts_ns,
-            pid,
-            tid: 0,
-            body: EventBody::Marker { text: text.into() },
-        }
+        llmprof_trace::testing::marker(pid, 0, ts_ns, text)
     }
 
     #[test]
