@@ -3,8 +3,13 @@
 //! Owns the orchestration only: preflight checks (root, pid), starting [`Capture`], the poll loop that feeds
 //! capture and the /metrics scraper through the [`Merger`] into the [`TraceSink`], the live status line, the
 //! end conditions (stop flag from Ctrl-C/SIGTERM, duration, target exit, `--max-trace-size`) and the final
-//! statistics. The kernel side is all in `capture`; the trace layout is all in `perfetto`; llmprof's own cost
-//! is in `selfacct`, the overhead budget in `budget`, the size cap in `sizecap` (this loop only calls them).
+//! statistics. The kernel side is all in `capture`; the trace layout is all in `llmprof_trace::perfetto`;
+//! llmprof's own cost is in `selfacct`, the overhead budget in `budget`, the size cap in `sizecap` (this loop
+//! only calls them).
+//!
+//! Size: ~810 lines: one session's steps in order (start, live loop, finish, close), each a named function;
+//! split further, the order of side effects (probes live before the prelude, trace closed before detaching)
+//! would be spread over files.
 
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};

@@ -4,6 +4,9 @@
 //! `OtelSink`; the checks are what a user looks at in Jaeger or Tempo: the request span sits under the caller's
 //! span in the caller's trace, carries the GenAI attributes, and its children add up to its duration. Also: a
 //! receiver that is down costs a bounded wait and shows up in the counters, never a panic or a hang.
+//!
+//! Size: ~1,000 lines: each case is a whole export scenario (receiver, fixture, assertions on the received spans);
+//! the receivers and builders are shared (`common/`, `llmprof_trace::testing`).
 #![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 
 mod common;

@@ -13,6 +13,9 @@
 //! Each session runs `attach::run` on its own thread (the same capture as `llmprof attach`), with the alert in
 //! the trace's metadata and, when a flight recorder watches the target, its history as the trace's prelude.
 //! The HTTP layer never waits for a session.
+//!
+//! Size: ~870 lines, of which ~115 are unit tests beside the rules they test; the rules share one lock and one
+//! state, so they stay in one file where a reviewer reads them together.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
