@@ -4,8 +4,8 @@
 //! Weights stay quantized in memory (F16 is widened to F32 at load: no model of interest ships F16 matrices
 //! big enough to matter). At load the ggml blocks are split into structure-of-arrays form (scales widened to
 //! f32, quants contiguous) so the kernels do no f16 conversion. Kernels dequantize each 32-element block in
-//! registers and FMA it with **f32** activations: activations are never quantized (see DESIGN.md §6: an 8-bit
-//! activation path changes the default model's answer). AVX2+FMA kernels are chosen at run time
+//! registers and FMA it with **f32** activations: activations are never quantized (8-bit activations change
+//! the default model's answer: docs/architecture.md, Decisions). AVX2+FMA kernels are chosen at run time
 //! (`is_x86_feature_detected!`), with a scalar fallback computing the same sums. Batched variants load a weight
 //! block once and use it for up to [`TOKEN_TILE`] tokens (prefill).
 //!

@@ -12,9 +12,9 @@
 //!   engine's record with `bpf_probe_read_user` straight into the ring-buffer reservation.
 //! - `llmprof_content` (uprobe at the engine's content probe, attached only with `--capture-content`):
 //!   copies the record and up to `CONTENT_MAX` bytes of the text it points to.
-//! - `llmprof_cuent` / `llmprof_curet` (uprobe / uretprobe on CUDA driver API functions in libcuda, one
-//!   attachment per exported symbol, the function in the attach cookie): the entry pushes (time, cookie, one
-//!   cheap argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
+//! - `llmprof_cuent` / `llmprof_curet` (uprobe / uretprobe at CUDA driver API entry points in libcuda; the
+//!   attach cookie holds function, symbol variant and argument index): the entry pushes (time, cookie, that
+//!   argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
 //!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
@@ -49,8 +49,8 @@ static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
     slow_syscall_ns: 1_000_000,
 });
 
-/// Default ring size; user space resizes it at load (`--ring-bytes`). 64 MiB dropped nothing in a
-/// 1M-event burst on these machines (DESIGN.md §4).
+/// Default ring size; user space resizes it at load (`--ring-size`). 64 MiB dropped nothing in a
+/// 1M-event burst here (docs/performance.md, Capture).
 const RING_BYTES: u32 = 64 << 20;
 
 /// tgids being traced (value unused).
@@ -91,7 +91,7 @@ static SENT: HashMap<SockKey, u64> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PATTERNS: Array<FilePattern> = Array::with_max_entries(MAX_PATTERNS as u32, 0);
 
-/// Status passed to exit_group, by tgid, reported at sched_process_exit.
+/// Status passed to exit_group (or to exit by the main thread), by tgid, reported at sched_process_exit.
 #[map]
 static EXIT_CODES: HashMap<u32, i64> = HashMap::with_max_entries(1024, 0);
 
@@ -372,7 +372,7 @@ fn aggregate(pid: u32, tid: u32, nr: u64, dur: u64) {
     }
 }
 
-/// floor(log2(v)), 0 for v < 2; written without loops (BPF has no clz).
+/// floor(log2(v)), 0 for v < 2: a binary search over six constant shifts, unrolled (BPF has no clz).
 #[inline(always)]
 fn log2(mut v: u64) -> u64 {
     let mut r = 0;
@@ -652,8 +652,8 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Copies the engine record at `src` into a reserved `T` whose header is `hdr` and whose record
-/// (of `rec_size` bytes, starting with `abi_version: u32`) follows it.
+/// Writes a reserved `T` = an `EventHeader` of `kind` + the engine record the probe's first argument points to
+/// (kept if it reads and its `abi_version` is ours); hits, records and drops are counted under `id`.
 #[inline(always)]
 fn engine_record<T: 'static>(ctx: &ProbeContext, id: ProbeId, kind: EventKind) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();

@@ -159,7 +159,7 @@ fn llvm_prefix(major: u32) -> Result<PathBuf> {
 }
 
 /// `cargo xtask setup-ebpf`.
-pub fn setup(_args: &[String]) -> Result<()> {
+pub fn setup() -> Result<()> {
     let chain = match detect_chain() {
         Some(c) => c,
         None if have("apt-get") => {
@@ -292,9 +292,9 @@ fn build_object(root: &Path) -> Result<(PathBuf, String)> {
     Ok((obj, record))
 }
 
-/// `cargo xtask build-ebpf [--check]`.
-pub fn build(args: &[String]) -> Result<()> {
-    let check = args.iter().any(|a| a == "--check");
+/// `cargo xtask build-ebpf [--check]`: with `check`, fails when the committed object differs from a fresh
+/// build and writes nothing.
+pub fn build(check: bool) -> Result<()> {
     let root = repo_root();
     let (fresh, record) = build_object(&root)?;
     let fresh_bytes = std::fs::read(&fresh).with_context(|| format!("reading {}", fresh.display()))?;

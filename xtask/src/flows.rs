@@ -11,14 +11,15 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{repo_root, run};
 
-/// `cargo xtask test`: installs what the tests need, proves the committed eBPF object matches its source, checks
+/// `cargo xtask test [ARGS]`: installs what the tests need, proves the committed eBPF object matches its source, checks
 /// rustfmt and clippy (warnings are errors), builds every binary and runs every test (eBPF tests need root; under `CI=true` they fail instead of skipping).
+/// `args` go to `cargo test --workspace --no-fail-fast` as they are.
 pub fn test(args: &[String]) -> Result<()> {
     let root = repo_root();
-    crate::model::fetch(&[])?;
-    crate::tools::setup(&[])?;
-    crate::ebpf::setup(&[])?;
-    crate::ebpf::build(&["--check".to_string()])?;
+    crate::model::fetch(false)?;
+    crate::tools::setup()?;
+    crate::ebpf::setup()?;
+    crate::ebpf::build(true)?;
     run(Command::new("cargo")
         .current_dir(&root)
         .args(["fmt", "--all", "--check"]))?;
@@ -66,19 +67,13 @@ pub fn test(args: &[String]) -> Result<()> {
 }
 
 /// `cargo xtask demo [SECONDS]`: starts the engine on the default model, drives concurrent chat requests, attaches
-/// llmprof for the window, and prints where the trace is and how to open it.
-pub fn demo(args: &[String]) -> Result<()> {
-    let secs: u64 = args
-        .first()
-        .map(|s| s.parse())
-        .transpose()
-        .context("demo takes a duration in seconds")?
-        .unwrap_or(20);
+/// llmprof for `secs` seconds, and prints where the trace is and how to open it.
+pub fn demo(secs: u64) -> Result<()> {
     let root = repo_root();
     if !crate::util::is_root() {
         bail!("the demo attaches eBPF probes and needs root: run `sudo -E cargo xtask demo`");
     }
-    crate::model::fetch(&[])?;
+    crate::model::fetch(false)?;
     run(Command::new("cargo").current_dir(&root).args([
         "build",
         "--release",

@@ -30,9 +30,8 @@ pub fn default_model_path() -> PathBuf {
     crate::util::cache_dir().join("models").join(FILE_NAME)
 }
 
-/// `cargo xtask fetch-model [--force]`.
-pub fn fetch(args: &[String]) -> Result<()> {
-    let force = args.iter().any(|a| a == "--force");
+/// `cargo xtask fetch-model [--force]`: with `force`, downloads the model even when it is present.
+pub fn fetch(force: bool) -> Result<()> {
     let dest = default_model_path();
     if !force
         && std::fs::metadata(&dest)

@@ -22,7 +22,7 @@ fn rotel_dir() -> PathBuf {
 }
 
 /// `cargo xtask setup-otel-tools`.
-pub fn setup(_args: &[String]) -> Result<()> {
+pub fn setup() -> Result<()> {
     let dir = rotel_dir();
     let agent = dir.join("rotel").join("rotel-agent");
     if !agent.exists() {

@@ -37,7 +37,7 @@ fn bundle(dir: &Path) -> Option<PathBuf> {
 }
 
 /// `cargo xtask setup-tools`.
-pub fn setup(_args: &[String]) -> Result<()> {
+pub fn setup() -> Result<()> {
     let dir = tools_dir();
     if !have("node") {
         apt_install("node", &["nodejs"]).context("node is needed to run Perfetto's trace processor")?;
@@ -90,5 +90,5 @@ pub fn setup(_args: &[String]) -> Result<()> {
         eprintln!("setup-tools: pip install openai");
         run(Command::new(python()).args(["-m", "pip", "install", "--quiet", "openai"]))?;
     }
-    crate::otel_tools::setup(&[])
+    crate::otel_tools::setup()
 }

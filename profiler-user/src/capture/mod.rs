@@ -51,7 +51,7 @@ static EBPF_OBJECT: &[u8] =
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Default slow-syscall threshold (`--slow-syscall`), as documented in the CLI.
 pub const DEFAULT_SLOW_SYSCALL: Duration = Duration::from_millis(1);
-/// Default ring size: 64 MiB dropped nothing in a 1M-event burst on these machines (DESIGN.md §4).
+/// Default ring size: 64 MiB dropped nothing in a 1M-event burst here (docs/performance.md, Capture).
 pub const DEFAULT_RING_BYTES: usize = 64 << 20;
 /// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
 const MAX_RECORDS_PER_POLL: usize = 1 << 16;

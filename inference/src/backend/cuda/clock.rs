@@ -1,7 +1,7 @@
 //! Device time on the host clock: CUDA events mapped onto CLOCK_BOOTTIME through a reference event.
 //!
 //! CUDA events only measure time between each other (`cuEventElapsedTime`, milliseconds as f32, ~0.5 µs
-//! resolution). To place a step's start and end events on the host's BOOTTIME timeline (DESIGN.md §3) we record
+//! resolution). To put a step's start/end events on the host's BOOTTIME timeline (docs/probe-abi.md) we record
 //! a reference event on an idle stream between two host clock reads: the GPU timestamps it between them, so its
 //! host time is their midpoint, within half their distance. Every later event is `reference + elapsed`. The
 //! anchor is renewed every [`ANCHOR_INTERVAL_NS`]: that bounds both the f32 rounding of `elapsed` (an f32 of

@@ -2,7 +2,7 @@
 //! compilation with NVRTC for the GPU at hand.
 //!
 //! Kernels (all f32 activations with f32 accumulation, like the CPU backend: activations are never quantized,
-//! see DESIGN.md §6):
+//! see docs/architecture.md, Decisions):
 //! - `matmul_{f32,q8_0,q4_0,q4_1}`: `out[t][r] (=|+=|silu-gated) W[r]·x[t]` for a tile of [`TOKEN_TILE`]
 //!   tokens per block row; one warp per weight row, lane `l` takes element `l` of every 32-element quant block,
 //!   so a weight row is read once per token tile and dequantized in registers.

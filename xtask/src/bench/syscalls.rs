@@ -17,7 +17,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench::{build_release, pct};
+use super::common::{build_release, start_attach, stop_llmprof};
+use super::stats::{median_range, pct};
 
 /// Rounds (each runs every mode once).
 const ROUNDS: usize = 5;
@@ -27,6 +28,8 @@ const RATE: f64 = 500_000.0;
 const SECONDS: f64 = 3.0;
 /// Seconds of the settling phase before it.
 const SETTLE_SECONDS: f64 = 0.5;
+/// `--overhead-budget` of the budget mode: the goal, 1 % of the target's CPU.
+const BUDGET: &str = "1%";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -132,37 +135,25 @@ struct Sample {
     events: Option<String>,
 }
 
-struct Opts {
+/// Options of `bench syscalls`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rounds; each runs every mode once.
+    #[arg(long, value_name = "N", default_value_t = ROUNDS)]
     rounds: usize,
+    /// Syscall rate of the untraced target, calls/s.
+    #[arg(long, value_name = "CALLS_PER_S", default_value_t = RATE)]
     rate: f64,
+    /// Seconds of the measured phase at the untraced rate.
+    #[arg(long, value_name = "S", default_value_t = SECONDS)]
     seconds: f64,
+    /// `--overhead-budget` of the budget mode.
+    #[arg(long, value_name = "PERCENT", default_value = BUDGET)]
     budget: String,
 }
 
-fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts {
-        rounds: ROUNDS,
-        rate: RATE,
-        seconds: SECONDS,
-        budget: "1%".into(),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--rounds" => o.rounds = val()?.parse()?,
-            "--rate" => o.rate = val()?.parse()?,
-            "--seconds" => o.seconds = val()?.parse()?,
-            "--budget" => o.budget = val()?.clone(),
-            other => bail!("unknown option {other}"),
-        }
-    }
-    Ok(o)
-}
-
 /// `cargo xtask bench syscalls`.
-pub fn run(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub(super) fn run(o: &Args) -> Result<()> {
     if !crate::util::is_root() {
         bail!("bench syscalls loads eBPF programs: run it as root");
     }
@@ -186,8 +177,8 @@ pub fn run(args: &[String]) -> Result<()> {
             let mode = modes[(round + k) % modes.len()];
             let session = match mode {
                 Mode::Detached => None,
-                Mode::Attached => Some(crate::bench::start_attach(&llmprof, t.pid, &trace, &[])?),
-                Mode::Budget => Some(crate::bench::start_attach(
+                Mode::Attached => Some(start_attach(&llmprof, t.pid, &trace, &[])?),
+                Mode::Budget => Some(start_attach(
                     &llmprof,
                     t.pid,
                     &trace,
@@ -205,7 +196,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 ..Sample::default()
             };
             if let Some(child) = session {
-                let out = stop_attach(child)?;
+                let out = stop_llmprof(child)?;
                 parse_summary(&out, &mut s);
             }
             eprintln!(
@@ -218,7 +209,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(&trace);
-    report(&o, work, n, n_settle, &samples);
+    report(o, work, n, n_settle, &samples);
     Ok(())
 }
 
@@ -242,18 +233,6 @@ fn pick_work(t: &mut Testee, rate: f64) -> Result<u64> {
         }
     }
     bail!("the busy work did not measurably take CPU time: is the testee running?")
-}
-
-/// Ends the session like Ctrl-C; its stdout (the exit summary).
-fn stop_attach(child: Child) -> Result<String> {
-    let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
-    let out = child.wait_with_output().context("waiting for llmprof")?;
-    if !out.status.success() {
-        bail!("llmprof attach exited with {}", out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The number after `key` in `s` (digits, dots).
@@ -285,18 +264,16 @@ fn parse_summary(out: &str, s: &mut Sample) {
     }
 }
 
+/// "median (min–max)" of `v`, or "n/a".
 fn stat(v: &mut [f64]) -> String {
     if v.is_empty() {
         return "n/a".into();
     }
-    let med = pct(v, 0.5);
-    let (lo, hi) = v
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    let (med, lo, hi) = median_range(v);
     format!("{med:.1} ({lo:.1}–{hi:.1})")
 }
 
-fn report(o: &Opts, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]) {
+fn report(o: &Args, work: u64, n: u64, n_settle: u64, samples: &[(Mode, Sample)]) {
     let of = |m: Mode| samples.iter().filter(move |(k, _)| *k == m).map(|(_, s)| s);
     let mut det_measured: Vec<f64> = of(Mode::Detached).map(|s| s.measured_s).collect();
     let mut det_settle: Vec<f64> = of(Mode::Detached).map(|s| s.settle_s).collect();

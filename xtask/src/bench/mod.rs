@@ -1,0 +1,43 @@
+//! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
+//!
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`]), each owning its measurement and its
+//! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
+//! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
+//! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
+
+mod attach;
+mod common;
+mod engine;
+mod load;
+mod serve;
+mod stats;
+mod syscalls;
+
+use anyhow::Result;
+
+/// One bench, with its options.
+#[derive(clap::Subcommand, Debug)]
+pub enum Kind {
+    /// Drives llmserve over HTTP at several concurrencies: decode tokens/s, TTFT/ITL p50/p95, peak RSS.
+    #[command(after_help = "Example: cargo xtask bench engine --levels 1,8 --max-tokens 64")]
+    Engine(load::EngineArgs),
+    /// Decode tokens/s and TTFT with llmprof attached vs detached, A/B interleaved, and the trace size (root).
+    #[command(after_help = "Example: sudo cargo xtask bench attach --levels 8")]
+    Attach(load::EngineArgs),
+    /// Decode tokens/s with `llmprof serve`'s flight recorder on vs off, A/B interleaved (root).
+    #[command(after_help = "Example: sudo cargo xtask bench serve")]
+    Serve(load::EngineArgs),
+    /// A ~500k syscalls/s target detached / attached / attached with --overhead-budget (root).
+    #[command(after_help = "Example: sudo cargo xtask bench syscalls --rounds 5 --budget 1%")]
+    Syscalls(syscalls::Args),
+}
+
+/// `cargo xtask bench <kind>`.
+pub fn run(kind: Kind) -> Result<()> {
+    match kind {
+        Kind::Engine(o) => engine::run(&o),
+        Kind::Attach(o) => attach::run(&o),
+        Kind::Serve(o) => serve::run(&o),
+        Kind::Syscalls(o) => syscalls::run(&o),
+    }
+}
