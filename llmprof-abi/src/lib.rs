@@ -937,6 +937,23 @@ pub struct SyscallStats {
     pub hist: [u64; LAT_BUCKETS],
 }
 
+/// `SyscallSlot::nr` of a thread that is not inside a traced syscall.
+pub const NO_SYSCALL: u64 = u64::MAX;
+
+/// Value of the kernel's per-thread `INFLIGHT` map (key: tid): the syscall the thread is in, written in
+/// place at every traced entry and marked consumed ([`NO_SYSCALL`]) at exit. `args` is filled only for
+/// the syscalls whose exit needs them (model files, egress, exit status).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallSlot {
+    /// Entry time, CLOCK_BOOTTIME ns.
+    pub ts_ns: u64,
+    /// Syscall number, or [`NO_SYSCALL`].
+    pub nr: u64,
+    /// The six syscall arguments (only for the numbers that need them; stale otherwise).
+    pub args: [u64; 6],
+}
+
 /// Key of the per-socket sent-bytes map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1073,6 +1090,7 @@ const _: () = {
     assert!(core::mem::size_of::<CudaCallEvent>() == 56);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
+    assert!(core::mem::size_of::<SyscallSlot>() == 64);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
 };
@@ -1084,6 +1102,8 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallKey {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::SyscallStats {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SyscallSlot {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::SockKey {}
     // SAFETY: see above.

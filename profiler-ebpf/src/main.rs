@@ -29,18 +29,18 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
         bpf_probe_read_user_str_bytes,
-        generated::{bpf_get_attach_cookie, bpf_probe_read_user},
+        generated::{bpf_get_attach_cookie, bpf_probe_read_kernel, bpf_probe_read_user},
     },
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
 use llmprof_abi::{
     ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader,
     EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NUM_KNOBS,
     NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent,
-    RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallStats,
+    RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallSlot, SyscallStats, NO_SYSCALL,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -69,7 +69,9 @@ static COUNTERS: PerCpuArray<ProbeCounters> = PerCpuArray::with_max_entries(NUM_
 #[map]
 static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(16384, 0);
 
-/// Syscalls in flight, by tid: entry time and arguments, consumed at exit.
+/// One slot per traced thread, by tid: the syscall it is in (entry time, number, and the arguments of
+/// the numbers that need them), updated in place at every entry and marked consumed (`NO_SYSCALL`) at
+/// exit; created at a thread's first traced syscall, removed when the thread exits (`llmprof_pexit`).
 #[map]
 static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(16384, 0);
 
@@ -126,14 +128,8 @@ fn knob(k: Knob) -> u64 {
     KNOBS.get(k as u32).copied().unwrap_or(0)
 }
 
-/// A syscall between entry and exit.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Inflight {
-    ts_ns: u64,
-    nr: u64,
-    args: [u64; 6],
-}
+/// A syscall between entry and exit (layout shared with user space, which clears the slots).
+type Inflight = SyscallSlot;
 
 // x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl).
 const NR_READ: u64 = 0;
@@ -157,10 +153,16 @@ const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
 
 // Tracepoint field offsets (/sys/kernel/tracing/events/*/*/format; stable ABI).
-const RAW_SYS_ID: usize = 8;
-const RAW_SYS_ENTER_ARGS: usize = 16;
-const RAW_SYS_EXIT_RET: usize = 16;
 const SCHED_EXIT_GROUP_DEAD: usize = 32;
+// x86-64 `struct pt_regs` (arch/x86/include/asm/ptrace.h), in 8-byte words: r15 r14 r13 r12 bp bx r11 r10
+// r9 r8 ax cx dx si di orig_ax; the syscall arguments are di, si, dx, r10, r8, r9.
+const PT_REGS_WORDS: usize = 16;
+const REG_R10: usize = 7;
+const REG_R9: usize = 8;
+const REG_R8: usize = 9;
+const REG_DX: usize = 12;
+const REG_SI: usize = 13;
+const REG_DI: usize = 14;
 
 #[inline(always)]
 fn count(id: ProbeId, hits: u64, emitted: u64, dropped: u64) {
@@ -198,52 +200,130 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
-/// raw_syscalls:sys_enter — remember the entry time and arguments of a traced thread's syscall.
-#[tracepoint]
-pub fn llmprof_sysent(ctx: TracePointContext) -> u32 {
+/// Whether the syscall `nr` needs its arguments at exit (model files, egress, exit status). Every other
+/// syscall is timed and counted only: its entry writes two words, its exit reads them.
+#[inline(always)]
+fn needs_args(nr: u64) -> bool {
+    matches!(
+        nr,
+        NR_READ
+            | NR_WRITE
+            | NR_OPEN
+            | NR_CLOSE
+            | NR_MMAP
+            | NR_PREAD64
+            | NR_READV
+            | NR_WRITEV
+            | NR_CONNECT
+            | NR_SENDTO
+            | NR_SENDMSG
+            | NR_EXIT
+            | NR_EXIT_GROUP
+            | NR_OPENAT
+    )
+}
+
+/// The six syscall arguments from the `pt_regs` a raw sys_enter tracepoint passes (x86-64: rdi, rsi, rdx,
+/// r10, r8, r9; `arch/x86/include/asm/ptrace.h`).
+#[inline(always)]
+fn syscall_args(regs: u64) -> [u64; 6] {
+    let mut r = [0u64; PT_REGS_WORDS];
+    // SAFETY: reads the kernel's pt_regs of this syscall into a stack array of the same size; a fault makes
+    // the helper fail and leaves zeros.
+    let rc = unsafe {
+        bpf_probe_read_kernel(
+            r.as_mut_ptr().cast::<c_void>(),
+            (PT_REGS_WORDS * 8) as u32,
+            regs as *const c_void,
+        )
+    };
+    if rc != 0 {
+        return [0; 6];
+    }
+    [r[REG_DI], r[REG_SI], r[REG_DX], r[REG_R10], r[REG_R8], r[REG_R9]]
+}
+
+/// raw_syscalls:sys_enter (raw tracepoint: `(struct pt_regs *regs, long id)`) — the entry time and number
+/// of a traced thread's syscall, written in place into the thread's slot; the arguments only for the
+/// numbers [`needs_args`] names.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !traced(tgid) {
-        return 0;
+    let tid = pid_tgid as u32;
+    let nr: u64 = ctx.arg(1);
+    // A thread with a slot is traced (slots are only created below, and user space clears them when it
+    // stops tracing a process, e.g. llmprof itself after the calibration): one lookup instead of two.
+    let slot = match INFLIGHT.get_ptr_mut(&tid) {
+        Some(s) => s,
+        None => {
+            if !traced(tgid) {
+                return 0;
+            }
+            let fresh = Inflight {
+                ts_ns: 0,
+                nr: NO_SYSCALL,
+                args: [0; 6],
+            };
+            if INFLIGHT.insert(&tid, &fresh, 0).is_err() {
+                count(ProbeId::Syscalls, 0, 0, 1);
+                return 0;
+            }
+            let Some(s) = INFLIGHT.get_ptr_mut(&tid) else { return 0 };
+            s
+        }
+    };
+    if needs_args(nr) {
+        let args = syscall_args(ctx.arg(0));
+        if nr == NR_EXIT_GROUP || (nr == NR_EXIT && tid == tgid) {
+            let _ = EXIT_CODES.insert(&tgid, &(args[0] as i64), 0);
+        }
+        // SAFETY: a valid map value of this thread (the key is its tid); only this thread writes it.
+        unsafe { (*slot).args = args };
     }
     let ts_ns = now();
-    // SAFETY: offsets from the tracepoint's format file; read_at uses bpf_probe_read.
-    let nr = unsafe { ctx.read_at::<i64>(RAW_SYS_ID) }.unwrap_or(-1) as u64;
     // SAFETY: see above.
-    let args = unsafe { ctx.read_at::<[u64; 6]>(RAW_SYS_ENTER_ARGS) }.unwrap_or([0; 6]);
-    if nr == NR_EXIT_GROUP || (nr == NR_EXIT && pid_tgid as u32 == tgid) {
-        let _ = EXIT_CODES.insert(&tgid, &(args[0] as i64), 0);
+    unsafe {
+        (*slot).ts_ns = ts_ns;
+        (*slot).nr = nr;
     }
-    let _ = INFLIGHT.insert(&(pid_tgid as u32), &Inflight { ts_ns, nr, args }, 0);
     0
 }
 
-/// raw_syscalls:sys_exit — aggregates, slow syscalls, then the syscall-specific records.
-#[tracepoint]
-pub fn llmprof_sysexit(ctx: TracePointContext) -> u32 {
+/// raw_syscalls:sys_exit (raw tracepoint: `(struct pt_regs *regs, long ret)`) — aggregates, slow syscalls,
+/// then, for the numbers [`needs_args`] names, the syscall-specific records. The thread's slot is the
+/// filter: only a traced thread's entry filled it, and the exit marks it consumed.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if !traced(tgid) {
-        return 0;
-    }
     let tid = pid_tgid as u32;
-    // SAFETY: copied out of the map before the entry is removed.
-    let Some(inf) = (unsafe { INFLIGHT.get(&tid) }).copied() else {
+    let Some(slot) = INFLIGHT.get_ptr_mut(&tid) else {
         return 0;
     };
-    let _ = INFLIGHT.remove(&tid);
-    // SAFETY: offsets from the tracepoint's format file.
-    let nr = unsafe { ctx.read_at::<i64>(RAW_SYS_ID) }.unwrap_or(-1) as u64;
-    if nr != inf.nr {
+    // SAFETY: a valid map value of this thread; only this thread writes it.
+    let (ts_ns, nr) = unsafe { ((*slot).ts_ns, (*slot).nr) };
+    if nr == NO_SYSCALL {
         return 0;
     }
     // SAFETY: see above.
-    let ret = unsafe { ctx.read_at::<i64>(RAW_SYS_EXIT_RET) }.unwrap_or(0);
+    unsafe { (*slot).nr = NO_SYSCALL };
+    let tgid = (pid_tgid >> 32) as u32;
     let end = now();
-    let dur = end.saturating_sub(inf.ts_ns);
+    let dur = end.saturating_sub(ts_ns);
     aggregate(tgid, tid, nr, dur);
     count(ProbeId::Syscalls, 1, 0, 0);
-    if dur >= LLMPROF_CONFIG.load().slow_syscall_ns && knob(Knob::SyscallEventsOff) == 0 {
+    let slow = dur >= LLMPROF_CONFIG.load().slow_syscall_ns;
+    if !slow && !needs_args(nr) {
+        return 0;
+    }
+    let ret: i64 = ctx.arg(1);
+    // SAFETY: see above; copied out so the records below read a stable value.
+    let inf = Inflight {
+        ts_ns,
+        nr,
+        args: unsafe { (*slot).args },
+    };
+    if slow && knob(Knob::SyscallEventsOff) == 0 {
         slow_syscall(pid_tgid, &inf, ret, dur);
     }
     match nr {
@@ -539,7 +619,8 @@ fn sent(tgid: u32, inf: &Inflight, ret: i64) {
     }
 }
 
-/// sched:sched_process_exit — the last thread of a traced process is gone.
+/// sched:sched_process_exit — a thread of a traced process exits (its syscall slot is freed); for the
+/// last one, the process's end.
 #[tracepoint]
 pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -547,6 +628,8 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     if !traced(tgid) {
         return 0;
     }
+    // Every exiting thread frees its syscall slot.
+    let _ = INFLIGHT.remove(&(pid_tgid as u32));
     // SAFETY: offset from the tracepoint's format file.
     let group_dead = unsafe { ctx.read_at::<u8>(SCHED_EXIT_GROUP_DEAD) }.unwrap_or(0);
     if group_dead == 0 {
@@ -834,3 +917,4 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+

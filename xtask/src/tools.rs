@@ -92,3 +92,11 @@ pub fn setup() -> Result<()> {
     }
     crate::otel_tools::setup()
 }
+
+/// The anchor program of `bench syscalls --anchor`: bpftrace from Debian (`apt-get install bpftrace`), whose
+/// count-only syscall program is the reference cost llmprof's syscall path is compared with (issue 18).
+/// Returns the binary's name (on PATH).
+pub fn bpftrace() -> Result<&'static str> {
+    apt_install("bpftrace", &["bpftrace"])?;
+    Ok("bpftrace")
+}

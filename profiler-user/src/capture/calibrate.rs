@@ -31,7 +31,7 @@ use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{
     CudaFunc, CudaVariant, Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey,
-    SyscallStats,
+    SyscallSlot, SyscallStats,
 };
 
 use super::CaptureError;
@@ -310,8 +310,18 @@ fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureErr
     }
 }
 
-/// Deletes the syscall aggregates of `pid` (this process after calibrating).
+/// Deletes the syscall slots of every thread (only this process's threads have one: no target is in
+/// `TRACED` yet), then the syscall aggregates of `pid` (this process after calibrating). A thread with a
+/// slot counts as traced at syscall entry, so the slots must go once `pid` has left `TRACED`.
 fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
+    let map = ebpf
+        .map_mut("INFLIGHT")
+        .ok_or_else(|| CaptureError::MissingInObject("map INFLIGHT".into()))?;
+    let mut slots = HashMap::<_, u32, SyscallSlot>::try_from(map).map_err(super::map_err("INFLIGHT"))?;
+    let tids: Vec<u32> = slots.keys().filter_map(Result::ok).collect();
+    for tid in tids {
+        let _ = slots.remove(&tid);
+    }
     let map = ebpf
         .map_mut("SYSCALLS")
         .ok_or_else(|| CaptureError::MissingInObject("map SYSCALLS".into()))?;

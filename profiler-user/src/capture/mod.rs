@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::trace_point::TracePointLinkId;
+use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
-use aya::programs::{TracePoint, UProbe};
+use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
     ABI_VERSION, Config, ENGINE_PROBES, FilePattern, Knob, NUM_KNOBS, NUM_PROBES, PROBE_CONTENT,
@@ -58,7 +58,10 @@ const MAX_RECORDS_PER_POLL: usize = 1 << 16;
 /// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
-/// Tracepoints the programs need: (category, name, program).
+/// Tracepoints the programs need: (category, name, program). The `raw_syscalls` pair is attached as raw
+/// tracepoints (`BPF_PROG_TYPE_RAW_TRACEPOINT`: the program gets the tracepoint's own arguments, `pt_regs`
+/// and the number or return value, without the perf record a classic tracepoint program builds first, which
+/// cost more than the programs themselves; see docs/performance.md).
 pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("raw_syscalls", "sys_enter", "llmprof_sysent"),
     ("raw_syscalls", "sys_exit", "llmprof_sysexit"),
@@ -232,7 +235,7 @@ pub struct Capture {
     /// Counter values left by the calibration, subtracted by [`Capture::counters`].
     counter_base: [ProbeCounters; NUM_PROBES],
     /// raw_syscalls attachments (enter, exit), detachable by [`Capture::detach_syscalls`].
-    syscall_links: Vec<(&'static str, TracePointLinkId)>,
+    syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
     range_links: Vec<UProbeLinkId>,
 }
@@ -370,20 +373,22 @@ impl Capture {
         let mut range_links = Vec::new();
 
         for (category, name, prog) in TRACEPOINTS {
-            let p: &mut TracePoint = program(&mut ebpf, prog)?;
             let perr = |source| CaptureError::Program {
                 program: prog.to_string(),
                 source,
             };
             let t = Instant::now();
-            p.load().map_err(perr)?;
-            let loaded = t.elapsed();
-            let link = p.attach(category, name).map_err(|source| CaptureError::Program {
-                program: prog.to_string(),
-                source,
-            })?;
+            let loaded;
             if category == "raw_syscalls" {
-                syscall_links.push((prog, link));
+                let p: &mut RawTracePoint = program(&mut ebpf, prog)?;
+                p.load().map_err(perr)?;
+                loaded = t.elapsed();
+                syscall_links.push((prog, p.attach(name).map_err(perr)?));
+            } else {
+                let p: &mut TracePoint = program(&mut ebpf, prog)?;
+                p.load().map_err(perr)?;
+                loaded = t.elapsed();
+                p.attach(category, name).map_err(perr)?;
             }
             log::debug!(
                 "capture: {prog}: verified in {loaded:?}, attached in {:?}",
@@ -605,7 +610,7 @@ impl Capture {
         let links = std::mem::take(&mut self.syscall_links);
         let any = !links.is_empty();
         for (prog, link) in links {
-            let p: &mut TracePoint = program(&mut self.ebpf, prog)?;
+            let p: &mut RawTracePoint = program(&mut self.ebpf, prog)?;
             p.detach(link).map_err(|source| CaptureError::Program {
                 program: prog.to_string(),
                 source,

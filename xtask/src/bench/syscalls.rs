@@ -10,6 +10,13 @@
 //! time is far less disturbed than wall time by other work on a shared machine). For the attached modes it parses
 //! llmprof's exit summary: syscalls the kernel aggregates counted against the calls the target made,
 //! records dropped, llmprof's own CPU, the estimated overhead, and the budget's steps.
+//!
+//! `--anchor` (issue 18) compares llmprof's default syscall path with bpftrace's count-only program
+//! ([`ANCHOR_PROGRAM`], bpftrace from apt, installed by `tools::bpftrace`) in the same run on the same target:
+//! the target makes bare `getppid` calls (WORK = 0, the syscall path is all there is), modes detached /
+//! llmprof attached / bpftrace attached interleaved with a rotating order, and each round gives the CPU each
+//! tracer adds per call over that round's detached run; the figure of merit is llmprof's added ns per call
+//! divided by bpftrace's, per round, median and range over the rounds.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -30,12 +37,18 @@ const SECONDS: f64 = 3.0;
 const SETTLE_SECONDS: f64 = 0.5;
 /// `--overhead-budget` of the budget mode: the issue's goal, 1 % of the target's CPU.
 const BUDGET: &str = "1%";
+/// Calls per mode and round of `--anchor` (the issue's reference run: dd making 4 M syscalls).
+const ANCHOR_CALLS: u64 = 4_000_000;
+/// bpftrace's count-only program, the anchor (issue 18: "bpftrace counting syscalls per id"); `PID` is
+/// replaced by the target's pid.
+const ANCHOR_PROGRAM: &str = "tracepoint:raw_syscalls:sys_enter /pid == PID/ { @[args->id] = count(); }";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     Detached,
     Attached,
     Budget,
+    Bpftrace,
 }
 
 impl Mode {
@@ -44,6 +57,7 @@ impl Mode {
             Mode::Detached => "detached",
             Mode::Attached => "attached",
             Mode::Budget => "attached + budget",
+            Mode::Bpftrace => "bpftrace count-only",
         }
     }
 }
@@ -150,6 +164,13 @@ pub struct Args {
     /// `--overhead-budget` of the budget mode.
     #[arg(long, value_name = "PERCENT", default_value = BUDGET)]
     budget: String,
+    /// Compare llmprof's default syscall path with bpftrace's count-only program instead (bare getppid
+    /// calls; detached / llmprof / bpftrace; installs bpftrace from apt when missing).
+    #[arg(long)]
+    anchor: bool,
+    /// Calls per mode and round with `--anchor`.
+    #[arg(long, value_name = "N", default_value_t = ANCHOR_CALLS)]
+    calls: u64,
 }
 
 /// `cargo xtask bench syscalls`.
@@ -160,6 +181,9 @@ pub(super) fn run(o: &Args) -> Result<()> {
     let release = build_release(&["llmprof"])?;
     let llmprof = release.join("llmprof");
     let mut t = Testee::start(&release.join("llmprof-testee"))?;
+    if o.anchor {
+        return anchor(o, &llmprof, &mut t);
+    }
     let work = pick_work(&mut t, o.rate)?;
     let n = (o.rate * o.seconds) as u64;
     let n_settle = (o.rate * SETTLE_SECONDS) as u64;
@@ -178,7 +202,7 @@ pub(super) fn run(o: &Args) -> Result<()> {
             let session = match mode {
                 Mode::Detached => None,
                 Mode::Attached => Some(start_attach(&llmprof, t.pid, &trace, &[])?),
-                Mode::Budget => Some(start_attach(
+                Mode::Budget | Mode::Bpftrace => Some(start_attach(
                     &llmprof,
                     t.pid,
                     &trace,
@@ -211,6 +235,132 @@ pub(super) fn run(o: &Args) -> Result<()> {
     let _ = std::fs::remove_file(&trace);
     report(o, work, n, n_settle, &samples);
     Ok(())
+}
+
+/// `bench syscalls --anchor`: llmprof's default syscall path against bpftrace's count-only program.
+fn anchor(o: &Args, llmprof: &Path, t: &mut Testee) -> Result<()> {
+    let bpftrace = crate::tools::bpftrace()?;
+    let n = o.calls;
+    eprintln!(
+        "bench: testee pid {}, {} rounds of {n} bare getppid calls per mode",
+        t.pid, o.rounds
+    );
+    let trace = std::env::temp_dir().join("llmprof-bench-anchor.perfetto-trace");
+    let modes = [Mode::Detached, Mode::Attached, Mode::Bpftrace];
+    // Per round: ns of target CPU per call in each mode.
+    let mut rounds: Vec<[f64; 3]> = Vec::new();
+    let mut counted: Vec<(Mode, f64)> = Vec::new();
+    for round in 0..o.rounds {
+        let mut ns = [0.0; 3];
+        for k in 0..modes.len() {
+            let i = (round + k) % modes.len();
+            let mode = modes[i];
+            let cpu = match mode {
+                Mode::Attached => {
+                    let child = start_attach(llmprof, t.pid, &trace, &[])?;
+                    let cpu = t.timed(n, 0)?.1;
+                    let mut s = Sample::default();
+                    parse_summary(&stop_llmprof(child)?, &mut s);
+                    if let Some(k) = s.kernel_counted {
+                        counted.push((mode, k as f64 / n as f64 * 100.0));
+                    }
+                    cpu
+                }
+                Mode::Bpftrace => {
+                    let bt = Bpftrace::start(bpftrace, t.pid)?;
+                    let cpu = t.timed(n, 0)?.1;
+                    counted.push((mode, bt.stop()? as f64 / n as f64 * 100.0));
+                    cpu
+                }
+                _ => t.timed(n, 0)?.1,
+            };
+            ns[i] = cpu / n as f64 * 1e9;
+            eprintln!(
+                "bench: round {round} {:<20} {:>7.1} ns of target CPU per call",
+                mode.name(),
+                ns[i]
+            );
+        }
+        rounds.push(ns);
+    }
+    let _ = std::fs::remove_file(&trace);
+    let col = |i: usize| -> Vec<f64> { rounds.iter().map(|r| r[i]).collect() };
+    let added = |i: usize| -> Vec<f64> { rounds.iter().map(|r| r[i] - r[0]).collect() };
+    let mut ratio: Vec<f64> = rounds.iter().map(|r| (r[1] - r[0]) / (r[2] - r[0])).collect();
+    println!();
+    println!(
+        "llmprof-testee: bare getppid, {n} calls per mode and round, {} rounds, modes interleaved with rotating order",
+        o.rounds
+    );
+    println!("  target CPU per call, ns, median (min–max):");
+    for (i, m) in modes.iter().enumerate() {
+        println!("    {:<22} {}", m.name(), stat(&mut col(i)));
+    }
+    println!("  CPU added per call vs the same round's detached run, ns:");
+    for (i, m) in modes.iter().enumerate().skip(1) {
+        println!("    {:<22} {}", m.name(), stat(&mut added(i)));
+    }
+    let (med, lo, hi) = median_range(&mut ratio);
+    println!(
+        "  llmprof / bpftrace count-only, per round: median {med:.2} (range {lo:.2}–{hi:.2}); goal ≤ 1.20"
+    );
+    for m in [Mode::Attached, Mode::Bpftrace] {
+        let mut c: Vec<f64> = counted.iter().filter(|(k, _)| *k == m).map(|(_, v)| *v).collect();
+        println!(
+            "  calls counted by {}, % of calls made: {}",
+            m.name(),
+            stat(&mut c)
+        );
+    }
+    Ok(())
+}
+
+/// bpftrace running [`ANCHOR_PROGRAM`] on one pid.
+struct Bpftrace {
+    child: Child,
+    out: std::sync::mpsc::Receiver<String>,
+}
+
+impl Bpftrace {
+    /// Starts it and waits until its probe is attached (it prints `Attaching 1 probe...`).
+    fn start(bin: &str, pid: u32) -> Result<Self> {
+        let mut child = Command::new(bin)
+            .args(["-e", &ANCHOR_PROGRAM.replace("PID", &pid.to_string())])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {bin}"))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, out) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let attached = out
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_ok_and(|l| l.starts_with("Attaching"));
+        if !attached {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("bpftrace did not attach its probe within 60 s");
+        }
+        Ok(Bpftrace { child, out })
+    }
+
+    /// Stops it (SIGINT, as a user would) and returns the calls its map counted for getppid.
+    fn stop(mut self) -> Result<u64> {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        self.child.wait().context("waiting for bpftrace")?;
+        // @[110]: N — getppid is syscall 110 on x86-64.
+        Ok(self
+            .out
+            .try_iter()
+            .find_map(|l| l.trim().strip_prefix("@[110]: ").and_then(|v| v.parse().ok()))
+            .unwrap_or(0))
+    }
 }
 
 /// WORK such that one iteration (busy work + untraced getppid) takes 1/rate s of the target's CPU: two
