@@ -1,4 +1,4 @@
-//! llmprof's eBPF programs: the only code of llmprof that runs in the kernel.
+//! llmprof's eBPF programs: the only code of llmprof that runs in the kernel. One file (~900 lines) on purpose: it is the object, every program beside the maps it shares, and the committed object embeds its line numbers.
 //!
 //! Owns the programs, their maps and the records they write (layouts from `llmprof_abi`, never redefined
 //! here). Everything is filtered first by the `TRACED` map of tgids, so untraced processes cost one hash
