@@ -223,7 +223,7 @@ fn output_error(path: &Path) -> impl Fn(io::Error) -> AttachError + '_ {
     }
 }
 
-/// Step 1: what can be checked before anything is loaded: the size cap, root, the target. The cap and the
+/// Step 1: what can be checked before anything is loaded: the size cap, a free trace path, root, the target. The cap and the
 /// target's name and threads.
 fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, ProcessInfo), AttachError> {
     let cap = opts
@@ -231,6 +231,8 @@ fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, ProcessInfo), Att
         .map(SizeCap::new)
         .transpose()
         .map_err(AttachError::InvalidOption)?;
+    // A taken trace path is refused before anything is loaded (open_sink refuses it again, atomically).
+    crate::files::check_trace_path(&opts.output).map_err(output_error(&opts.output))?;
     if !is_root() {
         return Err(AttachError::NotRoot);
     }
@@ -343,10 +345,11 @@ fn start_capture(
     })
 }
 
-/// Step 4: creates the trace file and writes its header (the target, the clock snapshot).
+/// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
+/// and writes its header (the target, the clock snapshot).
 fn open_sink(opts: &AttachOptions, info: &ProcessInfo) -> Result<TraceSink<File>, AttachError> {
     let out_err = output_error(&opts.output);
-    let file = File::create(&opts.output).map_err(&out_err)?;
+    let file = crate::files::create_trace(&opts.output).map_err(&out_err)?;
     TraceSink::new(file, std::slice::from_ref(info), clock_snapshot()).map_err(out_err)
 }
 

@@ -18,6 +18,7 @@ pub mod causes;
 pub mod cli;
 pub mod doctor;
 pub mod exit;
+pub mod files;
 pub mod gpu;
 pub mod metrics_scrape;
 pub mod open;

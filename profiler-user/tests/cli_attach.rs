@@ -55,6 +55,54 @@ fn bad_input_gets_a_clear_error_and_its_exit_code() {
 }
 
 #[test]
+fn a_duration_past_the_largest_is_a_usage_error_not_a_crash() {
+    let out = Command::new(LLMPROF)
+        .args(["attach", "-d", "100000000000000000000", "--pid", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("duration too large"), "{err}");
+    assert!(
+        err.contains("at most 18446744073709551615s"),
+        "the error says the limit: {err}"
+    );
+}
+
+/// A symlink or a file planted at the trace path is neither followed nor overwritten: attach refuses before
+/// loading anything, with exit code 7 (cannot write the trace) and what to do.
+#[test]
+fn a_planted_symlink_or_file_at_the_trace_path_is_refused() {
+    let dir = std::env::temp_dir().join(format!("llmprof-cli-planted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let link = dir.join("link.perfetto-trace");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let dangling = dir.join("dangling.perfetto-trace");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    let old = dir.join("old.perfetto-trace");
+    std::fs::write(&old, "old trace").unwrap();
+    let me = std::process::id().to_string();
+    for (path, what) in [(&link, "a symlink"), (&dangling, "a symlink"), (&old, "a file")] {
+        let out = Command::new(LLMPROF)
+            .args(["attach", "--pid", &me, "-d", "1s", "-o"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(7), "{}: {err}", path.display());
+        assert!(err.contains(&format!("{what} is already there")), "{err}");
+        assert!(err.contains("choose another name"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "old trace");
+    assert!(!dir.join("nowhere").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn open_serves_the_trace_to_the_ui_origin_and_exits() {
     let dir = std::env::temp_dir().join(format!("llmprof-cli-open-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

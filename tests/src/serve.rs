@@ -71,6 +71,9 @@ impl Serve {
         std::fs::create_dir_all(dir).expect("test dir");
         let token_file = dir.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+        // serve refuses a token file its group or others may read.
+        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod 600 token file");
         let out_dir = dir.join("traces");
         let mut child = Command::new(crate::bin_path("llmprof"))
             .args(["serve", "--listen", "127.0.0.1:0", "--out-dir"])
@@ -148,9 +151,9 @@ impl Serve {
         http::get(self.port, "/metrics").expect("GET /metrics").text()
     }
 
-    /// GET /healthz (JSON).
+    /// GET /healthz with the token (JSON, with the detail: sessions, disk, flight recorders).
     pub fn healthz(&self) -> Value {
-        let r = http::get(self.port, "/healthz").expect("GET /healthz");
+        let r = self.get("/healthz");
         assert_eq!(r.status, 200, "healthz: {}", r.text());
         serde_json::from_slice(&r.body).expect("healthz JSON")
     }

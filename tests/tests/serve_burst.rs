@@ -170,8 +170,16 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
         }
     }
 
-    // Healthy, and the sessions are exactly what the rules allow.
-    assert_eq!(srv.healthz()["status"], "ok");
+    // Healthy, and the sessions are exactly what the rules allow. Without the token /healthz says only that.
+    let h = srv.healthz();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["sessions_running"], CAP as u64, "{h}");
+    let open = e2e::http::get(srv.port, "/healthz").expect("GET /healthz").json();
+    assert_eq!(
+        open,
+        serde_json::json!({"status": "ok"}),
+        "no targets or pids without the token"
+    );
     let sessions = srv.sessions();
     let running: Vec<&Value> = sessions.iter().filter(|s| s["state"] == "running").collect();
     let failed: Vec<&Value> = sessions.iter().filter(|s| s["state"] == "failed").collect();

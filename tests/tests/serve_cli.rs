@@ -1,6 +1,7 @@
 //! `llmprof serve`'s command line refuses unsafe or contradictory configurations with a clear message and exit
 //! code 2 (usage), before loading anything; these checks need neither root nor a target.
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
 use e2e::bin_path;
@@ -40,12 +41,30 @@ fn an_empty_or_missing_token_file_is_refused() {
     std::fs::create_dir_all(&dir).expect("dir");
     let empty = dir.join("empty");
     std::fs::write(&empty, "\n").expect("write");
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let (code, err) = serve(&["--token-file", &empty.display().to_string()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("empty"), "{err}");
     let (code, err) = serve(&["--token-file", &dir.join("missing").display().to_string()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("missing"), "the error names the file: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_token_file_others_can_read_is_refused_with_the_fix() {
+    let dir = std::env::temp_dir().join(format!("llmprof-serve-cli-perm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret\n").expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let (code, err) = serve(&["--token-file", &token.display().to_string()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("mode 644"), "{err}");
+    assert!(
+        err.contains(&format!("chmod 600 {}", token.display())),
+        "the error says what to do: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -112,6 +112,8 @@ pub fn demo(secs: u64) -> Result<()> {
         .collect();
 
     let out = root.join("llmprof-demo.perfetto-trace");
+    // attach never overwrites a trace: the previous demo's goes.
+    let _ = std::fs::remove_file(&out);
     let status = Command::new(bin.join("llmprof"))
         .args([
             "attach",

@@ -1,8 +1,10 @@
 //! Bearer-token authentication of the API (Alertmanager's `http_config.authorization`).
 //!
-//! Owns loading the token file and checking an `Authorization` header against it in constant time (the time
+//! Owns loading the token file (refused unless only root, or serve's own user, can read or change it) and checking an `Authorization` header against it in constant time (the time
 //! taken depends on the lengths only, never on where the first differing byte is). Never logs a token.
 
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Why the token file cannot be used.
@@ -20,6 +22,19 @@ pub enum TokenError {
     /// The file holds no token.
     #[error("the token file {0} is empty: write a random token into it (e.g. `openssl rand -hex 32 > FILE`)")]
     Empty(PathBuf),
+    /// Someone other than root (or serve's own user) owns the file, or its group or others may read it.
+    #[error(
+        "the token file {path} is owned by uid {uid} with mode {mode:03o}: it must belong to root (or the user \
+         llmprof serve runs as) and be readable by its owner only: run `chown root {path}; chmod 600 {path}`"
+    )]
+    Permissions {
+        /// The file.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 /// The expected bearer token.
@@ -33,12 +48,29 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    /// Reads the token from `path` (surrounding whitespace, e.g. a final newline, is not part of it).
+    /// Reads the token from `path` (surrounding whitespace, e.g. a final newline, is not part of it). The file
+    /// (a symlink to it is followed, as Kubernetes mounts Secrets) must be owned by root or by the user serve runs
+    /// as, with no permission for its group or others: a token anyone can read or replace authenticates anyone.
     pub fn from_file(path: &Path) -> Result<Token, TokenError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+        let read_err = |source| TokenError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let mut file = std::fs::File::open(path).map_err(read_err)?;
+        // The checks are on the file that is read (fstat), not on a name that could change in between.
+        let meta = file.metadata().map_err(read_err)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        let mode = meta.mode() & 0o777;
+        if (meta.uid() != 0 && meta.uid() != euid) || mode & 0o077 != 0 {
+            return Err(TokenError::Permissions {
+                path: path.to_owned(),
+                uid: meta.uid(),
+                mode,
+            });
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(read_err)?;
         let t = text.trim();
         if t.is_empty() {
             return Err(TokenError::Empty(path.to_owned()));
@@ -88,6 +120,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn compares_whole_tokens_only() {
@@ -116,6 +149,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("token");
         std::fs::write(&f, "abc\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(Token::from_file(&f).unwrap().check_header(Some(b"Bearer abc")));
         std::fs::write(&f, " \n").unwrap();
         assert!(matches!(Token::from_file(&f), Err(TokenError::Empty(_))));
@@ -123,6 +157,35 @@ mod tests {
             Token::from_file(&dir.join("missing")),
             Err(TokenError::Read { .. })
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_or_own_is_refused_with_the_fix() {
+        let dir = std::env::temp_dir().join(format!("llmprof-token-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("token");
+        std::fs::write(&f, "abc\n").unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o660, 0o700 | 0o004] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = Token::from_file(&f).unwrap_err();
+            assert!(matches!(e, TokenError::Permissions { .. }), "mode {mode:o}: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("chmod 600 {}", f.display())), "{msg}");
+            assert!(msg.contains(&format!("chown root {}", f.display())), "{msg}");
+        }
+        for mode in [0o600, 0o400] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(Token::from_file(&f).is_ok(), "mode {mode:o}");
+        }
+        // Owned by another user (only root can give a file away): refused even at 0600.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let e = Token::from_file(&f).unwrap_err();
+            assert!(matches!(e, TokenError::Permissions { uid: 65534, .. }), "{e}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

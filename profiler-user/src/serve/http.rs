@@ -2,10 +2,13 @@
 //!
 //! Owns the routes, authentication and the mapping of every outcome to a status code with a JSON reason:
 //! - `POST /v1/alerts` (auth): an Alertmanager webhook; 200 with what became of each alert, 400 for malformed
-//!   JSON or an unknown payload version, 401 without the bearer token, 413 over the body limit;
+//!   JSON, an unknown payload version or an alert with an unusable annotation (the others are still handled),
+//!   401 without the bearer token, 413 over the body limit;
 //! - `GET /v1/sessions`, `GET /v1/sessions/{id}` (auth): sessions as JSON;
 //! - `GET /v1/sessions/{id}/trace` (auth): the trace file (409 while running, 410 once the quota removed it);
-//! - `GET /healthz`, `GET /metrics`: liveness and counters, open (no trace data).
+//! - `GET /healthz`: open, `{"status":"ok"}` only; with the token (or when serve has none) also the sessions
+//!   running, the disk use and the flight recorders (targets and pids);
+//! - `GET /metrics`: counters, open (no trace data).
 //!
 //! The session decisions run on tokio's blocking pool (they read /proc); no handler waits for a capture.
 
@@ -19,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use super::auth::Token;
-use super::manager::{Manager, TraceLookupError};
+use super::manager::{Manager, Outcome, TraceLookupError};
 use super::metrics::Metrics;
 use super::webhook;
 
@@ -100,22 +103,44 @@ async fn alerts_inner(app: &Arc<App>, req: Request) -> Response {
             );
         }
     };
-    let payload = match webhook::parse(&bytes) {
+    handle_body(app, &bytes).await
+}
+
+/// Handles an authenticated webhook body of at most `--max-body` bytes: 200 with each alert's outcome, or 400
+/// with the reason. Every annotation is checked before any alert is handled; the alerts with a bad one are
+/// `rejected` (400 naming the first), the payload's other alerts are still handled and listed in the answer.
+pub async fn handle_body(app: &Arc<App>, bytes: &[u8]) -> Response {
+    let payload = match webhook::parse(bytes) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
+    let rejected = webhook::check_annotations(&payload);
+    let first_error = rejected
+        .first()
+        .and_then(|(i, e)| payload.alerts.get(*i).map(|a| format!("{}: {e}", a.describe(*i))));
     let manager = app.manager.clone();
     let outcomes = tokio::task::spawn_blocking(move || {
-        payload
-            .alerts
-            .iter()
-            .map(|a| manager.handle(a))
-            .collect::<Vec<_>>()
+        let mut rejected = rejected.into_iter().peekable();
+        let mut out = Vec::with_capacity(payload.alerts.len());
+        for (i, a) in payload.alerts.iter().enumerate() {
+            match rejected.next_if(|(r, _)| *r == i) {
+                Some((_, e)) => out.push(Outcome::Rejected {
+                    fingerprint: a.fingerprint.clone(),
+                    reason: e.to_string(),
+                }),
+                None => out.push(manager.handle(a)),
+            }
+        }
+        out
     })
     .await;
-    match outcomes {
-        Ok(o) => json(StatusCode::OK, &serde_json::json!({ "alerts": o })),
-        Err(e) => error(
+    match (outcomes, first_error) {
+        (Ok(o), None) => json(StatusCode::OK, &serde_json::json!({ "alerts": o })),
+        (Ok(o), Some(e)) => json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({ "error": e, "alerts": o }),
+        ),
+        (Err(e), _) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("alert handling failed: {e}"),
         ),
@@ -183,7 +208,12 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
         .into_response()
 }
 
-async fn healthz(State(app): State<Arc<App>>) -> Response {
+async fn healthz(State(app): State<Arc<App>>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    if !authorized(&app, &parts) {
+        // Open to probes: healthy or not, nothing about the targets.
+        return json(StatusCode::OK, &serde_json::json!({ "status": "ok" }));
+    }
     let g = app.manager.gauges();
     json(
         StatusCode::OK,

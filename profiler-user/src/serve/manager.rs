@@ -5,8 +5,9 @@
 //!   starts nothing (Alertmanager re-sends the same alert on every group change and repeat);
 //! - cooldown: a target with a running session, or one that ended less than `cooldown` ago, gets no new one;
 //! - cap: at most `max_sessions` run at once; alerts over the cap start nothing (a later re-send may);
-//! - an alert that resolves to no process, or carries a bad `llmprof_duration`, is a failed session with the
-//!   reason; a `resolved` alert stops its running session early;
+//! - an alert that resolves to no process is a failed session with the reason (so is one with a bad
+//!   `llmprof_duration`, which the HTTP layer rejects before it gets here); a `resolved` alert stops its running
+//!   session early;
 //! - quota: after each session and every second, the oldest finished traces are removed until the directory
 //!   fits; a trace in progress is never removed (if those alone exceed the quota, the newest sessions stop).
 //!
@@ -35,8 +36,7 @@ use super::quota;
 use super::target::{self, TargetSpec};
 use super::webhook::{Alert, AlertStatus};
 
-/// Annotation giving a session's duration (e.g. `30s`), parsed like `attach --duration`.
-pub const DURATION_ANNOTATION: &str = "llmprof_duration";
+pub use super::webhook::DURATION_ANNOTATION;
 /// `end_reason` (API and trace) of a session stopped by its alert's `resolved` notification.
 pub const END_RESOLVED: &str = "alert resolved";
 /// `end_reason` of a session stopped because the traces in progress exceed `--max-disk`.
@@ -179,6 +179,14 @@ pub enum Outcome {
         /// Fingerprint.
         fingerprint: String,
     },
+    /// Not handled: an annotation it carries is unusable (the webhook is answered 400, the payload's other
+    /// alerts are handled).
+    Rejected {
+        /// Fingerprint.
+        fingerprint: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Why a trace cannot be downloaded.
@@ -235,6 +243,20 @@ fn file_stem(name: &str) -> String {
         .take(64)
         .collect();
     if s.is_empty() { "alert".into() } else { s }
+}
+
+/// `DIR/STEM.perfetto-trace`, or `STEM.2`, `STEM.3`, … when something (a file, a directory, a symlink, even a
+/// dangling one) already has the name: a planted file or link makes the session pick the next name, and one
+/// planted between this choice and the session's `create_new` fails the session with the reason
+/// ([`crate::files::create_trace`]); neither is ever followed or overwritten.
+fn fresh_path(dir: &Path, stem: &str) -> PathBuf {
+    let mut p = dir.join(format!("{stem}{}", quota::TRACE_SUFFIX));
+    let mut n: u64 = 2;
+    while crate::files::taken(&p) {
+        p = dir.join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
+        n = n.saturating_add(1);
+    }
+    p
 }
 
 impl Manager {
@@ -297,18 +319,12 @@ impl Manager {
             };
         }
         let resolved = target::resolve_alert(alert, self.cfg.default_target);
-        let duration = match alert.annotations.get(DURATION_ANNOTATION) {
-            None => Ok(self.cfg.default_duration),
-            Some(d) => llmprof_units::parse_duration(d)
-                .map_err(|e| format!("annotation {DURATION_ANNOTATION}: {e}"))
-                .and_then(|d| {
-                    if d.is_zero() {
-                        Err(format!("annotation {DURATION_ANNOTATION} is zero"))
-                    } else {
-                        Ok(d.min(self.cfg.max_duration))
-                    }
-                }),
-        };
+        // The HTTP layer rejects a bad annotation before handling the payload; a caller that did not check it
+        // gets a failed session with the reason.
+        let duration = alert
+            .requested_duration()
+            .map(|d| d.map_or(self.cfg.default_duration, |d| d.min(self.cfg.max_duration)))
+            .map_err(|e| e.to_string());
         let id = inner.next_id;
         let mut view = SessionView {
             id,
@@ -491,16 +507,7 @@ impl Manager {
             "{}-{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}-{id}",
             file_stem(alertname)
         );
-        let mut p = self.cfg.out_dir.join(format!("{stem}{}", quota::TRACE_SUFFIX));
-        let mut n = 2;
-        while p.exists() {
-            p = self
-                .cfg
-                .out_dir
-                .join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
-            n += 1;
-        }
-        p
+        fresh_path(&self.cfg.out_dir, &stem)
     }
 
     fn metadata(&self, alert: &Alert, view: &SessionView, how: &str) -> TraceMetadata {
@@ -864,6 +871,33 @@ mod tests {
         assert!(matches!(m.handle(&r), Outcome::Ignored { .. }));
         assert!(matches!(m.trace_of(1), Err(TraceLookupError::NoTrace(1, _))));
         assert_eq!(m.trace_of(9), Err(TraceLookupError::NotFound(9)));
+    }
+
+    #[test]
+    fn a_planted_file_or_symlink_makes_the_session_pick_a_fresh_name() {
+        let dir = std::env::temp_dir().join(format!("llmprof-fresh-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::files::create_private_dir(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let first = fresh_path(&dir, "X-20260101-000000-1");
+        assert_eq!(first, dir.join("X-20260101-000000-1.perfetto-trace"));
+        // A dangling symlink (Path::exists says false for it), a symlink to a file, a plain file.
+        std::os::unix::fs::symlink(dir.join("nowhere"), &first).unwrap();
+        let second = fresh_path(&dir, "X-20260101-000000-1");
+        assert_eq!(second, dir.join("X-20260101-000000-1.2.perfetto-trace"));
+        std::os::unix::fs::symlink(&victim, &second).unwrap();
+        std::fs::write(dir.join("X-20260101-000000-1.3.perfetto-trace"), "old").unwrap();
+        let fourth = fresh_path(&dir, "X-20260101-000000-1");
+        assert_eq!(fourth, dir.join("X-20260101-000000-1.4.perfetto-trace"));
+        // What a session then does with the planted names: refuse them, following and overwriting nothing.
+        for p in [&first, &second, &dir.join("X-20260101-000000-1.3.perfetto-trace")] {
+            assert!(crate::files::create_trace(p).is_err(), "{}", p.display());
+        }
+        crate::files::create_trace(&fourth).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!dir.join("nowhere").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub mod quota;
 pub mod target;
 pub mod webhook;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -237,7 +240,8 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         return Err(ServeError::NotRoot);
     }
     let out = &opts.manager.out_dir;
-    std::fs::create_dir_all(out).map_err(|source| ServeError::OutDir {
+    // Missing directories are created 0700; traces in it are 0600 whatever its mode (crate::files).
+    crate::files::create_private_dir(out).map_err(|source| ServeError::OutDir {
         path: out.clone(),
         source,
     })?;
@@ -313,11 +317,11 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A configuration with the command line's defaults.
-    fn config() -> ServeConfig {
+    pub(super) fn config() -> ServeConfig {
         ServeConfig {
             listen: DEFAULT_LISTEN.parse().unwrap(),
             out_dir: "traces".into(),

@@ -4,8 +4,11 @@
 //! `version, groupKey, truncatedAlerts, status, receiver, groupLabels, commonLabels, commonAnnotations,
 //! externalURL, alerts[]` with `status, labels, annotations, startsAt, endsAt, generatorURL, fingerprint`).
 //! Every malformed input becomes a [`PayloadError`] whose message says what is wrong; nothing here panics.
+//! Also owns the annotations llmprof reads ([`DURATION_ANNOTATION`]) and their validation ([`check_annotations`],
+//! run on the whole payload before any alert of it is handled).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -97,12 +100,61 @@ pub struct Alert {
 
 /// Label of the alert's name.
 pub const ALERTNAME: &str = "alertname";
+/// Annotation giving a session's duration (e.g. `30s`), parsed like `attach --duration` (`llmprof_units`).
+pub const DURATION_ANNOTATION: &str = "llmprof_duration";
+/// Characters of an alert's name or fingerprint quoted in an error (labels can be long).
+const MAX_QUOTED_CHARS: usize = 64;
+
+/// Why an annotation llmprof reads cannot be used (the alert is rejected: HTTP 400 with this reason).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AnnotationError {
+    /// `llmprof_duration` is not a duration (or too large to be one).
+    #[error("annotation {DURATION_ANNOTATION}: {0}")]
+    Duration(llmprof_units::UnitsError),
+    /// `llmprof_duration` is zero.
+    #[error("annotation {DURATION_ANNOTATION} is zero: give the session a length, e.g. 30s")]
+    ZeroDuration,
+}
 
 impl Alert {
     /// `alertname`, or `alert` when missing.
     pub fn name(&self) -> &str {
         self.labels.get(ALERTNAME).map_or("alert", String::as_str)
     }
+
+    /// The session length the `llmprof_duration` annotation asks for (None: no annotation).
+    pub fn requested_duration(&self) -> Result<Option<Duration>, AnnotationError> {
+        let Some(text) = self.annotations.get(DURATION_ANNOTATION) else {
+            return Ok(None);
+        };
+        match llmprof_units::parse_duration(text) {
+            Ok(d) if d.is_zero() => Err(AnnotationError::ZeroDuration),
+            Ok(d) => Ok(Some(d)),
+            Err(e) => Err(AnnotationError::Duration(e)),
+        }
+    }
+
+    /// `alert N (NAME, fingerprint FP)`, each cut to 64 characters, for error messages.
+    pub fn describe(&self, index: usize) -> String {
+        let cut = |s: &str| s.chars().take(MAX_QUOTED_CHARS).collect::<String>();
+        format!(
+            "alert {index} ({}, fingerprint {})",
+            cut(self.name()),
+            cut(&self.fingerprint)
+        )
+    }
+}
+
+/// The firing alerts of `payload` whose annotations cannot be used, by index, with the reason. Resolved alerts
+/// are not checked (they only end a session). Pure: runs before any alert of the payload is handled.
+pub fn check_annotations(payload: &Payload) -> Vec<(usize, AnnotationError)> {
+    payload
+        .alerts
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.status == AlertStatus::Firing)
+        .filter_map(|(i, a)| a.requested_duration().err().map(|e| (i, e)))
+        .collect()
 }
 
 /// Parses and validates a body.
@@ -178,5 +230,43 @@ mod tests {
         );
         let msg = parse(b"[1,2]").unwrap_err().to_string();
         assert!(msg.contains("version"), "{msg}");
+    }
+
+    #[test]
+    fn bad_duration_annotations_of_firing_alerts_are_found_before_handling() {
+        let body = |d: &str, status: &str| {
+            format!(
+                r#"{{"version":"4","alerts":[
+                {{"status":"firing","fingerprint":"ok","annotations":{{"llmprof_duration":"20s"}}}},
+                {{"status":"{status}","fingerprint":"bad","labels":{{"alertname":"X"}},
+                  "annotations":{{"llmprof_duration":"{d}"}}}}]}}"#
+            )
+        };
+        let p = parse(body("100000000000000000000", "firing").as_bytes()).unwrap();
+        let bad = check_annotations(&p);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!(bad[0].0, 1);
+        let msg = bad[0].1.to_string();
+        assert!(
+            msg.starts_with("annotation llmprof_duration: duration too large"),
+            "{msg}"
+        );
+        assert_eq!(p.alerts[1].describe(1), "alert 1 (X, fingerprint bad)");
+        for d in ["soon", "-1s", "1e400", "NaN", ""] {
+            let p = parse(body(d, "firing").as_bytes()).unwrap();
+            assert!(
+                matches!(check_annotations(&p)[..], [(1, AnnotationError::Duration(_))]),
+                "{d}"
+            );
+        }
+        let p = parse(body("0s", "firing").as_bytes()).unwrap();
+        assert_eq!(check_annotations(&p), vec![(1, AnnotationError::ZeroDuration)]);
+        // A resolved alert only ends a session: its annotations are not checked.
+        let p = parse(body("soon", "resolved").as_bytes()).unwrap();
+        assert!(check_annotations(&p).is_empty());
+        assert_eq!(
+            p.alerts[0].requested_duration(),
+            Ok(Some(Duration::from_secs(20)))
+        );
     }
 }
