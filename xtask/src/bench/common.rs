@@ -37,6 +37,12 @@ pub(super) fn build_release(packages: &[&str]) -> Result<PathBuf> {
 /// Starts `llmprof attach` on `pid` (with `extra` options) and waits for "probes live". Its stdout (the exit
 /// summary, a few KiB) is piped for the caller to read after stopping it.
 pub(super) fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str]) -> Result<Child> {
+    // attach never overwrites a file (a planted one must not be followed): each round starts from no file.
+    match std::fs::remove_file(trace) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing the previous trace {}", trace.display())),
+    }
     let mut child = Command::new(llmprof)
         .args(["attach", "--pid", &pid.to_string(), "-o"])
         .arg(trace)
