@@ -1,29 +1,12 @@
-//! The span builder: a per-request state machine that turns the event stream into OTel spans.
+//! The span builder: turns the event stream into one OTel span tree per engine request.
 //!
-//! Owns the reconstruction of each request's life from the engine's lifecycle records (`Arrived`, `Scheduled`,
-//! `FirstToken`, `Preempted`, `Finished`), the step records that list the requests each step served, and the
-//! kernel events seen on the engine's threads. It is a pure function of the stream (no I/O, no clock reads, ids
-//! from an injected generator), so it is unit-tested from fixtures built in code; it never blocks and never
-//! exports (see `export` for that).
-//!
-//! # The timeline of a request
-//! A request's children tile its span exactly, back to back, so their durations add up to the request's:
-//! - `queue`: arrival → first scheduled.
-//! - `prefill`, one per chunk: one per engine step that computed prompt tokens for the request. A chunk span runs
-//!   from the end of the previous child to the end of its step, so it also holds the short scheduling gap before
-//!   the step (the step's own host time is the `llmprof.step.host_duration` attribute).
-//! - `decode`: from the end of the last prefill chunk to the finish (or to a preemption), with the number of
-//!   decode steps.
-//! - `preempted`: preemption → resumed (the first step that serves the request again); it is followed by
-//!   `prefill` chunks with `llmprof.recompute = true` (vLLM-style preemption by recompute), then `decode` again.
-//!
-//! # How phases are told apart
-//! The step record lists the requests of a batch but not each one's share, so the phase comes from the request:
-//! before its `FirstToken` a request is in prefill, after it in decode (the step that *started* before the first
-//! token is the last prefill chunk, whichever of the two records comes first in the stream). After a preemption
-//! there is no per-request signal for the end of the recompute, so: the first step that serves the request again
-//! is a recompute chunk, further steps are recompute chunks while they are pure prefill steps, and the first
-//! `decode` or `mixed` step ends the recompute. A `decode` step always means the request decodes.
+//! Owns the spans: a request span (GenAI attributes, the caller's trace context, the kernel events seen on the
+//! engine's threads as span events) and its children, the segments of the request's
+//! [`RequestTimeline`] (`queue`, `prefill` per chunk, `decode`, `preempted`; see [`crate::timeline`] for how they
+//! tile the request and how prefill is told from decode). A prefill chunk's step is in its attributes (the step's
+//! own host time is `llmprof.step.host_duration`; the chunk span also holds the scheduling gap before the step). It
+//! is a pure function of the stream (no I/O, no clock reads, ids from an injected generator), so it is unit-tested
+//! from fixtures built in code; it never blocks and never exports (see `export` for that).
 //!
 //! # What is not tracked
 //! Requests that arrived before the session get `llmprof.partial = true` and start when first seen; requests
@@ -34,9 +17,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use llmprof_abi::{
-    ContentKind, FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, read_str,
-};
+use llmprof_abi::{ContentKind, FinishReason, MAX_STEP_REQS, RequestRecord};
 use opentelemetry::trace::{
     Event as SpanEvent, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
@@ -46,6 +27,7 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEve
 use super::semconv as sc;
 use crate::clock::WallClock;
 use crate::event::{Event, EventBody, OverheadSample};
+use crate::timeline::{RequestTimeline, Segment, SegmentKind, StepInfo, Transition};
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
 /// its state forever). 64 Ki requests × ~1 KiB of state is 64 MiB at worst; an engine serves far fewer at once.
@@ -67,366 +49,48 @@ pub struct BuilderStats {
     pub requests_unsampled: u64,
 }
 
-/// Where a request is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// Waiting to be scheduled for the first time.
-    Queued,
-    /// Computing prompt tokens (`recompute`: after a preemption).
-    Prefill { recompute: bool },
-    /// Generating tokens.
-    Decode,
-    /// Preempted, waiting to be recomputed.
-    Preempted,
-}
-
-/// The step that a prefill chunk ran in.
-#[derive(Clone, Copy, Debug)]
-struct StepInfo {
-    step_id: u64,
-    kind: Option<StepKind>,
-    num_seqs: u32,
-    prefill_tokens: u32,
-    decode_tokens: u32,
-    /// This request's own tokens in the step (its chunk); None when its id was past the record's id list.
-    request_tokens: Option<u32>,
-    host_ns: u64,
-}
-
-/// One child of a request span.
-#[derive(Clone, Copy, Debug)]
-enum SegKind {
-    Queue,
-    Prefill {
-        index: u32,
-        recompute: bool,
-        step: Option<StepInfo>,
-    },
-    Decode {
-        steps: u32,
-    },
-    Preempted {
-        index: u32,
-    },
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    kind: SegKind,
-    start: u64,
-    end: u64,
-}
-
-/// What a request asked for and got (from its lifecycle records).
-#[derive(Clone, Debug, Default)]
-struct RequestInfo {
-    model: String,
-    is_chat: bool,
-    prompt_tokens: u32,
-    output_tokens: u32,
-    max_tokens: u32,
-    temperature: f32,
-    top_p: f32,
-    x_request_id: String,
-    finish_reason: Option<FinishReason>,
-    /// Preemptions as the engine counts them (covers those before the session).
-    num_preemptions: u32,
+/// A request being tracked: its timeline and what only its spans need.
+#[derive(Debug)]
+struct OpenRequest {
+    timeline: RequestTimeline,
+    trace_id: TraceId,
+    span_id: SpanId,
+    /// The caller's span (`traceparent`), when valid.
+    parent: Option<SpanId>,
+    flags: TraceFlags,
     /// Prompt text (`--capture-content` only).
     prompt_text: Option<String>,
     /// Completion text (`--capture-content` only).
     completion_text: Option<String>,
     /// A captured text was cut at the probe's limit.
     content_truncated: bool,
-}
-
-impl RequestInfo {
-    fn from_record(rec: &RequestRecord) -> Self {
-        Self {
-            model: read_str(&rec.model).to_string(),
-            is_chat: rec.is_chat != 0,
-            prompt_tokens: rec.prompt_tokens,
-            output_tokens: rec.output_tokens,
-            max_tokens: rec.max_tokens,
-            temperature: rec.temperature,
-            top_p: rec.top_p,
-            x_request_id: read_str(&rec.x_request_id).to_string(),
-            finish_reason: None,
-            num_preemptions: rec.num_preemptions,
-            ..Self::default()
-        }
-    }
-
-    /// Takes what a later record knows better.
-    fn update(&mut self, rec: &RequestRecord) {
-        if self.model.is_empty() {
-            self.model = read_str(&rec.model).to_string();
-        }
-        if self.x_request_id.is_empty() {
-            self.x_request_id = read_str(&rec.x_request_id).to_string();
-        }
-        if rec.prompt_tokens != 0 {
-            self.prompt_tokens = rec.prompt_tokens;
-        }
-        self.output_tokens = self.output_tokens.max(rec.output_tokens);
-        self.num_preemptions = self.num_preemptions.max(rec.num_preemptions);
-    }
-}
-
-/// The state of one request.
-#[derive(Debug)]
-struct RequestState {
-    req_id: u64,
-    trace_id: TraceId,
-    span_id: SpanId,
-    parent: Option<SpanId>,
-    flags: TraceFlags,
-    start_ns: u64,
-    partial: bool,
-    info: RequestInfo,
-    phase: Phase,
-    /// End of the last closed child (start of the next one).
-    cursor: u64,
-    first_token_ns: Option<u64>,
-    segments: Vec<Segment>,
-    /// Prefill chunks in the current prefill phase.
-    phase_chunks: u32,
-    /// Prefill chunks over the request's life.
-    chunks: u32,
-    decode_steps: u32,
-    steps: u32,
-    preemptions: u32,
     events: Vec<SpanEvent>,
     dropped_events: u32,
 }
 
-impl RequestState {
-    fn new(rec: &RequestRecord, ts: u64, partial: bool, ids: &dyn IdGenerator) -> Self {
-        let (trace_id, parent, flags) = if rec.has_trace_context != 0 {
-            let t = TraceId::from_bytes(rec.trace_id);
-            let p = SpanId::from_bytes(rec.parent_span_id);
-            if t == TraceId::INVALID || p == SpanId::INVALID {
-                (ids.new_trace_id(), None, TraceFlags::SAMPLED)
-            } else {
-                (t, Some(p), TraceFlags::new(rec.trace_flags))
-            }
-        } else {
-            (ids.new_trace_id(), None, TraceFlags::SAMPLED)
+impl OpenRequest {
+    /// Joins the caller's trace when the record carries a valid `traceparent`, else starts a trace (sampled).
+    fn new(timeline: RequestTimeline, ids: &dyn IdGenerator) -> Self {
+        let caller = timeline.info().trace_context.and_then(|c| {
+            let t = TraceId::from_bytes(c.trace_id);
+            let p = SpanId::from_bytes(c.parent_span_id);
+            (t != TraceId::INVALID && p != SpanId::INVALID).then_some((t, p, TraceFlags::new(c.flags)))
+        });
+        let (trace_id, parent, flags) = match caller {
+            Some((t, p, f)) => (t, Some(p), f),
+            None => (ids.new_trace_id(), None, TraceFlags::SAMPLED),
         };
         Self {
-            req_id: rec.req_id,
+            timeline,
             trace_id,
             span_id: ids.new_span_id(),
             parent,
             flags,
-            start_ns: ts,
-            partial,
-            info: RequestInfo::from_record(rec),
-            phase: Phase::Queued,
-            cursor: ts,
-            first_token_ns: None,
-            segments: Vec::new(),
-            phase_chunks: 0,
-            chunks: 0,
-            decode_steps: 0,
-            steps: 0,
-            preemptions: 0,
+            prompt_text: None,
+            completion_text: None,
+            content_truncated: false,
             events: Vec::new(),
             dropped_events: 0,
-        }
-    }
-
-    fn push(&mut self, kind: SegKind, end: u64) {
-        let end = end.max(self.cursor);
-        self.segments.push(Segment {
-            kind,
-            start: self.cursor,
-            end,
-        });
-        self.cursor = end;
-    }
-
-    fn enter_prefill(&mut self, recompute: bool) {
-        self.phase = Phase::Prefill { recompute };
-        self.phase_chunks = 0;
-    }
-
-    fn enter_decode(&mut self) {
-        self.phase = Phase::Decode;
-        self.decode_steps = 0;
-    }
-
-    /// A first token was seen while in the initial prefill: the chunks so far produced it (when no step record
-    /// listed the request, prefill is taken to end at the first token).
-    fn settle_first_token(&mut self) {
-        if self.phase != (Phase::Prefill { recompute: false }) {
-            return;
-        }
-        let Some(ft) = self.first_token_ns else { return };
-        if self.phase_chunks == 0 {
-            let index = self.chunks;
-            self.chunks += 1;
-            self.push(
-                SegKind::Prefill {
-                    index,
-                    recompute: false,
-                    step: None,
-                },
-                ft,
-            );
-        }
-        self.enter_decode();
-    }
-
-    fn on_scheduled(&mut self, t: u64) {
-        match self.phase {
-            Phase::Queued => {
-                self.push(SegKind::Queue, t);
-                self.enter_prefill(false);
-            }
-            Phase::Preempted => {
-                self.push(
-                    SegKind::Preempted {
-                        index: self.preemptions.saturating_sub(1),
-                    },
-                    t,
-                );
-                self.enter_prefill(true);
-            }
-            Phase::Prefill { .. } | Phase::Decode => {}
-        }
-    }
-
-    fn on_first_token(&mut self, t: u64) {
-        if self.first_token_ns.is_none() {
-            self.first_token_ns = Some(t);
-        }
-    }
-
-    fn on_step(&mut self, step: &StepRecord, req: u64) {
-        self.steps += 1;
-        let hs = step.host_start_ns;
-        let he = step.host_end_ns.max(hs);
-        let kind = StepKind::from_raw(step.kind);
-        match self.phase {
-            Phase::Queued => {
-                // `Scheduled` not seen: the first step that serves the request ends its queueing.
-                self.push(SegKind::Queue, hs);
-                self.enter_prefill(false);
-            }
-            Phase::Preempted => {
-                self.push(
-                    SegKind::Preempted {
-                        index: self.preemptions.saturating_sub(1),
-                    },
-                    hs,
-                );
-                self.enter_prefill(true);
-            }
-            Phase::Prefill { .. } | Phase::Decode => {}
-        }
-        if let Phase::Prefill { recompute } = self.phase {
-            let ends_prefill = match (recompute, self.first_token_ns) {
-                // A step that starts at or after the first token is past the prefill.
-                (false, Some(ft)) => hs >= ft,
-                (true, _) => self.phase_chunks > 0 && kind != Some(StepKind::Prefill),
-                (false, None) => false,
-            } || kind == Some(StepKind::Decode);
-            if ends_prefill {
-                if recompute {
-                    self.enter_decode();
-                } else {
-                    self.settle_first_token();
-                    if self.phase != Phase::Decode {
-                        self.enter_decode();
-                    }
-                }
-            }
-        }
-        match self.phase {
-            Phase::Prefill { recompute } => {
-                let info = StepInfo {
-                    step_id: step.step_id,
-                    kind,
-                    num_seqs: step.num_seqs,
-                    prefill_tokens: step.prefill_tokens,
-                    decode_tokens: step.decode_tokens,
-                    request_tokens: step.tokens_of(req),
-                    host_ns: he - hs,
-                };
-                let index = self.chunks;
-                self.chunks += 1;
-                self.phase_chunks += 1;
-                self.push(
-                    SegKind::Prefill {
-                        index,
-                        recompute,
-                        step: Some(info),
-                    },
-                    he,
-                );
-                if !recompute && self.first_token_ns.is_some() {
-                    // It started before the first token (else prefill had ended above): it produced it.
-                    self.enter_decode();
-                }
-            }
-            Phase::Decode => self.decode_steps += 1,
-            Phase::Queued | Phase::Preempted => {}
-        }
-    }
-
-    fn on_preempted(&mut self, t: u64) {
-        self.settle_first_token();
-        match self.phase {
-            Phase::Decode => self.push(
-                SegKind::Decode {
-                    steps: self.decode_steps,
-                },
-                t,
-            ),
-            Phase::Queued => self.push(SegKind::Queue, t),
-            // The preemption span starts where the request stopped progressing (its last chunk's end).
-            Phase::Prefill { .. } => {}
-            Phase::Preempted => return,
-        }
-        self.preemptions += 1;
-        self.phase = Phase::Preempted;
-    }
-
-    /// Closes the current phase at `t` (finish, or the end of the session).
-    fn close(&mut self, t: u64) {
-        self.settle_first_token();
-        match self.phase {
-            Phase::Queued => self.push(SegKind::Queue, t),
-            Phase::Prefill { recompute } => {
-                if self.phase_chunks == 0 {
-                    let index = self.chunks;
-                    self.chunks += 1;
-                    self.push(
-                        SegKind::Prefill {
-                            index,
-                            recompute,
-                            step: None,
-                        },
-                        t,
-                    );
-                } else if let Some(last) = self.segments.last_mut() {
-                    // Ended (aborted) between chunks: the wait belongs to the last chunk.
-                    last.end = last.end.max(t);
-                    self.cursor = last.end;
-                }
-            }
-            Phase::Decode => self.push(
-                SegKind::Decode {
-                    steps: self.decode_steps,
-                },
-                t,
-            ),
-            Phase::Preempted => self.push(
-                SegKind::Preempted {
-                    index: self.preemptions.saturating_sub(1),
-                },
-                t,
-            ),
         }
     }
 }
@@ -438,7 +102,7 @@ pub struct SpanBuilder {
     clock: WallClock,
     ids: Box<dyn IdGenerator>,
     scope: InstrumentationScope,
-    open: HashMap<(u32, u64), RequestState>,
+    open: HashMap<(u32, u64), OpenRequest>,
     last_ts: u64,
     stats: BuilderStats,
     /// llmprof's self-accounting of the last tick: a summary on each request span.
@@ -485,7 +149,7 @@ impl SpanBuilder {
                 let n = (step.num_req_ids as usize).min(MAX_STEP_REQS);
                 for id in &step.req_ids[..n] {
                     if let Some(st) = self.open.get_mut(&(ev.pid, *id)) {
-                        st.on_step(step, *id);
+                        st.timeline.on_step(&StepInfo::of(step, *id));
                     }
                 }
             }
@@ -542,10 +206,10 @@ impl SpanBuilder {
                 len,
             } => {
                 if let Some(st) = self.open.get_mut(&(ev.pid, *req_id)) {
-                    st.info.content_truncated |= *len > text.len() as u64;
+                    st.content_truncated |= *len > text.len() as u64;
                     match kind {
-                        ContentKind::Prompt => st.info.prompt_text = Some(text.clone()),
-                        ContentKind::Completion => st.info.completion_text = Some(text.clone()),
+                        ContentKind::Prompt => st.prompt_text = Some(text.clone()),
+                        ContentKind::Completion => st.completion_text = Some(text.clone()),
                     }
                 }
             }
@@ -558,16 +222,15 @@ impl SpanBuilder {
     pub fn finish_open(&mut self, end_ns: Option<u64>, out: &mut Vec<SpanData>) {
         let end = end_ns.unwrap_or(self.last_ts);
         let mut open: Vec<_> = self.open.drain().collect();
-        open.sort_by_key(|(_, st)| st.start_ns);
+        open.sort_by_key(|(_, st)| st.timeline.start_ns());
         for (_, mut st) in open {
-            let t = end.max(st.cursor);
-            st.close(t);
+            let (t, _) = st.timeline.close_unfinished(end);
             self.emit(st, t, true, out);
         }
     }
 
     fn on_request(&mut self, ev: &Event, rec: &RequestRecord, out: &mut Vec<SpanData>) {
-        let Some(kind) = RequestEventKind::from_raw(rec.kind) else {
+        let Some(transition) = Transition::of(rec) else {
             self.stats.bad_records += 1;
             return;
         };
@@ -575,46 +238,24 @@ impl SpanBuilder {
         let key = (ev.pid, rec.req_id);
         if !self.open.contains_key(&key) {
             if self.open.len() >= MAX_OPEN_REQUESTS {
-                if kind == RequestEventKind::Arrived {
+                if transition == Transition::Arrived {
                     self.stats.requests_skipped += 1;
                 }
                 return;
             }
-            let partial = kind != RequestEventKind::Arrived;
-            let mut st = RequestState::new(rec, ts, partial, self.ids.as_ref());
-            // Arrived before the session: start in the phase the record shows.
-            match kind {
-                RequestEventKind::Arrived | RequestEventKind::Finished => {}
-                RequestEventKind::Scheduled => st.enter_prefill(false),
-                RequestEventKind::FirstToken => {
-                    st.first_token_ns = Some(ts);
-                    st.enter_decode();
-                }
-                RequestEventKind::Preempted => {
-                    st.preemptions = 1;
-                    st.phase = Phase::Preempted;
-                }
-            }
-            self.open.insert(key, st);
-            if kind != RequestEventKind::Finished {
+            // Arrived before the session: the timeline starts in the phase the record shows.
+            let Some(timeline) = RequestTimeline::from_record(rec, ts) else {
                 return;
-            }
+            };
+            self.open
+                .insert(key, OpenRequest::new(timeline, self.ids.as_ref()));
         }
         let Some(st) = self.open.get_mut(&key) else { return };
-        st.info.update(rec);
-        match kind {
-            RequestEventKind::Arrived => {}
-            RequestEventKind::Scheduled => st.on_scheduled(ts),
-            RequestEventKind::FirstToken => st.on_first_token(ts),
-            RequestEventKind::Preempted => st.on_preempted(ts),
-            RequestEventKind::Finished => {
-                if let Some(mut st) = self.open.remove(&key) {
-                    st.info.finish_reason = Some(FinishReason::from_raw(rec.finish_reason));
-                    st.info.output_tokens = rec.output_tokens.max(st.info.output_tokens);
-                    st.close(ts);
-                    self.emit(st, ts, false, out);
-                }
-            }
+        st.timeline.on_record(rec, ts);
+        if let Transition::Finished(_) = transition
+            && let Some(st) = self.open.remove(&key)
+        {
+            self.emit(st, ts, false, out);
         }
     }
 
@@ -626,7 +267,7 @@ impl SpanBuilder {
         attrs.push(KeyValue::new(sc::LLMPROF_DURATION, secs(dur_ns)));
         let at = self.clock.to_system_time(ev.ts_ns);
         for ((pid, _), st) in self.open.iter_mut() {
-            if *pid != ev.pid || st.start_ns > ev.ts_ns {
+            if *pid != ev.pid || st.timeline.start_ns() > ev.ts_ns {
                 continue;
             }
             if st.events.len() >= MAX_SPAN_EVENTS {
@@ -638,12 +279,15 @@ impl SpanBuilder {
     }
 
     /// Turns a closed request into its span and its children's.
-    fn emit(&mut self, st: RequestState, end_ns: u64, unfinished: bool, out: &mut Vec<SpanData>) {
+    fn emit(&mut self, mut st: OpenRequest, end_ns: u64, unfinished: bool, out: &mut Vec<SpanData>) {
         if !st.flags.is_sampled() {
             self.stats.requests_unsampled += 1;
             return;
         }
-        let info = &st.info;
+        let tl = &st.timeline;
+        let info = tl.info();
+        let start_ns = tl.start_ns();
+        let partial = tl.attached_mid_request();
         let operation = if info.is_chat {
             sc::OPERATION_CHAT
         } else {
@@ -656,13 +300,13 @@ impl SpanBuilder {
         };
 
         let (mut queue, mut prefill, mut decode, mut preempted) = (0u64, 0u64, 0u64, 0u64);
-        for s in &st.segments {
+        for s in tl.segments() {
             let d = s.end - s.start;
             match s.kind {
-                SegKind::Queue => queue += d,
-                SegKind::Prefill { .. } => prefill += d,
-                SegKind::Decode { .. } => decode += d,
-                SegKind::Preempted { .. } => preempted += d,
+                SegmentKind::Queue => queue += d,
+                SegmentKind::Prefill { .. } => prefill += d,
+                SegmentKind::Decode { .. } => decode += d,
+                SegmentKind::Preempted { .. } => preempted += d,
             }
         }
 
@@ -704,17 +348,14 @@ impl SpanBuilder {
             sc::GEN_AI_USAGE_OUTPUT_TOKENS,
             i64::from(info.output_tokens),
         ));
-        if let (Some(ft), false) = (st.first_token_ns, st.partial) {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
-                secs(ft.saturating_sub(st.start_ns)),
-            ));
+        if let (Some(ttft), false) = (tl.ttft_ns(), partial) {
+            attrs.push(KeyValue::new(sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, secs(ttft)));
         }
-        if let Some(t) = &info.prompt_text {
+        if let Some(t) = &st.prompt_text {
             let m = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": t}]}]);
             attrs.push(KeyValue::new(sc::GEN_AI_INPUT_MESSAGES, m.to_string()));
         }
-        if let Some(t) = &info.completion_text {
+        if let Some(t) = &st.completion_text {
             let mut m = serde_json::json!({"role": "assistant", "parts": [{"type": "text", "content": t}]});
             if let Some(r) = finish {
                 m["finish_reason"] = serde_json::Value::from(r.name());
@@ -724,7 +365,7 @@ impl SpanBuilder {
                 serde_json::json!([m]).to_string(),
             ));
         }
-        if info.content_truncated {
+        if st.content_truncated {
             attrs.push(KeyValue::new(sc::LLMPROF_CONTENT_TRUNCATED, true));
         }
         if !info.x_request_id.is_empty() {
@@ -740,12 +381,12 @@ impl SpanBuilder {
             KeyValue::new(sc::LLMPROF_PREEMPTED_TIME, secs(preempted)),
             KeyValue::new(
                 sc::LLMPROF_PREEMPTIONS,
-                i64::from(st.preemptions.max(st.info.num_preemptions)),
+                i64::from(tl.preemptions_seen().max(info.num_preemptions)),
             ),
-            KeyValue::new(sc::LLMPROF_STEPS, i64::from(st.steps)),
-            KeyValue::new(sc::LLMPROF_PREFILL_CHUNKS, i64::from(st.chunks)),
+            KeyValue::new(sc::LLMPROF_STEPS, i64::from(tl.steps())),
+            KeyValue::new(sc::LLMPROF_PREFILL_CHUNKS, i64::from(tl.prefill_chunks())),
         ]);
-        if st.partial {
+        if partial {
             attrs.push(KeyValue::new(sc::LLMPROF_PARTIAL, true));
         }
         if unfinished {
@@ -759,7 +400,10 @@ impl SpanBuilder {
         } else {
             Status::Unset
         };
-        attrs.push(KeyValue::new(sc::LLMPROF_REQUEST_ID, request_id_value(st.req_id)));
+        attrs.push(KeyValue::new(
+            sc::LLMPROF_REQUEST_ID,
+            request_id_value(tl.req_id()),
+        ));
         if let Some(o) = &self.overhead {
             if let Some(p) = o.est_overhead_pct {
                 attrs.push(KeyValue::new(sc::LLMPROF_OVERHEAD_PCT, p));
@@ -781,11 +425,11 @@ impl SpanBuilder {
             parent_span_is_remote: st.parent.is_some(),
             span_kind: SpanKind::Server,
             name: Cow::Owned(name),
-            start_time: self.clock.to_system_time(st.start_ns),
-            end_time: self.clock.to_system_time(end_ns.max(st.start_ns)),
+            start_time: self.clock.to_system_time(start_ns),
+            end_time: self.clock.to_system_time(end_ns.max(start_ns)),
             attributes: attrs,
             dropped_attributes_count: 0,
-            events: span_events(st.events, st.dropped_events),
+            events: span_events(std::mem::take(&mut st.events), st.dropped_events),
             links: SpanLinks::default(),
             status,
             instrumentation_scope: self.scope.clone(),
@@ -793,10 +437,11 @@ impl SpanBuilder {
         self.stats.spans_built += 1;
 
         // A request seen only at its finish has no timeline to show.
-        let children = if st.partial && st.segments.iter().all(|s| s.end == s.start) {
+        let segments = st.timeline.segments();
+        let children = if partial && segments.iter().all(|s| s.end == s.start) {
             &[][..]
         } else {
-            &st.segments[..]
+            segments
         };
         for seg in children {
             let (name, attrs) = segment_attrs(seg);
@@ -836,8 +481,8 @@ fn request_id_value(id: u64) -> Value {
 
 fn segment_attrs(seg: &Segment) -> (&'static str, Vec<KeyValue>) {
     match seg.kind {
-        SegKind::Queue => (sc::SPAN_QUEUE, Vec::new()),
-        SegKind::Prefill {
+        SegmentKind::Queue => (sc::SPAN_QUEUE, Vec::new()),
+        SegmentKind::Prefill {
             index,
             recompute,
             step,
@@ -863,15 +508,15 @@ fn segment_attrs(seg: &Segment) -> (&'static str, Vec<KeyValue>) {
                     sc::LLMPROF_STEP_DECODE_TOKENS,
                     i64::from(s.decode_tokens),
                 ));
-                a.push(KeyValue::new(sc::LLMPROF_STEP_HOST_DURATION, secs(s.host_ns)));
+                a.push(KeyValue::new(sc::LLMPROF_STEP_HOST_DURATION, secs(s.host_ns())));
             }
             (sc::SPAN_PREFILL, a)
         }
-        SegKind::Decode { steps } => (
+        SegmentKind::Decode { steps } => (
             sc::SPAN_DECODE,
             vec![KeyValue::new(sc::LLMPROF_DECODE_STEPS, i64::from(steps))],
         ),
-        SegKind::Preempted { index } => (
+        SegmentKind::Preempted { index } => (
             sc::SPAN_PREEMPTED,
             vec![KeyValue::new(sc::LLMPROF_PREEMPTIONS, i64::from(index + 1))],
         ),
@@ -893,506 +538,4 @@ fn secs(ns: u64) -> f64 {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-mod tests {
-    use super::*;
-    use llmprof_abi::fill_str;
-    use std::time::Duration;
-
-    const PID: u32 = 4242;
-    const MS: u64 = 1_000_000;
-    /// Some BOOTTIME origin (ns).
-    const T0: u64 = 5_000 * MS;
-    const TRACE: [u8; 16] = [
-        0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
-    ];
-    const PARENT: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
-
-    fn rec(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
-        RequestRecord {
-            is_chat: 1,
-            prompt_tokens: 12,
-            max_tokens: 64,
-            temperature: 0.7,
-            top_p: 0.9,
-            x_request_id: fill_str("req-abc"),
-            model: fill_str("smollm2-135m"),
-            ..RequestRecord::new(kind, id, ts)
-        }
-    }
-
-    fn req_ev(r: RequestRecord) -> Event {
-        Event {
-            ts_ns: r.ts_ns,
-            pid: PID,
-            tid: PID,
-            body: EventBody::Request(Box::new(r)),
-        }
-    }
-
-    fn arrived(id: u64, ts: u64, traced: bool) -> Event {
-        let mut r = rec(RequestEventKind::Arrived, id, ts);
-        if traced {
-            r.trace_id = TRACE;
-            r.parent_span_id = PARENT;
-            r.has_trace_context = 1;
-            r.trace_flags = 1;
-        }
-        req_ev(r)
-    }
-
-    fn simple(kind: RequestEventKind, id: u64, ts: u64) -> Event {
-        req_ev(rec(kind, id, ts))
-    }
-
-    fn finished(id: u64, ts: u64, reason: FinishReason, out_tokens: u32) -> Event {
-        let mut r = rec(RequestEventKind::Finished, id, ts);
-        r.finish_reason = reason as u32;
-        r.output_tokens = out_tokens;
-        req_ev(r)
-    }
-
-    fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
-        let s = StepRecord {
-            host_start_ns: start,
-            host_end_ns: end,
-            device_start_ns: start,
-            device_end_ns: end,
-            prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
-            decode_tokens: if kind == StepKind::Prefill {
-                0
-            } else {
-                reqs.len() as u32
-            },
-            kv_blocks_used: 1,
-            kv_blocks_total: 100,
-            ..StepRecord::new(kind, id, reqs)
-        }
-        // Each request's share: the first of a prefill batch 8 tokens, the others 4 (12 in all for two).
-        .with_req_tokens((0..reqs.len()).map(|i| match (kind, i) {
-            (StepKind::Decode, _) => 1,
-            (_, 0) => 8,
-            _ => 4,
-        }));
-        Event {
-            ts_ns: end,
-            pid: PID,
-            tid: PID,
-            body: EventBody::Step(Box::new(s)),
-        }
-    }
-
-    fn run(events: &[Event]) -> (SpanBuilder, Vec<SpanData>) {
-        let mut b = SpanBuilder::new(WallClock::with_offset(1_700_000_000_000_000_000));
-        let mut out = Vec::new();
-        for e in events {
-            b.on_event(e, &mut out);
-        }
-        (b, out)
-    }
-
-    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a Value> {
-        s.attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == key)
-            .map(|kv| &kv.value)
-    }
-
-    fn dur(s: &SpanData) -> Duration {
-        s.end_time.duration_since(s.start_time).expect("end before start")
-    }
-
-    fn names(spans: &[SpanData]) -> Vec<&str> {
-        spans.iter().map(|s| s.name.as_ref()).collect()
-    }
-
-    /// Children tile the request span: each starts where the previous ended, first at the request's start,
-    /// last at its end.
-    fn assert_tiled(spans: &[SpanData]) {
-        let req = &spans[0];
-        let kids = &spans[1..];
-        assert_eq!(
-            kids[0].start_time, req.start_time,
-            "first child starts with the request"
-        );
-        assert_eq!(
-            kids[kids.len() - 1].end_time,
-            req.end_time,
-            "last child ends with the request"
-        );
-        for w in kids.windows(2) {
-            assert_eq!(
-                w[0].end_time, w[1].start_time,
-                "{} → {} leave a gap",
-                w[0].name, w[1].name
-            );
-        }
-        let sum: Duration = kids.iter().map(dur).sum();
-        assert_eq!(sum, dur(req));
-    }
-
-    #[test]
-    fn unsampled_caller_gets_no_spans() {
-        let Event {
-            body: EventBody::Request(mut r),
-            ..
-        } = arrived(7, T0, true)
-        else {
-            unreachable!("arrived() builds a request event")
-        };
-        r.trace_flags = 0;
-        let (b, spans) = run(&[
-            req_ev(*r),
-            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
-            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
-        ]);
-        assert!(spans.is_empty(), "{} spans for an unsampled caller", spans.len());
-        assert_eq!(b.stats().requests_unsampled, 1);
-    }
-
-    #[test]
-    fn request_spans_carry_the_latest_self_accounting() {
-        let overhead = Event {
-            ts_ns: T0 + 5 * MS,
-            pid: 0,
-            tid: 0,
-            body: EventBody::Overhead(Box::new(OverheadSample {
-                est_overhead_pct: Some(0.4),
-                cost_syscall_ns: 700.0,
-                cost_probe_ns: Some(1_800.0),
-                cost_cuda_ns: Some(4_500.0),
-                level: 1,
-                ..OverheadSample::default()
-            })),
-        };
-        let (_, spans) = run(&[
-            arrived(7, T0, true),
-            overhead,
-            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
-            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
-        ]);
-        let req = &spans[0];
-        assert_eq!(attr(req, sc::LLMPROF_OVERHEAD_PCT), Some(&Value::F64(0.4)));
-        assert_eq!(attr(req, sc::LLMPROF_COST_SYSCALL_NS), Some(&Value::F64(700.0)));
-        assert_eq!(attr(req, sc::LLMPROF_COST_PROBE_NS), Some(&Value::F64(1_800.0)));
-        assert_eq!(attr(req, sc::LLMPROF_COST_CUDA_NS), Some(&Value::F64(4_500.0)));
-        assert_eq!(attr(req, sc::LLMPROF_DEGRADATION_LEVEL), Some(&Value::I64(1)));
-        assert_eq!(
-            attr(&spans[1], sc::LLMPROF_OVERHEAD_PCT),
-            None,
-            "only on the request span"
-        );
-    }
-
-    #[test]
-    fn request_with_traceparent_becomes_child_of_callers_span() {
-        let (b, spans) = run(&[
-            arrived(7, T0, true),
-            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
-            simple(RequestEventKind::FirstToken, 7, T0 + 29 * MS),
-            step(1, StepKind::Prefill, T0 + 10 * MS, T0 + 30 * MS, &[7]),
-            step(2, StepKind::Decode, T0 + 30 * MS, T0 + 40 * MS, &[7]),
-            step(3, StepKind::Decode, T0 + 40 * MS, T0 + 50 * MS, &[7]),
-            finished(7, T0 + 51 * MS, FinishReason::Stop, 3),
-        ]);
-        assert_eq!(names(&spans), ["chat smollm2-135m", "queue", "prefill", "decode"]);
-        let req = &spans[0];
-        assert_eq!(req.span_context.trace_id(), TraceId::from_bytes(TRACE));
-        assert_eq!(req.parent_span_id, SpanId::from_bytes(PARENT));
-        assert!(req.parent_span_is_remote);
-        assert!(req.span_context.trace_flags().is_sampled());
-        assert_eq!(req.span_kind, SpanKind::Server);
-        assert_eq!(dur(req), Duration::from_millis(51));
-        for kid in &spans[1..] {
-            assert_eq!(kid.span_context.trace_id(), TraceId::from_bytes(TRACE));
-            assert_eq!(kid.parent_span_id, req.span_context.span_id());
-            assert_ne!(kid.span_context.span_id(), req.span_context.span_id());
-        }
-        assert_tiled(&spans);
-        assert_eq!(dur(&spans[1]), Duration::from_millis(10));
-        assert_eq!(dur(&spans[2]), Duration::from_millis(20));
-        assert_eq!(dur(&spans[3]), Duration::from_millis(21));
-        assert_eq!(attr(req, "gen_ai.operation.name"), Some(&Value::from("chat")));
-        assert_eq!(attr(req, "gen_ai.provider.name"), Some(&Value::from("llmserve")));
-        assert_eq!(
-            attr(req, "gen_ai.request.model"),
-            Some(&Value::from("smollm2-135m"))
-        );
-        assert_eq!(attr(req, "gen_ai.request.max_tokens"), Some(&Value::I64(64)));
-        assert_eq!(
-            attr(req, "gen_ai.request.temperature"),
-            Some(&Value::F64(f64::from(0.7f32)))
-        );
-        assert_eq!(
-            attr(req, "gen_ai.request.top_p"),
-            Some(&Value::F64(f64::from(0.9f32)))
-        );
-        assert_eq!(
-            attr(req, "gen_ai.response.finish_reasons"),
-            Some(&Value::Array(Array::String(vec![StringValue::from("stop")])))
-        );
-        assert_eq!(attr(req, "gen_ai.usage.input_tokens"), Some(&Value::I64(12)));
-        assert_eq!(attr(req, "gen_ai.usage.output_tokens"), Some(&Value::I64(3)));
-        assert_eq!(
-            attr(req, "gen_ai.response.time_to_first_chunk"),
-            Some(&Value::F64(0.029))
-        );
-        assert_eq!(
-            attr(req, "http.request.header.x-request-id"),
-            Some(&Value::Array(Array::String(vec![StringValue::from("req-abc")])))
-        );
-        assert_eq!(attr(req, "llmprof.request_id"), Some(&Value::I64(7)));
-        assert_eq!(attr(req, "llmprof.queue_time"), Some(&Value::F64(0.010)));
-        assert_eq!(attr(req, "llmprof.prefill_time"), Some(&Value::F64(0.020)));
-        assert_eq!(attr(req, "llmprof.decode_time"), Some(&Value::F64(0.021)));
-        assert_eq!(attr(req, "llmprof.steps"), Some(&Value::I64(3)));
-        assert_eq!(attr(req, "llmprof.preemptions"), Some(&Value::I64(0)));
-        assert_eq!(attr(&spans[3], "llmprof.decode.steps"), Some(&Value::I64(2)));
-        assert_eq!(attr(&spans[2], "llmprof.step.id"), Some(&Value::I64(1)));
-        assert_eq!(req.status, Status::Unset);
-        assert_eq!(b.open_requests(), 0);
-        assert_eq!(b.stats().spans_built, 4);
-    }
-
-    #[test]
-    fn chunked_prefill_with_first_token_recorded_after_its_step() {
-        let (_, spans) = run(&[
-            arrived(1, T0, false),
-            simple(RequestEventKind::Scheduled, 1, T0 + MS),
-            step(1, StepKind::Prefill, T0 + MS, T0 + 11 * MS, &[1]),
-            step(2, StepKind::Mixed, T0 + 12 * MS, T0 + 22 * MS, &[1]),
-            simple(RequestEventKind::FirstToken, 1, T0 + 23 * MS),
-            step(3, StepKind::Mixed, T0 + 24 * MS, T0 + 30 * MS, &[1]),
-            finished(1, T0 + 31 * MS, FinishReason::Length, 2),
-        ]);
-        assert_eq!(
-            names(&spans),
-            ["chat smollm2-135m", "queue", "prefill", "prefill", "decode"]
-        );
-        assert_tiled(&spans);
-        assert_eq!(dur(&spans[2]), Duration::from_millis(10));
-        assert_eq!(
-            dur(&spans[3]),
-            Duration::from_millis(11),
-            "second chunk holds the 1 ms scheduling gap"
-        );
-        assert_eq!(
-            attr(&spans[3], "llmprof.step.host_duration"),
-            Some(&Value::F64(0.010))
-        );
-        assert_eq!(attr(&spans[3], "llmprof.chunk.index"), Some(&Value::I64(1)));
-        assert_eq!(attr(&spans[4], "llmprof.decode.steps"), Some(&Value::I64(1)));
-        assert_eq!(attr(&spans[0], "llmprof.prefill_chunks"), Some(&Value::I64(2)));
-        // A new trace: no parent.
-        assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
-        assert!(!spans[0].parent_span_is_remote);
-        assert_ne!(spans[0].span_context.trace_id(), TraceId::INVALID);
-    }
-
-    #[test]
-    fn batched_prefill_chunk_carries_the_request_share_and_the_batch_totals() {
-        let (_, spans) = run(&[
-            arrived(1, T0, false),
-            arrived(2, T0, false),
-            step(1, StepKind::Prefill, T0 + MS, T0 + 5 * MS, &[1, 2]),
-            simple(RequestEventKind::FirstToken, 1, T0 + 5 * MS),
-            simple(RequestEventKind::FirstToken, 2, T0 + 5 * MS),
-            finished(1, T0 + 6 * MS, FinishReason::Length, 1),
-            finished(2, T0 + 6 * MS, FinishReason::Length, 1),
-        ]);
-        let prefills: Vec<&SpanData> = spans.iter().filter(|s| s.name == "prefill").collect();
-        assert_eq!(prefills.len(), 2, "{:?}", names(&spans));
-        let shares: Vec<_> = prefills
-            .iter()
-            .map(|s| attr(s, "llmprof.prefill.tokens").cloned())
-            .collect();
-        assert_eq!(shares, [Some(Value::I64(8)), Some(Value::I64(4))]);
-        for s in prefills {
-            assert_eq!(attr(s, "llmprof.step.prefill_tokens"), Some(&Value::I64(12)));
-            assert_eq!(attr(s, "llmprof.step.num_seqs"), Some(&Value::I64(2)));
-        }
-    }
-
-    #[test]
-    fn preemption_then_recompute_then_decode() {
-        let (_, spans) = run(&[
-            arrived(3, T0, true),
-            simple(RequestEventKind::Scheduled, 3, T0 + 2 * MS),
-            simple(RequestEventKind::FirstToken, 3, T0 + 9 * MS),
-            step(1, StepKind::Prefill, T0 + 2 * MS, T0 + 10 * MS, &[3]),
-            step(2, StepKind::Decode, T0 + 10 * MS, T0 + 15 * MS, &[3]),
-            simple(RequestEventKind::Preempted, 3, T0 + 15 * MS),
-            step(3, StepKind::Prefill, T0 + 40 * MS, T0 + 48 * MS, &[3]),
-            step(4, StepKind::Decode, T0 + 48 * MS, T0 + 52 * MS, &[3]),
-            finished(3, T0 + 53 * MS, FinishReason::Stop, 4),
-        ]);
-        assert_eq!(
-            names(&spans),
-            [
-                "chat smollm2-135m",
-                "queue",
-                "prefill",
-                "decode",
-                "preempted",
-                "prefill",
-                "decode"
-            ]
-        );
-        assert_tiled(&spans);
-        assert_eq!(dur(&spans[4]), Duration::from_millis(25));
-        assert_eq!(attr(&spans[5], "llmprof.recompute"), Some(&Value::Bool(true)));
-        assert_eq!(attr(&spans[0], "llmprof.preemptions"), Some(&Value::I64(1)));
-        assert_eq!(
-            attr(&spans[0], "llmprof.preempted_time"),
-            Some(&Value::F64(0.025))
-        );
-    }
-
-    #[test]
-    fn kernel_events_of_the_engine_become_span_events() {
-        let mut other = step(9, StepKind::Decode, 0, 0, &[]);
-        other.pid = 1;
-        let (_, spans) = run(&[
-            arrived(5, T0, false),
-            Event {
-                ts_ns: T0 + MS,
-                pid: PID,
-                tid: PID + 1,
-                body: EventBody::SlowSyscall {
-                    nr: 17,
-                    ret: 4096,
-                    dur_ns: 3 * MS,
-                },
-            },
-            Event {
-                ts_ns: T0 + MS,
-                pid: 1,
-                tid: 1,
-                body: EventBody::SlowSyscall {
-                    nr: 0,
-                    ret: 1,
-                    dur_ns: MS,
-                },
-            },
-            Event {
-                ts_ns: T0 + 2 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::FileIo {
-                    op: llmprof_abi::FileOp::Pread,
-                    fd: 9,
-                    path: Some("/models/smollm2.gguf".into()),
-                    ret: 1 << 20,
-                    len: 1 << 20,
-                    dur_ns: 4 * MS,
-                },
-            },
-            Event {
-                ts_ns: T0 + 3 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::Connect {
-                    addr: "127.0.0.1".parse().unwrap(),
-                    port: 9000,
-                    ret: 0,
-                    dur_ns: 1000,
-                    allowed: true,
-                },
-            },
-            Event {
-                ts_ns: T0 + 4 * MS,
-                pid: PID,
-                tid: PID,
-                body: EventBody::Connect {
-                    addr: "203.0.113.9".parse().unwrap(),
-                    port: 443,
-                    ret: -115,
-                    dur_ns: 1000,
-                    allowed: false,
-                },
-            },
-            other,
-            finished(5, T0 + 5 * MS, FinishReason::Abort, 0),
-        ]);
-        let ev = &spans[0].events.events;
-        let names: Vec<&str> = ev.iter().map(|e| e.name.as_ref()).collect();
-        assert_eq!(names, ["slow_syscall", "model_file_io", "flagged_egress"]);
-        let get = |e: &SpanEvent, k: &str| {
-            e.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == k)
-                .map(|kv| kv.value.clone())
-        };
-        assert_eq!(get(&ev[0], "llmprof.syscall.name"), Some(Value::from("pread64")));
-        assert_eq!(get(&ev[0], "thread.id"), Some(Value::I64(i64::from(PID + 1))));
-        assert_eq!(get(&ev[0], "llmprof.duration"), Some(Value::F64(0.003)));
-        assert_eq!(
-            get(&ev[1], "file.path"),
-            Some(Value::from("/models/smollm2.gguf"))
-        );
-        assert_eq!(get(&ev[1], "llmprof.file.op"), Some(Value::from("pread64")));
-        assert_eq!(
-            get(&ev[2], "network.peer.address"),
-            Some(Value::from("203.0.113.9"))
-        );
-        assert_eq!(get(&ev[2], "network.peer.port"), Some(Value::I64(443)));
-        // Aborted while queued: only the queue child.
-        assert_eq!(names_of(&spans), ["chat smollm2-135m", "queue"]);
-        assert_eq!(
-            attr(&spans[0], "gen_ai.response.finish_reasons"),
-            Some(&Value::Array(Array::String(vec![StringValue::from("abort")])))
-        );
-    }
-
-    fn names_of(spans: &[SpanData]) -> Vec<&str> {
-        names(spans)
-    }
-
-    #[test]
-    fn partial_and_unfinished_requests_are_marked() {
-        let (mut b, mut spans) = run(&[
-            // Arrived before the session: first seen at its first token.
-            simple(RequestEventKind::FirstToken, 1, T0 + 5 * MS),
-            arrived(2, T0 + 6 * MS, false),
-            simple(RequestEventKind::Scheduled, 2, T0 + 7 * MS),
-            step(1, StepKind::Mixed, T0 + 7 * MS, T0 + 9 * MS, &[1, 2]),
-            finished(1, T0 + 10 * MS, FinishReason::Stop, 8),
-        ]);
-        assert_eq!(attr(&spans[0], "llmprof.partial"), Some(&Value::Bool(true)));
-        assert_eq!(
-            attr(&spans[0], "gen_ai.response.time_to_first_chunk"),
-            None,
-            "TTFT unknown without arrival"
-        );
-        let n = spans.len();
-        b.finish_open(None, &mut spans);
-        let req2 = &spans[n];
-        assert_eq!(attr(req2, "llmprof.unfinished"), Some(&Value::Bool(true)));
-        assert_eq!(dur(req2), Duration::from_millis(4), "ends at the last event seen");
-        assert_eq!(attr(req2, "gen_ai.response.finish_reasons"), None);
-        assert_tiled(&spans[n..]);
-        assert_eq!(b.open_requests(), 0);
-    }
-
-    #[test]
-    fn engine_error_sets_error_status() {
-        let (_, spans) = run(&[
-            arrived(1, T0, false),
-            finished(1, T0 + MS, FinishReason::Error, 0),
-        ]);
-        assert!(matches!(spans[0].status, Status::Error { .. }));
-        assert_eq!(attr(&spans[0], "error.type"), Some(&Value::from("error")));
-    }
-
-    #[test]
-    fn text_completion_without_model_is_named_by_operation() {
-        let mut r = rec(RequestEventKind::Arrived, 1, T0);
-        r.is_chat = 0;
-        r.model = [0; llmprof_abi::MODEL_LEN];
-        let mut f = r;
-        f.kind = RequestEventKind::Finished as u32;
-        f.ts_ns = T0 + MS;
-        f.finish_reason = FinishReason::Stop as u32;
-        let (_, spans) = run(&[req_ev(r), req_ev(f)]);
-        assert_eq!(spans[0].name, "text_completion");
-    }
-}
+mod tests;
