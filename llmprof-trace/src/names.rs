@@ -486,8 +486,16 @@ pub mod arg {
     pub const AGGREGATED_PER_WINDOW: &str = "10 ms window";
     /// Calls of a batch that returned an error.
     pub const ERRORS: &str = "errors";
-    /// Why a batch ended (`step end`, `window`, `next individual call`, `end of trace`).
+    /// Why a batch ended ([`ENDED_BY_STEP`], [`ENDED_BY_WINDOW`], [`ENDED_BY_CALL`], [`ENDED_BY_END`]).
     pub const ENDED_BY: &str = "ended_by";
+    /// Value of [`ENDED_BY`]: the engine step ended.
+    pub const ENDED_BY_STEP: &str = "step end";
+    /// Value of [`ENDED_BY`]: the time window elapsed.
+    pub const ENDED_BY_WINDOW: &str = "window";
+    /// Value of [`ENDED_BY`]: an individually shown call on the same thread.
+    pub const ENDED_BY_CALL: &str = "next individual call";
+    /// Value of [`ENDED_BY`]: the end of the trace.
+    pub const ENDED_BY_END: &str = "end of trace";
     /// Every CUDA slice's note ([`CUDA_NOTE`]).
     pub const NOTE: &str = "note";
     /// The value of [`NOTE`]: what a CUDA slice's duration means.
@@ -495,8 +503,11 @@ pub mod arg {
 
     // The summary (`llmprof summary`); per-probe counters are keyed by the probe's name
     // (`llmprof_abi::PROBE_NAMES`), `hits=H emitted=E dropped=D`.
-    /// Why the session ended.
+    /// Why the session ended (`duration elapsed`, `interrupted`, `target exited`, ...; [`END_OF_TRACE`] when the
+    /// session did not say).
     pub const END_REASON: &str = "end_reason";
+    /// The end reason of a session that did not give one.
+    pub const END_OF_TRACE: &str = "end of trace";
     /// Records lost in all.
     pub const TOTAL_DROPPED: &str = "total_dropped";
     /// Events dropped in user space.

@@ -24,6 +24,7 @@ use crate::selfacct::{SelfAccount, Snapshot};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
+use llmprof_trace::names::marker;
 use llmprof_trace::perfetto::{EventCounts, TraceSink};
 use llmprof_trace::sizecap::SizeCap;
 
@@ -117,8 +118,11 @@ impl std::fmt::Debug for Prelude {
 /// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM).
 pub const END_INTERRUPTED: &str = "interrupted";
 
-/// `end_reason` when `--max-trace-size` ended the session.
-pub const END_SIZE_LIMIT: &str = "trace size limit reached";
+/// `end_reason` when `--max-trace-size` ended the session (the size marker's beginning too).
+pub const END_SIZE_LIMIT: &str = marker::SIZE_LIMIT_REACHED;
+
+/// `end_reason` when the traced process exited (the exit marker too).
+pub const END_TARGET_EXITED: &str = marker::TARGET_EXITED;
 
 /// Why a session could not run. Messages say what to do next.
 #[derive(Debug, thiserror::Error)]
@@ -339,7 +343,7 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
             break "duration elapsed";
         }
         if target_exited {
-            break "target exited";
+            break END_TARGET_EXITED;
         }
         if let Some(b) = budget.as_mut()
             && last_budget_check.elapsed() >= b.interval()
@@ -450,14 +454,11 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     }
     let end_ts = boottime_ns();
     if size_limited && let Some(c) = &cap {
-        let text = format!(
-            "trace size limit reached (--max-trace-size {} bytes): trace ended early, {not_written} events not written",
-            c.limit()
-        );
+        let text = marker::size_limit_reached(c.limit(), not_written);
         sink.marker(end_ts, &text).map_err(out_err)?;
     }
-    if end_reason == "target exited" && !exit_event_seen {
-        sink.marker(end_ts, "target exited").map_err(out_err)?;
+    if end_reason == END_TARGET_EXITED && !exit_event_seen {
+        sink.marker(end_ts, marker::TARGET_EXITED).map_err(out_err)?;
     }
     let gpu = gpu.finish();
     let user_drops = scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
@@ -527,10 +528,7 @@ fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Optio
             EventBody::Degraded(d)
         }
         Verdict::Exhausted { overhead_pct } => {
-            let text = format!(
-                "overhead budget {}% still exceeded (est. {overhead_pct:.1}%) with engine steps and requests only: kept",
-                b.pct()
-            );
+            let text = marker::budget_exhausted(b.pct(), overhead_pct);
             eprintln!("llmprof: {text}");
             EventBody::Marker { text }
         }
