@@ -1,0 +1,374 @@
+//! The [`Report`] data: what [`super::analyze`] produces from a trace and both outputs ([`super::json`],
+//! [`super::text`]) print, with the nearest-rank [`Stats`] every latency table uses.
+//!
+//! Plain data and the summaries of sample sets; it never reads a trace and never formats anything.
+
+use std::collections::BTreeMap;
+
+/// Nearest-rank percentile summary of a sample set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: Option<f64>,
+    /// 95th percentile.
+    pub p95: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+    /// Largest sample.
+    pub max: Option<f64>,
+    /// Arithmetic mean.
+    pub mean: Option<f64>,
+}
+
+impl Stats {
+    /// Summarizes `v` (any order; NaNs are ignored).
+    pub fn of(v: &[f64]) -> Self {
+        let mut s: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let pct = |p: f64| -> Option<f64> {
+            let rank = ((p / 100.0) * n as f64).ceil().max(1.0) as usize;
+            s.get(rank.min(n).checked_sub(1)?).copied()
+        };
+        Self {
+            count: n,
+            p50: pct(50.0),
+            p95: pct(95.0),
+            p99: pct(99.0),
+            max: s.last().copied(),
+            mean: (n > 0).then(|| s.iter().sum::<f64>() / n as f64),
+        }
+    }
+}
+
+/// One request's TTFT decomposition.
+#[derive(Clone, Debug, Default)]
+pub struct RequestRow {
+    /// Engine request id.
+    pub req_id: u64,
+    /// `x-request-id` header.
+    pub x_request_id: String,
+    /// Queue time before the first token, ms.
+    pub queue_ms: Option<f64>,
+    /// Prefill time before the first token, ms.
+    pub prefill_ms: Option<f64>,
+    /// Arrival → first token, ms.
+    pub ttft_ms: Option<f64>,
+    /// The first decode/mixed step after the first token, ms.
+    pub first_decode_step_ms: Option<f64>,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// `stop` / `length` / `abort` / `error` / `unfinished`.
+    pub finish_reason: String,
+    /// Times preempted.
+    pub preemptions: u64,
+    /// llmprof attached after the request arrived: queue, prefill and TTFT are unknown (`null`).
+    pub attached_mid_request: bool,
+}
+
+/// A step kind's or batch bucket's duration statistics.
+#[derive(Clone, Debug, Default)]
+pub struct BucketRow {
+    /// Label (`1`, `3-4`, `65+`).
+    pub bucket: String,
+    /// Smallest `num_seqs`.
+    pub min_seqs: u64,
+    /// Largest `num_seqs` (`u64::MAX` = open).
+    pub max_seqs: u64,
+    /// Step durations, ms.
+    pub stats: Stats,
+}
+
+/// A counter track's summary.
+#[derive(Clone, Debug, Default)]
+pub struct CounterSummary {
+    /// Samples.
+    pub samples: usize,
+    /// Largest value.
+    pub max: Option<f64>,
+    /// Mean of the samples.
+    pub mean: Option<f64>,
+    /// Last value.
+    pub last: Option<f64>,
+}
+
+impl CounterSummary {
+    pub(super) fn of(v: &[f64]) -> Self {
+        let s = Stats::of(v);
+        Self {
+            samples: s.count,
+            max: s.max,
+            mean: s.mean,
+            last: v.last().copied(),
+        }
+    }
+}
+
+/// Time spent in one syscall (by name).
+#[derive(Clone, Debug, Default)]
+pub struct SyscallRow {
+    /// Syscall name.
+    pub name: String,
+    /// Calls.
+    pub count: u64,
+    /// Total time, ms.
+    pub total_ms: f64,
+    /// Slowest call, ms (slices only).
+    pub max_ms: Option<f64>,
+}
+
+/// Reads of one model file.
+#[derive(Clone, Debug, Default)]
+pub struct ModelFileRow {
+    /// Path.
+    pub path: String,
+    /// read/pread64/readv calls.
+    pub reads: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Time in those calls, ms.
+    pub read_ms: f64,
+    /// bytes / read time, MB/s (10^6 bytes).
+    pub mb_per_s: Option<f64>,
+    /// Opens.
+    pub opens: u64,
+    /// mmaps.
+    pub mmaps: u64,
+}
+
+/// Connects to one destination.
+#[derive(Clone, Debug, Default)]
+pub struct EgressRow {
+    /// Address.
+    pub address: String,
+    /// Port.
+    pub port: u64,
+    /// Attempts.
+    pub connects: u64,
+    /// Attempts that returned an error.
+    pub failed: u64,
+    /// Inside the allowed CIDRs.
+    pub allowed: bool,
+}
+
+/// One probe's counters.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeRow {
+    /// Probe name (`llmprof_abi::PROBE_NAMES`).
+    pub probe: String,
+    /// Hits (`None` from drop counters).
+    pub hits: Option<u64>,
+    /// Records emitted (`None` from drop counters).
+    pub emitted: Option<u64>,
+    /// Records dropped.
+    pub dropped: u64,
+}
+
+/// One NVML counter track of a GPU, summarized.
+#[derive(Clone, Debug, Default)]
+pub struct GpuCounterRow {
+    /// Track name after `GPU N ` (`utilization`, `memory used`, ...).
+    pub metric: String,
+    /// Its unit (`%`, `MiB`, `W`, `MHz`, `°C`, `MB/s`).
+    pub unit: String,
+    /// The samples.
+    pub summary: CounterSummary,
+}
+
+/// One GPU's counters.
+#[derive(Clone, Debug, Default)]
+pub struct GpuRow {
+    /// NVML index.
+    pub index: u64,
+    /// Name and UUID as the group track shows them (empty when the group track is missing).
+    pub name: String,
+    /// Counter tracks, in the sink's order.
+    pub counters: Vec<GpuCounterRow>,
+    /// The traced processes' device memory on this GPU, MiB: `(pid, samples)`.
+    pub process_memory: Vec<(u64, CounterSummary)>,
+}
+
+/// CUDA driver host time of one function.
+#[derive(Clone, Debug, Default)]
+pub struct CudaFnRow {
+    /// Function name without its variant suffix (`cuStreamSynchronize`, `cuLaunchKernel`).
+    pub function: String,
+    /// Calls: individual slices plus the calls counted inside batches.
+    pub calls: u64,
+    /// Host time of all of them, ms.
+    pub total_ms: f64,
+    /// Durations of the individual slices, ms.
+    pub individual: Stats,
+}
+
+/// The summary's `cuda_calls`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CudaCallsSummary {
+    /// Calls seen.
+    pub calls: u64,
+    /// Calls shown one by one.
+    pub individual: u64,
+    /// Batch slices.
+    pub batches: u64,
+    /// Calls inside batches.
+    pub batched: u64,
+    /// Calls batched because their thread was over the individual-slice budget.
+    pub over_budget: u64,
+}
+
+/// The GPU layer of the trace.
+#[derive(Clone, Debug, Default)]
+pub struct GpuSection {
+    /// Per GPU, by index.
+    pub gpus: Vec<GpuRow>,
+    /// CUDA driver host time by function, by total time descending.
+    pub cuda_functions: Vec<CudaFnRow>,
+    /// All CUDA driver host time, ms.
+    pub cuda_host_total_ms: f64,
+    /// `cu*Synchronize` slices: where the host waited for the GPU.
+    pub synchronize_calls: u64,
+    /// Their total, ms.
+    pub synchronize_ms: f64,
+    /// Kernel/graph launches per engine step (batches with a `step_id`).
+    pub launches_per_step: Stats,
+    /// The summary's `cuda_calls`.
+    pub summary: Option<CudaCallsSummary>,
+    /// The `cuda` probe's counters.
+    pub probe: Option<ProbeRow>,
+    /// The GPU layer's markers, in time order.
+    pub markers: Vec<String>,
+}
+
+/// Everything `llmprof report` prints.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The trace file.
+    pub trace: String,
+    /// The file ended mid-packet.
+    pub truncated: bool,
+    /// The `llmprof summary` packet is present.
+    pub has_summary: bool,
+    /// Why the session ended.
+    pub end_reason: Option<String>,
+    /// Per request, in request id order.
+    pub requests: Vec<RequestRow>,
+    /// Inter-token latencies, ms.
+    pub itl_ms: Vec<f64>,
+    /// Step durations by kind, ms.
+    pub steps_by_kind: BTreeMap<String, Stats>,
+    /// Step durations by batch-size bucket (non-empty buckets).
+    pub steps_by_batch: Vec<BucketRow>,
+    /// Counter summaries by JSON key.
+    pub counters: BTreeMap<&'static str, CounterSummary>,
+    /// Last `preemptions` counter value.
+    pub preemptions_total: Option<f64>,
+    /// Slow-syscall slices by name.
+    pub slow_syscalls: Vec<SyscallRow>,
+    /// The summary's kernel aggregates by name.
+    pub syscall_aggregates: Vec<SyscallRow>,
+    /// Model files.
+    pub model_files: Vec<ModelFileRow>,
+    /// Egress destinations.
+    pub egress: Vec<EgressRow>,
+    /// Drops: total, user, decode errors.
+    pub total_dropped: u64,
+    /// Drops in user space.
+    pub user_drops: u64,
+    /// Undecodable records.
+    pub decode_errors: u64,
+    /// `summary` or `drop_counters`.
+    pub drops_source: &'static str,
+    /// Per probe.
+    pub probes: Vec<ProbeRow>,
+    /// llmprof's self-accounting (None: a trace without it).
+    pub overhead: Option<OverheadReport>,
+    /// The GPU layer (None: a trace without any of it).
+    pub gpu: Option<GpuSection>,
+}
+
+/// One step the overhead budget took.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DegradationRow {
+    /// Seconds from the first event of the trace.
+    pub at_s: f64,
+    /// Level entered.
+    pub level: u64,
+    /// Step name (`llmprof::budget::LEVELS`).
+    pub step: String,
+    /// What changed.
+    pub change: String,
+    /// The estimate that exceeded the budget, %.
+    pub est_overhead_pct: Option<f64>,
+    /// Syscalls the kernel aggregates had counted then.
+    pub syscalls_counted: Option<u64>,
+}
+
+/// llmprof's own cost as the trace records it (summary args, budget instants, size marker).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverheadReport {
+    /// Estimated CPU added to the target, ms.
+    pub est_target_cpu_ms: Option<f64>,
+    /// The same as a % of the target's own CPU time.
+    pub est_target_pct: Option<f64>,
+    /// The target's CPU time during the session, ms.
+    pub target_cpu_ms: Option<f64>,
+    /// Estimated CPU added per probe, ms.
+    pub by_probe_ms: Vec<(String, f64)>,
+    /// llmprof's CPU, ms and % of one core.
+    pub llmprof_cpu_ms: Option<f64>,
+    /// See [`OverheadReport::llmprof_cpu_ms`].
+    pub llmprof_cpu_pct: Option<f64>,
+    /// llmprof's peak RSS, MiB.
+    pub llmprof_max_rss_mib: Option<f64>,
+    /// Calibrated cost per hit, ns: syscall, engine probe, engine probe sampled out.
+    pub cost_ns_syscall: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`].
+    pub cost_ns_engine_probe: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`].
+    pub cost_ns_engine_probe_sampled_out: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a CUDA driver call (entry + return probe).
+    pub cost_ns_cuda_call: Option<f64>,
+    /// How the engine probe is entered (optimized call or int3).
+    pub probe_entry: Option<String>,
+    /// `--overhead-budget`, %.
+    pub budget_pct: Option<f64>,
+    /// The budget's steps in order.
+    pub degradations: Vec<DegradationRow>,
+    /// `--max-trace-size`, bytes.
+    pub size_limit_bytes: Option<u64>,
+    /// The size limit ended the trace.
+    pub size_limit_reached: bool,
+    /// Events not written because of it.
+    pub events_not_written: Option<u64>,
+}
+
+impl Report {
+    pub(super) fn col(&self, f: impl Fn(&RequestRow) -> Option<f64>) -> Stats {
+        Stats::of(&self.requests.iter().filter_map(f).collect::<Vec<_>>())
+    }
+
+    /// TTFT over requests that got a first token.
+    pub fn ttft(&self) -> Stats {
+        self.col(|q| q.ttft_ms)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let s = Stats::of(&v);
+        assert_eq!(
+            (s.p50, s.p95, s.p99, s.max),
+            (Some(50.0), Some(95.0), Some(99.0), Some(100.0))
+        );
+        assert_eq!(Stats::of(&[]).p50, None);
+        assert_eq!(Stats::of(&[7.0]).p99, Some(7.0));
+    }
+}
