@@ -37,7 +37,8 @@
 //! A step that is not a pure prefill step and started at or after the request's first token produced one of
 //! its tokens (one per step per request): [`RequestTimeline::on_step`] returns the gap since the previous token
 //! (the first token, or the previous such step's end) and the first such step is the request's first decode
-//! step. These are `llmprof report`'s inter-token latencies.
+//! step. These are `llmprof report`'s inter-token latencies. The engine records a step after the transitions it
+//! caused, so the step that produced a request's last token comes after its `Finished`: it still counts here.
 //!
 //! # Requests not seen whole
 //! A request first seen after its arrival ([`RequestTimeline::attached_mid_request`]) starts when first seen, in
@@ -407,12 +408,12 @@ impl RequestTimeline {
     }
 
     /// Applies a step that names the request. Returns the inter-token gap it closes (ns), when it produced one of
-    /// the request's tokens (see the module docs). A finished request ignores steps.
+    /// the request's tokens (see the module docs). After the finish a step still counts for the tokens (the engine
+    /// writes a step's record after the `Finished` of the requests the step completed), not for the segments.
     pub fn on_step(&mut self, step: &StepInfo) -> Option<u64> {
-        if self.finished_ns.is_some() {
-            return None;
+        if self.finished_ns.is_none() {
+            self.tile_step(step);
         }
-        self.tile_step(step);
         let ft = self.first_token_ns?;
         if step.start_ns < ft || step.kind == Some(StepKind::Prefill) {
             return None;
@@ -758,14 +759,15 @@ mod tests {
             Some(2 * MS)
         );
         assert_eq!(t.on_step(&step(3, StepKind::Mixed, 6 * MS, 9 * MS)), Some(3 * MS));
+        // The engine finishes a request before it records the step that produced its last token.
         t.transition(Transition::Finished(FinishReason::Length), 10 * MS);
         assert_eq!(
-            t.on_step(&step(4, StepKind::Decode, 10 * MS, 11 * MS)),
-            None,
-            "finished"
+            t.on_step(&step(4, StepKind::Decode, 9 * MS, 11 * MS)),
+            Some(2 * MS)
         );
+        assert_eq!(t.steps(), 3, "the step after the finish is not in the segments");
         assert_eq!(t.first_decode_step_ns(), Some(MS));
-        assert_eq!(t.token_steps(), 2);
+        assert_eq!(t.token_steps(), 3);
         let kinds: Vec<_> = t.segments().iter().map(|s| s.kind).collect();
         assert!(matches!(
             kinds[..],

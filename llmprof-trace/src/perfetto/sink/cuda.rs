@@ -7,7 +7,7 @@ use llmprof_abi::{CudaArg, CudaClass};
 use super::{NS_CUDA, TraceSink, uuid};
 use crate::cuda_agg::{BatchEnd, CudaSlice, CudaSliceKind};
 use crate::event::{Event, EventBody};
-use crate::names::{arg, category, slice, track};
+use crate::names::{arg, category, slice, track, value};
 use crate::perfetto::schema::{TYPE_SLICE_BEGIN, TrackDescriptor, TrackEvent};
 use crate::perfetto::writer::{Arg, arg_f, arg_s, arg_u};
 
@@ -139,7 +139,7 @@ fn batch_slice(s: &CudaSlice) -> (String, Vec<Arg>) {
     };
     let breakdown: Vec<String> = funcs
         .iter()
-        .map(|(f, (n, ns))| format!("{}={n} ({:.3} ms)", f.name(), *ns as f64 / 1e6))
+        .map(|(f, (n, ns))| value::cuda_function(f.name(), *n, *ns as f64 / 1e6))
         .collect();
     let launches: u64 = funcs
         .iter()

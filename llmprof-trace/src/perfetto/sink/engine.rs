@@ -11,7 +11,7 @@ use llmprof_abi::{DeviceClock, RequestRecord, StepKind, StepRecord, read_str};
 
 use super::{NS_DEVICE, NS_REQUEST, NS_STEPS, TraceSink, pid_req, uuid};
 use crate::names::{arg, slice, track};
-use crate::perfetto::writer::{Arg, arg_b, arg_f, arg_s, arg_u};
+use crate::perfetto::writer::{Arg, arg_b, arg_f, arg_s, arg_u, arg_u_array};
 use crate::timeline::{RequestTimeline, Transition};
 
 impl<W: Write> TraceSink<W> {
@@ -31,8 +31,8 @@ impl<W: Write> TraceSink<W> {
             arg_u(arg::KV_BLOCKS_TOTAL, r.kv_blocks_total),
             arg_u(arg::NUM_WAITING, r.num_waiting),
             arg_u(arg::NUM_PREEMPTED, r.num_preempted),
-            arg_s(arg::REQ_IDS, joined(&r.req_ids[..n])),
-            arg_s(arg::REQ_TOKENS, joined(&r.req_tokens[..n])),
+            arg_u_array(arg::REQ_IDS, r.req_ids[..n].iter().copied()),
+            arg_u_array(arg::REQ_TOKENS, r.req_tokens[..n].iter().map(|&t| u64::from(t))),
             arg_b(arg::REQ_IDS_TRUNCATED, r.req_ids_truncated != 0),
         ];
         let dur = r.host_end_ns.saturating_sub(r.host_start_ns);
@@ -183,8 +183,4 @@ fn request_end_args(tl: &RequestTimeline, reason: &str, closed_by: &str) -> Vec<
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn joined<T: ToString>(v: &[T]) -> String {
-    v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }

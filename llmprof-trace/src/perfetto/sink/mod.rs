@@ -51,20 +51,6 @@ mod tests;
 /// How many syscall aggregates the summary lists (by total time).
 pub const SUMMARY_TOP_SYSCALLS: usize = 10;
 
-// Names `report` still imports from here (until it reads them from `crate::names`).
-/// See [`track::LLMPROF`].
-pub const LLMPROF_TRACK: &str = track::LLMPROF;
-/// See [`marker::SUMMARY`].
-pub const SUMMARY_EVENT: &str = marker::SUMMARY;
-/// See [`track::STEPS`].
-pub const STEPS_TRACK: &str = track::STEPS;
-/// See [`track::CUDA`].
-pub const CUDA_TRACK: &str = track::CUDA;
-/// See [`marker::DEGRADATION_PREFIX`].
-pub const DEGRADATION_PREFIX: &str = marker::DEGRADATION_PREFIX;
-/// See [`counter::GPU`].
-pub const GPU_COUNTERS: [(&str, &str); 8] = counter::GPU;
-
 /// Key offset of the [`counter::OVERHEAD`] tracks in the global namespace (drop counters use 1..=probes).
 const OVERHEAD_KEY: u64 = 0x100;
 

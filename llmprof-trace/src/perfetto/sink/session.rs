@@ -8,7 +8,7 @@ use llmprof_abi::PROBE_NAMES;
 
 use super::{SUMMARY_TOP_SYSCALLS, TraceSink};
 use crate::event::{Degradation, Event, OverheadSummary, SessionStats};
-use crate::names::{arg, marker, track};
+use crate::names::{arg, marker, track, value};
 use crate::perfetto::writer::{Arg, arg_f, arg_i, arg_s, arg_u};
 use crate::syscall_names;
 
@@ -92,10 +92,7 @@ impl<W: Write> TraceSink<W> {
         ];
         for (i, name) in PROBE_NAMES.iter().enumerate() {
             let c = stats.probes[i];
-            args.push(arg_s(
-                name,
-                format!("hits={} emitted={} dropped={}", c.hits, c.emitted, c.dropped),
-            ));
+            args.push(arg_s(name, value::probe_counters(c.hits, c.emitted, c.dropped)));
         }
         let mut sys = stats.syscalls.clone();
         sys.sort_by_key(|a| std::cmp::Reverse(a.total_ns));
@@ -103,25 +100,19 @@ impl<W: Write> TraceSink<W> {
             .iter()
             .take(SUMMARY_TOP_SYSCALLS)
             .map(|a| {
-                format!(
-                    "{} tid={} count={} total_ms={:.3}",
-                    syscall_names::name(a.nr),
+                value::top_syscall(
+                    &syscall_names::name(a.nr),
                     a.tid,
                     a.count,
-                    a.total_ns as f64 / 1e6
+                    a.total_ns as f64 / 1e6,
                 )
             })
             .collect();
-        args.push(arg_s(arg::TOP_SYSCALLS, top.join("; ")));
+        args.push(arg_s(arg::TOP_SYSCALLS, top.join(value::ITEM_SEPARATOR)));
         let c = self.cuda.stats();
         if c.calls > 0 {
-            args.push(arg_s(
-                arg::CUDA_CALLS,
-                format!(
-                    "calls={} individual={} batches={} batched={} over_budget={}",
-                    c.calls, c.individual, c.batches, c.batched_calls, c.over_budget
-                ),
-            ));
+            let v = value::cuda_calls(c.calls, c.individual, c.batches, c.batched_calls, c.over_budget);
+            args.push(arg_s(arg::CUDA_CALLS, v));
         }
         let events: Vec<String> = self
             .counts

@@ -187,8 +187,8 @@ fn step_is_a_slice_with_its_requests_as_typed_args_and_flows() {
     assert_eq!((b.kind, b.name.as_str()), (TYPE_SLICE_BEGIN, mixed));
     assert_eq!(b.arg(arg::STEP_ID), &V::U(7));
     assert_eq!(b.arg(arg::NUM_SEQS), &V::U(2));
-    assert_eq!(b.arg(arg::REQ_IDS), &V::S("1,2".into()));
-    assert_eq!(b.arg(arg::REQ_TOKENS), &V::S("8,4".into()));
+    assert_eq!(b.arg(arg::REQ_IDS), &V::A(vec![V::U(1), V::U(2)]));
+    assert_eq!(b.arg(arg::REQ_TOKENS), &V::A(vec![V::U(8), V::U(4)]));
     assert_eq!(b.arg(arg::REQ_IDS_TRUNCATED), &V::B(false));
     assert_eq!(b.flows, [pid_req(PID, 1), pid_req(PID, 2)]);
     assert_eq!(steps[1].ts - b.ts, 2 * MS);
