@@ -70,6 +70,9 @@ pub(super) fn steps(d: &Decoded) -> Vec<Step> {
     steps
 }
 
+/// The steps naming each request, by (process track, request id): (write order, the step as it sees it).
+type Served = HashMap<(Option<u64>, u64), Vec<(u64, StepInfo)>>;
+
 /// What is fed to a request's timeline, in write order.
 enum Item {
     Transition(u64, Transition),
@@ -79,7 +82,7 @@ enum Item {
 /// Every request with a track, in request id order, and the inter-token latencies of all of them (ms).
 pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64>) {
     // The steps naming each (process, request), with the request's share.
-    let mut served: HashMap<(Option<u64>, u64), Vec<(u64, StepInfo)>> = HashMap::new();
+    let mut served = Served::new();
     for s in steps {
         for (i, &req) in s.reqs.iter().enumerate() {
             let info = StepInfo {
