@@ -16,7 +16,7 @@ use super::{
 };
 use crate::names::track::GpuTrack;
 use crate::names::{arg, counter, marker, slice, track, value};
-use llmprof_abi::FileOp;
+use llmprof_abi::{CudaClass, CudaFunc, FileOp};
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
@@ -291,7 +291,10 @@ fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
                 }
             } else {
                 let f = s.name.trim_end_matches(slice::CUDA_SUFFIX).to_owned();
-                if f.ends_with("Synchronize") {
+                let sync = CudaFunc::ALL
+                    .iter()
+                    .any(|c| c.name() == f && c.class() == CudaClass::Sync);
+                if sync {
                     g.synchronize_calls += 1;
                     g.synchronize_ms += ms(s.dur);
                 }
@@ -352,7 +355,7 @@ fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
     g.probe = r
         .probes
         .iter()
-        .find(|p| p.probe == "cuda")
+        .find(|p| p.probe == llmprof_abi::PROBE_NAMES[llmprof_abi::ProbeId::Cuda as usize])
         .filter(|p| has_cuda || p.dropped > 0 || p.hits.unwrap_or(0) > 0)
         .cloned();
     (!g.gpus.is_empty() || has_cuda || !g.markers.is_empty()).then_some(g)
