@@ -14,20 +14,19 @@
 //! most [`MAX_OPEN_REQUESTS`] are tracked at once (more are counted and skipped), and at most
 //! [`MAX_SPAN_EVENTS`] kernel events are kept per request (more are counted in the span's dropped-events count).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
-use llmprof_abi::{ContentKind, FinishReason, MAX_STEP_REQS, RequestRecord};
-use opentelemetry::trace::{
-    Event as SpanEvent, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
+use llmprof_abi::{ContentKind, MAX_STEP_REQS, RequestRecord};
+use opentelemetry::trace::{Event as SpanEvent, SpanId, TraceFlags, TraceId};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 
 use super::semconv as sc;
 use crate::clock::WallClock;
 use crate::event::{Event, EventBody, OverheadSample};
-use crate::timeline::{RequestTimeline, Segment, SegmentKind, StepInfo, Transition};
+use crate::timeline::{RequestTimeline, StepInfo, Transition};
+
+mod spans;
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
 /// its state forever). 64 Ki requests × ~1 KiB of state is 64 MiB at worst; an engine serves far fewer at once.
@@ -277,258 +276,6 @@ impl SpanBuilder {
             st.events.push(SpanEvent::new(name, at, attrs.clone(), 0));
         }
     }
-
-    /// Turns a closed request into its span and its children's.
-    fn emit(&mut self, mut st: OpenRequest, end_ns: u64, unfinished: bool, out: &mut Vec<SpanData>) {
-        if !st.flags.is_sampled() {
-            self.stats.requests_unsampled += 1;
-            return;
-        }
-        let tl = &st.timeline;
-        let info = tl.info();
-        let start_ns = tl.start_ns();
-        let partial = tl.attached_mid_request();
-        let operation = if info.is_chat {
-            sc::OPERATION_CHAT
-        } else {
-            sc::OPERATION_TEXT_COMPLETION
-        };
-        let name = if info.model.is_empty() {
-            operation.to_string()
-        } else {
-            format!("{operation} {}", info.model)
-        };
-
-        let (mut queue, mut prefill, mut decode, mut preempted) = (0u64, 0u64, 0u64, 0u64);
-        for s in tl.segments() {
-            let d = s.end - s.start;
-            match s.kind {
-                SegmentKind::Queue => queue += d,
-                SegmentKind::Prefill { .. } => prefill += d,
-                SegmentKind::Decode { .. } => decode += d,
-                SegmentKind::Preempted { .. } => preempted += d,
-            }
-        }
-
-        let mut attrs = vec![
-            KeyValue::new(sc::GEN_AI_OPERATION_NAME, operation),
-            KeyValue::new(sc::GEN_AI_PROVIDER_NAME, sc::PROVIDER_LLMSERVE),
-        ];
-        if !info.model.is_empty() {
-            attrs.push(KeyValue::new(sc::GEN_AI_REQUEST_MODEL, info.model.clone()));
-            attrs.push(KeyValue::new(sc::GEN_AI_RESPONSE_MODEL, info.model.clone()));
-        }
-        if info.max_tokens != 0 {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_REQUEST_MAX_TOKENS,
-                i64::from(info.max_tokens),
-            ));
-        }
-        if info.temperature.is_finite() {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_REQUEST_TEMPERATURE,
-                f64::from(info.temperature),
-            ));
-        }
-        if info.top_p.is_finite() && info.top_p > 0.0 {
-            attrs.push(KeyValue::new(sc::GEN_AI_REQUEST_TOP_P, f64::from(info.top_p)));
-        }
-        let finish = info.finish_reason.filter(|r| *r != FinishReason::None);
-        if let Some(r) = finish {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_RESPONSE_FINISH_REASONS,
-                Value::Array(Array::String(vec![StringValue::from(r.name())])),
-            ));
-        }
-        attrs.push(KeyValue::new(
-            sc::GEN_AI_USAGE_INPUT_TOKENS,
-            i64::from(info.prompt_tokens),
-        ));
-        attrs.push(KeyValue::new(
-            sc::GEN_AI_USAGE_OUTPUT_TOKENS,
-            i64::from(info.output_tokens),
-        ));
-        if let (Some(ttft), false) = (tl.ttft_ns(), partial) {
-            attrs.push(KeyValue::new(sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, secs(ttft)));
-        }
-        if let Some(t) = &st.prompt_text {
-            let m = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": t}]}]);
-            attrs.push(KeyValue::new(sc::GEN_AI_INPUT_MESSAGES, m.to_string()));
-        }
-        if let Some(t) = &st.completion_text {
-            let mut m = serde_json::json!({"role": "assistant", "parts": [{"type": "text", "content": t}]});
-            if let Some(r) = finish {
-                m["finish_reason"] = serde_json::Value::from(r.name());
-            }
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_OUTPUT_MESSAGES,
-                serde_json::json!([m]).to_string(),
-            ));
-        }
-        if st.content_truncated {
-            attrs.push(KeyValue::new(sc::LLMPROF_CONTENT_TRUNCATED, true));
-        }
-        if !info.x_request_id.is_empty() {
-            attrs.push(KeyValue::new(
-                sc::HTTP_REQUEST_HEADER_X_REQUEST_ID,
-                Value::Array(Array::String(vec![StringValue::from(info.x_request_id.clone())])),
-            ));
-        }
-        attrs.extend([
-            KeyValue::new(sc::LLMPROF_QUEUE_TIME, secs(queue)),
-            KeyValue::new(sc::LLMPROF_PREFILL_TIME, secs(prefill)),
-            KeyValue::new(sc::LLMPROF_DECODE_TIME, secs(decode)),
-            KeyValue::new(sc::LLMPROF_PREEMPTED_TIME, secs(preempted)),
-            KeyValue::new(
-                sc::LLMPROF_PREEMPTIONS,
-                i64::from(tl.preemptions_seen().max(info.num_preemptions)),
-            ),
-            KeyValue::new(sc::LLMPROF_STEPS, i64::from(tl.steps())),
-            KeyValue::new(sc::LLMPROF_PREFILL_CHUNKS, i64::from(tl.prefill_chunks())),
-        ]);
-        if partial {
-            attrs.push(KeyValue::new(sc::LLMPROF_PARTIAL, true));
-        }
-        if unfinished {
-            attrs.push(KeyValue::new(sc::LLMPROF_UNFINISHED, true));
-        }
-        let status = if finish == Some(FinishReason::Error) {
-            attrs.push(KeyValue::new(sc::ERROR_TYPE, FinishReason::Error.name()));
-            Status::Error {
-                description: Cow::Borrowed("the engine ended the request with an error"),
-            }
-        } else {
-            Status::Unset
-        };
-        attrs.push(KeyValue::new(
-            sc::LLMPROF_REQUEST_ID,
-            request_id_value(tl.req_id()),
-        ));
-        if let Some(o) = &self.overhead {
-            if let Some(p) = o.est_overhead_pct {
-                attrs.push(KeyValue::new(sc::LLMPROF_OVERHEAD_PCT, p));
-            }
-            attrs.push(KeyValue::new(sc::LLMPROF_COST_SYSCALL_NS, o.cost_syscall_ns));
-            if let Some(p) = o.cost_probe_ns {
-                attrs.push(KeyValue::new(sc::LLMPROF_COST_PROBE_NS, p));
-            }
-            if let Some(c) = o.cost_cuda_ns {
-                attrs.push(KeyValue::new(sc::LLMPROF_COST_CUDA_NS, c));
-            }
-            attrs.push(KeyValue::new(sc::LLMPROF_DEGRADATION_LEVEL, i64::from(o.level)));
-        }
-
-        let request_ctx = SpanContext::new(st.trace_id, st.span_id, st.flags, false, TraceState::NONE);
-        out.push(SpanData {
-            span_context: request_ctx,
-            parent_span_id: st.parent.unwrap_or(SpanId::INVALID),
-            parent_span_is_remote: st.parent.is_some(),
-            span_kind: SpanKind::Server,
-            name: Cow::Owned(name),
-            start_time: self.clock.to_system_time(start_ns),
-            end_time: self.clock.to_system_time(end_ns.max(start_ns)),
-            attributes: attrs,
-            dropped_attributes_count: 0,
-            events: span_events(std::mem::take(&mut st.events), st.dropped_events),
-            links: SpanLinks::default(),
-            status,
-            instrumentation_scope: self.scope.clone(),
-        });
-        self.stats.spans_built += 1;
-
-        // A request seen only at its finish has no timeline to show.
-        let segments = st.timeline.segments();
-        let children = if partial && segments.iter().all(|s| s.end == s.start) {
-            &[][..]
-        } else {
-            segments
-        };
-        for seg in children {
-            let (name, attrs) = segment_attrs(seg);
-            out.push(SpanData {
-                span_context: SpanContext::new(
-                    st.trace_id,
-                    self.ids.new_span_id(),
-                    st.flags,
-                    false,
-                    TraceState::NONE,
-                ),
-                parent_span_id: st.span_id,
-                parent_span_is_remote: false,
-                span_kind: SpanKind::Internal,
-                name: Cow::Borrowed(name),
-                start_time: self.clock.to_system_time(seg.start),
-                end_time: self.clock.to_system_time(seg.end),
-                attributes: attrs,
-                dropped_attributes_count: 0,
-                events: SpanEvents::default(),
-                links: SpanLinks::default(),
-                status: Status::Unset,
-                instrumentation_scope: self.scope.clone(),
-            });
-            self.stats.spans_built += 1;
-        }
-    }
-}
-
-/// The engine request id as an attribute value (an int when it fits, so backends can filter numerically).
-fn request_id_value(id: u64) -> Value {
-    match i64::try_from(id) {
-        Ok(v) => Value::I64(v),
-        Err(_) => Value::String(StringValue::from(id.to_string())),
-    }
-}
-
-fn segment_attrs(seg: &Segment) -> (&'static str, Vec<KeyValue>) {
-    match seg.kind {
-        SegmentKind::Queue => (sc::SPAN_QUEUE, Vec::new()),
-        SegmentKind::Prefill {
-            index,
-            recompute,
-            step,
-        } => {
-            let mut a = vec![KeyValue::new(sc::LLMPROF_CHUNK_INDEX, i64::from(index))];
-            if recompute {
-                a.push(KeyValue::new(sc::LLMPROF_RECOMPUTE, true));
-            }
-            if let Some(s) = step {
-                a.push(KeyValue::new(sc::LLMPROF_STEP_ID, s.step_id as i64));
-                if let Some(k) = s.kind {
-                    a.push(KeyValue::new(sc::LLMPROF_STEP_KIND, k.name()));
-                }
-                a.push(KeyValue::new(sc::LLMPROF_STEP_NUM_SEQS, i64::from(s.num_seqs)));
-                if let Some(t) = s.request_tokens {
-                    a.push(KeyValue::new(sc::LLMPROF_PREFILL_CHUNK_TOKENS, i64::from(t)));
-                }
-                a.push(KeyValue::new(
-                    sc::LLMPROF_STEP_PREFILL_TOKENS,
-                    i64::from(s.prefill_tokens),
-                ));
-                a.push(KeyValue::new(
-                    sc::LLMPROF_STEP_DECODE_TOKENS,
-                    i64::from(s.decode_tokens),
-                ));
-                a.push(KeyValue::new(sc::LLMPROF_STEP_HOST_DURATION, secs(s.host_ns())));
-            }
-            (sc::SPAN_PREFILL, a)
-        }
-        SegmentKind::Decode { steps } => (
-            sc::SPAN_DECODE,
-            vec![KeyValue::new(sc::LLMPROF_DECODE_STEPS, i64::from(steps))],
-        ),
-        SegmentKind::Preempted { index } => (
-            sc::SPAN_PREEMPTED,
-            vec![KeyValue::new(sc::LLMPROF_PREEMPTIONS, i64::from(index + 1))],
-        ),
-    }
-}
-
-/// `SpanEvents` is non-exhaustive: fill a default one.
-fn span_events(events: Vec<SpanEvent>, dropped: u32) -> SpanEvents {
-    let mut e = SpanEvents::default();
-    e.events = events;
-    e.dropped_count = dropped;
-    e
 }
 
 /// ns → seconds.
@@ -538,4 +285,510 @@ fn secs(ns: u64) -> f64 {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-mod tests;
+mod tests {
+    use super::*;
+    use llmprof_abi::{StepRecord, fill_str};
+    use std::time::Duration;
+
+    use llmprof_abi::{FinishReason, RequestEventKind, StepKind};
+    use opentelemetry::trace::{SpanKind, Status};
+    use opentelemetry::{Array, StringValue, Value};
+
+    const PID: u32 = 4242;
+    const MS: u64 = 1_000_000;
+    /// Some BOOTTIME origin (ns).
+    const T0: u64 = 5_000 * MS;
+    const TRACE: [u8; 16] = [
+        0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
+    ];
+    const PARENT: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+
+    fn rec(kind: RequestEventKind, id: u64, ts: u64) -> RequestRecord {
+        RequestRecord {
+            is_chat: 1,
+            prompt_tokens: 12,
+            max_tokens: 64,
+            temperature: 0.7,
+            top_p: 0.9,
+            x_request_id: fill_str("req-abc"),
+            model: fill_str("smollm2-135m"),
+            ..RequestRecord::new(kind, id, ts)
+        }
+    }
+
+    fn req_ev(r: RequestRecord) -> Event {
+        Event {
+            ts_ns: r.ts_ns,
+            pid: PID,
+            tid: PID,
+            body: EventBody::Request(Box::new(r)),
+        }
+    }
+
+    fn arrived(id: u64, ts: u64, traced: bool) -> Event {
+        let mut r = rec(RequestEventKind::Arrived, id, ts);
+        if traced {
+            r.trace_id = TRACE;
+            r.parent_span_id = PARENT;
+            r.has_trace_context = 1;
+            r.trace_flags = 1;
+        }
+        req_ev(r)
+    }
+
+    fn simple(kind: RequestEventKind, id: u64, ts: u64) -> Event {
+        req_ev(rec(kind, id, ts))
+    }
+
+    fn finished(id: u64, ts: u64, reason: FinishReason, out_tokens: u32) -> Event {
+        let mut r = rec(RequestEventKind::Finished, id, ts);
+        r.finish_reason = reason as u32;
+        r.output_tokens = out_tokens;
+        req_ev(r)
+    }
+
+    fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
+        let s = StepRecord {
+            host_start_ns: start,
+            host_end_ns: end,
+            device_start_ns: start,
+            device_end_ns: end,
+            prefill_tokens: if kind == StepKind::Decode { 0 } else { 12 },
+            decode_tokens: if kind == StepKind::Prefill {
+                0
+            } else {
+                reqs.len() as u32
+            },
+            kv_blocks_used: 1,
+            kv_blocks_total: 100,
+            ..StepRecord::new(kind, id, reqs)
+        }
+        // Each request's share: the first of a prefill batch 8 tokens, the others 4 (12 in all for two).
+        .with_req_tokens((0..reqs.len()).map(|i| match (kind, i) {
+            (StepKind::Decode, _) => 1,
+            (_, 0) => 8,
+            _ => 4,
+        }));
+        Event {
+            ts_ns: end,
+            pid: PID,
+            tid: PID,
+            body: EventBody::Step(Box::new(s)),
+        }
+    }
+
+    fn run(events: &[Event]) -> (SpanBuilder, Vec<SpanData>) {
+        let mut b = SpanBuilder::new(WallClock::with_offset(1_700_000_000_000_000_000));
+        let mut out = Vec::new();
+        for e in events {
+            b.on_event(e, &mut out);
+        }
+        (b, out)
+    }
+
+    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a Value> {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| &kv.value)
+    }
+
+    fn dur(s: &SpanData) -> Duration {
+        s.end_time.duration_since(s.start_time).expect("end before start")
+    }
+
+    fn names(spans: &[SpanData]) -> Vec<&str> {
+        spans.iter().map(|s| s.name.as_ref()).collect()
+    }
+
+    /// Children tile the request span: each starts where the previous ended, first at the request's start,
+    /// last at its end.
+    fn assert_tiled(spans: &[SpanData]) {
+        let req = &spans[0];
+        let kids = &spans[1..];
+        assert_eq!(
+            kids[0].start_time, req.start_time,
+            "first child starts with the request"
+        );
+        assert_eq!(
+            kids[kids.len() - 1].end_time,
+            req.end_time,
+            "last child ends with the request"
+        );
+        for w in kids.windows(2) {
+            assert_eq!(
+                w[0].end_time, w[1].start_time,
+                "{} → {} leave a gap",
+                w[0].name, w[1].name
+            );
+        }
+        let sum: Duration = kids.iter().map(dur).sum();
+        assert_eq!(sum, dur(req));
+    }
+
+    #[test]
+    fn unsampled_caller_gets_no_spans() {
+        let Event {
+            body: EventBody::Request(mut r),
+            ..
+        } = arrived(7, T0, true)
+        else {
+            unreachable!("arrived() builds a request event")
+        };
+        r.trace_flags = 0;
+        let (b, spans) = run(&[
+            req_ev(*r),
+            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
+            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
+        ]);
+        assert!(spans.is_empty(), "{} spans for an unsampled caller", spans.len());
+        assert_eq!(b.stats().requests_unsampled, 1);
+    }
+
+    #[test]
+    fn request_spans_carry_the_latest_self_accounting() {
+        let overhead = Event {
+            ts_ns: T0 + 5 * MS,
+            pid: 0,
+            tid: 0,
+            body: EventBody::Overhead(Box::new(OverheadSample {
+                est_overhead_pct: Some(0.4),
+                cost_syscall_ns: 700.0,
+                cost_probe_ns: Some(1_800.0),
+                cost_cuda_ns: Some(4_500.0),
+                level: 1,
+                ..OverheadSample::default()
+            })),
+        };
+        let (_, spans) = run(&[
+            arrived(7, T0, true),
+            overhead,
+            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
+            finished(7, T0 + 20 * MS, FinishReason::Stop, 1),
+        ]);
+        let req = &spans[0];
+        assert_eq!(attr(req, sc::LLMPROF_OVERHEAD_PCT), Some(&Value::F64(0.4)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_SYSCALL_NS), Some(&Value::F64(700.0)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_PROBE_NS), Some(&Value::F64(1_800.0)));
+        assert_eq!(attr(req, sc::LLMPROF_COST_CUDA_NS), Some(&Value::F64(4_500.0)));
+        assert_eq!(attr(req, sc::LLMPROF_DEGRADATION_LEVEL), Some(&Value::I64(1)));
+        assert_eq!(
+            attr(&spans[1], sc::LLMPROF_OVERHEAD_PCT),
+            None,
+            "only on the request span"
+        );
+    }
+
+    #[test]
+    fn request_with_traceparent_becomes_child_of_callers_span() {
+        let (b, spans) = run(&[
+            arrived(7, T0, true),
+            simple(RequestEventKind::Scheduled, 7, T0 + 10 * MS),
+            simple(RequestEventKind::FirstToken, 7, T0 + 29 * MS),
+            step(1, StepKind::Prefill, T0 + 10 * MS, T0 + 30 * MS, &[7]),
+            step(2, StepKind::Decode, T0 + 30 * MS, T0 + 40 * MS, &[7]),
+            step(3, StepKind::Decode, T0 + 40 * MS, T0 + 50 * MS, &[7]),
+            finished(7, T0 + 51 * MS, FinishReason::Stop, 3),
+        ]);
+        assert_eq!(names(&spans), ["chat smollm2-135m", "queue", "prefill", "decode"]);
+        let req = &spans[0];
+        assert_eq!(req.span_context.trace_id(), TraceId::from_bytes(TRACE));
+        assert_eq!(req.parent_span_id, SpanId::from_bytes(PARENT));
+        assert!(req.parent_span_is_remote);
+        assert!(req.span_context.trace_flags().is_sampled());
+        assert_eq!(req.span_kind, SpanKind::Server);
+        assert_eq!(dur(req), Duration::from_millis(51));
+        for kid in &spans[1..] {
+            assert_eq!(kid.span_context.trace_id(), TraceId::from_bytes(TRACE));
+            assert_eq!(kid.parent_span_id, req.span_context.span_id());
+            assert_ne!(kid.span_context.span_id(), req.span_context.span_id());
+        }
+        assert_tiled(&spans);
+        assert_eq!(dur(&spans[1]), Duration::from_millis(10));
+        assert_eq!(dur(&spans[2]), Duration::from_millis(20));
+        assert_eq!(dur(&spans[3]), Duration::from_millis(21));
+        assert_eq!(attr(req, "gen_ai.operation.name"), Some(&Value::from("chat")));
+        assert_eq!(attr(req, "gen_ai.provider.name"), Some(&Value::from("llmserve")));
+        assert_eq!(
+            attr(req, "gen_ai.request.model"),
+            Some(&Value::from("smollm2-135m"))
+        );
+        assert_eq!(attr(req, "gen_ai.request.max_tokens"), Some(&Value::I64(64)));
+        assert_eq!(
+            attr(req, "gen_ai.request.temperature"),
+            Some(&Value::F64(f64::from(0.7f32)))
+        );
+        assert_eq!(
+            attr(req, "gen_ai.request.top_p"),
+            Some(&Value::F64(f64::from(0.9f32)))
+        );
+        assert_eq!(
+            attr(req, "gen_ai.response.finish_reasons"),
+            Some(&Value::Array(Array::String(vec![StringValue::from("stop")])))
+        );
+        assert_eq!(attr(req, "gen_ai.usage.input_tokens"), Some(&Value::I64(12)));
+        assert_eq!(attr(req, "gen_ai.usage.output_tokens"), Some(&Value::I64(3)));
+        assert_eq!(
+            attr(req, "gen_ai.response.time_to_first_chunk"),
+            Some(&Value::F64(0.029))
+        );
+        assert_eq!(
+            attr(req, "http.request.header.x-request-id"),
+            Some(&Value::Array(Array::String(vec![StringValue::from("req-abc")])))
+        );
+        assert_eq!(attr(req, "llmprof.request_id"), Some(&Value::I64(7)));
+        assert_eq!(attr(req, "llmprof.queue_time"), Some(&Value::F64(0.010)));
+        assert_eq!(attr(req, "llmprof.prefill_time"), Some(&Value::F64(0.020)));
+        assert_eq!(attr(req, "llmprof.decode_time"), Some(&Value::F64(0.021)));
+        assert_eq!(attr(req, "llmprof.steps"), Some(&Value::I64(3)));
+        assert_eq!(attr(req, "llmprof.preemptions"), Some(&Value::I64(0)));
+        assert_eq!(attr(&spans[3], "llmprof.decode.steps"), Some(&Value::I64(2)));
+        assert_eq!(attr(&spans[2], "llmprof.step.id"), Some(&Value::I64(1)));
+        assert_eq!(req.status, Status::Unset);
+        assert_eq!(b.open_requests(), 0);
+        assert_eq!(b.stats().spans_built, 4);
+    }
+
+    #[test]
+    fn chunked_prefill_with_first_token_recorded_after_its_step() {
+        let (_, spans) = run(&[
+            arrived(1, T0, false),
+            simple(RequestEventKind::Scheduled, 1, T0 + MS),
+            step(1, StepKind::Prefill, T0 + MS, T0 + 11 * MS, &[1]),
+            step(2, StepKind::Mixed, T0 + 12 * MS, T0 + 22 * MS, &[1]),
+            simple(RequestEventKind::FirstToken, 1, T0 + 23 * MS),
+            step(3, StepKind::Mixed, T0 + 24 * MS, T0 + 30 * MS, &[1]),
+            finished(1, T0 + 31 * MS, FinishReason::Length, 2),
+        ]);
+        assert_eq!(
+            names(&spans),
+            ["chat smollm2-135m", "queue", "prefill", "prefill", "decode"]
+        );
+        assert_tiled(&spans);
+        assert_eq!(dur(&spans[2]), Duration::from_millis(10));
+        assert_eq!(
+            dur(&spans[3]),
+            Duration::from_millis(11),
+            "second chunk holds the 1 ms scheduling gap"
+        );
+        assert_eq!(
+            attr(&spans[3], "llmprof.step.host_duration"),
+            Some(&Value::F64(0.010))
+        );
+        assert_eq!(attr(&spans[3], "llmprof.chunk.index"), Some(&Value::I64(1)));
+        assert_eq!(attr(&spans[4], "llmprof.decode.steps"), Some(&Value::I64(1)));
+        assert_eq!(attr(&spans[0], "llmprof.prefill_chunks"), Some(&Value::I64(2)));
+        // A new trace: no parent.
+        assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
+        assert!(!spans[0].parent_span_is_remote);
+        assert_ne!(spans[0].span_context.trace_id(), TraceId::INVALID);
+    }
+
+    #[test]
+    fn batched_prefill_chunk_carries_the_request_share_and_the_batch_totals() {
+        let (_, spans) = run(&[
+            arrived(1, T0, false),
+            arrived(2, T0, false),
+            step(1, StepKind::Prefill, T0 + MS, T0 + 5 * MS, &[1, 2]),
+            simple(RequestEventKind::FirstToken, 1, T0 + 5 * MS),
+            simple(RequestEventKind::FirstToken, 2, T0 + 5 * MS),
+            finished(1, T0 + 6 * MS, FinishReason::Length, 1),
+            finished(2, T0 + 6 * MS, FinishReason::Length, 1),
+        ]);
+        let prefills: Vec<&SpanData> = spans.iter().filter(|s| s.name == "prefill").collect();
+        assert_eq!(prefills.len(), 2, "{:?}", names(&spans));
+        let shares: Vec<_> = prefills
+            .iter()
+            .map(|s| attr(s, "llmprof.prefill.tokens").cloned())
+            .collect();
+        assert_eq!(shares, [Some(Value::I64(8)), Some(Value::I64(4))]);
+        for s in prefills {
+            assert_eq!(attr(s, "llmprof.step.prefill_tokens"), Some(&Value::I64(12)));
+            assert_eq!(attr(s, "llmprof.step.num_seqs"), Some(&Value::I64(2)));
+        }
+    }
+
+    #[test]
+    fn preemption_then_recompute_then_decode() {
+        let (_, spans) = run(&[
+            arrived(3, T0, true),
+            simple(RequestEventKind::Scheduled, 3, T0 + 2 * MS),
+            simple(RequestEventKind::FirstToken, 3, T0 + 9 * MS),
+            step(1, StepKind::Prefill, T0 + 2 * MS, T0 + 10 * MS, &[3]),
+            step(2, StepKind::Decode, T0 + 10 * MS, T0 + 15 * MS, &[3]),
+            simple(RequestEventKind::Preempted, 3, T0 + 15 * MS),
+            step(3, StepKind::Prefill, T0 + 40 * MS, T0 + 48 * MS, &[3]),
+            step(4, StepKind::Decode, T0 + 48 * MS, T0 + 52 * MS, &[3]),
+            finished(3, T0 + 53 * MS, FinishReason::Stop, 4),
+        ]);
+        assert_eq!(
+            names(&spans),
+            [
+                "chat smollm2-135m",
+                "queue",
+                "prefill",
+                "decode",
+                "preempted",
+                "prefill",
+                "decode"
+            ]
+        );
+        assert_tiled(&spans);
+        assert_eq!(dur(&spans[4]), Duration::from_millis(25));
+        assert_eq!(attr(&spans[5], "llmprof.recompute"), Some(&Value::Bool(true)));
+        assert_eq!(attr(&spans[0], "llmprof.preemptions"), Some(&Value::I64(1)));
+        assert_eq!(
+            attr(&spans[0], "llmprof.preempted_time"),
+            Some(&Value::F64(0.025))
+        );
+    }
+
+    #[test]
+    fn kernel_events_of_the_engine_become_span_events() {
+        let mut other = step(9, StepKind::Decode, 0, 0, &[]);
+        other.pid = 1;
+        let (_, spans) = run(&[
+            arrived(5, T0, false),
+            Event {
+                ts_ns: T0 + MS,
+                pid: PID,
+                tid: PID + 1,
+                body: EventBody::SlowSyscall {
+                    nr: 17,
+                    ret: 4096,
+                    dur_ns: 3 * MS,
+                },
+            },
+            Event {
+                ts_ns: T0 + MS,
+                pid: 1,
+                tid: 1,
+                body: EventBody::SlowSyscall {
+                    nr: 0,
+                    ret: 1,
+                    dur_ns: MS,
+                },
+            },
+            Event {
+                ts_ns: T0 + 2 * MS,
+                pid: PID,
+                tid: PID,
+                body: EventBody::FileIo {
+                    op: llmprof_abi::FileOp::Pread,
+                    fd: 9,
+                    path: Some("/models/smollm2.gguf".into()),
+                    ret: 1 << 20,
+                    len: 1 << 20,
+                    dur_ns: 4 * MS,
+                },
+            },
+            Event {
+                ts_ns: T0 + 3 * MS,
+                pid: PID,
+                tid: PID,
+                body: EventBody::Connect {
+                    addr: "127.0.0.1".parse().unwrap(),
+                    port: 9000,
+                    ret: 0,
+                    dur_ns: 1000,
+                    allowed: true,
+                },
+            },
+            Event {
+                ts_ns: T0 + 4 * MS,
+                pid: PID,
+                tid: PID,
+                body: EventBody::Connect {
+                    addr: "203.0.113.9".parse().unwrap(),
+                    port: 443,
+                    ret: -115,
+                    dur_ns: 1000,
+                    allowed: false,
+                },
+            },
+            other,
+            finished(5, T0 + 5 * MS, FinishReason::Abort, 0),
+        ]);
+        let ev = &spans[0].events.events;
+        let names: Vec<&str> = ev.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(names, ["slow_syscall", "model_file_io", "flagged_egress"]);
+        let get = |e: &SpanEvent, k: &str| {
+            e.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(get(&ev[0], "llmprof.syscall.name"), Some(Value::from("pread64")));
+        assert_eq!(get(&ev[0], "thread.id"), Some(Value::I64(i64::from(PID + 1))));
+        assert_eq!(get(&ev[0], "llmprof.duration"), Some(Value::F64(0.003)));
+        assert_eq!(
+            get(&ev[1], "file.path"),
+            Some(Value::from("/models/smollm2.gguf"))
+        );
+        assert_eq!(get(&ev[1], "llmprof.file.op"), Some(Value::from("pread64")));
+        assert_eq!(
+            get(&ev[2], "network.peer.address"),
+            Some(Value::from("203.0.113.9"))
+        );
+        assert_eq!(get(&ev[2], "network.peer.port"), Some(Value::I64(443)));
+        // Aborted while queued: only the queue child.
+        assert_eq!(names_of(&spans), ["chat smollm2-135m", "queue"]);
+        assert_eq!(
+            attr(&spans[0], "gen_ai.response.finish_reasons"),
+            Some(&Value::Array(Array::String(vec![StringValue::from("abort")])))
+        );
+    }
+
+    fn names_of(spans: &[SpanData]) -> Vec<&str> {
+        names(spans)
+    }
+
+    #[test]
+    fn partial_and_unfinished_requests_are_marked() {
+        let (mut b, mut spans) = run(&[
+            // Arrived before the session: first seen at its first token.
+            simple(RequestEventKind::FirstToken, 1, T0 + 5 * MS),
+            arrived(2, T0 + 6 * MS, false),
+            simple(RequestEventKind::Scheduled, 2, T0 + 7 * MS),
+            step(1, StepKind::Mixed, T0 + 7 * MS, T0 + 9 * MS, &[1, 2]),
+            finished(1, T0 + 10 * MS, FinishReason::Stop, 8),
+        ]);
+        assert_eq!(attr(&spans[0], "llmprof.partial"), Some(&Value::Bool(true)));
+        assert_eq!(
+            attr(&spans[0], "gen_ai.response.time_to_first_chunk"),
+            None,
+            "TTFT unknown without arrival"
+        );
+        let n = spans.len();
+        b.finish_open(None, &mut spans);
+        let req2 = &spans[n];
+        assert_eq!(attr(req2, "llmprof.unfinished"), Some(&Value::Bool(true)));
+        assert_eq!(dur(req2), Duration::from_millis(4), "ends at the last event seen");
+        assert_eq!(attr(req2, "gen_ai.response.finish_reasons"), None);
+        assert_tiled(&spans[n..]);
+        assert_eq!(b.open_requests(), 0);
+    }
+
+    #[test]
+    fn engine_error_sets_error_status() {
+        let (_, spans) = run(&[
+            arrived(1, T0, false),
+            finished(1, T0 + MS, FinishReason::Error, 0),
+        ]);
+        assert!(matches!(spans[0].status, Status::Error { .. }));
+        assert_eq!(attr(&spans[0], "error.type"), Some(&Value::from("error")));
+    }
+
+    #[test]
+    fn text_completion_without_model_is_named_by_operation() {
+        let mut r = rec(RequestEventKind::Arrived, 1, T0);
+        r.is_chat = 0;
+        r.model = [0; llmprof_abi::MODEL_LEN];
+        let mut f = r;
+        f.kind = RequestEventKind::Finished as u32;
+        f.ts_ns = T0 + MS;
+        f.finish_reason = FinishReason::Stop as u32;
+        let (_, spans) = run(&[req_ev(r), req_ev(f)]);
+        assert_eq!(spans[0].name, "text_completion");
+    }
+}
