@@ -667,10 +667,8 @@ fn gpu(ts: u64, util: f64, power: f64, proc_mib: Option<u64>) -> Event {
     )
 }
 
-/// The marker of the CUDA probes' attachment.
-fn cuda_marker() -> String {
-    marker::cuda_probes_attached(41, "/usr/lib/libcuda.so.1", 0)
-}
+const CUDA_MARKER: &str = "CUDA driver probes attached: 41 entry points of /usr/lib/libcuda.so.1 (0 of them only reachable through \
+     cuGetProcAddress)";
 
 /// The GPU layer on top of the fixture:
 /// - NVML samples at 0, 3 and 6 ms: utilization 20/50/80 % (mean 50, max 80), power 100/200/300 W, the
@@ -683,7 +681,13 @@ fn gpu_events() -> Vec<Event> {
         gpu(0, 20.0, 100.0, None),
         gpu(30, 50.0, 200.0, Some(256)),
         gpu(60, 80.0, 300.0, Some(512)),
-        ev(1, 0, EventBody::Marker { text: cuda_marker() }),
+        ev(
+            1,
+            0,
+            EventBody::Marker {
+                text: CUDA_MARKER.into(),
+            },
+        ),
     ];
     for i in 0..3 {
         v.push(cuda(23, 10_000 * (i + 1), CudaFunc::LaunchKernel, 4_000));
@@ -792,7 +796,12 @@ fn report_has_a_gpu_section_with_counters_cuda_time_and_markers() {
         c["probe"],
         serde_json::json!({"hits": 12, "emitted": 11, "dropped": 1})
     );
-    assert_eq!(g["markers"], serde_json::json!([cuda_marker()]));
+    assert_eq!(
+        CUDA_MARKER,
+        marker::cuda_probes_attached(41, "/usr/lib/libcuda.so.1", 0),
+        "the fixture's marker is the one llmprof writes"
+    );
+    assert_eq!(g["markers"], serde_json::json!([CUDA_MARKER]));
     assert_eq!(
         j["drops"]["total_dropped"], 8,
         "5 syscalls + 1 cuda probe drops + 2 in user space"
