@@ -164,7 +164,7 @@ fn gpu_counters_and_cuda_slices_load_in_the_trace_processor() {
             "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{function}') = '{}{}'",
             slice::cuda_call(CudaFunc::MemcpyDtoH.name()),
             CudaFunc::MemcpyDtoH.name(),
-            CudaVariant::V2.suffix()
+            llmprof_abi::CudaVariant::V2.suffix()
         )),
         2
     );
