@@ -4,7 +4,9 @@
 //! ring-buffer records into [`event::Event`]s; [`merge`] orders the streams by timestamp; the sinks are pure
 //! consumers of the ordered stream: [`perfetto`] (the trace file), [`otel`] (GenAI spans; exported by `llmprof`),
 //! [`cuda_agg`] (CUDA driver calls batched per step). [`report`] reads a finished trace back. [`clock`] owns the
-//! timebase; [`calibration`] the measured per-hit costs every trace carries.
+//! timebase; [`calibration`] the measured per-hit costs every trace carries; [`names`] every name written into a
+//! trace (the sink writes and the report reads with it); [`timeline`] the one model of a request's phases, shared
+//! by the Perfetto sink, the OTel builder and the report.
 //!
 //! This crate has no aya, no clap and needs no privileges: the compiler keeps the pure half pure.
 

@@ -348,7 +348,7 @@ pub mod category {
     pub const CUDA_HOST: &str = "cuda-host";
 }
 
-/// Argument keys (debug annotations; `debug.<key>` in the trace processor, see [`super::tp_arg`]) and the
+/// Argument keys (debug annotations; `debug.<key>` in the trace processor, see [`crate::names::tp_arg`]) and the
 /// fixed values some of them take.
 pub mod arg {
     // Engine steps (and the device slices, CUDA slices and ranges that name their step).

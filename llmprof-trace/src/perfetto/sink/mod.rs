@@ -5,22 +5,22 @@
 //! is closed at [`TraceSink::finish`] with an explicit `closed_by` arg, so the trace has no unterminated slices.
 //! It is a pure consumer of events: it never reads /proc or the kernel (process and thread names come in as
 //! [`ProcessInfo`]). [`TraceSink::push`] hands each event kind to its own step, in these files:
-//! - [`engine`]: per traced process, the `engine steps` track (one slice per step with its attributes and the
+//! - `engine`: per traced process, the `engine steps` track (one slice per step with its attributes and the
 //!   ids and token shares of its requests as typed array args, flows to its requests), `device (host compute)` /
 //!   `device (CUDA)` (the device interval of each step) and one `request N` track per request, drawn from its
 //!   [`crate::timeline::RequestTimeline`]: queued → prefill → decode phase slices inside a `request N` slice,
 //!   first-token / preemption / finish instants, flows;
-//! - [`threads`]: each thread's track: NVTX-style ranges, slow syscalls, model-file open/read/mmap slices,
+//! - `threads`: each thread's track: NVTX-style ranges, slow syscalls, model-file open/read/mmap slices,
 //!   connect instants;
-//! - [`cuda`]: `CUDA driver calls (host time)` (a child track of each calling thread): the CUDA driver API calls
+//! - `cuda`: `CUDA driver calls (host time)` (a child track of each calling thread): the CUDA driver API calls
 //!   seen by the libcuda uprobes, category `cuda-host`: synchronize calls and long copies/allocations one by one
 //!   (`cuStreamSynchronize (host)`), launches gathered per engine step or 10 ms window (`cuLaunchKernel ×N
 //!   (host)`), see [`crate::cuda_agg`]. Host-side times, not GPU execution;
-//! - [`counters`]: per process `KV cache usage`, `requests running`, `requests waiting`, `preemptions`,
+//! - `counters`: per process `KV cache usage`, `requests running`, `requests waiting`, `preemptions`,
 //!   `syscalls/s`, `GPU N memory (pid P)`; global GPU counters (one group per GPU: `GPU N utilization`, `GPU N
 //!   memory used`, `GPU N power`, ...) and llmprof's own cost every tick (`llmprof overhead: ...`, `llmprof CPU`,
 //!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
-//! - [`session`]: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
+//! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
 
