@@ -130,6 +130,30 @@ pub enum EventBody {
     Degraded(Degradation),
 }
 
+impl EventBody {
+    /// The kind's name, as counted in the trace summary's `events` arg and the exit summary.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Self::Step(_) => "step",
+            Self::Request(_) => "request",
+            Self::Range(_) => "range",
+            Self::Content { .. } => "content",
+            Self::SlowSyscall { .. } => "slow_syscall",
+            Self::FileOpen { .. } => "file_open",
+            Self::FileIo { .. } => "file_io",
+            Self::Connect { .. } => "connect",
+            Self::ProcessExit { .. } => "process_exit",
+            Self::Metrics(_) => "metrics",
+            Self::SyscallRate { .. } => "syscall_rate",
+            Self::CudaCall { .. } => "cuda_call",
+            Self::GpuSample(_) => "gpu_sample",
+            Self::Marker { .. } => "marker",
+            Self::Overhead(_) => "overhead",
+            Self::Degraded(_) => "degradation",
+        }
+    }
+}
+
 /// llmprof's self-accounting over one interval (every status tick).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverheadSample {

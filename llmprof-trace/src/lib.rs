@@ -4,8 +4,10 @@
 //! ring-buffer records into [`event::Event`]s; [`merge`] orders the streams by timestamp; the sinks are pure
 //! consumers of the ordered stream: [`perfetto`] (the trace file), [`otel`] (GenAI spans; exported by `llmprof`),
 //! [`cuda_agg`] (CUDA driver calls batched per step). [`report`] reads a finished trace back. [`clock`] owns the
-//! timebase; [`calibration`] the measured per-hit costs every trace carries. `testing` (feature `testing`, and this crate's
-//! own tests) holds the event and record builders every test fixture shares.
+//! timebase; [`calibration`] the measured per-hit costs every trace carries; [`names`] every name written into a
+//! trace (the sink writes and the report reads with it); [`timeline`] the one model of a request's phases, shared
+//! by the Perfetto sink, the OTel builder and the report. `testing` (feature `testing`, and this crate's own
+//! tests) holds the event and record builders every test fixture shares.
 //!
 //! This crate has no aya, no clap and needs no privileges: the compiler keeps the pure half pure.
 
@@ -14,6 +16,7 @@ pub mod clock;
 pub mod cuda_agg;
 pub mod event;
 pub mod merge;
+pub mod names;
 pub mod otel;
 pub mod perfetto;
 pub mod report;
@@ -21,3 +24,4 @@ pub mod sizecap;
 pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod timeline;

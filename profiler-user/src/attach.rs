@@ -29,6 +29,7 @@ use crate::selfacct::{SelfAccount, Snapshot};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
+use llmprof_trace::names::marker;
 use llmprof_trace::perfetto::{EventCounts, TraceSink};
 use llmprof_trace::sizecap::SizeCap;
 
@@ -122,8 +123,11 @@ impl std::fmt::Debug for Prelude {
 /// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM).
 pub const END_INTERRUPTED: &str = "interrupted";
 
-/// `end_reason` when `--max-trace-size` ended the session.
-pub const END_SIZE_LIMIT: &str = "trace size limit reached";
+/// `end_reason` when `--max-trace-size` ended the session (the size marker's beginning too).
+pub const END_SIZE_LIMIT: &str = marker::SIZE_LIMIT_REACHED;
+
+/// `end_reason` when the traced process exited (the exit marker too).
+pub const END_TARGET_EXITED: &str = marker::TARGET_EXITED;
 
 /// Why a session could not run. Messages say what to do next.
 #[derive(Debug, thiserror::Error)]
@@ -550,7 +554,7 @@ impl<'a> Session<'a> {
         if self.opts.duration.is_some_and(|d| self.start.elapsed() >= d) {
             return Some("duration elapsed");
         }
-        self.target_exited.then_some("target exited")
+        self.target_exited.then_some(END_TARGET_EXITED)
     }
 
     /// Judges the overhead budget when its interval has passed, and records the step it takes.
@@ -651,15 +655,13 @@ impl<'a> Session<'a> {
         let end_ts = boottime_ns();
         let out_err = output_error(&self.opts.output);
         if size_limited && let Some(c) = &self.cap {
-            let text = format!(
-                "trace size limit reached (--max-trace-size {} bytes): trace ended early, {} events not written",
-                c.limit(),
-                self.not_written
-            );
+            let text = marker::size_limit_reached(c.limit(), self.not_written);
             self.sink.marker(end_ts, &text).map_err(&out_err)?;
         }
-        if end_reason == "target exited" && !self.exit_event_seen {
-            self.sink.marker(end_ts, "target exited").map_err(&out_err)?;
+        if end_reason == END_TARGET_EXITED && !self.exit_event_seen {
+            self.sink
+                .marker(end_ts, marker::TARGET_EXITED)
+                .map_err(&out_err)?;
         }
         self.close(end_ts, if size_limited { END_SIZE_LIMIT } else { end_reason })
     }
@@ -740,10 +742,7 @@ fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Optio
             EventBody::Degraded(d)
         }
         Verdict::Exhausted { overhead_pct } => {
-            let text = format!(
-                "overhead budget {}% still exceeded (est. {overhead_pct:.1}%) with engine steps and requests only: kept",
-                b.pct()
-            );
+            let text = marker::budget_exhausted(b.pct(), overhead_pct);
             eprintln!("llmprof: {text}");
             EventBody::Marker { text }
         }

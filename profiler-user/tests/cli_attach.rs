@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use llmprof_trace::names::{marker, slice};
+
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 
 #[test]
@@ -199,24 +201,36 @@ fn attach_to_a_non_engine_process_traces_syscalls_and_ends_when_it_exits() {
     assert!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'syscall %sleep%' and dur >= 50000000"
+            &format!(
+                "select count(*) from slice where name like '{}%sleep%' and dur >= 50000000",
+                slice::SYSCALL_PREFIX
+            )
         ) >= 5
     );
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'engine probes not found%'"
+            &format!(
+                "select count(*) from slice where name like '{}%'",
+                marker::ENGINE_PROBES_NOT_FOUND
+            )
         ),
-        1
-    );
-    assert_eq!(
-        q(&mut tp, "select count(*) from slice where name = 'target exited'"),
         1
     );
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name = 'llmprof summary'"
+            &format!(
+                "select count(*) from slice where name = '{}'",
+                marker::TARGET_EXITED
+            )
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from slice where name = '{}'", marker::SUMMARY)
         ),
         1
     );

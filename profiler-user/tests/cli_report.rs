@@ -11,6 +11,7 @@ use llmprof_trace::calibration::Calibration;
 use llmprof_trace::event::{
     Degradation, Event, EventBody, GpuSample, OverheadSample, OverheadSummary, SessionStats, SyscallAggregate,
 };
+use llmprof_trace::names::{arg, category, counter, marker, slice, tp_arg, track};
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::perfetto::schema::{ProcessDescriptor, TRACE_PACKET_TAG, TracePacket, TrackDescriptor};
 use llmprof_trace::testing;
@@ -436,10 +437,13 @@ fn report_agrees_with_perfetto_trace_processor() {
     let mut tp = e2e::trace_processor::load(&path).expect("trace loads");
     // TTFT: the sink's own `ttft_ms` on each `first token` instant, in request order.
     let rows = tp
-        .query(
-            "select cast(substr(t.name, 9) as int) as id, extract_arg(s.arg_set_id, 'debug.ttft_ms') as v \
-             from slice s join track t on s.track_id = t.id where s.name = 'first token' order by id",
-        )
+        .query(&format!(
+            "select cast(substr(t.name, {}) as int) as id, extract_arg(s.arg_set_id, '{}') as v \
+             from slice s join track t on s.track_id = t.id where s.name = '{}' order by id",
+            track::REQUEST_PREFIX.len() + 1,
+            tp_arg(arg::TTFT_MS),
+            slice::FIRST_TOKEN
+        ))
         .unwrap();
     let ours: Vec<&Value> = j["requests"]["per_request"]
         .as_array()
@@ -454,17 +458,21 @@ fn report_agrees_with_perfetto_trace_processor() {
         assert!(close(&q["ttft_ms"], r["v"].as_f64().unwrap()), "{q} vs {r}");
     }
     // Steps by kind, and the slow syscall total.
-    for kind in ["prefill", "decode", "mixed"] {
+    for kind in [StepKind::Prefill, StepKind::Decode, StepKind::Mixed].map(StepKind::name) {
         let n = tp
             .query_i64(&format!(
                 "select count(*) from slice s join track t on s.track_id = t.id \
-                 where t.name = 'engine steps' and s.name = '{kind}'"
+                 where t.name = '{}' and s.name = '{kind}'",
+                track::STEPS
             ))
             .unwrap();
         assert_eq!(j["steps"]["by_kind"][kind]["count"], n, "{kind}");
     }
     let total = tp
-        .query("select sum(dur) / 1e6 as v from slice where name = 'syscall nanosleep'")
+        .query(&format!(
+            "select sum(dur) / 1e6 as v from slice where name = '{}'",
+            slice::syscall("nanosleep")
+        ))
         .unwrap();
     assert!(close(
         &j["syscalls"]["slow_syscall_slices"][0]["total_ms"],
@@ -628,21 +636,21 @@ fn report_has_a_gpu_section_with_counters_cuda_time_and_markers() {
             .find(|c| c["metric"] == metric)
             .unwrap_or_else(|| panic!("no {metric} in {gpu0:#}"))
     };
-    let util = counter("utilization");
+    let util = counter(counter::GPU_UTILIZATION.0);
     assert_eq!(
         (util["unit"].as_str(), &util["samples"]),
         (Some("%"), &Value::from(3))
     );
     assert_ms(&util["mean"], 50.0);
     assert_ms(&util["max"], 80.0);
-    assert_ms(&counter("power")["mean"], 200.0);
-    assert_ms(&counter("memory used")["max"], 1024.0);
+    assert_ms(&counter(counter::GPU_POWER.0)["mean"], 200.0);
+    assert_ms(&counter(counter::GPU_MEMORY_USED.0)["max"], 1024.0);
     assert!(
         gpu0["counters"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|c| c["metric"] != "PCIe RX (host to device)"),
+            .all(|c| c["metric"] != counter::GPU_PCIE_RX.0),
         "an unsupported counter is not reported"
     );
     let mem = &gpu0["process_memory_mib"][0];
@@ -695,6 +703,11 @@ fn report_has_a_gpu_section_with_counters_cuda_time_and_markers() {
         c["probe"],
         serde_json::json!({"hits": 12, "emitted": 11, "dropped": 1})
     );
+    assert_eq!(
+        CUDA_MARKER,
+        marker::cuda_probes_attached(41, "/usr/lib/libcuda.so.1", 0),
+        "the fixture's marker is the one llmprof writes"
+    );
     assert_eq!(g["markers"], serde_json::json!([CUDA_MARKER]));
     assert_eq!(
         j["drops"]["total_dropped"], 8,
@@ -744,13 +757,14 @@ fn gpu_section_agrees_with_perfetto_trace_processor() {
     let j = report_json(&path);
     let mut tp = e2e::trace_processor::load(&path).expect("trace loads");
     let row = tp
-        .query(
+        .query(&format!(
             "select avg(c.value) as mean, max(c.value) as max, count(*) as n from counter c \
-             join counter_track t on c.track_id = t.id where t.name = 'GPU 0 utilization'",
-        )
+             join counter_track t on c.track_id = t.id where t.name = '{}'",
+            track::gpu_counter(0, counter::GPU_UTILIZATION.0)
+        ))
         .unwrap();
     let util = &j["gpu"]["gpus"][0]["counters"][0];
-    assert_eq!(util["metric"], "utilization");
+    assert_eq!(util["metric"], counter::GPU_UTILIZATION.0);
     assert_eq!(util["samples"], row[0]["n"]);
     assert!(
         close(&util["mean"], row[0]["mean"].as_f64().unwrap()),
@@ -761,21 +775,24 @@ fn gpu_section_agrees_with_perfetto_trace_processor() {
         "{util} vs {row:?}"
     );
     let sync = tp
-        .query(
-            "select sum(dur) / 1e6 as v from slice \
-             where category = 'cuda-host' and name like '%Synchronize (host)'",
-        )
+        .query(&format!(
+            "select sum(dur) / 1e6 as v from slice where category = '{}' and name like '%{}'",
+            category::CUDA_HOST,
+            slice::cuda_call("Synchronize")
+        ))
         .unwrap();
     assert!(close(
         &j["gpu"]["cuda"]["synchronize_ms"],
         sync[0]["v"].as_f64().unwrap()
     ));
+    let (launches, step_id) = (tp_arg(arg::LAUNCHES), tp_arg(arg::STEP_ID));
     let most = tp
-        .query_i64(
-            "select max(n) from (select sum(extract_arg(arg_set_id, 'debug.launches')) as n from slice \
-             where category = 'cuda-host' and extract_arg(arg_set_id, 'debug.step_id') is not null \
-             group by extract_arg(arg_set_id, 'debug.step_id'))",
-        )
+        .query_i64(&format!(
+            "select max(n) from (select sum(extract_arg(arg_set_id, '{launches}')) as n from slice \
+             where category = '{}' and extract_arg(arg_set_id, '{step_id}') is not null \
+             group by extract_arg(arg_set_id, '{step_id}'))",
+            category::CUDA_HOST
+        ))
         .unwrap();
     assert!(close(&j["gpu"]["cuda"]["launches_per_step"]["max"], most as f64));
     drop(tp);

@@ -14,6 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use e2e::trace_processor::Trace;
+use llmprof_abi::{CudaFunc, CudaVariant};
+use llmprof_trace::names::{arg, category, marker, slice, tp_arg, track, value};
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
@@ -154,8 +156,19 @@ fn counter_max(tp: &mut Trace, track: &str) -> f64 {
 fn cuda_slices(name: &str) -> String {
     format!(
         "select s.* from slice s join track t on s.track_id = t.id \
-         where t.name = 'CUDA driver calls (host time)' and s.name = '{name}'"
+         where t.name = '{}' and s.name = '{name}'",
+        track::CUDA
     )
+}
+
+/// `extract_arg` of the annotation `key`.
+fn extract(key: &str) -> String {
+    format!("extract_arg(arg_set_id, '{}')", tp_arg(key))
+}
+
+/// An individual CUDA call's slice name.
+fn call(f: CudaFunc) -> String {
+    slice::cuda_call(f.name())
 }
 
 #[test]
@@ -200,9 +213,10 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
 
     // One launch slice per step, carrying its step id and the 100 launches (both cuLaunchKernel symbols).
     let per_step = format!(
-        "select count(distinct extract_arg(arg_set_id, 'debug.step_id')) from ({}) \
-         where extract_arg(arg_set_id, 'debug.launches') = 100",
-        cuda_slices("cuLaunchKernel ×100 (host)")
+        "select count(distinct {}) from ({}) where {} = 100",
+        extract(arg::STEP_ID),
+        cuda_slices(&slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 100)),
+        extract(arg::LAUNCHES)
     );
     assert_eq!(q(&mut tp, &per_step), 3);
     // Synchronize calls are individual, and their host time covers the stand-in's 5 / 3 / 2 ms sleeps.
@@ -212,61 +226,84 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
             cuda_slices(name)
         )
     };
-    assert_eq!(q(&mut tp, &syncs("cuStreamSynchronize (host)", 5_000_000)), 3);
+    assert_eq!(
+        q(&mut tp, &syncs(&call(CudaFunc::StreamSynchronize), 5_000_000)),
+        3
+    );
     // ... each labelled with the engine step it happened in.
     let sync_steps = format!(
-        "select count(distinct extract_arg(arg_set_id, 'debug.step_id')) from ({})",
-        cuda_slices("cuStreamSynchronize (host)")
+        "select count(distinct {}) from ({})",
+        extract(arg::STEP_ID),
+        cuda_slices(&call(CudaFunc::StreamSynchronize))
     );
     assert_eq!(q(&mut tp, &sync_steps), 3);
-    assert_eq!(q(&mut tp, &syncs("cuCtxSynchronize (host)", 3_000_000)), 1);
-    assert_eq!(q(&mut tp, &syncs("cuEventSynchronize (host)", 2_000_000)), 1);
+    assert_eq!(q(&mut tp, &syncs(&call(CudaFunc::CtxSynchronize), 3_000_000)), 1);
+    assert_eq!(
+        q(&mut tp, &syncs(&call(CudaFunc::EventSynchronize), 2_000_000)),
+        1
+    );
     // The failing call keeps its CUresult.
     let failed = format!(
-        "select count(*) from ({}) where extract_arg(arg_set_id, 'debug.result') = 1 \
-         and extract_arg(arg_set_id, 'debug.function') = 'cuEventSynchronize_ptsz'",
-        cuda_slices("cuEventSynchronize (host)")
+        "select count(*) from ({}) where {} = 1 and {} = '{}{}'",
+        cuda_slices(&call(CudaFunc::EventSynchronize)),
+        extract(arg::RESULT),
+        extract(arg::FUNCTION),
+        CudaFunc::EventSynchronize.name(),
+        CudaVariant::Ptsz.suffix()
     );
     assert_eq!(q(&mut tp, &failed), 1);
     // The 200 µs device-to-host copy is its own slice with its byte count.
     let copies = format!(
-        "select count(*) from ({}) where dur >= 200000 and extract_arg(arg_set_id, 'debug.bytes') = 4096",
-        cuda_slices("cuMemcpyDtoH (host)")
+        "select count(*) from ({}) where dur >= 200000 and {} = 4096",
+        cuda_slices(&call(CudaFunc::MemcpyDtoH)),
+        extract(arg::BYTES)
     );
     assert_eq!(q(&mut tp, &copies), 3);
     // The short calls after the steps are gathered into one batch, per function.
     let batch = format!(
-        "select extract_arg(arg_set_id, 'debug.functions') as f from ({})",
-        cuda_slices("CUDA calls ×6 (host)")
+        "select {} as f from ({})",
+        extract(arg::FUNCTIONS),
+        cuda_slices(&slice::cuda_batch(None, 6))
     );
     let rows = tp.query(&batch).unwrap();
     assert_eq!(rows.len(), 1, "{rows:?}");
     let f = rows[0]["f"].as_str().unwrap_or_default().to_owned();
+    let calls: Vec<(String, u64, f64)> = value::cuda_functions(&f);
     for want in [
-        "cuMemAlloc=1",
-        "cuMemFree=1",
-        "cuMemcpyHtoDAsync=1",
-        "cuGraphLaunch=1",
-        "cuLaunchKernelEx=1",
+        CudaFunc::MemAlloc,
+        CudaFunc::MemFree,
+        CudaFunc::MemcpyHtoDAsync,
+        CudaFunc::GraphLaunch,
+        CudaFunc::LaunchKernelEx,
     ] {
-        assert!(f.contains(want), "{f}");
+        assert!(
+            calls.iter().any(|(name, n, _)| name == want.name() && *n == 1),
+            "{f}"
+        );
     }
     // Every CUDA slice says it is host time, has the cuda-host category, and sits on a track of the calling
     // thread (a child of its thread track, which the trace processor files under the thread).
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice s join track t on s.track_id = t.id \
-             where t.name = 'CUDA driver calls (host time)' \
-             and (s.category != 'cuda-host' or extract_arg(s.arg_set_id, 'debug.note') not like 'host-side time%')"
+            &format!(
+                "select count(*) from slice s join track t on s.track_id = t.id \
+                 where t.name = '{}' and (s.category != '{}' or extract_arg(s.arg_set_id, '{}') != '{}')",
+                track::CUDA,
+                category::CUDA_HOST,
+                tp_arg(arg::NOTE),
+                arg::CUDA_NOTE
+            )
         ),
         0
     );
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice s join track t on s.track_id = t.id \
-             where t.name = 'CUDA driver calls (host time)'"
+            &format!(
+                "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}'",
+                track::CUDA
+            )
         ),
         3 + 3 + 3 + 1 + 1 + 2
     );
@@ -276,7 +313,8 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
             &mut tp,
             &format!(
                 "select count(*) from thread_track t join thread using (utid) \
-                 where t.name = 'CUDA driver calls (host time)' and thread.tid = {tid}"
+                 where t.name = '{}' and thread.tid = {tid}",
+                track::CUDA
             )
         ),
         1
@@ -285,12 +323,21 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'GPU counters unavailable: NVML%'"
+            &format!(
+                "select count(*) from slice where name like '{}%'",
+                marker::gpu_counters_unavailable("NVML")
+            )
         ),
         1
     );
     assert_eq!(
-        q(&mut tp, "select count(*) from track where name like 'GPU %'"),
+        q(
+            &mut tp,
+            &format!(
+                "select count(*) from track where name like '{}%'",
+                track::GPU_PREFIX
+            )
+        ),
         0
     );
     drop(tp);
@@ -300,13 +347,16 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
 /// The summary's `overhead_by_probe_ms` entry of `probe`, ms.
 fn by_probe_ms(tp: &mut Trace, probe: &str) -> f64 {
     let rows = tp
-        .query("select extract_arg(arg_set_id, 'debug.overhead_by_probe_ms') as b from slice where name = 'llmprof summary'")
+        .query(&format!(
+            "select {} as b from slice where name = '{}'",
+            extract(arg::OVERHEAD_BY_PROBE_MS),
+            marker::SUMMARY
+        ))
         .unwrap();
     let b = rows[0]["b"].as_str().unwrap_or_default().to_owned();
-    b.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
+    value::pairs(&b)
         .find(|(k, _)| *k == probe)
-        .and_then(|(_, v)| v.parse().ok())
+        .map(|(_, v)| v)
         .unwrap_or_else(|| panic!("no {probe} in overhead_by_probe_ms {b:?}"))
 }
 
@@ -335,7 +385,11 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     let cost = qf(
         &mut tp,
-        "select extract_arg(arg_set_id, 'debug.cost_ns_cuda_call') from slice where name = 'llmprof summary'",
+        &format!(
+            "select {} from slice where name = '{}'",
+            extract(arg::COST_NS_CUDA_CALL),
+            marker::SUMMARY
+        ),
     );
     eprintln!(
         "calibrated CUDA call cost: {cost:.0} ns, charged {:.2} ms",
@@ -379,19 +433,28 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     let at = q(
         &mut tp,
-        "select ts from slice where name = 'overhead budget: cuda_detached' order by ts limit 1",
+        &format!(
+            "select ts from slice where name = '{}' order by ts limit 1",
+            marker::degradation("cuda_detached")
+        ),
     );
     assert!(
         q(
             &mut tp,
-            &format!("select count(*) from slice where category = 'cuda-host' and ts < {at}")
+            &format!(
+                "select count(*) from slice where category = '{}' and ts < {at}",
+                category::CUDA_HOST
+            )
         ) > 0,
         "CUDA calls traced before the step"
     );
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from slice where category = 'cuda-host' and ts > {at}")
+            &format!(
+                "select count(*) from slice where category = '{}' and ts > {at}",
+                category::CUDA_HOST
+            )
         ),
         0,
         "no CUDA call traced after cuda_detached"
@@ -432,14 +495,20 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'libcuda not loaded in pid%'"
+            &format!(
+                "select count(*) from slice where name like '{} in pid%'",
+                marker::LIBCUDA_NOT_LOADED
+            )
         ),
         1
     );
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'CUDA driver probes attached: 16 entry points of %(1 of them only reachable through cuGetProcAddress)'"
+            &format!(
+                "select count(*) from slice where name like '{}'",
+                marker::cuda_probes_attached(16, "%", 1)
+            )
         ),
         1
     );
@@ -448,7 +517,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
             &mut tp,
             &format!(
                 "select count(*) from ({})",
-                cuda_slices("cuLaunchKernel ×10 (host)")
+                cuda_slices(&slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 10))
             )
         ) >= 1,
         "a round of 10 launches traced after the late attach"
@@ -458,7 +527,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
             &mut tp,
             &format!(
                 "select count(*) from ({})",
-                cuda_slices("cuStreamSynchronize (host)")
+                cuda_slices(&call(CudaFunc::StreamSynchronize))
             )
         ) >= 1
     );

@@ -21,6 +21,8 @@ use llmprof::otel::tls::TlsFiles;
 use llmprof::otel::{self, ExportConfig, OtelOptions, OtelSink, OtlpProtocol, ResourceInfo, WallClock};
 use llmprof_abi::{FinishReason, RequestEventKind, StepKind};
 use llmprof_trace::event::Event;
+use llmprof_trace::names::slice;
+use llmprof_trace::otel::semconv::{SPAN_DECODE, SPAN_PREEMPTED, SPAN_PREFILL, SPAN_QUEUE};
 use llmprof_trace::testing;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -361,17 +363,17 @@ fn check_received(got: &[ExportTraceServiceRequest], t0_wall_ns: u64) {
             assert_eq!(
                 names,
                 [
-                    "queue",
-                    "prefill",
-                    "prefill",
-                    "decode",
-                    "preempted",
-                    "prefill",
-                    "decode"
+                    SPAN_QUEUE,
+                    SPAN_PREFILL,
+                    SPAN_PREFILL,
+                    SPAN_DECODE,
+                    SPAN_PREEMPTED,
+                    SPAN_PREFILL,
+                    SPAN_DECODE
                 ]
             );
         } else {
-            assert_eq!(names, ["queue", "prefill", "decode"]);
+            assert_eq!(names, [SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE]);
         }
     }
 }
@@ -757,8 +759,8 @@ fn attach_exports_engine_requests_as_spans_in_the_callers_trace() {
         .iter()
         .filter(|s| s.parent_span_id == root.span_id)
         .collect();
-    assert!(children.iter().any(|c| c.name == "queue"), "queue child");
-    assert!(children.iter().any(|c| c.name == "prefill"), "prefill child");
+    assert!(children.iter().any(|c| c.name == SPAN_QUEUE), "queue child");
+    assert!(children.iter().any(|c| c.name == SPAN_PREFILL), "prefill child");
     let sum: u64 = children.iter().map(|c| dur_ns(c)).sum();
     let total = dur_ns(root);
     assert!(
@@ -830,7 +832,10 @@ fn attach_with_the_receiver_down_still_writes_the_trace_and_counts_drops() {
     let mut tp = e2e::trace_processor::load(&run.trace).expect("trace processor loads the trace");
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     let requests = tp
-        .query_i64("select count(*) from slice where name like 'request %' and depth = 0")
+        .query_i64(&format!(
+            "select count(*) from slice where name like '{}%' and depth = 0",
+            slice::REQUEST_PREFIX
+        ))
         .unwrap();
     assert_eq!(requests, 1, "the request is in the trace");
     let _ = std::fs::remove_file(&run.trace);

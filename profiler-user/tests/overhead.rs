@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use e2e::trace_processor::{self, Trace};
+use llmprof_trace::names::{arg, counter, marker, slice, tp_arg};
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
@@ -143,32 +144,22 @@ fn every_trace_accounts_for_llmprof_itself() {
         assert!(stdout.contains(want), "exit summary lacks {want:?}:\n{stdout}");
     }
     let mut tp = clean_load(&trace);
-    assert!(counter_max(&mut tp, "llmprof cost per hit: syscall") > 0.0);
-    assert!(counter_max(&mut tp, "llmprof cost per hit: engine probe") > 0.0);
-    assert!(counter_max(&mut tp, "llmprof RSS") > 1.0, "RSS in MiB");
-    assert!(counter_max(&mut tp, "llmprof overhead: est. added CPU") > 0.0);
-    assert!(counter_max(&mut tp, "llmprof overhead: est. target CPU added") > 0.0);
-    let cpu = counter_max(&mut tp, "llmprof CPU");
+    assert!(counter_max(&mut tp, counter::COST_SYSCALL.0) > 0.0);
+    assert!(counter_max(&mut tp, counter::COST_ENGINE_PROBE.0) > 0.0);
+    assert!(counter_max(&mut tp, counter::LLMPROF_RSS.0) > 1.0, "RSS in MiB");
+    assert!(counter_max(&mut tp, counter::OVERHEAD_ADDED_CPU.0) > 0.0);
+    assert!(counter_max(&mut tp, counter::OVERHEAD_TARGET_PCT.0) > 0.0);
+    let cpu = counter_max(&mut tp, counter::LLMPROF_CPU.0);
     assert!((0.0..=200.0).contains(&cpu), "llmprof CPU {cpu}% of one core");
-    let summary = "from slice where name = 'llmprof summary'";
-    assert!(
-        qf(
-            &mut tp,
-            &format!("select extract_arg(arg_set_id, 'debug.cost_ns_syscall') {summary}")
-        ) > 0.0
-    );
-    assert!(
-        qf(
-            &mut tp,
-            &format!("select extract_arg(arg_set_id, 'debug.llmprof_max_rss_mib') {summary}")
-        ) > 0.0
-    );
-    assert!(
-        qf(
-            &mut tp,
-            &format!("select extract_arg(arg_set_id, 'debug.overhead_est_target_cpu_ms') {summary}")
-        ) > 0.0
-    );
+    let summary = format!("from slice where name = '{}'", marker::SUMMARY);
+    for key in [
+        arg::COST_NS_SYSCALL,
+        arg::LLMPROF_MAX_RSS_MIB,
+        arg::OVERHEAD_EST_TARGET_CPU_MS,
+    ] {
+        let sql = format!("select extract_arg(arg_set_id, '{}') {summary}", tp_arg(key));
+        assert!(qf(&mut tp, &sql) > 0.0, "{key}");
+    }
     drop(tp);
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -194,7 +185,8 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
     let mut tp = clean_load(&trace);
     let step = |tp: &mut Trace, name: &str, col: &str| {
         tp.query_i64(&format!(
-            "select {col} from slice where name = 'overhead budget: {name}' order by ts limit 1"
+            "select {col} from slice where name = '{}' order by ts limit 1",
+            marker::degradation(name)
         ))
         .unwrap_or_else(|e| panic!("no step {name} in the trace: {e}"))
     };
@@ -206,7 +198,10 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
         "documented order"
     );
     // Per-syscall events before the first step, none after it.
-    let slow = "select count(*) from slice where name like 'syscall %'";
+    let slow = format!(
+        "select count(*) from slice where name like '{}%'",
+        slice::SYSCALL_PREFIX
+    );
     assert!(
         q(&mut tp, &format!("{slow} and ts < {off_ts}")) > 0,
         "slow syscalls before the step"
@@ -217,15 +212,16 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
         "slow syscalls after the step"
     );
     // The kernel aggregates went on counting between the first step and the detach.
-    let counted =
-        |tp: &mut Trace, name: &str| step(tp, name, "extract_arg(arg_set_id, 'debug.syscalls_counted')");
+    let counted_col = format!("extract_arg(arg_set_id, '{}')", tp_arg(arg::SYSCALLS_COUNTED));
+    let counted = |tp: &mut Trace, name: &str| step(tp, name, &counted_col);
     let at_off = counted(&mut tp, "syscall_events_off");
     let at_detach = counted(&mut tp, "syscalls_detached");
     assert!(at_detach > at_off, "aggregates continued: {at_off} → {at_detach}");
-    let summary = "from slice where name = 'llmprof summary'";
     let rows = tp
         .query(&format!(
-            "select extract_arg(arg_set_id, 'debug.degradations') as d {summary}"
+            "select extract_arg(arg_set_id, '{}') as d from slice where name = '{}'",
+            tp_arg(arg::DEGRADATIONS),
+            marker::SUMMARY
         ))
         .unwrap();
     let steps = rows[0]["d"].as_str().unwrap_or_default().to_owned();
@@ -266,19 +262,30 @@ fn max_trace_size_ends_the_trace_cleanly_at_the_cap() {
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name like 'trace size limit reached%'"
+            &format!(
+                "select count(*) from slice where name like '{}%'",
+                marker::SIZE_LIMIT_REACHED
+            )
         ),
         1
     );
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice where name = 'llmprof summary' \
-             and extract_arg(arg_set_id, 'debug.end_reason') = 'trace size limit reached'"
+            &format!(
+                "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{}') = '{}'",
+                marker::SUMMARY,
+                tp_arg(arg::END_REASON),
+                marker::SIZE_LIMIT_REACHED
+            )
         ),
         1
     );
-    assert!(q(&mut tp, "select count(*) from slice where name like 'syscall %'") > 100);
+    let slow = format!(
+        "select count(*) from slice where name like '{}%'",
+        slice::SYSCALL_PREFIX
+    );
+    assert!(q(&mut tp, &slow) > 100);
     drop(tp);
     // Bad input: a cap too small to hold the end of a trace.
     let out = Command::new(LLMPROF)

@@ -5,6 +5,7 @@
 
 use llmprof_abi::{FileOp, RangeOp, RequestEventKind, StepKind};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats, SyscallAggregate};
+use llmprof_trace::names::{arg, counter, marker, slice, tp_arg, track};
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::perfetto::schema::Trace;
 use llmprof_trace::testing;
@@ -255,51 +256,60 @@ fn perfetto_trace_processor_loads_the_fixture_cleanly() {
 
     let q =
         |tp: &mut e2e::trace_processor::Trace, sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"));
+    let on_track =
+        |t: &str| format!("select s.* from slice s join track t on s.track_id = t.id where t.name = '{t}'");
+    let extract = |key: &str| format!("extract_arg(arg_set_id, '{}')", tp_arg(key));
     // Engine steps: one slice per step, named by kind, with the step's attributes.
-    let steps = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'engine steps'";
-    assert_eq!(
-        q(
-            &mut tp,
-            &format!("select count(*) from ({steps}) where name = 'prefill'")
-        ),
-        1
-    );
-    assert_eq!(
-        q(
-            &mut tp,
-            &format!("select count(*) from ({steps}) where name = 'decode'")
-        ),
-        1
-    );
-    assert_eq!(
-        q(
-            &mut tp,
-            &format!("select count(*) from ({steps}) where name = 'mixed'")
-        ),
-        1
-    );
+    let steps = on_track(track::STEPS);
+    for kind in [StepKind::Prefill, StepKind::Decode, StepKind::Mixed] {
+        assert_eq!(
+            q(
+                &mut tp,
+                &format!("select count(*) from ({steps}) where name = '{}'", kind.name())
+            ),
+            1
+        );
+    }
     assert_eq!(
         q(
             &mut tp,
             &format!(
-                "select extract_arg(arg_set_id, 'debug.num_seqs') from ({steps}) where name = 'prefill'"
+                "select {} from ({steps}) where name = '{}'",
+                extract(arg::NUM_SEQS),
+                StepKind::Prefill.name()
             )
         ),
         2
     );
+    // The requests a step served are typed array args: `debug.req_ids[0]`, `debug.req_ids[1]`.
+    let ids = tp
+        .query(&format!(
+            "select a.int_value as id from ({steps}) s join args a using (arg_set_id) \
+             where s.name = '{}' and a.flat_key = '{}' order by a.key",
+            StepKind::Mixed.name(),
+            tp_arg(arg::REQ_IDS)
+        ))
+        .unwrap();
+    assert_eq!(ids, [serde_json::json!({"id": 1}), serde_json::json!({"id": 2})]);
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from slice s join track t on s.track_id = t.id where t.name = 'device (host compute)'"
+            &format!("select count(*) from ({})", on_track(track::DEVICE_HOST))
         ),
         3
     );
     // Requests: async tracks with phases, TTFT and tokens; flows from requests to the steps.
-    let r1 = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'request 1 (xr-1)'";
+    let r1 = on_track(&track::request(1, "xr-1"));
+    let outer1 = slice::request(1);
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from ({r1}) where name in ('queued', 'prefill', 'decode')")
+            &format!(
+                "select count(*) from ({r1}) where name in ('{}', '{}', '{}')",
+                slice::QUEUED,
+                slice::PREFILL,
+                slice::DECODE
+            )
         ),
         3
     );
@@ -307,31 +317,35 @@ fn perfetto_trace_processor_loads_the_fixture_cleanly() {
         q(
             &mut tp,
             &format!(
-                "select extract_arg(arg_set_id, 'debug.output_tokens') from ({r1}) where name = 'request 1'"
+                "select {} from ({r1}) where name = '{outer1}'",
+                extract(arg::OUTPUT_TOKENS)
             )
         ),
         3
     );
     let ttft = tp
         .query(&format!(
-            "select extract_arg(arg_set_id, 'debug.ttft_ms') as v from ({r1}) where name = 'request 1'"
+            "select {} as v from ({r1}) where name = '{outer1}'",
+            extract(arg::TTFT_MS)
         ))
         .unwrap();
     assert!(
         (ttft[0]["v"].as_f64().unwrap() - 1.2).abs() < 1e-6,
         "ttft {ttft:?}"
     );
-    let r2 = "select s.* from slice s join track t on s.track_id = t.id where t.name = 'request 2 (xr-2)'";
+    let r2 = on_track(&track::request(2, "xr-2"));
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from ({r2}) where name = 'preempted'")
+            &format!("select count(*) from ({r2}) where name = '{}'", slice::PREEMPTED)
         ),
         1
     );
     let closed = tp
         .query(&format!(
-            "select extract_arg(arg_set_id, 'debug.closed_by') as v from ({r2}) where name = 'request 2'"
+            "select {} as v from ({r2}) where name = '{}'",
+            extract(arg::CLOSED_BY),
+            slice::request(2)
         ))
         .unwrap();
     assert_eq!(closed[0]["v"], "duration elapsed");
@@ -344,47 +358,64 @@ fn perfetto_trace_processor_loads_the_fixture_cleanly() {
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from ({sched}) where name = 'llmserve::forward'")
+            &format!(
+                "select count(*) from ({sched}) where name = '{}'",
+                slice::range("llmserve", "forward")
+            )
         ),
         1
     );
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from ({sched}) where name = 'syscall nanosleep' and dur = 2000000")
+            &format!(
+                "select count(*) from ({sched}) where name = '{}' and dur = 2000000",
+                slice::syscall("nanosleep")
+            )
         ),
         1
     );
     assert_eq!(
         q(
             &mut tp,
-            "select extract_arg(arg_set_id, 'debug.bytes') from slice where name = 'model file read'"
+            &format!(
+                "select {} from slice where name = '{}'",
+                extract(arg::BYTES),
+                slice::model_file(FileOp::Read.name())
+            )
         ),
         1000
     );
-    let flagged = tp.query("select extract_arg(arg_set_id, 'debug.port') as port, extract_arg(arg_set_id, 'debug.address') as a from slice where name = 'connect (flagged egress)'").unwrap();
+    let flagged = tp
+        .query(&format!(
+            "select {} as port, {} as a from slice where name = '{}'",
+            extract(arg::PORT),
+            extract(arg::ADDRESS),
+            slice::CONNECT_FLAGGED
+        ))
+        .unwrap();
     assert_eq!(flagged.len(), 1);
     assert_eq!(flagged[0]["port"], 9);
     assert_eq!(flagged[0]["a"], "127.0.0.2");
     // Counters.
+    let counter_sql = |agg: &str, t: &str| {
+        format!("select {agg} from counter c join counter_track t on c.track_id = t.id where t.name = '{t}'")
+    };
+    assert_eq!(q(&mut tp, &counter_sql("count(*)", counter::KV_USAGE.0)), 2);
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from counter c join counter_track t on c.track_id = t.id where t.name = 'KV cache usage'"
-        ),
-        2
-    );
-    assert_eq!(
-        q(
-            &mut tp,
-            "select cast(max(value) as int) from counter c join counter_track t on c.track_id = t.id where t.name = 'syscalls/s'"
+            &counter_sql("cast(max(value) as int)", counter::SYSCALL_RATE.0)
         ),
         1234
     );
     assert_eq!(
         q(
             &mut tp,
-            "select cast(max(value) as int) from counter c join counter_track t on c.track_id = t.id where t.name = 'llmprof drops: syscalls'"
+            &counter_sql(
+                "cast(max(value) as int)",
+                &track::drops(llmprof_abi::PROBE_NAMES[3])
+            )
         ),
         5
     );
@@ -403,7 +434,14 @@ fn perfetto_trace_processor_loads_the_fixture_cleanly() {
         ),
         1
     );
-    let summary = tp.query("select extract_arg(arg_set_id, 'debug.end_reason') as r, extract_arg(arg_set_id, 'debug.total_dropped') as d from slice where name = 'llmprof summary'").unwrap();
+    let summary = tp
+        .query(&format!(
+            "select {} as r, {} as d from slice where name = '{}'",
+            extract(arg::END_REASON),
+            extract(arg::TOTAL_DROPPED),
+            marker::SUMMARY
+        ))
+        .unwrap();
     assert_eq!(summary.len(), 1);
     assert_eq!(summary[0]["r"], "duration elapsed");
     assert_eq!(summary[0]["d"], 7);

@@ -6,6 +6,7 @@
 
 use llmprof_abi::{CudaFunc, StepKind};
 use llmprof_trace::event::{Event, GpuSample, SessionStats};
+use llmprof_trace::names::{arg, counter, slice, tp_arg, track};
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::testing;
 
@@ -84,50 +85,62 @@ fn gpu_counters_and_cuda_slices_load_in_the_trace_processor() {
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     assert_eq!(tp.unterminated_slices().unwrap(), Vec::<serde_json::Value>::new());
     let mut q = |sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let counter = |name: &str| {
+    let samples = |agg: &str, track: &str| {
         format!(
-            "select count(*) from counter c join counter_track t on c.track_id = t.id where t.name = '{name}'"
+            "select {agg} from counter c join counter_track t on c.track_id = t.id where t.name = '{track}'"
         )
     };
-    assert_eq!(q(&counter("GPU 0 utilization")), 3);
-    assert_eq!(q(&counter("GPU 0 power")), 3);
-    assert_eq!(q(&counter("GPU 0 SM clock")), 3);
-    assert_eq!(q(&counter("GPU 0 temperature")), 3);
-    assert_eq!(q(&counter("GPU 0 memory used")), 3);
-    assert_eq!(q(&counter("GPU 0 PCIe TX (device to host)")), 3);
+    let gpu0 = |metric: (&str, &str)| samples("count(*)", &track::gpu_counter(0, metric.0));
+    assert_eq!(q(&gpu0(counter::GPU_UTILIZATION)), 3);
+    assert_eq!(q(&gpu0(counter::GPU_POWER)), 3);
+    assert_eq!(q(&gpu0(counter::GPU_SM_CLOCK)), 3);
+    assert_eq!(q(&gpu0(counter::GPU_TEMPERATURE)), 3);
+    assert_eq!(q(&gpu0(counter::GPU_MEMORY_USED)), 3);
+    assert_eq!(q(&gpu0(counter::GPU_PCIE_TX)), 3);
     assert_eq!(
-        q(&counter("GPU 0 PCIe RX (host to device)")),
+        q(&gpu0(counter::GPU_PCIE_RX)),
         0,
         "unsupported counters stay absent"
     );
-    assert_eq!(q(&counter(&format!("GPU 0 memory (pid {PID})"))), 2);
+    assert_eq!(q(&samples("count(*)", &track::gpu_process_memory(0, PID))), 2);
     assert_eq!(
-        q(
-            "select cast(max(c.value) as int) from counter c join counter_track t on c.track_id = t.id \
-           where t.name = 'GPU 0 utilization'"
-        ),
+        q(&samples(
+            "cast(max(c.value) as int)",
+            &track::gpu_counter(0, counter::GPU_UTILIZATION.0)
+        )),
         90
     );
     // Per-step launch batches with their step ids; copies ≥ 50 µs and syncs individually.
+    let (step_id, function) = (tp_arg(arg::STEP_ID), tp_arg(arg::FUNCTION));
     assert_eq!(
-        q(
-            "select count(*) from slice where name = 'cuLaunchKernel ×50 (host)' \
-           and extract_arg(arg_set_id, 'debug.step_id') in (1, 2)"
-        ),
+        q(&format!(
+            "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{step_id}') in (1, 2)",
+            slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 50)
+        )),
         2
     );
     assert_eq!(
-        q("select count(*) from slice where name = 'cuStreamSynchronize (host)' and dur = 5000000"),
+        q(&format!(
+            "select count(*) from slice where name = '{}' and dur = 5000000",
+            slice::cuda_call(CudaFunc::StreamSynchronize.name())
+        )),
         2
     );
     assert_eq!(
-        q("select count(*) from slice where name = 'cuMemcpyDtoH (host)' \
-           and extract_arg(arg_set_id, 'debug.function') = 'cuMemcpyDtoH_v2'"),
+        q(&format!(
+            "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{function}') = '{}{}'",
+            slice::cuda_call(CudaFunc::MemcpyDtoH.name()),
+            CudaFunc::MemcpyDtoH.name(),
+            llmprof_abi::CudaVariant::V2.suffix()
+        )),
         2
     );
     assert_eq!(
-        q("select count(*) from thread_track t join thread using (utid) \
-           where t.name = 'CUDA driver calls (host time)' and thread.tid = 778"),
+        q(&format!(
+            "select count(*) from thread_track t join thread using (utid) \
+             where t.name = '{}' and thread.tid = 778",
+            track::CUDA
+        )),
         1
     );
     std::fs::remove_file(&path).unwrap();

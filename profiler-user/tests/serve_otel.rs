@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{hex, received_spans, start_grpc_receiver};
 use e2e::serve::{Serve, TOKEN};
+use llmprof_trace::names::{arg, marker, slice, tp_arg};
+use llmprof_trace::otel::semconv;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 const TRACE_ID: [u8; 16] = [
@@ -117,7 +119,7 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
     assert!(
         spans
             .iter()
-            .any(|s| s.parent_span_id == traced[0].span_id && s.name == "prefill"),
+            .any(|s| s.parent_span_id == traced[0].span_id && s.name == semconv::SPAN_PREFILL),
         "the request span has its phases as children"
     );
 
@@ -125,11 +127,18 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
     let mut tp = e2e::trace_processor::load(&trace).expect("trace processor loads the trace");
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     let in_trace = tp
-        .query_i64("select count(*) from slice where name like 'request %' and depth = 0")
+        .query_i64(&format!(
+            "select count(*) from slice where name like '{}%' and depth = 0",
+            slice::REQUEST_PREFIX
+        ))
         .unwrap();
     assert_eq!(in_trace, REQUESTS as i64, "the requests are in the trace too");
     let reason = tp
-        .query("select extract_arg(arg_set_id, 'debug.end_reason') as r from slice where name = 'llmprof summary'")
+        .query(&format!(
+            "select extract_arg(arg_set_id, '{}') as r from slice where name = '{}'",
+            tp_arg(arg::END_REASON),
+            marker::SUMMARY
+        ))
         .unwrap();
     assert_eq!(reason.len(), 1, "{reason:?}");
     assert_eq!(reason[0]["r"], "alert resolved", "{reason:?}");

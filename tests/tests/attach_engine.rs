@@ -11,6 +11,14 @@ use std::time::{Duration, Instant};
 
 use e2e::engine::Engine;
 use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
+use llmprof_abi::{FileOp, StepKind};
+use llmprof_trace::names::{arg, marker, slice, tp_arg, track};
+
+/// `s.name in ('prefill', 'decode', 'mixed')`: the step slices of every known kind.
+fn step_kinds() -> String {
+    let [p, d, m] = [StepKind::Prefill, StepKind::Decode, StepKind::Mixed].map(StepKind::name);
+    format!("s.name in ('{p}', '{d}', '{m}')")
+}
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
@@ -183,10 +191,11 @@ fn attach_to_the_engine_and_check_the_trace() {
 
     // Every engine step of the window is a slice on the engine-steps track.
     let steps = tp
-        .query_i64(
-            "select count(*) from slice s join track t on s.track_id = t.id \
-             where t.name = 'engine steps' and s.name in ('prefill', 'decode', 'mixed')",
-        )
+        .query_i64(&format!(
+            "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}' and {}",
+            track::STEPS,
+            step_kinds()
+        ))
         .expect("step query");
     assert!(steps_after > steps_before, "the engine ran no step in the window");
     assert_eq!(
@@ -195,40 +204,42 @@ fn attach_to_the_engine_and_check_the_trace() {
         "step slices vs the engine's own step counter"
     );
 
-    // Each step's per-request token shares (ABI v2) add up to the tokens the step computed.
+    // Each step's per-request token shares (ABI v2; an array arg, `debug.req_tokens[i]`) add up to the tokens
+    // the step computed.
     let shares = tp
-        .query(
-            "select extract_arg(s.arg_set_id, 'debug.prefill_tokens') + \
-                    extract_arg(s.arg_set_id, 'debug.decode_tokens') as total, \
-                    extract_arg(s.arg_set_id, 'debug.req_tokens') as shares \
-             from slice s join track t on s.track_id = t.id where t.name = 'engine steps' \
-             and s.name in ('prefill', 'decode', 'mixed')",
-        )
+        .query(&format!(
+            "select extract_arg(s.arg_set_id, '{}') + extract_arg(s.arg_set_id, '{}') as total, \
+                    (select coalesce(sum(a.int_value), 0) from args a \
+                     where a.arg_set_id = s.arg_set_id and a.flat_key = '{}') as shares \
+             from slice s join track t on s.track_id = t.id where t.name = '{}' and {}",
+            tp_arg(arg::PREFILL_TOKENS),
+            tp_arg(arg::DECODE_TOKENS),
+            tp_arg(arg::REQ_TOKENS),
+            track::STEPS,
+            step_kinds()
+        ))
         .expect("step shares query");
     assert_eq!(shares.len() as i64, steps);
     for row in &shares {
-        let sum: i64 = row["shares"]
-            .as_str()
-            .unwrap_or_default()
-            .split(',')
-            .map(|t| t.parse::<i64>().expect("req_tokens entry"))
-            .sum();
         assert_eq!(
-            Some(sum),
+            row["shares"].as_i64(),
             row["total"].as_i64(),
             "per-request shares vs step totals: {row:?}"
         );
     }
 
     // Each request has its track with the right token counts; the traced one keeps its trace id.
+    let extract = |key: &str| format!("extract_arg(arg_set_id, '{}')", tp_arg(key));
     let rows = tp
-        .query(
-            "select extract_arg(arg_set_id, 'debug.prompt_tokens') as prompt, \
-                    extract_arg(arg_set_id, 'debug.output_tokens') as output, \
-                    extract_arg(arg_set_id, 'debug.trace_id') as trace_id, \
-                    extract_arg(arg_set_id, 'debug.x_request_id') as xid \
-             from slice where name like 'request %' and depth = 0",
-        )
+        .query(&format!(
+            "select {} as prompt, {} as output, {} as trace_id, {} as xid \
+             from slice where name like '{}%' and depth = 0",
+            extract(arg::PROMPT_TOKENS),
+            extract(arg::OUTPUT_TOKENS),
+            extract(arg::TRACE_ID),
+            extract(arg::X_REQUEST_ID),
+            slice::REQUEST_PREFIX
+        ))
         .expect("request query");
     assert_eq!(rows.len(), 4, "one request track per request: {rows:?}");
     let traced_row = rows
@@ -257,9 +268,12 @@ fn attach_to_the_engine_and_check_the_trace() {
     let model_path = model.canonicalize().expect("canonical model path");
     let read_bytes = tp
         .query_i64(&format!(
-            "select coalesce(sum(extract_arg(arg_set_id, 'debug.bytes')), 0) from slice \
-             where name in ('model file read', 'model file pread64', 'model file readv') \
-             and extract_arg(arg_set_id, 'debug.path') in ('{}', '{}')",
+            "select coalesce(sum({}), 0) from slice where name in ('{}', '{}', '{}') and {} in ('{}', '{}')",
+            extract(arg::BYTES),
+            slice::model_file(FileOp::Read.name()),
+            slice::model_file(FileOp::Pread.name()),
+            slice::model_file(FileOp::Readv.name()),
+            extract(arg::PATH),
             model.display(),
             model_path.display()
         ))
@@ -272,21 +286,28 @@ fn attach_to_the_engine_and_check_the_trace() {
     // The usage-stats connect to loopback, outside 10.0.0.0/8, is flagged with its port.
     let flagged = tp
         .query_i64(&format!(
-            "select count(*) from slice where name = 'connect (flagged egress)' \
-             and extract_arg(arg_set_id, 'debug.port') = {sink_port}"
+            "select count(*) from slice where name = '{}' and {} = {sink_port}",
+            slice::CONNECT_FLAGGED,
+            extract(arg::PORT)
         ))
         .expect("connect query");
     assert!(flagged >= 1, "no flagged connect to port {sink_port}");
 
     // Idle engine threads block in the kernel for longer than 1 ms: slow syscalls are there, on named threads.
     let slow = tp
-        .query_i64("select count(*) from slice where name like 'syscall %'")
+        .query_i64(&format!(
+            "select count(*) from slice where name like '{}%'",
+            slice::SYSCALL_PREFIX
+        ))
         .expect("syscall query");
     assert!(slow > 0, "no slow syscall in the trace");
 
     // The session says what it lost.
     let summary_rows = tp
-        .query_i64("select count(*) from slice where name = 'llmprof summary'")
+        .query_i64(&format!(
+            "select count(*) from slice where name = '{}'",
+            marker::SUMMARY
+        ))
         .expect("summary");
     assert_eq!(summary_rows, 1, "the final llmprof summary is in the trace");
     let _ = std::fs::remove_dir_all(&dir);

@@ -14,6 +14,8 @@ use std::time::Duration;
 use e2e::engine::Engine;
 use e2e::serve::{self, ALERTMANAGER, Serve, counter};
 use e2e::{default_model, http, is_root, require, trace_processor};
+use llmprof_abi::StepKind;
+use llmprof_trace::names::{arg, counter, marker, tp_arg, track};
 use serde_json::Value;
 
 /// The deployed rules this overload trips, whichever fires first: the queue backlog
@@ -180,10 +182,12 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     // The alert is in the trace, with its fingerprint and labels.
     let rows = tp
         .query(&format!(
-            "select ts, extract_arg(arg_set_id, 'debug.fingerprint') as fp, \
-                    extract_arg(arg_set_id, 'debug.labels') as labels, \
-                    extract_arg(arg_set_id, 'debug.annotations') as annotations \
-             from slice where name = 'alert fired: {alert}'"
+            "select ts, extract_arg(arg_set_id, '{}') as fp, extract_arg(arg_set_id, '{}') as labels, \
+                    extract_arg(arg_set_id, '{}') as annotations from slice where name = '{}'",
+            tp_arg(arg::FINGERPRINT),
+            tp_arg(arg::LABELS),
+            tp_arg(arg::ANNOTATIONS),
+            marker::alert_fired(&alert)
         ))
         .expect("alert query");
     assert_eq!(rows.len(), 1, "one alert instant: {rows:?}");
@@ -201,10 +205,12 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     );
 
     // The overload: engine steps, and a waiting-requests counter above the rule's threshold.
+    let [p, d, m] = [StepKind::Prefill, StepKind::Decode, StepKind::Mixed].map(StepKind::name);
     let mut steps = |cond: &str| {
         tp.query_i64(&format!(
             "select count(*) from slice s join track t on s.track_id = t.id \
-             where t.name = 'engine steps' and s.name in ('prefill', 'decode', 'mixed') and {cond}"
+             where t.name = '{}' and s.name in ('{p}', '{d}', '{m}') and {cond}",
+            track::STEPS
         ))
         .expect("steps query")
     };
@@ -218,7 +224,10 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
         "no engine step from the flight recorder before the alert"
     );
     let max_waiting = tp
-        .query("select max(c.value) as v from counter c join counter_track t on c.track_id = t.id where t.name = 'requests waiting'")
+        .query(&format!(
+            "select max(c.value) as v from counter c join counter_track t on c.track_id = t.id where t.name = '{}'",
+            counter::WAITING.0
+        ))
         .expect("counter query");
     let max_waiting = max_waiting[0]["v"].as_f64().unwrap_or(0.0);
     assert!(

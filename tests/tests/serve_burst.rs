@@ -10,7 +10,17 @@ use std::time::Duration;
 
 use e2e::serve::{Serve, TOKEN, counter};
 use e2e::{is_root, require, trace_processor};
+use llmprof_trace::names::{arg, marker, tp_arg};
 use serde_json::Value;
+
+/// The summary's end reason.
+fn end_reason_sql() -> String {
+    format!(
+        "select extract_arg(arg_set_id, '{}') as r from slice where name = '{}'",
+        tp_arg(arg::END_REASON),
+        marker::SUMMARY
+    )
+}
 
 /// Posts in the burst.
 const POSTS: usize = 1000;
@@ -261,9 +271,7 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
             "{}",
             t.display()
         );
-        let summary = tp
-            .query("select extract_arg(arg_set_id, 'debug.end_reason') as r from slice where name = 'llmprof summary'")
-            .expect("summary");
+        let summary = tp.query(&end_reason_sql()).expect("summary");
         assert_eq!(
             summary.len(),
             1,
@@ -272,7 +280,10 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
         );
         assert_eq!(summary[0]["r"], "llmprof serve stopped", "{}", t.display());
         let alerts = tp
-            .query_i64("select count(*) from slice where name = 'alert fired: Burst'")
+            .query_i64(&format!(
+                "select count(*) from slice where name = '{}'",
+                marker::alert_fired("Burst")
+            ))
             .expect("alert instant");
         assert_eq!(alerts, 1, "{}", t.display());
     }
@@ -327,9 +338,7 @@ fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
     assert!(!bytes.is_empty());
     // The trace says the same as the API: what stopped it, not a bare "interrupted".
     let mut tp = trace_processor::load(done["trace"].as_str().expect("trace path")).expect("trace loads");
-    let summary = tp
-        .query("select extract_arg(arg_set_id, 'debug.end_reason') as r from slice where name = 'llmprof summary'")
-        .expect("summary");
+    let summary = tp.query(&end_reason_sql()).expect("summary");
     assert_eq!(summary.len(), 1, "{summary:?}");
     assert_eq!(summary[0]["r"], "alert resolved", "{summary:?}");
     let m = srv.metrics();

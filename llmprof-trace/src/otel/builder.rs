@@ -1,29 +1,12 @@
-//! The span builder: a per-request state machine that turns the event stream into OTel spans.
+//! The span builder: turns the event stream into one OTel span tree per engine request.
 //!
-//! Owns the reconstruction of each request's life from the engine's lifecycle records (`Arrived`, `Scheduled`,
-//! `FirstToken`, `Preempted`, `Finished`), the step records that list the requests each step served, and the
-//! kernel events seen on the engine's threads. It is a pure function of the stream (no I/O, no clock reads, ids
-//! from an injected generator), so it is unit-tested from fixtures built in code; it never blocks and never
-//! exports (see `export` for that).
-//!
-//! # The timeline of a request
-//! A request's children tile its span exactly, back to back, so their durations add up to the request's:
-//! - `queue`: arrival → first scheduled.
-//! - `prefill`, one per chunk: one per engine step that computed prompt tokens for the request. A chunk span runs
-//!   from the end of the previous child to the end of its step, so it also holds the short scheduling gap before
-//!   the step (the step's own host time is the `llmprof.step.host_duration` attribute).
-//! - `decode`: from the end of the last prefill chunk to the finish (or to a preemption), with the number of
-//!   decode steps.
-//! - `preempted`: preemption → resumed (the first step that serves the request again); it is followed by
-//!   `prefill` chunks with `llmprof.recompute = true` (vLLM-style preemption by recompute), then `decode` again.
-//!
-//! # How phases are told apart
-//! The step record lists the requests of a batch but not each one's share, so the phase comes from the request:
-//! before its `FirstToken` a request is in prefill, after it in decode (the step that *started* before the first
-//! token is the last prefill chunk, whichever of the two records comes first in the stream). After a preemption
-//! there is no per-request signal for the end of the recompute, so: the first step that serves the request again
-//! is a recompute chunk, further steps are recompute chunks while they are pure prefill steps, and the first
-//! `decode` or `mixed` step ends the recompute. A `decode` step always means the request decodes.
+//! Owns the spans: a request span (GenAI attributes, the caller's trace context, the kernel events seen on the
+//! engine's threads as span events) and its children, the segments of the request's
+//! [`RequestTimeline`] (`queue`, `prefill` per chunk, `decode`, `preempted`; see [`crate::timeline`] for how they
+//! tile the request and how prefill is told from decode). A prefill chunk's step is in its attributes (the step's
+//! own host time is `llmprof.step.host_duration`; the chunk span also holds the scheduling gap before the step). It
+//! is a pure function of the stream (no I/O, no clock reads, ids from an injected generator), so it is unit-tested
+//! from fixtures built in code; it never blocks and never exports (see `export` for that).
 //!
 //! # What is not tracked
 //! Requests that arrived before the session get `llmprof.partial = true` and start when first seen; requests
@@ -31,21 +14,19 @@
 //! most [`MAX_OPEN_REQUESTS`] are tracked at once (more are counted and skipped), and at most
 //! [`MAX_SPAN_EVENTS`] kernel events are kept per request (more are counted in the span's dropped-events count).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
-use llmprof_abi::{
-    ContentKind, FinishReason, MAX_STEP_REQS, RequestEventKind, RequestRecord, StepKind, StepRecord, read_str,
-};
-use opentelemetry::trace::{
-    Event as SpanEvent, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
+use llmprof_abi::{ContentKind, MAX_STEP_REQS, RequestRecord};
+use opentelemetry::trace::{Event as SpanEvent, SpanId, TraceFlags, TraceId};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 
 use super::semconv as sc;
 use crate::clock::WallClock;
 use crate::event::{Event, EventBody, OverheadSample};
+use crate::timeline::{RequestTimeline, StepInfo, Transition};
+
+mod spans;
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
 /// its state forever). 64 Ki requests × ~1 KiB of state is 64 MiB at worst; an engine serves far fewer at once.
@@ -67,366 +48,48 @@ pub struct BuilderStats {
     pub requests_unsampled: u64,
 }
 
-/// Where a request is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// Waiting to be scheduled for the first time.
-    Queued,
-    /// Computing prompt tokens (`recompute`: after a preemption).
-    Prefill { recompute: bool },
-    /// Generating tokens.
-    Decode,
-    /// Preempted, waiting to be recomputed.
-    Preempted,
-}
-
-/// The step that a prefill chunk ran in.
-#[derive(Clone, Copy, Debug)]
-struct StepInfo {
-    step_id: u64,
-    kind: Option<StepKind>,
-    num_seqs: u32,
-    prefill_tokens: u32,
-    decode_tokens: u32,
-    /// This request's own tokens in the step (its chunk); None when its id was past the record's id list.
-    request_tokens: Option<u32>,
-    host_ns: u64,
-}
-
-/// One child of a request span.
-#[derive(Clone, Copy, Debug)]
-enum SegKind {
-    Queue,
-    Prefill {
-        index: u32,
-        recompute: bool,
-        step: Option<StepInfo>,
-    },
-    Decode {
-        steps: u32,
-    },
-    Preempted {
-        index: u32,
-    },
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    kind: SegKind,
-    start: u64,
-    end: u64,
-}
-
-/// What a request asked for and got (from its lifecycle records).
-#[derive(Clone, Debug, Default)]
-struct RequestInfo {
-    model: String,
-    is_chat: bool,
-    prompt_tokens: u32,
-    output_tokens: u32,
-    max_tokens: u32,
-    temperature: f32,
-    top_p: f32,
-    x_request_id: String,
-    finish_reason: Option<FinishReason>,
-    /// Preemptions as the engine counts them (covers those before the session).
-    num_preemptions: u32,
+/// A request being tracked: its timeline and what only its spans need.
+#[derive(Debug)]
+struct OpenRequest {
+    timeline: RequestTimeline,
+    trace_id: TraceId,
+    span_id: SpanId,
+    /// The caller's span (`traceparent`), when valid.
+    parent: Option<SpanId>,
+    flags: TraceFlags,
     /// Prompt text (`--capture-content` only).
     prompt_text: Option<String>,
     /// Completion text (`--capture-content` only).
     completion_text: Option<String>,
     /// A captured text was cut at the probe's limit.
     content_truncated: bool,
-}
-
-impl RequestInfo {
-    fn from_record(rec: &RequestRecord) -> Self {
-        Self {
-            model: read_str(&rec.model).to_string(),
-            is_chat: rec.is_chat != 0,
-            prompt_tokens: rec.prompt_tokens,
-            output_tokens: rec.output_tokens,
-            max_tokens: rec.max_tokens,
-            temperature: rec.temperature,
-            top_p: rec.top_p,
-            x_request_id: read_str(&rec.x_request_id).to_string(),
-            finish_reason: None,
-            num_preemptions: rec.num_preemptions,
-            ..Self::default()
-        }
-    }
-
-    /// Takes what a later record knows better.
-    fn update(&mut self, rec: &RequestRecord) {
-        if self.model.is_empty() {
-            self.model = read_str(&rec.model).to_string();
-        }
-        if self.x_request_id.is_empty() {
-            self.x_request_id = read_str(&rec.x_request_id).to_string();
-        }
-        if rec.prompt_tokens != 0 {
-            self.prompt_tokens = rec.prompt_tokens;
-        }
-        self.output_tokens = self.output_tokens.max(rec.output_tokens);
-        self.num_preemptions = self.num_preemptions.max(rec.num_preemptions);
-    }
-}
-
-/// The state of one request.
-#[derive(Debug)]
-struct RequestState {
-    req_id: u64,
-    trace_id: TraceId,
-    span_id: SpanId,
-    parent: Option<SpanId>,
-    flags: TraceFlags,
-    start_ns: u64,
-    partial: bool,
-    info: RequestInfo,
-    phase: Phase,
-    /// End of the last closed child (start of the next one).
-    cursor: u64,
-    first_token_ns: Option<u64>,
-    segments: Vec<Segment>,
-    /// Prefill chunks in the current prefill phase.
-    phase_chunks: u32,
-    /// Prefill chunks over the request's life.
-    chunks: u32,
-    decode_steps: u32,
-    steps: u32,
-    preemptions: u32,
     events: Vec<SpanEvent>,
     dropped_events: u32,
 }
 
-impl RequestState {
-    fn new(rec: &RequestRecord, ts: u64, partial: bool, ids: &dyn IdGenerator) -> Self {
-        let (trace_id, parent, flags) = if rec.has_trace_context != 0 {
-            let t = TraceId::from_bytes(rec.trace_id);
-            let p = SpanId::from_bytes(rec.parent_span_id);
-            if t == TraceId::INVALID || p == SpanId::INVALID {
-                (ids.new_trace_id(), None, TraceFlags::SAMPLED)
-            } else {
-                (t, Some(p), TraceFlags::new(rec.trace_flags))
-            }
-        } else {
-            (ids.new_trace_id(), None, TraceFlags::SAMPLED)
+impl OpenRequest {
+    /// Joins the caller's trace when the record carries a valid `traceparent`, else starts a trace (sampled).
+    fn new(timeline: RequestTimeline, ids: &dyn IdGenerator) -> Self {
+        let caller = timeline.info().trace_context.and_then(|c| {
+            let t = TraceId::from_bytes(c.trace_id);
+            let p = SpanId::from_bytes(c.parent_span_id);
+            (t != TraceId::INVALID && p != SpanId::INVALID).then_some((t, p, TraceFlags::new(c.flags)))
+        });
+        let (trace_id, parent, flags) = match caller {
+            Some((t, p, f)) => (t, Some(p), f),
+            None => (ids.new_trace_id(), None, TraceFlags::SAMPLED),
         };
         Self {
-            req_id: rec.req_id,
+            timeline,
             trace_id,
             span_id: ids.new_span_id(),
             parent,
             flags,
-            start_ns: ts,
-            partial,
-            info: RequestInfo::from_record(rec),
-            phase: Phase::Queued,
-            cursor: ts,
-            first_token_ns: None,
-            segments: Vec::new(),
-            phase_chunks: 0,
-            chunks: 0,
-            decode_steps: 0,
-            steps: 0,
-            preemptions: 0,
+            prompt_text: None,
+            completion_text: None,
+            content_truncated: false,
             events: Vec::new(),
             dropped_events: 0,
-        }
-    }
-
-    fn push(&mut self, kind: SegKind, end: u64) {
-        let end = end.max(self.cursor);
-        self.segments.push(Segment {
-            kind,
-            start: self.cursor,
-            end,
-        });
-        self.cursor = end;
-    }
-
-    fn enter_prefill(&mut self, recompute: bool) {
-        self.phase = Phase::Prefill { recompute };
-        self.phase_chunks = 0;
-    }
-
-    fn enter_decode(&mut self) {
-        self.phase = Phase::Decode;
-        self.decode_steps = 0;
-    }
-
-    /// A first token was seen while in the initial prefill: the chunks so far produced it (when no step record
-    /// listed the request, prefill is taken to end at the first token).
-    fn settle_first_token(&mut self) {
-        if self.phase != (Phase::Prefill { recompute: false }) {
-            return;
-        }
-        let Some(ft) = self.first_token_ns else { return };
-        if self.phase_chunks == 0 {
-            let index = self.chunks;
-            self.chunks += 1;
-            self.push(
-                SegKind::Prefill {
-                    index,
-                    recompute: false,
-                    step: None,
-                },
-                ft,
-            );
-        }
-        self.enter_decode();
-    }
-
-    fn on_scheduled(&mut self, t: u64) {
-        match self.phase {
-            Phase::Queued => {
-                self.push(SegKind::Queue, t);
-                self.enter_prefill(false);
-            }
-            Phase::Preempted => {
-                self.push(
-                    SegKind::Preempted {
-                        index: self.preemptions.saturating_sub(1),
-                    },
-                    t,
-                );
-                self.enter_prefill(true);
-            }
-            Phase::Prefill { .. } | Phase::Decode => {}
-        }
-    }
-
-    fn on_first_token(&mut self, t: u64) {
-        if self.first_token_ns.is_none() {
-            self.first_token_ns = Some(t);
-        }
-    }
-
-    fn on_step(&mut self, step: &StepRecord, req: u64) {
-        self.steps += 1;
-        let hs = step.host_start_ns;
-        let he = step.host_end_ns.max(hs);
-        let kind = StepKind::from_raw(step.kind);
-        match self.phase {
-            Phase::Queued => {
-                // `Scheduled` not seen: the first step that serves the request ends its queueing.
-                self.push(SegKind::Queue, hs);
-                self.enter_prefill(false);
-            }
-            Phase::Preempted => {
-                self.push(
-                    SegKind::Preempted {
-                        index: self.preemptions.saturating_sub(1),
-                    },
-                    hs,
-                );
-                self.enter_prefill(true);
-            }
-            Phase::Prefill { .. } | Phase::Decode => {}
-        }
-        if let Phase::Prefill { recompute } = self.phase {
-            let ends_prefill = match (recompute, self.first_token_ns) {
-                // A step that starts at or after the first token is past the prefill.
-                (false, Some(ft)) => hs >= ft,
-                (true, _) => self.phase_chunks > 0 && kind != Some(StepKind::Prefill),
-                (false, None) => false,
-            } || kind == Some(StepKind::Decode);
-            if ends_prefill {
-                if recompute {
-                    self.enter_decode();
-                } else {
-                    self.settle_first_token();
-                    if self.phase != Phase::Decode {
-                        self.enter_decode();
-                    }
-                }
-            }
-        }
-        match self.phase {
-            Phase::Prefill { recompute } => {
-                let info = StepInfo {
-                    step_id: step.step_id,
-                    kind,
-                    num_seqs: step.num_seqs,
-                    prefill_tokens: step.prefill_tokens,
-                    decode_tokens: step.decode_tokens,
-                    request_tokens: step.tokens_of(req),
-                    host_ns: he - hs,
-                };
-                let index = self.chunks;
-                self.chunks += 1;
-                self.phase_chunks += 1;
-                self.push(
-                    SegKind::Prefill {
-                        index,
-                        recompute,
-                        step: Some(info),
-                    },
-                    he,
-                );
-                if !recompute && self.first_token_ns.is_some() {
-                    // It started before the first token (else prefill had ended above): it produced it.
-                    self.enter_decode();
-                }
-            }
-            Phase::Decode => self.decode_steps += 1,
-            Phase::Queued | Phase::Preempted => {}
-        }
-    }
-
-    fn on_preempted(&mut self, t: u64) {
-        self.settle_first_token();
-        match self.phase {
-            Phase::Decode => self.push(
-                SegKind::Decode {
-                    steps: self.decode_steps,
-                },
-                t,
-            ),
-            Phase::Queued => self.push(SegKind::Queue, t),
-            // The preemption span starts where the request stopped progressing (its last chunk's end).
-            Phase::Prefill { .. } => {}
-            Phase::Preempted => return,
-        }
-        self.preemptions += 1;
-        self.phase = Phase::Preempted;
-    }
-
-    /// Closes the current phase at `t` (finish, or the end of the session).
-    fn close(&mut self, t: u64) {
-        self.settle_first_token();
-        match self.phase {
-            Phase::Queued => self.push(SegKind::Queue, t),
-            Phase::Prefill { recompute } => {
-                if self.phase_chunks == 0 {
-                    let index = self.chunks;
-                    self.chunks += 1;
-                    self.push(
-                        SegKind::Prefill {
-                            index,
-                            recompute,
-                            step: None,
-                        },
-                        t,
-                    );
-                } else if let Some(last) = self.segments.last_mut() {
-                    // Ended (aborted) between chunks: the wait belongs to the last chunk.
-                    last.end = last.end.max(t);
-                    self.cursor = last.end;
-                }
-            }
-            Phase::Decode => self.push(
-                SegKind::Decode {
-                    steps: self.decode_steps,
-                },
-                t,
-            ),
-            Phase::Preempted => self.push(
-                SegKind::Preempted {
-                    index: self.preemptions.saturating_sub(1),
-                },
-                t,
-            ),
         }
     }
 }
@@ -438,7 +101,7 @@ pub struct SpanBuilder {
     clock: WallClock,
     ids: Box<dyn IdGenerator>,
     scope: InstrumentationScope,
-    open: HashMap<(u32, u64), RequestState>,
+    open: HashMap<(u32, u64), OpenRequest>,
     last_ts: u64,
     stats: BuilderStats,
     /// llmprof's self-accounting of the last tick: a summary on each request span.
@@ -485,7 +148,7 @@ impl SpanBuilder {
                 let n = (step.num_req_ids as usize).min(MAX_STEP_REQS);
                 for id in &step.req_ids[..n] {
                     if let Some(st) = self.open.get_mut(&(ev.pid, *id)) {
-                        st.on_step(step, *id);
+                        st.timeline.on_step(&StepInfo::of(step, *id));
                     }
                 }
             }
@@ -542,10 +205,10 @@ impl SpanBuilder {
                 len,
             } => {
                 if let Some(st) = self.open.get_mut(&(ev.pid, *req_id)) {
-                    st.info.content_truncated |= *len > text.len() as u64;
+                    st.content_truncated |= *len > text.len() as u64;
                     match kind {
-                        ContentKind::Prompt => st.info.prompt_text = Some(text.clone()),
-                        ContentKind::Completion => st.info.completion_text = Some(text.clone()),
+                        ContentKind::Prompt => st.prompt_text = Some(text.clone()),
+                        ContentKind::Completion => st.completion_text = Some(text.clone()),
                     }
                 }
             }
@@ -558,16 +221,15 @@ impl SpanBuilder {
     pub fn finish_open(&mut self, end_ns: Option<u64>, out: &mut Vec<SpanData>) {
         let end = end_ns.unwrap_or(self.last_ts);
         let mut open: Vec<_> = self.open.drain().collect();
-        open.sort_by_key(|(_, st)| st.start_ns);
+        open.sort_by_key(|(_, st)| st.timeline.start_ns());
         for (_, mut st) in open {
-            let t = end.max(st.cursor);
-            st.close(t);
+            let (t, _) = st.timeline.close_unfinished(end);
             self.emit(st, t, true, out);
         }
     }
 
     fn on_request(&mut self, ev: &Event, rec: &RequestRecord, out: &mut Vec<SpanData>) {
-        let Some(kind) = RequestEventKind::from_raw(rec.kind) else {
+        let Some(transition) = Transition::of(rec) else {
             self.stats.bad_records += 1;
             return;
         };
@@ -575,46 +237,24 @@ impl SpanBuilder {
         let key = (ev.pid, rec.req_id);
         if !self.open.contains_key(&key) {
             if self.open.len() >= MAX_OPEN_REQUESTS {
-                if kind == RequestEventKind::Arrived {
+                if transition == Transition::Arrived {
                     self.stats.requests_skipped += 1;
                 }
                 return;
             }
-            let partial = kind != RequestEventKind::Arrived;
-            let mut st = RequestState::new(rec, ts, partial, self.ids.as_ref());
-            // Arrived before the session: start in the phase the record shows.
-            match kind {
-                RequestEventKind::Arrived | RequestEventKind::Finished => {}
-                RequestEventKind::Scheduled => st.enter_prefill(false),
-                RequestEventKind::FirstToken => {
-                    st.first_token_ns = Some(ts);
-                    st.enter_decode();
-                }
-                RequestEventKind::Preempted => {
-                    st.preemptions = 1;
-                    st.phase = Phase::Preempted;
-                }
-            }
-            self.open.insert(key, st);
-            if kind != RequestEventKind::Finished {
+            // Arrived before the session: the timeline starts in the phase the record shows.
+            let Some(timeline) = RequestTimeline::from_record(rec, ts) else {
                 return;
-            }
+            };
+            self.open
+                .insert(key, OpenRequest::new(timeline, self.ids.as_ref()));
         }
         let Some(st) = self.open.get_mut(&key) else { return };
-        st.info.update(rec);
-        match kind {
-            RequestEventKind::Arrived => {}
-            RequestEventKind::Scheduled => st.on_scheduled(ts),
-            RequestEventKind::FirstToken => st.on_first_token(ts),
-            RequestEventKind::Preempted => st.on_preempted(ts),
-            RequestEventKind::Finished => {
-                if let Some(mut st) = self.open.remove(&key) {
-                    st.info.finish_reason = Some(FinishReason::from_raw(rec.finish_reason));
-                    st.info.output_tokens = rec.output_tokens.max(st.info.output_tokens);
-                    st.close(ts);
-                    self.emit(st, ts, false, out);
-                }
-            }
+        st.timeline.on_record(rec, ts);
+        if let Transition::Finished(_) = transition
+            && let Some(st) = self.open.remove(&key)
+        {
+            self.emit(st, ts, false, out);
         }
     }
 
@@ -626,7 +266,7 @@ impl SpanBuilder {
         attrs.push(KeyValue::new(sc::LLMPROF_DURATION, secs(dur_ns)));
         let at = self.clock.to_system_time(ev.ts_ns);
         for ((pid, _), st) in self.open.iter_mut() {
-            if *pid != ev.pid || st.start_ns > ev.ts_ns {
+            if *pid != ev.pid || st.timeline.start_ns() > ev.ts_ns {
                 continue;
             }
             if st.events.len() >= MAX_SPAN_EVENTS {
@@ -636,254 +276,6 @@ impl SpanBuilder {
             st.events.push(SpanEvent::new(name, at, attrs.clone(), 0));
         }
     }
-
-    /// Turns a closed request into its span and its children's.
-    fn emit(&mut self, st: RequestState, end_ns: u64, unfinished: bool, out: &mut Vec<SpanData>) {
-        if !st.flags.is_sampled() {
-            self.stats.requests_unsampled += 1;
-            return;
-        }
-        let info = &st.info;
-        let operation = if info.is_chat {
-            sc::OPERATION_CHAT
-        } else {
-            sc::OPERATION_TEXT_COMPLETION
-        };
-        let name = if info.model.is_empty() {
-            operation.to_string()
-        } else {
-            format!("{operation} {}", info.model)
-        };
-
-        let (mut queue, mut prefill, mut decode, mut preempted) = (0u64, 0u64, 0u64, 0u64);
-        for s in &st.segments {
-            let d = s.end - s.start;
-            match s.kind {
-                SegKind::Queue => queue += d,
-                SegKind::Prefill { .. } => prefill += d,
-                SegKind::Decode { .. } => decode += d,
-                SegKind::Preempted { .. } => preempted += d,
-            }
-        }
-
-        let mut attrs = vec![
-            KeyValue::new(sc::GEN_AI_OPERATION_NAME, operation),
-            KeyValue::new(sc::GEN_AI_PROVIDER_NAME, sc::PROVIDER_LLMSERVE),
-        ];
-        if !info.model.is_empty() {
-            attrs.push(KeyValue::new(sc::GEN_AI_REQUEST_MODEL, info.model.clone()));
-            attrs.push(KeyValue::new(sc::GEN_AI_RESPONSE_MODEL, info.model.clone()));
-        }
-        if info.max_tokens != 0 {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_REQUEST_MAX_TOKENS,
-                i64::from(info.max_tokens),
-            ));
-        }
-        if info.temperature.is_finite() {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_REQUEST_TEMPERATURE,
-                f64::from(info.temperature),
-            ));
-        }
-        if info.top_p.is_finite() && info.top_p > 0.0 {
-            attrs.push(KeyValue::new(sc::GEN_AI_REQUEST_TOP_P, f64::from(info.top_p)));
-        }
-        let finish = info.finish_reason.filter(|r| *r != FinishReason::None);
-        if let Some(r) = finish {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_RESPONSE_FINISH_REASONS,
-                Value::Array(Array::String(vec![StringValue::from(r.name())])),
-            ));
-        }
-        attrs.push(KeyValue::new(
-            sc::GEN_AI_USAGE_INPUT_TOKENS,
-            i64::from(info.prompt_tokens),
-        ));
-        attrs.push(KeyValue::new(
-            sc::GEN_AI_USAGE_OUTPUT_TOKENS,
-            i64::from(info.output_tokens),
-        ));
-        if let (Some(ft), false) = (st.first_token_ns, st.partial) {
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
-                secs(ft.saturating_sub(st.start_ns)),
-            ));
-        }
-        if let Some(t) = &info.prompt_text {
-            let m = serde_json::json!([{"role": "user", "parts": [{"type": "text", "content": t}]}]);
-            attrs.push(KeyValue::new(sc::GEN_AI_INPUT_MESSAGES, m.to_string()));
-        }
-        if let Some(t) = &info.completion_text {
-            let mut m = serde_json::json!({"role": "assistant", "parts": [{"type": "text", "content": t}]});
-            if let Some(r) = finish {
-                m["finish_reason"] = serde_json::Value::from(r.name());
-            }
-            attrs.push(KeyValue::new(
-                sc::GEN_AI_OUTPUT_MESSAGES,
-                serde_json::json!([m]).to_string(),
-            ));
-        }
-        if info.content_truncated {
-            attrs.push(KeyValue::new(sc::LLMPROF_CONTENT_TRUNCATED, true));
-        }
-        if !info.x_request_id.is_empty() {
-            attrs.push(KeyValue::new(
-                sc::HTTP_REQUEST_HEADER_X_REQUEST_ID,
-                Value::Array(Array::String(vec![StringValue::from(info.x_request_id.clone())])),
-            ));
-        }
-        attrs.extend([
-            KeyValue::new(sc::LLMPROF_QUEUE_TIME, secs(queue)),
-            KeyValue::new(sc::LLMPROF_PREFILL_TIME, secs(prefill)),
-            KeyValue::new(sc::LLMPROF_DECODE_TIME, secs(decode)),
-            KeyValue::new(sc::LLMPROF_PREEMPTED_TIME, secs(preempted)),
-            KeyValue::new(
-                sc::LLMPROF_PREEMPTIONS,
-                i64::from(st.preemptions.max(st.info.num_preemptions)),
-            ),
-            KeyValue::new(sc::LLMPROF_STEPS, i64::from(st.steps)),
-            KeyValue::new(sc::LLMPROF_PREFILL_CHUNKS, i64::from(st.chunks)),
-        ]);
-        if st.partial {
-            attrs.push(KeyValue::new(sc::LLMPROF_PARTIAL, true));
-        }
-        if unfinished {
-            attrs.push(KeyValue::new(sc::LLMPROF_UNFINISHED, true));
-        }
-        let status = if finish == Some(FinishReason::Error) {
-            attrs.push(KeyValue::new(sc::ERROR_TYPE, FinishReason::Error.name()));
-            Status::Error {
-                description: Cow::Borrowed("the engine ended the request with an error"),
-            }
-        } else {
-            Status::Unset
-        };
-        attrs.push(KeyValue::new(sc::LLMPROF_REQUEST_ID, request_id_value(st.req_id)));
-        if let Some(o) = &self.overhead {
-            if let Some(p) = o.est_overhead_pct {
-                attrs.push(KeyValue::new(sc::LLMPROF_OVERHEAD_PCT, p));
-            }
-            attrs.push(KeyValue::new(sc::LLMPROF_COST_SYSCALL_NS, o.cost_syscall_ns));
-            if let Some(p) = o.cost_probe_ns {
-                attrs.push(KeyValue::new(sc::LLMPROF_COST_PROBE_NS, p));
-            }
-            if let Some(c) = o.cost_cuda_ns {
-                attrs.push(KeyValue::new(sc::LLMPROF_COST_CUDA_NS, c));
-            }
-            attrs.push(KeyValue::new(sc::LLMPROF_DEGRADATION_LEVEL, i64::from(o.level)));
-        }
-
-        let request_ctx = SpanContext::new(st.trace_id, st.span_id, st.flags, false, TraceState::NONE);
-        out.push(SpanData {
-            span_context: request_ctx,
-            parent_span_id: st.parent.unwrap_or(SpanId::INVALID),
-            parent_span_is_remote: st.parent.is_some(),
-            span_kind: SpanKind::Server,
-            name: Cow::Owned(name),
-            start_time: self.clock.to_system_time(st.start_ns),
-            end_time: self.clock.to_system_time(end_ns.max(st.start_ns)),
-            attributes: attrs,
-            dropped_attributes_count: 0,
-            events: span_events(st.events, st.dropped_events),
-            links: SpanLinks::default(),
-            status,
-            instrumentation_scope: self.scope.clone(),
-        });
-        self.stats.spans_built += 1;
-
-        // A request seen only at its finish has no timeline to show.
-        let children = if st.partial && st.segments.iter().all(|s| s.end == s.start) {
-            &[][..]
-        } else {
-            &st.segments[..]
-        };
-        for seg in children {
-            let (name, attrs) = segment_attrs(seg);
-            out.push(SpanData {
-                span_context: SpanContext::new(
-                    st.trace_id,
-                    self.ids.new_span_id(),
-                    st.flags,
-                    false,
-                    TraceState::NONE,
-                ),
-                parent_span_id: st.span_id,
-                parent_span_is_remote: false,
-                span_kind: SpanKind::Internal,
-                name: Cow::Borrowed(name),
-                start_time: self.clock.to_system_time(seg.start),
-                end_time: self.clock.to_system_time(seg.end),
-                attributes: attrs,
-                dropped_attributes_count: 0,
-                events: SpanEvents::default(),
-                links: SpanLinks::default(),
-                status: Status::Unset,
-                instrumentation_scope: self.scope.clone(),
-            });
-            self.stats.spans_built += 1;
-        }
-    }
-}
-
-/// The engine request id as an attribute value (an int when it fits, so backends can filter numerically).
-fn request_id_value(id: u64) -> Value {
-    match i64::try_from(id) {
-        Ok(v) => Value::I64(v),
-        Err(_) => Value::String(StringValue::from(id.to_string())),
-    }
-}
-
-fn segment_attrs(seg: &Segment) -> (&'static str, Vec<KeyValue>) {
-    match seg.kind {
-        SegKind::Queue => (sc::SPAN_QUEUE, Vec::new()),
-        SegKind::Prefill {
-            index,
-            recompute,
-            step,
-        } => {
-            let mut a = vec![KeyValue::new(sc::LLMPROF_CHUNK_INDEX, i64::from(index))];
-            if recompute {
-                a.push(KeyValue::new(sc::LLMPROF_RECOMPUTE, true));
-            }
-            if let Some(s) = step {
-                a.push(KeyValue::new(sc::LLMPROF_STEP_ID, s.step_id as i64));
-                if let Some(k) = s.kind {
-                    a.push(KeyValue::new(sc::LLMPROF_STEP_KIND, k.name()));
-                }
-                a.push(KeyValue::new(sc::LLMPROF_STEP_NUM_SEQS, i64::from(s.num_seqs)));
-                if let Some(t) = s.request_tokens {
-                    a.push(KeyValue::new(sc::LLMPROF_PREFILL_CHUNK_TOKENS, i64::from(t)));
-                }
-                a.push(KeyValue::new(
-                    sc::LLMPROF_STEP_PREFILL_TOKENS,
-                    i64::from(s.prefill_tokens),
-                ));
-                a.push(KeyValue::new(
-                    sc::LLMPROF_STEP_DECODE_TOKENS,
-                    i64::from(s.decode_tokens),
-                ));
-                a.push(KeyValue::new(sc::LLMPROF_STEP_HOST_DURATION, secs(s.host_ns)));
-            }
-            (sc::SPAN_PREFILL, a)
-        }
-        SegKind::Decode { steps } => (
-            sc::SPAN_DECODE,
-            vec![KeyValue::new(sc::LLMPROF_DECODE_STEPS, i64::from(steps))],
-        ),
-        SegKind::Preempted { index } => (
-            sc::SPAN_PREEMPTED,
-            vec![KeyValue::new(sc::LLMPROF_PREEMPTIONS, i64::from(index + 1))],
-        ),
-    }
-}
-
-/// `SpanEvents` is non-exhaustive: fill a default one.
-fn span_events(events: Vec<SpanEvent>, dropped: u32) -> SpanEvents {
-    let mut e = SpanEvents::default();
-    e.events = events;
-    e.dropped_count = dropped;
-    e
 }
 
 /// ns → seconds.
@@ -897,6 +289,10 @@ mod tests {
     use super::*;
     use crate::testing;
     use std::time::Duration;
+
+    use llmprof_abi::{FinishReason, RequestEventKind, StepKind};
+    use opentelemetry::trace::{SpanKind, Status};
+    use opentelemetry::{Array, StringValue, Value};
 
     const PID: u32 = 4242;
     const MS: u64 = 1_000_000;

@@ -231,4 +231,7 @@ pub struct DebugAnnotation {
     /// `string string_value = 6;` (oneof value)
     #[prost(string, optional, tag = "6")]
     pub string_value: Option<String>,
+    /// `repeated DebugAnnotation array_values = 12;` (an array: the elements carry values, no names)
+    #[prost(message, repeated, tag = "12")]
+    pub array_values: Vec<DebugAnnotation>,
 }

@@ -165,6 +165,8 @@ pub enum ArgValue {
     B(bool),
     /// String.
     S(String),
+    /// Array of values (`debug.<name>[i]` in the trace processor).
+    Array(Vec<ArgValue>),
 }
 
 impl ArgValue {
@@ -176,6 +178,7 @@ impl ArgValue {
             Self::F(v) => d.double_value = Some(v),
             Self::B(v) => d.bool_value = Some(v),
             Self::S(v) => d.string_value = Some(v),
+            Self::Array(v) => d.array_values = v.into_iter().map(Self::into_annotation).collect(),
         }
         d
     }
@@ -217,6 +220,14 @@ pub fn arg_s(name: &'static str, v: impl Into<String>) -> Arg {
     }
 }
 
+/// Array-of-unsigned [`Arg`].
+pub fn arg_u_array(name: &'static str, v: impl IntoIterator<Item = u64>) -> Arg {
+    Arg {
+        name,
+        value: ArgValue::Array(v.into_iter().map(ArgValue::U).collect()),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
@@ -232,7 +243,8 @@ mod tests {
                 track_uuid: Some(7),
                 ..Default::default()
             };
-            w.write_event(ts, Some("tick"), ev, vec![arg_u("n", ts)]).unwrap();
+            let args = vec![arg_u("n", ts), arg_u_array("ids", [ts, ts + 1])];
+            w.write_event(ts, Some("tick"), ev, args).unwrap();
         }
         let bytes = w.finish().unwrap();
         let trace = Trace::decode(bytes.as_slice()).unwrap();
@@ -251,5 +263,10 @@ mod tests {
             trace.packet[1].track_event.as_ref().unwrap().debug_annotations[0].uint_value,
             Some(20)
         );
+        // An array arg: one annotation, its elements unnamed values.
+        let ids = &trace.packet[1].track_event.as_ref().unwrap().debug_annotations[1];
+        let values: Vec<_> = ids.array_values.iter().map(|v| v.uint_value).collect();
+        assert_eq!(values, [Some(20), Some(21)]);
+        assert!(ids.array_values.iter().all(|v| v.name_iid.is_none()));
     }
 }

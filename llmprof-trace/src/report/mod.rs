@@ -58,12 +58,15 @@
 //!
 //! # Layout
 //! `read` decodes the file into tracks of slices, instants and counters; `analyze` turns them into the
-//! [`Report`] (its types live in `data`); `json` writes the `--json` document, `text` the terminal report.
+//! [`Report`] (its types live in `data`), with `requests` rebuilding each request's
+//! [`crate::timeline::RequestTimeline`] from its track and the steps' typed args; `json` writes the `--json`
+//! document, `text` the terminal report. Every name is read with [`crate::names`].
 
 mod analyze;
 mod data;
 mod json;
 mod read;
+mod requests;
 mod text;
 
 use std::path::{Path, PathBuf};
@@ -88,23 +91,6 @@ pub const BATCH_BUCKETS: [(u64, u64); 8] = [
     (33, 64),
     (65, u64::MAX),
 ];
-
-/// Names of the counter tracks the sink writes (`perfetto/sink.rs` `COUNTERS`).
-const KV_USAGE: &str = "KV cache usage";
-const WAITING: &str = "requests waiting";
-const RUNNING: &str = "requests running";
-const PREEMPTIONS: &str = "preemptions";
-/// Prefix of the per-probe drop counter tracks.
-const DROPS_PREFIX: &str = "llmprof drops: ";
-/// Beginnings of the GPU layer's markers on the `llmprof` track (`gpu/mod.rs`).
-const GPU_MARKERS: [&str; 4] = [
-    "GPU counters unavailable",
-    "NVML",
-    "libcuda not loaded",
-    "CUDA driver probes",
-];
-/// Suffix of every CUDA driver call slice name (`cuStreamSynchronize (host)`, `cuLaunchKernel ×N (host)`).
-const CUDA_SUFFIX: &str = " (host)";
 
 /// Why a trace could not be reported on.
 #[derive(Debug, thiserror::Error)]

@@ -10,12 +10,12 @@ use std::path::Path;
 
 use prost::Message;
 
-use super::{DROPS_PREFIX, KV_USAGE, PREEMPTIONS, RUNNING, ReportError, WAITING};
+use super::ReportError;
+use crate::names::{counter, slice, track};
 use crate::perfetto::schema::{
-    SEQ_INCREMENTAL_STATE_CLEARED, TRACE_PACKET_TAG, TYPE_COUNTER, TYPE_INSTANT, TYPE_SLICE_BEGIN,
-    TYPE_SLICE_END, TracePacket,
+    DebugAnnotation, SEQ_INCREMENTAL_STATE_CLEARED, TRACE_PACKET_TAG, TYPE_COUNTER, TYPE_INSTANT,
+    TYPE_SLICE_BEGIN, TYPE_SLICE_END, TracePacket,
 };
-use crate::perfetto::sink::{CUDA_TRACK, LLMPROF_TRACK, STEPS_TRACK};
 
 /// A decoded debug annotation value.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,15 +25,36 @@ pub(super) enum Val {
     F(f64),
     B(bool),
     S(String),
+    /// An array arg (`debug.<name>[i]`), e.g. a step's `req_ids`.
+    A(Vec<Val>),
 }
 
 impl Val {
+    /// The value of a decoded annotation; `None` when it has none (an empty array looks like that too).
+    fn of(a: &DebugAnnotation) -> Option<Self> {
+        Some(if let Some(v) = a.uint_value {
+            Self::U(v)
+        } else if let Some(v) = a.int_value {
+            Self::I(v)
+        } else if let Some(v) = a.double_value {
+            Self::F(v)
+        } else if let Some(v) = a.bool_value {
+            Self::B(v)
+        } else if let Some(v) = &a.string_value {
+            Self::S(v.clone())
+        } else if !a.array_values.is_empty() {
+            Self::A(a.array_values.iter().filter_map(Self::of).collect())
+        } else {
+            return None;
+        })
+    }
+
     fn f64(&self) -> Option<f64> {
         match self {
             Self::U(v) => Some(*v as f64),
             Self::I(v) => Some(*v as f64),
             Self::F(v) => Some(*v),
-            Self::B(_) | Self::S(_) => None,
+            Self::B(_) | Self::S(_) | Self::A(_) => None,
         }
     }
     fn str(&self) -> Option<&str> {
@@ -52,10 +73,25 @@ pub(super) fn arg_f(a: &Args, k: &str) -> Option<f64> {
 pub(super) fn arg_s<'a>(a: &'a Args, k: &str) -> Option<&'a str> {
     a.get(k).and_then(Val::str)
 }
+/// An array of unsigned integers (missing: empty; an element of another type: skipped).
+pub(super) fn arg_u_array(a: &Args, k: &str) -> Vec<u64> {
+    match a.get(k) {
+        Some(Val::A(v)) => v
+            .iter()
+            .filter_map(|x| match x {
+                Val::U(u) => Some(*u),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
 
 /// A rebuilt slice (begin and end args merged, end wins).
 #[derive(Clone, Debug)]
 pub(super) struct Slice {
+    /// Packet number of its begin: the order the sink wrote it in (the order of the events behind it).
+    pub(super) seq: u64,
     pub(super) name: String,
     pub(super) ts: u64,
     pub(super) dur: u64,
@@ -65,6 +101,8 @@ pub(super) struct Slice {
 /// A rebuilt instant.
 #[derive(Clone, Debug)]
 pub(super) struct Instant {
+    /// Packet number: the order the sink wrote it in.
+    pub(super) seq: u64,
     pub(super) name: String,
     pub(super) ts: u64,
     pub(super) args: Args,
@@ -80,7 +118,7 @@ pub(super) struct Track {
     pub(super) instants: Vec<Instant>,
     pub(super) counter: Vec<f64>,
     /// Slices begun and not yet ended (a stack: Perfetto slices on one track nest).
-    open: Vec<(String, u64, Args)>,
+    open: Vec<(u64, String, u64, Args)>,
 }
 
 /// The trace, decoded into tracks.
@@ -188,27 +226,18 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
                     .name
                     .clone()
                     .or_else(|| a.name_iid.and_then(|i| arg_names.get(&i).cloned()))?;
-                let v = if let Some(v) = a.uint_value {
-                    Val::U(v)
-                } else if let Some(v) = a.int_value {
-                    Val::I(v)
-                } else if let Some(v) = a.double_value {
-                    Val::F(v)
-                } else if let Some(v) = a.bool_value {
-                    Val::B(v)
-                } else {
-                    Val::S(a.string_value.clone()?)
-                };
-                Some((k, v))
+                Some((k, Val::of(a)?))
             })
             .collect();
+        let seq = packets;
         let t = d.tracks.entry(ev.track_uuid.unwrap_or(0)).or_default();
         match ev.r#type {
-            Some(TYPE_SLICE_BEGIN) => t.open.push((name, ts, args)),
+            Some(TYPE_SLICE_BEGIN) => t.open.push((seq, name, ts, args)),
             Some(TYPE_SLICE_END) => {
-                if let Some((n, b, mut a)) = t.open.pop() {
+                if let Some((seq, n, b, mut a)) = t.open.pop() {
                     a.extend(args);
                     t.slices.push(Slice {
+                        seq,
                         name: n,
                         ts: b,
                         dur: ts.saturating_sub(b),
@@ -216,7 +245,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
                     });
                 }
             }
-            Some(TYPE_INSTANT) => t.instants.push(Instant { name, ts, args }),
+            Some(TYPE_INSTANT) => t.instants.push(Instant { seq, name, ts, args }),
             Some(TYPE_COUNTER) => {
                 if let Some(v) = ev.double_counter_value.or(ev.counter_value.map(|v| v as f64)) {
                     t.counter.push(v);
@@ -227,8 +256,9 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
     }
     // Slices a cut-short file leaves open end at the last timestamp seen.
     for t in d.tracks.values_mut() {
-        while let Some((n, b, a)) = t.open.pop() {
+        while let Some((seq, n, b, a)) = t.open.pop() {
             t.slices.push(Slice {
+                seq,
                 name: n,
                 ts: b,
                 dur: last_ts.saturating_sub(b),
@@ -238,16 +268,23 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
     }
     let ours = d.tracks.values().any(|t| {
         let n = t.name.as_deref().unwrap_or("");
-        n == LLMPROF_TRACK
-            || n == STEPS_TRACK
-            || n.starts_with(DROPS_PREFIX)
-            || n.starts_with("request ")
-            || n == CUDA_TRACK
-            || [KV_USAGE, WAITING, RUNNING, PREEMPTIONS].contains(&n)
-            || t.slices
-                .iter()
-                .any(|s| s.name.starts_with("syscall ") || s.name.starts_with("model file "))
-            || t.instants.iter().any(|i| i.name.starts_with("connect"))
+        n == track::LLMPROF
+            || n == track::STEPS
+            || n.starts_with(track::DROPS_PREFIX)
+            || n.starts_with(track::REQUEST_PREFIX)
+            || n == track::CUDA
+            || [
+                counter::KV_USAGE,
+                counter::WAITING,
+                counter::RUNNING,
+                counter::PREEMPTIONS,
+            ]
+            .iter()
+            .any(|(c, _)| *c == n)
+            || t.slices.iter().any(|s| {
+                s.name.starts_with(slice::SYSCALL_PREFIX) || s.name.starts_with(slice::MODEL_FILE_PREFIX)
+            })
+            || t.instants.iter().any(|i| i.name.starts_with(slice::CONNECT))
     });
     if !ours {
         return Err(ReportError::NotLlmprof {

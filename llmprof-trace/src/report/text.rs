@@ -165,7 +165,8 @@ impl Report {
         for p in self.probes.iter().filter(|p| {
             p.dropped > 0
                 || p.hits.unwrap_or(0) > 0
-                || (p.probe == "cuda" && self.gpu.as_ref().is_some_and(|g| g.probe.is_some()))
+                || (p.probe == llmprof_abi::PROBE_NAMES[llmprof_abi::ProbeId::Cuda as usize]
+                    && self.gpu.as_ref().is_some_and(|g| g.probe.is_some()))
         }) {
             let _ = writeln!(
                 o,

@@ -19,6 +19,7 @@ use crate::capture::Capture;
 use crate::causes;
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody};
+use llmprof_trace::names;
 
 /// What the GPU layer should do.
 #[derive(Clone, Debug)]
@@ -97,7 +98,7 @@ impl GpuSession {
                 }
                 Err(e) => {
                     let e = causes::one_line(&e);
-                    let text = format!("GPU counters unavailable: {e}");
+                    let text = names::marker::gpu_counters_unavailable(&e);
                     markers.push(marker(pid, text.clone()));
                     (None, format!("unavailable: {e}"))
                 }
@@ -132,10 +133,7 @@ impl GpuSession {
         }
         let Some(lib) = libcuda::find_in_process(self.pid) else {
             if first {
-                let text = format!(
-                    "libcuda not loaded in pid {}: no CUDA driver calls yet (probes attach when it loads)",
-                    self.pid
-                );
+                let text = names::marker::libcuda_not_loaded(self.pid);
                 return vec![marker(self.pid, text)];
             }
             return Vec::new();
@@ -155,16 +153,12 @@ impl GpuSession {
             });
         let text = match result {
             Ok((n, via_proc)) => {
-                let text = format!(
-                    "CUDA driver probes attached: {n} entry points of {} ({via_proc} of them only reachable \
-                     through cuGetProcAddress)",
-                    lib.display()
-                );
+                let text = names::marker::cuda_probes_attached(n, &lib.display().to_string(), via_proc);
                 self.cuda = CudaState::Attached { lib, functions: n };
                 text
             }
             Err(e) => {
-                let text = format!("CUDA driver probes failed: {e}");
+                let text = names::marker::cuda_probes_failed(&e);
                 self.cuda = CudaState::Failed(e);
                 text
             }

@@ -21,6 +21,7 @@ use crate::procfs;
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
+use llmprof_trace::names::marker;
 
 use super::target::{self, TargetSpec};
 
@@ -270,10 +271,7 @@ fn snapshot(shared: &Shared, pid: u32, cut_ns: u64, window: Duration) -> Vec<Eve
             pid,
             tid: 0,
             body: EventBody::Marker {
-                text: format!(
-                    "flight recorder history incomplete for the last {:.0} ms before the alert",
-                    (cut_ns - drained) as f64 / 1e6
-                ),
+                text: marker::flight_recorder_incomplete((cut_ns - drained) as f64 / 1e6),
             },
         });
     }

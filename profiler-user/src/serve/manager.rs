@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use crate::attach::{self, AttachOptions, Prelude, StopReason, TraceMetadata};
 use llmprof_trace::clock::{realtime_ns, rfc3339, utc_civil};
+use llmprof_trace::names::{arg, marker};
 
 use super::flight::FlightRecorder;
 use super::metrics::{Gauges, Metrics};
@@ -517,19 +518,19 @@ impl Manager {
             None => "off for this target".to_owned(),
         };
         TraceMetadata {
-            event: format!("alert fired: {}", alert.name()),
+            event: marker::alert_fired(alert.name()),
             args: vec![
-                ("alertname", alert.name().to_owned()),
-                ("fingerprint", alert.fingerprint.clone()),
-                ("status", "firing".to_owned()),
-                ("starts_at", alert.starts_at.clone()),
-                ("labels", json(&alert.labels)),
-                ("annotations", json(&alert.annotations)),
-                ("generator_url", alert.generator_url.clone()),
-                ("session_id", view.id.to_string()),
-                ("target", how.to_owned()),
-                ("flight_recorder", recorder),
-                ("trigger", "llmprof serve (Alertmanager webhook)".to_owned()),
+                (arg::ALERTNAME, alert.name().to_owned()),
+                (arg::FINGERPRINT, alert.fingerprint.clone()),
+                (arg::STATUS, "firing".to_owned()),
+                (arg::STARTS_AT, alert.starts_at.clone()),
+                (arg::LABELS, json(&alert.labels)),
+                (arg::ANNOTATIONS, json(&alert.annotations)),
+                (arg::GENERATOR_URL, alert.generator_url.clone()),
+                (arg::SESSION_ID, view.id.to_string()),
+                (arg::TARGET, how.to_owned()),
+                (arg::FLIGHT_RECORDER, recorder),
+                (arg::TRIGGER, "llmprof serve (Alertmanager webhook)".to_owned()),
             ],
         }
     }

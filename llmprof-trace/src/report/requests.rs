@@ -1,0 +1,223 @@
+//! Each request's [`RequestTimeline`], rebuilt from the trace: the type the sink drew the request's track from,
+//! fed the same way, gives `llmprof report` its per-request numbers and inter-token latencies.
+//!
+//! Owns reading a request back. Its lifecycle transitions come from its track: a `queued` phase slice starts at
+//! `Arrived`, a `prefill` or `decode` slice at `Scheduled`, the `first token`, `preempted` and `finished`
+//! instants are those transitions (the `decode` slice that starts with the first token and the `queued
+//! (preempted)` slice belong to the instant beside them). The steps that served it are the `engine steps` slices
+//! of its process whose typed `req_ids` arg names it (its share of tokens from `req_tokens`, same order). All are
+//! fed in the order the sink wrote them, which is the order of the events behind them. What the request asked
+//! for and got (x-request-id, tokens, preemptions) comes from its `request N` slice's args.
+
+use std::collections::HashMap;
+
+use super::RequestRow;
+use super::read::{Args, Decoded, Track, Val, arg_f, arg_s, arg_u_array};
+use crate::names::{arg, slice, track};
+use crate::timeline::{RequestInfo, RequestTimeline, StepInfo, Transition};
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// A step slice of an `engine steps` track.
+pub(super) struct Step {
+    /// Write order (see [`super::read::Slice::seq`]).
+    seq: u64,
+    /// The process track the steps track hangs under.
+    process: Option<u64>,
+    /// Its kind (from the slice name), times and batch totals; `request_tokens` unset.
+    pub(super) info: StepInfo,
+    /// Its `num_seqs` arg.
+    pub(super) num_seqs: u64,
+    /// The step slice's name (the kind, or `step` for an unknown one).
+    pub(super) name: String,
+    /// The requests it served and each one's tokens ([`arg::REQ_IDS`], [`arg::REQ_TOKENS`]).
+    reqs: Vec<u64>,
+    tokens: Vec<u64>,
+}
+
+/// Every step slice of every `engine steps` track, in write order.
+pub(super) fn steps(d: &Decoded) -> Vec<Step> {
+    let mut steps: Vec<Step> = d
+        .tracks
+        .values()
+        .filter(|t| t.name.as_deref() == Some(track::STEPS))
+        .flat_map(|t| t.slices.iter().map(move |s| (t.parent, s)))
+        .map(|(process, s)| {
+            let u = |k| arg_f(&s.args, k).unwrap_or(0.0) as u64;
+            Step {
+                seq: s.seq,
+                process,
+                info: StepInfo {
+                    step_id: u(arg::STEP_ID),
+                    kind: slice::parse_step(&s.name),
+                    start_ns: s.ts,
+                    end_ns: s.ts + s.dur,
+                    num_seqs: u(arg::NUM_SEQS) as u32,
+                    prefill_tokens: u(arg::PREFILL_TOKENS) as u32,
+                    decode_tokens: u(arg::DECODE_TOKENS) as u32,
+                    request_tokens: None,
+                },
+                num_seqs: u(arg::NUM_SEQS),
+                name: s.name.clone(),
+                reqs: arg_u_array(&s.args, arg::REQ_IDS),
+                tokens: arg_u_array(&s.args, arg::REQ_TOKENS),
+            }
+        })
+        .collect();
+    steps.sort_by_key(|s| s.seq);
+    steps
+}
+
+/// The steps naming each request, by (process track, request id): (write order, the step as it sees it).
+type Served = HashMap<(Option<u64>, u64), Vec<(u64, StepInfo)>>;
+
+/// What is fed to a request's timeline, in write order.
+enum Item {
+    Transition(u64, Transition),
+    Step(StepInfo),
+}
+
+/// Every request with a track, in request id order, and the inter-token latencies of all of them (ms).
+pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64>) {
+    // The steps naming each (process, request), with the request's share.
+    let mut served = Served::new();
+    for s in steps {
+        for (i, &req) in s.reqs.iter().enumerate() {
+            let info = StepInfo {
+                request_tokens: s.tokens.get(i).map(|&t| t as u32),
+                ..s.info
+            };
+            served.entry((s.process, req)).or_default().push((s.seq, info));
+        }
+    }
+    let mut rows = Vec::new();
+    let mut itl = Vec::new();
+    for t in d.tracks.values() {
+        let Some((req_id, outer)) = t
+            .slices
+            .iter()
+            .find_map(|s| Some((slice::parse_request(&s.name)?, s)))
+        else {
+            continue;
+        };
+        let mid = matches!(outer.args.get(arg::ATTACHED_MID_REQUEST), Some(Val::B(true)));
+        let mut items = transitions(t, outer.ts, &outer.args);
+        let first = match items.first() {
+            Some((_, Item::Transition(_, tr))) if mid => *tr,
+            _ if mid => Transition::Scheduled,
+            _ => Transition::Arrived,
+        };
+        items.extend(
+            served
+                .remove(&(t.parent, req_id))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(seq, s)| (seq, Item::Step(s))),
+        );
+        items.sort_by_key(|(seq, _)| *seq);
+        let mut tl = RequestTimeline::new(req_id, outer.ts, first, info_of(&outer.args));
+        for (_, item) in items {
+            match item {
+                Item::Transition(ts, tr) => {
+                    tl.transition(tr, ts);
+                }
+                Item::Step(s) => itl.extend(tl.on_step(&s).map(ms)),
+            }
+        }
+        // A request no step names: one sample, (finish − first token) / (output tokens − 1).
+        let info = tl.info();
+        if let (0, Some(ft), Some(end), n @ 2..) = (
+            tl.token_steps(),
+            tl.first_token_ns(),
+            tl.finished_ns(),
+            info.output_tokens,
+        ) {
+            itl.push(ms(end.saturating_sub(ft)) / f64::from(n - 1));
+        }
+        // Attached after it arrived: its arrival (and so queue time and TTFT) is unknown.
+        let known = |v: Option<u64>| v.map(ms).filter(|_| !mid);
+        rows.push(RequestRow {
+            req_id,
+            x_request_id: info.x_request_id.clone(),
+            queue_ms: known(tl.queued_before_first_token_ns()),
+            prefill_ms: known(tl.prefill_before_first_token_ns()),
+            ttft_ms: known(tl.ttft_ns()),
+            first_decode_step_ms: tl.first_decode_step_ns().map(ms),
+            output_tokens: u64::from(info.output_tokens),
+            finish_reason: info
+                .finish_reason
+                .map_or(arg::UNFINISHED, |r| r.name())
+                .to_owned(),
+            preemptions: u64::from(info.num_preemptions),
+            attached_mid_request: mid,
+        });
+    }
+    rows.sort_by_key(|q| q.req_id);
+    (rows, itl)
+}
+
+/// The lifecycle transitions a request's track shows, in write order (`(seq, item)`).
+fn transitions(t: &Track, start: u64, outer: &Args) -> Vec<(u64, Item)> {
+    let first_tokens: Vec<u64> = t
+        .instants
+        .iter()
+        .filter(|i| i.name == slice::FIRST_TOKEN)
+        .map(|i| i.ts)
+        .collect();
+    let mut items: Vec<(u64, Item)> = Vec::new();
+    for s in &t.slices {
+        let tr = match s.name.as_str() {
+            slice::QUEUED => Transition::Arrived,
+            slice::PREFILL => Transition::Scheduled,
+            slice::DECODE if !first_tokens.contains(&s.ts) => Transition::Scheduled,
+            _ => continue,
+        };
+        items.push((s.seq, Item::Transition(s.ts, tr)));
+    }
+    for i in &t.instants {
+        let tr = match i.name.as_str() {
+            slice::FIRST_TOKEN => Transition::FirstToken,
+            slice::PREEMPTED => Transition::Preempted,
+            slice::FINISHED => {
+                let reason = arg_s(&i.args, arg::FINISH_REASON).and_then(arg::parse_finish_reason);
+                Transition::Finished(reason.unwrap_or(llmprof_abi::FinishReason::None))
+            }
+            _ => continue,
+        };
+        items.push((i.seq, Item::Transition(i.ts, tr)));
+    }
+    items.sort_by_key(|(seq, _)| *seq);
+    // A trace without the instant (of an earlier version) still has the request's TTFT.
+    if first_tokens.is_empty()
+        && let Some(v) = arg_f(outer, arg::TTFT_MS)
+    {
+        let ft = start + (v * 1e6).round() as u64;
+        let at = items
+            .iter()
+            .position(|(_, it)| matches!(it, Item::Transition(ts, _) if *ts > ft))
+            .unwrap_or(items.len());
+        let seq = if at == 0 { 0 } else { items[at - 1].0 };
+        items.insert(at, (seq, Item::Transition(ft, Transition::FirstToken)));
+    }
+    items
+}
+
+/// What the request slice's args say about the request.
+fn info_of(a: &Args) -> RequestInfo {
+    let u = |k| arg_f(a, k).unwrap_or(0.0) as u32;
+    RequestInfo {
+        model: arg_s(a, arg::MODEL).unwrap_or("").to_owned(),
+        is_chat: arg_s(a, arg::ENDPOINT) == Some(arg::ENDPOINT_CHAT),
+        prompt_tokens: u(arg::PROMPT_TOKENS),
+        output_tokens: u(arg::OUTPUT_TOKENS),
+        max_tokens: u(arg::MAX_TOKENS),
+        temperature: arg_f(a, arg::TEMPERATURE).unwrap_or(0.0) as f32,
+        top_p: arg_f(a, arg::TOP_P).unwrap_or(0.0) as f32,
+        x_request_id: arg_s(a, arg::X_REQUEST_ID).unwrap_or("").to_owned(),
+        trace_context: None,
+        finish_reason: None,
+        num_preemptions: u(arg::NUM_PREEMPTIONS),
+    }
+}
