@@ -505,18 +505,8 @@ impl RequestTimeline {
     fn tile_step(&mut self, step: &StepInfo) {
         self.steps += 1;
         let (hs, he) = (step.start_ns, step.end_ns);
-        match self.stage {
-            Stage::Queued => {
-                // `Scheduled` not seen: the first step that serves the request ends its queueing.
-                self.push(SegmentKind::Queue, hs);
-                self.enter_prefill(false);
-            }
-            Stage::Preempted => {
-                self.push(self.preempted_segment(), hs);
-                self.enter_prefill(true);
-            }
-            Stage::Prefill { .. } | Stage::Decode => {}
-        }
+        // `Scheduled` not seen: the first step that serves the request ends its queueing (or preemption).
+        self.on_scheduled(hs);
         if let Stage::Prefill { recompute } = self.stage {
             let ends_prefill = match (recompute, self.first_token_ns) {
                 // A step that starts at or after the first token is past the prefill.

@@ -211,22 +211,27 @@ fn body(r: &mut Rng) -> Vec<u8> {
     b
 }
 
-#[test]
-fn no_webhook_body_makes_serve_panic_or_answer_other_than_2xx_or_4xx() {
-    let dir = std::env::temp_dir().join(format!("llmprof-fuzz-{}", std::process::id()));
+/// serve's app with its output in `dir` and a session cap of 0: every alert goes through the rules, none is traced.
+fn app_that_traces_nothing(dir: &std::path::Path) -> Arc<App> {
     let mut opts = ServeOptions::from_config(super::ServeConfig {
-        out_dir: dir.clone(),
+        out_dir: dir.to_path_buf(),
         ..config()
     })
     .unwrap_or_else(|e| panic!("config: {e}"));
     opts.manager.max_sessions = 0;
     let metrics = Arc::new(Metrics::default());
-    let app = Arc::new(App {
+    Arc::new(App {
         manager: Arc::new(Manager::new(opts.manager, Vec::new(), metrics.clone())),
         metrics,
         token: None,
         max_body: 1 << 20,
-    });
+    })
+}
+
+#[test]
+fn no_webhook_body_makes_serve_panic_or_answer_other_than_2xx_or_4xx() {
+    let dir = std::env::temp_dir().join(format!("llmprof-fuzz-{}", std::process::id()));
+    let app = app_that_traces_nothing(&dir);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
@@ -267,19 +272,7 @@ fn no_webhook_body_makes_serve_panic_or_answer_other_than_2xx_or_4xx() {
 #[test]
 fn a_huge_duration_is_a_400_with_the_reason_and_the_other_alerts_are_handled() {
     let dir = std::env::temp_dir().join(format!("llmprof-huge-{}", std::process::id()));
-    let mut opts = ServeOptions::from_config(super::ServeConfig {
-        out_dir: dir.clone(),
-        ..config()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"));
-    opts.manager.max_sessions = 0;
-    let metrics = Arc::new(Metrics::default());
-    let app = Arc::new(App {
-        manager: Arc::new(Manager::new(opts.manager, Vec::new(), metrics.clone())),
-        metrics,
-        token: None,
-        max_body: 1 << 20,
-    });
+    let app = app_that_traces_nothing(&dir);
     let body = r#"{"version":"4","alerts":[
         {"status":"firing","fingerprint":"huge","labels":{"alertname":"Big","pid":"1"},
          "annotations":{"llmprof_duration":"100000000000000000000"}},
