@@ -3,10 +3,10 @@
 //! Owns the conversion of the decoded event stream into spans following the GenAI semantic conventions and their
 //! export; it is a pure consumer of [`Event`]s and never touches the kernel or the trace file. Parts:
 //! - [`options`]: `--otlp-endpoint` / `--otlp-protocol` / `--capture-content` and the standard `OTEL_*` variables.
-//! - [`builder`]: the per-request state machine (pure, tested from fixtures): a `{operation} {model}` span per
-//!   request, children `queue`, `prefill` (one per chunk), `decode`, `preempted`, and span events for slow
-//!   syscalls, model-file I/O and flagged egress on the engine's threads.
-//! - [`clock`]: BOOTTIME → wall clock, with one offset (`CLOCK_REALTIME − CLOCK_BOOTTIME`) sampled at start.
+//! - [`builder`] (`llmprof_trace::otel`, pure, tested from fixtures): a `{operation} {model}` span per request from
+//!   its `RequestTimeline`, children `queue`, `prefill` (one per chunk), `decode`, `preempted`, and span events
+//!   for slow syscalls, model-file I/O and flagged egress on the engine's threads.
+//! - [`WallClock`] (`llmprof_trace::clock`): BOOTTIME → wall clock, one offset sampled at start.
 //! - [`resource`]: service, host, process and GPU attributes.
 //! - `export`: the export thread (bounded queue, batches, opentelemetry-otlp over gRPC or HTTP).
 //!
@@ -19,8 +19,8 @@
 //! in the caller's trace, with the caller's trace flags; without one it starts a new trace. Spans are exported
 //! whatever the caller's sampled flag says: the user asked llmprof to trace.
 //!
-//! Content: spans carry token counts and timings, never prompt or completion text. `--capture-content` is the
-//! switch that would allow text; the probe ABI carries no text today, so it changes nothing yet.
+//! Content: spans carry token counts and timings, never prompt or completion text unless `--capture-content` is
+//! given (then the engine's content probe is attached and spans get `gen_ai.input/output.messages`).
 
 mod export;
 pub mod options;
