@@ -3,7 +3,9 @@
 //! Owns the two renderings every printer uses: [`lines`] for the terminal (`llmprof`'s `error: ...`, one cause per
 //! line, so a verifier log stays readable) and [`one_line`] for places that hold one line (doctor details, trace
 //! markers, serve's session reasons, logs). Error types of this crate keep their cause as `#[source]` and leave it
-//! out of their message, so that these print it once; `{:#}` of an `anyhow::Error` prints the same chain.
+//! out of their message, so that these print it once; `{:#}` of an `anyhow::Error` prints the same chain. Errors of
+//! other crates do not all follow that rule (nvml-wrapper's `LibloadingError` shows its libloading cause in its
+//! message and returns it as its source), so a cause whose text the line already holds is not repeated.
 
 use std::error::Error;
 
@@ -21,8 +23,11 @@ fn join(e: &dyn Error, sep: &str) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(sep);
-        s.push_str(&c.to_string());
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(sep);
+            s.push_str(&text);
+        }
         cur = c.source();
     }
     s
@@ -47,6 +52,35 @@ mod tests {
                 "{p:?} should appear once in:\n{shown}"
             );
         }
+    }
+
+    /// An error that shows its cause in its own message and also returns it as its source (as nvml-wrapper does).
+    #[derive(Debug)]
+    struct Embeds(io::Error);
+
+    impl std::fmt::Display for Embeds {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a libloading error occurred: {}", self.0)
+        }
+    }
+
+    impl Error for Embeds {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let e = Embeds(io::Error::other(
+            "libnvidia-ml.so.1: cannot open shared object file",
+        ));
+        let shown = one_line(&e);
+        assert_eq!(
+            shown,
+            "a libloading error occurred: libnvidia-ml.so.1: cannot open shared object file"
+        );
+        assert_each_once(&lines(&e), &["cannot open shared object file"]);
     }
 
     #[test]
