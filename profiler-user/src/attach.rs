@@ -2,7 +2,7 @@
 //!
 //! Owns the orchestration only: preflight checks (root, pid), starting [`Capture`], the poll loop that feeds
 //! capture and the /metrics scraper through the [`Merger`] into the [`TraceSink`], the live status line, the
-//! end conditions (stop flag from Ctrl-C/SIGTERM, duration, target exit, `--max-trace-size`) and the final
+//! end conditions (stop flag from Ctrl-C/SIGTERM/SIGHUP, duration, target exit, `--max-trace-size`) and the final
 //! statistics. The kernel side is all in `capture`; the trace layout is all in `llmprof_trace::perfetto`;
 //! llmprof's own cost is in `selfacct`, the overhead budget in `budget`, the size cap in `sizecap` (this loop
 //! only calls them).
@@ -83,7 +83,7 @@ pub struct AttachOptions {
 }
 
 /// Why a session's stop flag was set, shared between whoever stops it and the session. The first reason set
-/// wins; unset (Ctrl-C/SIGTERM of `llmprof attach`), the session ends [`END_INTERRUPTED`].
+/// wins; unset (Ctrl-C/SIGTERM/SIGHUP of `llmprof attach`), the session ends [`END_INTERRUPTED`].
 #[derive(Clone, Debug, Default)]
 pub struct StopReason(Arc<OnceLock<&'static str>>);
 
@@ -120,7 +120,7 @@ impl std::fmt::Debug for Prelude {
     }
 }
 
-/// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM).
+/// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM, SIGHUP).
 pub const END_INTERRUPTED: &str = "interrupted";
 
 /// `end_reason` when `--max-trace-size` ended the session (the size marker's beginning too).

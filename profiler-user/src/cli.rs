@@ -43,7 +43,7 @@ pub enum Command {
   sudo llmprof attach --pid $(pgrep -f vllm) --gpu-sample-interval 50ms    # any CUDA process: NVML + libcuda
   sudo llmprof attach --pid 1234 --overhead-budget 1% --max-trace-size 50M
 
-Ends on Ctrl-C / SIGTERM, when the duration elapsed, when the target exits, or when --max-trace-size is
+Ends on Ctrl-C / SIGTERM / SIGHUP, when the duration elapsed, when the target exits, or when --max-trace-size is
 reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
 Every trace accounts for llmprof itself: per-probe hits, events and drops, the cost per hit measured at
 start-up (CUDA driver calls included), the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]

@@ -1,4 +1,4 @@
-//! The `llmprof` binary: parses the command line, installs the Ctrl-C/SIGTERM handler, runs a subcommand and
+//! The `llmprof` binary: parses the command line, installs the Ctrl-C/SIGTERM/SIGHUP handler, runs a subcommand and
 //! maps its errors to the exit codes documented in `--help` ([`llmprof::exit`]). Errors are printed with their
 //! causes, each once ([`llmprof::causes`]).
 
@@ -14,7 +14,7 @@ use llmprof::exit;
 use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
-/// Set by the SIGINT/SIGTERM handler; polled by the session loops.
+/// Set by the SIGINT/SIGTERM/SIGHUP handler; polled by the session loops.
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_sig: libc::c_int) {
@@ -22,8 +22,12 @@ extern "C" fn on_signal(_sig: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
+/// The signals that end a session cleanly (finished trace, exit 0): Ctrl-C, SIGTERM, and SIGHUP (a closed
+/// terminal or ssh session), whose default action would kill llmprof and leave a trace without its summary.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
 fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in STOP_SIGNALS {
         // SAFETY: `on_signal` is an `extern "C" fn(c_int)` that only performs an atomic store, which is
         // async-signal-safe; `signal` has no other preconditions.
         unsafe {

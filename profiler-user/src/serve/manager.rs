@@ -42,7 +42,7 @@ pub use super::webhook::DURATION_ANNOTATION;
 pub const END_RESOLVED: &str = "alert resolved";
 /// `end_reason` of a session stopped because the traces in progress exceed `--max-disk`.
 pub const END_DISK_QUOTA: &str = "disk quota";
-/// `end_reason` of a session stopped by serve's own shutdown (SIGTERM/Ctrl-C).
+/// `end_reason` of a session stopped by serve's own shutdown (SIGTERM/SIGHUP/Ctrl-C).
 pub const END_SHUTDOWN: &str = "llmprof serve stopped";
 /// Sessions remembered for `GET /v1/sessions` (oldest finished ones are forgotten first; files stay).
 pub const MAX_HISTORY: usize = 1000;

@@ -5,7 +5,7 @@
 //! Modules, each owning one thing: [`webhook`] (the payload), [`target`] (alert → pid), [`manager`] (sessions,
 //! dedupe, cooldown, cap, quota), [`quota`] (which traces to remove), [`flight`] (the flight recorder),
 //! [`http`] (the API), [`auth`] (bearer token), [`metrics`] (serve's own counters). This file wires them: it
-//! checks the options ([`ServeConfig`], what was asked, into [`ServeOptions`]), starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM stops
+//! checks the options ([`ServeConfig`], what was asked, into [`ServeOptions`]), starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM/SIGHUP stops
 //! the sessions (their traces are finished, not cut) before exiting. See docs/serve.md.
 
 pub mod auth;
