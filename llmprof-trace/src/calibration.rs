@@ -15,6 +15,13 @@ pub struct Calibration {
     pub syscall_ns: f64,
     /// `getppid` untraced, ns (the reference the extra is measured against).
     pub syscall_untraced_ns: f64,
+    /// Extra ns per traced syscall whose exit llmprof decodes (read, write, close, ...: the entry copies
+    /// its arguments, the exit emits or updates records), measured on `close(-1)` untraced vs traced.
+    /// A hit of this class is charged this cost *instead of* `syscall_ns`. `None` when not measured
+    /// (a trace from before this figure existed): such hits are charged `syscall_ns`.
+    pub syscall_decoded_ns: Option<f64>,
+    /// `close(-1)` untraced, ns (the reference of `syscall_decoded_ns`); `None` when not measured.
+    pub syscall_decoded_untraced_ns: Option<f64>,
     /// Extra ns per engine probe hit, excluding the syscalls the hit itself makes (counted by `syscall_ns`).
     /// `None` when no engine probe is attached (nothing to measure, nothing to charge).
     pub probe_ns: Option<f64>,
@@ -32,6 +39,12 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// Cost charged per traced syscall of the decoded class ([`Calibration::syscall_decoded_ns`], or
+    /// [`Calibration::syscall_ns`] when that was not measured).
+    pub fn decoded_ns(&self) -> f64 {
+        self.syscall_decoded_ns.unwrap_or(self.syscall_ns)
+    }
+
     /// Whether the engine probes take the optimized (call) path; `None` when not measured.
     pub fn optimized(&self) -> Option<bool> {
         self.probe_entry.map(|b| b == ENTRY_CALL)

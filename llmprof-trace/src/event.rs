@@ -171,6 +171,9 @@ pub struct OverheadSample {
     pub llmprof_rss_bytes: u64,
     /// Calibrated extra ns per traced syscall.
     pub cost_syscall_ns: f64,
+    /// Calibrated extra ns per traced syscall whose exit llmprof decodes (read, write, close, ...; None:
+    /// not measured, charged `cost_syscall_ns`).
+    pub cost_syscall_decoded_ns: Option<f64>,
     /// Calibrated extra ns per engine probe hit (None: no engine probe attached).
     pub cost_probe_ns: Option<f64>,
     /// Calibrated extra ns per CUDA driver call (entry + return uprobe; None: not measured).

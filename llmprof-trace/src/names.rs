@@ -326,11 +326,13 @@ pub mod counter {
     pub const COST_ENGINE_PROBE: (&str, &str) = ("llmprof cost per hit: engine probe", "ns");
     /// The overhead budget's degradation level in force.
     pub const DEGRADATION_LEVEL: (&str, &str) = ("llmprof degradation level", "level");
+    /// Calibrated cost per traced syscall whose exit llmprof decodes (read, write, close, ...).
+    pub const COST_SYSCALL_DECODED: (&str, &str) = ("llmprof cost per hit: decoded syscall", "ns");
     /// Calibrated cost per CUDA driver call.
     pub const COST_CUDA_CALL: (&str, &str) = ("llmprof cost per hit: CUDA call (entry + return probe)", "ns");
     /// Global counter tracks of llmprof's self-accounting, written every tick (`llmprof::selfacct`); the index
     /// is the track's key.
-    pub const OVERHEAD: [(&str, &str); 8] = [
+    pub const OVERHEAD: [(&str, &str); 9] = [
         OVERHEAD_TARGET_PCT,
         OVERHEAD_ADDED_CPU,
         LLMPROF_CPU,
@@ -339,6 +341,7 @@ pub mod counter {
         COST_ENGINE_PROBE,
         DEGRADATION_LEVEL,
         COST_CUDA_CALL,
+        COST_SYSCALL_DECODED,
     ];
 }
 
@@ -577,6 +580,8 @@ pub mod arg {
     pub const LLMPROF_MAX_RSS_MIB: &str = "llmprof_max_rss_mib";
     /// Calibrated cost per traced syscall, ns.
     pub const COST_NS_SYSCALL: &str = "cost_ns_syscall";
+    /// Calibrated cost per traced syscall whose exit llmprof decodes, ns.
+    pub const COST_NS_SYSCALL_DECODED: &str = "cost_ns_syscall_decoded";
     /// Calibrated cost per engine probe hit, ns.
     pub const COST_NS_ENGINE_PROBE: &str = "cost_ns_engine_probe";
     /// Calibrated cost per engine probe hit sampled out, ns.

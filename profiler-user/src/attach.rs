@@ -326,10 +326,10 @@ fn start_capture(
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
     let cal = capture.calibration().unwrap_or_default();
-    let acct = SelfAccount::new(opts.pid, cal, capture.counters());
+    let acct = SelfAccount::new(opts.pid, cal, capture.account_counters());
     let budget = opts
         .overhead_budget
-        .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.counters())));
+        .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.account_counters())));
     let engine_probes = capture.engine_probes(opts.pid);
     info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
     if !info.engine_probes {
@@ -585,7 +585,7 @@ impl<'a> Session<'a> {
             body: EventBody::SyscallRate { per_sec },
         });
         let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.capture.counters(), level);
+        let sample = self.acct.sample(self.capture.account_counters(), level);
         let est_pct = sample.est_overhead_pct;
         self.merger.push(Event {
             ts_ns: boottime_ns(),
@@ -673,7 +673,7 @@ impl<'a> Session<'a> {
         let gpu = self.gpu.finish();
         let user_drops = self.scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
         drop(self.scraper);
-        let final_counters = self.capture.counters();
+        let final_counters = self.capture.account_counters();
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),
@@ -686,7 +686,7 @@ impl<'a> Session<'a> {
         overhead.events_not_written = self.not_written;
         let stats = SessionStats {
             overhead: Some(overhead),
-            probes: final_counters,
+            probes: final_counters.probes,
             decode_errors: self.capture.decode_errors(),
             user_drops,
             trace_bytes: 0,
@@ -729,7 +729,7 @@ impl<'a> Session<'a> {
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.
 fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(pid, capture.counters())) {
+    let body = match b.check(Snapshot::take(pid, capture.account_counters())) {
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;

@@ -238,13 +238,12 @@ pub fn apply(
 mod tests {
     use std::time::Instant;
 
-    use llmprof_abi::{NUM_PROBES, ProbeCounters};
-
     use super::*;
+    use crate::selfacct::Counters;
 
     fn snap(at: Instant, ms: u64, syscalls: u64, target_cpu_ms: u64) -> Snapshot {
-        let mut counters = [ProbeCounters::default(); NUM_PROBES];
-        counters[ProbeId::Syscalls as usize].hits = syscalls;
+        let mut counters = Counters::default();
+        counters.probes[ProbeId::Syscalls as usize].hits = syscalls;
         Snapshot {
             at: at + Duration::from_millis(ms),
             counters,

@@ -7,8 +7,10 @@
 //! [`Snapshot`]s into an [`OverheadSample`] (counter tracks every tick); [`SelfAccount::summary`] the whole
 //! session. It never touches the kernel's maps itself: the caller hands it the probe counters.
 //!
-//! Which cost each probe's hits carry: `syscalls` the calibrated raw_syscalls cost per syscall (this
-//! includes the `uprobe` syscall an optimized engine-probe hit makes); the other syscall-derived probes
+//! Which cost each probe's hits carry: `syscalls` the calibrated raw_syscalls cost per syscall of its class
+//! — `syscall_decoded_ns` for the [`DECODED_SYSCALLS`] (their count comes from the per-syscall aggregates,
+//! [`Counters::syscalls_decoded`]), `syscall_ns` for every other hit (this includes the `uprobe` syscall an
+//! optimized engine-probe hit makes); the other syscall-derived probes
 //! (model files, connect, send, process exit) nothing extra (they run inside the same exit program); engine
 //! probes, and any uprobe added later, the calibrated uprobe cost, with range hits the sampling knob
 //! skipped at the (lower) sampled-out cost; `cuda` (one hit per driver call, counted at entry) the
@@ -17,6 +19,9 @@
 use std::time::Instant;
 
 use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
+
+#[cfg(doc)]
+use crate::capture::DECODED_SYSCALLS;
 
 use llmprof_trace::calibration::Calibration;
 use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
@@ -30,13 +35,23 @@ const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
     ProbeId::ProcessExit,
 ];
 
+/// What the self-accounting charges, read from the capture at one instant
+/// ([`crate::capture::Capture::account_counters`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    /// Per-probe counters (summed over CPUs).
+    pub probes: [ProbeCounters; NUM_PROBES],
+    /// Of the `syscalls` hits, those of the decoded class ([`DECODED_SYSCALLS`]).
+    pub syscalls_decoded: u64,
+}
+
 /// The counters and clocks at one instant.
 #[derive(Clone, Copy, Debug)]
 pub struct Snapshot {
     /// When.
     pub at: Instant,
-    /// Per-probe counters (summed over CPUs).
-    pub counters: [ProbeCounters; NUM_PROBES],
+    /// The counters.
+    pub counters: Counters,
     /// The target's CPU time so far, ns (None once it is gone).
     pub target_cpu_ns: Option<u64>,
     /// llmprof's CPU time so far, ns.
@@ -45,7 +60,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads the clocks now; `counters` come from the capture.
-    pub fn take(pid: u32, counters: [ProbeCounters; NUM_PROBES]) -> Self {
+    pub fn take(pid: u32, counters: Counters) -> Self {
         Snapshot {
             at: Instant::now(),
             counters,
@@ -55,18 +70,28 @@ impl Snapshot {
     }
 }
 
+/// Estimated ns the traced syscalls added between two readings: decoded hits at the decoded cost, the
+/// rest at the plain cost. The decoded count never exceeds the hits (the two are read one after the other).
+pub fn syscalls_added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> f64 {
+    let i = ProbeId::Syscalls as usize;
+    let hits = now.probes[i].hits.saturating_sub(before.probes[i].hits);
+    let decoded = now
+        .syscalls_decoded
+        .saturating_sub(before.syscalls_decoded)
+        .min(hits);
+    (hits - decoded) as f64 * cal.syscall_ns + decoded as f64 * cal.decoded_ns()
+}
+
 /// Estimated ns the probes added to the target between two counter readings, per probe.
-pub fn added_ns(
-    cal: &Calibration,
-    before: &[ProbeCounters; NUM_PROBES],
-    now: &[ProbeCounters; NUM_PROBES],
-) -> [f64; NUM_PROBES] {
+pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; NUM_PROBES] {
     let mut out = [0f64; NUM_PROBES];
     let probe = cal.probe_ns.unwrap_or(0.0);
+    let syscalls = syscalls_added_ns(cal, before, now);
+    let (before, now) = (&before.probes, &now.probes);
     for (i, slot) in out.iter_mut().enumerate() {
         let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
         *slot = if i == ProbeId::Syscalls as usize {
-            hits * cal.syscall_ns
+            syscalls
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
         } else if i == ProbeId::Cuda as usize {
@@ -107,7 +132,7 @@ pub struct SelfAccount {
 
 impl SelfAccount {
     /// Starts accounting at `counters` (the capture's counters when tracing began).
-    pub fn new(pid: u32, cal: Calibration, counters: [ProbeCounters; NUM_PROBES]) -> Self {
+    pub fn new(pid: u32, cal: Calibration, counters: Counters) -> Self {
         let s = Snapshot::take(pid, counters);
         SelfAccount {
             pid,
@@ -124,7 +149,7 @@ impl SelfAccount {
     }
 
     /// The sample since the previous call (or the start), at degradation `level`.
-    pub fn sample(&mut self, counters: [ProbeCounters; NUM_PROBES], level: u32) -> OverheadSample {
+    pub fn sample(&mut self, counters: Counters, level: u32) -> OverheadSample {
         let now = Snapshot::take(self.pid, counters);
         let rss = rss_bytes();
         self.max_rss = self.max_rss.max(rss);
@@ -143,6 +168,7 @@ impl SelfAccount {
             llmprof_cpu_ns: now.self_cpu_ns.saturating_sub(self.last.self_cpu_ns) as f64,
             llmprof_rss_bytes: rss,
             cost_syscall_ns: self.cal.syscall_ns,
+            cost_syscall_decoded_ns: self.cal.syscall_decoded_ns,
             cost_probe_ns: self.cal.probe_ns,
             cost_cuda_ns: self.cal.cuda_call_ns,
             level,
@@ -154,7 +180,7 @@ impl SelfAccount {
     /// The whole session up to `counters` (the final ones).
     pub fn summary(
         &mut self,
-        counters: [ProbeCounters; NUM_PROBES],
+        counters: Counters,
         budget_pct: Option<f64>,
         degradations: Vec<Degradation>,
     ) -> OverheadSummary {
@@ -275,16 +301,20 @@ mod tests {
 
     #[test]
     fn each_probe_is_charged_its_own_cost_and_syscall_children_nothing() {
-        let before = [ProbeCounters::default(); NUM_PROBES];
-        let mut now = before;
-        now[ProbeId::Syscalls as usize].hits = 10;
-        now[ProbeId::FileIo as usize].hits = 7;
-        now[ProbeId::Step as usize].hits = 3;
-        now[ProbeId::Cuda as usize].hits = 4;
-        now[ProbeId::Range as usize] = ProbeCounters {
+        let before = Counters::default();
+        let mut c = before.probes;
+        c[ProbeId::Syscalls as usize].hits = 10;
+        c[ProbeId::FileIo as usize].hits = 7;
+        c[ProbeId::Step as usize].hits = 3;
+        c[ProbeId::Cuda as usize].hits = 4;
+        c[ProbeId::Range as usize] = ProbeCounters {
             hits: 10,
             emitted: 3,
             dropped: 1,
+        };
+        let now = Counters {
+            probes: c,
+            syscalls_decoded: 0,
         };
         let a = added_ns(&cal(), &before, &now);
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
@@ -299,6 +329,47 @@ mod tests {
         assert_eq!(added_ns(&no_cuda, &before, &now)[ProbeId::Cuda as usize], 8_000.0);
         // 4 sent at the full cost, 6 sampled out at the lower one.
         assert_eq!(a[ProbeId::Range as usize], 4.0 * 2_000.0 + 6.0 * 500.0);
+    }
+
+    fn syscalls(hits: u64, decoded: u64) -> Counters {
+        let mut c = Counters {
+            syscalls_decoded: decoded,
+            ..Counters::default()
+        };
+        c.probes[ProbeId::Syscalls as usize].hits = hits;
+        c
+    }
+
+    #[test]
+    fn decoded_syscalls_are_charged_their_own_cost_and_the_rest_the_plain_one() {
+        let two = Calibration {
+            syscall_decoded_ns: Some(1_500.0),
+            ..cal()
+        };
+        // 100 → 1,100 hits, of which 40 → 240 decoded: 800 plain × 1,000 + 200 decoded × 1,500.
+        let (before, now) = (syscalls(100, 40), syscalls(1_100, 240));
+        let want = 800.0 * 1_000.0 + 200.0 * 1_500.0;
+        assert_eq!(syscalls_added_ns(&two, &before, &now), want);
+        let by_probe = added_ns(&two, &before, &now);
+        assert_eq!(by_probe[ProbeId::Syscalls as usize], want);
+        assert_eq!(
+            by_probe.iter().sum::<f64>(),
+            want,
+            "the total is the sum of both classes"
+        );
+        // Not measured (an older calibration): every hit at the plain cost.
+        assert_eq!(syscalls_added_ns(&cal(), &before, &now), 1_000.0 * 1_000.0);
+        // The aggregates read after the counter may be ahead of it: never more decoded than hits,
+        // never a negative plain count.
+        assert_eq!(
+            syscalls_added_ns(&two, &syscalls(0, 0), &syscalls(10, 12)),
+            10.0 * 1_500.0
+        );
+        // Aggregates that shrank (a map entry gone): no negative decoded count.
+        assert_eq!(
+            syscalls_added_ns(&two, &syscalls(0, 50), &syscalls(10, 20)),
+            10.0 * 1_000.0
+        );
     }
 
     #[test]

@@ -493,6 +493,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         llmprof_cpu_ns: 12e6,
         llmprof_rss_bytes: 20 << 20,
         cost_syscall_ns: 700.0,
+        cost_syscall_decoded_ns: Some(900.0),
         cost_probe_ns: Some(1_800.0),
         cost_cuda_ns: Some(4_500.0),
         level: 0,
@@ -520,6 +521,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         llmprof_max_rss_bytes: 24 << 20,
         calibration: Some(Calibration {
             syscall_ns: 700.0,
+            syscall_decoded_ns: Some(900.0),
             probe_ns: Some(1_800.0),
             probe_entry: Some(0xe8),
             cuda_call_ns: Some(4_500.0),
@@ -536,6 +538,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     assert_ms(&o["est_target_cpu_ms"], 40.0);
     assert_ms(&o["est_target_pct"], 4.0);
     assert_ms(&o["cost_ns"]["syscall"], 700.0);
+    assert_ms(&o["cost_ns"]["syscall_decoded"], 900.0);
     assert_ms(&o["cost_ns"]["engine_probe"], 1_800.0);
     assert_ms(&o["cost_ns"]["cuda_call"], 4_500.0);
     assert_ms(&o["llmprof_max_rss_mib"], 24.0);
@@ -550,7 +553,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     let text = String::from_utf8_lossy(&out.stdout);
     for want in [
         "llmprof overhead",
-        "cost per hit: syscall 700 ns",
+        "cost per hit: syscall 700 ns (decoded 900 ns)",
         "CUDA call 4500 ns",
         "syscall_events_off",
         "peak RSS 24.0 MiB",

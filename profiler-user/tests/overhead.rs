@@ -145,6 +145,7 @@ fn every_trace_accounts_for_llmprof_itself() {
     }
     let mut tp = clean_load(&trace);
     assert!(counter_max(&mut tp, counter::COST_SYSCALL.0) > 0.0);
+    assert!(counter_max(&mut tp, counter::COST_SYSCALL_DECODED.0) > 0.0);
     assert!(counter_max(&mut tp, counter::COST_ENGINE_PROBE.0) > 0.0);
     assert!(counter_max(&mut tp, counter::LLMPROF_RSS.0) > 1.0, "RSS in MiB");
     assert!(counter_max(&mut tp, counter::OVERHEAD_ADDED_CPU.0) > 0.0);
@@ -154,6 +155,7 @@ fn every_trace_accounts_for_llmprof_itself() {
     let summary = format!("from slice where name = '{}'", marker::SUMMARY);
     for key in [
         arg::COST_NS_SYSCALL,
+        arg::COST_NS_SYSCALL_DECODED,
         arg::LLMPROF_MAX_RSS_MIB,
         arg::OVERHEAD_EST_TARGET_CPU_MS,
     ] {

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
-use llmprof::capture::{Capture, CaptureConfig};
-use llmprof_abi::LAT_BUCKETS;
+use llmprof::capture::{Capture, CaptureConfig, DECODED_SYSCALLS};
+use llmprof_abi::{LAT_BUCKETS, ProbeId};
 use llmprof_trace::event::{Event, EventBody};
 
 /// x86-64 syscall numbers of the calls the test makes.
@@ -143,6 +143,32 @@ fn known_fast_and_slow_calls_are_counted_and_reported_exactly() {
     assert_eq!(count(NR_WRITE), WRITE, "write");
     assert_eq!(count(NR_NANOSLEEP), SLEEPS, "nanosleep");
     assert_eq!(count(NR_READ), SLOW_READS, "read");
+
+    // The self-accounting's split (decoded calls are charged their own calibrated cost): the decoded class
+    // holds this thread's close/write/read calls, not its getppid or nanosleep ones, and is what the
+    // aggregates of the decoded numbers sum to (this thread's own map reads are `bpf` calls, not decoded).
+    let acct = cap.account_counters();
+    let decoded: u64 = cap
+        .syscall_aggregates()
+        .iter()
+        .filter(|a| DECODED_SYSCALLS.contains(&a.nr))
+        .map(|a| a.count)
+        .sum();
+    assert_eq!(acct.syscalls_decoded, decoded, "decoded hits = their aggregates");
+    assert!(
+        acct.syscalls_decoded >= CLOSE + WRITE + SLOW_READS,
+        "decoded hits hold this thread's close/write/read: {}",
+        acct.syscalls_decoded
+    );
+    assert!(
+        acct.syscalls_decoded + GETPPID + SLEEPS <= acct.probes[ProbeId::Syscalls as usize].hits,
+        "plain hits hold this thread's getppid/nanosleep: {acct:?}"
+    );
+    let cal = cap.calibration().expect("calibrated");
+    assert!(
+        cal.syscall_decoded_ns.is_some_and(|d| d >= 0.0),
+        "the decoded class is calibrated: {cal:?}"
+    );
     for a in aggs.values() {
         assert_eq!(a.hist.len(), LAT_BUCKETS);
         assert_eq!(

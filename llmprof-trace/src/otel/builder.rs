@@ -431,6 +431,7 @@ mod tests {
             EventBody::Overhead(Box::new(OverheadSample {
                 est_overhead_pct: Some(0.4),
                 cost_syscall_ns: 700.0,
+                cost_syscall_decoded_ns: Some(900.0),
                 cost_probe_ns: Some(1_800.0),
                 cost_cuda_ns: Some(4_500.0),
                 level: 1,

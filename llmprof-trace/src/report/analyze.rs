@@ -201,6 +201,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 llmprof_cpu_pct: f(arg::LLMPROF_CPU_PCT),
                 llmprof_max_rss_mib: f(arg::LLMPROF_MAX_RSS_MIB),
                 cost_ns_syscall: f(arg::COST_NS_SYSCALL),
+                cost_ns_syscall_decoded: f(arg::COST_NS_SYSCALL_DECODED),
                 cost_ns_engine_probe: f(arg::COST_NS_ENGINE_PROBE),
                 cost_ns_engine_probe_sampled_out: f(arg::COST_NS_ENGINE_PROBE_SAMPLED_OUT),
                 cost_ns_cuda_call: f(arg::COST_NS_CUDA_CALL),

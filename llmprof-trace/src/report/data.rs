@@ -324,6 +324,8 @@ pub struct OverheadReport {
     pub llmprof_max_rss_mib: Option<f64>,
     /// Calibrated cost per hit, ns: syscall, engine probe, engine probe sampled out.
     pub cost_ns_syscall: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a syscall whose exit llmprof decodes (read, write, close, ...).
+    pub cost_ns_syscall_decoded: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`].
     pub cost_ns_engine_probe: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`].

@@ -425,6 +425,7 @@ impl<'a> Overhead<'a> {
             llmprof_max_rss_mib: opt(o.llmprof_max_rss_mib),
             cost_ns: CostNs {
                 syscall: opt(o.cost_ns_syscall),
+                syscall_decoded: opt(o.cost_ns_syscall_decoded),
                 engine_probe: opt(o.cost_ns_engine_probe),
                 engine_probe_sampled_out: opt(o.cost_ns_engine_probe_sampled_out),
                 cuda_call: opt(o.cost_ns_cuda_call),
@@ -472,6 +473,7 @@ impl Serialize for ByProbe {
 #[derive(Serialize)]
 struct CostNs {
     syscall: Option<Num>,
+    syscall_decoded: Option<Num>,
     engine_probe: Option<Num>,
     engine_probe_sampled_out: Option<Num>,
     cuda_call: Option<Num>,

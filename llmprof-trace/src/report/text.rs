@@ -280,11 +280,12 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
     let _ = writeln!(out, "\nllmprof overhead (self-accounting):");
     let _ = writeln!(
         out,
-        "  est. CPU added to the target {} ms = {} % of its own CPU ({} ms); cost per hit: syscall {} ns, engine probe {} ns, CUDA call {} ns ({})",
+        "  est. CPU added to the target {} ms = {} % of its own CPU ({} ms); cost per hit: syscall {} ns (decoded {} ns), engine probe {} ns, CUDA call {} ns ({})",
         f(o.est_target_cpu_ms, 1),
         f(o.est_target_pct, 2),
         f(o.target_cpu_ms, 1),
         f(o.cost_ns_syscall, 0),
+        f(o.cost_ns_syscall_decoded, 0),
         f(o.cost_ns_engine_probe, 0),
         f(o.cost_ns_cuda_call, 0),
         o.probe_entry.as_deref().unwrap_or("entry not measured")

@@ -3,7 +3,9 @@
 //! Owns the timing loops (shared with `llmprof doctor`) and the start-up calibration of a [`super::Capture`]:
 //! before any target is in the `TRACED` map, llmprof traces *itself* for a few milliseconds with the programs
 //! just loaded: `getppid` untraced (before the tracepoints were attached) and traced (the cost of the
-//! raw_syscalls pair on one syscall, including the slower syscall entry any attached tracepoint causes), the range
+//! raw_syscalls pair on one syscall, including the slower syscall entry any attached tracepoint causes), the
+//! same for `close(-1)` (a syscall whose exit the programs decode: argument copy at entry, records at exit,
+//! [`DECODED_SYSCALLS`](super::DECODED_SYSCALLS)), the range
 //! probe detached, attached, and attached but sampled out (the optimized NOP5 path and the int3 trap differ
 //! ~20×, and kernels differ). Then it undoes what it did: its own pid leaves `TRACED`, its syscall
 //! aggregates are deleted, its records are discarded, and the counters it moved become the baseline that
@@ -11,7 +13,8 @@
 //! dropped: detaching waits ~100 ms for an RCU grace period, and untraced it costs nothing). It never
 //! touches a target.
 //!
-//! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`; an engine
+//! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`, or
+//! `syscall_decoded_ns` when its number is one the exit decodes; an engine
 //! probe hit costs `probe_ns` on top of the syscalls it makes itself. On 6.18 an optimized hit *is* a
 //! `uprobe` syscall that the raw_syscalls programs may see and count as a syscall hit, so `probe_ns` is the
 //! attached-minus-detached time of a probe call minus `syscall_ns` × the syscall hits each call produced
@@ -65,6 +68,36 @@ pub fn median_ns_per_syscall(calls: u32) -> f64 {
     })
 }
 
+/// Median over [`ROUNDS`] of the mean ns per `close(-1)` syscall in a round of `calls`: the cheapest call of
+/// the class whose exit llmprof decodes (the entry copies its arguments, the exit looks the fd up among the
+/// model files), since the kernel fails it at once with EBADF.
+pub fn median_ns_per_decoded_syscall(calls: u32) -> f64 {
+    median_round(calls, || {
+        // SAFETY: close(-1) closes nothing (no fd is negative): the kernel returns EBADF.
+        std::hint::black_box(unsafe { libc::close(std::hint::black_box(-1)) });
+    })
+}
+
+/// The untraced references of both syscall classes, taken before any tracepoint is attached (an attached
+/// raw_syscalls program slows every syscall of every process, and that is part of what a target pays).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Untraced {
+    /// `getppid`, ns per call.
+    pub plain_ns: f64,
+    /// `close(-1)`, ns per call.
+    pub decoded_ns: f64,
+}
+
+impl Untraced {
+    /// Times both classes now, `calls` per round.
+    pub fn measure(calls: u32) -> Self {
+        Untraced {
+            plain_ns: median_ns_per_syscall(calls),
+            decoded_ns: median_ns_per_decoded_syscall(calls),
+        }
+    }
+}
+
 /// Median over [`ROUNDS`] of the mean ns per `llmprof_probes::range(rec)` call in a round of `calls`.
 pub fn median_ns_per_call(rec: &RangeRecord, calls: u32) -> f64 {
     median_round(calls, || llmprof_probes::range(std::hint::black_box(rec)))
@@ -91,6 +124,10 @@ pub struct Raw {
     pub sys_untraced: f64,
     /// See [`Raw::sys_untraced`].
     pub sys_traced: f64,
+    /// close(-1) untraced / traced, ns (the decoded class); None when not measured.
+    pub decoded_untraced: Option<f64>,
+    /// See [`Raw::decoded_untraced`].
+    pub decoded_traced: Option<f64>,
     /// Probe call detached / attached / attached and sampled out, ns; None without an attached probe.
     pub probe_detached: f64,
     /// See [`Raw::probe_detached`].
@@ -113,11 +150,17 @@ impl Raw {
     /// Applies the cost model of the module docs. Negative differences (noise on a fast path) become 0.
     pub fn into_calibration(self, took_ms: f64) -> Calibration {
         let syscall_ns = (self.sys_traced - self.sys_untraced).max(0.0);
+        let syscall_decoded_ns = match (self.decoded_untraced, self.decoded_traced) {
+            (Some(u), Some(t)) => Some((t - u).max(0.0)),
+            _ => None,
+        };
         let probe =
             |attached: f64| (attached - self.probe_detached - syscall_ns * self.syscalls_per_call).max(0.0);
         Calibration {
             syscall_ns,
             syscall_untraced_ns: self.sys_untraced,
+            syscall_decoded_ns,
+            syscall_decoded_untraced_ns: self.decoded_untraced,
             probe_ns: self.probe_attached.map(probe),
             probe_sampled_out_ns: self.probe_sampled_out.map(probe),
             syscalls_per_probe_hit: self.syscalls_per_call,
@@ -153,15 +196,17 @@ pub(super) fn startup(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     range_probe_loaded: bool,
     cuda: bool,
-    sys_untraced: Option<f64>,
+    untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
     let calls = STARTUP_CALLS_PER_ROUND;
     let me = std::process::id();
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
+    let untraced = untraced.unwrap_or_else(|| Untraced::measure(calls));
     let mut raw = Raw {
-        sys_untraced: sys_untraced.unwrap_or_else(|| median_ns_per_syscall(calls)),
+        sys_untraced: untraced.plain_ns,
+        decoded_untraced: Some(untraced.decoded_ns),
         probe_detached: median_ns_per_call(&rec, calls),
         cuda_detached: if cuda {
             median_ns_per_cuda_call(CUDA_CALLS_PER_ROUND)
@@ -202,6 +247,7 @@ fn measure_traced(
     range_probe_loaded: bool,
 ) -> Result<(), CaptureError> {
     raw.sys_traced = median_ns_per_syscall(calls);
+    raw.decoded_traced = Some(median_ns_per_decoded_syscall(calls));
     if !range_probe_loaded {
         return Ok(());
     }
@@ -342,6 +388,8 @@ mod tests {
         let raw = Raw {
             sys_untraced: 200.0,
             sys_traced: 1_400.0,
+            decoded_untraced: Some(300.0),
+            decoded_traced: Some(1_800.0),
             probe_detached: 2.0,
             probe_attached: Some(3_002.0),
             probe_sampled_out: Some(2_202.0),
@@ -353,6 +401,8 @@ mod tests {
         };
         let c = raw.into_calibration(30.0);
         assert_eq!(c.syscall_ns, 1_200.0);
+        assert_eq!(c.syscall_decoded_ns, Some(1_500.0));
+        assert_eq!(c.decoded_ns(), 1_500.0);
         // The uretprobe syscall of each CUDA call is charged as a syscall, not twice.
         assert_eq!(c.cuda_call_ns, Some(4_000.0));
         assert_eq!(c.probe_ns, Some(1_800.0));
@@ -370,9 +420,19 @@ mod tests {
         };
         let c = raw.into_calibration(1.0);
         assert_eq!(c.syscall_ns, 0.0);
+        // Not measured: the decoded class is charged the plain cost.
+        assert_eq!(c.syscall_decoded_ns, None);
+        assert_eq!(c.decoded_ns(), 0.0);
         assert_eq!(c.probe_ns, None);
         assert_eq!(c.cuda_call_ns, None);
         assert_eq!(c.optimized(), None);
+        let c = Raw {
+            decoded_untraced: Some(300.0),
+            decoded_traced: Some(290.0),
+            ..raw
+        }
+        .into_calibration(1.0);
+        assert_eq!(c.syscall_decoded_ns, Some(0.0));
     }
 
     #[test]
@@ -391,6 +451,7 @@ mod tests {
     #[test]
     fn timing_loops_measure_something() {
         assert!(median_ns_per_syscall(100) > 0.0);
+        assert!(median_ns_per_decoded_syscall(100) > 0.0);
         let rec = RangeRecord::new(llmprof_abi::RangeOp::Mark, 0, 0, "t", "t");
         assert!(median_ns_per_call(&rec, 100) > 0.0);
         assert!(median_ns_per_cuda_call(100) > 0.0);

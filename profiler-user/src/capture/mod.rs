@@ -67,6 +67,26 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("raw_syscalls", "sys_exit", "llmprof_sysexit"),
     ("sched", "sched_process_exit", "llmprof_pexit"),
 ];
+/// The syscall numbers (x86-64) whose exit the raw_syscalls programs decode: the entry copies their
+/// arguments, the exit emits model-file, connect, sent-bytes or exit records. They cost more per call than
+/// the rest (calibrated apart, `Calibration::syscall_decoded_ns`). Mirrors `needs_args` in
+/// `profiler-ebpf/src/main.rs`; a test compares the two.
+pub const DECODED_SYSCALLS: [u64; 14] = [
+    0,   // read
+    1,   // write
+    2,   // open
+    3,   // close
+    9,   // mmap
+    17,  // pread64
+    19,  // readv
+    20,  // writev
+    42,  // connect
+    44,  // sendto
+    46,  // sendmsg
+    60,  // exit
+    231, // exit_group
+    257, // openat
+];
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
@@ -366,9 +386,9 @@ impl Capture {
         // The untraced syscall reference is taken before any tracepoint is attached: an attached
         // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
         // and that is part of what a target pays.
-        let sys_untraced = cfg
+        let untraced = cfg
             .calibrate
-            .then(|| calibrate::median_ns_per_syscall(calibrate::STARTUP_CALLS_PER_ROUND));
+            .then(|| calibrate::Untraced::measure(calibrate::STARTUP_CALLS_PER_ROUND));
         let mut syscall_links = Vec::new();
         let mut range_links = Vec::new();
 
@@ -432,13 +452,8 @@ impl Capture {
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) = calibrate::startup(
-                &mut ebpf,
-                &mut ring,
-                want_uprobes,
-                cfg.calibrate_cuda,
-                sys_untraced,
-            )?;
+            let (c, base) =
+                calibrate::startup(&mut ebpf, &mut ring, want_uprobes, cfg.calibrate_cuda, untraced)?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {
@@ -648,6 +663,34 @@ impl Capture {
         self.with_syscalls(|_, s| s.count).sum()
     }
 
+    /// Completed syscalls of the traced processes so far whose number is one of [`DECODED_SYSCALLS`] (from
+    /// the in-kernel aggregates: a call whose aggregate did not fit the map is counted by the `syscalls`
+    /// counter only, i.e. charged as a plain call). Reads every key of the map but only the decoded
+    /// numbers' values.
+    pub fn syscalls_decoded(&self) -> u64 {
+        let Some(m) = self
+            .ebpf
+            .map("SYSCALLS")
+            .and_then(|m| HashMap::<_, SyscallKey, SyscallStats>::try_from(m).ok())
+        else {
+            return 0;
+        };
+        m.keys()
+            .filter_map(Result::ok)
+            .filter(|k| DECODED_SYSCALLS.contains(&k.nr))
+            .filter_map(|k| m.get(&k, 0).ok())
+            .map(|s| s.count)
+            .sum()
+    }
+
+    /// The counters the self-accounting charges: [`Capture::counters`] and [`Capture::syscalls_decoded`].
+    pub fn account_counters(&self) -> crate::selfacct::Counters {
+        crate::selfacct::Counters {
+            probes: self.counters(),
+            syscalls_decoded: self.syscalls_decoded(),
+        }
+    }
+
     /// The in-kernel syscall aggregates per (pid, tid, syscall).
     pub fn syscall_aggregates(&self) -> Vec<SyscallAggregate> {
         self.with_syscalls(|k, s| SyscallAggregate {
@@ -802,4 +845,48 @@ fn write_knob(ebpf: &mut Ebpf, knob: Knob, value: u64) -> Result<(), CaptureErro
     let mut knobs = Array::<_, u64>::try_from(map).map_err(map_err("KNOBS"))?;
     debug_assert!((knob as usize) < NUM_KNOBS);
     knobs.set(knob as u32, value, 0).map_err(map_err("KNOBS"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::DECODED_SYSCALLS;
+
+    /// The eBPF crate is not built with the user crate, so its `needs_args` list is read from its source:
+    /// the `NR_*` constants it names, resolved to their values.
+    #[test]
+    fn decoded_syscalls_are_the_ones_the_exit_program_decodes() {
+        let src = include_str!("../../../profiler-ebpf/src/main.rs");
+        let value = |name: &str| -> u64 {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("const {name}: u64 = ")))
+                .unwrap_or_else(|| panic!("profiler-ebpf defines no {name}"));
+            line.rsplit(' ')
+                .next()
+                .unwrap()
+                .trim_end_matches(';')
+                .parse()
+                .unwrap()
+        };
+        let body = src
+            .split("fn needs_args(nr: u64) -> bool {")
+            .nth(1)
+            .expect("profiler-ebpf has a needs_args")
+            .split("\n}")
+            .next()
+            .unwrap();
+        let mut decoded: Vec<u64> = body
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("NR_"))
+            .map(value)
+            .collect();
+        decoded.sort_unstable();
+        let mut ours = DECODED_SYSCALLS.to_vec();
+        ours.sort_unstable();
+        assert_eq!(
+            decoded, ours,
+            "DECODED_SYSCALLS must list what needs_args decodes"
+        );
+    }
 }

@@ -122,6 +122,9 @@ impl<W: Write> TraceSink<W> {
         if let Some(c) = o.cost_cuda_ns {
             self.overhead_counter(7, ts, c)?;
         }
+        if let Some(c) = o.cost_syscall_decoded_ns {
+            self.overhead_counter(8, ts, c)?;
+        }
         self.overhead_counter(6, ts, f64::from(o.level))
     }
 }

@@ -150,6 +150,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
     }
     if let Some(c) = &o.calibration {
         args.push(arg_f(arg::COST_NS_SYSCALL, c.syscall_ns));
+        if let Some(p) = c.syscall_decoded_ns {
+            args.push(arg_f(arg::COST_NS_SYSCALL_DECODED, p));
+        }
         if let Some(p) = c.probe_ns {
             args.push(arg_f(arg::COST_NS_ENGINE_PROBE, p));
         }
