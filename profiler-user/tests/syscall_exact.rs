@@ -10,7 +10,6 @@
 #![allow(clippy::unwrap_used, reason = "tests panic with the error")]
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Duration;
 
 use llmprof::capture::{Capture, CaptureConfig, DECODED_SYSCALLS};
@@ -37,18 +36,11 @@ const SLOW_READS: u64 = 5;
 
 fn have_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let msg = "syscall_exact needs root to load eBPF programs";
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}, and CI=true: run the tests as root");
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n!!!!! SKIPPED: {msg}; run `sudo -E cargo test -p llmprof --test syscall_exact` !!!!!\n"
-    );
-    false
+    let root = unsafe { libc::geteuid() } == 0;
+    e2e::require(
+        root,
+        "root to load eBPF programs: run `sudo -E cargo test -p llmprof --test syscall_exact`",
+    )
 }
 
 /// The calls, made from one thread with raw `syscall(2)` (so the numbers are the ones named above, whatever
