@@ -466,6 +466,20 @@ impl RequestTimeline {
         }
     }
 
+    /// Ends the next prefill chunk (numbered in the request's order) at `end`.
+    fn push_chunk(&mut self, recompute: bool, step: Option<StepInfo>, end: u64) {
+        let index = self.chunks;
+        self.chunks += 1;
+        self.push(
+            SegmentKind::Prefill {
+                index,
+                recompute,
+                step,
+            },
+            end,
+        );
+    }
+
     /// A first token was seen while in the initial prefill: the chunks so far produced it (when no step record
     /// listed the request, prefill is taken to end at the first token).
     fn settle_first_token(&mut self) {
@@ -474,16 +488,7 @@ impl RequestTimeline {
         }
         let Some(ft) = self.first_token_ns else { return };
         if self.stage_chunks == 0 {
-            let index = self.chunks;
-            self.chunks += 1;
-            self.push(
-                SegmentKind::Prefill {
-                    index,
-                    recompute: false,
-                    step: None,
-                },
-                ft,
-            );
+            self.push_chunk(false, None, ft);
         }
         self.enter_decode();
     }
@@ -527,17 +532,8 @@ impl RequestTimeline {
         }
         match self.stage {
             Stage::Prefill { recompute } => {
-                let index = self.chunks;
-                self.chunks += 1;
                 self.stage_chunks += 1;
-                self.push(
-                    SegmentKind::Prefill {
-                        index,
-                        recompute,
-                        step: Some(*step),
-                    },
-                    he,
-                );
+                self.push_chunk(recompute, Some(*step), he);
                 if !recompute && self.first_token_ns.is_some() {
                     // It started before the first token (else prefill had ended above): it produced it.
                     self.enter_decode();
@@ -573,16 +569,7 @@ impl RequestTimeline {
             Stage::Queued => self.push(SegmentKind::Queue, t),
             Stage::Prefill { recompute } => {
                 if self.stage_chunks == 0 {
-                    let index = self.chunks;
-                    self.chunks += 1;
-                    self.push(
-                        SegmentKind::Prefill {
-                            index,
-                            recompute,
-                            step: None,
-                        },
-                        t,
-                    );
+                    self.push_chunk(recompute, None, t);
                 } else if let Some(last) = self.segments.last_mut() {
                     // Ended (aborted) between chunks: the wait belongs to the last chunk.
                     last.end = last.end.max(t);

@@ -114,18 +114,7 @@ fn attach_with(pid: u32, secs: u32, trace: &Path, args: &[&str]) -> mpsc::Receiv
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            panic!("llmprof exited before its probes were live:\n{seen}");
-        }
-        seen.push_str(&line);
-        if line.contains("probes live") {
-            break;
-        }
-    }
+    let (mut stderr, seen) = e2e::attach::wait_probes_live(&mut child);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut rest = String::new();

@@ -127,19 +127,7 @@ impl Attach {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut seen = String::new();
-        loop {
-            let mut line = String::new();
-            if stderr.read_line(&mut line).unwrap() == 0 {
-                let _ = child.kill();
-                panic!("llmprof attach exited before its probes were live:\n{seen}");
-            }
-            seen.push_str(&line);
-            if line.contains("probes live") {
-                break;
-            }
-        }
+        let (stderr, seen) = e2e::attach::wait_probes_live(&mut child);
         Attach { child, stderr, seen }
     }
 

@@ -8,6 +8,7 @@
 //! engine's tests may depend on this crate although it depends on the engine, as cargo allows dev-dependency
 //! cycles for test targets).
 
+pub mod attach;
 pub mod engine;
 pub mod http;
 pub mod serve;
