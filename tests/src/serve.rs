@@ -90,7 +90,11 @@ impl Serve {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("[llmprof serve] {line}");
-                if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+                if let Some(rest) = line
+                    .split("listening on http://127.0.0.1:")
+                    .nth(1)
+                    .or_else(|| line.split("listening on https://127.0.0.1:").nth(1))
+                {
                     let port: u16 = rest
                         .split(|c: char| !c.is_ascii_digit())
                         .next()
@@ -109,6 +113,11 @@ impl Serve {
             out_dir,
             token_file,
         }
+    }
+
+    /// The serve process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// POST /v1/alerts with the right token (`auth = Some(TOKEN)`), another one, or none.
