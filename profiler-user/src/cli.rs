@@ -282,6 +282,10 @@ pub struct OpenArgs {
 }
 
 #[cfg(test)]
+#[path = "cli_fuzz_tests.rs"]
+mod fuzz_tests;
+
+#[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
