@@ -88,8 +88,8 @@ impl Rng {
     /// Number-and-unit shaped strings, and some plain random bytes.
     fn value(&mut self) -> String {
         const UNITS: &[&str] = &[
-            "", "ns", "us", "µs", "ms", "s", "m", "h", "d", "B", "K", "KB", "KiB", "M", "MiB", "G", "GiB", "T",
-            "TiB", "P", "E", "EiB", "%", "x",
+            "", "ns", "us", "µs", "ms", "s", "m", "h", "d", "B", "K", "KB", "KiB", "M", "MiB", "G", "GiB",
+            "T", "TiB", "P", "E", "EiB", "%", "x",
         ];
         match self.next() % 4 {
             0 => {
@@ -100,13 +100,15 @@ impl Rng {
             }
             _ => {
                 let digits = 1 + (self.next() % 30) as usize;
-                let mut s: String = (0..digits).map(|_| char::from(b'0' + (self.next() % 10) as u8)).collect();
-                if self.next() % 3 == 0 {
+                let mut s: String = (0..digits)
+                    .map(|_| char::from(b'0' + (self.next() % 10) as u8))
+                    .collect();
+                if self.next().is_multiple_of(3) {
                     s.push('.');
                     let frac = (self.next() % 25) as usize;
                     s.extend((0..frac).map(|_| char::from(b'0' + (self.next() % 10) as u8)));
                 }
-                if self.next() % 5 == 0 {
+                if self.next().is_multiple_of(5) {
                     s.insert(0, '-');
                 }
                 s.push_str(UNITS[(self.next() as usize) % UNITS.len()]);
@@ -171,6 +173,14 @@ fn no_flag_value_makes_the_command_line_panic() {
         }
     }
     std::panic::set_hook(hook);
-    assert!(flags >= 30, "only {flags} value flags found: the introspection is broken");
-    assert!(failures.is_empty(), "{} of {tried} command lines panicked:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        flags >= 30,
+        "only {flags} value flags found: the introspection is broken"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {tried} command lines panicked:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

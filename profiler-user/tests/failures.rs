@@ -473,21 +473,38 @@ fn a_forced_ring_overflow_is_counted_exactly_per_probe() {
     attach.signal(libc::SIGTERM);
     let out = attach.wait();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // `  probe engine_range: hits H, emitted E, dropped D`
     let counts: Vec<u64> = stdout
         .lines()
         .find_map(|l| l.trim().strip_prefix("probe engine_range: "))
         .unwrap_or_else(|| panic!("no engine_range line in the summary:\n{stdout}"))
         .split(", ")
-        .map(|kv| kv.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX))
+        .map(|kv| {
+            kv.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u64::MAX)
+        })
         .collect();
     let [hits, emitted, dropped] = counts[..] else {
         panic!("summary line: {counts:?}\n{stdout}")
     };
     assert_eq!(hits, N, "every mark is counted as a hit:\n{stdout}");
-    assert!(dropped > 0, "a one-page ring must overflow under 200,000 marks:\n{stdout}");
-    assert_eq!(emitted + dropped, hits, "each hit was emitted or dropped:\n{stdout}");
+    assert!(
+        dropped > 0,
+        "a one-page ring must overflow under 200,000 marks:\n{stdout}"
+    );
+    assert_eq!(
+        emitted + dropped,
+        hits,
+        "each hit was emitted or dropped:\n{stdout}"
+    );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<Value>::new());
     let arrived = q(

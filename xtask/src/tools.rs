@@ -98,7 +98,10 @@ pub fn setup() -> Result<()> {
     apt_install("g++", &["g++"])?;
     if !nvrtc_lib_dir().join("libnvrtc.so.13").exists() {
         let target = tools_dir().join("nvrtc");
-        eprintln!("setup-tools: installing {NVRTC} (~58 MB) into {}", target.display());
+        eprintln!(
+            "setup-tools: installing {NVRTC} (~58 MB) into {}",
+            target.display()
+        );
         pip_target(NVRTC, &target)?;
     }
     // The official OpenAI Python client, pointed at the engine by its tests.

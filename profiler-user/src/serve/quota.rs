@@ -50,7 +50,7 @@ pub fn default_quota(dir: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    let size = u64::from(st.f_blocks).saturating_mul(st.f_frsize);
+    let size = st.f_blocks.saturating_mul(st.f_frsize);
     Some(default_for(size))
 }
 
