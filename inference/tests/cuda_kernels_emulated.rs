@@ -1,8 +1,8 @@
 //! The CUDA kernels' logic without a GPU: the generated kernel source is compiled as C++ with a small emulator
 //! (`tools/gpu/kernel_emu/emu.h`: one CPU thread per CUDA thread, warp shuffles as barriers) and checked against
 //! double-precision references (`tools/gpu/kernel_emu/kernels_test.cpp`): every matmul weight type and epilogue,
-//! embedding, RMSNorm, RoPE with the paged KV write, and paged causal attention. Skips loudly where no C++20
-//! compiler (`g++`) is installed.
+//! embedding, RMSNorm, RoPE with the paged KV write, and paged causal attention. Without a C++20 compiler
+//! (`g++`, installed by `cargo xtask setup-tools`) it skips loudly, and fails under CI (`e2e::require`).
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 
@@ -11,10 +11,10 @@ use std::process::Command;
 
 #[test]
 fn kernels_match_references_under_the_cpu_emulator() {
-    if Command::new("g++").arg("--version").output().is_err() {
-        eprintln!(
-            "\n*** SKIPPING: g++ not installed; the emulated kernel checks need a C++20 compiler ***\n"
-        );
+    if !e2e::require(
+        Command::new("g++").arg("--version").output().is_ok(),
+        "g++ not installed; the emulated kernel checks need a C++20 compiler (`cargo xtask setup-tools` installs it)",
+    ) {
         return;
     }
     let emu = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/gpu/kernel_emu");

@@ -167,6 +167,21 @@ pub struct ServeArgs {
     /// A target the flight recorder keeps recording: pid:N or port:N (repeatable; the default target is too).
     #[arg(long, value_name = "TARGET")]
     pub watch: Vec<crate::serve::target::TargetSpec>,
+    /// What else an alert may trace besides the default and watched targets (repeatable): exe:/path/to/binary,
+    /// exe:/dir/ (anything under it), cgroup:/prefix (a container or pod), port:N or pid:N. Nothing else is
+    /// ever traced; pid 1 and serve itself never.
+    #[arg(long = "allow-target", value_name = "RULE")]
+    pub allow_target: Vec<crate::serve::allow::AllowRule>,
+    /// The pid namespace the alerts' `pid` labels are read in, as a namespace file (e.g. /proc/1/ns/pid for
+    /// the host's; default: serve's own, which is the host's under the DaemonSet's hostPID).
+    #[arg(long, value_name = "NSFILE")]
+    pub pid_namespace: Option<PathBuf>,
+    /// Serve the API over HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Session length when the alert has no `llmprof_duration` annotation.
     #[arg(long, default_value = "30s", value_parser = llmprof_units::parse_duration)]
     pub duration: Duration,
@@ -227,6 +242,9 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
             flight_recorder: s.flight_recorder,
             flight_recorder_memory: s.flight_recorder_memory,
             watch: s.watch,
+            allow_target: s.allow_target,
+            tls: s.tls_cert.zip(s.tls_key),
+            pid_namespace: s.pid_namespace,
             duration: s.duration,
             max_duration: s.max_duration,
             max_sessions: s.max_sessions,
@@ -262,6 +280,10 @@ pub struct OpenArgs {
     #[arg(long, default_value_t = crate::open::DEFAULT_PORT)]
     pub port: u16,
 }
+
+#[cfg(test)]
+#[path = "cli_fuzz_tests.rs"]
+mod fuzz_tests;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]

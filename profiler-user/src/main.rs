@@ -191,7 +191,10 @@ fn run_serve(s: ServeArgs) -> i32 {
             eprintln!("error: {}", causes::lines(&e));
             match e {
                 ServeError::NotRoot => exit::NOT_ROOT,
-                ServeError::Insecure(_) | ServeError::Usage(_) | ServeError::Token(_) => exit::USAGE,
+                ServeError::Insecure(_)
+                | ServeError::Usage(_)
+                | ServeError::Token(_)
+                | ServeError::Tls(_) => exit::USAGE,
                 ServeError::OutDir { .. } => exit::OUTPUT,
                 ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }

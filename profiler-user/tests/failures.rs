@@ -84,6 +84,15 @@ impl Testee {
         self.child.id()
     }
 
+    /// Emits `n` range marks as fast as it can and waits for it.
+    fn burst(&mut self, n: u64) {
+        writeln!(self.stdin, "burst {n}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("burst done"), "testee answer to burst: {line:?}");
+    }
+
     /// Runs the testee's sequence (engine records, a 20 ms sleep) and waits for it.
     fn go(&mut self) {
         writeln!(self.stdin, "go").unwrap();
@@ -110,6 +119,10 @@ struct Attach {
 
 impl Attach {
     fn start(pid: u32, trace: &Path) -> Attach {
+        Self::start_with(pid, trace, &[])
+    }
+
+    fn start_with(pid: u32, trace: &Path, extra: &[&str]) -> Attach {
         let mut child = Command::new(LLMPROF)
             .args([
                 "attach",
@@ -120,6 +133,7 @@ impl Attach {
                 "--slow-syscall",
                 SLOW,
             ])
+            .args(extra)
             .arg("-o")
             .arg(trace)
             .env(llmprof::gpu::nvml::NVML_LIB_ENV, NO_NVML)
@@ -437,6 +451,84 @@ fn target_killed_mid_trace_gives_a_complete_trace() {
     assert_complete(&trace, END_TARGET_EXITED);
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(count_named(&mut tp, marker::TARGET_EXITED), 1);
+    drop(tp);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A forced ring overflow: `--ring-size` at its minimum (one page) and a burst of 200,000 range marks. The
+/// kernel drops what does not fit and counts it; the summary's per-probe counts are exact: every mark is a
+/// hit, each hit was either emitted or dropped, and exactly the emitted ones are in the trace.
+#[test]
+fn a_forced_ring_overflow_is_counted_exactly_per_probe() {
+    if !preconditions() {
+        return;
+    }
+    const N: u64 = 200_000;
+    let _kernel = serial();
+    let dir = temp_dir("overflow");
+    let trace = dir.join("overflow.perfetto-trace");
+    let mut t = Testee::spawn();
+    let attach = Attach::start_with(t.pid(), &trace, &["--ring-size", "4KiB"]);
+    t.burst(N);
+    attach.signal(libc::SIGTERM);
+    let out = attach.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `  probe engine_range: hits H, emitted E, dropped D`
+    let counts: Vec<u64> = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("probe engine_range: "))
+        .unwrap_or_else(|| panic!("no engine_range line in the summary:\n{stdout}"))
+        .split(", ")
+        .map(|kv| {
+            kv.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    let [hits, emitted, dropped] = counts[..] else {
+        panic!("summary line: {counts:?}\n{stdout}")
+    };
+    assert_eq!(hits, N, "every mark is counted as a hit:\n{stdout}");
+    assert!(
+        dropped > 0,
+        "a one-page ring must overflow under 200,000 marks:\n{stdout}"
+    );
+    assert_eq!(
+        emitted + dropped,
+        hits,
+        "each hit was emitted or dropped:\n{stdout}"
+    );
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<Value>::new());
+    let arrived = q(
+        &mut tp,
+        &format!(
+            "select count(*) from slice join thread_track tt on slice.track_id = tt.id join thread using (utid) \
+             where thread.tid = {} and slice.dur = 0 and slice.name like '%mark%'",
+            t.pid()
+        ),
+    );
+    assert_eq!(
+        u64::try_from(arrived).unwrap(),
+        emitted,
+        "the trace holds exactly the marks that were emitted: sent {N}, dropped {dropped}"
+    );
+    // The trace itself says what it lost, per probe, and `llmprof report` reads it back.
+    let r = report_json(&trace);
+    let probe = r["drops"]["probes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["probe"] == "engine_range"))
+        .unwrap_or_else(|| panic!("no engine_range in the report's drops: {r}"));
+    assert_eq!(probe["hits"].as_u64(), Some(hits), "{r}");
+    assert_eq!(probe["emitted"].as_u64(), Some(emitted), "{r}");
+    assert_eq!(probe["dropped"].as_u64(), Some(dropped), "{r}");
     drop(tp);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -50,7 +50,18 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
     let dir = std::env::temp_dir().join(format!("llmprof-serve-otel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let endpoint = format!("http://{addr}");
-    let srv = Serve::spawn(&dir, &["--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint]);
+    let allow = format!("pid:{}", engine.pid);
+    let srv = Serve::spawn(
+        &dir,
+        &[
+            "--allow-target",
+            &allow,
+            "--otlp-protocol",
+            "grpc",
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+    );
 
     let r = srv.post_alerts(&alert("firing", engine.pid), Some(TOKEN));
     assert_eq!(r.status, 200, "{}", r.text());

@@ -25,14 +25,16 @@ pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
-/// Whether `prog --version` runs.
+/// Whether `prog --version` (or `prog version`, openssl's spelling) runs.
 pub fn have(prog: &str) -> bool {
-    Command::new(prog)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    ["--version", "version"].iter().any(|a| {
+        Command::new(prog)
+            .arg(a)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// A free loopback TCP port (bound and released).
@@ -62,6 +64,8 @@ pub struct Serve {
     pub out_dir: PathBuf,
     /// Path of the token file.
     pub token_file: PathBuf,
+    /// With HTTPS (`spawn_tls`): the certificate, which is its own CA; requests then go through curl.
+    pub tls_cert: Option<PathBuf>,
 }
 
 impl Serve {
@@ -90,7 +94,11 @@ impl Serve {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("[llmprof serve] {line}");
-                if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+                if let Some(rest) = line
+                    .split("listening on http://127.0.0.1:")
+                    .nth(1)
+                    .or_else(|| line.split("listening on https://127.0.0.1:").nth(1))
+                {
                     let port: u16 = rest
                         .split(|c: char| !c.is_ascii_digit())
                         .next()
@@ -108,20 +116,129 @@ impl Serve {
             port,
             out_dir,
             token_file,
+            tls_cert: None,
         }
+    }
+
+    /// As [`Serve::spawn`], over HTTPS: a self-signed certificate for 127.0.0.1 made by openssl in `dir`
+    /// (`DIR/tls.crt`, `DIR/tls.key`), passed with `--tls-cert/--tls-key`.
+    pub fn spawn_tls(dir: &Path, extra: &[&str]) -> Serve {
+        std::fs::create_dir_all(dir).expect("test dir");
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+            ])
+            .args(["-days", "2", "-subj", "/CN=llmprof-e2e", "-addext"])
+            .arg("subjectAltName=IP:127.0.0.1,DNS:localhost")
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (c, k) = (cert.display().to_string(), key.display().to_string());
+        let mut args = vec!["--tls-cert", c.as_str(), "--tls-key", k.as_str()];
+        args.extend_from_slice(extra);
+        let mut s = Serve::spawn(dir, &args);
+        s.tls_cert = Some(cert);
+        s
+    }
+
+    /// One request to the API: plain HTTP through [`http::request`], or HTTPS through curl trusting the
+    /// test certificate.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> std::io::Result<Response> {
+        let Some(ca) = &self.tls_cert else {
+            return http::request(self.port, method, path, headers, body.map(str::as_bytes));
+        };
+        let body_file = std::env::temp_dir().join(format!(
+            "llmprof-e2e-curl-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "120", "-X", method, "-D", "-", "--cacert"])
+            .arg(ca)
+            .arg("-o")
+            .arg(&body_file);
+        for (k, v) in headers {
+            cmd.args(["-H", &format!("{k}: {v}")]);
+        }
+        if body.is_some() {
+            cmd.args(["--data-binary", "@-"]);
+        }
+        let mut child = cmd
+            .arg(format!("https://127.0.0.1:{}{path}", self.port))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        if let (Some(b), Some(mut stdin)) = (body, child.stdin.take()) {
+            std::io::Write::write_all(&mut stdin, b.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "curl {method} {path}: {}",
+                out.status
+            )));
+        }
+        let head = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let body = std::fs::read(&body_file).unwrap_or_default();
+        let _ = std::fs::remove_file(&body_file);
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// The serve process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// POST /v1/alerts with the right token (`auth = Some(TOKEN)`), another one, or none.
     pub fn post_alerts(&self, body: &str, auth: Option<&str>) -> Response {
         let header = auth.map(|t| format!("Bearer {t}"));
         let headers: Vec<(&str, &str)> = header.iter().map(|h| ("Authorization", h.as_str())).collect();
-        http::post_json(self.port, "/v1/alerts", &headers, body).expect("POST /v1/alerts")
+        let mut headers = headers;
+        headers.push(("Content-Type", "application/json"));
+        self.call("POST", "/v1/alerts", &headers, Some(body))
+            .expect("POST /v1/alerts")
     }
 
     /// GET with the token.
     pub fn get(&self, path: &str) -> Response {
         let h = format!("Bearer {TOKEN}");
-        http::request(self.port, "GET", path, &[("Authorization", &h)], None).expect("GET")
+        self.call("GET", path, &[("Authorization", &h)], None)
+            .expect("GET")
     }
 
     /// GET `path` with the token, body as bytes (for trace downloads): status and body.
@@ -148,7 +265,9 @@ impl Serve {
 
     /// GET /metrics (text).
     pub fn metrics(&self) -> String {
-        http::get(self.port, "/metrics").expect("GET /metrics").text()
+        self.call("GET", "/metrics", &[], None)
+            .expect("GET /metrics")
+            .text()
     }
 
     /// GET /healthz with the token (JSON, with the detail: sessions, disk, flight recorders).
@@ -213,15 +332,17 @@ pub fn fast_rules(for_: &str, duration: &str) -> String {
         .join("\n")
 }
 
-/// deploy/alertmanager/alertmanager.yml pointed at the test's serve and token, with grouping waits of seconds.
-pub fn test_alertmanager_config(serve_port: u16, token_file: &Path) -> String {
+/// deploy/alertmanager/alertmanager.yml pointed at the test's serve (HTTPS), token and certificate, with grouping
+/// waits of seconds.
+pub fn test_alertmanager_config(serve_port: u16, token_file: &Path, tls_cert: &Path) -> String {
     let text = std::fs::read_to_string(deploy_dir().join("alertmanager/alertmanager.yml"))
         .expect("deploy/alertmanager/alertmanager.yml");
     text.replace(
-        "http://127.0.0.1:9464/v1/alerts",
-        &format!("http://127.0.0.1:{serve_port}/v1/alerts"),
+        "https://127.0.0.1:9464/v1/alerts",
+        &format!("https://127.0.0.1:{serve_port}/v1/alerts"),
     )
     .replace("/etc/llmprof/token", &token_file.display().to_string())
+    .replace("/etc/llmprof/tls.crt", &tls_cert.display().to_string())
     .replace("group_wait: 30s", "group_wait: 1s")
     .replace("group_wait: 10s", "group_wait: 1s")
     .replace("group_interval: 5m", "group_interval: 2s")

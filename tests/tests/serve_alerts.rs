@@ -53,6 +53,10 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
             serve::have(ALERTMANAGER),
             "Alertmanager is missing (`cargo xtask setup-tools`)",
         )
+        || !require(
+            serve::have("curl") && serve::have("openssl"),
+            "curl and openssl are missing (`cargo xtask setup-tools`)",
+        )
     {
         return;
     }
@@ -60,7 +64,8 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     let _ = std::fs::remove_dir_all(&dir);
     let engine = Engine::spawn(&model, &["--max-num-seqs", "2", "--max-queue", "1024"]);
     let watch = format!("port:{}", engine.port);
-    let srv = Serve::spawn(
+    // Over HTTPS, as deploy/ runs it: Alertmanager trusts serve's certificate through `tls_config.ca_file`.
+    let srv = Serve::spawn_tls(
         &dir,
         &["--watch", &watch, "--flight-recorder", "30s", "--cooldown", "10m"],
     );
@@ -87,8 +92,14 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
     }
 
     let rules = serve::fast_rules("1s", "8s");
-    let (_am, am_port) =
-        serve::alertmanager(&dir, &serve::test_alertmanager_config(srv.port, &srv.token_file));
+    let (_am, am_port) = serve::alertmanager(
+        &dir,
+        &serve::test_alertmanager_config(
+            srv.port,
+            &srv.token_file,
+            srv.tls_cert.as_deref().expect("serve runs over HTTPS"),
+        ),
+    );
     let (_prom, _prom_port) = serve::prometheus(&dir, engine.port, &rules, am_port);
 
     // Overload: many clients against two sequence slots, until the session has finished.

@@ -98,9 +98,14 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     let pids: Vec<u32> = targets.iter().map(|t| t.0.id()).collect();
     let dir = std::env::temp_dir().join(format!("llmprof-serve-burst-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    // The targets are allowed by their executable (exe:), the way an operator names a server binary.
+    let sleep_exe = std::fs::read_link(format!("/proc/{}/exe", pids[0])).expect("exe of sleep");
+    let allow = format!("exe:{}", sleep_exe.display());
     let srv = Serve::spawn(
         &dir,
         &[
+            "--allow-target",
+            &allow,
             "--max-sessions",
             &CAP.to_string(),
             "--cooldown",
@@ -312,7 +317,7 @@ fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
     let pid = target.0.id();
     let dir = std::env::temp_dir().join(format!("llmprof-serve-resolved-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let srv = Serve::spawn(&dir, &[]);
+    let srv = Serve::spawn(&dir, &["--allow-target", &format!("pid:{pid}")]);
     let body = |status: &str| {
         format!(
             r#"{{"version":"4","status":"{status}","alerts":[{{"status":"{status}","labels":{{"alertname":"Flap","pid":"{pid}"}},"annotations":{{"llmprof_duration":"5m"}},"fingerprint":"fp-flap"}}]}}"#

@@ -61,7 +61,11 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
     std::fs::write(&notes, "not a trace").expect("notes");
     std::thread::sleep(Duration::from_millis(20));
     let quota = QUOTA.to_string();
-    let srv = Serve::spawn(&dir, &["--max-disk", &quota, "--cooldown", "0s"]);
+    let allow = format!("pid:{pid}");
+    let srv = Serve::spawn(
+        &dir,
+        &["--allow-target", &allow, "--max-disk", &quota, "--cooldown", "0s"],
+    );
     assert_eq!(srv.out_dir, traces);
 
     let mut paths: Vec<String> = Vec::new();

@@ -52,18 +52,34 @@ pub fn test(args: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(Command::new("cargo").current_dir(&root).args([
-        "test",
-        "-p",
-        "inference",
-        "--features",
-        "cuda",
-        "--lib",
-        "--test",
-        "cuda_kernels_emulated",
-        "--test",
-        "cuda_device_select",
-    ]))
+    // NVRTC from the project cache (setup-tools), found through the linker's search like a system install.
+    let nvrtc = crate::tools::nvrtc_lib_dir();
+    let ld_path = match std::env::var_os("LD_LIBRARY_PATH") {
+        Some(p) if !p.is_empty() => {
+            let mut v = nvrtc.into_os_string();
+            v.push(":");
+            v.push(p);
+            v
+        }
+        _ => nvrtc.into_os_string(),
+    };
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .env("LD_LIBRARY_PATH", ld_path)
+        .args([
+            "test",
+            "-p",
+            "inference",
+            "--features",
+            "cuda",
+            "--lib",
+            "--test",
+            "cuda_kernels_emulated",
+            "--test",
+            "cuda_device_select",
+            "--test",
+            "cuda_nvrtc",
+        ]))
 }
 
 /// `cargo xtask demo [SECONDS]`: starts the engine on the default model, drives concurrent chat requests, attaches

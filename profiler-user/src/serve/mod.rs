@@ -8,20 +8,23 @@
 //! checks the options ([`ServeConfig`], what was asked, into [`ServeOptions`]), starts the recorders, the quota ticker and the HTTP server, and on Ctrl-C/SIGTERM/SIGHUP stops
 //! the sessions (their traces are finished, not cut) before exiting. See docs/serve.md.
 
+pub mod allow;
 pub mod auth;
 pub mod flight;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod netns;
 pub mod quota;
 pub mod target;
+pub mod tls;
 pub mod webhook;
 
 #[cfg(test)]
 mod fuzz_tests;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -29,11 +32,12 @@ use std::time::Duration;
 use crate::attach::{AttachOptions, StopReason};
 use crate::capture::Cidr;
 use crate::otel::OtelOptions;
+use allow::{AllowList, AllowRule};
 use auth::Token;
 use flight::FlightRecorder;
 use manager::{Manager, ManagerConfig};
 use metrics::Metrics;
-use target::TargetSpec;
+use target::{ResolveConfig, TargetSpec};
 
 /// Default listen address: loopback, port 9464 (next to the Prometheus exporter range).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -63,6 +67,12 @@ pub struct ServeConfig {
     pub flight_recorder_memory: usize,
     /// Targets the flight recorder keeps recording.
     pub watch: Vec<TargetSpec>,
+    /// What else alerts may trace (`--allow-target`).
+    pub allow_target: Vec<AllowRule>,
+    /// HTTPS: the PEM certificate chain and key (both or neither).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The pid namespace of `pid` labels, as a namespace file (None: serve's own).
+    pub pid_namespace: Option<PathBuf>,
     /// Session length when the alert has no `llmprof_duration` annotation.
     pub duration: Duration,
     /// Longest session an annotation may ask for.
@@ -96,6 +106,8 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// The bearer token (None: no authentication; only allowed on loopback).
     pub token: Option<Token>,
+    /// HTTPS (None: plain HTTP).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Flight-recorder history (None: off).
     pub flight_recorder: Option<Duration>,
     /// Memory of all flight recorders together, bytes (split evenly between targets).
@@ -143,6 +155,9 @@ pub enum ServeError {
     /// The options contradict each other.
     #[error("{0}")]
     Usage(String),
+    /// The certificate or key is unusable.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// The async runtime or a thread could not start.
     #[error("cannot start llmprof serve's runtime")]
     Runtime(#[source] std::io::Error),
@@ -162,6 +177,11 @@ impl ServeOptions {
         let max_trace_size = s.max_trace_size as u64;
         llmprof_trace::sizecap::SizeCap::new(max_trace_size).map_err(ServeError::Usage)?;
         let token = s.token_file.as_deref().map(Token::from_file).transpose()?;
+        let tls = s
+            .tls
+            .as_ref()
+            .map(|(cert, key)| tls::server_config(cert, key))
+            .transpose()?;
         // A bad endpoint or protocol would fail every session: refuse it now.
         s.otel
             .resolve()
@@ -189,13 +209,18 @@ impl ServeOptions {
         Ok(ServeOptions {
             listen: s.listen,
             token,
+            tls,
             flight_recorder: s.flight_recorder,
             flight_recorder_memory: s.flight_recorder_memory,
-            watch: s.watch,
+            watch: s.watch.clone(),
             max_body: s.max_body,
             manager: ManagerConfig {
                 out_dir: s.out_dir,
-                default_target: s.default_target,
+                resolve: ResolveConfig {
+                    default: s.default_target,
+                    pid_ns: s.pid_namespace.as_deref().map(pid_namespace_id).transpose()?,
+                },
+                allow: AllowList::new(&s.allow_target, s.default_target, &s.watch),
                 default_duration: s.duration,
                 max_duration: s.max_duration,
                 max_sessions: s.max_sessions.max(1),
@@ -207,6 +232,21 @@ impl ServeOptions {
     }
 }
 
+/// `pid:[INODE]` of a pid-namespace file (`/proc/N/ns/pid` or a bind mount of one).
+fn pid_namespace_id(path: &Path) -> Result<String, ServeError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)
+        .map_err(|e| ServeError::Usage(format!("--pid-namespace {}: {e}", path.display())))?;
+    // nsfs inodes live on their own device; a regular file is a mistake.
+    if m.is_file() && m.len() > 0 {
+        return Err(ServeError::Usage(format!(
+            "--pid-namespace {}: not a namespace file (use /proc/PID/ns/pid)",
+            path.display()
+        )));
+    }
+    Ok(format!("pid:[{}]", m.ino()))
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -215,7 +255,7 @@ fn is_root() -> bool {
 /// The flight recorder's targets: the default target and `--watch`, without repeats.
 fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
     let mut out: Vec<TargetSpec> = Vec::new();
-    for t in opts.manager.default_target.iter().chain(&opts.watch) {
+    for t in opts.manager.resolve.default.iter().chain(&opts.watch) {
         if !out.contains(t) {
             out.push(*t);
         }
@@ -245,6 +285,21 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         path: out.clone(),
         source,
     })?;
+    let out = out.clone();
+    let mut opts = opts;
+    if opts.manager.disk_quota.is_none() {
+        opts.manager.disk_quota = quota::default_quota(&out);
+        if let Some(q) = opts.manager.disk_quota {
+            eprintln!(
+                "llmprof serve: disk quota of {} {} MiB (default: {} % of its filesystem, at most {} GiB; --max-disk to set)",
+                out.display(),
+                q >> 20,
+                quota::DEFAULT_SHARE_PERCENT,
+                quota::DEFAULT_CEILING >> 30
+            );
+        }
+    }
+    let out = &opts.manager.out_dir;
     let metrics = Arc::new(Metrics::default());
     let mut recorders = Vec::new();
     if let Some(window) = opts.flight_recorder {
@@ -256,6 +311,12 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
                 per_target >> 10
             );
         }
+    }
+    if opts.manager.allow.is_empty() {
+        eprintln!(
+            "llmprof serve: no --default-target, --watch or --allow-target: every alert will be refused \
+             (add --allow-target exe:/path/to/server, cgroup:/..., port:N or pid:N)"
+        );
     }
     let manager = Arc::new(Manager::new(opts.manager.clone(), recorders, metrics.clone()));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -270,7 +331,8 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         })?;
     let addr = listener.local_addr().map_err(ServeError::Runtime)?;
     println!(
-        "llmprof serve: listening on http://{addr} (POST /v1/alerts{}); traces in {}",
+        "llmprof serve: listening on {}://{addr} (POST /v1/alerts{}); traces in {}",
+        if opts.tls.is_some() { "https" } else { "http" },
         if opts.token.is_some() {
             ", bearer token required"
         } else {
@@ -298,14 +360,26 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         token: opts.token.clone(),
         max_body: opts.max_body,
     });
+    let tls = opts.tls.clone();
     let served = rt.block_on(async move {
-        axum::serve(listener, http::router(app))
-            .with_graceful_shutdown(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
-            .await
+        let stopped = async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        match tls {
+            Some(cfg) => {
+                let listener = tls::TlsListener::new(listener, cfg)?;
+                axum::serve(listener, http::router(app))
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            None => {
+                axum::serve(listener, http::router(app))
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        }
     });
     eprintln!("llmprof serve: stopping; finishing the traces of running sessions");
     manager.shutdown(SHUTDOWN_WAIT);
@@ -330,6 +404,9 @@ pub(crate) mod tests {
             flight_recorder: None,
             flight_recorder_memory: 64 << 20,
             watch: Vec::new(),
+            allow_target: Vec::new(),
+            tls: None,
+            pid_namespace: None,
             duration: Duration::from_secs(30),
             max_duration: Duration::from_secs(600),
             max_sessions: 2,

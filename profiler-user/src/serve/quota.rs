@@ -34,6 +34,31 @@ pub struct Plan {
     pub over_by: u64,
 }
 
+/// The default quota's share of the filesystem holding the output directory.
+pub const DEFAULT_SHARE_PERCENT: u64 = 10;
+/// The default quota's ceiling.
+pub const DEFAULT_CEILING: u64 = 20 << 30;
+
+/// The default quota of `dir` (when `--max-disk` is not given): 10 % of its filesystem's size, at most 20 GiB.
+/// None when the filesystem cannot be read.
+pub fn default_quota(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: zeroed is a valid statvfs (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer for the call's duration.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let size = st.f_blocks.saturating_mul(st.f_frsize);
+    Some(default_for(size))
+}
+
+/// 10 % of `filesystem_bytes`, at most 20 GiB.
+pub fn default_for(filesystem_bytes: u64) -> u64 {
+    (filesystem_bytes / 100 * DEFAULT_SHARE_PERCENT).min(DEFAULT_CEILING)
+}
+
 /// The trace files directly in `dir`.
 pub fn scan(dir: &Path) -> std::io::Result<Vec<TraceFile>> {
     let mut out = Vec::new();
@@ -80,6 +105,16 @@ pub fn plan(files: &[TraceFile], in_progress: &HashSet<PathBuf>, quota: u64) -> 
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_default_is_a_tenth_of_the_filesystem_at_most_20_gib() {
+        assert_eq!(default_for(50 << 30), 5 << 30);
+        assert_eq!(default_for(1 << 40), 20 << 30);
+        assert_eq!(default_for(0), 0);
+        let here = default_quota(&std::env::temp_dir()).unwrap();
+        assert!(here > 0 && here <= DEFAULT_CEILING, "{here}");
+        assert_eq!(default_quota(Path::new("/nonexistent/dir")), None);
+    }
 
     fn f(name: &str, bytes: u64, age_s: u64) -> TraceFile {
         TraceFile {

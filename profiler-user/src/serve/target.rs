@@ -1,18 +1,22 @@
 //! Which local process an alert is about.
 //!
-//! Owns the resolution rules, in order: an explicit `pid` label; else the `instance` label's port, mapped to
-//! the local process listening on it; else the configured default target. A port is mapped through the LISTEN
-//! sockets of `/proc/PID/net/tcp{,6}` (read once per network namespace, so servers in containers are found
-//! too) and the socket inodes of each process's fds (the same tables `metrics_scrape` reads for discovery).
-//! Read-only; never signals or touches a process.
+//! Owns the resolution rules, in order: an explicit `pid` label (a pid of serve's pid namespace, or of the
+//! one `--pid-namespace` names); else the `instance` label, whose host must be this machine (one of its
+//! addresses, `localhost`, its host name) or a local network namespace (a pod IP), mapped to the process
+//! listening on its port in that namespace; else the configured default target. A port is mapped through
+//! the LISTEN sockets of `/proc/PID/net/tcp{,6}` (read once per network namespace) and the socket inodes of
+//! each process's fds (the same tables `metrics_scrape` reads for discovery). Whether the process found may
+//! be traced is [`super::allow`]'s decision. Read-only; never signals or touches a process.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::path::Path;
 use std::str::FromStr;
 
 use crate::metrics_scrape::listening_sockets;
 use crate::procfs;
 
+use super::netns;
 use super::webhook::Alert;
 
 /// Label naming the target pid explicitly.
@@ -90,22 +94,57 @@ pub enum ResolveError {
         /// Where the port came from.
         from: String,
     },
+    /// The `pid` label names no process of the configured pid namespace.
+    #[error("label pid={pid}: no process has that pid in the pid namespace {ns} (--pid-namespace)")]
+    NoProcessInNs {
+        /// The label's pid.
+        pid: u32,
+        /// The namespace.
+        ns: String,
+    },
+    /// The `instance` label's host is not this machine nor one of its network namespaces.
+    #[error("{from}: {host} is not an address of this host or of a local network namespace")]
+    NotLocal {
+        /// The host part.
+        host: String,
+        /// Where it came from.
+        from: String,
+    },
     /// Neither label and no default.
     #[error("the alert has no pid or instance label and llmprof serve has no --default-target")]
     NoTarget,
 }
 
-/// Resolves an alert to a process, falling back to `default` only when the alert names none.
-pub fn resolve_alert(alert: &Alert, default: Option<TargetSpec>) -> Result<Resolved, ResolveError> {
+/// How labels are read: where `pid` labels are pids, and the fallback target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResolveConfig {
+    /// Target of alerts without `pid` or `instance` labels.
+    pub default: Option<TargetSpec>,
+    /// The pid namespace `pid` labels are read in (`pid:[INODE]`, from `--pid-namespace`); None: serve's own.
+    pub pid_ns: Option<String>,
+}
+
+/// Resolves an alert to a process, falling back to the default only when the alert names none. Reads /proc and
+/// may resolve a host name: run it off the async runtime.
+pub fn resolve_alert(alert: &Alert, cfg: &ResolveConfig) -> Result<Resolved, ResolveError> {
     if let Some(p) = alert.labels.get(PID_LABEL) {
         let pid: u32 = p.trim().parse().map_err(|_| ResolveError::BadPid(p.clone()))?;
-        return resolve(TargetSpec::Pid(pid), "label pid");
+        let Some(ns) = &cfg.pid_ns else {
+            return resolve(TargetSpec::Pid(pid), "label pid");
+        };
+        let host_pid =
+            netns::translate_pid(ns, pid).ok_or(ResolveError::NoProcessInNs { pid, ns: ns.clone() })?;
+        return resolve(
+            TargetSpec::Pid(host_pid),
+            &format!("label pid={pid} in {ns} → pid {host_pid}"),
+        );
     }
     if let Some(inst) = alert.labels.get(INSTANCE_LABEL) {
         let port = instance_port(inst).ok_or_else(|| ResolveError::BadInstance(inst.clone()))?;
-        return resolve(TargetSpec::Port(port), &format!("label instance={inst}"));
+        let host = instance_host(inst).ok_or_else(|| ResolveError::BadInstance(inst.clone()))?;
+        return resolve_instance(&host, port, &format!("label instance={inst}"));
     }
-    match default {
+    match cfg.default {
         Some(d) => resolve(d, &format!("default target {d}")),
         None => Err(ResolveError::NoTarget),
     }
@@ -123,21 +162,107 @@ pub fn resolve(spec: TargetSpec, from: &str) -> Result<Resolved, ResolveError> {
                 how: from.to_owned(),
             })
         }
-        TargetSpec::Port(port) => {
-            let pids = pids_listening_on(port);
-            let Some(&pid) = pids.first() else {
-                return Err(ResolveError::NoListener {
-                    port,
-                    from: from.to_owned(),
-                });
-            };
-            let mut how = format!("{from} → port {port} → pid {pid}");
-            if pids.len() > 1 {
-                how.push_str(&format!(" (lowest of {} listeners: {pids:?})", pids.len()));
-            }
-            Ok(Resolved { pid, how })
-        }
+        TargetSpec::Port(port) => pick(pids_listening_on(port), port, from),
     }
+}
+
+/// The lowest pid of `pids` (the listener's parent, when workers share the socket), said so when several.
+fn pick(pids: Vec<u32>, port: u16, from: &str) -> Result<Resolved, ResolveError> {
+    let Some(&pid) = pids.first() else {
+        return Err(ResolveError::NoListener {
+            port,
+            from: from.to_owned(),
+        });
+    };
+    let mut how = format!("{from} → port {port} → pid {pid}");
+    if pids.len() > 1 {
+        how.push_str(&format!(" (lowest of {} listeners: {pids:?})", pids.len()));
+    }
+    Ok(Resolved { pid, how })
+}
+
+/// An `instance` is only ever this host: its host part must be one of this host's addresses (loopback and
+/// `localhost` mean serve's own network namespace) or the address of a local network namespace (a pod IP);
+/// the port is then looked up in that namespace only.
+fn resolve_instance(host: &str, port: u16, from: &str) -> Result<Resolved, ResolveError> {
+    let all = netns::all();
+    let own = netns::netns_of(std::process::id()).unwrap_or_default();
+    let addrs = host_addresses(host, &all, &own);
+    let chosen: Vec<&netns::NetNs> = all
+        .iter()
+        .filter(|n| {
+            addrs.iter().any(|a| {
+                if a.is_loopback() || a.is_unspecified() {
+                    n.id == own
+                } else {
+                    n.addrs.contains(a)
+                }
+            })
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(ResolveError::NotLocal {
+            host: host.to_owned(),
+            from: from.to_owned(),
+        });
+    }
+    let mut pids = Vec::new();
+    for n in chosen {
+        pids.extend(listeners_in(n, port));
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pick(pids, port, &format!("{from} → {host}"))
+}
+
+/// The addresses `host` stands for: an IP literal, `localhost`, this machine's host name (serve's own
+/// namespace), or what the resolver says.
+fn host_addresses(host: &str, all: &[netns::NetNs], own: &str) -> Vec<IpAddr> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return vec![ip];
+    }
+    if host.eq_ignore_ascii_case("localhost") {
+        return vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    }
+    if is_own_hostname(host) {
+        // This host: the non-loopback addresses of serve's namespace.
+        return all
+            .iter()
+            .find(|n| n.id == own)
+            .map(|n| n.addrs.iter().copied().filter(|a| !a.is_loopback()).collect())
+            .unwrap_or_default();
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .map(|it| it.map(|s| s.ip()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `host` is this machine's host name (or its first label).
+fn is_own_hostname(host: &str) -> bool {
+    let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") else {
+        return false;
+    };
+    let name = name.trim();
+    !name.is_empty()
+        && (host.eq_ignore_ascii_case(name)
+            || host
+                .split('.')
+                .next()
+                .is_some_and(|h| h.eq_ignore_ascii_case(name)))
+}
+
+/// The host part of `host:port`, `[v6]:port` or `http://host:port/path`.
+pub fn instance_host(instance: &str) -> Option<String> {
+    let s = instance.trim();
+    let s = s.split_once("://").map_or(s, |(_, r)| r);
+    let hostport = s.split('/').next()?;
+    let (host, _) = hostport.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    (!host.is_empty()).then(|| host.to_owned())
 }
 
 /// The port of `host:port`, `[v6]:port` or `http://host:port/path`.
@@ -154,51 +279,39 @@ pub fn instance_port(instance: &str) -> Option<u16> {
 
 /// Pids (sorted) of the processes with a LISTEN socket on `port`, in any network namespace.
 pub fn pids_listening_on(port: u16) -> Vec<u32> {
-    // One representative process per network namespace: its /proc/PID/net/tcp{,6} is that namespace's table.
-    let mut by_netns: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let ns = std::fs::read_link(format!("/proc/{pid}/ns/net"))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        by_netns.entry(ns).or_default().push(pid);
-    }
-    let mut out = Vec::new();
-    for pids in by_netns.values() {
-        let mut wanted: HashSet<u64> = HashSet::new();
-        for &rep in pids.iter().take(3) {
-            for table in ["tcp", "tcp6"] {
-                let path = format!("/proc/{rep}/net/{table}");
-                if let Ok(text) = std::fs::read_to_string(Path::new(&path)) {
-                    wanted.extend(
-                        listening_sockets(&text)
-                            .into_iter()
-                            .filter(|&(p, _)| p == port)
-                            .map(|(_, inode)| inode),
-                    );
-                }
-            }
-            if !wanted.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
-                break;
-            }
-        }
-        if wanted.is_empty() {
-            continue;
-        }
-        for &pid in pids {
-            if procfs::socket_inodes(pid).iter().any(|i| wanted.contains(i)) {
-                out.push(pid);
-            }
-        }
-    }
+    let mut out: Vec<u32> = netns::all().iter().flat_map(|n| listeners_in(n, port)).collect();
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// Processes of one network namespace with a LISTEN socket on `port`.
+fn listeners_in(ns: &netns::NetNs, port: u16) -> Vec<u32> {
+    // One representative process's /proc/PID/net/tcp{,6} is the namespace's table.
+    let mut wanted: HashSet<u64> = HashSet::new();
+    for &rep in ns.pids.iter().take(3) {
+        for table in ["tcp", "tcp6"] {
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{rep}/net/{table}")) {
+                wanted.extend(
+                    listening_sockets(&text)
+                        .into_iter()
+                        .filter(|&(p, _)| p == port)
+                        .map(|(_, inode)| inode),
+                );
+            }
+        }
+        if !wanted.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
+            break;
+        }
+    }
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    ns.pids
+        .iter()
+        .copied()
+        .filter(|&pid| procfs::socket_inodes(pid).iter().any(|i| wanted.contains(i)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -237,31 +350,99 @@ mod tests {
         assert_eq!(instance_port("[::1]"), None);
     }
 
+    fn cfg(default: Option<TargetSpec>) -> ResolveConfig {
+        ResolveConfig {
+            default,
+            pid_ns: None,
+        }
+    }
+
     #[test]
     fn resolves_pid_labels_ports_and_defaults() {
         let me = std::process::id();
-        let r = resolve_alert(&alert(&[("pid", &me.to_string())]), None).unwrap();
+        let r = resolve_alert(&alert(&[("pid", &me.to_string())]), &cfg(None)).unwrap();
         assert_eq!(r.pid, me);
         assert_eq!(
-            resolve_alert(&alert(&[("pid", "1073741823")]), None),
+            resolve_alert(&alert(&[("pid", "1073741823")]), &cfg(None)),
             Err(ResolveError::NoProcess(1_073_741_823))
         );
         assert!(matches!(
-            resolve_alert(&alert(&[("pid", "x")]), None),
+            resolve_alert(&alert(&[("pid", "x")]), &cfg(None)),
             Err(ResolveError::BadPid(_))
         ));
         // Our own listener is found from the instance label's port.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        let r = resolve_alert(&alert(&[("instance", &format!("localhost:{port}"))]), None).unwrap();
+        let r = resolve_alert(&alert(&[("instance", &format!("localhost:{port}"))]), &cfg(None)).unwrap();
         assert_eq!(r.pid, me, "{}", r.how);
         drop(l);
         assert!(matches!(
-            resolve_alert(&alert(&[("instance", &format!("localhost:{port}"))]), None),
+            resolve_alert(&alert(&[("instance", &format!("localhost:{port}"))]), &cfg(None)),
             Err(ResolveError::NoListener { .. })
         ));
-        assert_eq!(resolve_alert(&alert(&[]), None), Err(ResolveError::NoTarget));
-        let r = resolve_alert(&alert(&[]), Some(TargetSpec::Pid(me))).unwrap();
+        assert_eq!(
+            resolve_alert(&alert(&[]), &cfg(None)),
+            Err(ResolveError::NoTarget)
+        );
+        let r = resolve_alert(&alert(&[]), &cfg(Some(TargetSpec::Pid(me)))).unwrap();
         assert!(r.how.contains("default"), "{}", r.how);
+    }
+
+    #[test]
+    fn instances_resolve_only_on_this_host() {
+        assert_eq!(instance_host("127.0.0.1:8000").as_deref(), Some("127.0.0.1"));
+        assert_eq!(instance_host("[::1]:8001").as_deref(), Some("::1"));
+        assert_eq!(
+            instance_host("http://llm-7.example:8002/metrics").as_deref(),
+            Some("llm-7.example")
+        );
+        assert_eq!(instance_host(":8000"), None);
+        let me = std::process::id();
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // Loopback and this host's own addresses find our listener.
+        for host in ["127.0.0.1", "localhost"] {
+            let r = resolve_alert(&alert(&[("instance", &format!("{host}:{port}"))]), &cfg(None)).unwrap();
+            assert_eq!(r.pid, me, "{}", r.how);
+        }
+        let own = netns::netns_of(me).unwrap();
+        if let Some(addr) = netns::all()
+            .into_iter()
+            .find(|n| n.id == own)
+            .and_then(|n| n.addrs.into_iter().find(|a| !a.is_loopback()))
+        {
+            let inst = match addr {
+                IpAddr::V4(a) => format!("{a}:{port}"),
+                IpAddr::V6(a) => format!("[{a}]:{port}"),
+            };
+            let r = resolve_alert(&alert(&[("instance", &inst)]), &cfg(None)).unwrap();
+            assert_eq!(r.pid, me, "{}", r.how);
+        }
+        // A remote host with the same port is refused, not mapped to our listener (TEST-NET-3, RFC 5737).
+        let e = resolve_alert(
+            &alert(&[("instance", &format!("203.0.113.7:{port}"))]),
+            &cfg(None),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ResolveError::NotLocal { .. }), "{e}");
+        assert!(e.to_string().contains("203.0.113.7"), "{e}");
+    }
+
+    #[test]
+    fn pid_labels_read_in_the_configured_namespace() {
+        let me = std::process::id();
+        let ns = std::fs::read_link(format!("/proc/{me}/ns/pid")).unwrap();
+        let c = ResolveConfig {
+            default: None,
+            pid_ns: Some(ns.to_string_lossy().into_owned()),
+        };
+        let r = resolve_alert(&alert(&[("pid", &me.to_string())]), &c).unwrap();
+        assert_eq!(r.pid, me, "{}", r.how);
+        let c = ResolveConfig {
+            default: None,
+            pid_ns: Some("pid:[1]".into()),
+        };
+        let e = resolve_alert(&alert(&[("pid", &me.to_string())]), &c).unwrap_err();
+        assert!(matches!(e, ResolveError::NoProcessInNs { .. }), "{e}");
     }
 }

@@ -1,0 +1,160 @@
+//! HTTPS for serve's API (`--tls-cert`, `--tls-key`): rustls with the ring provider, the same TLS stack as
+//! the OTLP exporter, so nothing new is compiled.
+//!
+//! Owns loading the certificate chain and key (PEM) into a server config, and [`TlsListener`]: an
+//! `axum::serve` listener whose connections are TLS streams. Handshakes run in their own tasks with a
+//! deadline and a cap on how many run at once, so a client that never finishes its handshake holds up
+//! nobody; a failed handshake drops that connection only.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// Longest a client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes in progress at once (beyond it, new connections wait in the kernel's backlog).
+const MAX_HANDSHAKES: usize = 64;
+
+/// Why the certificate or key cannot be used. Messages name the file and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The certificate file is unreadable or holds no PEM certificate.
+    #[error("--tls-cert {path}: {why} (expected a PEM certificate chain, server certificate first)")]
+    Cert {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// The key file is unreadable or holds no PEM private key.
+    #[error("--tls-key {path}: {why} (expected a PEM private key: PKCS#8, PKCS#1 or SEC1)")]
+    Key {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// The key does not fit the certificate, or rustls refused the pair.
+    #[error("--tls-cert/--tls-key: {0}")]
+    Config(String),
+}
+
+/// Builds the server config from PEM files (ALPN: HTTP/1.1, the only protocol serve speaks).
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| TlsError::Cert {
+            path: cert.to_owned(),
+            why: e.to_string(),
+        })?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Cert {
+            path: cert.to_owned(),
+            why: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Cert {
+            path: cert.to_owned(),
+            why: "no certificate in the file".into(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+        path: key.to_owned(),
+        why: e.to_string(),
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// TLS connections accepted on a TCP listener, for `axum::serve`.
+pub struct TlsListener {
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl TlsListener {
+    /// Starts accepting on `tcp` (must be called inside the runtime that serves).
+    pub fn new(tcp: TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
+        let local = tcp.local_addr()?;
+        let (tx, rx) = mpsc::channel(MAX_HANDSHAKES);
+        let acceptor = TlsAcceptor::from(cfg);
+        let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        tokio::spawn(async move {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(x) => x,
+                    Err(_) => {
+                        // Out of fds or a transient error: back off like axum's own listener.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Ok(Ok(tls)) =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                    {
+                        let _ = tx.send((tls, peer)).await;
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { rx, local })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept task ended (its runtime is shutting down): accept nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_files_say_which_and_what_is_expected() {
+        let dir = std::env::temp_dir().join(format!("llmprof-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let e = server_config(&empty, &empty).unwrap_err().to_string();
+        assert!(e.contains("--tls-cert") && e.contains("no certificate"), "{e}");
+        let missing = dir.join("missing.pem");
+        let e = server_config(&missing, &empty).unwrap_err().to_string();
+        assert!(e.contains("--tls-cert") && e.contains("missing.pem"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
