@@ -339,6 +339,9 @@ fn start_capture(
             opts.pid, info.name
         );
     }
+    for problem in capture.python().problems() {
+        eprintln!("warning: {problem}");
+    }
     Ok(Started {
         capture,
         attach_latency,
