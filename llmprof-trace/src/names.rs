@@ -367,6 +367,12 @@ pub mod arg {
     pub const PY_DEPTH: &str = "py_depth";
     /// How the walk ended: `complete`, `truncated`, `no_thread`, `read_failed`.
     pub const PY_STATUS: &str = "py_status";
+    /// Each frame's function, innermost first: an array of strings (`debug.py_functions[0]`, ...).
+    pub const PY_FUNCTIONS: &str = "py_functions";
+    /// Each frame's file (`co_filename`), in [`PY_FUNCTIONS`]'s order: an array of strings.
+    pub const PY_FILES: &str = "py_files";
+    /// Each frame's line, in [`PY_FUNCTIONS`]'s order: an array of uint (0: no line).
+    pub const PY_LINES: &str = "py_lines";
 
     // Engine steps (and the device slices, CUDA slices and ranges that name their step).
     /// The engine's step counter.

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use super::TraceSink;
 use crate::event::Event;
 use crate::names::{arg, slice};
-use crate::perfetto::writer::{arg_s, arg_u};
+use crate::perfetto::writer::{Arg, ArgValue, arg_s, arg_u};
 use crate::pystack::{PyStackSample, PyStackStatus};
 
 impl<W: Write> TraceSink<W> {
@@ -27,6 +27,24 @@ impl<W: Write> TraceSink<W> {
         if let Some(leaf) = s.frames.first() {
             args.push(arg_s(arg::PY_LEAF, leaf.function.clone()));
             args.push(arg_s(arg::PY_STACK, s.render()));
+            let array = |name, v: Vec<ArgValue>| Arg {
+                name,
+                value: ArgValue::Array(v),
+            };
+            let fr = &s.frames;
+            args.push(array(
+                arg::PY_FUNCTIONS,
+                fr.iter().map(|f| ArgValue::S(f.function.clone())).collect(),
+            ));
+            args.push(array(
+                arg::PY_FILES,
+                fr.iter().map(|f| ArgValue::S(f.file.clone())).collect(),
+            ));
+            // 0: no line for the instruction.
+            args.push(array(
+                arg::PY_LINES,
+                fr.iter().map(|f| ArgValue::U(f.line.map_or(0, u64::from))).collect(),
+            ));
         }
         self.instant(ev.ts_ns, track, slice::PY_SAMPLE, args, Vec::new())
     }
