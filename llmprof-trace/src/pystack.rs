@@ -55,7 +55,11 @@ pub struct PyStackSample {
 impl PyStackSample {
     /// The frames as one line, innermost first: `h (burn.py:12) ← g (burn.py:8) ← f (burn.py:4)`.
     pub fn render(&self) -> String {
-        self.frames.iter().map(PyFrame::label).collect::<Vec<_>>().join(" ← ")
+        self.frames
+            .iter()
+            .map(PyFrame::label)
+            .collect::<Vec<_>>()
+            .join(" ← ")
     }
 }
 
@@ -173,7 +177,10 @@ mod tests {
         let native = ["ggml_graph_compute", "llama_decode"];
         let python = [py("eval", false), py("generate", true)];
         let m = merge_stacks(&native, |n| is_eval_symbol(n), &python);
-        assert_eq!(names(&m), ["ggml_graph_compute", "llama_decode", "eval", "generate"]);
+        assert_eq!(
+            names(&m),
+            ["ggml_graph_compute", "llama_decode", "eval", "generate"]
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ fn preconditions(minor: u32) -> Option<PathBuf> {
         return None;
     }
     let py = python(minor);
-    if !e2e::require(py.is_some(), &format!("pyenv Python 3.{minor} not installed under {PYENV}")) {
+    if !e2e::require(
+        py.is_some(),
+        &format!("pyenv Python 3.{minor} not installed under {PYENV}"),
+    ) {
         return None;
     }
     py
@@ -149,7 +152,10 @@ fn chain_resolves(minor: u32) {
         .filter(|(tid, s)| *tid == target.pid() && s.status == PyStackStatus::Complete)
         .map(|(_, s)| s)
         .collect();
-    let in_h: Vec<&&PyStackSample> = complete.iter().filter(|s| functions(s).first() == Some(&"h")).collect();
+    let in_h: Vec<&&PyStackSample> = complete
+        .iter()
+        .filter(|s| functions(s).first() == Some(&"h"))
+        .collect();
     assert!(
         in_h.len() >= MIN_SAMPLES && in_h.len() * 10 >= complete.len() * 8,
         "3.{minor}: {} of {} complete samples ({} in all) are in h: {:?}",
@@ -159,11 +165,23 @@ fn chain_resolves(minor: u32) {
         complete.iter().take(3).map(|s| s.render()).collect::<Vec<_>>()
     );
     for s in in_h {
-        assert_eq!(functions(s), ["h", "g", "f", "<module>"], "3.{minor}: {}", s.render());
-        assert!(s.frames.iter().all(|f| f.file == file), "3.{minor}: files of {:?}", s.frames);
+        assert_eq!(
+            functions(s),
+            ["h", "g", "f", "<module>"],
+            "3.{minor}: {}",
+            s.render()
+        );
+        assert!(
+            s.frames.iter().all(|f| f.file == file),
+            "3.{minor}: files of {:?}",
+            s.frames
+        );
         let lines: Vec<Option<u32>> = s.frames.iter().map(|f| f.line).collect();
         let h_line = lines[0].unwrap_or(0);
-        assert!(h_loop.contains(&h_line), "3.{minor}: h at line {h_line}, its loop is {h_loop:?}");
+        assert!(
+            h_loop.contains(&h_line),
+            "3.{minor}: h at line {h_line}, its loop is {h_loop:?}"
+        );
         assert_eq!(
             lines[1..],
             [Some(g_call), Some(f_call), Some(module_call)],
@@ -222,12 +240,23 @@ fn threads_running_different_functions_keep_their_own_stacks() {
             .collect()
     };
     let (a, b) = (leaves(alpha), leaves(beta));
-    assert!(a.len() >= 3 && b.len() >= 3, "alpha {} samples, beta {}", a.len(), b.len());
+    assert!(
+        a.len() >= 3 && b.len() >= 3,
+        "alpha {} samples, beta {}",
+        a.len(),
+        b.len()
+    );
     assert!(a.iter().all(|f| f == "alpha"), "alpha thread's leaves: {a:?}");
     assert!(b.iter().all(|f| f == "beta"), "beta thread's leaves: {b:?}");
     let line_of = |tid: u32| samples.iter().find(|(t, s)| *t == tid && !s.frames.is_empty());
-    assert_eq!(line_of(alpha).unwrap().1.frames[0].line, Some(marked("alpha-loop")[0]));
-    assert_eq!(line_of(beta).unwrap().1.frames[0].line, Some(marked("beta-loop")[0]));
+    assert_eq!(
+        line_of(alpha).unwrap().1.frames[0].line,
+        Some(marked("alpha-loop")[0])
+    );
+    assert_eq!(
+        line_of(beta).unwrap().1.frames[0].line,
+        Some(marked("beta-loop")[0])
+    );
 }
 
 #[test]
@@ -241,7 +270,11 @@ fn an_unsupported_python_gets_a_clear_message_and_no_frames() {
         "{}",
         problems[0]
     );
-    assert!(samples.is_empty(), "{} samples of an unsupported Python", samples.len());
+    assert!(
+        samples.is_empty(),
+        "{} samples of an unsupported Python",
+        samples.len()
+    );
 }
 
 #[test]

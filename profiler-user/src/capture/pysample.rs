@@ -66,7 +66,8 @@ impl PySampling {
                 .ok_or_else(|| CaptureError::MissingInObject("map PY_PROCS".into()))?;
             let mut m = HashMap::<_, u32, PyOffsets>::try_from(map).map_err(map_err("PY_PROCS"))?;
             for (pid, p) in &s.procs {
-                m.insert(*pid, p.walker_offsets(), 0).map_err(map_err("PY_PROCS"))?;
+                m.insert(*pid, p.walker_offsets(), 0)
+                    .map_err(map_err("PY_PROCS"))?;
             }
         }
         s.refresh(ebpf);
@@ -109,8 +110,12 @@ impl PySampling {
 
     fn refresh(&mut self, ebpf: &mut Ebpf) {
         self.last_refresh = Some(Instant::now());
-        let Some(map) = ebpf.map_mut("PY_THREADS") else { return };
-        let Ok(mut m) = HashMap::<_, u32, u64>::try_from(map) else { return };
+        let Some(map) = ebpf.map_mut("PY_THREADS") else {
+            return;
+        };
+        let Ok(mut m) = HashMap::<_, u32, u64>::try_from(map) else {
+            return;
+        };
         for (pid, p) in self.procs.iter_mut() {
             let now = match p.threads() {
                 Ok(t) => t,

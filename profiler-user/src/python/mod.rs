@@ -133,10 +133,16 @@ fn mapped_files(pid: u32) -> Result<Vec<(u64, String)>, PythonError> {
         if !path.starts_with('/') {
             continue;
         }
-        let Some(start) = range.split('-').next().and_then(|s| u64::from_str_radix(s, 16).ok()) else {
+        let Some(start) = range
+            .split('-')
+            .next()
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+        else {
             continue;
         };
-        let Ok(off) = u64::from_str_radix(off, 16) else { continue };
+        let Ok(off) = u64::from_str_radix(off, 16) else {
+            continue;
+        };
         match out.iter_mut().find(|(_, p)| *p == path) {
             Some(e) => e.0 = e.0.min(start.saturating_sub(off)),
             None => out.push((start.saturating_sub(off), path)),
@@ -192,9 +198,11 @@ impl PyProcess {
             .unwrap_or_default();
         // The executable first, then libpython (a static build defines _PyRuntime in the executable).
         let mut candidates: Vec<&(u64, String)> = files.iter().filter(|(_, p)| *p == exe).collect();
-        candidates.extend(files.iter().filter(|(_, p)| {
-            p.rsplit('/').next().is_some_and(|n| n.starts_with("libpython3"))
-        }));
+        candidates.extend(
+            files
+                .iter()
+                .filter(|(_, p)| p.rsplit('/').next().is_some_and(|n| n.starts_with("libpython3"))),
+        );
         let sym = candidates
             .iter()
             .find_map(|(base, path)| runtime_in(pid, *base, path))
@@ -280,7 +288,9 @@ impl PyProcess {
         let l = self.layout;
         let err = || io_err(pid, "the interpreter's thread list");
         let mut tstates = Vec::new();
-        let mut interp = self.read_u64(self.runtime + l.runtime_interpreters_head).map_err(err())?;
+        let mut interp = self
+            .read_u64(self.runtime + l.runtime_interpreters_head)
+            .map_err(err())?;
         let mut guard = 0;
         while interp != 0 && guard < MAX_LIST {
             let mut t = self.read_u64(interp + l.interp_threads_head).map_err(err())?;
@@ -446,7 +456,10 @@ mod tests {
     #[test]
     fn versions_from_file_names() {
         assert_eq!(version_from_name("/usr/lib/libpython3.10.so.1.0"), Some((3, 10)));
-        assert_eq!(version_from_name("/root/.pyenv/versions/3.9.18/bin/python3.9"), Some((3, 9)));
+        assert_eq!(
+            version_from_name("/root/.pyenv/versions/3.9.18/bin/python3.9"),
+            Some((3, 9))
+        );
         assert_eq!(version_from_name("/usr/bin/python3"), None);
     }
 

@@ -43,7 +43,9 @@ impl<W: Write> TraceSink<W> {
             // 0: no line for the instruction.
             args.push(array(
                 arg::PY_LINES,
-                fr.iter().map(|f| ArgValue::U(f.line.map_or(0, u64::from))).collect(),
+                fr.iter()
+                    .map(|f| ArgValue::U(f.line.map_or(0, u64::from)))
+                    .collect(),
             ));
         }
         self.instant(ev.ts_ns, track, slice::PY_SAMPLE, args, Vec::new())
