@@ -1053,6 +1053,8 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
+    /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted). 2–4 are reserved.
+    PySamplesOff = 5,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

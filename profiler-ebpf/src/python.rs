@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use llmprof_abi::{
-    EventKind, ProbeId,
+    EventKind, Knob, ProbeId,
     python::{
         PY_LAYOUT_ALL_ENTRY, PY_LAYOUT_CSTACK_SHIMS, PY_LAYOUT_INSTR_INT, PY_MAX_FRAMES, PY_NO_OFFSET,
         PY_OWNER_CSTACK, PY_STATUS_NO_THREAD, PY_STATUS_NOT_PYTHON, PY_STATUS_OK, PY_STATUS_READ_FAILED,
@@ -27,7 +27,7 @@ use llmprof_abi::{
     },
 };
 
-use crate::{EVENTS, count, header, now};
+use crate::{EVENTS, count, header, knob, now};
 
 /// Offsets of each Python process being sampled, by tgid (written by user space at attach).
 #[map]
@@ -200,6 +200,10 @@ pub fn llmprof_pysample(_ctx: PerfEventContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: presence test only.
     if unsafe { PY_PROCS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    if knob(Knob::PySamplesOff) != 0 {
+        count(ProbeId::PyStack, 1, 0, 0);
         return 0;
     }
     let ts = now();

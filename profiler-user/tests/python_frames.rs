@@ -328,3 +328,43 @@ fn attach_writes_python_samples_perfetto_loads() {
         "{in_h} of {all} python samples on the main thread are h ← g in burn.py's loop"
     );
 }
+
+#[test]
+fn the_py_samples_off_knob_stops_the_samples() {
+    let Some(py) = preconditions(11) else { return };
+    let target = Target::spawn(&py, "chain");
+    let cfg = CaptureConfig {
+        pids: vec![target.pid()],
+        ..CaptureConfig::default()
+    };
+    let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));
+    let is_py = |e: &llmprof_trace::event::Event| matches!(e.body, EventBody::PyStack(_));
+    let mut before = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) && before.iter().filter(|e| is_py(e)).count() < 5 {
+        cap.poll(&mut before, Duration::from_millis(50)).unwrap();
+    }
+    assert!(
+        before.iter().filter(|e| is_py(e)).count() >= 5,
+        "no Python samples before the knob"
+    );
+    cap.set_knob(llmprof_abi::Knob::PySamplesOff, 1).unwrap();
+    // Samples already in the ring are drained first; the knob applies to the next sample.
+    cap.poll(&mut Vec::new(), Duration::from_millis(50)).unwrap();
+    let id = llmprof_abi::ProbeId::PyStack as usize;
+    let hits0 = cap.counters()[id].hits;
+    let mut after = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        cap.poll(&mut after, Duration::from_millis(50)).unwrap();
+    }
+    assert!(
+        cap.counters()[id].hits > hits0,
+        "the target was not sampled at all after the knob"
+    );
+    assert_eq!(
+        after.iter().filter(|e| is_py(e)).count(),
+        0,
+        "Python samples written with the knob set"
+    );
+}

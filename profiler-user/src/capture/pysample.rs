@@ -31,6 +31,10 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// The Python targets of a capture.
 #[derive(Debug, Default)]
 pub struct PySampling {
+    /// Sampling frequency, Hz (0: off).
+    hz: u64,
+    /// `llmprof_pysample` is attached.
+    attached: bool,
     procs: StdHashMap<u32, PyProcess>,
     /// Threads currently in `PY_THREADS`, per process.
     threads: StdHashMap<u32, HashSet<u32>>,
@@ -39,38 +43,73 @@ pub struct PySampling {
 }
 
 impl PySampling {
-    /// Discovers the Python targets among `pids`; when there is one and `hz > 0`, loads and attaches the
-    /// sampler. Non-Python targets are skipped; an unreadable Python (unsupported version, ...) is kept in
-    /// [`PySampling::problems`].
+    /// Discovers the Python targets among `pids` ([`PySampling::add`] each). `hz` = 0: sampling off.
     pub fn start(ebpf: &mut Ebpf, pids: &[u32], hz: u64) -> Result<Self, CaptureError> {
-        let mut s = Self::default();
-        if hz == 0 {
-            return Ok(s);
-        }
+        let mut s = Self {
+            hz,
+            ..Self::default()
+        };
         for &pid in pids {
-            match PyProcess::discover(pid) {
-                Ok(p) => {
-                    log::debug!("python: pid {pid} runs CPython {}.{}", p.version.0, p.version.1);
-                    s.procs.insert(pid, p);
-                }
-                Err(PythonError::NotPython(_)) => {}
-                Err(e) => s.problems.push(crate::causes::one_line(&e)),
+            s.add(ebpf, pid)?;
+        }
+        Ok(s)
+    }
+
+    /// Starts sampling `pid` if it runs a supported CPython (a process found after the start, e.g. a forked
+    /// worker, goes through here too): writes its offsets and threads, and attaches the sampler on every CPU
+    /// at the first Python process. Returns whether it is sampled; a non-Python process is skipped, an
+    /// unreadable Python (unsupported version, ...) is added to [`PySampling::problems`].
+    pub fn add(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<bool, CaptureError> {
+        if self.hz == 0 || self.procs.contains_key(&pid) {
+            return Ok(false);
+        }
+        let p = match PyProcess::discover(pid) {
+            Ok(p) => p,
+            Err(PythonError::NotPython(_)) => return Ok(false),
+            Err(e) => {
+                self.problems.push(crate::causes::one_line(&e));
+                return Ok(false);
             }
-        }
-        if s.procs.is_empty() {
-            return Ok(s);
-        }
+        };
+        log::debug!("python: pid {pid} runs CPython {}.{}", p.version.0, p.version.1);
         {
             let map = ebpf
                 .map_mut("PY_PROCS")
                 .ok_or_else(|| CaptureError::MissingInObject("map PY_PROCS".into()))?;
             let mut m = HashMap::<_, u32, PyOffsets>::try_from(map).map_err(map_err("PY_PROCS"))?;
-            for (pid, p) in &s.procs {
-                m.insert(*pid, p.walker_offsets(), 0)
-                    .map_err(map_err("PY_PROCS"))?;
+            m.insert(pid, p.walker_offsets(), 0)
+                .map_err(map_err("PY_PROCS"))?;
+        }
+        self.procs.insert(pid, p);
+        self.refresh(ebpf);
+        if !self.attached {
+            self.attach(ebpf)?;
+        }
+        Ok(true)
+    }
+
+    /// Stops sampling `pid` (it exited): its entries leave the maps and its resolved code objects are freed.
+    pub fn remove(&mut self, ebpf: &mut Ebpf, pid: u32) {
+        if self.procs.remove(&pid).is_none() {
+            return;
+        }
+        if let Some(map) = ebpf.map_mut("PY_PROCS")
+            && let Ok(mut m) = HashMap::<_, u32, PyOffsets>::try_from(map)
+        {
+            let _ = m.remove(&pid);
+        }
+        let tids = self.threads.remove(&pid).unwrap_or_default();
+        if let Some(map) = ebpf.map_mut("PY_THREADS")
+            && let Ok(mut m) = HashMap::<_, u32, u64>::try_from(map)
+        {
+            for tid in tids {
+                let _ = m.remove(&tid);
             }
         }
-        s.refresh(ebpf);
+    }
+
+    /// Loads `llmprof_pysample` and attaches it to a software CPU clock at `hz` on every online CPU.
+    fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
         let p: &mut PerfEvent = program(ebpf, PROGRAM)?;
         let perr = |source| CaptureError::Program {
             program: PROGRAM.to_string(),
@@ -82,12 +121,13 @@ impl PySampling {
             p.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
                 PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(hz),
+                SamplePolicy::Frequency(self.hz),
                 false,
             )
             .map_err(perr)?;
         }
-        Ok(s)
+        self.attached = true;
+        Ok(())
     }
 
     /// Why some targets' Python frames cannot be read, one message each.

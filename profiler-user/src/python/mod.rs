@@ -91,8 +91,6 @@ pub struct PyProcess {
     /// Its layout.
     pub layout: Layout,
     mem: File,
-    /// 3.10: verified offset of the tid in glibc's `struct pthread`.
-    pthread_tid: Option<u64>,
     code: HashMap<u64, Code>,
 }
 
@@ -215,7 +213,6 @@ impl PyProcess {
             runtime: sym.runtime,
             layout: offsets::table(10).ok_or(PythonError::NotPython(pid))?,
             mem,
-            pthread_tid: None,
             code: HashMap::new(),
         };
         // 3.13+: the debug offsets at the start of _PyRuntime say everything.
@@ -322,13 +319,10 @@ impl PyProcess {
     }
 
     /// 3.10: the kernel tid of the thread whose `pthread_t` is `pthread` (glibc: the address of its
-    /// `struct pthread`). The offset is checked once: it must give a live thread of the process.
-    fn pthread_tid(&mut self, pthread: u64) -> Option<u32> {
+    /// `struct pthread`), accepted only when it names a live thread of the process.
+    fn pthread_tid(&self, pthread: u64) -> Option<u32> {
         let tid = self.read_u32(pthread + GLIBC_PTHREAD_TID).ok()?;
         let live = std::path::Path::new(&format!("/proc/{}/task/{tid}", self.pid)).exists();
-        if self.pthread_tid.is_none() && live {
-            self.pthread_tid = Some(GLIBC_PTHREAD_TID);
-        }
         live.then_some(tid)
     }
 
