@@ -259,6 +259,32 @@ fn threads_running_different_functions_keep_their_own_stacks() {
     );
 }
 
+/// While the thread runs native code (here hashlib's C SHA-256, GIL released; in a server `llama_decode` or a
+/// torch kernel), its samples still carry the Python frames that called it, down to the calling line.
+#[test]
+fn samples_in_native_code_keep_the_calling_python_frames() {
+    let Some(py) = preconditions(12) else { return };
+    let target = Target::spawn(&py, "native");
+    let (samples, problems) = sample(target.pid());
+    assert!(problems.is_empty(), "{problems:?}");
+    let (call, module_call) = (marked("native-call")[0], marked("native-module-call")[0]);
+    let complete: Vec<&PyStackSample> = samples
+        .iter()
+        .filter(|(tid, s)| *tid == target.pid() && s.status == PyStackStatus::Complete)
+        .map(|(_, s)| s)
+        .collect();
+    assert!(
+        complete.len() >= MIN_SAMPLES,
+        "{} complete samples",
+        complete.len()
+    );
+    for s in &complete {
+        assert_eq!(functions(s), ["native", "<module>"], "{}", s.render());
+        let lines: Vec<Option<u32>> = s.frames.iter().map(|f| f.line).collect();
+        assert_eq!(lines, [Some(call), Some(module_call)], "{}", s.render());
+    }
+}
+
 #[test]
 fn an_unsupported_python_gets_a_clear_message_and_no_frames() {
     let Some(py) = preconditions(9) else { return };

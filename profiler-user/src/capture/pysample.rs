@@ -14,8 +14,9 @@ use aya::maps::HashMap;
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use llmprof_abi::EventHeader;
-use llmprof_abi::python::{PyOffsets, PyStackEvent};
+use llmprof_abi::python::{PyOffsets, PyStack, PyStackEvent};
 use llmprof_trace::event::{Event, EventBody};
+use llmprof_trace::pystack::PyStackSample;
 
 use super::{CaptureError, map_err, program};
 use crate::python::{PyProcess, PythonError};
@@ -178,6 +179,12 @@ impl PySampling {
         }
     }
 
+    /// Resolves a kernel walk of process `pid` (a native sampler's record embeds a `PyStack`); None when
+    /// `pid` is not a sampled Python process.
+    pub fn resolve(&mut self, pid: u32, stack: &PyStack) -> Option<PyStackSample> {
+        Some(self.procs.get_mut(&pid)?.resolve(stack))
+    }
+
     /// Decodes and resolves a `PyStackEvent` record (None: short record or unknown process).
     pub fn decode(&mut self, b: &[u8]) -> Option<Event> {
         if b.len() < std::mem::size_of::<PyStackEvent>() {
@@ -187,8 +194,7 @@ impl PySampling {
         // type is plain integers, valid for every bit pattern.
         let rec = unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<PyStackEvent>()) };
         let hdr: EventHeader = rec.hdr;
-        let p = self.procs.get_mut(&hdr.pid)?;
-        let sample = p.resolve(&rec.stack);
+        let sample = self.resolve(hdr.pid, &rec.stack)?;
         Some(Event {
             ts_ns: hdr.ts_ns,
             pid: hdr.pid,
