@@ -359,7 +359,7 @@ pub mod category {
 /// fixed values some of them take.
 pub mod arg {
     // Python stack samples.
-    /// The sample's Python frames, innermost first: `h (burn.py:12) ← g (burn.py:8) ← f (burn.py:4)`.
+    /// The sample's Python frames, innermost first: `h (burn.py:16) ← g (burn.py:21) ← f (burn.py:26)`.
     pub const PY_STACK: &str = "py_stack";
     /// The innermost Python frame's function (qualified name in 3.11+).
     pub const PY_LEAF: &str = "py_leaf";

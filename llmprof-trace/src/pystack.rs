@@ -53,7 +53,7 @@ pub struct PyStackSample {
 }
 
 impl PyStackSample {
-    /// The frames as one line, innermost first: `h (burn.py:12) ← g (burn.py:8) ← f (burn.py:4)`.
+    /// The frames as one line, innermost first: `h (burn.py:16) ← g (burn.py:21) ← f (burn.py:26)`.
     pub fn render(&self) -> String {
         self.frames
             .iter()
