@@ -15,6 +15,8 @@
 //! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
 #![no_std]
 
+pub mod python;
+
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
 
@@ -459,6 +461,8 @@ pub enum EventKind {
     Content = 10,
     /// [`CudaCallEvent`].
     CudaCall = 9,
+    /// [`python::PyStackEvent`].
+    PyStack = 35,
 }
 
 impl EventKind {
@@ -475,6 +479,7 @@ impl EventKind {
             8 => Some(Self::ProcessExit),
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
+            35 => Some(Self::PyStack),
             _ => None,
         }
     }
@@ -990,10 +995,12 @@ pub enum ProbeId {
     Content = 10,
     /// CUDA driver API entry/return uprobes in libcuda.
     Cuda = 9,
+    /// Python stack samples (perf_event software CPU clock, `llmprof_pysample`).
+    PyStack = 15,
 }
 
-/// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 11;
+/// Number of [`ProbeId`] values (size of the counters array; 11–14 are reserved for other probes).
+pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -1008,6 +1015,11 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "process_exit",
     "cuda",
     "engine_content",
+    "reserved",
+    "reserved",
+    "reserved",
+    "reserved",
+    "py_stack",
 ];
 
 /// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
@@ -1041,6 +1053,8 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
+    /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted). 2–4 are reserved.
+    PySamplesOff = 5,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

@@ -128,6 +128,8 @@ pub enum EventBody {
     Overhead(Box<OverheadSample>),
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
+    /// A Python stack sample of a thread (perf_event CPU clock), resolved ([`crate::pystack`]).
+    PyStack(Box<crate::pystack::PyStackSample>),
 }
 
 impl EventBody {
@@ -150,6 +152,7 @@ impl EventBody {
             Self::Marker { .. } => "marker",
             Self::Overhead(_) => "overhead",
             Self::Degraded(_) => "degradation",
+            Self::PyStack(_) => "py_stack",
         }
     }
 }

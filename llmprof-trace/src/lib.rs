@@ -19,6 +19,7 @@ pub mod merge;
 pub mod names;
 pub mod otel;
 pub mod perfetto;
+pub mod pystack;
 pub mod report;
 pub mod sizecap;
 pub mod syscall_names;

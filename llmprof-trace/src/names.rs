@@ -134,6 +134,10 @@ pub mod slice {
     pub const CONNECT_FLAGGED: &str = "connect (flagged egress)";
     /// End of every CUDA driver call slice's name (`cuStreamSynchronize (host)`, `cuLaunchKernel ×N (host)`).
     pub const CUDA_SUFFIX: &str = " (host)";
+    /// Instant on a thread track: one Python stack sample (args [`super::arg::PY_STACK`],
+    /// [`super::arg::PY_LEAF`], [`super::arg::PY_DEPTH`], [`super::arg::PY_STATUS`]). Until the native stack
+    /// samples carry them as Perfetto callstack frames.
+    pub const PY_SAMPLE: &str = "python sample";
 
     /// An engine step's slice: the step kind's name, [`STEP_UNKNOWN`] for a kind the record does not name.
     pub fn step(kind: Option<StepKind>) -> &'static str {
@@ -354,6 +358,22 @@ pub mod category {
 /// Argument keys (debug annotations; `debug.<key>` in the trace processor, see [`crate::names::tp_arg`]) and the
 /// fixed values some of them take.
 pub mod arg {
+    // Python stack samples.
+    /// The sample's Python frames, innermost first: `h (burn.py:16) ← g (burn.py:21) ← f (burn.py:26)`.
+    pub const PY_STACK: &str = "py_stack";
+    /// The innermost Python frame's function (qualified name in 3.11+).
+    pub const PY_LEAF: &str = "py_leaf";
+    /// Python frames in the sample.
+    pub const PY_DEPTH: &str = "py_depth";
+    /// How the walk ended: `complete`, `truncated`, `no_thread`, `read_failed`.
+    pub const PY_STATUS: &str = "py_status";
+    /// Each frame's function, innermost first: an array of strings (`debug.py_functions[0]`, ...).
+    pub const PY_FUNCTIONS: &str = "py_functions";
+    /// Each frame's file (`co_filename`), in [`PY_FUNCTIONS`]'s order: an array of strings.
+    pub const PY_FILES: &str = "py_files";
+    /// Each frame's line, in [`PY_FUNCTIONS`]'s order: an array of uint (0: no line).
+    pub const PY_LINES: &str = "py_lines";
+
     // Engine steps (and the device slices, CUDA slices and ranges that name their step).
     /// The engine's step counter.
     pub const STEP_ID: &str = "step_id";

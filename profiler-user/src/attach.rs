@@ -339,6 +339,18 @@ fn start_capture(
             opts.pid, info.name
         );
     }
+    // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
+    for problem in capture.python().problems() {
+        eprintln!("warning: {problem}");
+        inputs.gpu_markers.push(Event {
+            ts_ns: boottime_ns(),
+            pid: opts.pid,
+            tid: 0,
+            body: EventBody::Marker {
+                text: problem.clone(),
+            },
+        });
+    }
     Ok(Started {
         capture,
         attach_latency,

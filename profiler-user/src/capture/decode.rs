@@ -50,6 +50,11 @@ fn read<T: Record>(b: &[u8]) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
 }
 
+/// The kind of a ring record, from its header (None: short record or unknown kind).
+pub fn kind(b: &[u8]) -> Option<EventKind> {
+    EventKind::from_raw(read::<EventHeader>(b)?.kind)
+}
+
 impl Decoder {
     /// A decoder flagging connects outside `allow`.
     pub fn new(allow: Vec<Cidr>) -> Self {
@@ -160,6 +165,8 @@ impl Decoder {
                     result: e.result,
                 }
             }
+            // Needs the target's memory to resolve: `Capture` hands these to `pysample` instead.
+            EventKind::PyStack => return None,
         };
         Some(Event {
             ts_ns: hdr.ts_ns,

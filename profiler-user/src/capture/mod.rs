@@ -19,6 +19,7 @@ pub mod cidr;
 pub mod decode;
 pub mod elf;
 pub mod patterns;
+pub mod pysample;
 
 use std::collections::HashMap as StdHashMap;
 use std::num::NonZeroU32;
@@ -92,7 +93,7 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 10] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
@@ -102,6 +103,7 @@ pub const PROGRAM_NAMES: [&str; 9] = [
     "llmprof_content",
     "llmprof_cuent",
     "llmprof_curet",
+    "llmprof_pysample",
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -126,6 +128,8 @@ pub struct CaptureConfig {
     /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
+    /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`pysample::DEFAULT_HZ`]).
+    pub python_hz: u64,
 }
 
 impl Default for CaptureConfig {
@@ -139,6 +143,7 @@ impl Default for CaptureConfig {
             capture_content: false,
             calibrate: false,
             calibrate_cuda: false,
+            python_hz: pysample::DEFAULT_HZ,
         }
     }
 }
@@ -258,6 +263,8 @@ pub struct Capture {
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
     range_links: Vec<UProbeLinkId>,
+    /// Python stack sampling of the Python targets.
+    python: pysample::PySampling,
 }
 
 impl std::fmt::Debug for Capture {
@@ -460,6 +467,7 @@ impl Capture {
             (None, [ProbeCounters::default(); NUM_PROBES])
         };
         fill_maps(&mut ebpf, &cfg.pids, &[])?;
+        let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz)?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         Ok(Capture {
             ring,
@@ -476,6 +484,7 @@ impl Capture {
             counter_base,
             syscall_links,
             range_links,
+            python,
         })
     }
 
@@ -582,15 +591,26 @@ impl Capture {
     }
 
     fn drain(&mut self, out: &mut Vec<Event>) -> usize {
+        self.python.maybe_refresh(&mut self.ebpf);
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            if let Some(ev) = self.decoder.decode(&item) {
+            let ev = if decode::kind(&item) == Some(llmprof_abi::EventKind::PyStack) {
+                self.python.decode(&item)
+            } else {
+                self.decoder.decode(&item)
+            };
+            if let Some(ev) = ev {
                 out.push(ev);
             }
             n += 1;
         }
         n
+    }
+
+    /// Python stack sampling: the targets sampled and the problems of those that cannot be.
+    pub fn python(&self) -> &pysample::PySampling {
+        &self.python
     }
 
     /// Records the decoder could not make sense of.

@@ -20,6 +20,8 @@
 //!   `syscalls/s`, `GPU N memory (pid P)`; global GPU counters (one group per GPU: `GPU N utilization`, `GPU N
 //!   memory used`, `GPU N power`, ...) and llmprof's own cost every tick (`llmprof overhead: ...`, `llmprof CPU`,
 //!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
+//! - `python`: Python stack samples, one `python sample` instant on the sampled thread's track (until the
+//!   native stack samples carry the Python frames as callstack frames);
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
@@ -41,6 +43,7 @@ use crate::timeline::RequestTimeline;
 mod counters;
 mod cuda;
 mod engine;
+mod python;
 mod session;
 mod threads;
 
@@ -251,6 +254,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::Marker { text } => self.marker(ts, text),
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
+            EventBody::PyStack(s) => self.py_stack(ev, s),
         }
     }
 
