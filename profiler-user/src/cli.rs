@@ -93,9 +93,13 @@ systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
 /// Options of `llmprof attach`.
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// Process id of the server to trace.
-    #[arg(short, long)]
-    pub pid: u32,
+    /// Process id of the server to trace (repeatable). Its descendants are traced too: those alive at attach
+    /// and every process started while tracing, from its first instruction (see --no-children).
+    #[arg(short, long, required = true)]
+    pub pid: Vec<u32>,
+    /// Trace only the --pid processes themselves, not the processes they start.
+    #[arg(long)]
+    pub no_children: bool,
     /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
     #[arg(short, long, value_parser = llmprof_units::parse_duration)]
     pub duration: Option<Duration>,
@@ -277,7 +281,7 @@ mod tests {
         let Command::Attach(a) = c.command else {
             panic!("attach")
         };
-        assert_eq!(a.pid, 12);
+        assert_eq!(a.pid, vec![12]);
         assert_eq!(a.duration, Some(Duration::from_secs(30)));
         assert_eq!(a.slow_syscall, Duration::from_millis(1));
         assert_eq!(a.ring_size, 64 << 20);

@@ -24,5 +24,6 @@ pub mod metrics_scrape;
 pub mod open;
 pub mod otel;
 pub mod procfs;
+pub mod proctree;
 pub mod selfacct;
 pub mod serve;
