@@ -27,7 +27,7 @@ use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::procfs;
 use crate::proctree::{self, Tree};
-use crate::selfacct::{SelfAccount, Snapshot};
+use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
@@ -313,6 +313,8 @@ struct Started {
     acct: SelfAccount,
     /// `--overhead-budget`, when given.
     budget: Option<Budget>,
+    /// The traced processes' CPU (self-accounting and budget).
+    targets: TargetCpu,
     /// The target's engine probes.
     engine_probes: EngineProbes,
 }
@@ -357,10 +359,12 @@ fn start_capture(
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
     let cal = capture.calibration().unwrap_or_default();
-    let acct = SelfAccount::new(opts.pid, cal, capture.account_counters());
+    let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
+    let targets = TargetCpu::new(&pids);
+    let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
     let budget = opts
         .overhead_budget
-        .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.account_counters())));
+        .map(|pct| Budget::new(pct, cal, Snapshot::take(&targets, capture.account_counters())));
     for i in infos.iter_mut() {
         i.engine_probes = matches!(capture.engine_probes(i.pid), EngineProbes::Attached { .. });
     }
@@ -388,6 +392,7 @@ fn start_capture(
         live_ns,
         acct,
         budget,
+        targets,
         engine_probes,
     })
 }
@@ -455,6 +460,8 @@ struct Session<'a> {
     metrics_tried: HashSet<(u32, u16)>,
     /// The traced processes (process trees).
     tree: Tree,
+    /// Their CPU time, shared with the self-accounting and the budget.
+    targets: TargetCpu,
     acct: SelfAccount,
     budget: Option<Budget>,
     engine_probes: EngineProbes,
@@ -514,6 +521,7 @@ impl<'a> Session<'a> {
             scraper_tx: None,
             metrics_tried: HashSet::new(),
             tree: Tree::new(&pids, opts.follow_children),
+            targets: started.targets.clone(),
             acct: started.acct,
             budget: started.budget,
             engine_probes: started.engine_probes,
@@ -622,6 +630,7 @@ impl<'a> Session<'a> {
             }
             if let Some(pid) = change.exited {
                 self.gpu.forget_process(pid);
+                self.targets.remove(pid);
                 if self.tree.all_exited() {
                     self.target_exited = true;
                     self.exit_event_seen = true;
@@ -642,6 +651,7 @@ impl<'a> Session<'a> {
             });
         }
         self.gpu.watch_process(pid);
+        self.targets.add(pid);
     }
 
     /// Processes found in /proc that the kernel did not report: they join with a synthetic start.
@@ -678,7 +688,7 @@ impl<'a> Session<'a> {
             && self.last_budget_check.elapsed() >= b.interval()
         {
             self.last_budget_check = Instant::now();
-            if let Some(ev) = check_budget(b, &mut self.capture, self.opts.pid)? {
+            if let Some(ev) = check_budget(b, &mut self.capture, &self.targets)? {
                 self.merger.push(ev);
             }
         }
@@ -859,8 +869,12 @@ impl<'a> Session<'a> {
 }
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.
-fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(pid, capture.account_counters())) {
+fn check_budget(
+    b: &mut Budget,
+    capture: &mut Capture,
+    targets: &TargetCpu,
+) -> Result<Option<Event>, AttachError> {
+    let body = match b.check(Snapshot::take(targets, capture.account_counters())) {
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;

@@ -42,9 +42,13 @@ pub enum Command {
   sudo llmprof attach --pid 1234 --metrics-url http://127.0.0.1:8000/metrics
   sudo llmprof attach --pid $(pgrep -f vllm) --gpu-sample-interval 50ms    # any CUDA process: NVML + libcuda
   sudo llmprof attach --pid 1234 --overhead-budget 1% --max-trace-size 50M
+  sudo llmprof attach --pid $(pgrep -of 'vllm serve')  # the API server, its engine core and TP workers
+  sudo llmprof attach --pid 1234 --pid 5678 --no-children   # exactly these two processes
 
-Ends on Ctrl-C / SIGTERM / SIGHUP, when the duration elapsed, when the target exits, or when --max-trace-size is
-reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
+A --pid covers the process, its descendants and every process started while tracing (each with all its threads,
+picked up in the kernel at fork, so a child is traced from its first instruction); each process is its own track,
+named by its command line. Ends on Ctrl-C / SIGTERM / SIGHUP, when the duration elapsed, when every traced process
+exited, or when --max-trace-size is reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
 Every trace accounts for llmprof itself: per-probe hits, events and drops, the cost per hit measured at
 start-up (CUDA driver calls included), the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]
     Attach(Box<AttachArgs>),

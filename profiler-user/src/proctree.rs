@@ -138,10 +138,8 @@ impl Tree {
                 }
                 change.exec = Some(ev.pid);
             }
-            EventBody::ProcessExit { .. } => {
-                if self.live.remove(&ev.pid) {
-                    change.exited = Some(ev.pid);
-                }
+            EventBody::ProcessExit { .. } if self.live.remove(&ev.pid) => {
+                change.exited = Some(ev.pid);
             }
             _ => {}
         }

@@ -427,6 +427,12 @@ mod tests {
             r.snapshot(2, &HashSet::new(), 0, u64::MAX).is_empty(),
             "other pids are not in a snapshot"
         );
+        r.push(ev(29_500_000_000, 7, "child"));
+        assert_eq!(
+            r.snapshot(1, &HashSet::from([7]), 29_000_000_000, u64::MAX).len(),
+            2,
+            "the processes of the target's tree are in its snapshot"
+        );
     }
 
     #[test]
