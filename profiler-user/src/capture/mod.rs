@@ -256,6 +256,9 @@ pub struct Capture {
     engine: StdHashMap<u32, EngineProbes>,
     /// The images whose engine probes are attached, by (pid, device, inode of the executable).
     engine_images: HashSet<(u32, u64, u64)>,
+    /// What each executable exports, by (device, inode): a tree that starts the same program many times
+    /// (workers, shells) has its ELF read once.
+    image_probes: StdHashMap<(u64, u64), EngineProbes>,
     /// The engine uprobe programs are loaded (at start when a target or a later child may need them).
     engine_loaded: bool,
     /// `CaptureConfig::capture_content`.
@@ -476,6 +479,7 @@ impl Capture {
             decoder: decode::Decoder::new(cfg.egress_allow.clone()),
             engine,
             engine_images,
+            image_probes: StdHashMap::new(),
             engine_loaded,
             capture_content: cfg.capture_content,
             ranges_detached: false,
@@ -575,7 +579,14 @@ impl Capture {
     /// already. What `pid` exports now.
     pub fn attach_engine(&mut self, pid: u32) -> Result<EngineProbes, CaptureError> {
         let image = image_of(pid)?;
-        let probes = inspect_engine(pid)?;
+        let probes = match self.image_probes.get(&image) {
+            Some(p) => p.clone(),
+            None => {
+                let p = inspect_engine(pid)?;
+                self.image_probes.insert(image, p.clone());
+                p
+            }
+        };
         if matches!(probes, EngineProbes::Attached { .. })
             && !self.engine_images.contains(&(pid, image.0, image.1))
         {
