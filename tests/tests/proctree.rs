@@ -279,6 +279,18 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         ))
         .expect("request query");
     assert_eq!(requests, 1, "the one chat request to the exec'd llmserve");
+    drop(tp);
+
+    // `llmprof report` reads a trace of several processes.
+    let out = Command::new(bin_path("llmprof"))
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .expect("llmprof report");
+    assert!(out.status.success(), "llmprof report failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    assert_eq!(v["requests"]["count"], 1, "the report's requests: {}", v["requests"]);
+    assert_eq!(v["requests"]["finished"], 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

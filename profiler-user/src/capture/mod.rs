@@ -363,9 +363,23 @@ impl Capture {
             return Err(CaptureError::NotRoot);
         }
         let mut engine = StdHashMap::new();
-        for &pid in &cfg.pids {
-            let probes = inspect_engine(pid)?;
+        for (i, &pid) in cfg.pids.iter().enumerate() {
+            // The first pid is the user's target; with trees, the others may be descendants that exited since
+            // they were found, or run a program that cannot be inspected: they are traced without engine probes.
+            let tolerant = i > 0 && cfg.follow_children;
+            let probes = match inspect_engine(pid) {
+                Ok(p) => p,
+                Err(e) if tolerant => {
+                    log::debug!("capture: pid {pid} not inspected: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if let EngineProbes::AbiMismatch { found, expected } = probes {
+                if tolerant {
+                    log::warn!("pid {pid} uses llmprof probe ABI {found}, this llmprof speaks {expected}: no engine probes");
+                    continue;
+                }
                 return Err(CaptureError::AbiMismatch { pid, found, expected });
             }
             engine.insert(pid, probes);
@@ -449,11 +463,24 @@ impl Capture {
             load_engine_programs(&mut ebpf, cfg.capture_content)?;
         }
         let mut engine_images = HashSet::new();
-        for (&pid, probes) in &engine {
-            if matches!(probes, EngineProbes::Attached { .. }) {
-                let image = image_of(pid)?;
-                range_links.extend(attach_engine_programs(&mut ebpf, pid, cfg.capture_content, true)?);
-                engine_images.insert((pid, image.0, image.1));
+        for (&pid, probes) in engine.iter_mut() {
+            if !matches!(probes, EngineProbes::Attached { .. }) {
+                continue;
+            }
+            let attached = image_of(pid).and_then(|image| {
+                let links = attach_engine_programs(&mut ebpf, pid, cfg.capture_content, true)?;
+                Ok((image, links))
+            });
+            match attached {
+                Ok((image, links)) => {
+                    range_links.extend(links);
+                    engine_images.insert((pid, image.0, image.1));
+                }
+                Err(e) if cfg.follow_children && cfg.pids.first() != Some(&pid) => {
+                    log::debug!("capture: engine probes of pid {pid}: {e}");
+                    *probes = EngineProbes::NotFound;
+                }
+                Err(e) => return Err(e),
             }
         }
 
