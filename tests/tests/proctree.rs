@@ -287,9 +287,17 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         .arg(&trace)
         .output()
         .expect("llmprof report");
-    assert!(out.status.success(), "llmprof report failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "llmprof report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    assert_eq!(v["requests"]["count"], 1, "the report's requests: {}", v["requests"]);
+    assert_eq!(
+        v["requests"]["count"], 1,
+        "the report's requests: {}",
+        v["requests"]
+    );
     assert_eq!(v["requests"]["finished"], 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -328,5 +336,38 @@ fn no_children_traces_only_the_target() {
         .query_i64(&format!("select count(*) from process where pid = {forked}"))
         .expect("process query");
     assert_eq!(n, 0, "--no-children: the child has no process in the trace");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn descendants_alive_at_attach_are_traced() {
+    if !ready() {
+        return;
+    }
+    let dir = tmp_dir("existing");
+    let weights = dir.join("existing.gguf");
+    std::fs::write(&weights, b"GGUF").expect("write a model file");
+    let trace = dir.join("existing.perfetto-trace");
+    let mut launcher = Launcher::spawn(&[]);
+    // A child that exists before the attach and opens a model file itself (a shell redirection, no fork)
+    // 3 s later, after the probes are live (the launcher splits its command on spaces: `${IFS}` inside).
+    let cmd = format!(
+        "spawn /bin/sh -c sleep${{IFS}}3;exec${{IFS}}3<{}",
+        weights.display()
+    );
+    let shell: u32 = launcher.send(&cmd, "spawned ").parse().expect("spawned PID");
+    let (llmprof, _log) = attach(launcher.pid, &trace, &[]);
+    assert_eq!(launcher.send("reap", "reaped "), "1");
+    let mut tp = stop(llmprof, &trace);
+    assert_eq!(
+        opens_by(&mut tp, shell, &weights),
+        1,
+        "the open by a child that existed at attach is missing"
+    );
+    assert!(
+        process_name(&mut tp, shell).starts_with("sh -c"),
+        "the child's track is named by its command line: {:?}",
+        process_name(&mut tp, shell)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -377,7 +377,9 @@ impl Capture {
             };
             if let EngineProbes::AbiMismatch { found, expected } = probes {
                 if tolerant {
-                    log::warn!("pid {pid} uses llmprof probe ABI {found}, this llmprof speaks {expected}: no engine probes");
+                    log::warn!(
+                        "pid {pid} uses llmprof probe ABI {found}, this llmprof speaks {expected}: no engine probes"
+                    );
                     continue;
                 }
                 return Err(CaptureError::AbiMismatch { pid, found, expected });
