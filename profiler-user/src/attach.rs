@@ -813,6 +813,10 @@ impl<'a> Session<'a> {
         let gpu = self.gpu.finish();
         let user_drops = self.scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
         drop(self.scraper);
+        // An engine that appeared in the tree during the session counts as the session's.
+        if let Some(e) = self.capture.any_engine() {
+            self.engine_probes = e;
+        }
         let final_counters = self.capture.account_counters();
         let mut overhead = self.acct.summary(
             final_counters,

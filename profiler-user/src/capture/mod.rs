@@ -596,6 +596,17 @@ impl Capture {
         self.engine.get(&pid).cloned().unwrap_or(EngineProbes::NotFound)
     }
 
+    /// The engine probes of the first process whose probes were attached during the capture (at start or
+    /// later, in a process of the tree), if any.
+    pub fn any_engine(&self) -> Option<EngineProbes> {
+        let mut pids: Vec<&u32> = self.engine.keys().collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .filter_map(|p| self.engine.get(p))
+            .find(|e| matches!(e, EngineProbes::Attached { .. }))
+            .cloned()
+    }
+
     /// Puts processes found after the start in the traced set (with the targets' flags: a tree follows
     /// their children too). The kernel adds the children of traced processes by itself; this is for what
     /// it cannot see, e.g. a child forked between the /proc walk and the start.
