@@ -40,6 +40,8 @@ use llmprof_trace::sizecap::SizeCap;
 const POLL_TIMEOUT: Duration = Duration::from_millis(10);
 /// Period of the status line, the syscall-rate counter and the target liveness check.
 const TICK: Duration = Duration::from_secs(1);
+/// Period of the /proc walk that catches processes of the tree the kernel could not report.
+const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
 const SAMPLER_QUEUE: usize = 1024;
 
@@ -462,6 +464,8 @@ struct Session<'a> {
     tree: Tree,
     /// Their CPU time, shared with the self-accounting and the budget.
     targets: TargetCpu,
+    /// The last /proc walk for processes of the tree the kernel did not report.
+    last_rescan: Instant,
     acct: SelfAccount,
     budget: Option<Budget>,
     engine_probes: EngineProbes,
@@ -522,6 +526,7 @@ impl<'a> Session<'a> {
             metrics_tried: HashSet::new(),
             tree: Tree::new(&pids, opts.follow_children),
             targets: started.targets.clone(),
+            last_rescan: Instant::now(),
             acct: started.acct,
             budget: started.budget,
             engine_probes: started.engine_probes,
@@ -718,9 +723,16 @@ impl<'a> Session<'a> {
             tid: 0,
             body: EventBody::Overhead(Box::new(sample)),
         });
-        let late = self.tree.rescan(boottime_ns());
-        if let Err(e) = self.join(late) {
-            log::debug!("proctree: {e}");
+        // The kernel picks new processes up itself; the /proc walk (every process's stat) only catches what it
+        // could not report (a full map or ring), so it runs every few ticks.
+        if self.last_rescan.elapsed() >= RESCAN {
+            self.last_rescan = Instant::now();
+            let late = self.tree.rescan(boottime_ns());
+            if let Err(e) = self.join(late) {
+                log::debug!("proctree: {e}");
+            }
+        } else {
+            self.tree.prune();
         }
         if self.tree.all_exited() {
             self.target_exited = true;

@@ -146,11 +146,16 @@ impl Tree {
         change
     }
 
+    /// Forgets processes that are gone from /proc without an exit record (one `stat` per live process).
+    pub fn prune(&mut self) {
+        self.live.retain(|&p| procfs::exists(p));
+    }
+
     /// Processes of the tree that /proc shows and the kernel did not report (started between the /proc walk
     /// and the start of tracing, or whose start record was dropped): they join the session now, each with a
     /// synthetic process start at `ts_ns`. Also forgets processes that are gone without an exit record.
     pub fn rescan(&mut self, ts_ns: u64) -> Vec<Event> {
-        self.live.retain(|&p| procfs::exists(p));
+        self.prune();
         if !self.follow || self.live.is_empty() {
             return Vec::new();
         }
