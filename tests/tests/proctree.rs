@@ -371,3 +371,72 @@ fn descendants_alive_at_attach_are_traced() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An alert for `pid` whose session lasts `secs` seconds.
+fn alert(pid: u32, secs: u32) -> String {
+    format!(
+        r#"{{"version":"4","groupKey":"{{}}:{{alertname=\"Tree\"}}","truncatedAlerts":0,"status":"firing","receiver":"llmprof","groupLabels":{{}},"commonLabels":{{}},"commonAnnotations":{{}},"externalURL":"http://am","alerts":[{{"status":"firing","labels":{{"alertname":"Tree","pid":"{pid}"}},"annotations":{{"llmprof_duration":"{secs}s"}},"startsAt":"2026-11-26T00:00:00Z","endsAt":"0001-01-01T00:00:00Z","generatorURL":"http://prom","fingerprint":"tree1"}}]}}"#
+    )
+}
+
+#[test]
+fn serve_sessions_and_the_flight_recorder_follow_the_tree() {
+    if !ready() {
+        return;
+    }
+    let dir = tmp_dir("serve");
+    let before = dir.join("before.gguf");
+    let during = dir.join("during.gguf");
+    for f in [&before, &during] {
+        std::fs::write(f, b"GGUF").expect("write a model file");
+    }
+    let mut launcher = Launcher::spawn(&[]);
+    let watch = format!("pid:{}", launcher.pid);
+    let srv = e2e::serve::Serve::spawn(
+        &dir,
+        &["--watch", &watch, "--flight-recorder", "30s", "--cooldown", "10m"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while srv.healthz()["flight_recorders"][0]["state"] != "recording" {
+        assert!(
+            Instant::now() < deadline,
+            "flight recorder not recording: {}",
+            srv.healthz()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Before the alert: a child only the flight recorder sees.
+    let forked_before: u32 = launcher
+        .send(&format!("fork-open {}", before.display()), "forked ")
+        .parse()
+        .expect("forked PID");
+    std::thread::sleep(Duration::from_millis(500));
+    let r = srv.post_alerts(&alert(launcher.pid, 4), Some(e2e::serve::TOKEN));
+    assert_eq!(r.status, 200, "alert refused: {}", r.text());
+    srv.wait_session(Duration::from_secs(60), "running", |s| s["state"] == "running");
+    // During the session: a child the session's own capture picks up.
+    let forked_during: u32 = launcher
+        .send(&format!("fork-open {}", during.display()), "forked ")
+        .parse()
+        .expect("forked PID");
+    let done = srv.wait_session(Duration::from_secs(60), "finished", |s| s["state"] != "running");
+    assert_eq!(done["state"], "finished", "the session failed: {done:#}");
+    let mut tp = trace_processor::load(done["trace"].as_str().expect("trace path")).expect("trace loads");
+    assert_eq!(
+        tp.import_errors().expect("stats"),
+        Vec::<serde_json::Value>::new(),
+        "import errors in the trace"
+    );
+    assert_eq!(
+        opens_by(&mut tp, forked_before, &before),
+        1,
+        "the flight recorder's history holds the child started before the alert"
+    );
+    assert_eq!(
+        opens_by(&mut tp, forked_during, &during),
+        1,
+        "the session follows a child started during it"
+    );
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
