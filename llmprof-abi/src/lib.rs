@@ -463,6 +463,10 @@ pub enum EventKind {
     CudaCall = 9,
     /// [`python::PyStackEvent`].
     PyStack = 35,
+    /// [`ProcessStartEvent`]: a traced process started a new process (not a thread).
+    ProcessStart = 11,
+    /// [`ProcessExecEvent`]: a traced process executed a new program.
+    ProcessExec = 12,
 }
 
 impl EventKind {
@@ -480,6 +484,8 @@ impl EventKind {
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
             35 => Some(Self::PyStack),
+            11 => Some(Self::ProcessStart),
+            12 => Some(Self::ProcessExec),
             _ => None,
         }
     }
@@ -654,6 +660,42 @@ pub struct ProcessExitEvent {
     pub hdr: EventHeader,
     /// Exit code as the kernel reports it.
     pub exit_code: i64,
+}
+
+/// Bytes of a process's `comm` (TASK_COMM_LEN, include/linux/sched.h).
+pub const COMM_LEN: usize = 16;
+
+/// Value flag of the kernel's `TRACED` map (key: tgid): the process is traced. Every entry has it.
+pub const TRACED_SELF: u8 = 1;
+/// Value flag of the kernel's `TRACED` map: new processes this one starts are traced too, with the same
+/// flags (so a whole tree follows); without it (`--no-children`) only the process itself is traced.
+pub const TRACED_CHILDREN: u8 = 2;
+
+/// A traced process (with [`TRACED_CHILDREN`]) started a new process, which the kernel put in the `TRACED`
+/// map before it ran (task:task_newtask, run by the parent; threads are not processes and not reported).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessStartEvent {
+    /// Header ([`EventKind::ProcessStart`]); `pid` and `tid` are the new process's.
+    pub hdr: EventHeader,
+    /// The parent's tgid.
+    pub ppid: u32,
+    /// The parent's thread that called fork/clone.
+    pub parent_tid: u32,
+    /// The clone flags (`CLONE_*`, include/uapi/linux/sched.h).
+    pub clone_flags: u64,
+    /// The new process's `comm` (its parent's until it executes a program), NUL padded.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A traced process executed a program (sched:sched_process_exec): its image, hence its probes, changed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessExecEvent {
+    /// Header ([`EventKind::ProcessExec`]).
+    pub hdr: EventHeader,
+    /// The executed file as passed to execve, NUL terminated (truncated).
+    pub filename: [u8; PATH_LEN],
 }
 
 /// A request's text (only written when `--capture-content` attached the content uprobe).
@@ -995,11 +1037,14 @@ pub enum ProbeId {
     Content = 10,
     /// CUDA driver API entry/return uprobes in libcuda.
     Cuda = 9,
+    /// Process-tree tracepoints (task_newtask, sched_process_exec): new processes of a traced tree.
+    ProcTree = 11,
     /// Python stack samples (perf_event software CPU clock, `llmprof_pysample`).
     PyStack = 15,
 }
 
-/// Number of [`ProbeId`] values (size of the counters array; 11–14 are reserved for other probes).
+/// Number of counter slots (size of the counters array): [`ProbeId`] values and slots reserved for probes
+/// being added (named `reserved` in [`PROBE_NAMES`] until they exist).
 pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
@@ -1015,7 +1060,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "process_exit",
     "cuda",
     "engine_content",
-    "reserved",
+    "proc_tree",
     "reserved",
     "reserved",
     "reserved",
@@ -1099,6 +1144,8 @@ const _: () = {
     assert!(core::mem::size_of::<FileIoEvent>() == 56);
     assert!(core::mem::size_of::<ConnectEvent>() == 72);
     assert!(core::mem::size_of::<ProcessExitEvent>() == 32);
+    assert!(core::mem::size_of::<ProcessStartEvent>() == 40 + COMM_LEN);
+    assert!(core::mem::size_of::<ProcessExecEvent>() == 24 + PATH_LEN);
     assert!(core::mem::size_of::<ContentRecord>() == 32);
     assert!(core::mem::size_of::<ContentEvent>() == 64 + CONTENT_MAX);
     assert!(core::mem::size_of::<CudaCallEvent>() == 56);

@@ -268,7 +268,8 @@ impl CudaAggregator {
     }
 
     /// An engine step of `pid` ran over `[host_start_ns, host_end_ns]` (its record arrives at its end): its
-    /// threads' open batches end with it, and every slice of `pid` that started inside it gets its id.
+    /// threads' open batches end with it, and every slice of `pid` that started inside it gets its id. A step
+    /// makes `pid` an engine from now on (a process of the tree that started an engine after the attach).
     pub fn step(
         &mut self,
         pid: u32,
@@ -277,6 +278,7 @@ impl CudaAggregator {
         step_id: u64,
         out: &mut Vec<CudaSlice>,
     ) {
+        self.engine_pids.insert(pid);
         let mut keys: Vec<(u32, u32)> = self
             .threads
             .iter()
@@ -498,6 +500,30 @@ mod tests {
         a.advance(6 * WINDOW_NS, &mut out);
         assert_eq!(out.len(), 4);
         assert_eq!(out[3].tid, 8);
+    }
+
+    #[test]
+    fn a_process_whose_first_step_comes_later_is_batched_per_step_from_then_on() {
+        let mut a = CudaAggregator::new([]);
+        let mut out = Vec::new();
+        // The test's calls are pid 1's.
+        a.step(1, 0, 1_000, 1, &mut out);
+        for i in 0..10 {
+            call(
+                &mut a,
+                9,
+                20_000_000 + i * 1_000,
+                CudaFunc::LaunchKernel,
+                500,
+                &mut out,
+            );
+        }
+        // Past the 10 ms window: an engine's batch still waits for its step record.
+        a.advance(40_000_000, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        a.step(1, 19_000_000, 41_000_000, 2, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!((batch_calls(&out[0]), out[0].step_id), (10, Some(2)));
     }
 
     #[test]

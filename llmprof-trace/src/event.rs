@@ -92,7 +92,25 @@ pub enum EventBody {
         /// Inside the allowed CIDRs.
         allowed: bool,
     },
-    /// The traced process exited.
+    /// A traced process started this new process (`pid`; process trees): traced from its first instruction.
+    ProcessStart {
+        /// The parent's pid.
+        ppid: u32,
+        /// Its `comm`.
+        name: String,
+        /// Its command line, space separated (from /proc when it was still there, else empty).
+        cmdline: String,
+    },
+    /// A traced process executed a program: new name, command line and probes.
+    ProcessExec {
+        /// The executed file as passed to execve.
+        filename: String,
+        /// Its new `comm`.
+        name: String,
+        /// Its new command line, space separated (from /proc when it was still there, else empty).
+        cmdline: String,
+    },
+    /// A traced process exited.
     ProcessExit {
         /// Exit code as the kernel reports it.
         exit_code: i64,
@@ -144,6 +162,8 @@ impl EventBody {
             Self::FileOpen { .. } => "file_open",
             Self::FileIo { .. } => "file_io",
             Self::Connect { .. } => "connect",
+            Self::ProcessStart { .. } => "process_start",
+            Self::ProcessExec { .. } => "process_exec",
             Self::ProcessExit { .. } => "process_exit",
             Self::Metrics(_) => "metrics",
             Self::SyscallRate { .. } => "syscall_rate",
@@ -298,6 +318,36 @@ pub struct ProcessInfo {
     pub threads: Vec<ThreadInfo>,
     /// Whether the engine's probe points were found and attached.
     pub engine_probes: bool,
+}
+
+/// Longest process track name: a longer command line is cut (with `…`); the full one is in the descriptor.
+pub const PROCESS_NAME_MAX: usize = 160;
+
+impl ProcessInfo {
+    /// The name of the process's track: its command line with the program's directory left out (cut at
+    /// [`PROCESS_NAME_MAX`] bytes), else `comm`.
+    pub fn display_name(&self) -> String {
+        let c = self.cmdline.trim();
+        if c.is_empty() {
+            return self.name.clone();
+        }
+        let (prog, rest) = c.split_once(' ').unwrap_or((c, ""));
+        let prog = prog.rsplit('/').next().unwrap_or(prog);
+        let full = if rest.is_empty() {
+            prog.to_owned()
+        } else {
+            format!("{prog} {rest}")
+        };
+        let c = full.as_str();
+        if c.len() <= PROCESS_NAME_MAX {
+            return c.to_owned();
+        }
+        let mut n = PROCESS_NAME_MAX;
+        while !c.is_char_boundary(n) {
+            n -= 1;
+        }
+        format!("{}…", &c[..n])
+    }
 }
 
 /// Syscall aggregate of one thread and syscall, read from the kernel at the end of a session.

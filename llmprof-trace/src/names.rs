@@ -121,6 +121,14 @@ pub mod slice {
     pub const REQUEST_PREFIX: &str = "request ";
     /// Instant on a thread track: an NVTX-style pop whose push happened before llmprof attached.
     pub const UNMATCHED_RANGE_POP: &str = "unmatched range pop";
+    /// Instant on a process track: a traced process started it (args [`super::arg::PPID`],
+    /// [`super::arg::CMDLINE`]).
+    pub const PROCESS_START: &str = "process start";
+    /// Instant on a process track: it executed a program (args [`super::arg::FILENAME`],
+    /// [`super::arg::CMDLINE`]); the track is renamed after the new command line.
+    pub const PROCESS_EXEC: &str = "process exec";
+    /// Instant on a process track: it exited (arg [`super::arg::EXIT_CODE`]).
+    pub const PROCESS_EXIT: &str = "process exit";
     /// Beginning of a slow syscall's slice (see [`syscall`]).
     pub const SYSCALL_PREFIX: &str = "syscall ";
     /// Beginning of a model-file operation's slice (see [`model_file`]).
@@ -486,6 +494,12 @@ pub mod arg {
     pub const PID: &str = "pid";
     /// Exit code.
     pub const EXIT_CODE: &str = "exit_code";
+    /// Parent process id (process start instants).
+    pub const PPID: &str = "ppid";
+    /// Command line, space separated (process start and exec instants).
+    pub const CMDLINE: &str = "cmdline";
+    /// The executed file as passed to execve (process exec instants).
+    pub const FILENAME: &str = "filename";
     /// Degradation level entered.
     pub const LEVEL: &str = "level";
     /// Degradation step's name.

@@ -7,7 +7,9 @@
 //!   slow syscalls, and, dispatched on the syscall number at exit, model-file opens/reads/mmaps/closes,
 //!   connects and bytes sent on connected sockets. One pair of tracepoints instead of one per syscall:
 //!   the syscall's arguments are saved at entry and everything is decided at exit, where the result is known.
-//! - `llmprof_pexit` (sched:sched_process_exit): the traced process's end.
+//! - `llmprof_pexit` (sched:sched_process_exit): the end of every traced process (removed from `TRACED`).
+//! - `llmprof_fork` / `llmprof_exec` (task:task_newtask, sched:sched_process_exec; module `proc`): new
+//!   processes of a traced tree enter `TRACED` before they run; exec'd programs are reported.
 //! - `llmprof_step` / `llmprof_request` / `llmprof_range` (uprobes at the engine's probe NOPs): copy the
 //!   engine's record with `bpf_probe_read_user` straight into the ring-buffer reservation.
 //! - `llmprof_content` (uprobe at the engine's content probe, attached only with `--capture-content`):
@@ -25,6 +27,7 @@
 #![no_main]
 
 mod python;
+mod proc;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -57,7 +60,7 @@ static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
 /// 1M-event burst here (docs/performance.md, Capture).
 const RING_BYTES: u32 = 64 << 20;
 
-/// tgids being traced (value unused).
+/// tgids being traced; the value holds `TRACED_SELF` and, for trees, `TRACED_CHILDREN` (module `proc`).
 #[map]
 static TRACED: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 
@@ -642,6 +645,8 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     // SAFETY: copied out before removal.
     let exit_code = unsafe { EXIT_CODES.get(&tgid) }.copied().unwrap_or(-1);
     let _ = EXIT_CODES.remove(&tgid);
+    // The pid may be reused by an unrelated process.
+    let _ = TRACED.remove(&tgid);
     let Some(mut e) = EVENTS.reserve::<ProcessExitEvent>(0) else {
         count(ProbeId::ProcessExit, 1, 0, 1);
         return 0;

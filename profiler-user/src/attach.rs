@@ -11,6 +11,7 @@
 //! split further, the order of side effects (probes live before the prelude, trace closed before detaching)
 //! would be spread over files.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -25,7 +26,8 @@ use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::procfs;
-use crate::selfacct::{SelfAccount, Snapshot};
+use crate::proctree::{self, Tree};
+use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
@@ -38,14 +40,21 @@ use llmprof_trace::sizecap::SizeCap;
 const POLL_TIMEOUT: Duration = Duration::from_millis(10);
 /// Period of the status line, the syscall-rate counter and the target liveness check.
 const TICK: Duration = Duration::from_secs(1);
+/// Period of the /proc walk that catches processes of the tree the kernel could not report.
+const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
 const SAMPLER_QUEUE: usize = 1024;
 
 /// What to trace and where to write it.
 #[derive(Clone, Debug)]
 pub struct AttachOptions {
-    /// Target process.
+    /// Target process (the first `--pid`: it names the trace, the OTel resource and NVML's process).
     pub pid: u32,
+    /// Further targets (`--pid` repeated).
+    pub more_pids: Vec<u32>,
+    /// Trace the targets' descendants too: those alive at attach and every process started while the session
+    /// runs, from its first instruction (off: `--no-children`). See [`crate::proctree`].
+    pub follow_children: bool,
     /// Stop after this long (None: until stopped or the target exits).
     pub duration: Option<Duration>,
     /// Trace file.
@@ -175,8 +184,10 @@ pub struct AttachReport {
     pub attach_latency: Duration,
     /// Session length.
     pub elapsed: Duration,
-    /// Engine probes of the target.
+    /// Engine probes of the target (the first process of the tree that has them).
     pub engine_probes: EngineProbes,
+    /// Processes traced during the session (the targets, their descendants, the processes they started).
+    pub processes: usize,
     /// The /metrics URL scraped, if any.
     pub metrics_url: Option<String>,
     /// OTLP export statistics, when spans were exported.
@@ -227,9 +238,9 @@ fn output_error(path: &Path) -> impl Fn(io::Error) -> AttachError + '_ {
     }
 }
 
-/// Step 1: what can be checked before anything is loaded: the size cap, a free trace path, root, the target. The cap and the
-/// target's name and threads.
-fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, ProcessInfo), AttachError> {
+/// Step 1: what can be checked before anything is loaded: the size cap, a free trace path, root, the targets. The cap and the
+/// traced processes' names and threads (the targets first, then, for trees, their descendants).
+fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, Vec<ProcessInfo>), AttachError> {
     let cap = opts
         .max_trace_size
         .map(SizeCap::new)
@@ -240,8 +251,26 @@ fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, ProcessInfo), Att
     if !is_root() {
         return Err(AttachError::NotRoot);
     }
-    let info = procfs::process_info(opts.pid).ok_or(AttachError::NoProcess(opts.pid))?;
-    Ok((cap, info))
+    let mut roots = vec![opts.pid];
+    for &p in &opts.more_pids {
+        if !roots.contains(&p) {
+            roots.push(p);
+        }
+    }
+    let mut infos = Vec::new();
+    for &p in &roots {
+        infos.push(procfs::process_info(p).ok_or(AttachError::NoProcess(p))?);
+    }
+    if opts.follow_children {
+        // A descendant that exits during the walk is simply not traced.
+        let found = proctree::descendants(&roots);
+        infos.extend(
+            found[roots.len()..]
+                .iter()
+                .filter_map(|&p| procfs::process_info(p)),
+        );
+    }
+    Ok((cap, infos))
 }
 
 /// The inputs that start before capture.
@@ -286,6 +315,8 @@ struct Started {
     acct: SelfAccount,
     /// `--overhead-budget`, when given.
     budget: Option<Budget>,
+    /// The traced processes' CPU (self-accounting and budget).
+    targets: TargetCpu,
     /// The target's engine probes.
     engine_probes: EngineProbes,
 }
@@ -296,7 +327,7 @@ fn start_capture(
     opts: &AttachOptions,
     t0: Instant,
     inputs: &mut Inputs,
-    info: &mut ProcessInfo,
+    infos: &mut [ProcessInfo],
 ) -> Result<Started, AttachError> {
     // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
     let capture_content = opts.otel.capture_content && inputs.otel.is_some();
@@ -306,7 +337,8 @@ fn start_capture(
         );
     }
     let mut cfg = CaptureConfig {
-        pids: vec![opts.pid],
+        pids: infos.iter().map(|i| i.pid).collect(),
+        follow_children: opts.follow_children,
         slow_syscall: opts.slow_syscall,
         ring_bytes: opts.ring_bytes,
         capture_content,
@@ -321,22 +353,39 @@ fn start_capture(
         cfg.egress_allow = opts.egress_allow.clone();
     }
     let mut capture = Capture::start(&cfg)?;
+    for i in infos.iter() {
+        inputs.gpu.watch_process(i.pid);
+    }
     let cuda_markers = inputs.gpu.watch_cuda(&mut capture, true);
     inputs.gpu_markers.extend(cuda_markers);
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
     let cal = capture.calibration().unwrap_or_default();
-    let acct = SelfAccount::new(opts.pid, cal, capture.account_counters());
+    let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
+    let targets = TargetCpu::new(&pids);
+    let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
     let budget = opts
         .overhead_budget
-        .map(|pct| Budget::new(pct, cal, Snapshot::take(opts.pid, capture.account_counters())));
-    let engine_probes = capture.engine_probes(opts.pid);
-    info.engine_probes = matches!(engine_probes, EngineProbes::Attached { .. });
-    if !info.engine_probes {
+        .map(|pct| Budget::new(pct, cal, Snapshot::take(&targets, capture.account_counters())));
+    for i in infos.iter_mut() {
+        i.engine_probes = matches!(capture.engine_probes(i.pid), EngineProbes::Attached { .. });
+    }
+    // The first process of the tree with engine probes stands for the session's (the summary line).
+    let engine_probes = infos
+        .iter()
+        .map(|i| capture.engine_probes(i.pid))
+        .find(|e| matches!(e, EngineProbes::Attached { .. }))
+        .unwrap_or_else(|| capture.engine_probes(opts.pid));
+    if !matches!(engine_probes, EngineProbes::Attached { .. }) {
+        let later = if opts.follow_children {
+            " (a child that starts an instrumented engine later gets them)"
+        } else {
+            ""
+        };
         eprintln!(
-            "warning: pid {} ({}) exports no llmprof probe points: engine steps and requests will be missing; \
+            "warning: pid {} ({}) exports no llmprof probe points{later}: engine steps and requests will be missing; \
              syscalls, model files and egress are still traced",
-            opts.pid, info.name
+            opts.pid, infos[0].name
         );
     }
     // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
@@ -357,27 +406,34 @@ fn start_capture(
         live_ns,
         acct,
         budget,
+        targets,
         engine_probes,
     })
 }
 
 /// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
 /// and writes its header (the target, the clock snapshot).
-fn open_sink(opts: &AttachOptions, info: &ProcessInfo) -> Result<TraceSink<File>, AttachError> {
+fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {
     let out_err = output_error(&opts.output);
     let file = crate::files::create_trace(&opts.output).map_err(&out_err)?;
-    TraceSink::new(file, std::slice::from_ref(info), clock_snapshot()).map_err(out_err)
+    TraceSink::new(file, infos, clock_snapshot()).map_err(out_err)
 }
 
 /// Step 6: the /metrics scraper, on `--metrics-url` or the endpoint discovered from the target's listening
 /// port; warns when there is none. The URL scraped and the scraper.
-fn start_scraper(opts: &AttachOptions, tx: SyncSender<Event>) -> (Option<String>, Option<Scraper>) {
-    let metrics_url = opts
-        .metrics_url
-        .clone()
-        .or_else(|| metrics_scrape::discover(opts.pid));
-    let scraper = match &metrics_url {
-        Some(url) => match Scraper::spawn(opts.pid, url.clone(), metrics_scrape::DEFAULT_INTERVAL, tx) {
+fn start_scraper(
+    opts: &AttachOptions,
+    pids: &[u32],
+    tried: &mut HashSet<(u32, u16)>,
+    tx: SyncSender<Event>,
+) -> (Option<String>, Option<Scraper>) {
+    let found = match &opts.metrics_url {
+        Some(url) => Some((opts.pid, url.clone())),
+        None => metrics_scrape::discover_in(pids, tried),
+    };
+    let metrics_url = found.as_ref().map(|(_, u)| u.clone());
+    let scraper = match found {
+        Some((pid, url)) => match Scraper::spawn(pid, url, metrics_scrape::DEFAULT_INTERVAL, tx) {
             Ok(s) => Some(s),
             Err(e) => {
                 eprintln!("warning: cannot start the /metrics scraper: {e}");
@@ -385,8 +441,13 @@ fn start_scraper(opts: &AttachOptions, tx: SyncSender<Event>) -> (Option<String>
             }
         },
         None => {
+            let later = if opts.follow_children {
+                " (looked for again as the tree's processes listen)"
+            } else {
+                ""
+            };
             eprintln!(
-                "warning: no Prometheus /metrics endpoint found for pid {} (pass --metrics-url): no KV-cache/queue counters",
+                "warning: no Prometheus /metrics endpoint found for pid {} (pass --metrics-url){later}: no KV-cache/queue counters",
                 opts.pid
             );
             None
@@ -407,6 +468,16 @@ struct Session<'a> {
     rx: Receiver<Event>,
     scraper: Option<Scraper>,
     metrics_url: Option<String>,
+    /// The scraper's queue end, kept while /metrics is still looked for in the tree.
+    scraper_tx: Option<SyncSender<Event>>,
+    /// (pid, port) pairs /metrics discovery asked already.
+    metrics_tried: HashSet<(u32, u16)>,
+    /// The traced processes (process trees).
+    tree: Tree,
+    /// Their CPU time, shared with the self-accounting and the budget.
+    targets: TargetCpu,
+    /// The last /proc walk for processes of the tree the kernel did not report.
+    last_rescan: Instant,
     acct: SelfAccount,
     budget: Option<Budget>,
     engine_probes: EngineProbes,
@@ -442,10 +513,11 @@ impl<'a> Session<'a> {
     /// the trace is being written.
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
         let t0 = Instant::now();
-        let (cap, mut info) = preflight(opts)?;
+        let (cap, mut infos) = preflight(opts)?;
         let mut inputs = open_inputs(opts)?;
-        let started = start_capture(opts, t0, &mut inputs, &mut info)?;
-        let sink = open_sink(opts, &info)?;
+        let started = start_capture(opts, t0, &mut inputs, &mut infos)?;
+        let sink = open_sink(opts, &infos)?;
+        let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
             tx,
             rx,
@@ -462,6 +534,11 @@ impl<'a> Session<'a> {
             rx,
             scraper: None,
             metrics_url: None,
+            scraper_tx: None,
+            metrics_tried: HashSet::new(),
+            tree: Tree::new(&pids, opts.follow_children),
+            targets: started.targets.clone(),
+            last_rescan: Instant::now(),
             acct: started.acct,
             budget: started.budget,
             engine_probes: started.engine_probes,
@@ -483,7 +560,14 @@ impl<'a> Session<'a> {
             tty: opts.live_status && io::stderr().is_terminal(),
         };
         session.write_prelude(started.live_ns)?;
-        (session.metrics_url, session.scraper) = start_scraper(opts, tx);
+        (session.metrics_url, session.scraper) =
+            start_scraper(opts, &pids, &mut session.metrics_tried, tx.clone());
+        if session.scraper.is_none() && opts.metrics_url.is_none() && opts.follow_children {
+            session.scraper_tx = Some(tx);
+        }
+        // Children forked between the /proc walk and the moment the targets entered the traced set.
+        let late = session.tree.rescan(started.live_ns);
+        session.join(late)?;
         eprintln!(
             "llmprof: probes live after {:.1} ms; writing {}",
             session.attach_latency.as_secs_f64() * 1e3,
@@ -510,7 +594,6 @@ impl<'a> Session<'a> {
                 &mut self.sink,
                 &mut self.otel,
                 &mut history,
-                self.opts.pid,
                 0,
                 self.cap.as_ref(),
                 &mut self.not_written,
@@ -535,13 +618,7 @@ impl<'a> Session<'a> {
             }
             self.budget_step()?;
             self.capture.poll(&mut self.polled, POLL_TIMEOUT)?;
-            for ev in self.polled.drain(..) {
-                if matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == self.opts.pid {
-                    self.target_exited = true;
-                    self.exit_event_seen = true;
-                }
-                self.merger.push(ev);
-            }
+            self.take_polled();
             while let Ok(ev) = self.rx.try_recv() {
                 self.merger.push(ev);
             }
@@ -554,6 +631,63 @@ impl<'a> Session<'a> {
                 return Ok(END_SIZE_LIMIT);
             }
         }
+    }
+
+    /// Moves the polled events into the merge, reacting to the process records on the way: a process that
+    /// joins the tree or executes a program gets its engine probes (when its image has them) and its libcuda
+    /// watched; the last traced process's exit ends the session.
+    fn take_polled(&mut self) {
+        let mut polled = std::mem::take(&mut self.polled);
+        for mut ev in polled.drain(..) {
+            let change = self.tree.on_event(&mut ev);
+            let ts = ev.ts_ns;
+            self.merger.push(ev);
+            if let Some(pid) = change.added.or(change.exec) {
+                self.new_image(pid, ts, change.exec.is_some());
+            }
+            if let Some(pid) = change.exited {
+                self.gpu.forget_process(pid);
+                self.capture.forget_python(pid);
+                self.targets.remove(pid);
+                if self.tree.all_exited() {
+                    self.target_exited = true;
+                    self.exit_event_seen = true;
+                }
+            }
+        }
+        self.polled = polled;
+    }
+
+    /// A process joined the session or executed a program (`exec`): engine probes, Python sampling, libcuda
+    /// watch.
+    fn new_image(&mut self, pid: u32, ts: u64, exec: bool) {
+        let engine = proctree::attach_engine(&mut self.capture, pid);
+        let python = self.capture.watch_python(pid, exec);
+        for text in engine.into_iter().chain(python) {
+            self.merger.push(Event {
+                ts_ns: ts,
+                pid,
+                tid: 0,
+                body: EventBody::Marker { text },
+            });
+        }
+        self.gpu.watch_process(pid);
+        self.targets.add(pid);
+    }
+
+    /// Processes found in /proc that the kernel did not report: they join with a synthetic start.
+    fn join(&mut self, events: Vec<Event>) -> Result<(), AttachError> {
+        let pids: Vec<u32> = events.iter().map(|e| e.pid).collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        self.capture.trace_pids(&pids)?;
+        for ev in events {
+            let (pid, ts) = (ev.pid, ev.ts_ns);
+            self.merger.push(ev);
+            self.new_image(pid, ts, false);
+        }
+        Ok(())
     }
 
     /// Why the live loop ends now, if it does: the stop flag (with its [`StopReason`]), the duration, the
@@ -575,7 +709,7 @@ impl<'a> Session<'a> {
             && self.last_budget_check.elapsed() >= b.interval()
         {
             self.last_budget_check = Instant::now();
-            if let Some(ev) = check_budget(b, &mut self.capture, self.opts.pid)? {
+            if let Some(ev) = check_budget(b, &mut self.capture, &self.targets)? {
                 self.merger.push(ev);
             }
         }
@@ -605,8 +739,35 @@ impl<'a> Session<'a> {
             tid: 0,
             body: EventBody::Overhead(Box::new(sample)),
         });
-        if !procfs::exists(self.opts.pid) {
+        // The kernel picks new processes up itself; the /proc walk (every process's stat) only catches what it
+        // could not report (a full map or ring), so it runs every few ticks.
+        if self.last_rescan.elapsed() >= RESCAN {
+            self.last_rescan = Instant::now();
+            let late = self.tree.rescan(boottime_ns());
+            if let Err(e) = self.join(late) {
+                log::debug!("proctree: {e}");
+            }
+        } else {
+            self.tree.prune();
+        }
+        if self.tree.all_exited() {
             self.target_exited = true;
+        }
+        if self.scraper.is_none()
+            && let Some(tx) = &self.scraper_tx
+        {
+            let live: Vec<u32> = self.tree.live().collect();
+            if let Some((pid, url)) = metrics_scrape::discover_in(&live, &mut self.metrics_tried) {
+                match Scraper::spawn(pid, url.clone(), metrics_scrape::DEFAULT_INTERVAL, tx.clone()) {
+                    Ok(s) => {
+                        eprintln!("llmprof: scraping {url} (pid {pid})");
+                        self.metrics_url = Some(url);
+                        self.scraper = Some(s);
+                        self.scraper_tx = None;
+                    }
+                    Err(e) => eprintln!("warning: cannot start the /metrics scraper: {e}"),
+                }
+            }
         }
         for ev in self.gpu.watch_cuda(&mut self.capture, false) {
             self.merger.push(ev);
@@ -634,7 +795,6 @@ impl<'a> Session<'a> {
             &mut self.sink,
             &mut self.otel,
             &mut self.ready,
-            self.opts.pid,
             self.floor_ns,
             self.cap.as_ref(),
             &mut self.not_written,
@@ -649,11 +809,7 @@ impl<'a> Session<'a> {
             eprintln!();
         }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
-        for ev in self.polled.drain(..) {
-            self.exit_event_seen |=
-                matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == self.opts.pid;
-            self.merger.push(ev);
-        }
+        self.take_polled();
         while let Ok(ev) = self.rx.try_recv() {
             self.merger.push(ev);
         }
@@ -685,6 +841,10 @@ impl<'a> Session<'a> {
         let gpu = self.gpu.finish();
         let user_drops = self.scraper.as_ref().map(Scraper::dropped).unwrap_or(0) + gpu.dropped;
         drop(self.scraper);
+        // An engine that appeared in the tree during the session counts as the session's.
+        if let Some(e) = self.capture.any_engine() {
+            self.engine_probes = e;
+        }
         let final_counters = self.capture.account_counters();
         let mut overhead = self.acct.summary(
             final_counters,
@@ -731,6 +891,7 @@ impl<'a> Session<'a> {
             attach_latency: self.attach_latency,
             elapsed: self.start.elapsed(),
             engine_probes: self.engine_probes,
+            processes: self.tree.total(),
             metrics_url: self.metrics_url,
             otel,
             gpu,
@@ -740,8 +901,12 @@ impl<'a> Session<'a> {
 }
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.
-fn check_budget(b: &mut Budget, capture: &mut Capture, pid: u32) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(pid, capture.account_counters())) {
+fn check_budget(
+    b: &mut Budget,
+    capture: &mut Capture,
+    targets: &TargetCpu,
+) -> Result<Option<Event>, AttachError> {
+    let body = match b.check(Snapshot::take(targets, capture.account_counters())) {
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;
@@ -775,7 +940,6 @@ fn write_all<W: Write>(
     sink: &mut TraceSink<W>,
     otel: &mut Option<OtelSink>,
     ready: &mut Vec<Event>,
-    pid: u32,
     floor_ns: u64,
     cap: Option<&SizeCap>,
     not_written: &mut u64,
@@ -805,7 +969,7 @@ fn write_all<W: Write>(
         }
         if ev.tid != 0
             && !sink.knows_thread(ev.tid)
-            && let Some(name) = procfs::thread_name(pid, ev.tid)
+            && let Some(name) = procfs::thread_name(ev.pid, ev.tid)
         {
             sink.note_thread(ev.tid, name);
         }

@@ -42,9 +42,13 @@ pub enum Command {
   sudo llmprof attach --pid 1234 --metrics-url http://127.0.0.1:8000/metrics
   sudo llmprof attach --pid $(pgrep -f vllm) --gpu-sample-interval 50ms    # any CUDA process: NVML + libcuda
   sudo llmprof attach --pid 1234 --overhead-budget 1% --max-trace-size 50M
+  sudo llmprof attach --pid $(pgrep -of 'vllm serve')  # the API server, its engine core and TP workers
+  sudo llmprof attach --pid 1234 --pid 5678 --no-children   # exactly these two processes
 
-Ends on Ctrl-C / SIGTERM / SIGHUP, when the duration elapsed, when the target exits, or when --max-trace-size is
-reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
+A --pid covers the process, its descendants and every process started while tracing (each with all its threads,
+picked up in the kernel at fork, so a child is traced from its first instruction); each process is its own track,
+named by its command line. Ends on Ctrl-C / SIGTERM / SIGHUP, when the duration elapsed, when every traced process
+exited, or when --max-trace-size is reached; the trace is finished cleanly in every case. Open it with `llmprof open FILE`.
 Every trace accounts for llmprof itself: per-probe hits, events and drops, the cost per hit measured at
 start-up (CUDA driver calls included), the estimated CPU added to the target, llmprof's own CPU and memory (counter tracks and summary).")]
     Attach(Box<AttachArgs>),
@@ -93,9 +97,13 @@ systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
 /// Options of `llmprof attach`.
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// Process id of the server to trace.
-    #[arg(short, long)]
-    pub pid: u32,
+    /// Process id of the server to trace (repeatable). Its descendants are traced too: those alive at attach
+    /// and every process started while tracing, from its first instruction (see --no-children).
+    #[arg(short, long, required = true)]
+    pub pid: Vec<u32>,
+    /// Trace only the --pid processes themselves, not the processes they start.
+    #[arg(long)]
+    pub no_children: bool,
     /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
     #[arg(short, long, value_parser = llmprof_units::parse_duration)]
     pub duration: Option<Duration>,
@@ -299,7 +307,7 @@ mod tests {
         let Command::Attach(a) = c.command else {
             panic!("attach")
         };
-        assert_eq!(a.pid, 12);
+        assert_eq!(a.pid, vec![12]);
         assert_eq!(a.duration, Some(Duration::from_secs(30)));
         assert_eq!(a.slow_syscall, Duration::from_millis(1));
         assert_eq!(a.ring_size, 64 << 20);

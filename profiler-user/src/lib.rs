@@ -25,5 +25,6 @@ pub mod open;
 pub mod otel;
 pub mod procfs;
 pub mod python;
+pub mod proctree;
 pub mod selfacct;
 pub mod serve;

@@ -60,10 +60,16 @@ fn run_attach(a: AttachArgs) -> i32 {
             }
         }
     }
+    let Some((&pid, more)) = a.pid.split_first() else {
+        eprintln!("error: --pid is required");
+        return exit::USAGE;
+    };
     let opts = AttachOptions {
-        pid: a.pid,
+        pid,
+        more_pids: more.to_vec(),
+        follow_children: !a.no_children,
         duration: a.duration,
-        output: a.output.unwrap_or_else(|| attach::default_output(a.pid)),
+        output: a.output.unwrap_or_else(|| attach::default_output(pid)),
         slow_syscall: a.slow_syscall,
         model_patterns: a.model_paths,
         egress_allow: egress,
@@ -90,6 +96,9 @@ fn run_attach(a: AttachArgs) -> i32 {
                 r.stats.end_reason,
                 r.elapsed.as_secs_f64()
             );
+            if r.processes > 1 {
+                println!("  processes traced: {}", r.processes);
+            }
             match &r.engine_probes {
                 EngineProbes::Attached { abi_version } => {
                     println!("  engine probes: attached (ABI {abi_version})")

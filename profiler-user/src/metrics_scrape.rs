@@ -144,6 +144,37 @@ pub fn discover(pid: u32) -> Option<String> {
         .find(|u| get(u).map(|b| b.contains("vllm:")).unwrap_or(false))
 }
 
+/// Finds a /metrics URL among the listening ports of `pids` (a process tree) not in `tried` yet, which it
+/// extends: called again as the tree grows (a server's workers listen some time after they start), each
+/// port is asked once. The process that listens there and the URL.
+pub fn discover_in(pids: &[u32], tried: &mut std::collections::HashSet<(u32, u16)>) -> Option<(u32, String)> {
+    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .collect();
+    let listening: Vec<(u16, u64)> = tables.iter().flat_map(|t| listening_sockets(t)).collect();
+    for &pid in pids {
+        let inodes = procfs::socket_inodes(pid);
+        let mut ports: Vec<u16> = listening
+            .iter()
+            .filter(|(_, i)| inodes.contains(i))
+            .map(|(p, _)| *p)
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        for port in ports {
+            if !tried.insert((pid, port)) {
+                continue;
+            }
+            let url = format!("http://127.0.0.1:{port}/metrics");
+            if get(&url).map(|b| b.contains("vllm:")).unwrap_or(false) {
+                return Some((pid, url));
+            }
+        }
+    }
+    None
+}
+
 /// The running scraper thread.
 pub struct Scraper {
     stop: Arc<AtomicBool>,

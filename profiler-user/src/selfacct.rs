@@ -16,6 +16,8 @@
 //! skipped at the (lower) sampled-out cost; `cuda` (one hit per driver call, counted at entry) the
 //! calibrated cost of the entry + return uprobe pair (the engine-probe cost when the pair was not measured).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
@@ -59,14 +61,69 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the clocks now; `counters` come from the capture.
-    pub fn take(pid: u32, counters: Counters) -> Self {
+    /// Reads the clocks now (the target's: every process of `targets`); `counters` come from the capture.
+    pub fn take(targets: &TargetCpu, counters: Counters) -> Self {
         Snapshot {
             at: Instant::now(),
             counters,
-            target_cpu_ns: process_cpu_ns(pid),
+            target_cpu_ns: targets.cpu_ns(),
             self_cpu_ns: self_cpu_ns(),
         }
+    }
+}
+
+/// The CPU time of the traced processes, a set that changes (process trees): the sum of each process's last
+/// reading, so a process that exits keeps counting what it used up to the last reading before its exit (and
+/// the sum never goes backwards). Cloned handles share the set: the session adds and removes processes, the
+/// self-accounting and the budget read it.
+#[derive(Clone, Debug, Default)]
+pub struct TargetCpu(Arc<Mutex<TargetCpuState>>);
+
+#[derive(Debug, Default)]
+struct TargetCpuState {
+    live: BTreeSet<u32>,
+    last: BTreeMap<u32, u64>,
+}
+
+impl TargetCpu {
+    /// The processes `pids`.
+    pub fn new(pids: &[u32]) -> Self {
+        let t = Self::default();
+        for &p in pids {
+            t.add(p);
+        }
+        t
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, TargetCpuState> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A process joined (its CPU so far counts from the next reading: it started during the session).
+    pub fn add(&self, pid: u32) {
+        self.state().live.insert(pid);
+    }
+
+    /// A process exited: its last reading stays in the sum.
+    pub fn remove(&self, pid: u32) {
+        self.state().live.remove(&pid);
+    }
+
+    /// Reads every live process; the sum over every process read so far. None before any reading succeeded.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        let mut st = self.state();
+        let live: Vec<u32> = st.live.iter().copied().collect();
+        for pid in live {
+            match process_cpu_ns(pid) {
+                Some(ns) => {
+                    st.last.insert(pid, ns);
+                }
+                None => {
+                    st.live.remove(&pid);
+                }
+            }
+        }
+        (!st.last.is_empty()).then(|| st.last.values().sum())
     }
 }
 
@@ -123,7 +180,7 @@ pub fn overhead_pct(added_ns: f64, target_cpu_ns: f64) -> f64 {
 /// The session's self-accounting.
 #[derive(Debug)]
 pub struct SelfAccount {
-    pid: u32,
+    targets: TargetCpu,
     cal: Calibration,
     start: Snapshot,
     last: Snapshot,
@@ -132,10 +189,10 @@ pub struct SelfAccount {
 
 impl SelfAccount {
     /// Starts accounting at `counters` (the capture's counters when tracing began).
-    pub fn new(pid: u32, cal: Calibration, counters: Counters) -> Self {
-        let s = Snapshot::take(pid, counters);
+    pub fn new(targets: TargetCpu, cal: Calibration, counters: Counters) -> Self {
+        let s = Snapshot::take(&targets, counters);
         SelfAccount {
-            pid,
+            targets,
             cal,
             start: s,
             last: s,
@@ -150,7 +207,7 @@ impl SelfAccount {
 
     /// The sample since the previous call (or the start), at degradation `level`.
     pub fn sample(&mut self, counters: Counters, level: u32) -> OverheadSample {
-        let now = Snapshot::take(self.pid, counters);
+        let now = Snapshot::take(&self.targets, counters);
         let rss = rss_bytes();
         self.max_rss = self.max_rss.max(rss);
         let added: f64 = added_ns(&self.cal, &self.last.counters, &now.counters)
@@ -184,7 +241,7 @@ impl SelfAccount {
         budget_pct: Option<f64>,
         degradations: Vec<Degradation>,
     ) -> OverheadSummary {
-        let now = Snapshot::take(self.pid, counters);
+        let now = Snapshot::take(&self.targets, counters);
         self.max_rss = self.max_rss.max(rss_bytes()).max(max_rss_bytes());
         let by_probe = added_ns(&self.cal, &self.start.counters, &now.counters);
         let added: f64 = by_probe.iter().sum();
@@ -380,6 +437,22 @@ mod tests {
         // An estimate above the measured time is capped, never negative or infinite.
         assert_eq!(overhead_pct(200e6, 100e6), MAX_OVERHEAD_PCT);
         assert_eq!(overhead_pct(0.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn target_cpu_of_a_tree_keeps_what_an_exited_process_used() {
+        let me = std::process::id();
+        let t = TargetCpu::new(&[me, u32::MAX - 3]);
+        let a = t.cpu_ns().expect("this process is readable");
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let b = t.cpu_ns().unwrap();
+        assert!(b >= a, "{b} < {a}");
+        t.remove(me);
+        assert_eq!(t.cpu_ns(), Some(b), "an exited process keeps its last reading");
     }
 
     #[test]

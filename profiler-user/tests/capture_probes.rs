@@ -139,7 +139,11 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
         }
     );
     let ours = cap.program_ids();
-    assert_eq!(ours.len(), 6, "six programs loaded");
+    assert_eq!(
+        ours.len(),
+        8,
+        "eight programs loaded: 3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes"
+    );
 
     t.say("go");
     assert_eq!(t.line(), "done");

@@ -419,11 +419,11 @@ fn perfetto_trace_processor_loads_the_fixture_cleanly() {
         ),
         5
     );
-    // Names from /proc, and the summary where a user sees it.
+    // Names from /proc (a process by its command line), and the summary where a user sees it.
     assert_eq!(
         q(
             &mut tp,
-            "select count(*) from process where pid = 4242 and name = 'llmserve'"
+            "select count(*) from process where pid = 4242 and name = 'llmserve --model m.gguf'"
         ),
         1
     );

@@ -8,6 +8,11 @@
 //! syscalls` picks it for ~500k calls/s), plus a 2 ms sleep (a slow syscall) every SLEEP_EVERY calls, and
 //! prints `syscalls done NS`; `exit` (or EOF) exits with status 3.
 //!
+//! Process trees: `fork-open PATH` forks a child whose first action is `open(PATH)` (a raw syscall, nothing
+//! before it), then a 20 ms sleep (a slow syscall), then `_exit(5)`; the parent reaps it and prints
+//! `forked PID`. `spawn PROGRAM ARGS...` starts PROGRAM as a child (fork + exec, stdout discarded, stderr
+//! inherited) and prints `spawned PID`; `reap` waits for every spawned child and prints `reaped N`.
+//!
 //! CUDA driver calls, against a stand-in libcuda (`profiler-user/tests/fixtures/fake_libcuda.c`, compiled by
 //! the tests): `--libcuda PATH` `dlopen`s it at start; `cuda-load PATH` does so later (printing `cuda loaded`);
 //! `cuda STEPS LAUNCHES` runs STEPS engine steps, each `LAUNCHES` × `cuLaunchKernel` (in turn the exported
@@ -55,6 +60,7 @@ fn run() -> Result<(), String> {
         }
     }
     llmprof_probes::keep();
+    let mut spawned: Vec<std::process::Child> = Vec::new();
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {}", std::process::id()).map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
@@ -95,12 +101,62 @@ fn run() -> Result<(), String> {
                 let ns = t0.elapsed().as_nanos();
                 writeln!(out, "syscalls done {ns}").map_err(|e| e.to_string())?;
             }
+            Some("fork-open") => {
+                let path = words.next().ok_or("fork-open needs a path")?;
+                let pid = fork_open(path)?;
+                writeln!(out, "forked {pid}").map_err(|e| e.to_string())?;
+            }
+            Some("spawn") => {
+                let prog = words.next().ok_or("spawn needs a program")?;
+                let child = std::process::Command::new(prog)
+                    .args(words)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .map_err(|e| format!("spawn {prog}: {e}"))?;
+                writeln!(out, "spawned {}", child.id()).map_err(|e| e.to_string())?;
+                spawned.push(child);
+            }
+            Some("reap") => {
+                let n = spawned.len();
+                for mut c in spawned.drain(..) {
+                    let _ = c.wait();
+                }
+                writeln!(out, "reaped {n}").map_err(|e| e.to_string())?;
+            }
             Some("exit") => break,
             _ => {}
         }
         out.flush().map_err(|e| e.to_string())?;
     }
     std::process::exit(EXIT_STATUS);
+}
+
+/// Forks a child whose first action is `open(path)` (then a slow sleep, then `_exit(5)`); reaps it. Its pid.
+fn fork_open(path: &str) -> Result<i32, String> {
+    let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: SLOW_SLEEP.as_nanos() as libc::c_long,
+    };
+    // SAFETY: fork has no preconditions; the child calls only async-signal-safe functions (open, nanosleep,
+    // _exit) on memory prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // SAFETY: see above; `c` and `ts` are valid for the calls.
+        unsafe {
+            libc::open(c.as_ptr(), libc::O_RDONLY);
+            libc::nanosleep(&ts, std::ptr::null_mut());
+            libc::_exit(5);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a valid out pointer.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Ok(pid)
 }
 
 fn sequence(gguf: Option<&str>, connect: Option<&str>) -> Result<(), String> {

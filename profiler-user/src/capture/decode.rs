@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use llmprof_abi::{
     ConnectEvent, ContentEvent, ContentKind, CudaCallEvent, CudaFunc, CudaVariant, EventHeader, EventKind,
-    FileIoEvent, FileOp, FileOpenEvent, ProcessExitEvent, RangeEvent, RequestEvent, SlowSyscallEvent,
-    StepEvent, read_str,
+    FileIoEvent, FileOp, FileOpenEvent, ProcessExecEvent, ProcessExitEvent, ProcessStartEvent, RangeEvent,
+    RequestEvent, SlowSyscallEvent, StepEvent, read_str,
 };
 
 use super::cidr::Cidr;
@@ -38,6 +38,8 @@ impl Record for FileOpenEvent {}
 impl Record for FileIoEvent {}
 impl Record for ConnectEvent {}
 impl Record for ProcessExitEvent {}
+impl Record for ProcessStartEvent {}
+impl Record for ProcessExecEvent {}
 impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
 
@@ -155,6 +157,27 @@ impl Decoder {
                     exit_code: e.exit_code,
                 }
             }
+            EventKind::ProcessStart => {
+                let e: ProcessStartEvent = read(b)?;
+                EventBody::ProcessStart {
+                    ppid: e.ppid,
+                    name: read_str(&e.comm).to_owned(),
+                    cmdline: String::new(),
+                }
+            }
+            EventKind::ProcessExec => {
+                let e: ProcessExecEvent = read(b)?;
+                // The old image's fds stay open unless close-on-exec; their paths are forgotten either way
+                // (a later read of a kept fd is still shown, without its path).
+                self.paths.retain(|(pid, _), _| *pid != hdr.pid);
+                let filename = read_str(&e.filename).to_owned();
+                let name = filename.rsplit('/').next().unwrap_or_default().to_owned();
+                EventBody::ProcessExec {
+                    filename,
+                    name,
+                    cmdline: String::new(),
+                }
+            }
             EventKind::CudaCall => {
                 let e: CudaCallEvent = read(b)?;
                 EventBody::CudaCall {
@@ -196,6 +219,33 @@ mod tests {
             pid: 10,
             tid: 11,
         }
+    }
+
+    #[test]
+    fn process_start_and_exec_decode_with_parent_comm_and_file_name() {
+        let mut d = Decoder::new(vec![]);
+        let start = ProcessStartEvent {
+            hdr: hdr(EventKind::ProcessStart),
+            ppid: 9,
+            parent_tid: 12,
+            clone_flags: 17,
+            comm: fill_str("launcher"),
+        };
+        let ev = d.decode(&bytes(&start)).unwrap();
+        assert_eq!(ev.pid, 10);
+        assert!(
+            matches!(&ev.body, EventBody::ProcessStart { ppid: 9, name, cmdline } if name == "launcher" && cmdline.is_empty()),
+            "{ev:?}"
+        );
+        let exec = ProcessExecEvent {
+            hdr: hdr(EventKind::ProcessExec),
+            filename: fill_str::<PATH_LEN>("/usr/bin/llmserve"),
+        };
+        let ev = d.decode(&bytes(&exec)).unwrap();
+        assert!(
+            matches!(&ev.body, EventBody::ProcessExec { filename, name, .. } if filename == "/usr/bin/llmserve" && name == "llmserve"),
+            "{ev:?}"
+        );
     }
 
     #[test]

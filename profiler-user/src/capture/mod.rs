@@ -21,7 +21,7 @@ pub mod elf;
 pub mod patterns;
 pub mod pysample;
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{HashMap as StdHashMap, HashSet};
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
     ABI_VERSION, Config, ENGINE_PROBES, FilePattern, Knob, NUM_KNOBS, NUM_PROBES, PROBE_CONTENT,
-    ProbeCounters, SockKey, SyscallKey, SyscallStats,
+    ProbeCounters, SockKey, SyscallKey, SyscallStats, TRACED_CHILDREN, TRACED_SELF,
 };
 
 pub use calibrate::Calibration;
@@ -63,10 +63,14 @@ pub const TRACEFS: &str = "/sys/kernel/tracing";
 /// tracepoints (`BPF_PROG_TYPE_RAW_TRACEPOINT`: the program gets the tracepoint's own arguments, `pt_regs`
 /// and the number or return value, without the perf record a classic tracepoint program builds first, which
 /// cost more than the programs themselves; see docs/performance.md).
-pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
+/// `task_newtask` and `sched_process_exec` feed process trees (`profiler-ebpf/src/proc.rs`): they are attached
+/// for every session (a process traced without `--no-children` costs them one map lookup per fork/exec).
+pub const TRACEPOINTS: [(&str, &str, &str); 5] = [
     ("raw_syscalls", "sys_enter", "llmprof_sysent"),
     ("raw_syscalls", "sys_exit", "llmprof_sysexit"),
     ("sched", "sched_process_exit", "llmprof_pexit"),
+    ("task", "task_newtask", "llmprof_fork"),
+    ("sched", "sched_process_exec", "llmprof_exec"),
 ];
 /// The syscall numbers (x86-64) whose exit the raw_syscalls programs decode: the entry copies their
 /// arguments, the exit emits model-file, connect, sent-bytes or exit records. They cost more per call than
@@ -93,10 +97,12 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 10] = [
+pub const PROGRAM_NAMES: [&str; 12] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
+    "llmprof_fork",
+    "llmprof_exec",
     "llmprof_step",
     "llmprof_request",
     "llmprof_range",
@@ -113,6 +119,9 @@ const CONTENT_UPROBE: &str = "llmprof_content";
 pub struct CaptureConfig {
     /// Processes (tgids) to trace.
     pub pids: Vec<u32>,
+    /// Trace the processes they start too, from their first instruction (the kernel adds them to the
+    /// traced set at fork: process trees). Off: only `pids` (`--no-children`).
+    pub follow_children: bool,
     /// Syscalls at least this long are recorded individually.
     pub slow_syscall: Duration,
     /// Model-file patterns (`*.gguf`, `/models/*`); see [`patterns`].
@@ -136,6 +145,7 @@ impl Default for CaptureConfig {
     fn default() -> Self {
         Self {
             pids: Vec::new(),
+            follow_children: false,
             slow_syscall: DEFAULT_SLOW_SYSCALL,
             model_patterns: DEFAULT_MODEL_PATTERNS.iter().map(|s| s.to_string()).collect(),
             egress_allow: Cidr::default_allow(),
@@ -249,6 +259,19 @@ pub struct Capture {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     decoder: decode::Decoder,
     engine: StdHashMap<u32, EngineProbes>,
+    /// The images whose engine probes are attached, by (pid, device, inode of the executable).
+    engine_images: HashSet<(u32, u64, u64)>,
+    /// What each executable exports, by (device, inode): a tree that starts the same program many times
+    /// (workers, shells) has its ELF read once.
+    image_probes: StdHashMap<(u64, u64), EngineProbes>,
+    /// The engine uprobe programs are loaded (at start when a target or a later child may need them).
+    engine_loaded: bool,
+    /// `CaptureConfig::capture_content`.
+    capture_content: bool,
+    /// The budget detached the range probes: new engines get none.
+    ranges_detached: bool,
+    /// `TRACED` flags of the targets (`TRACED_SELF`, plus `TRACED_CHILDREN` for trees).
+    traced_flags: u8,
     pids: Vec<u32>,
     attach_latency: Duration,
     cuda_loaded: bool,
@@ -347,9 +370,25 @@ impl Capture {
             return Err(CaptureError::NotRoot);
         }
         let mut engine = StdHashMap::new();
-        for &pid in &cfg.pids {
-            let probes = inspect_engine(pid)?;
+        for (i, &pid) in cfg.pids.iter().enumerate() {
+            // The first pid is the user's target; with trees, the others may be descendants that exited since
+            // they were found, or run a program that cannot be inspected: they are traced without engine probes.
+            let tolerant = i > 0 && cfg.follow_children;
+            let probes = match inspect_engine(pid) {
+                Ok(p) => p,
+                Err(e) if tolerant => {
+                    log::debug!("capture: pid {pid} not inspected: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if let EngineProbes::AbiMismatch { found, expected } = probes {
+                if tolerant {
+                    log::warn!(
+                        "pid {pid} uses llmprof probe ABI {found}, this llmprof speaks {expected}: no engine probes"
+                    );
+                    continue;
+                }
                 return Err(CaptureError::AbiMismatch { pid, found, expected });
             }
             engine.insert(pid, probes);
@@ -389,7 +428,7 @@ impl Capture {
         };
 
         // Targets enter TRACED last, after the calibration (which traces llmprof itself).
-        fill_maps(&mut ebpf, &[], &patterns)?;
+        fill_patterns(&mut ebpf, &patterns)?;
         // The untraced syscall reference is taken before any tracepoint is attached: an attached
         // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
         // and that is part of what a target pays.
@@ -427,30 +466,30 @@ impl Capture {
         let want_uprobes = engine
             .values()
             .any(|e| matches!(e, EngineProbes::Attached { .. }));
-        if want_uprobes {
-            let content = cfg.capture_content.then_some((&PROBE_CONTENT, CONTENT_UPROBE));
-            for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES).chain(content) {
-                let p: &mut UProbe = program(&mut ebpf, prog)?;
-                p.load().map_err(|source| CaptureError::Program {
-                    program: prog.to_string(),
-                    source,
-                })?;
-                for (&pid, probes) in &engine {
-                    if !matches!(probes, EngineProbes::Attached { .. }) {
-                        continue;
-                    }
-                    let Some(nz) = NonZeroU32::new(pid) else { continue };
-                    let exe = exe_of(pid)?;
-                    let link = p
-                        .attach(*sym, &exe, UProbeScope::OneProcess(nz))
-                        .map_err(|source| CaptureError::Program {
-                            program: format!("{prog} at {sym} of pid {pid}"),
-                            source,
-                        })?;
-                    if prog == "llmprof_range" {
-                        range_links.push(link);
-                    }
+        // A tree may gain an engine later: its programs are loaded (and calibrated) up front.
+        let engine_loaded = want_uprobes || cfg.follow_children;
+        if engine_loaded {
+            load_engine_programs(&mut ebpf, cfg.capture_content)?;
+        }
+        let mut engine_images = HashSet::new();
+        for (&pid, probes) in engine.iter_mut() {
+            if !matches!(probes, EngineProbes::Attached { .. }) {
+                continue;
+            }
+            let attached = image_of(pid).and_then(|image| {
+                let links = attach_engine_programs(&mut ebpf, pid, cfg.capture_content, true)?;
+                Ok((image, links))
+            });
+            match attached {
+                Ok((image, links)) => {
+                    range_links.extend(links);
+                    engine_images.insert((pid, image.0, image.1));
                 }
+                Err(e) if cfg.follow_children && cfg.pids.first() != Some(&pid) => {
+                    log::debug!("capture: engine probes of pid {pid}: {e}");
+                    *probes = EngineProbes::NotFound;
+                }
+                Err(e) => return Err(e),
             }
         }
 
@@ -460,13 +499,14 @@ impl Capture {
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
             let (c, base) =
-                calibrate::startup(&mut ebpf, &mut ring, want_uprobes, cfg.calibrate_cuda, untraced)?;
+                calibrate::startup(&mut ebpf, &mut ring, engine_loaded, cfg.calibrate_cuda, untraced)?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {
             (None, [ProbeCounters::default(); NUM_PROBES])
         };
-        fill_maps(&mut ebpf, &cfg.pids, &[])?;
+        let traced_flags = TRACED_SELF | if cfg.follow_children { TRACED_CHILDREN } else { 0 };
+        fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz)?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         Ok(Capture {
@@ -475,6 +515,12 @@ impl Capture {
             logger,
             decoder: decode::Decoder::new(cfg.egress_allow.clone()),
             engine,
+            engine_images,
+            image_probes: StdHashMap::new(),
+            engine_loaded,
+            capture_content: cfg.capture_content,
+            ranges_detached: false,
+            traced_flags,
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
             cuda_loaded: false,
@@ -559,6 +605,53 @@ impl Capture {
         self.engine.get(&pid).cloned().unwrap_or(EngineProbes::NotFound)
     }
 
+    /// The engine probes of the first process whose probes were attached during the capture (at start or
+    /// later, in a process of the tree), if any.
+    pub fn any_engine(&self) -> Option<EngineProbes> {
+        let mut pids: Vec<&u32> = self.engine.keys().collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .filter_map(|p| self.engine.get(p))
+            .find(|e| matches!(e, EngineProbes::Attached { .. }))
+            .cloned()
+    }
+
+    /// Puts processes found after the start in the traced set (with the targets' flags: a tree follows
+    /// their children too). The kernel adds the children of traced processes by itself; this is for what
+    /// it cannot see, e.g. a child forked between the /proc walk and the start.
+    pub fn trace_pids(&mut self, pids: &[u32]) -> Result<(), CaptureError> {
+        fill_traced(&mut self.ebpf, pids, self.traced_flags)
+    }
+
+    /// Attaches the engine probes to `pid`'s current image when its binary exports the probe ABI (a process
+    /// of the tree that started or executed an engine); nothing when they are attached to that image
+    /// already. What `pid` exports now.
+    pub fn attach_engine(&mut self, pid: u32) -> Result<EngineProbes, CaptureError> {
+        let image = image_of(pid)?;
+        let probes = match self.image_probes.get(&image) {
+            Some(p) => p.clone(),
+            None => {
+                let p = inspect_engine(pid)?;
+                self.image_probes.insert(image, p.clone());
+                p
+            }
+        };
+        if matches!(probes, EngineProbes::Attached { .. })
+            && !self.engine_images.contains(&(pid, image.0, image.1))
+        {
+            if !self.engine_loaded {
+                load_engine_programs(&mut self.ebpf, self.capture_content)?;
+                self.engine_loaded = true;
+            }
+            let links =
+                attach_engine_programs(&mut self.ebpf, pid, self.capture_content, !self.ranges_detached)?;
+            self.range_links.extend(links);
+            self.engine_images.insert((pid, image.0, image.1));
+        }
+        self.engine.insert(pid, probes.clone());
+        Ok(probes)
+    }
+
     /// Appends the events recorded since the last call to `out`. Returns as soon as it has some, or after
     /// at most `timeout` without any.
     pub fn poll(&mut self, out: &mut Vec<Event>, timeout: Duration) -> Result<(), CaptureError> {
@@ -613,6 +706,25 @@ impl Capture {
         &self.python
     }
 
+    /// A process joined the session (or, with `exec`, executed a program: what was known of its image is
+    /// dropped): Python sampling starts when it runs a supported CPython. Returns the problem, for the
+    /// timeline, when it runs a Python that cannot be read (e.g. an unsupported version).
+    pub fn watch_python(&mut self, pid: u32, exec: bool) -> Option<String> {
+        if exec {
+            self.python.remove(&mut self.ebpf, pid);
+        }
+        let before = self.python.problems().len();
+        if let Err(e) = self.python.add(&mut self.ebpf, pid) {
+            log::debug!("python: pid {pid}: {e}");
+        }
+        self.python.problems().get(before).cloned()
+    }
+
+    /// A process left the session: its Python maps entries and resolved code objects go.
+    pub fn forget_python(&mut self, pid: u32) {
+        self.python.remove(&mut self.ebpf, pid);
+    }
+
     /// Records the decoder could not make sense of.
     pub fn decode_errors(&self) -> u64 {
         self.decoder.undecodable()
@@ -656,6 +768,7 @@ impl Capture {
 
     /// Detaches the engine range uprobes (steps and requests stay). Returns false when none was attached.
     pub fn detach_ranges(&mut self) -> Result<bool, CaptureError> {
+        self.ranges_detached = true;
         let links = std::mem::take(&mut self.range_links);
         let any = !links.is_empty();
         for link in links {
@@ -778,7 +891,9 @@ impl Drop for Capture {
         if let Some(map) = self.ebpf.map_mut("TRACED")
             && let Ok(mut traced) = HashMap::<_, u32, u8>::try_from(map)
         {
-            for pid in &self.pids {
+            // The targets and every process the kernel added for them (trees).
+            let all: Vec<u32> = traced.keys().filter_map(Result::ok).collect();
+            for pid in self.pids.iter().chain(&all) {
                 let _ = traced.remove(pid);
             }
         }
@@ -818,14 +933,19 @@ where
     })
 }
 
-fn fill_maps(ebpf: &mut Ebpf, pids: &[u32], patterns: &[FilePattern]) -> Result<(), CaptureError> {
+/// Puts `pids` in the `TRACED` map with `flags`.
+fn fill_traced(ebpf: &mut Ebpf, pids: &[u32], flags: u8) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("TRACED")
         .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
     let mut traced = HashMap::<_, u32, u8>::try_from(map).map_err(map_err("TRACED"))?;
     for &pid in pids {
-        traced.insert(pid, 1, 0).map_err(map_err("TRACED"))?;
+        traced.insert(pid, flags, 0).map_err(map_err("TRACED"))?;
     }
+    Ok(())
+}
+
+fn fill_patterns(ebpf: &mut Ebpf, patterns: &[FilePattern]) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("PATTERNS")
         .ok_or_else(|| CaptureError::MissingInObject("map PATTERNS".into()))?;
@@ -834,6 +954,60 @@ fn fill_maps(ebpf: &mut Ebpf, pids: &[u32], patterns: &[FilePattern]) -> Result<
         pats.set(i as u32, p, 0).map_err(map_err("PATTERNS"))?;
     }
     Ok(())
+}
+
+/// Loads the engine uprobe programs (and the content one when asked).
+fn load_engine_programs(ebpf: &mut Ebpf, content: bool) -> Result<(), CaptureError> {
+    let content = content.then_some(CONTENT_UPROBE);
+    for prog in UPROBES.into_iter().chain(content) {
+        let p: &mut UProbe = program(ebpf, prog)?;
+        if p.fd().is_ok() {
+            continue;
+        }
+        p.load().map_err(|source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Attaches the (loaded) engine uprobes to `pid`'s executable; the range links (detachable by the budget).
+fn attach_engine_programs(
+    ebpf: &mut Ebpf,
+    pid: u32,
+    content: bool,
+    ranges: bool,
+) -> Result<Vec<UProbeLinkId>, CaptureError> {
+    let Some(nz) = NonZeroU32::new(pid) else {
+        return Err(CaptureError::PidNotFound(pid));
+    };
+    let exe = exe_of(pid)?;
+    let content = content.then_some((&PROBE_CONTENT, CONTENT_UPROBE));
+    let mut range_links = Vec::new();
+    for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES).chain(content) {
+        if prog == "llmprof_range" && !ranges {
+            continue;
+        }
+        let p: &mut UProbe = program(ebpf, prog)?;
+        let link = p
+            .attach(*sym, &exe, UProbeScope::OneProcess(nz))
+            .map_err(|source| CaptureError::Program {
+                program: format!("{prog} at {sym} of pid {pid}"),
+                source,
+            })?;
+        if prog == "llmprof_range" {
+            range_links.push(link);
+        }
+    }
+    Ok(range_links)
+}
+
+/// (device, inode) of `pid`'s executable: one image, whatever path it was started by.
+fn image_of(pid: u32) -> Result<(u64, u64), CaptureError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(exe_of(pid)?).map_err(|_| CaptureError::PidNotFound(pid))?;
+    Ok((m.dev(), m.ino()))
 }
 
 /// Per-probe counters summed over CPUs, as the kernel holds them (no baseline subtracted).

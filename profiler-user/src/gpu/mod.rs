@@ -11,6 +11,7 @@ pub mod libcuda;
 pub mod nvml;
 pub mod procaddr;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
 use std::time::Duration;
@@ -46,7 +47,7 @@ pub enum CudaState {
     Disabled,
     /// libcuda is not mapped in the target (yet): watched every tick.
     Waiting,
-    /// Attached to `functions` entry points of `lib`.
+    /// Attached to `functions` entry points of `lib` (summed over the processes of a tree).
     Attached {
         /// The library.
         lib: PathBuf,
@@ -60,7 +61,12 @@ pub enum CudaState {
 /// The GPU side of one session.
 #[derive(Debug)]
 pub struct GpuSession {
+    /// The first target (NVML's process, the `libcuda not loaded` marker).
     pid: u32,
+    /// Processes whose libcuda is watched (the targets, and the processes of a tree as they appear).
+    watched: BTreeSet<u32>,
+    /// Processes whose libcuda was found (attached or refused): not watched again.
+    done: BTreeSet<u32>,
     sampler: Option<nvml::NvmlSampler>,
     nvml_line: String,
     cuda: CudaState,
@@ -111,6 +117,8 @@ impl GpuSession {
         };
         let s = Self {
             pid,
+            watched: BTreeSet::from([pid]),
+            done: BTreeSet::new(),
             sampler,
             nvml_line,
             cuda,
@@ -124,46 +132,72 @@ impl GpuSession {
         self.sampler.as_ref().and_then(|s| nvml::target_uuid(s.gpus()))
     }
 
-    /// Attaches the CUDA driver probes once libcuda is mapped in the target. Call it at start (`first`) and
-    /// every tick; it returns the markers to put on the timeline: that libcuda is not loaded (once, at
-    /// start), that the probes are attached, or why they could not be.
+    /// Watches `pid`'s libcuda too (a process of the traced tree, or another target).
+    pub fn watch_process(&mut self, pid: u32) {
+        if self.cuda != CudaState::Disabled && !self.done.contains(&pid) {
+            self.watched.insert(pid);
+        }
+    }
+
+    /// Stops watching `pid` (it exited).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.watched.remove(&pid);
+    }
+
+    /// Attaches the CUDA driver probes of each watched process once libcuda is mapped in it. Call it at start
+    /// (`first`) and every tick; it returns the markers to put on the timeline: that libcuda is not loaded in
+    /// the first target (once, at start), that the probes of a process are attached, or why they could not be.
     pub fn watch_cuda(&mut self, capture: &mut Capture, first: bool) -> Vec<Event> {
-        if self.cuda != CudaState::Waiting {
+        if self.cuda == CudaState::Disabled {
             return Vec::new();
         }
-        let Some(lib) = libcuda::find_in_process(self.pid) else {
-            if first {
-                let text = names::marker::libcuda_not_loaded(self.pid);
-                return vec![marker(self.pid, text)];
-            }
-            return Vec::new();
-        };
-        let result = libcuda::resolve(&lib)
-            .map_err(|e| causes::one_line(&e))
-            .and_then(|entries| {
-                let points: Vec<(u64, u64)> = entries.iter().map(|e| (e.file_offset, e.cookie())).collect();
-                let via_proc = entries
-                    .iter()
-                    .filter(|e| e.variant == llmprof_abi::CudaVariant::ProcAddress)
-                    .count();
-                capture
-                    .attach_cuda(self.pid, &lib, &points)
-                    .map(|n| (n, via_proc))
-                    .map_err(|e| causes::one_line(&e))
-            });
-        let text = match result {
-            Ok((n, via_proc)) => {
-                let text = names::marker::cuda_probes_attached(n, &lib.display().to_string(), via_proc);
-                self.cuda = CudaState::Attached { lib, functions: n };
-                text
-            }
-            Err(e) => {
-                let text = names::marker::cuda_probes_failed(&e);
-                self.cuda = CudaState::Failed(e);
-                text
-            }
-        };
-        vec![marker(self.pid, text)]
+        let mut out = Vec::new();
+        for pid in self.watched.clone() {
+            let Some(lib) = libcuda::find_in_process(pid) else {
+                if first && pid == self.pid {
+                    out.push(marker(pid, names::marker::libcuda_not_loaded(pid)));
+                }
+                continue;
+            };
+            self.watched.remove(&pid);
+            self.done.insert(pid);
+            let result = libcuda::resolve(&lib)
+                .map_err(|e| causes::one_line(&e))
+                .and_then(|entries| {
+                    let points: Vec<(u64, u64)> =
+                        entries.iter().map(|e| (e.file_offset, e.cookie())).collect();
+                    let via_proc = entries
+                        .iter()
+                        .filter(|e| e.variant == llmprof_abi::CudaVariant::ProcAddress)
+                        .count();
+                    capture
+                        .attach_cuda(pid, &lib, &points)
+                        .map(|n| (n, via_proc))
+                        .map_err(|e| causes::one_line(&e))
+                });
+            let text = match result {
+                Ok((n, via_proc)) => {
+                    let text = names::marker::cuda_probes_attached(n, &lib.display().to_string(), via_proc);
+                    self.cuda = match &self.cuda {
+                        CudaState::Attached { lib, functions } => CudaState::Attached {
+                            lib: lib.clone(),
+                            functions: functions + n,
+                        },
+                        _ => CudaState::Attached { lib, functions: n },
+                    };
+                    text
+                }
+                Err(e) => {
+                    let text = names::marker::cuda_probes_failed(&e);
+                    if !matches!(self.cuda, CudaState::Attached { .. }) {
+                        self.cuda = CudaState::Failed(e);
+                    }
+                    text
+                }
+            };
+            out.push(marker(pid, text));
+        }
+        out
     }
 
     /// Stops the sampler and reports.

@@ -8,7 +8,7 @@
 //! kernel side is the same non-blocking ring as `attach`, and the recorder thread only ever waits on itself.
 //! A session reads a [`FlightRecorder::snapshot`] once its own capture is live (see `attach::Prelude`).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::capture::{Capture, CaptureConfig};
 use crate::metrics_scrape::{self, Scraper};
 use crate::procfs;
+use crate::proctree::{self, Tree};
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
@@ -105,12 +106,13 @@ impl Ring {
         }
     }
 
-    /// Copies the events of `pid` with `from_ns <= ts < to_ns`, in order.
-    pub fn snapshot(&self, pid: u32, from_ns: u64, to_ns: u64) -> Vec<Event> {
+    /// Copies the events of `pid` and of the processes of its tree (`tree`) with `from_ns <= ts < to_ns`, in
+    /// order.
+    pub fn snapshot(&self, pid: u32, tree: &HashSet<u32>, from_ns: u64, to_ns: u64) -> Vec<Event> {
         self.events
             .iter()
             .map(|(e, _)| e)
-            .filter(|e| e.pid == pid && e.ts_ns >= from_ns && e.ts_ns < to_ns)
+            .filter(|e| (e.pid == pid || tree.contains(&e.pid)) && e.ts_ns >= from_ns && e.ts_ns < to_ns)
             .cloned()
             .collect()
     }
@@ -169,6 +171,8 @@ struct Shared {
     watermark: AtomicU64,
     kernel_dropped: AtomicU64,
     state: Mutex<(Option<u32>, String)>,
+    /// The target recorded now and every process of its tree recorded with it (process trees).
+    tree: Mutex<(u32, HashSet<u32>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -193,6 +197,7 @@ impl FlightRecorder {
             watermark: AtomicU64::new(0),
             kernel_dropped: AtomicU64::new(0),
             state: Mutex::new((None, "starting".into())),
+            tree: Mutex::new((0, HashSet::new())),
         });
         let s2 = shared.clone();
         let handle = std::thread::Builder::new()
@@ -261,7 +266,11 @@ fn snapshot(shared: &Shared, pid: u32, cut_ns: u64, window: Duration) -> Vec<Eve
         std::thread::sleep(Duration::from_millis(10));
     }
     let from = cut_ns.saturating_sub(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX));
-    let mut events = lock(&shared.ring).snapshot(pid, from, cut_ns);
+    let tree = {
+        let t = lock(&shared.tree);
+        if t.0 == pid { t.1.clone() } else { HashSet::new() }
+    };
+    let mut events = lock(&shared.ring).snapshot(pid, &tree, from, cut_ns);
     let drained = shared.watermark.load(Ordering::Relaxed);
     if drained < cut_ns {
         // The recorder fell behind (a loaded host): say where its history stops being complete.
@@ -327,16 +336,21 @@ fn record(spec: TargetSpec, shared: &Shared) {
 }
 
 fn record_pid(pid: u32, shared: &Shared) -> Result<(), crate::capture::CaptureError> {
+    // The same tree semantics as a session: the target, its descendants, every process it starts.
+    let pids = proctree::descendants(&[pid]);
     let cfg = CaptureConfig {
-        pids: vec![pid],
+        pids: pids.clone(),
+        follow_children: true,
         slow_syscall: RECORDER_SLOW_SYSCALL,
         ring_bytes: RECORDER_RING_BYTES,
         ..Default::default()
     };
     let mut capture = Capture::start(&cfg)?;
+    let mut tree = Tree::new(&pids, true);
+    *lock(&shared.tree) = (pid, pids.iter().copied().collect());
     let (tx, rx) = mpsc::sync_channel(256);
-    let scraper = metrics_scrape::discover(pid)
-        .and_then(|url| Scraper::spawn(pid, url, metrics_scrape::DEFAULT_INTERVAL, tx).ok());
+    let scraper = metrics_scrape::discover_in(&pids, &mut HashSet::new())
+        .and_then(|(p, url)| Scraper::spawn(p, url, metrics_scrape::DEFAULT_INTERVAL, tx).ok());
     set_state(shared, Some(pid), "recording".into());
     let mut merger = Merger::new(DEFAULT_WINDOW_NS);
     let (mut polled, mut ready) = (Vec::new(), Vec::new());
@@ -350,9 +364,14 @@ fn record_pid(pid: u32, shared: &Shared) -> Result<(), crate::capture::CaptureEr
             break Err(e);
         }
         let mut exited = false;
-        for ev in polled.drain(..) {
-            exited |= matches!(ev.body, EventBody::ProcessExit { .. });
+        for mut ev in polled.drain(..) {
+            let change = tree.on_event(&mut ev);
+            exited |= matches!(ev.body, EventBody::ProcessExit { .. }) && ev.pid == pid;
             merger.push(ev);
+            if let Some(p) = change.added.or(change.exec) {
+                lock(&shared.tree).1.insert(p);
+                let _ = proctree::attach_engine(&mut capture, p);
+            }
         }
         while let Ok(ev) = rx.try_recv() {
             merger.push(ev);
@@ -401,12 +420,18 @@ mod tests {
         // Events at 19..=29 s are within 10 s of the newest (29 s).
         assert_eq!(r.len(), 11);
         assert_eq!(r.dropped(), 0, "ageing out is not a drop");
-        let snap = r.snapshot(1, 25_000_000_000, 28_000_000_000);
+        let snap = r.snapshot(1, &HashSet::from([1]), 25_000_000_000, 28_000_000_000);
         let ts: Vec<u64> = snap.iter().map(|e| e.ts_ns / 1_000_000_000).collect();
         assert_eq!(ts, vec![25, 26, 27]);
         assert!(
-            r.snapshot(2, 0, u64::MAX).is_empty(),
+            r.snapshot(2, &HashSet::new(), 0, u64::MAX).is_empty(),
             "other pids are not in a snapshot"
+        );
+        r.push(ev(29_500_000_000, 7, "child"));
+        assert_eq!(
+            r.snapshot(1, &HashSet::from([7]), 29_000_000_000, u64::MAX).len(),
+            2,
+            "the processes of the target's tree are in its snapshot"
         );
     }
 
@@ -422,7 +447,12 @@ mod tests {
         assert_eq!(r.len(), 5);
         assert_eq!(r.dropped(), 95);
         // The newest are kept.
-        assert_eq!(r.snapshot(1, 0, u64::MAX).first().map(|e| e.ts_ns), Some(95));
+        assert_eq!(
+            r.snapshot(1, &HashSet::new(), 0, u64::MAX)
+                .first()
+                .map(|e| e.ts_ns),
+            Some(95)
+        );
         // An event larger than the whole budget is dropped, not stored.
         r.push(ev(200, 1, &"z".repeat(budget)));
         assert_eq!(r.dropped(), 96);

@@ -835,6 +835,9 @@ mod tests {
         let out_dir = std::env::temp_dir().join(format!("llmprof-manager-{}", std::process::id()));
         let template = AttachOptions {
             pid: 0,
+            // Sessions follow the target's process tree, like `llmprof attach` without `--no-children`.
+            more_pids: Vec::new(),
+            follow_children: true,
             duration: None,
             output: out_dir.clone(),
             slow_syscall: Duration::from_millis(1),

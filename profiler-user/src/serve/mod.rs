@@ -188,6 +188,9 @@ impl ServeOptions {
             .map_err(|e| ServeError::Usage(crate::causes::one_line(&e)))?;
         let template = AttachOptions {
             pid: 0,
+            // Sessions follow the target's process tree, like `llmprof attach` without `--no-children`.
+            more_pids: Vec::new(),
+            follow_children: true,
             duration: Some(s.duration),
             output: s.out_dir.clone(),
             slow_syscall: s.slow_syscall,

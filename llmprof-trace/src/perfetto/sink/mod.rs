@@ -22,6 +22,8 @@
 //!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
 //! - `python`: Python stack samples, one `python sample` instant on the sampled thread's track (until the
 //!   native stack samples carry the Python frames as callstack frames);
+//! - `procs`: each traced process's track, named by its command line (renamed when it executes a program), and
+//!   the `process start` / `process exec` / `process exit` instants on it (process trees);
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
@@ -30,9 +32,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 
 use super::schema::{
-    CLOCK_BOOTTIME, CLOCK_REALTIME, Clock, ClockSnapshot, CounterDescriptor, ProcessDescriptor, TYPE_COUNTER,
-    TYPE_INSTANT, TYPE_SLICE_BEGIN, TYPE_SLICE_END, ThreadDescriptor, TracePacket, TrackDescriptor,
-    TrackEvent,
+    CLOCK_BOOTTIME, CLOCK_REALTIME, Clock, ClockSnapshot, CounterDescriptor, TYPE_COUNTER, TYPE_INSTANT,
+    TYPE_SLICE_BEGIN, TYPE_SLICE_END, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
 };
 use super::writer::{Arg, PacketWriter};
 use crate::cuda_agg::{AggStats, CudaAggregator, CudaSlice};
@@ -44,6 +45,7 @@ mod counters;
 mod cuda;
 mod engine;
 mod python;
+mod procs;
 mod session;
 mod threads;
 
@@ -69,6 +71,11 @@ const NS_CUDA: u64 = 8;
 const NS_GPU: u64 = 9;
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// execve and execveat (arch/x86/entry/syscalls/syscall_64.tbl).
+const NR_EXECVE: u64 = 59;
+/// See [`NR_EXECVE`].
+const NR_EXECVEAT: u64 = 322;
 
 fn uuid(ns: u64, id: u64) -> u64 {
     (ns << 56) | (id & ((1 << 56) - 1))
@@ -114,6 +121,10 @@ pub struct TraceSink<W: Write> {
     w: PacketWriter<W>,
     tracks: HashSet<u64>,
     processes: HashMap<u32, ProcessInfo>,
+    /// The processes traced from the start (their exit is also a `target exited` marker).
+    targets: HashSet<u32>,
+    /// Processes started during the session whose track has no name yet (see `procs`).
+    unnamed: HashSet<u32>,
     thread_names: HashMap<u32, String>,
     /// Requests seen and not finished, by (pid, request id).
     requests: BTreeMap<(u32, u64), RequestTimeline>,
@@ -135,6 +146,8 @@ impl<W: Write> TraceSink<W> {
             w: PacketWriter::new(out),
             tracks: HashSet::new(),
             processes: processes.iter().map(|p| (p.pid, p.clone())).collect(),
+            targets: processes.iter().map(|p| p.pid).collect(),
+            unnamed: HashSet::new(),
             thread_names: HashMap::new(),
             requests: BTreeMap::new(),
             ranges: BTreeMap::new(),
@@ -235,6 +248,20 @@ impl<W: Write> TraceSink<W> {
         self.cuda.advance(ts, &mut self.cuda_out);
         self.write_cuda()?;
         self.count(ev.body.kind_name());
+        // A slow execve is timed from its entry, before the exec it performs: it does not fix the name.
+        if !self.unnamed.is_empty()
+            && !matches!(
+                ev.body,
+                EventBody::ProcessStart { .. }
+                    | EventBody::ProcessExec { .. }
+                    | EventBody::SlowSyscall {
+                        nr: NR_EXECVE | NR_EXECVEAT,
+                        ..
+                    }
+            )
+        {
+            self.name_process(ev.pid)?;
+        }
         match &ev.body {
             EventBody::Step(rec) => self.step(ev.pid, rec),
             EventBody::Request(rec) => self.request(ev.pid, ts, rec),
@@ -250,7 +277,13 @@ impl<W: Write> TraceSink<W> {
             EventBody::GpuSample(g) => self.gpu_sample(ev.pid, ts, g),
             EventBody::Metrics(m) => self.metrics(ev.pid, ts, m),
             EventBody::SyscallRate { per_sec } => self.syscall_rate(ev.pid, ts, *per_sec),
-            EventBody::ProcessExit { exit_code } => self.process_exit(ev, *exit_code),
+            EventBody::ProcessStart { ppid, name, cmdline } => self.process_start(ev, *ppid, name, cmdline),
+            EventBody::ProcessExec {
+                filename,
+                name,
+                cmdline,
+            } => self.process_exec(ev, filename, name, cmdline),
+            EventBody::ProcessExit { exit_code } => self.process_end(ev, *exit_code),
             EventBody::Marker { text } => self.marker(ts, text),
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
@@ -280,26 +313,8 @@ impl<W: Write> TraceSink<W> {
         if self.tracks.contains(&id) {
             return Ok(id);
         }
-        let (name, cmdline) = match self.processes.get(&pid) {
-            Some(p) => (
-                Some(p.name.clone()),
-                p.cmdline
-                    .split(' ')
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect(),
-            ),
-            None => (None, Vec::new()),
-        };
-        self.descriptor(TrackDescriptor {
-            uuid: Some(id),
-            process: Some(ProcessDescriptor {
-                pid: Some(pid as i32),
-                cmdline,
-                process_name: name,
-            }),
-            ..Default::default()
-        })
+        let d = self.process_descriptor(pid);
+        self.descriptor(d)
     }
 
     fn thread_track(&mut self, pid: u32, tid: u32) -> io::Result<u64> {

@@ -474,3 +474,93 @@ fn a_process_without_engine_probes_gets_a_marker() {
     let summary = evs.iter().find(|e| e.name == marker::SUMMARY).unwrap();
     assert_eq!(summary.arg(arg::END_REASON), &V::S(arg::END_OF_TRACE.into()));
 }
+
+#[test]
+fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
+    const EXECS: u32 = 5001;
+    const FORKS: u32 = 5002;
+    let at = |ms: u64, pid: u32, body: EventBody| Event {
+        ts_ns: T0 + ms * MS,
+        pid,
+        tid: pid,
+        body,
+    };
+    let start = |ms, pid| {
+        at(
+            ms,
+            pid,
+            EventBody::ProcessStart {
+                ppid: PID,
+                name: "launcher".into(),
+                cmdline: "/usr/bin/python3 launch.py".into(),
+            },
+        )
+    };
+    let mut sink = TraceSink::new(Vec::new(), &[process()], Some((T0, 1))).unwrap();
+    for e in [
+        start(1, EXECS),
+        // A slow execve is timed from its entry, before the exec: it leaves the track unnamed.
+        at(
+            2,
+            EXECS,
+            EventBody::SlowSyscall {
+                nr: 59,
+                ret: 0,
+                dur_ns: 2 * MS,
+            },
+        ),
+        at(
+            4,
+            EXECS,
+            EventBody::ProcessExec {
+                filename: "/opt/bin/llmserve".into(),
+                name: "llmserve".into(),
+                cmdline: "/opt/bin/llmserve --port 8000".into(),
+            },
+        ),
+        start(5, FORKS),
+        at(
+            6,
+            FORKS,
+            EventBody::SlowSyscall {
+                nr: 35,
+                ret: 0,
+                dur_ns: MS,
+            },
+        ),
+        at(7, FORKS, EventBody::ProcessExit { exit_code: 5 }),
+    ] {
+        sink.push(&e).unwrap();
+    }
+    let bytes = sink.finish(&SessionStats::default(), None).unwrap();
+    let trace = Trace::decode(bytes.as_slice()).unwrap();
+    let names_of = |pid: u32| -> Vec<Option<String>> {
+        trace
+            .packet
+            .iter()
+            .filter_map(|p| p.track_descriptor.as_ref()?.process.clone())
+            .filter(|p| p.pid == Some(pid as i32))
+            .map(|p| p.process_name)
+            .collect()
+    };
+    // The trace processor keeps a process's first name: none until it is known.
+    assert_eq!(names_of(EXECS), [None, Some("llmserve --port 8000".to_owned())]);
+    assert_eq!(names_of(FORKS), [None, Some("python3 launch.py".to_owned())]);
+    assert_eq!(names_of(PID), [Some("llmserve --model m.gguf".to_owned())]);
+    let (_, evs) = decode(&bytes);
+    let named = |n: &str| evs.iter().filter(|e| e.name == n).collect::<Vec<_>>();
+    let starts = named(slice::PROCESS_START);
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0].arg(arg::PPID), &V::U(u64::from(PID)));
+    assert_eq!(starts[0].kind, TYPE_INSTANT);
+    let exec = named(slice::PROCESS_EXEC);
+    assert_eq!(exec[0].track, "llmserve --port 8000");
+    assert_eq!(exec[0].arg(arg::FILENAME), &V::S("/opt/bin/llmserve".into()));
+    let exit = named(slice::PROCESS_EXIT);
+    assert_eq!(exit[0].track, "python3 launch.py");
+    assert_eq!(exit[0].arg(arg::EXIT_CODE), &V::I(5));
+    assert!(
+        !evs.iter().any(|e| e.name == marker::TARGET_EXITED),
+        "a child's exit is not the target's"
+    );
+}
