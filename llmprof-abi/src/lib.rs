@@ -15,6 +15,9 @@
 //! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
 #![no_std]
 
+mod http;
+pub use http::*;
+
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
 
@@ -459,6 +462,10 @@ pub enum EventKind {
     Content = 10,
     /// [`CudaCallEvent`].
     CudaCall = 9,
+    /// [`HttpEvent`] (the wire probe's response side, close, reset, TLS).
+    Http = 20,
+    /// [`HttpHeadEvent`] (a request's head bytes).
+    HttpHead = 21,
 }
 
 impl EventKind {
@@ -475,6 +482,8 @@ impl EventKind {
             8 => Some(Self::ProcessExit),
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
+            20 => Some(Self::Http),
+            21 => Some(Self::HttpHead),
             _ => None,
         }
     }
@@ -990,10 +999,13 @@ pub enum ProbeId {
     Content = 10,
     /// CUDA driver API entry/return uprobes in libcuda.
     Cuda = 9,
+    /// HTTP/1.1 wire probe (reads and writes on followed connections; hits = requests + SSE writes).
+    Http = 12,
 }
 
-/// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 11;
+/// Number of [`ProbeId`] slots (size of the counters array; slots 11, 13-15 are reserved for probes of
+/// other branches).
+pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -1008,6 +1020,11 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "process_exit",
     "cuda",
     "engine_content",
+    "reserved",
+    "http",
+    "reserved",
+    "reserved",
+    "reserved",
 ];
 
 /// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
@@ -1041,6 +1058,9 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
+    /// Non-zero: the wire probe sends no per-write SSE records after a response's first content event (TTFT,
+    /// response end and request counts stay; inter-token gaps are lost).
+    HttpSseOff = 2,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).
@@ -1093,6 +1113,9 @@ const _: () = {
     assert!(core::mem::size_of::<SyscallSlot>() == 64);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
+    assert!(core::mem::size_of::<HttpEvent>() == 64);
+    assert!(core::mem::size_of::<HttpHeadEvent>() == 56 + HTTP_HEAD_MAX);
+    assert!(core::mem::size_of::<HttpConnState>() == 56);
 };
 
 #[cfg(feature = "user")]
@@ -1112,6 +1135,8 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::FilePattern {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::HttpConnState {}
 }
 
 /// Copies `s` into a NUL-padded fixed array, truncating at a UTF-8 boundary.

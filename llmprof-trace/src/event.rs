@@ -128,6 +128,30 @@ pub enum EventBody {
     Overhead(Box<OverheadSample>),
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
+    /// A request seen on the wire (`crate::wire`): its method and path (its lifecycle comes as `Request`
+    /// records of the same `req_id`).
+    WireRequest {
+        /// Wire request id (from `crate::wire::WIRE_REQ_BASE`).
+        req_id: u64,
+        /// `POST`, ...
+        method: String,
+        /// Request target.
+        path: String,
+    },
+    /// A wire request's response status line was written.
+    WireResponse {
+        /// Wire request id.
+        req_id: u64,
+        /// HTTP status code.
+        status: u32,
+    },
+    /// SSE events with generated content after a wire request's first one (one write may carry several).
+    WireToken {
+        /// Wire request id.
+        req_id: u64,
+        /// Content events in the write.
+        count: u32,
+    },
 }
 
 impl EventBody {
@@ -150,6 +174,9 @@ impl EventBody {
             Self::Marker { .. } => "marker",
             Self::Overhead(_) => "overhead",
             Self::Degraded(_) => "degradation",
+            Self::WireRequest { .. } => "wire_request",
+            Self::WireResponse { .. } => "wire_response",
+            Self::WireToken { .. } => "wire_token",
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod calibrate;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
+pub mod http;
 pub mod patterns;
 
 use std::collections::HashMap as StdHashMap;
@@ -71,7 +72,7 @@ pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
 /// arguments, the exit emits model-file, connect, sent-bytes or exit records. They cost more per call than
 /// the rest (calibrated apart, `Calibration::syscall_decoded_ns`). Mirrors `needs_args` in
 /// `profiler-ebpf/src/main.rs`; a test compares the two.
-pub const DECODED_SYSCALLS: [u64; 14] = [
+pub const DECODED_SYSCALLS: [u64; 18] = [
     0,   // read
     1,   // write
     2,   // open
@@ -81,11 +82,15 @@ pub const DECODED_SYSCALLS: [u64; 14] = [
     19,  // readv
     20,  // writev
     42,  // connect
+    43,  // accept
     44,  // sendto
+    45,  // recvfrom
     46,  // sendmsg
+    47,  // recvmsg
     60,  // exit
     231, // exit_group
     257, // openat
+    288, // accept4
 ];
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
@@ -126,6 +131,8 @@ pub struct CaptureConfig {
     /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
+    /// Which listening ports the HTTP wire probe follows ([`http`]).
+    pub http: http::HttpPorts,
 }
 
 impl Default for CaptureConfig {
@@ -139,6 +146,7 @@ impl Default for CaptureConfig {
             capture_content: false,
             calibrate: false,
             calibrate_cuda: false,
+            http: http::HttpPorts::All,
         }
     }
 }
@@ -258,6 +266,14 @@ pub struct Capture {
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
     range_links: Vec<UProbeLinkId>,
+    /// Requests rebuilt from the HTTP wire probe's records.
+    wire: llmprof_trace::wire::Reconstructor,
+    /// Which ports the wire probe follows.
+    http_ports: http::HttpPorts,
+    /// Ports followed so far, per traced process.
+    http_followed: StdHashMap<u32, Vec<u16>>,
+    /// Last id given to a connection seeded from /proc (counts down from `u64::MAX`).
+    http_seeded: u64,
 }
 
 impl std::fmt::Debug for Capture {
@@ -461,7 +477,7 @@ impl Capture {
         };
         fill_maps(&mut ebpf, &cfg.pids, &[])?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
-        Ok(Capture {
+        let mut cap = Capture {
             ring,
             ebpf,
             logger,
@@ -476,7 +492,36 @@ impl Capture {
             counter_base,
             syscall_links,
             range_links,
-        })
+            wire: llmprof_trace::wire::Reconstructor::new(),
+            http_ports: cfg.http.clone(),
+            http_followed: StdHashMap::new(),
+            http_seeded: u64::MAX,
+        };
+        cap.refresh_http()?;
+        Ok(cap)
+    }
+
+    /// Finds the traced processes' listening sockets (and connections established on them) and has the wire
+    /// probe follow them; call again to pick up sockets opened later. Returns the ports followed per process.
+    pub fn refresh_http(&mut self) -> Result<&StdHashMap<u32, Vec<u16>>, CaptureError> {
+        for &pid in &self.pids {
+            let socks = http::discover(pid, &self.http_ports);
+            if socks.listening.is_empty() {
+                continue;
+            }
+            let ports = http::fill(&mut self.ebpf, pid, &socks, &mut self.http_seeded)?;
+            let known = self.http_followed.entry(pid).or_default();
+            if *known != ports {
+                log::info!("wire probe: following HTTP on port(s) {ports:?} of pid {pid}");
+                *known = ports;
+            }
+        }
+        Ok(&self.http_followed)
+    }
+
+    /// What the wire reconstruction saw so far.
+    pub fn wire_stats(&self) -> llmprof_trace::wire::WireStats {
+        self.wire.stats
     }
 
     /// Attaches the CUDA driver uprobes (entry and return) of `pid` at each `(file offset, cookie)` of the
@@ -585,7 +630,13 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            if let Some(ev) = self.decoder.decode(&item) {
+            let kind = item.get(..4).map_or(0, |k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
+            if http::is_http(kind) {
+                match http::decode(&item) {
+                    Some(r) => self.wire.push(r, out),
+                    None => self.decoder.count_undecodable(),
+                }
+            } else if let Some(ev) = self.decoder.decode(&item) {
                 out.push(ev);
             }
             n += 1;

@@ -43,6 +43,7 @@ mod cuda;
 mod engine;
 mod session;
 mod threads;
+mod wire;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
@@ -251,6 +252,11 @@ impl<W: Write> TraceSink<W> {
             EventBody::Marker { text } => self.marker(ts, text),
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
+            EventBody::WireRequest { req_id, method, path } => {
+                self.wire_request(ev.pid, ts, *req_id, method, path)
+            }
+            EventBody::WireResponse { req_id, status } => self.wire_response(ev.pid, ts, *req_id, *status),
+            EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
         }
     }
 
