@@ -28,6 +28,9 @@ use crate::event::{Event, EventBody};
 /// First id of requests seen on the wire (engine ids are per-process counters far below it).
 pub const WIRE_REQ_BASE: u64 = 1 << 40;
 
+/// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`).
+pub const LLMPROF_USER_AGENT: &str = "llmprof";
+
 /// Most head bytes kept per connection while a head spans several reads.
 const HEAD_KEEP: usize = 16 << 10;
 
@@ -71,6 +74,8 @@ pub struct Head {
     pub x_request_id: String,
     /// `traceparent`: trace id, parent span id, flags.
     pub traceparent: Option<([u8; 16], [u8; 8], u8)>,
+    /// Sent by llmprof itself (`User-Agent: llmprof`, its /metrics scraper): not one of the server's requests.
+    pub from_llmprof: bool,
 }
 
 /// Parses a request head (request line and headers); keeps only what [`Head`] holds. `None` when the first
@@ -95,6 +100,8 @@ pub fn parse_head(bytes: &[u8]) -> Option<Head> {
             head.x_request_id = value.chars().take(REQUEST_ID_LEN).collect();
         } else if name.eq_ignore_ascii_case("traceparent") {
             head.traceparent = parse_traceparent(value);
+        } else if name.eq_ignore_ascii_case("user-agent") {
+            head.from_llmprof = value == LLMPROF_USER_AGENT;
         }
     }
     Some(head)
@@ -155,6 +162,8 @@ pub struct WireStats {
     pub cancelled: u64,
     /// Heads that were not an HTTP/1.x request (dropped).
     pub not_http: u64,
+    /// llmprof's own requests (its /metrics scraper), left out.
+    pub own: u64,
 }
 
 impl Reconstructor {
@@ -278,6 +287,12 @@ impl Reconstructor {
             self.stats.not_http += 1;
             return;
         };
+        if head.from_llmprof {
+            conn.req = None;
+            self.stats.requests -= 1;
+            self.stats.own += 1;
+            return;
+        }
         req.arrived = true;
         req.head = Vec::new();
         let mut rec = RequestRecord::new(RequestEventKind::Arrived, req.id, req.start_ns);
