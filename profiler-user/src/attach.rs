@@ -46,6 +46,8 @@ const SAMPLER_QUEUE: usize = 1024;
 pub struct AttachOptions {
     /// Target process.
     pub pid: u32,
+    /// Which listening ports the HTTP wire probe follows (`--http-port`, `--no-http`).
+    pub http: crate::capture::http::HttpPorts,
     /// Stop after this long (None: until stopped or the target exits).
     pub duration: Option<Duration>,
     /// Trace file.
@@ -312,6 +314,7 @@ fn start_capture(
         capture_content,
         calibrate: true,
         calibrate_cuda: opts.gpu.cuda,
+        http: opts.http.clone(),
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {
@@ -598,6 +601,10 @@ impl<'a> Session<'a> {
         }
         for ev in self.gpu.watch_cuda(&mut self.capture, false) {
             self.merger.push(ev);
+        }
+        // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
+        if let Err(e) = self.capture.refresh_http() {
+            log::debug!("wire probe: {e}");
         }
         if self.tty {
             let drops: u64 = self.capture.counters().iter().map(|c| c.dropped).sum();
