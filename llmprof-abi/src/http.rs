@@ -14,7 +14,7 @@ use crate::EventHeader;
 
 #[path = "http_scan.rs"]
 mod scan;
-pub use scan::{Scan, WriteOutcome, counting_body, finish_write, scan_byte, start_response};
+pub use scan::{counting_body, finish_write, scan_byte, start_response, Scan, WriteOutcome};
 
 /// Bytes of a request head one [`HttpHeadEvent`] carries (a longer head continues in further records while
 /// the kernel's per-read copy lasts; what does not fit is cut and flagged [`HTTP_FLAG_HEAD_CUT`]).

@@ -10,7 +10,7 @@
 //! over writes and several events in one write both work. No allocation, no loop: the kernel calls it from
 //! `bpf_loop`.
 
-use crate::{HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_FIRST_CONTENT, HttpConnState};
+use crate::{HttpConnState, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_FIRST_CONTENT};
 
 // Scanner bits (`HttpConnState::bits`).
 pub(crate) const B_IN_HEAD: u32 = 1 << 0;
@@ -237,7 +237,6 @@ pub fn scan_byte(c: u8, i: u64, x: &mut Scan) {
     }
     x.st.bits = b;
 }
-
 
 /// Starts a response on a connection: the next bytes are its head.
 #[inline(always)]

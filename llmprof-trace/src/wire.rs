@@ -85,7 +85,8 @@ pub fn parse_head(bytes: &[u8]) -> Option<Head> {
     let mut lines = text.split("\r\n");
     let mut first = lines.next()?.split(' ');
     let (method, path, version) = (first.next()?, first.next()?, first.next()?);
-    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase())
+    {
         return None;
     }
     let mut head = Head {
@@ -94,7 +95,9 @@ pub fn parse_head(bytes: &[u8]) -> Option<Head> {
         ..Head::default()
     };
     for line in lines {
-        let Some((name, value)) = line.split_once(':') else { continue };
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         if name.eq_ignore_ascii_case("x-request-id") {
             head.x_request_id = value.chars().take(REQUEST_ID_LEN).collect();
@@ -214,7 +217,13 @@ impl Reconstructor {
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
                 let id = req.id;
-                out.push(ev(&r, EventBody::WireResponse { req_id: id, status: r.status }));
+                out.push(ev(
+                    &r,
+                    EventBody::WireResponse {
+                        req_id: id,
+                        status: r.status,
+                    },
+                ));
             }
             HttpOp::Sse => {
                 self.arrive(key, &r, out);
@@ -276,7 +285,9 @@ impl Reconstructor {
 
     /// The request's head is complete (or will not be): its `Arrived` record, at its first byte.
     fn arrive(&mut self, key: (u32, u64), r: &WireRecord, out: &mut Vec<Event>) {
-        let Some(conn) = self.conns.get_mut(&key) else { return };
+        let Some(conn) = self.conns.get_mut(&key) else {
+            return;
+        };
         let Some(req) = conn.req.as_mut() else { return };
         if req.arrived {
             return;

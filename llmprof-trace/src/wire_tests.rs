@@ -2,8 +2,9 @@
 //! the way `profiler-ebpf/src/http.rs` drives it, write by write) feeding the [`Reconstructor`].
 
 use llmprof_abi::{
-    FinishReason, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_HEAD_DONE, HttpConnState, HttpOp,
-    RequestEventKind, Scan, WriteOutcome, counting_body, finish_write, read_str, scan_byte, start_response,
+    FinishReason, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_HEAD_DONE, HttpConnState,
+    HttpOp, RequestEventKind, Scan, WriteOutcome, counting_body, finish_write, read_str, scan_byte,
+    start_response,
 };
 
 use super::*;
@@ -109,13 +110,16 @@ impl Sim {
 const HEAD: &str = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n\
                     x-request-id: abc-1\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\
                     Content-Length: 10\r\n\r\n{\"a\":\"b\"}";
-const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
 const ROLE: &str = r#"data: {"id": "c1", "model": "/models/m.gguf", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}"#;
 const ROLE_ONLY: &str = r#"data: {"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}"#;
 const FINISH: &str = r#"data: {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}"#;
 
 fn token(t: &str) -> String {
-    format!(r#"data: {{"id": "c1", "choices": [{{"index": 0, "delta": {{"content": "{t}"}}, "finish_reason": null}}]}}"#)
+    format!(
+        r#"data: {{"id": "c1", "choices": [{{"index": 0, "delta": {{"content": "{t}"}}, "finish_reason": null}}]}}"#
+    )
 }
 
 /// One SSE event as uvicorn writes it in chunked encoding: size line, event, blank line, chunk end.
@@ -177,11 +181,15 @@ fn role_only_first_chunk_is_not_the_first_token() {
                 "Some(Finished)"
             ]
         );
-        let EventBody::Request(arrived) = &evs[0].body else { panic!() };
+        let EventBody::Request(arrived) = &evs[0].body else {
+            panic!()
+        };
         assert_eq!(read_str(&arrived.x_request_id), "abc-1");
         assert_eq!(arrived.has_trace_context, 1);
         assert_eq!(arrived.is_chat, 1);
-        let EventBody::Request(fin) = &evs[5].body else { panic!() };
+        let EventBody::Request(fin) = &evs[5].body else {
+            panic!()
+        };
         assert_eq!(fin.output_tokens, 2);
         assert_eq!(fin.finish_reason, FinishReason::Stop as u32);
         // The first token's time is the write that carried "Hi" (records are 1 ms apart from the first read).
@@ -216,7 +224,8 @@ fn escaped_quotes_and_keys_inside_values_do_not_fool_the_scanner() {
     s.read(HEAD);
     s.write(SSE_HEAD);
     // A role-only chunk whose id mentions content, then an empty content with escapes elsewhere.
-    let tricky = r#"data: {"id": "\"content\": \"x\"", "choices": [{"delta": {"role": "assistant", "content": ""}}]}"#;
+    let tricky =
+        r#"data: {"id": "\"content\": \"x\"", "choices": [{"delta": {"role": "assistant", "content": ""}}]}"#;
     assert_eq!(s.write(&chunk(tricky)).content, 0);
     let esc = r#"data: {"choices": [{"delta": {"content": "\"quoted\""}}]}"#;
     assert_eq!(s.write(&chunk(esc)).content, 1);
@@ -234,13 +243,19 @@ fn keep_alive_requests_and_a_non_streaming_json_response() {
     // 1: a JSON response with Content-Length, head and body in separate writes.
     s.read(HEAD);
     let body = r#"{"choices": [{"message": {"role": "assistant", "content": "Paris"}}]}"#;
-    let o = s.write(&format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()));
+    let o = s.write(&format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    ));
     assert!(o.response_start && o.end == 0);
     let o = s.write(body);
     assert_eq!((o.events, o.end), (0, HTTP_END_LENGTH), "a JSON body is not SSE");
     // 2: head and body in one write.
     s.read(HEAD);
-    let o = s.write(&format!("HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\n\r\n{body}", body.len()));
+    let o = s.write(&format!(
+        "HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
     assert_eq!((o.status, o.end), (404, HTTP_END_LENGTH));
     // 3: a stream on the same connection.
     s.read(HEAD);
@@ -274,7 +289,9 @@ fn a_connection_closed_mid_stream_is_a_cancelled_request() {
     s.write(&chunk(&token("x")));
     s.close();
     let evs = s.events();
-    let EventBody::Request(last) = &evs.last().unwrap().body else { panic!() };
+    let EventBody::Request(last) = &evs.last().unwrap().body else {
+        panic!()
+    };
     assert_eq!(last.kind, RequestEventKind::Finished as u32);
     assert_eq!(last.finish_reason, FinishReason::Abort as u32);
 }

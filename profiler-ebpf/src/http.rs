@@ -85,7 +85,14 @@ struct LoopCtx {
 fn run_loop(n: u32, cb: extern "C" fn(u64, *mut c_void) -> i64, s: *mut Scratch) {
     let mut lc = LoopCtx { s };
     // SAFETY: the callback is a verified subprogram; `lc` outlives the call.
-    unsafe { bpf_loop(n, cb as *mut c_void, (&mut lc as *mut LoopCtx).cast::<c_void>(), 0) };
+    unsafe {
+        bpf_loop(
+            n,
+            cb as *mut c_void,
+            (&mut lc as *mut LoopCtx).cast::<c_void>(),
+            0,
+        )
+    };
 }
 
 /// `bpf_loop` callback: byte `i` of the scan.
@@ -166,7 +173,11 @@ fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
             let mut m = [0u64; 2];
             // SAFETY: reads msg_iov and msg_iovlen of the user's `struct msghdr`; faults fail cleanly.
             let rc = unsafe {
-                bpf_probe_read_user(m.as_mut_ptr().cast::<c_void>(), 16, (inf.args[1] + 16) as *const c_void)
+                bpf_probe_read_user(
+                    m.as_mut_ptr().cast::<c_void>(),
+                    16,
+                    (inf.args[1] + 16) as *const c_void,
+                )
             };
             (rc == 0).then_some(Bufs {
                 single: None,
@@ -193,7 +204,10 @@ pub(crate) fn on_accept(tgid: u32, lfd: u64, ret: i64) -> u32 {
     if ret < 0 {
         return 0;
     }
-    let lkey = SockKey { pid: tgid, fd: lfd as i32 };
+    let lkey = SockKey {
+        pid: tgid,
+        fd: lfd as i32,
+    };
     // SAFETY: presence test only.
     if unsafe { HTTP_LISTEN.get(&lkey) }.is_none() {
         return 0;
@@ -203,7 +217,10 @@ pub(crate) fn on_accept(tgid: u32, lfd: u64, ret: i64) -> u32 {
         remaining: -1,
         ..HttpConnState::default()
     };
-    let key = SockKey { pid: tgid, fd: ret as i32 };
+    let key = SockKey {
+        pid: tgid,
+        fd: ret as i32,
+    };
     if HTTP_CONNS.insert(&key, &st, 0).is_err() {
         count(ProbeId::Http, 0, 0, 1);
     }
@@ -228,7 +245,17 @@ pub(crate) fn on_close(pid_tgid: u64, fd: u64) -> u32 {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn emit(pid_tgid: u64, fd: i32, conn: u64, op: HttpOp, flags: u32, status: u32, events: u32, content: u32, ret: i64) {
+fn emit(
+    pid_tgid: u64,
+    fd: i32,
+    conn: u64,
+    op: HttpOp,
+    flags: u32,
+    status: u32,
+    events: u32,
+    content: u32,
+    ret: i64,
+) {
     let Some(mut e) = EVENTS.reserve::<HttpEvent>(0) else {
         count(ProbeId::Http, 0, 0, 1);
         return;
@@ -274,8 +301,12 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     }
     count(ProbeId::Http, 1, 0, 0);
     let Some(b) = bufs(nr, inf) else { return 0 };
-    let Some((addr, len)) = buf_at(&b, 0) else { return 0 };
-    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some((addr, len)) = buf_at(&b, 0) else {
+        return 0;
+    };
+    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
     let n = (ret as u64).min(len).min(HTTP_HEAD_MAX as u64);
     // SAFETY: reads at most HTTP_HEAD_MAX (< SCAN_MAX) bytes of the user's buffer into the scratch array.
     let rc = unsafe {
@@ -291,7 +322,14 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     let start = phase != PH_REQ_HEAD;
     if start {
         // SAFETY: the scratch array holds at least 4 bytes.
-        let first = unsafe { [(*scratch).buf[0], (*scratch).buf[1], (*scratch).buf[2], (*scratch).buf[3]] };
+        let first = unsafe {
+            [
+                (*scratch).buf[0],
+                (*scratch).buf[1],
+                (*scratch).buf[2],
+                (*scratch).buf[3],
+            ]
+        };
         let other = if first[0] == 0x16 && first[1] == 0x03 {
             Some(HttpOp::Tls)
         } else if &first == b"PRI " {
@@ -329,7 +367,11 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
             (*st).remaining = -1;
         }
         (*st).head_match = hx.matched;
-        (*st).phase = if hx.done != 0 || flags & HTTP_FLAG_HEAD_CUT != 0 { PH_REQ_BODY } else { PH_REQ_HEAD };
+        (*st).phase = if hx.done != 0 || flags & HTTP_FLAG_HEAD_CUT != 0 {
+            PH_REQ_BODY
+        } else {
+            PH_REQ_HEAD
+        };
     }
     let Some(mut e) = EVENTS.reserve::<HttpHeadEvent>(0) else {
         count(ProbeId::Http, 0, 0, 1);
@@ -341,7 +383,11 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     let rc = unsafe {
         (&raw mut (*p).hdr).write(header(EventKind::HttpHead, now(), pid_tgid));
         (&raw mut (*p).fd).write(key.fd);
-        (&raw mut (*p).op).write(if start { HttpOp::RequestStart } else { HttpOp::RequestHead } as u32);
+        (&raw mut (*p).op).write(if start {
+            HttpOp::RequestStart
+        } else {
+            HttpOp::RequestHead
+        } as u32);
         (&raw mut (*p).conn).write(conn);
         (&raw mut (*p).flags).write(flags);
         (&raw mut (*p).len).write(hx.n as u32);
@@ -387,7 +433,9 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
         return 0;
     }
     count(ProbeId::Http, 1, 0, 0);
-    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
     // SAFETY: this CPU's scratch value and the connection's map value (see above).
     let x = unsafe {
         (*scratch).scan = Scan {
@@ -435,12 +483,32 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
     }
     let o = finish_write(&mut x.scan, ret as u64, scanned);
     if o.response_start {
-        emit(pid_tgid, key.fd, conn, HttpOp::ResponseStart, 0, o.status, 0, 0, ret);
+        emit(
+            pid_tgid,
+            key.fd,
+            conn,
+            HttpOp::ResponseStart,
+            0,
+            o.status,
+            0,
+            0,
+            ret,
+        );
     }
     if o.events > 0 {
         flags |= o.flags;
         if flags & HTTP_FLAG_FIRST_CONTENT != 0 || knob(Knob::HttpSseOff) == 0 {
-            emit(pid_tgid, key.fd, conn, HttpOp::Sse, flags, 0, o.events, o.content, ret);
+            emit(
+                pid_tgid,
+                key.fd,
+                conn,
+                HttpOp::Sse,
+                flags,
+                0,
+                o.events,
+                o.content,
+                ret,
+            );
         }
     }
     x.scan.st.phase = if o.end != 0 {

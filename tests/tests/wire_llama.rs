@@ -61,7 +61,14 @@ fn start_server(python: &PathBuf, port: u16) -> Server {
         .args(["-c", launcher_src])
         .args(["--model"])
         .arg(&model)
-        .args(["--port", &port.to_string(), "--n_ctx", "2048", "--verbose", "false"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--n_ctx",
+            "2048",
+            "--verbose",
+            "false",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -76,7 +83,10 @@ fn start_server(python: &PathBuf, port: u16) -> Server {
         if server.pid != 0 && http::get(port, "/v1/models").is_ok_and(|r| r.status == 200) {
             return server;
         }
-        assert!(Instant::now() < deadline, "llama_cpp.server did not answer within 120 s");
+        assert!(
+            Instant::now() < deadline,
+            "llama_cpp.server did not answer within 120 s"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -96,7 +106,10 @@ fn close_enough(wire: f64, client: f64, abs_ms: f64) -> bool {
 fn llama_cpp_server_requests_match_the_openai_client() {
     let python = servers_python();
     if !require(is_root(), "not root: eBPF probes need root")
-        || !require(default_model().exists(), "the default model is missing (`cargo xtask fetch-model`)")
+        || !require(
+            default_model().exists(),
+            "the default model is missing (`cargo xtask fetch-model`)",
+        )
         || !require(
             python.exists(),
             "the servers venv is missing (`cargo xtask setup` installs llama-cpp-python there)",
@@ -119,7 +132,14 @@ fn llama_cpp_server_requests_match_the_openai_client() {
     // TODO(proctree): attach through the launcher's pid (`--pid launcher`) once process trees are merged; until
     // then the server process itself is the target.
     let mut llmprof = Command::new(bin_path("llmprof"))
-        .args(["attach", "--pid", &server.pid.to_string(), "--gpu-sample-interval", "0", "-o"])
+        .args([
+            "attach",
+            "--pid",
+            &server.pid.to_string(),
+            "--gpu-sample-interval",
+            "0",
+            "-o",
+        ])
         .arg(&trace_path)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -154,7 +174,8 @@ fn llama_cpp_server_requests_match_the_openai_client() {
     assert!(out.status.success(), "llmprof attach failed: {}", out.status);
 
     let client: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(&client_out).expect("client output")).expect("client JSON");
+        serde_json::from_str(&std::fs::read_to_string(&client_out).expect("client output"))
+            .expect("client JSON");
     assert_eq!(client.len(), REQUESTS);
 
     let report = Command::new(bin_path("llmprof"))
@@ -164,7 +185,10 @@ fn llama_cpp_server_requests_match_the_openai_client() {
         .expect("llmprof report");
     assert!(report.status.success(), "llmprof report failed");
     let report: serde_json::Value = serde_json::from_slice(&report.stdout).expect("report JSON");
-    let rows = report["requests"]["per_request"].as_array().expect("per_request").clone();
+    let rows = report["requests"]["per_request"]
+        .as_array()
+        .expect("per_request")
+        .clone();
     let wire: Vec<&serde_json::Value> = rows.iter().filter(|r| r["wire"] == true).collect();
     assert_eq!(
         wire.len(),
@@ -179,25 +203,45 @@ fn llama_cpp_server_requests_match_the_openai_client() {
             .unwrap_or_else(|| panic!("no wire request with x-request-id {xid}: {wire:#?}"));
         let what = format!("request {xid}: client {c}, wire {w}");
         if c["cancelled"] == true {
-            assert_eq!(w["finish_reason"], "abort", "a stream the client closed is cancelled: {what}");
+            assert_eq!(
+                w["finish_reason"], "abort",
+                "a stream the client closed is cancelled: {what}"
+            );
         } else {
             assert_eq!(w["finish_reason"], "stop", "{what}");
         }
         if c["stream"] == false {
-            assert!(w["ttft_ms"].is_null(), "a non-streaming response has no first token: {what}");
+            assert!(
+                w["ttft_ms"].is_null(),
+                "a non-streaming response has no first token: {what}"
+            );
             assert!(w["e2e_ms"].as_f64().is_some(), "{what}");
             continue;
         }
-        let (ct, wt) = (c["ttft_ms"].as_f64().expect("client ttft"), w["ttft_ms"].as_f64().expect("wire ttft"));
-        assert!(close_enough(wt, ct, 3.0), "TTFT differs: wire {wt:.2} ms, client {ct:.2} ms; {what}");
+        let (ct, wt) = (
+            c["ttft_ms"].as_f64().expect("client ttft"),
+            w["ttft_ms"].as_f64().expect("wire ttft"),
+        );
+        assert!(
+            close_enough(wt, ct, 3.0),
+            "TTFT differs: wire {wt:.2} ms, client {ct:.2} ms; {what}"
+        );
         if c["cancelled"] == true {
             // Two gaps before the client went away: too few for a median to compare.
             continue;
         }
-        let gaps: Vec<f64> = c["itl_ms"].as_array().expect("itl").iter().filter_map(|g| g.as_f64()).collect();
+        let gaps: Vec<f64> = c["itl_ms"]
+            .as_array()
+            .expect("itl")
+            .iter()
+            .filter_map(|g| g.as_f64())
+            .collect();
         let ci = p50(&gaps).expect("client gaps");
         let wi = w["itl_p50_ms"].as_f64().expect("wire ITL p50");
-        assert!(close_enough(wi, ci, 1.0), "ITL p50 differs: wire {wi:.2} ms, client {ci:.2} ms; {what}");
+        assert!(
+            close_enough(wi, ci, 1.0),
+            "ITL p50 differs: wire {wi:.2} ms, client {ci:.2} ms; {what}"
+        );
         assert_eq!(
             w["output_tokens"].as_u64(),
             c["chunks"].as_u64(),

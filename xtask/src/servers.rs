@@ -42,7 +42,10 @@ fn base_python() -> PathBuf {
         let mut v: Vec<PathBuf> = d
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("3.11")))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("3.11"))
+            })
             .map(|p| p.join("bin").join("python"))
             .filter(|p| p.exists())
             .collect();
@@ -71,7 +74,11 @@ pub fn setup() -> Result<()> {
     }
     if !python().exists() {
         let base = base_python();
-        eprintln!("setup: creating the servers venv {} with {}", venv().display(), base.display());
+        eprintln!(
+            "setup: creating the servers venv {} with {}",
+            venv().display(),
+            base.display()
+        );
         run(Command::new(&base).arg("-m").arg("venv").arg(venv()))
             .with_context(|| format!("creating a venv with {}", base.display()))?;
     }
@@ -85,7 +92,10 @@ pub fn setup() -> Result<()> {
         .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS)
         .env("FORCE_CMAKE", "1"))?;
     if !ready() {
-        bail!("the servers venv {} does not import its packages after pip install", venv().display());
+        bail!(
+            "the servers venv {} does not import its packages after pip install",
+            venv().display()
+        );
     }
     Ok(())
 }

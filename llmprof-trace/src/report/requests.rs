@@ -176,7 +176,9 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
 /// stands for `count` events of one write: the first closes the gap since the previous event, the others are
 /// 0 ms apart, as a client reading the write sees them).
 fn wire_itl(t: &Track, first_token: Option<u64>) -> Vec<f64> {
-    let Some(mut last) = first_token else { return Vec::new() };
+    let Some(mut last) = first_token else {
+        return Vec::new();
+    };
     let mut tokens: Vec<(u64, u64, u64)> = t
         .instants
         .iter()

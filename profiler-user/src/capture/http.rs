@@ -53,7 +53,11 @@ fn rows(table: &str) -> Vec<(u16, String, u64)> {
             continue;
         }
         let Ok(inode) = f[9].parse::<u64>() else { continue };
-        let Some(port) = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) else {
+        let Some(port) = f[1]
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+        else {
             continue;
         };
         out.push((port, f[3].to_owned(), inode));
@@ -98,7 +102,9 @@ fn socket_fds(pid: u32) -> StdHashMap<u64, i32> {
     let mut out = StdHashMap::new();
     if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) {
         for e in dir.flatten() {
-            let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
             if let Ok(target) = fs::read_link(e.path())
                 && let Some(inode) = target
                     .to_string_lossy()
@@ -133,7 +139,9 @@ pub fn fill(ebpf: &mut Ebpf, pid: u32, s: &Sockets, seeded: &mut u64) -> Result<
         .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
     let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
     for &(fd, _) in &s.listening {
-        listen.insert(SockKey { pid, fd }, 1, 0).map_err(map_err("HTTP_LISTEN"))?;
+        listen
+            .insert(SockKey { pid, fd }, 1, 0)
+            .map_err(map_err("HTTP_LISTEN"))?;
     }
     let map = ebpf
         .map_mut("HTTP_CONNS")
@@ -160,7 +168,10 @@ pub fn fill(ebpf: &mut Ebpf, pid: u32, s: &Sockets, seeded: &mut u64) -> Result<
 
 /// Whether a record's kind is the wire probe's.
 pub fn is_http(kind: u32) -> bool {
-    matches!(EventKind::from_raw(kind), Some(EventKind::Http | EventKind::HttpHead))
+    matches!(
+        EventKind::from_raw(kind),
+        Some(EventKind::Http | EventKind::HttpHead)
+    )
 }
 
 fn read<T: Copy>(b: &[u8]) -> Option<T> {

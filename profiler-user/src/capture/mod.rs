@@ -630,7 +630,9 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            let kind = item.get(..4).map_or(0, |k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
+            let kind = item
+                .get(..4)
+                .map_or(0, |k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
             if http::is_http(kind) {
                 match http::decode(&item) {
                     Some(r) => self.wire.push(r, out),

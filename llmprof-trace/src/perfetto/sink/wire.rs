@@ -10,21 +10,43 @@ use crate::perfetto::writer::{arg_s, arg_u};
 
 impl<W: Write> TraceSink<W> {
     /// The request line of wire request `req`.
-    pub(super) fn wire_request(&mut self, pid: u32, ts: u64, req: u64, method: &str, path: &str) -> io::Result<()> {
+    pub(super) fn wire_request(
+        &mut self,
+        pid: u32,
+        ts: u64,
+        req: u64,
+        method: &str,
+        path: &str,
+    ) -> io::Result<()> {
         let track = self.request_track(pid, req, "")?;
-        let args = vec![arg_s(arg::HTTP_METHOD, method.to_owned()), arg_s(arg::HTTP_PATH, path.to_owned())];
+        let args = vec![
+            arg_s(arg::HTTP_METHOD, method.to_owned()),
+            arg_s(arg::HTTP_PATH, path.to_owned()),
+        ];
         self.instant(ts, track, slice::HTTP_REQUEST_LINE, args, Vec::new())
     }
 
     /// The status line of wire request `req`'s response.
     pub(super) fn wire_response(&mut self, pid: u32, ts: u64, req: u64, status: u32) -> io::Result<()> {
         let track = self.request_track(pid, req, "")?;
-        self.instant(ts, track, slice::HTTP_RESPONSE, vec![arg_u(arg::HTTP_STATUS, status)], Vec::new())
+        self.instant(
+            ts,
+            track,
+            slice::HTTP_RESPONSE,
+            vec![arg_u(arg::HTTP_STATUS, status)],
+            Vec::new(),
+        )
     }
 
     /// `count` SSE content events of one write of wire request `req`'s response (after its first token).
     pub(super) fn wire_token(&mut self, pid: u32, ts: u64, req: u64, count: u32) -> io::Result<()> {
         let track = self.request_track(pid, req, "")?;
-        self.instant(ts, track, slice::WIRE_TOKEN, vec![arg_u(arg::COUNT, count)], Vec::new())
+        self.instant(
+            ts,
+            track,
+            slice::WIRE_TOKEN,
+            vec![arg_u(arg::COUNT, count)],
+            Vec::new(),
+        )
     }
 }
