@@ -323,3 +323,26 @@ fn tls_is_reported_once_per_process_and_llmprofs_own_scrapes_are_left_out() {
     assert!(out.is_empty());
     assert_eq!(rc.stats.requests, 0);
 }
+
+#[test]
+fn a_wire_request_becomes_an_otel_span_parented_on_the_callers_traceparent() {
+    use opentelemetry::trace::{SpanId, TraceId};
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    s.write(&chunk(ROLE));
+    s.write(&chunk(&token("Hi")));
+    s.write(&chunk(&token("!")));
+    s.write("0\r\n\r\n");
+    let mut b =
+        crate::otel::SpanBuilder::new(crate::clock::WallClock::with_offset(1_700_000_000_000_000_000));
+    let mut spans = Vec::new();
+    for e in s.events() {
+        b.on_event(&e, &mut spans);
+    }
+    let req = spans.first().expect("a span for the wire request");
+    let (t, p, _) = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    assert_eq!(req.span_context.trace_id(), TraceId::from_bytes(t));
+    assert_eq!(req.parent_span_id, SpanId::from_bytes(p));
+    assert!(req.parent_span_is_remote);
+}

@@ -266,8 +266,15 @@ fn attach_to_the_engine_and_check_the_trace() {
         .unwrap_or_else(|| panic!("the traced request is missing on the wire: {wire:?}"));
     assert_eq!(traced_wire["trace_id"], TRACE_ID, "{traced_wire:?}");
     assert_eq!(traced_wire["finish"], "stop", "{traced_wire:?}");
-    for xid in rows.iter().filter_map(|r| r["xid"].as_str()).filter(|x| !x.is_empty()) {
-        assert!(wire.iter().any(|w| w["xid"] == xid), "engine request {xid} has no wire view: {wire:?}");
+    for xid in rows
+        .iter()
+        .filter_map(|r| r["xid"].as_str())
+        .filter(|x| !x.is_empty())
+    {
+        assert!(
+            wire.iter().any(|w| w["xid"] == xid),
+            "engine request {xid} has no wire view: {wire:?}"
+        );
     }
     assert_eq!(traced_row["output"], traced_usage.completion);
     let mut want: Vec<(i64, i64)> = other_usage.iter().map(|u| (u.prompt, u.completion)).collect();
