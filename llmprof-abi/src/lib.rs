@@ -16,6 +16,8 @@
 #![no_std]
 
 pub mod python;
+mod http;
+pub use http::*;
 
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
@@ -467,6 +469,10 @@ pub enum EventKind {
     ProcessStart = 11,
     /// [`ProcessExecEvent`]: a traced process executed a new program.
     ProcessExec = 12,
+    /// [`HttpEvent`] (the wire probe's response side, close, reset, TLS).
+    Http = 20,
+    /// [`HttpHeadEvent`] (a request's head bytes).
+    HttpHead = 21,
 }
 
 impl EventKind {
@@ -486,6 +492,8 @@ impl EventKind {
             35 => Some(Self::PyStack),
             11 => Some(Self::ProcessStart),
             12 => Some(Self::ProcessExec),
+            20 => Some(Self::Http),
+            21 => Some(Self::HttpHead),
             _ => None,
         }
     }
@@ -1039,6 +1047,8 @@ pub enum ProbeId {
     Cuda = 9,
     /// Process-tree tracepoints (task_newtask, sched_process_exec): new processes of a traced tree.
     ProcTree = 11,
+    /// HTTP/1.1 wire probe (reads and writes on followed connections; hits = requests + SSE writes).
+    Http = 12,
     /// Python stack samples (perf_event software CPU clock, `llmprof_pysample`).
     PyStack = 15,
 }
@@ -1061,7 +1071,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "cuda",
     "engine_content",
     "proc_tree",
-    "reserved",
+    "http",
     "reserved",
     "reserved",
     "py_stack",
@@ -1098,7 +1108,10 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
-    /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted). 2–4 are reserved.
+    /// Non-zero: the wire probe sends no per-write SSE records after a response's first content event (TTFT,
+    /// response end and request counts stay; inter-token gaps are lost).
+    HttpSseOff = 2,
+    /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted).
     PySamplesOff = 5,
 }
 
@@ -1154,6 +1167,9 @@ const _: () = {
     assert!(core::mem::size_of::<SyscallSlot>() == 64);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
+    assert!(core::mem::size_of::<HttpEvent>() == 64);
+    assert!(core::mem::size_of::<HttpHeadEvent>() == 56 + HTTP_HEAD_MAX);
+    assert!(core::mem::size_of::<HttpConnState>() == 56);
 };
 
 #[cfg(feature = "user")]
@@ -1173,6 +1189,8 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::FilePattern {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::HttpConnState {}
 }
 
 /// Copies `s` into a NUL-padded fixed array, truncating at a UTF-8 boundary.

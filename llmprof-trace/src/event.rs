@@ -148,6 +148,30 @@ pub enum EventBody {
     Degraded(Degradation),
     /// A Python stack sample of a thread (perf_event CPU clock), resolved ([`crate::pystack`]).
     PyStack(Box<crate::pystack::PyStackSample>),
+    /// A request seen on the wire (`crate::wire`): its method and path (its lifecycle comes as `Request`
+    /// records of the same `req_id`).
+    WireRequest {
+        /// Wire request id (from `crate::wire::WIRE_REQ_BASE`).
+        req_id: u64,
+        /// `POST`, ...
+        method: String,
+        /// Request target.
+        path: String,
+    },
+    /// A wire request's response status line was written.
+    WireResponse {
+        /// Wire request id.
+        req_id: u64,
+        /// HTTP status code.
+        status: u32,
+    },
+    /// SSE events with generated content after a wire request's first one (one write may carry several).
+    WireToken {
+        /// Wire request id.
+        req_id: u64,
+        /// Content events in the write.
+        count: u32,
+    },
 }
 
 impl EventBody {
@@ -173,6 +197,9 @@ impl EventBody {
             Self::Overhead(_) => "overhead",
             Self::Degraded(_) => "degradation",
             Self::PyStack(_) => "py_stack",
+            Self::WireRequest { .. } => "wire_request",
+            Self::WireResponse { .. } => "wire_response",
+            Self::WireToken { .. } => "wire_token",
         }
     }
 }

@@ -26,3 +26,4 @@ pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timeline;
+pub mod wire;

@@ -33,12 +33,14 @@ pub mod track {
     /// Beginning of the per-probe drop counter tracks (see [`drops`]).
     pub const DROPS_PREFIX: &str = "llmprof drops: ";
 
-    /// A request's track: `request N`, or `request N (x-request-id)` when the header was set.
+    /// A request's track: `request N`, or `request N (x-request-id)` when the header was set; a request seen
+    /// on the wire (id from [`crate::wire::WIRE_REQ_BASE`]): `http request N (x-request-id)`.
     pub fn request(req_id: u64, x_request_id: &str) -> String {
+        let name = super::slice::request(req_id);
         if x_request_id.is_empty() {
-            format!("{REQUEST_PREFIX}{req_id}")
+            name
         } else {
-            format!("{REQUEST_PREFIX}{req_id} ({x_request_id})")
+            format!("{name} ({x_request_id})")
         }
     }
 
@@ -119,6 +121,16 @@ pub mod slice {
     pub const FINISHED: &str = "finished";
     /// Beginning of a request's outer slice (see [`request`]).
     pub const REQUEST_PREFIX: &str = "request ";
+    /// Beginning of the outer slice of a request seen on the wire (see [`request`]).
+    pub const WIRE_REQUEST_PREFIX: &str = "http request ";
+    /// Instant on a wire request's track: its response's status line (args [`super::arg::HTTP_STATUS`]).
+    pub const HTTP_RESPONSE: &str = "http response";
+    /// Instant on a wire request's track: the request line (args [`super::arg::HTTP_METHOD`],
+    /// [`super::arg::HTTP_PATH`]).
+    pub const HTTP_REQUEST_LINE: &str = "http request line";
+    /// Instant on a wire request's track: SSE events with generated content after the first (arg
+    /// [`super::arg::COUNT`]: events in the write).
+    pub const WIRE_TOKEN: &str = "sse content";
     /// Instant on a thread track: an NVTX-style pop whose push happened before llmprof attached.
     pub const UNMATCHED_RANGE_POP: &str = "unmatched range pop";
     /// Instant on a process track: a traced process started it (args [`super::arg::PPID`],
@@ -159,14 +171,26 @@ pub mod slice {
             .find(|k| k.name() == name)
     }
 
-    /// A request's outer slice on its track: `request N`.
+    /// A request's outer slice on its track: `request N`; a request seen on the wire: `http request N`
+    /// (its id is [`crate::wire::WIRE_REQ_BASE`] + N).
     pub fn request(req_id: u64) -> String {
-        format!("{REQUEST_PREFIX}{req_id}")
+        match req_id.checked_sub(crate::wire::WIRE_REQ_BASE) {
+            Some(n) if n > 0 => format!("{WIRE_REQUEST_PREFIX}{n}"),
+            _ => format!("{REQUEST_PREFIX}{req_id}"),
+        }
     }
 
     /// The request id of an outer request slice's name (`None` for any other slice).
     pub fn parse_request(name: &str) -> Option<u64> {
+        if let Some(n) = name.strip_prefix(WIRE_REQUEST_PREFIX) {
+            return Some(crate::wire::WIRE_REQ_BASE + n.parse::<u64>().ok()?);
+        }
         name.strip_prefix(REQUEST_PREFIX)?.parse().ok()
+    }
+
+    /// Whether a request id is one seen on the wire (the HTTP probe) rather than an engine's.
+    pub fn is_wire_request(req_id: u64) -> bool {
+        req_id > crate::wire::WIRE_REQ_BASE
     }
 
     /// An NVTX-style range: `domain::name`.
@@ -222,6 +246,14 @@ pub mod marker {
     /// Beginnings of the markers `llmprof report` lists as the GPU layer's (`NVML`: read for traces of earlier
     /// versions; nothing writes it today).
     pub const GPU_PREFIXES: [&str; 4] = [GPU_COUNTERS_UNAVAILABLE, "NVML", LIBCUDA_NOT_LOADED, CUDA_PROBES];
+
+    /// Beginning of the marker written when a traced process's port speaks TLS or HTTP/2.
+    pub const WIRE_NOT_DECODED: &str = "wire probe: not decoded";
+
+    /// `wire probe: not decoded: pid P fd F speaks <what>`.
+    pub fn wire_not_decoded(pid: u32, fd: i32, what: &str) -> String {
+        format!("{WIRE_NOT_DECODED}: pid {pid} fd {fd} speaks {what}")
+    }
 
     /// `engine probes not found in pid P: engine tracks are empty`.
     pub fn engine_probes_not_found(pid: u32) -> String {
@@ -439,6 +471,14 @@ pub mod arg {
     pub const TTFT_MS: &str = "ttft_ms";
     /// What closed a slice: [`CLOSED_BY_FINISHED`] or the session's end reason.
     pub const CLOSED_BY: &str = "closed_by";
+    /// HTTP status code of a wire response.
+    pub const HTTP_STATUS: &str = "http_status";
+    /// HTTP method of a wire request.
+    pub const HTTP_METHOD: &str = "http_method";
+    /// Request target (path) of a wire request.
+    pub const HTTP_PATH: &str = "http_path";
+    /// How many of something an instant stands for (SSE content events of one write).
+    pub const COUNT: &str = "count";
     /// Value of [`ENDPOINT`]: a chat completion.
     pub const ENDPOINT_CHAT: &str = "/v1/chat/completions";
     /// Value of [`ENDPOINT`]: a text completion.

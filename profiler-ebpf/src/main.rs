@@ -28,6 +28,7 @@
 
 mod python;
 mod proc;
+mod http;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -148,8 +149,12 @@ const NR_PREAD64: u64 = 17;
 const NR_READV: u64 = 19;
 const NR_WRITEV: u64 = 20;
 const NR_CONNECT: u64 = 42;
+const NR_ACCEPT: u64 = 43;
 const NR_SENDTO: u64 = 44;
+const NR_RECVFROM: u64 = 45;
 const NR_SENDMSG: u64 = 46;
+const NR_RECVMSG: u64 = 47;
+const NR_ACCEPT4: u64 = 288;
 const NR_EXIT: u64 = 60;
 const NR_EXIT_GROUP: u64 = 231;
 const NR_OPENAT: u64 = 257;
@@ -224,6 +229,10 @@ fn needs_args(nr: u64) -> bool {
             | NR_CONNECT
             | NR_SENDTO
             | NR_SENDMSG
+            | NR_ACCEPT
+            | NR_RECVFROM
+            | NR_RECVMSG
+            | NR_ACCEPT4
             | NR_EXIT
             | NR_EXIT_GROUP
             | NR_OPENAT
@@ -344,13 +353,31 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
             };
             file_open(pid_tgid, &inf, path_ptr, flags as u32, ret, dur)
         }
-        NR_READ => file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur),
+        NR_READ => {
+            file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur);
+            http::on_read(pid_tgid, nr, &inf, ret);
+        }
         NR_PREAD64 => file_io(pid_tgid, &inf, FileOp::Pread, inf.args[2], ret, dur),
-        NR_READV => file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur),
+        NR_READV => {
+            file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur);
+            http::on_read(pid_tgid, nr, &inf, ret);
+        }
+        NR_RECVFROM | NR_RECVMSG => {
+            http::on_read(pid_tgid, nr, &inf, ret);
+        }
         NR_MMAP => mmap(pid_tgid, &inf, ret, dur),
-        NR_CLOSE => close(pid_tgid, &inf, ret, dur),
+        NR_CLOSE => {
+            close(pid_tgid, &inf, ret, dur);
+            http::on_close(pid_tgid, inf.args[0]);
+        }
         NR_CONNECT => connect(pid_tgid, &inf, ret, dur),
-        NR_WRITE | NR_WRITEV | NR_SENDTO | NR_SENDMSG => sent(tgid, &inf, ret),
+        NR_ACCEPT | NR_ACCEPT4 => {
+            http::on_accept(tgid, inf.args[0], ret);
+        }
+        NR_WRITE | NR_WRITEV | NR_SENDTO | NR_SENDMSG => {
+            sent(tgid, &inf, ret);
+            http::on_write(pid_tgid, nr, &inf, ret);
+        }
         _ => {}
     }
     0

@@ -55,6 +55,8 @@ pub struct AttachOptions {
     /// Trace the targets' descendants too: those alive at attach and every process started while the session
     /// runs, from its first instruction (off: `--no-children`). See [`crate::proctree`].
     pub follow_children: bool,
+    /// Which listening ports the HTTP wire probe follows (`--http-port`, `--no-http`).
+    pub http: crate::capture::http::HttpPorts,
     /// Stop after this long (None: until stopped or the target exits).
     pub duration: Option<Duration>,
     /// Trace file.
@@ -344,6 +346,7 @@ fn start_capture(
         capture_content,
         calibrate: true,
         calibrate_cuda: opts.gpu.cuda,
+        http: opts.http.clone(),
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {
@@ -648,6 +651,7 @@ impl<'a> Session<'a> {
             if let Some(pid) = change.exited {
                 self.gpu.forget_process(pid);
                 self.capture.forget_python(pid);
+                self.capture.process_left(pid);
                 self.targets.remove(pid);
                 if self.tree.all_exited() {
                     self.target_exited = true;
@@ -663,6 +667,7 @@ impl<'a> Session<'a> {
     fn new_image(&mut self, pid: u32, ts: u64, exec: bool) {
         let engine = proctree::attach_engine(&mut self.capture, pid);
         let python = self.capture.watch_python(pid, exec);
+        self.capture.process_joined(pid);
         for text in engine.into_iter().chain(python) {
             self.merger.push(Event {
                 ts_ns: ts,
@@ -771,6 +776,10 @@ impl<'a> Session<'a> {
         }
         for ev in self.gpu.watch_cuda(&mut self.capture, false) {
             self.merger.push(ev);
+        }
+        // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
+        if let Err(e) = self.capture.refresh_http() {
+            log::debug!("wire probe: {e}");
         }
         if self.tty {
             let drops: u64 = self.capture.counters().iter().map(|c| c.dropped).sum();

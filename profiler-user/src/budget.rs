@@ -15,9 +15,11 @@
 //! 3. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
 //!    attached later: CUDA call events stop (this is what removes the cost of a launch-heavy target; they
 //!    are neither engine steps nor requests);
-//! 4. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
-//!    events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 5. `ranges_detached` — the range uprobe is detached.
+//! 4. `http_sse_off` — the HTTP wire probe stops sending a record per SSE write after each response's first
+//!    content event (wire TTFT, request counts and ends stay; wire inter-token gaps stop);
+//! 5. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file, egress and
+//!    wire (HTTP) events stop (this is what removes the per-syscall cost of a syscall-heavy target);
+//! 6. `ranges_detached` — the range uprobe is detached.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -44,7 +46,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 5] = [
+pub const LEVELS: [(&str, &str); 6] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -56,6 +58,11 @@ pub const LEVELS: [(&str, &str); 5] = [
     (
         "cuda_detached",
         "CUDA driver uprobes detached: CUDA call events stop (steps and requests complete)",
+    ),
+    (
+        "http_sse_off",
+        "wire probe: per-SSE-write records off after each response's first content event (TTFT, ends and \
+         request counts stay)",
     ),
     (
         "syscalls_detached",
@@ -212,7 +219,8 @@ pub fn apply(
                 change.push_str(" (none was attached)");
             }
         }
-        3 => {
+        3 => capture.set_knob(Knob::HttpSseOff, 1)?,
+        4 => {
             if !capture.detach_syscalls()? {
                 change.push_str(" (were not attached)");
             }
@@ -274,7 +282,7 @@ mod tests {
         let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
         // 50k syscalls × 1 µs = 50 ms added to 100 ms of target CPU: +100 %.
         let mut levels = Vec::new();
-        for i in 1..=7u64 {
+        for i in 1..=8u64 {
             match b.check(snap(t, 100 * i, 50_000 * i, 100 * i)) {
                 Verdict::Degrade { level, overhead_pct } => {
                     assert!((overhead_pct - 100.0).abs() < 1e-6);
@@ -284,7 +292,7 @@ mod tests {
                 Verdict::Ok => levels.push(0),
             }
         }
-        assert_eq!(levels, [1, 2, 3, 4, 5, 99, 0]);
+        assert_eq!(levels, [1, 2, 3, 4, 5, 6, 99, 0]);
         assert!(b.exhausted());
     }
 

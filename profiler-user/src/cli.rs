@@ -136,10 +136,17 @@ pub struct AttachArgs {
     /// allocations, synchronize calls).
     #[arg(long)]
     pub no_cuda: bool,
+    /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
+    /// listens on). Requests become `http request N` tracks with wire TTFT and inter-token latency.
+    #[arg(long = "http-port", value_name = "PORT")]
+    pub http_ports: Vec<u16>,
+    /// Do not follow HTTP requests on the target's listening sockets.
+    #[arg(long, conflicts_with = "http_ports")]
+    pub no_http: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
     /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then CUDA
-    /// driver probes detached, then syscall tracepoints detached, then ranges detached; steps and requests
-    /// are kept). Default: no budget.
+    /// driver probes detached, then per-SSE wire records, then syscall tracepoints detached, then ranges
+    /// detached; steps and requests are kept). Default: no budget.
     #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker

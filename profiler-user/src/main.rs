@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
+use llmprof::capture::http::HttpPorts;
 use llmprof::capture::{CaptureError, Cidr, EngineProbes};
 use llmprof::causes;
 use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
@@ -87,6 +88,13 @@ fn run_attach(a: AttachArgs) -> i32 {
         stop_reason: attach::StopReason::default(),
         overhead_budget: a.overhead_budget,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
+        http: if a.no_http {
+            HttpPorts::Off
+        } else if a.http_ports.is_empty() {
+            HttpPorts::All
+        } else {
+            HttpPorts::Only(a.http_ports)
+        },
     };
     let opts_pid = opts.pid;
     match attach::run(&opts, &STOP) {

@@ -125,8 +125,10 @@ pub fn get(url: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).ok()?;
     s.set_read_timeout(Some(TIMEOUT)).ok()?;
     s.set_write_timeout(Some(TIMEOUT)).ok()?;
-    let req =
-        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: llmprof\r\nAccept: text/plain\r\n\r\n");
+    let req = format!(
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: {ua}\r\nAccept: text/plain\r\n\r\n",
+        ua = llmprof_trace::wire::LLMPROF_USER_AGENT
+    );
     s.write_all(req.as_bytes()).ok()?;
     let mut buf = Vec::new();
     s.take(MAX_BODY).read_to_end(&mut buf).ok()?;

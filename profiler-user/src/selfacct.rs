@@ -29,12 +29,14 @@ use llmprof_trace::calibration::Calibration;
 use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
 
 /// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
-const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
+const INSIDE_SYSCALL_EXIT: [ProbeId; 6] = [
     ProbeId::FileOpen,
     ProbeId::FileIo,
     ProbeId::Connect,
     ProbeId::Send,
     ProbeId::ProcessExit,
+    // The wire probe's scan of a followed read/write: charged as a decoded syscall (not calibrated apart yet).
+    ProbeId::Http,
 ];
 
 /// What the self-accounting charges, read from the capture at one instant

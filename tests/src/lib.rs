@@ -90,6 +90,17 @@ pub fn default_model() -> PathBuf {
     inference::model::default_model_path()
 }
 
+/// The Python of the servers venv `cargo xtask setup` installs (llama-cpp-python's server, the OpenAI client,
+/// uvicorn, gunicorn): `$XDG_CACHE_HOME/llmprof/venvs/servers/bin/python` (or under `~/.cache`).
+pub fn servers_python() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cache"));
+    cache.join("llmprof/venvs/servers/bin/python")
+}
+
 #[cfg(test)]
 mod tests {
     use super::ci_value_means_ci;

@@ -248,6 +248,34 @@ fn attach_to_the_engine_and_check_the_trace() {
         .unwrap_or_else(|| panic!("the traced request is missing: {rows:?}"));
     assert_eq!(traced_row["trace_id"], TRACE_ID);
     assert_eq!(traced_row["prompt"], traced_usage.prompt);
+    // The same request seen on the wire (the HTTP probe): its own track, joined to the engine's by x-request-id,
+    // with the caller's trace context read from the request head, and its end.
+    let wire = tp
+        .query(&format!(
+            "select {} as trace_id, {} as xid, {} as finish, ts, dur \
+             from slice where name like '{}%' and depth = 0",
+            extract(arg::TRACE_ID),
+            extract(arg::X_REQUEST_ID),
+            extract(arg::FINISH_REASON),
+            slice::WIRE_REQUEST_PREFIX
+        ))
+        .expect("wire request query");
+    let traced_wire = wire
+        .iter()
+        .find(|r| r["xid"] == "e2e-traced")
+        .unwrap_or_else(|| panic!("the traced request is missing on the wire: {wire:?}"));
+    assert_eq!(traced_wire["trace_id"], TRACE_ID, "{traced_wire:?}");
+    assert_eq!(traced_wire["finish"], "stop", "{traced_wire:?}");
+    for xid in rows
+        .iter()
+        .filter_map(|r| r["xid"].as_str())
+        .filter(|x| !x.is_empty())
+    {
+        assert!(
+            wire.iter().any(|w| w["xid"] == xid),
+            "engine request {xid} has no wire view: {wire:?}"
+        );
+    }
     assert_eq!(traced_row["output"], traced_usage.completion);
     let mut want: Vec<(i64, i64)> = other_usage.iter().map(|u| (u.prompt, u.completion)).collect();
     want.push((traced_usage.prompt, traced_usage.completion));

@@ -45,7 +45,7 @@ pub enum Task {
         after_help = "Examples:\n  cargo xtask test\n  cargo xtask test -p llmprof --test cli_attach -- --nocapture"
     )]
     Test(TestArgs),
-    /// Install everything the demo and the tests need (model, test tools, eBPF build chain).
+    /// Install everything the demo and the tests need (model, test tools, the servers venv, eBPF build chain).
     Setup {
         /// Download the model again even when it is present.
         #[arg(long)]

@@ -9,6 +9,7 @@ mod ebpf;
 mod flows;
 mod model;
 mod otel_tools;
+mod servers;
 mod tools;
 mod util;
 
@@ -26,6 +27,7 @@ fn main() -> Result<()> {
         Task::Setup { force } => {
             model::fetch(force)?;
             tools::setup()?;
+            servers::setup()?;
             ebpf::setup()
         }
         Task::Demo { seconds } => flows::demo(seconds),

@@ -66,6 +66,12 @@ pub struct RequestRow {
     pub preemptions: u64,
     /// llmprof attached after the request arrived: queue, prefill and TTFT are unknown (`null`).
     pub attached_mid_request: bool,
+    /// Arrival → finish, ms (`None`: unfinished or attached mid-request).
+    pub e2e_ms: Option<f64>,
+    /// Median of the request's own inter-token gaps, ms.
+    pub itl_p50_ms: Option<f64>,
+    /// Seen on the wire (the HTTP probe) rather than reported by the engine: queue and prefill are unknown.
+    pub wire: bool,
 }
 
 /// A step kind's or batch bucket's duration statistics.

@@ -126,6 +126,7 @@ struct Requests<'a> {
     prefill_ms: StatsJson,
     first_decode_step_ms: StatsJson,
     itl_ms: StatsJson,
+    e2e_ms: StatsJson,
     per_request: Vec<Request<'a>>,
 }
 
@@ -145,6 +146,7 @@ impl<'a> Requests<'a> {
             prefill_ms: StatsJson::of(&r.col(|q| q.prefill_ms)),
             first_decode_step_ms: StatsJson::of(&r.col(|q| q.first_decode_step_ms)),
             itl_ms: StatsJson::of(&Stats::of(&r.itl_ms)),
+            e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms)),
             per_request: r.requests.iter().map(Request::of).collect(),
         }
     }
@@ -163,6 +165,9 @@ struct Request<'a> {
     finish_reason: &'a str,
     preemptions: u64,
     attached_mid_request: bool,
+    e2e_ms: Option<Num>,
+    itl_p50_ms: Option<Num>,
+    wire: bool,
 }
 
 impl<'a> Request<'a> {
@@ -178,6 +183,9 @@ impl<'a> Request<'a> {
             finish_reason: &q.finish_reason,
             preemptions: q.preemptions,
             attached_mid_request: q.attached_mid_request,
+            e2e_ms: opt(q.e2e_ms),
+            itl_p50_ms: opt(q.itl_p50_ms),
+            wire: q.wire,
         }
     }
 }

@@ -12,7 +12,8 @@
 //!   `has_summary`: the final `llmprof summary` packet is present; `end_reason`: from it (`null` without).
 //! - `requests`: `{count, finished, unfinished, ttft_ms, queue_ms, prefill_ms, first_decode_step_ms, itl_ms,
 //!   per_request: [{req_id, x_request_id, queue_ms, prefill_ms, ttft_ms, first_decode_step_ms, output_tokens,
-//!   finish_reason, preemptions, attached_mid_request}]}`; a request already running when llmprof attached
+//!   finish_reason, preemptions, attached_mid_request, e2e_ms, itl_p50_ms, wire}], e2e_ms}`; `wire`: a
+//!   request seen by the HTTP wire probe (`http request N` tracks; queue and prefill `null`); a request already running when llmprof attached
 //!   has `null` queue/prefill/TTFT (its arrival was not seen) and is left out of those percentiles. `queue_ms` = time in `queued` / `queued (preempted)` phases before the first
 //!   token (arrival → scheduled), `prefill_ms` = time in `prefill` phases before it (scheduled → first token),
 //!   `ttft_ms` = arrival → first token (= queue + prefill), `first_decode_step_ms` = duration of the first

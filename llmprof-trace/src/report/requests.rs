@@ -126,9 +126,15 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
                 Item::Step(s) => itl.extend(tl.on_step(&s).map(ms)),
             }
         }
+        // A request seen on the wire: one sample per SSE content event after the first token.
+        let itl_before = itl.len();
+        let wire = wire_itl(t, tl.first_token_ns());
+        let wire_seen = !wire.is_empty();
+        itl.extend(wire);
         // A request no step names: one sample, (finish − first token) / (output tokens − 1).
         let info = tl.info();
-        if let (0, Some(ft), Some(end), n @ 2..) = (
+        if let (false, 0, Some(ft), Some(end), n @ 2..) = (
+            wire_seen,
             tl.token_steps(),
             tl.first_token_ns(),
             tl.finished_ns(),
@@ -138,11 +144,16 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
         }
         // Attached after it arrived: its arrival (and so queue time and TTFT) is unknown.
         let known = |v: Option<u64>| v.map(ms).filter(|_| !mid);
+        let on_wire = slice::is_wire_request(req_id);
+        let engine_only = |v: Option<f64>| v.filter(|_| !on_wire);
+        let mut own: Vec<f64> = itl[itl_before..].to_vec();
+        own.sort_by(f64::total_cmp);
+        let itl_p50_ms = (!own.is_empty()).then(|| own[(own.len() - 1) / 2]);
         rows.push(RequestRow {
             req_id,
             x_request_id: info.x_request_id.clone(),
-            queue_ms: known(tl.queued_before_first_token_ns()),
-            prefill_ms: known(tl.prefill_before_first_token_ns()),
+            queue_ms: engine_only(known(tl.queued_before_first_token_ns())),
+            prefill_ms: engine_only(known(tl.prefill_before_first_token_ns())),
             ttft_ms: known(tl.ttft_ns()),
             first_decode_step_ms: tl.first_decode_step_ns().map(ms),
             output_tokens: u64::from(info.output_tokens),
@@ -152,10 +163,37 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
                 .to_owned(),
             preemptions: u64::from(info.num_preemptions),
             attached_mid_request: mid,
+            e2e_ms: known(tl.finished_ns().map(|f| f.saturating_sub(tl.start_ns()))),
+            itl_p50_ms,
+            wire: on_wire,
         });
     }
     rows.sort_by_key(|q| q.req_id);
     (rows, itl)
+}
+
+/// The inter-token gaps (ms) of a wire request: its first token, then every SSE content event (an instant
+/// stands for `count` events of one write: the first closes the gap since the previous event, the others are
+/// 0 ms apart, as a client reading the write sees them).
+fn wire_itl(t: &Track, first_token: Option<u64>) -> Vec<f64> {
+    let Some(mut last) = first_token else {
+        return Vec::new();
+    };
+    let mut tokens: Vec<(u64, u64, u64)> = t
+        .instants
+        .iter()
+        .filter(|i| i.name == slice::WIRE_TOKEN)
+        .map(|i| (i.seq, i.ts, arg_f(&i.args, arg::COUNT).unwrap_or(1.0) as u64))
+        .collect();
+    tokens.sort_by_key(|(seq, _, _)| *seq);
+    let mut out = Vec::new();
+    for (_, ts, count) in tokens {
+        for _ in 0..count.max(1) {
+            out.push(ms(ts.saturating_sub(last)));
+            last = ts;
+        }
+    }
+    out
 }
 
 /// The lifecycle transitions a request's track shows, in write order (`(seq, item)`).

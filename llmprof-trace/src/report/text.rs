@@ -73,6 +73,7 @@ impl Report {
         row(&mut o, "TTFT (queue+prefill)", &self.ttft());
         row(&mut o, "first decode step", &self.col(|q| q.first_decode_step_ms));
         row(&mut o, "inter-token latency", &Stats::of(&self.itl_ms));
+        row(&mut o, "end-to-end", &self.col(|q| q.e2e_ms));
         header(&mut o, "Engine steps (host duration)");
         for (k, s) in &self.steps_by_kind {
             row(&mut o, k, s);

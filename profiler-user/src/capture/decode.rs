@@ -66,6 +66,11 @@ impl Decoder {
         }
     }
 
+    /// Counts a record decoded elsewhere (the wire probe's) that was not valid.
+    pub fn count_undecodable(&mut self) {
+        self.undecodable += 1;
+    }
+
     /// Records that could not be decoded so far (unknown kind, short record).
     pub fn undecodable(&self) -> u64 {
         self.undecodable
@@ -190,6 +195,8 @@ impl Decoder {
             }
             // Needs the target's memory to resolve: `Capture` hands these to `pysample` instead.
             EventKind::PyStack => return None,
+            // The wire probe's records go to `super::http` and the request reconstruction, never here.
+            EventKind::Http | EventKind::HttpHead => return None,
         };
         Some(Event {
             ts_ns: hdr.ts_ns,

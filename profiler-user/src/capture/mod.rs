@@ -18,6 +18,7 @@ pub mod calibrate;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
+pub mod http;
 pub mod patterns;
 pub mod pysample;
 
@@ -76,7 +77,7 @@ pub const TRACEPOINTS: [(&str, &str, &str); 5] = [
 /// arguments, the exit emits model-file, connect, sent-bytes or exit records. They cost more per call than
 /// the rest (calibrated apart, `Calibration::syscall_decoded_ns`). Mirrors `needs_args` in
 /// `profiler-ebpf/src/main.rs`; a test compares the two.
-pub const DECODED_SYSCALLS: [u64; 14] = [
+pub const DECODED_SYSCALLS: [u64; 18] = [
     0,   // read
     1,   // write
     2,   // open
@@ -86,11 +87,15 @@ pub const DECODED_SYSCALLS: [u64; 14] = [
     19,  // readv
     20,  // writev
     42,  // connect
+    43,  // accept
     44,  // sendto
+    45,  // recvfrom
     46,  // sendmsg
+    47,  // recvmsg
     60,  // exit
     231, // exit_group
     257, // openat
+    288, // accept4
 ];
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
@@ -139,6 +144,8 @@ pub struct CaptureConfig {
     pub calibrate_cuda: bool,
     /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`pysample::DEFAULT_HZ`]).
     pub python_hz: u64,
+    /// Which listening ports the HTTP wire probe follows ([`http`]).
+    pub http: http::HttpPorts,
 }
 
 impl Default for CaptureConfig {
@@ -154,6 +161,7 @@ impl Default for CaptureConfig {
             calibrate: false,
             calibrate_cuda: false,
             python_hz: pysample::DEFAULT_HZ,
+            http: http::HttpPorts::All,
         }
     }
 }
@@ -288,6 +296,16 @@ pub struct Capture {
     range_links: Vec<UProbeLinkId>,
     /// Python stack sampling of the Python targets.
     python: pysample::PySampling,
+    /// Requests rebuilt from the HTTP wire probe's records.
+    wire: llmprof_trace::wire::Reconstructor,
+    /// Which ports the wire probe follows.
+    http_ports: http::HttpPorts,
+    /// Ports followed so far, per traced process.
+    http_followed: StdHashMap<u32, Vec<u16>>,
+    /// Last id given to a connection seeded from /proc (counts down from `u64::MAX`).
+    http_seeded: u64,
+    /// Processes that joined the session after the start (process trees): their sockets are followed too.
+    joined: std::collections::BTreeSet<u32>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -509,7 +527,7 @@ impl Capture {
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz)?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
-        Ok(Capture {
+        let mut cap = Capture {
             ring,
             ebpf,
             logger,
@@ -531,7 +549,51 @@ impl Capture {
             syscall_links,
             range_links,
             python,
-        })
+            wire: llmprof_trace::wire::Reconstructor::new(),
+            http_ports: cfg.http.clone(),
+            http_followed: StdHashMap::new(),
+            http_seeded: u64::MAX,
+            joined: std::collections::BTreeSet::new(),
+        };
+        cap.refresh_http()?;
+        Ok(cap)
+    }
+
+    /// A process joined the session after the start (a process of the tree): its listening sockets are
+    /// followed from the next [`Capture::refresh_http`].
+    pub fn process_joined(&mut self, pid: u32) {
+        self.joined.insert(pid);
+    }
+
+    /// A process left the session.
+    pub fn process_left(&mut self, pid: u32) {
+        self.joined.remove(&pid);
+        self.http_followed.remove(&pid);
+    }
+
+    /// Finds the traced processes' listening sockets (and connections established on them) and has the wire
+    /// probe follow them; call again to pick up sockets opened later (and processes that joined). Returns the
+    /// ports followed per process.
+    pub fn refresh_http(&mut self) -> Result<&StdHashMap<u32, Vec<u16>>, CaptureError> {
+        let pids: Vec<u32> = self.pids.iter().chain(&self.joined).copied().collect();
+        for pid in pids {
+            let socks = http::discover(pid, &self.http_ports);
+            if socks.listening.is_empty() {
+                continue;
+            }
+            let ports = http::fill(&mut self.ebpf, pid, &socks, &mut self.http_seeded)?;
+            let known = self.http_followed.entry(pid).or_default();
+            if *known != ports {
+                log::info!("wire probe: following HTTP on port(s) {ports:?} of pid {pid}");
+                *known = ports;
+            }
+        }
+        Ok(&self.http_followed)
+    }
+
+    /// What the wire reconstruction saw so far.
+    pub fn wire_stats(&self) -> llmprof_trace::wire::WireStats {
+        self.wire.stats
     }
 
     /// Attaches the CUDA driver uprobes (entry and return) of `pid` at each `(file offset, cookie)` of the
@@ -688,12 +750,17 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            let ev = if decode::kind(&item) == Some(llmprof_abi::EventKind::PyStack) {
-                self.python.decode(&item)
-            } else {
-                self.decoder.decode(&item)
-            };
-            if let Some(ev) = ev {
+            let kind = decode::kind(&item);
+            if kind == Some(llmprof_abi::EventKind::PyStack) {
+                if let Some(ev) = self.python.decode(&item) {
+                    out.push(ev);
+                }
+            } else if kind.is_some_and(http::is_http_kind) {
+                match http::decode(&item) {
+                    Some(r) => self.wire.push(r, out),
+                    None => self.decoder.count_undecodable(),
+                }
+            } else if let Some(ev) = self.decoder.decode(&item) {
                 out.push(ev);
             }
             n += 1;

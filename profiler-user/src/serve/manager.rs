@@ -854,6 +854,7 @@ mod tests {
             metadata: None,
             prelude: None,
             stop_reason: StopReason::default(),
+            http: crate::capture::http::HttpPorts::All,
         };
         let cfg = ManagerConfig {
             out_dir,

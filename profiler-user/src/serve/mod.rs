@@ -208,6 +208,7 @@ impl ServeOptions {
             metadata: None,
             prelude: None,
             stop_reason: StopReason::default(),
+            http: crate::capture::http::HttpPorts::All,
         };
         Ok(ServeOptions {
             listen: s.listen,

@@ -48,6 +48,7 @@ mod python;
 mod procs;
 mod session;
 mod threads;
+mod wire;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
@@ -83,7 +84,13 @@ fn uuid(ns: u64, id: u64) -> u64 {
 
 /// A request's flow id and track key: its process and id.
 fn pid_req(pid: u32, req: u64) -> u64 {
-    (u64::from(pid) << 32) | (req & 0xffff_ffff)
+    // Bit 31 tells a request seen on the wire (ids from `wire::WIRE_REQ_BASE`) from the engine's own ids.
+    let wire = if crate::names::slice::is_wire_request(req) {
+        1 << 31
+    } else {
+        0
+    };
+    (u64::from(pid) << 32) | wire | (req & 0x7fff_ffff)
 }
 
 /// Counter tracks of a process.
@@ -288,6 +295,11 @@ impl<W: Write> TraceSink<W> {
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
             EventBody::PyStack(s) => self.py_stack(ev, s),
+            EventBody::WireRequest { req_id, method, path } => {
+                self.wire_request(ev.pid, ts, *req_id, method, path)
+            }
+            EventBody::WireResponse { req_id, status } => self.wire_response(ev.pid, ts, *req_id, *status),
+            EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
         }
     }
 

@@ -1,0 +1,157 @@
+//! Records of the HTTP/1.1 wire probe: requests and responses of any server, seen in its socket syscalls.
+//!
+//! The kernel (`profiler-ebpf/src/http.rs`) follows the connections accepted on the traced processes' listening
+//! sockets ([`HTTP_LISTEN`-style map filled by user space, keyed by [`crate::SockKey`]) and writes:
+//! - [`HttpHeadEvent`] at a request's first bytes (and while its head continues over several reads): the head
+//!   (request line and headers), cut in the kernel at the blank line `\r\n\r\n`, so no body byte leaves the
+//!   kernel. User space keeps only the method, the path, `traceparent` and `x-request-id`.
+//! - [`HttpEvent`] for the response: its status line, the SSE events each write carried (how many, and how
+//!   many carried generated content, decided in the kernel), its end, and the connection's close or reset.
+//!
+//! Layouts are pinned by size assertions in `lib.rs`.
+
+use crate::EventHeader;
+
+#[path = "http_scan.rs"]
+mod scan;
+pub use scan::{counting_body, finish_write, scan_byte, start_response, Scan, WriteOutcome};
+
+/// Bytes of a request head one [`HttpHeadEvent`] carries (a longer head continues in further records while
+/// the kernel's per-read copy lasts; what does not fit is cut and flagged [`HTTP_FLAG_HEAD_CUT`]).
+pub const HTTP_HEAD_MAX: usize = 1024;
+
+/// What an [`HttpEvent`] / [`HttpHeadEvent`] says happened on a connection.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpOp {
+    /// The first bytes of a request were read ([`HttpHeadEvent`]; the header's time is the read's exit).
+    RequestStart = 1,
+    /// More of a request's head, read after its first bytes ([`HttpHeadEvent`]).
+    RequestHead = 2,
+    /// The response's status line was written ([`HttpEvent::status`]).
+    ResponseStart = 3,
+    /// A write carried SSE events ([`HttpEvent::events`], [`HttpEvent::content_events`]).
+    Sse = 4,
+    /// The response is complete ([`HttpEvent::flags`]: which end was seen).
+    ResponseEnd = 5,
+    /// The server closed the connection (`close` of its fd).
+    Close = 6,
+    /// The peer went away: a read returned 0 (EOF) or a call failed with a reset / broken pipe.
+    Reset = 7,
+    /// The first bytes of the connection are a TLS record (`0x16 0x03`): nothing more is decoded on it.
+    Tls = 8,
+    /// The first bytes of the connection are the HTTP/2 preface (`PRI * HTTP/2.0`): not decoded.
+    Http2 = 9,
+}
+
+impl HttpOp {
+    /// Decodes [`HttpEvent::op`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::RequestStart,
+            2 => Self::RequestHead,
+            3 => Self::ResponseStart,
+            4 => Self::Sse,
+            5 => Self::ResponseEnd,
+            6 => Self::Close,
+            7 => Self::Reset,
+            8 => Self::Tls,
+            9 => Self::Http2,
+            _ => return None,
+        })
+    }
+}
+
+/// [`HttpOp::ResponseEnd`]: the `Content-Length` bytes were written.
+pub const HTTP_END_LENGTH: u32 = 1;
+/// [`HttpOp::ResponseEnd`]: the chunked terminator `0\r\n\r\n` was written.
+pub const HTTP_END_CHUNKED: u32 = 2;
+/// [`HttpOp::ResponseEnd`]: an SSE `data: [DONE]` event was written.
+pub const HTTP_END_DONE: u32 = 4;
+/// [`HttpHeadEvent`]: the blank line ending the head was found (the head is complete).
+pub const HTTP_FLAG_HEAD_DONE: u32 = 1;
+/// [`HttpHeadEvent`]: the read held more head bytes than [`HTTP_HEAD_MAX`]; the rest was not copied.
+pub const HTTP_FLAG_HEAD_CUT: u32 = 2;
+/// [`HttpEvent`] (`Sse`): the write was longer than the kernel scans; events past the scanned part are missed.
+pub const HTTP_FLAG_SCAN_CUT: u32 = 8;
+/// [`HttpEvent`] (`Sse`): one of the write's content events is the response's first.
+pub const HTTP_FLAG_FIRST_CONTENT: u32 = 16;
+
+/// One response-side happening on a followed connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HttpEvent {
+    /// Header ([`crate::EventKind::Http`]); `ts_ns` is the syscall's exit.
+    pub hdr: EventHeader,
+    /// The connection's fd in the process.
+    pub fd: i32,
+    /// [`HttpOp`] as u32.
+    pub op: u32,
+    /// Connection id, unique in the session (the kernel's counter; user-space seeded connections count down
+    /// from `u64::MAX`).
+    pub conn: u64,
+    /// `HTTP_END_*` / `HTTP_FLAG_*` bits.
+    pub flags: u32,
+    /// The response's status code (`ResponseStart`), 0 otherwise.
+    pub status: u32,
+    /// SSE events the write ended (`Sse`).
+    pub events: u32,
+    /// Of those, the events that carried generated content (a non-empty `content`, `text`, `reasoning`,
+    /// `reasoning_content`, `arguments` string or a non-empty `tool_calls` array); role-only and empty
+    /// chunks do not count.
+    pub content_events: u32,
+    /// The syscall's result (bytes written, or -errno for `Reset`).
+    pub ret: i64,
+}
+
+/// A request's head bytes, as read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HttpHeadEvent {
+    /// Header ([`crate::EventKind::HttpHead`]); `ts_ns` is the read's exit.
+    pub hdr: EventHeader,
+    /// The connection's fd in the process.
+    pub fd: i32,
+    /// [`HttpOp::RequestStart`] or [`HttpOp::RequestHead`].
+    pub op: u32,
+    /// Connection id (see [`HttpEvent::conn`]).
+    pub conn: u64,
+    /// `HTTP_FLAG_HEAD_*` bits.
+    pub flags: u32,
+    /// Bytes of `data` that are head bytes (at most [`HTTP_HEAD_MAX`]; nothing after the blank line).
+    pub len: u32,
+    /// Bytes the read returned.
+    pub ret: i64,
+    /// The head bytes.
+    pub data: [u8; HTTP_HEAD_MAX],
+}
+
+/// Per-connection state the kernel keeps (value of its connection map; user space writes fresh ones, all zero
+/// but [`HttpConnState::conn`], for the connections already established at attach). Every field but `conn` is
+/// the kernel's own bookkeeping.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpConnState {
+    /// Connection id (see [`HttpEvent::conn`]).
+    pub conn: u64,
+    /// Where the exchange is (0: waiting for a request; values in `profiler-ebpf/src/http.rs`).
+    pub phase: u32,
+    /// Scanner bits (`profiler-ebpf/src/http.rs`).
+    pub bits: u32,
+    /// Characters of the current line, `\r` not counted.
+    pub line_len: u32,
+    /// Hash of the JSON string being read / last read (key detection).
+    pub hash: u32,
+    /// The last JSON string's hash.
+    pub last_hash: u32,
+    /// Response status code being parsed.
+    pub status: u32,
+    /// `Content-Length` being parsed.
+    pub content_length: u64,
+    /// Response body bytes still to come (-1: unknown).
+    pub remaining: i64,
+    /// Characters of `\r\n\r\n` matched at the end of the request head bytes read so far.
+    pub head_match: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+}

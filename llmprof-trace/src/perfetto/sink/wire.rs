@@ -1,0 +1,52 @@
+//! What the HTTP wire probe adds to a wire request's track (drawn like an engine request from its `Request`
+//! records, see `engine.rs`): the request line, the response's status line and the SSE content events after
+//! the first token, as instants.
+
+use std::io::{self, Write};
+
+use super::TraceSink;
+use crate::names::{arg, slice};
+use crate::perfetto::writer::{arg_s, arg_u};
+
+impl<W: Write> TraceSink<W> {
+    /// The request line of wire request `req`.
+    pub(super) fn wire_request(
+        &mut self,
+        pid: u32,
+        ts: u64,
+        req: u64,
+        method: &str,
+        path: &str,
+    ) -> io::Result<()> {
+        let track = self.request_track(pid, req, "")?;
+        let args = vec![
+            arg_s(arg::HTTP_METHOD, method.to_owned()),
+            arg_s(arg::HTTP_PATH, path.to_owned()),
+        ];
+        self.instant(ts, track, slice::HTTP_REQUEST_LINE, args, Vec::new())
+    }
+
+    /// The status line of wire request `req`'s response.
+    pub(super) fn wire_response(&mut self, pid: u32, ts: u64, req: u64, status: u32) -> io::Result<()> {
+        let track = self.request_track(pid, req, "")?;
+        self.instant(
+            ts,
+            track,
+            slice::HTTP_RESPONSE,
+            vec![arg_u(arg::HTTP_STATUS, status)],
+            Vec::new(),
+        )
+    }
+
+    /// `count` SSE content events of one write of wire request `req`'s response (after its first token).
+    pub(super) fn wire_token(&mut self, pid: u32, ts: u64, req: u64, count: u32) -> io::Result<()> {
+        let track = self.request_track(pid, req, "")?;
+        self.instant(
+            ts,
+            track,
+            slice::WIRE_TOKEN,
+            vec![arg_u(arg::COUNT, count)],
+            Vec::new(),
+        )
+    }
+}

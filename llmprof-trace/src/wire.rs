@@ -1,0 +1,358 @@
+//! Requests seen on the wire: the HTTP wire probe's records turned into the same request events the engine's
+//! probes give, so every consumer (Perfetto sink, OTel builder, `llmprof report`, `serve`) handles requests of
+//! any HTTP/1.1 server without knowing where they came from.
+//!
+//! Owns the per-connection reconstruction (pure: records in, events out; no kernel, no clock). A connection's
+//! exchanges are sequential (HTTP/1.1 without pipelining): a request starts at its first byte read, its head
+//! gives the method, path, `traceparent` and `x-request-id` (every other header is dropped here, never
+//! stored), the response's first content-carrying SSE event is the first token, each later content event a
+//! token, and the response's end (or the connection's close or reset before it: a cancelled request) the
+//! finish. Each request becomes:
+//! - `EventBody::Request` records: `Arrived` at its first byte, `FirstToken` at its first content event,
+//!   `Finished` (`stop`, or `abort` when the client went away first) with the content events as output tokens;
+//! - `EventBody::WireToken` for every content event after the first (the outside view of each token or chunk:
+//!   `llmprof report`'s wire inter-token latencies) and `EventBody::WireResponse` at the response's status line.
+//!
+//! Wire requests get ids from [`WIRE_REQ_BASE`] up, apart from any engine's own ids in the same process.
+//! TLS and HTTP/2 connections are reported once per process as a marker and not followed.
+
+use std::collections::{HashMap, HashSet};
+
+use llmprof_abi::{
+    FinishReason, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HttpOp, REQUEST_ID_LEN, RequestEventKind,
+    RequestRecord, fill_str,
+};
+
+use crate::event::{Event, EventBody};
+
+/// First id of requests seen on the wire (engine ids are per-process counters far below it).
+pub const WIRE_REQ_BASE: u64 = 1 << 40;
+
+/// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`).
+pub const LLMPROF_USER_AGENT: &str = "llmprof";
+
+/// Most head bytes kept per connection while a head spans several reads.
+const HEAD_KEEP: usize = 16 << 10;
+
+/// One wire-probe record, decoded (`llmprof_abi::HttpEvent` / `HttpHeadEvent`).
+#[derive(Clone, Debug, Default)]
+pub struct WireRecord {
+    /// When (the syscall's exit), BOOTTIME ns.
+    pub ts_ns: u64,
+    /// Process and thread.
+    pub pid: u32,
+    /// See `pid`.
+    pub tid: u32,
+    /// The connection's fd.
+    pub fd: i32,
+    /// Connection id (unique in the session).
+    pub conn: u64,
+    /// What happened (`None`: an op this llmprof does not know; ignored).
+    pub op: Option<HttpOp>,
+    /// `HTTP_*` flag bits.
+    pub flags: u32,
+    /// Status code (`ResponseStart`).
+    pub status: u32,
+    /// SSE events the write ended, and those with content (`Sse`).
+    pub events: u32,
+    /// See `events`.
+    pub content_events: u32,
+    /// The syscall's result.
+    pub ret: i64,
+    /// Request head bytes (`RequestStart` / `RequestHead`), cut at the blank line by the kernel.
+    pub head: Vec<u8>,
+}
+
+/// What a request head says that llmprof keeps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// The request target (path and query).
+    pub path: String,
+    /// `x-request-id`.
+    pub x_request_id: String,
+    /// `traceparent`: trace id, parent span id, flags.
+    pub traceparent: Option<([u8; 16], [u8; 8], u8)>,
+    /// Sent by llmprof itself (`User-Agent: llmprof`, its /metrics scraper): not one of the server's requests.
+    pub from_llmprof: bool,
+}
+
+/// Parses a request head (request line and headers); keeps only what [`Head`] holds. `None` when the first
+/// line is not an HTTP/1.x request line.
+pub fn parse_head(bytes: &[u8]) -> Option<Head> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut lines = text.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, path, version) = (first.next()?, first.next()?, first.next()?);
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase())
+    {
+        return None;
+    }
+    let mut head = Head {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        ..Head::default()
+    };
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("x-request-id") {
+            head.x_request_id = value.chars().take(REQUEST_ID_LEN).collect();
+        } else if name.eq_ignore_ascii_case("traceparent") {
+            head.traceparent = parse_traceparent(value);
+        } else if name.eq_ignore_ascii_case("user-agent") {
+            head.from_llmprof = value == LLMPROF_USER_AGENT;
+        }
+    }
+    Some(head)
+}
+
+/// A W3C `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`).
+pub fn parse_traceparent(v: &str) -> Option<([u8; 16], [u8; 8], u8)> {
+    let p: Vec<&str> = v.split('-').collect();
+    if p.len() < 4 || p[0].len() != 2 || p[1].len() != 32 || p[2].len() != 16 || p[3].len() != 2 {
+        return None;
+    }
+    let hex = |s: &str, out: &mut [u8]| -> Option<()> {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(())
+    };
+    let (mut t, mut s, mut f) = ([0u8; 16], [0u8; 8], [0u8; 1]);
+    hex(p[1], &mut t)?;
+    hex(p[2], &mut s)?;
+    hex(p[3], &mut f)?;
+    (t != [0; 16] && s != [0; 8]).then_some((t, s, f[0]))
+}
+
+/// The request in flight on a connection.
+#[derive(Debug)]
+struct Req {
+    id: u64,
+    start_ns: u64,
+    head: Vec<u8>,
+    arrived: bool,
+    content: u32,
+    last_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct Conn {
+    req: Option<Req>,
+}
+
+/// Turns wire records into request events. Feed records in stream order with [`Reconstructor::push`].
+#[derive(Debug, Default)]
+pub struct Reconstructor {
+    conns: HashMap<(u32, u64), Conn>,
+    next: u64,
+    /// (pid, op) already reported (TLS, HTTP/2).
+    noted: HashSet<(u32, u32)>,
+    /// Requests started, finished, cancelled.
+    pub stats: WireStats,
+}
+
+/// What the reconstruction saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireStats {
+    /// Requests started.
+    pub requests: u64,
+    /// Requests whose connection closed or reset before the response ended.
+    pub cancelled: u64,
+    /// Heads that were not an HTTP/1.x request (dropped).
+    pub not_http: u64,
+    /// llmprof's own requests (its /metrics scraper), left out.
+    pub own: u64,
+}
+
+impl Reconstructor {
+    /// A reconstructor with no connection known.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one record; appends the events it produces to `out`.
+    pub fn push(&mut self, r: WireRecord, out: &mut Vec<Event>) {
+        let Some(op) = r.op else { return };
+        let key = (r.pid, r.conn);
+        match op {
+            HttpOp::RequestStart => {
+                let conn = self.conns.entry(key).or_default();
+                let prev = conn.req.take();
+                if let Some(prev) = prev {
+                    // The previous exchange's end was not seen: it ended with its last write.
+                    let at = prev.last_ns;
+                    finish(&r, prev, at, FinishReason::Stop, out);
+                }
+                self.next += 1;
+                self.stats.requests += 1;
+                let conn = self.conns.entry(key).or_default();
+                conn.req = Some(Req {
+                    id: WIRE_REQ_BASE + self.next,
+                    start_ns: r.ts_ns,
+                    head: r.head.clone(),
+                    arrived: false,
+                    content: 0,
+                    last_ns: r.ts_ns,
+                });
+                if r.flags & (HTTP_FLAG_HEAD_DONE | HTTP_FLAG_HEAD_CUT) != 0 {
+                    self.arrive(key, &r, out);
+                }
+            }
+            HttpOp::RequestHead => {
+                let Some(req) = self.req(key) else { return };
+                if req.head.len() < HEAD_KEEP {
+                    req.head.extend_from_slice(&r.head);
+                }
+                if r.flags & (HTTP_FLAG_HEAD_DONE | HTTP_FLAG_HEAD_CUT) != 0 {
+                    self.arrive(key, &r, out);
+                }
+            }
+            HttpOp::ResponseStart => {
+                self.arrive(key, &r, out);
+                let Some(req) = self.req(key) else { return };
+                req.last_ns = r.ts_ns;
+                let id = req.id;
+                out.push(ev(
+                    &r,
+                    EventBody::WireResponse {
+                        req_id: id,
+                        status: r.status,
+                    },
+                ));
+            }
+            HttpOp::Sse => {
+                self.arrive(key, &r, out);
+                let Some(req) = self.req(key) else { return };
+                req.last_ns = r.ts_ns;
+                let mut n = r.content_events;
+                if n == 0 {
+                    return;
+                }
+                let id = req.id;
+                if req.content == 0 {
+                    let rec = RequestRecord::new(RequestEventKind::FirstToken, id, r.ts_ns);
+                    out.push(ev(&r, EventBody::Request(Box::new(rec))));
+                    n -= 1;
+                }
+                req.content += r.content_events;
+                if n > 0 {
+                    out.push(ev(&r, EventBody::WireToken { req_id: id, count: n }));
+                }
+            }
+            HttpOp::ResponseEnd => {
+                self.arrive(key, &r, out);
+                if let Some(req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
+                    finish(&r, req, r.ts_ns, FinishReason::Stop, out);
+                }
+            }
+            HttpOp::Close | HttpOp::Reset => {
+                let req = self.conns.get_mut(&key).and_then(|c| c.req.take());
+                if op == HttpOp::Close {
+                    self.conns.remove(&key);
+                }
+                if let Some(req) = req {
+                    if !req.arrived {
+                        // Nothing but a first read before the client went away: not a request.
+                        return;
+                    }
+                    self.stats.cancelled += 1;
+                    finish(&r, req, r.ts_ns, FinishReason::Abort, out);
+                }
+            }
+            HttpOp::Tls | HttpOp::Http2 => {
+                self.conns.remove(&key);
+                if self.noted.insert((r.pid, op as u32)) {
+                    let what = if op == HttpOp::Tls {
+                        "TLS (encrypted inside the process: requests on it are not decoded)"
+                    } else {
+                        "HTTP/2 (not decoded: the wire probe reads HTTP/1.1)"
+                    };
+                    let text = crate::names::marker::wire_not_decoded(r.pid, r.fd, what);
+                    out.push(ev(&r, EventBody::Marker { text }));
+                }
+            }
+        }
+    }
+
+    fn req(&mut self, key: (u32, u64)) -> Option<&mut Req> {
+        self.conns.get_mut(&key)?.req.as_mut()
+    }
+
+    /// The request's head is complete (or will not be): its `Arrived` record, at its first byte.
+    fn arrive(&mut self, key: (u32, u64), r: &WireRecord, out: &mut Vec<Event>) {
+        let Some(conn) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let Some(req) = conn.req.as_mut() else { return };
+        if req.arrived {
+            return;
+        }
+        let Some(head) = parse_head(&req.head) else {
+            // Not a request line (a connection seeded mid-exchange, or not HTTP): forget it.
+            conn.req = None;
+            self.stats.not_http += 1;
+            return;
+        };
+        if head.from_llmprof {
+            conn.req = None;
+            self.stats.requests -= 1;
+            self.stats.own += 1;
+            return;
+        }
+        req.arrived = true;
+        req.head = Vec::new();
+        let mut rec = RequestRecord::new(RequestEventKind::Arrived, req.id, req.start_ns);
+        rec.is_chat = u8::from(head.path.contains("/chat/completions"));
+        rec.x_request_id = fill_str::<REQUEST_ID_LEN>(&head.x_request_id);
+        if let Some((t, s, f)) = head.traceparent {
+            rec.trace_id = t;
+            rec.parent_span_id = s;
+            rec.trace_flags = f;
+            rec.has_trace_context = 1;
+        }
+        let mut e = ev(r, EventBody::Request(Box::new(rec)));
+        e.ts_ns = req.start_ns;
+        out.push(e);
+        out.push(Event {
+            ts_ns: req.start_ns,
+            pid: r.pid,
+            tid: r.tid,
+            body: EventBody::WireRequest {
+                req_id: req.id,
+                method: head.method,
+                path: head.path,
+            },
+        });
+    }
+}
+
+fn ev(r: &WireRecord, body: EventBody) -> Event {
+    Event {
+        ts_ns: r.ts_ns,
+        pid: r.pid,
+        tid: r.tid,
+        body,
+    }
+}
+
+fn finish(r: &WireRecord, req: Req, at: u64, reason: FinishReason, out: &mut Vec<Event>) {
+    if !req.arrived {
+        return;
+    }
+    let mut rec = RequestRecord::new(RequestEventKind::Finished, req.id, at);
+    rec.finish_reason = reason as u32;
+    rec.output_tokens = req.content;
+    let mut e = ev(r, EventBody::Request(Box::new(rec)));
+    e.ts_ns = at;
+    out.push(e);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
+#[path = "wire_tests.rs"]
+mod tests;

@@ -1,0 +1,348 @@
+//! The wire probe's pure halves together: the kernel's response scanner (`llmprof_abi::scan_byte`, driven here
+//! the way `profiler-ebpf/src/http.rs` drives it, write by write) feeding the [`Reconstructor`].
+
+use llmprof_abi::{
+    FinishReason, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_HEAD_DONE, HttpConnState,
+    HttpOp, RequestEventKind, Scan, WriteOutcome, counting_body, finish_write, read_str, scan_byte,
+    start_response,
+};
+
+use super::*;
+
+/// One connection as the kernel sees it: whether a response is under way, and its scanner state.
+struct Sim {
+    st: HttpConnState,
+    in_response: bool,
+    ts: u64,
+    records: Vec<WireRecord>,
+}
+
+impl Sim {
+    fn new() -> Self {
+        Self {
+            st: HttpConnState {
+                conn: 7,
+                remaining: -1,
+                ..HttpConnState::default()
+            },
+            in_response: false,
+            ts: 0,
+            records: Vec::new(),
+        }
+    }
+
+    fn rec(&mut self, op: HttpOp) -> WireRecord {
+        self.ts += 1_000_000;
+        WireRecord {
+            ts_ns: self.ts,
+            pid: 1,
+            tid: 1,
+            fd: 5,
+            conn: 7,
+            op: Some(op),
+            ..WireRecord::default()
+        }
+    }
+
+    /// The server read a whole request head (and maybe a body).
+    fn read(&mut self, head: &str) {
+        self.in_response = false;
+        let mut r = self.rec(HttpOp::RequestStart);
+        let end = head.find("\r\n\r\n").map_or(head.len(), |i| i + 4);
+        r.head = head.as_bytes()[..end].to_vec();
+        r.flags = HTTP_FLAG_HEAD_DONE;
+        self.records.push(r);
+    }
+
+    /// The server wrote `bytes` (one syscall): the kernel's `on_write`.
+    fn write(&mut self, bytes: &str) -> WriteOutcome {
+        let mut x = Scan {
+            st: self.st,
+            ..Scan::default()
+        };
+        if !self.in_response {
+            start_response(&mut x.st);
+            self.in_response = true;
+        }
+        let scanned = !counting_body(&x.st);
+        if scanned {
+            for (i, c) in bytes.bytes().enumerate() {
+                scan_byte(c, i as u64, &mut x);
+            }
+        }
+        let o = finish_write(&mut x, bytes.len() as u64, scanned);
+        self.st = x.st;
+        if o.response_start {
+            let mut r = self.rec(HttpOp::ResponseStart);
+            r.status = o.status;
+            self.records.push(r);
+        }
+        if o.events > 0 {
+            let mut r = self.rec(HttpOp::Sse);
+            r.events = o.events;
+            r.content_events = o.content;
+            r.flags = o.flags;
+            self.records.push(r);
+        }
+        if o.end != 0 {
+            let mut r = self.rec(HttpOp::ResponseEnd);
+            r.flags = o.end;
+            self.records.push(r);
+        }
+        o
+    }
+
+    fn close(&mut self) {
+        let r = self.rec(HttpOp::Close);
+        self.records.push(r);
+    }
+
+    fn events(&self) -> Vec<Event> {
+        let mut rc = Reconstructor::new();
+        let mut out = Vec::new();
+        for r in &self.records {
+            rc.push(r.clone(), &mut out);
+        }
+        out
+    }
+}
+
+const HEAD: &str = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n\
+                    x-request-id: abc-1\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\
+                    Content-Length: 10\r\n\r\n{\"a\":\"b\"}";
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+const ROLE: &str = r#"data: {"id": "c1", "model": "/models/m.gguf", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}"#;
+const ROLE_ONLY: &str = r#"data: {"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}"#;
+const FINISH: &str = r#"data: {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}"#;
+
+fn token(t: &str) -> String {
+    format!(
+        r#"data: {{"id": "c1", "choices": [{{"index": 0, "delta": {{"content": "{t}"}}, "finish_reason": null}}]}}"#
+    )
+}
+
+/// One SSE event as uvicorn writes it in chunked encoding: size line, event, blank line, chunk end.
+fn chunk(event: &str) -> String {
+    let body = format!("{event}\r\n\r\n");
+    format!("{:x}\r\n{body}\r\n", body.len())
+}
+
+fn kinds(evs: &[Event]) -> Vec<String> {
+    evs.iter()
+        .map(|e| match &e.body {
+            EventBody::Request(r) => format!("{:?}", RequestEventKind::from_raw(r.kind)),
+            EventBody::WireToken { count, .. } => format!("tokens {count}"),
+            EventBody::WireResponse { status, .. } => format!("status {status}"),
+            EventBody::WireRequest { method, path, .. } => format!("{method} {path}"),
+            other => other.kind_name().to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn head_keeps_method_path_and_the_two_headers_only() {
+    let h = parse_head(HEAD.as_bytes()).unwrap();
+    assert_eq!(h.method, "POST");
+    assert_eq!(h.path, "/v1/chat/completions");
+    assert_eq!(h.x_request_id, "abc-1");
+    let (t, s, f) = h.traceparent.unwrap();
+    assert_eq!(t[0], 0x4b);
+    assert_eq!(s[7], 0xb7);
+    assert_eq!(f, 1);
+    assert!(!format!("{h:?}").contains("secret"), "no other header is kept");
+    assert!(parse_head(b"\x16\x03\x01garbage").is_none());
+    assert!(parse_head(b"{\"partial\": \"body\"}").is_none());
+}
+
+#[test]
+fn role_only_first_chunk_is_not_the_first_token() {
+    for first in [ROLE, ROLE_ONLY] {
+        let mut s = Sim::new();
+        s.read(HEAD);
+        assert!(s.write(SSE_HEAD).response_start);
+        let o = s.write(&chunk(first));
+        assert_eq!((o.events, o.content), (1, 0), "{first}");
+        let o = s.write(&chunk(&token("Hi")));
+        assert_eq!((o.events, o.content), (1, 1));
+        s.write(&chunk(&token(" there")));
+        s.write(&chunk(FINISH));
+        let o = s.write(&format!("{}0\r\n\r\n", chunk("data: [DONE]")));
+        assert_eq!(o.end, HTTP_END_DONE | HTTP_END_CHUNKED);
+        let evs = s.events();
+        assert_eq!(
+            kinds(&evs),
+            [
+                "Some(Arrived)",
+                "POST /v1/chat/completions",
+                "status 200",
+                "Some(FirstToken)",
+                "tokens 1",
+                "Some(Finished)"
+            ]
+        );
+        let EventBody::Request(arrived) = &evs[0].body else {
+            panic!()
+        };
+        assert_eq!(read_str(&arrived.x_request_id), "abc-1");
+        assert_eq!(arrived.has_trace_context, 1);
+        assert_eq!(arrived.is_chat, 1);
+        let EventBody::Request(fin) = &evs[5].body else {
+            panic!()
+        };
+        assert_eq!(fin.output_tokens, 2);
+        assert_eq!(fin.finish_reason, FinishReason::Stop as u32);
+        // The first token's time is the write that carried "Hi" (records are 1 ms apart from the first read).
+        assert!(evs[3].ts_ns > evs[2].ts_ns);
+    }
+}
+
+#[test]
+fn events_split_across_writes_and_several_in_one_write() {
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    // One event cut in three writes (in the middle of `data:`, of the key and of the value).
+    let ev = chunk(&token("Hello"));
+    let (a, rest) = ev.split_at(9);
+    let (b, c) = rest.split_at(rest.find("ntent").unwrap() + 2);
+    assert_eq!(s.write(a).events, 0);
+    assert_eq!(s.write(b).events, 0);
+    let o = s.write(c);
+    assert_eq!((o.events, o.content), (1, 1));
+    // Three events in one write: two with content, one role-only.
+    let many = format!("{}{}{}", chunk(ROLE_ONLY), chunk(&token("a")), chunk(&token("b")));
+    let o = s.write(&many);
+    assert_eq!((o.events, o.content), (3, 2));
+    let evs = s.events();
+    assert!(kinds(&evs).contains(&"tokens 2".to_owned()), "{:?}", kinds(&evs));
+}
+
+#[test]
+fn escaped_quotes_and_keys_inside_values_do_not_fool_the_scanner() {
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    // A role-only chunk whose id mentions content, then an empty content with escapes elsewhere.
+    let tricky =
+        r#"data: {"id": "\"content\": \"x\"", "choices": [{"delta": {"role": "assistant", "content": ""}}]}"#;
+    assert_eq!(s.write(&chunk(tricky)).content, 0);
+    let esc = r#"data: {"choices": [{"delta": {"content": "\"quoted\""}}]}"#;
+    assert_eq!(s.write(&chunk(esc)).content, 1);
+    let tool = r#"data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}}]}"#;
+    assert_eq!(s.write(&chunk(tool)).content, 1);
+    let no_tool = r#"data: {"choices": [{"delta": {"tool_calls": []}}]}"#;
+    assert_eq!(s.write(&chunk(no_tool)).content, 0);
+    let text = r#"data: {"choices": [{"text": "x", "index": 0}]}"#;
+    assert_eq!(s.write(&chunk(text)).content, 1);
+}
+
+#[test]
+fn keep_alive_requests_and_a_non_streaming_json_response() {
+    let mut s = Sim::new();
+    // 1: a JSON response with Content-Length, head and body in separate writes.
+    s.read(HEAD);
+    let body = r#"{"choices": [{"message": {"role": "assistant", "content": "Paris"}}]}"#;
+    let o = s.write(&format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    ));
+    assert!(o.response_start && o.end == 0);
+    let o = s.write(body);
+    assert_eq!((o.events, o.end), (0, HTTP_END_LENGTH), "a JSON body is not SSE");
+    // 2: head and body in one write.
+    s.read(HEAD);
+    let o = s.write(&format!(
+        "HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    assert_eq!((o.status, o.end), (404, HTTP_END_LENGTH));
+    // 3: a stream on the same connection.
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    s.write(&chunk(&token("x")));
+    s.write("0\r\n\r\n");
+    let evs = s.events();
+    let finished = evs
+        .iter()
+        .filter(|e| matches!(&e.body, EventBody::Request(r) if r.kind == RequestEventKind::Finished as u32))
+        .count();
+    assert_eq!(finished, 3);
+    let first_tokens = kinds(&evs).iter().filter(|k| *k == "Some(FirstToken)").count();
+    assert_eq!(first_tokens, 1, "only the stream has a first token");
+    let ids: HashSet<u64> = evs
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Request(r) => Some(r.req_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 3, "three requests on one connection");
+    assert!(ids.iter().all(|&i| i > WIRE_REQ_BASE));
+}
+
+#[test]
+fn a_connection_closed_mid_stream_is_a_cancelled_request() {
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    s.write(&chunk(&token("x")));
+    s.close();
+    let evs = s.events();
+    let EventBody::Request(last) = &evs.last().unwrap().body else {
+        panic!()
+    };
+    assert_eq!(last.kind, RequestEventKind::Finished as u32);
+    assert_eq!(last.finish_reason, FinishReason::Abort as u32);
+}
+
+#[test]
+fn tls_is_reported_once_per_process_and_llmprofs_own_scrapes_are_left_out() {
+    let mut rc = Reconstructor::new();
+    let mut out = Vec::new();
+    for conn in [1, 2] {
+        let r = WireRecord {
+            pid: 3,
+            conn,
+            op: Some(HttpOp::Tls),
+            ..WireRecord::default()
+        };
+        rc.push(r, &mut out);
+    }
+    assert_eq!(out.len(), 1);
+    assert!(matches!(&out[0].body, EventBody::Marker { text } if text.contains("TLS")));
+    out.clear();
+    let r = WireRecord {
+        conn: 9,
+        op: Some(HttpOp::RequestStart),
+        flags: HTTP_FLAG_HEAD_DONE,
+        head: b"GET /metrics HTTP/1.0\r\nHost: h\r\nUser-Agent: llmprof\r\n\r\n".to_vec(),
+        ..WireRecord::default()
+    };
+    rc.push(r, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(rc.stats.requests, 0);
+}
+
+#[test]
+fn a_wire_request_becomes_an_otel_span_parented_on_the_callers_traceparent() {
+    use opentelemetry::trace::{SpanId, TraceId};
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.write(SSE_HEAD);
+    s.write(&chunk(ROLE));
+    s.write(&chunk(&token("Hi")));
+    s.write(&chunk(&token("!")));
+    s.write("0\r\n\r\n");
+    let mut b =
+        crate::otel::SpanBuilder::new(crate::clock::WallClock::with_offset(1_700_000_000_000_000_000));
+    let mut spans = Vec::new();
+    for e in s.events() {
+        b.on_event(&e, &mut spans);
+    }
+    let req = spans.first().expect("a span for the wire request");
+    let (t, p, _) = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    assert_eq!(req.span_context.trace_id(), TraceId::from_bytes(t));
+    assert_eq!(req.parent_span_id, SpanId::from_bytes(p));
+    assert!(req.parent_span_is_remote);
+}

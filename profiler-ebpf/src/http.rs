@@ -1,0 +1,523 @@
+//! The HTTP/1.1 wire probe: requests and responses of any server, reconstructed from its socket syscalls.
+//!
+//! Hooked into `llmprof_sysexit`'s dispatch (main.rs): accept/accept4 on a listening socket user space named in
+//! `HTTP_LISTEN` starts following the new connection in `HTTP_CONNS` (bounded; a full map is a counted drop).
+//! On a followed connection:
+//! - reads (read, recvfrom, readv, recvmsg) with data while no request is open start a request: its head is
+//!   copied, cut at the blank line `\r\n\r\n` so no body byte leaves the kernel (`HttpHeadEvent`); a head
+//!   longer than one read continues in further records. The first bytes also tell TLS and HTTP/2 apart, which
+//!   are reported once and not followed.
+//! - writes (write, sendto, writev, sendmsg) after a request are the response: every scanned byte goes
+//!   through a small state machine (`step`) kept per connection, so an event split across writes and several
+//!   events in one write both work. It reads the status line and `Content-Length` of the head, the SSE `data:`
+//!   lines and, inside their JSON, whether a content key (`content`, `text`, `reasoning`, `reasoning_content`,
+//!   `arguments`) has a non-empty string value or `tool_calls` a non-empty array: a role-only first chunk is
+//!   not content. Ends: `Content-Length` bytes written, the chunk terminator `0\r\n\r\n`, `data: [DONE]`.
+//! - a read of 0 bytes (EOF) or a reset is the peer going away; close of the fd ends the connection.
+//!
+//! Bytes are scanned with `bpf_loop` (one verified callback, any count up to the bound) from a per-CPU
+//! scratch copy: at most `SCAN_MAX` bytes per buffer and `MAX_IOV` buffers per call (more is flagged).
+//! Only counts and flags leave the kernel for responses; nothing of the body.
+
+use aya_ebpf::{
+    bindings::BPF_RB_NO_WAKEUP,
+    cty::c_void,
+    helpers::generated::{bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use llmprof_abi::{
+    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
+    HTTP_HEAD_MAX, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, Knob, ProbeId, Scan, SockKey,
+    counting_body, finish_write, scan_byte, start_response,
+};
+
+use crate::{EVENTS, Inflight, count, header, knob, now};
+
+/// Bytes of one buffer the response scanner looks at (a power of two: indexes are masked).
+const SCAN_MAX: usize = 4096;
+/// Buffers of one writev/sendmsg/readv/recvmsg looked at.
+const MAX_IOV: usize = 8;
+
+/// Listening sockets of traced processes whose accepted connections are followed, by (tgid, fd); written by
+/// user space.
+#[map]
+static HTTP_LISTEN: HashMap<SockKey, u8> = HashMap::with_max_entries(256, 0);
+
+/// Followed connections, by (tgid, fd); removed at close.
+#[map]
+static HTTP_CONNS: HashMap<SockKey, HttpConnState> = HashMap::with_max_entries(8192, 0);
+
+/// Per-CPU copy of the bytes being scanned, and the scan's state. The state lives in the map value, not on the
+/// stack, on purpose: the verifier then sees every load of it as an unknown scalar, so the `bpf_loop`
+/// callback is verified once instead of once per combination of the state machine's values (which exceeds
+/// its jump-history limit).
+#[repr(C)]
+struct Scratch {
+    buf: [u8; SCAN_MAX],
+    /// Bytes of `buf` to scan (response) or holding head bytes (request; shrinks to the blank line).
+    n: u64,
+    scan: Scan,
+    /// Request head: characters of `\r\n\r\n` matched so far, and whether all four were.
+    matched: u32,
+    done: u32,
+}
+
+#[map]
+static HTTP_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+// Phases of a connection.
+const PH_IDLE: u32 = 0;
+const PH_REQ_HEAD: u32 = 1;
+const PH_REQ_BODY: u32 = 2;
+const PH_RESP: u32 = 3;
+const PH_RESP_DONE: u32 = 4;
+const PH_GONE: u32 = 5;
+
+/// The `bpf_loop` context (the helper wants a stack pointer): the scratch map value.
+#[repr(C)]
+struct LoopCtx {
+    s: *mut Scratch,
+}
+
+/// Runs `cb` over indexes `0..n` with the scratch value `s`.
+#[inline(always)]
+fn run_loop(n: u32, cb: extern "C" fn(u64, *mut c_void) -> i64, s: *mut Scratch) {
+    let mut lc = LoopCtx { s };
+    // SAFETY: the callback is a verified subprogram; `lc` outlives the call.
+    unsafe {
+        bpf_loop(
+            n,
+            cb as *mut c_void,
+            (&mut lc as *mut LoopCtx).cast::<c_void>(),
+            0,
+        )
+    };
+}
+
+/// `bpf_loop` callback: byte `i` of the scan.
+extern "C" fn scan_cb(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `LoopCtx` (bpf_loop passes it through unchanged), holding the per-CPU
+    // scratch map value (checked non-null by the caller); the index is masked into the array.
+    let x = unsafe { &mut *(*ctx.cast::<LoopCtx>()).s };
+    if i >= x.n {
+        return 1;
+    }
+    let c = x.buf[(i as usize) & (SCAN_MAX - 1)];
+    scan_byte(c, i, &mut x.scan);
+    0
+}
+
+/// `bpf_loop` callback: byte `i` of a request head; bytes past the blank line (or past the read) are zeroed.
+extern "C" fn head_cb(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: as in `scan_cb`.
+    let x = unsafe { &mut *(*ctx.cast::<LoopCtx>()).s };
+    let idx = (i as usize) & (SCAN_MAX - 1);
+    if i >= x.n {
+        x.buf[idx] = 0;
+        return 0;
+    }
+    let c = x.buf[idx];
+    let want = if x.matched & 1 == 0 { b'\r' } else { b'\n' };
+    if c == want {
+        x.matched += 1;
+    } else {
+        x.matched = if c == b'\r' { 1 } else { 0 };
+    }
+    if x.matched >= 4 {
+        x.n = i + 1;
+        x.done = 1;
+    }
+    0
+}
+
+/// One buffer of a call: its user address and length.
+#[inline(always)]
+fn read_iov(iov_ptr: u64, k: usize) -> Option<(u64, u64)> {
+    let mut iov = [0u64; 2];
+    // SAFETY: reads one `struct iovec` (base, len) of user memory into a stack array; faults fail cleanly.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            iov.as_mut_ptr().cast::<c_void>(),
+            16,
+            (iov_ptr + (k as u64) * 16) as *const c_void,
+        )
+    };
+    (rc == 0).then_some((iov[0], iov[1]))
+}
+
+/// The buffers of a syscall: (address of an iovec array, count) or a single buffer (`single`).
+#[derive(Clone, Copy)]
+struct Bufs {
+    single: Option<(u64, u64)>,
+    iov: u64,
+    iovcnt: u64,
+}
+
+/// The buffers `inf` names for syscall `nr` (`msghdr`: `msg_iov` at offset 16, `msg_iovlen` at 24).
+#[inline(always)]
+fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
+    use crate::{NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, NR_SENDMSG, NR_SENDTO, NR_WRITE, NR_WRITEV};
+    match nr {
+        NR_READ | NR_WRITE | NR_RECVFROM | NR_SENDTO => Some(Bufs {
+            single: Some((inf.args[1], inf.args[2])),
+            iov: 0,
+            iovcnt: 0,
+        }),
+        NR_READV | NR_WRITEV => Some(Bufs {
+            single: None,
+            iov: inf.args[1],
+            iovcnt: inf.args[2],
+        }),
+        NR_RECVMSG | NR_SENDMSG => {
+            let mut m = [0u64; 2];
+            // SAFETY: reads msg_iov and msg_iovlen of the user's `struct msghdr`; faults fail cleanly.
+            let rc = unsafe {
+                bpf_probe_read_user(
+                    m.as_mut_ptr().cast::<c_void>(),
+                    16,
+                    (inf.args[1] + 16) as *const c_void,
+                )
+            };
+            (rc == 0).then_some(Bufs {
+                single: None,
+                iov: m[0],
+                iovcnt: m[1],
+            })
+        }
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn buf_at(b: &Bufs, k: usize) -> Option<(u64, u64)> {
+    match b.single {
+        Some(s) => (k == 0).then_some(s),
+        None if (k as u64) < b.iovcnt => read_iov(b.iov, k),
+        None => None,
+    }
+}
+
+/// accept/accept4 returned `ret` on listening fd `lfd`: follow the connection when the socket is one of ours.
+#[inline(never)]
+pub(crate) fn on_accept(tgid: u32, lfd: u64, ret: i64) -> u32 {
+    if ret < 0 {
+        return 0;
+    }
+    let lkey = SockKey {
+        pid: tgid,
+        fd: lfd as i32,
+    };
+    // SAFETY: presence test only.
+    if unsafe { HTTP_LISTEN.get(&lkey) }.is_none() {
+        return 0;
+    }
+    let st = HttpConnState {
+        conn: now(),
+        remaining: -1,
+        ..HttpConnState::default()
+    };
+    let key = SockKey {
+        pid: tgid,
+        fd: ret as i32,
+    };
+    if HTTP_CONNS.insert(&key, &st, 0).is_err() {
+        count(ProbeId::Http, 0, 0, 1);
+    }
+    0
+}
+
+/// close(fd): a followed connection ends.
+#[inline(never)]
+pub(crate) fn on_close(pid_tgid: u64, fd: u64) -> u32 {
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: fd as i32,
+    };
+    // SAFETY: copied out before removal.
+    let Some(conn) = (unsafe { HTTP_CONNS.get(&key) }).map(|s| s.conn) else {
+        return 0;
+    };
+    let _ = HTTP_CONNS.remove(&key);
+    emit(pid_tgid, key.fd, conn, HttpOp::Close, 0, 0, 0, 0, 0);
+    0
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    pid_tgid: u64,
+    fd: i32,
+    conn: u64,
+    op: HttpOp,
+    flags: u32,
+    status: u32,
+    events: u32,
+    content: u32,
+    ret: i64,
+) {
+    let Some(mut e) = EVENTS.reserve::<HttpEvent>(0) else {
+        count(ProbeId::Http, 0, 0, 1);
+        return;
+    };
+    e.write(HttpEvent {
+        hdr: header(EventKind::Http, now(), pid_tgid),
+        fd,
+        op: op as u32,
+        conn,
+        flags,
+        status,
+        events,
+        content_events: content,
+        ret,
+    });
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Http, 0, 1, 0);
+}
+
+/// A read-side call (read, recvfrom, readv, recvmsg) returned `ret` on `fd`.
+#[inline(never)]
+pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: inf.args[0] as i32,
+    };
+    let Some(st) = HTTP_CONNS.get_ptr_mut(&key) else {
+        return 0;
+    };
+    // SAFETY: a valid map value; one thread serves a connection at a time (a race only garbles one scan).
+    let (conn, phase) = unsafe { ((*st).conn, (*st).phase) };
+    if ret == 0 || ret == -104 {
+        // EOF or ECONNRESET: the peer went away.
+        if phase != PH_GONE {
+            // SAFETY: see above.
+            unsafe { (*st).phase = PH_GONE };
+            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret);
+        }
+        return 0;
+    }
+    if ret < 0 || phase == PH_REQ_BODY || phase == PH_GONE {
+        return 0;
+    }
+    count(ProbeId::Http, 1, 0, 0);
+    let Some(b) = bufs(nr, inf) else { return 0 };
+    let Some((addr, len)) = buf_at(&b, 0) else {
+        return 0;
+    };
+    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let n = (ret as u64).min(len).min(HTTP_HEAD_MAX as u64);
+    // SAFETY: reads at most HTTP_HEAD_MAX (< SCAN_MAX) bytes of the user's buffer into the scratch array.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            scratch.cast::<c_void>(),
+            (n as u32) & (HTTP_HEAD_MAX as u32 * 2 - 1),
+            addr as *const c_void,
+        )
+    };
+    if rc != 0 {
+        return 0;
+    }
+    let start = phase != PH_REQ_HEAD;
+    if start {
+        // SAFETY: the scratch array holds at least 4 bytes.
+        let first = unsafe {
+            [
+                (*scratch).buf[0],
+                (*scratch).buf[1],
+                (*scratch).buf[2],
+                (*scratch).buf[3],
+            ]
+        };
+        let other = if first[0] == 0x16 && first[1] == 0x03 {
+            Some(HttpOp::Tls)
+        } else if &first == b"PRI " {
+            Some(HttpOp::Http2)
+        } else {
+            None
+        };
+        if let Some(op) = other {
+            let _ = HTTP_CONNS.remove(&key);
+            emit(pid_tgid, key.fd, conn, op, 0, 0, 0, 0, ret);
+            return 0;
+        }
+    }
+    // SAFETY: the scratch value is this CPU's; `st` a valid map value (see above). The callback is a verified
+    // subprogram and gets the scratch value as its context.
+    let hx = unsafe {
+        (*scratch).n = n;
+        (*scratch).matched = if start { 0 } else { (*st).head_match };
+        (*scratch).done = 0;
+        run_loop(HTTP_HEAD_MAX as u32, head_cb, scratch);
+        &*scratch
+    };
+    let mut flags = 0;
+    if hx.done != 0 {
+        flags |= HTTP_FLAG_HEAD_DONE;
+    } else if (ret as u64) > n {
+        flags |= HTTP_FLAG_HEAD_CUT;
+    }
+    // SAFETY: see above.
+    unsafe {
+        if start {
+            (*st).bits = 0;
+            (*st).line_len = 0;
+            (*st).status = 0;
+            (*st).remaining = -1;
+        }
+        (*st).head_match = hx.matched;
+        (*st).phase = if hx.done != 0 || flags & HTTP_FLAG_HEAD_CUT != 0 {
+            PH_REQ_BODY
+        } else {
+            PH_REQ_HEAD
+        };
+    }
+    let Some(mut e) = EVENTS.reserve::<HttpHeadEvent>(0) else {
+        count(ProbeId::Http, 0, 0, 1);
+        return 0;
+    };
+    let p = e.as_mut_ptr();
+    // SAFETY: `p` is a reserved HttpHeadEvent; every write stays inside it; the data copy reads the scratch
+    // array, whose bytes past the head were zeroed by `head_cb`.
+    let rc = unsafe {
+        (&raw mut (*p).hdr).write(header(EventKind::HttpHead, now(), pid_tgid));
+        (&raw mut (*p).fd).write(key.fd);
+        (&raw mut (*p).op).write(if start {
+            HttpOp::RequestStart
+        } else {
+            HttpOp::RequestHead
+        } as u32);
+        (&raw mut (*p).conn).write(conn);
+        (&raw mut (*p).flags).write(flags);
+        (&raw mut (*p).len).write(hx.n as u32);
+        (&raw mut (*p).ret).write(ret);
+        bpf_probe_read_kernel(
+            (&raw mut (*p).data).cast::<c_void>(),
+            HTTP_HEAD_MAX as u32,
+            scratch.cast::<c_void>(),
+        )
+    };
+    if rc != 0 {
+        e.discard(0);
+        count(ProbeId::Http, 0, 0, 1);
+        return 0;
+    }
+    e.submit(BPF_RB_NO_WAKEUP as u64);
+    count(ProbeId::Http, 0, 1, 0);
+    0
+}
+
+/// A write-side call (write, sendto, writev, sendmsg) returned `ret` on `fd`.
+#[inline(never)]
+pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: inf.args[0] as i32,
+    };
+    let Some(st) = HTTP_CONNS.get_ptr_mut(&key) else {
+        return 0;
+    };
+    // SAFETY: see `on_read`.
+    let (conn, phase) = unsafe { ((*st).conn, (*st).phase) };
+    if ret == -104 || ret == -32 {
+        // ECONNRESET / EPIPE: the peer is gone.
+        if phase != PH_GONE {
+            // SAFETY: see above.
+            unsafe { (*st).phase = PH_GONE };
+            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret);
+        }
+        return 0;
+    }
+    if ret <= 0 || phase == PH_IDLE || phase == PH_RESP_DONE || phase == PH_GONE {
+        return 0;
+    }
+    count(ProbeId::Http, 1, 0, 0);
+    let Some(scratch) = HTTP_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch value and the connection's map value (see above).
+    let x = unsafe {
+        (*scratch).scan = Scan {
+            st: *st,
+            ..Scan::default()
+        };
+        &mut *scratch
+    };
+    if phase != PH_RESP {
+        start_response(&mut x.scan.st);
+    }
+    let mut flags = 0;
+    let scanned = !counting_body(&x.scan.st);
+    if scanned {
+        let Some(b) = bufs(nr, inf) else { return 0 };
+        let mut left = ret as u64;
+        for k in 0..MAX_IOV {
+            if left == 0 {
+                break;
+            }
+            let Some((addr, len)) = buf_at(&b, k) else { break };
+            let take = len.min(left);
+            left -= take;
+            let n = take.min(SCAN_MAX as u64);
+            if n < take {
+                flags |= HTTP_FLAG_SCAN_CUT;
+            }
+            // SAFETY: reads at most SCAN_MAX bytes of the user's buffer into the scratch array.
+            let rc = unsafe {
+                bpf_probe_read_user(
+                    x.buf.as_mut_ptr().cast::<c_void>(),
+                    (n as u32) & (SCAN_MAX as u32 * 2 - 1),
+                    addr as *const c_void,
+                )
+            };
+            if rc == 0 {
+                x.n = n;
+                run_loop(SCAN_MAX as u32, scan_cb, scratch);
+            }
+            x.scan.base += take;
+        }
+        if left > 0 {
+            flags |= HTTP_FLAG_SCAN_CUT;
+        }
+    }
+    let o = finish_write(&mut x.scan, ret as u64, scanned);
+    if o.response_start {
+        emit(
+            pid_tgid,
+            key.fd,
+            conn,
+            HttpOp::ResponseStart,
+            0,
+            o.status,
+            0,
+            0,
+            ret,
+        );
+    }
+    if o.events > 0 {
+        flags |= o.flags;
+        if flags & HTTP_FLAG_FIRST_CONTENT != 0 || knob(Knob::HttpSseOff) == 0 {
+            emit(
+                pid_tgid,
+                key.fd,
+                conn,
+                HttpOp::Sse,
+                flags,
+                0,
+                o.events,
+                o.content,
+                ret,
+            );
+        }
+    }
+    x.scan.st.phase = if o.end != 0 {
+        emit(pid_tgid, key.fd, conn, HttpOp::ResponseEnd, o.end, 0, 0, 0, ret);
+        PH_RESP_DONE
+    } else {
+        PH_RESP
+    };
+    // SAFETY: see above.
+    unsafe { *st = x.scan.st };
+    0
+}

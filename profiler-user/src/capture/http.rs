@@ -1,0 +1,249 @@
+//! The HTTP wire probe's user-space half: which sockets the kernel follows, and its records decoded.
+//!
+//! Owns finding the traced processes' TCP listening sockets (LISTEN entries of `/proc/net/tcp{,6}` whose inode
+//! is one of the process's fds, like the /metrics discovery) and the connections already established on those
+//! ports at attach, and writing them into the kernel's `HTTP_LISTEN` / `HTTP_CONNS` maps; and decoding
+//! `HttpEvent` / `HttpHeadEvent` records into [`WireRecord`]s for [`llmprof_trace::wire::Reconstructor`].
+//! Head bytes go straight to the reconstructor, which keeps only method, path, `traceparent` and
+//! `x-request-id`.
+
+use std::collections::HashMap as StdHashMap;
+use std::fs;
+
+use aya::Ebpf;
+use aya::maps::HashMap;
+use llmprof_abi::{
+    EventHeader, EventKind, HTTP_HEAD_MAX, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, SockKey,
+};
+use llmprof_trace::wire::WireRecord;
+
+use super::{CaptureError, map_err};
+
+/// Which listening ports of the traced processes the wire probe follows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HttpPorts {
+    /// Every TCP port they listen on (the default).
+    #[default]
+    All,
+    /// Only these (`--http-port`).
+    Only(Vec<u16>),
+    /// None (`--no-http`).
+    Off,
+}
+
+/// TCP states of `/proc/net/tcp` (include/net/tcp_states.h).
+const TCP_ESTABLISHED: &str = "01";
+const TCP_LISTEN: &str = "0A";
+
+/// A process's TCP sockets on the ports to follow: listening fds (with their port) and established ones.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Sockets {
+    /// (fd, local port) of the listening sockets.
+    pub listening: Vec<(i32, u16)>,
+    /// fds of connections established on those ports.
+    pub established: Vec<i32>,
+}
+
+/// (local port, state, inode) of each row of a `/proc/net/tcp{,6}` table.
+fn rows(table: &str) -> Vec<(u16, String, u64)> {
+    let mut out = Vec::new();
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 10 {
+            continue;
+        }
+        let Ok(inode) = f[9].parse::<u64>() else { continue };
+        let Some(port) = f[1]
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+        else {
+            continue;
+        };
+        out.push((port, f[3].to_owned(), inode));
+    }
+    out
+}
+
+/// The sockets of `pid` to follow, from `fds` (inode → fd) and the tables' text.
+pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) -> Sockets {
+    let mut s = Sockets::default();
+    let rows: Vec<_> = tables.iter().flat_map(|t| rows(t)).collect();
+    let wanted = |p: u16| match ports {
+        HttpPorts::All => true,
+        HttpPorts::Only(v) => v.contains(&p),
+        HttpPorts::Off => false,
+    };
+    for (port, st, inode) in &rows {
+        if st == TCP_LISTEN
+            && wanted(*port)
+            && let Some(&fd) = fds.get(inode)
+        {
+            s.listening.push((fd, *port));
+        }
+    }
+    for (port, st, inode) in &rows {
+        if st == TCP_ESTABLISHED
+            && s.listening.iter().any(|(_, p)| p == port)
+            && let Some(&fd) = fds.get(inode)
+        {
+            s.established.push(fd);
+        }
+    }
+    s.listening.sort_unstable();
+    s.listening.dedup();
+    s.established.sort_unstable();
+    s.established.dedup();
+    s
+}
+
+/// inode → fd of the sockets among `pid`'s fds.
+fn socket_fds(pid: u32) -> StdHashMap<u64, i32> {
+    let mut out = StdHashMap::new();
+    if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) {
+        for e in dir.flatten() {
+            let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if let Ok(target) = fs::read_link(e.path())
+                && let Some(inode) = target
+                    .to_string_lossy()
+                    .strip_prefix("socket:[")
+                    .and_then(|s| s.strip_suffix(']'))
+                    .and_then(|s| s.parse().ok())
+            {
+                out.insert(inode, fd);
+            }
+        }
+    }
+    out
+}
+
+/// The sockets of `pid` to follow, read from /proc.
+pub fn discover(pid: u32, ports: &HttpPorts) -> Sockets {
+    if *ports == HttpPorts::Off {
+        return Sockets::default();
+    }
+    let tables: Vec<String> = [format!("/proc/{pid}/net/tcp"), format!("/proc/{pid}/net/tcp6")]
+        .iter()
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .collect();
+    select(&socket_fds(pid), &tables, ports)
+}
+
+/// Writes `pid`'s sockets into the kernel maps: listening fds to follow, established connections as fresh
+/// connections (ids counted down from `u64::MAX` by `seeded`). Returns the listening ports.
+pub fn fill(ebpf: &mut Ebpf, pid: u32, s: &Sockets, seeded: &mut u64) -> Result<Vec<u16>, CaptureError> {
+    let map = ebpf
+        .map_mut("HTTP_LISTEN")
+        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
+    let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
+    for &(fd, _) in &s.listening {
+        listen
+            .insert(SockKey { pid, fd }, 1, 0)
+            .map_err(map_err("HTTP_LISTEN"))?;
+    }
+    let map = ebpf
+        .map_mut("HTTP_CONNS")
+        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_CONNS".into()))?;
+    let mut conns = HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(map_err("HTTP_CONNS"))?;
+    for &fd in &s.established {
+        let key = SockKey { pid, fd };
+        if conns.get(&key, 0).is_ok() {
+            continue;
+        }
+        *seeded -= 1;
+        let st = HttpConnState {
+            conn: *seeded,
+            remaining: -1,
+            ..HttpConnState::default()
+        };
+        conns.insert(key, st, 0).map_err(map_err("HTTP_CONNS"))?;
+    }
+    let mut ports: Vec<u16> = s.listening.iter().map(|(_, p)| *p).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    Ok(ports)
+}
+
+/// Whether a record's kind is the wire probe's.
+pub fn is_http_kind(kind: EventKind) -> bool {
+    matches!(kind, EventKind::Http | EventKind::HttpHead)
+}
+
+fn read<T: Copy>(b: &[u8]) -> Option<T> {
+    if b.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: only called with the plain-data `#[repr(C)]` records of `llmprof_abi` (integers and byte
+    // arrays: every bit pattern is valid); the slice holds at least size_of::<T>() bytes; unaligned read.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
+}
+
+/// Decodes a wire-probe record (`None`: short or unknown).
+pub fn decode(b: &[u8]) -> Option<WireRecord> {
+    let hdr: EventHeader = read(b)?;
+    match EventKind::from_raw(hdr.kind)? {
+        EventKind::Http => {
+            let e: HttpEvent = read(b)?;
+            Some(WireRecord {
+                ts_ns: hdr.ts_ns,
+                pid: hdr.pid,
+                tid: hdr.tid,
+                fd: e.fd,
+                conn: e.conn,
+                op: HttpOp::from_raw(e.op),
+                flags: e.flags,
+                status: e.status,
+                events: e.events,
+                content_events: e.content_events,
+                ret: e.ret,
+                head: Vec::new(),
+            })
+        }
+        EventKind::HttpHead => {
+            let e: HttpHeadEvent = read(b)?;
+            let n = (e.len as usize).min(HTTP_HEAD_MAX);
+            Some(WireRecord {
+                ts_ns: hdr.ts_ns,
+                pid: hdr.pid,
+                tid: hdr.tid,
+                fd: e.fd,
+                conn: e.conn,
+                op: HttpOp::from_raw(e.op),
+                flags: e.flags,
+                ret: e.ret,
+                head: e.data[..n].to_vec(),
+                ..WireRecord::default()
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use super::*;
+
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1001 1 0 100 0 0 10 0
+   1: 0100007F:1F90 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000     0        0 1002 1 0 20 4 30 10 -1
+   2: 0100007F:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1003 1 0 100 0 0 10 0
+   3: 0100007F:D2F0 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 1004 1 0 20 4 30 10 -1
+";
+
+    #[test]
+    fn listening_and_established_sockets_of_the_chosen_ports() {
+        let fds: StdHashMap<u64, i32> = [(1001, 5), (1002, 9), (1003, 6)].into_iter().collect();
+        let t = vec![TCP.to_owned()];
+        let all = select(&fds, &t, &HttpPorts::All);
+        assert_eq!(all.listening, vec![(5, 8080), (6, 8081)]);
+        // 1004 is the client side of the connection (another process's fd here): not ours.
+        assert_eq!(all.established, vec![9]);
+        let only = select(&fds, &t, &HttpPorts::Only(vec![8081]));
+        assert_eq!(only.listening, vec![(6, 8081)]);
+        assert!(only.established.is_empty());
+        assert_eq!(select(&fds, &t, &HttpPorts::Off), Sockets::default());
+    }
+}

@@ -1,0 +1,90 @@
+"""OpenAI Python client load for the wire-probe tests: what a user's client measures, per request.
+
+Runs requests one after another on one client (keep-alive connection), each with its own `x-request-id`,
+streaming chat completions by default; records, per request, TTFT (request sent -> first chunk with content)
+and the gaps between later content chunks, as the client sees them (the x-request-id is a fresh UUID). `--cancel I` closes request I's stream
+after 3 content chunks (the client goes away mid-stream). `--json-every K` makes every K-th request a
+non-streaming one. Writes a JSON list to `--out`.
+"""
+
+import argparse
+import json
+import time
+import uuid
+
+import httpx
+import openai
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--cancel", type=int, default=-1)
+    ap.add_argument("--json-every", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    client = openai.OpenAI(base_url=a.base_url, api_key="none", http_client=httpx.Client(timeout=120))
+    rows = []
+    prompts = [
+        "Write a short poem about the sea.",
+        "List three colors and say why you like them.",
+        "Explain what a CPU does in two sentences.",
+        "Tell me a fact about the moon.",
+    ]
+    for i in range(a.requests):
+        # A UUID: llama_cpp.server (starlette-context's RequestIdPlugin) answers 400 to any other x-request-id.
+        xid = str(uuid.uuid4())
+        msgs = [{"role": "user", "content": prompts[i % len(prompts)]}]
+        stream = not (a.json_every and (i + 1) % a.json_every == 0)
+        t0 = time.perf_counter()
+        times = []
+        cancelled = False
+        if stream:
+            s = client.chat.completions.create(
+                model="default",
+                messages=msgs,
+                max_tokens=a.max_tokens,
+                temperature=0,
+                stream=True,
+                extra_headers={"x-request-id": xid},
+            )
+            for chunk in s:
+                now = time.perf_counter()
+                d = chunk.choices[0].delta if chunk.choices else None
+                if d is not None and (d.content or getattr(d, "reasoning_content", None) or d.tool_calls):
+                    times.append(now)
+                if i == a.cancel and len(times) >= 3:
+                    s.close()
+                    cancelled = True
+                    break
+        else:
+            client.chat.completions.create(
+                model="default",
+                messages=msgs,
+                max_tokens=a.max_tokens,
+                temperature=0,
+                extra_headers={"x-request-id": xid},
+            )
+        t1 = time.perf_counter()
+        rows.append(
+            {
+                "x_request_id": xid,
+                "stream": stream,
+                "cancelled": cancelled,
+                "ttft_ms": (times[0] - t0) * 1e3 if times else None,
+                "itl_ms": [(b - a_) * 1e3 for a_, b in zip(times, times[1:])],
+                "chunks": len(times),
+                "e2e_ms": (t1 - t0) * 1e3,
+            }
+        )
+        if cancelled:
+            # A new client: the cancelled stream's connection is gone.
+            client = openai.OpenAI(base_url=a.base_url, api_key="none", http_client=httpx.Client(timeout=120))
+    with open(a.out, "w") as f:
+        json.dump(rows, f)
+
+
+if __name__ == "__main__":
+    main()
