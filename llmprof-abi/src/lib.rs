@@ -15,6 +15,8 @@
 //! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
 #![no_std]
 
+pub mod sched;
+
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
 
@@ -459,6 +461,10 @@ pub enum EventKind {
     Content = 10,
     /// [`CudaCallEvent`].
     CudaCall = 9,
+    /// [`sched::SchedSwitchEvent`].
+    SchedSwitch = 40,
+    /// [`sched::SchedWakeEvent`].
+    SchedWake = 41,
 }
 
 impl EventKind {
@@ -475,6 +481,8 @@ impl EventKind {
             8 => Some(Self::ProcessExit),
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
+            40 => Some(Self::SchedSwitch),
+            41 => Some(Self::SchedWake),
             _ => None,
         }
     }
@@ -990,10 +998,14 @@ pub enum ProbeId {
     Content = 10,
     /// CUDA driver API entry/return uprobes in libcuda.
     Cuda = 9,
+    /// Thread states: sched_switch / sched_waking / sched_wakeup_new of traced threads (and the
+    /// task_newtask program that keeps the thread map).
+    Sched = 14,
 }
 
-/// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 11;
+/// Number of [`ProbeId`] values (size of the counters array; slots 11–13 and 15 are assigned to probes
+/// of other branches, `"reserved"` until they land).
+pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -1008,6 +1020,11 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "process_exit",
     "cuda",
     "engine_content",
+    "reserved",
+    "reserved",
+    "reserved",
+    "sched",
+    "reserved",
 ];
 
 /// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
@@ -1041,6 +1058,9 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
+    /// Non-zero: the thread-state programs (sched_switch, sched_waking, sched_wakeup_new) write nothing
+    /// (the `--overhead-budget` step "stop thread states"; the thread map is still kept).
+    ThreadStatesOff = 4,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

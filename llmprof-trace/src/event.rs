@@ -8,6 +8,8 @@
 
 use std::net::IpAddr;
 
+pub use crate::thread_state::{SchedSwitch, SchedWake};
+
 use llmprof_abi::{
     ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
     StepRecord,
@@ -128,6 +130,11 @@ pub enum EventBody {
     Overhead(Box<OverheadSample>),
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
+    /// A context switch involving a traced thread ([`crate::thread_state`]); the event's pid/tid are the
+    /// traced process and the thread going off the CPU.
+    SchedSwitch(Box<SchedSwitch>),
+    /// A traced thread made runnable; the event's pid/tid are the waker's.
+    SchedWake(Box<SchedWake>),
 }
 
 impl EventBody {
@@ -150,6 +157,8 @@ impl EventBody {
             Self::Marker { .. } => "marker",
             Self::Overhead(_) => "overhead",
             Self::Degraded(_) => "degradation",
+            Self::SchedSwitch(_) => "sched_switch",
+            Self::SchedWake(_) => "sched_wake",
         }
     }
 }

@@ -24,4 +24,5 @@ pub mod sizecap;
 pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod thread_state;
 pub mod timeline;

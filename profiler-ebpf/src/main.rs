@@ -16,11 +16,16 @@
 //!   attach cookie holds function, symbol variant and argument index): the entry pushes (time, cookie, that
 //!   argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
 //!
+//! - `llmprof_tnew` / `llmprof_sswitch` / `llmprof_swaking` / `llmprof_swnew` (module `sched`): thread
+//!   states of the traced threads and the tid → tgid map they need.
+//!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
 //! per-event state it does not free.
 #![no_std]
 #![no_main]
+
+mod sched;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -625,6 +630,8 @@ fn sent(tgid: u32, inf: &Inflight, ret: i64) {
 pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
+    // Every exiting thread leaves the thread map (children of traced processes are there, traced or not).
+    sched::forget_thread(pid_tgid as u32);
     if !traced(tgid) {
         return 0;
     }

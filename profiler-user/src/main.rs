@@ -80,6 +80,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         prelude: None,
         stop_reason: attach::StopReason::default(),
         overhead_budget: a.overhead_budget,
+        thread_states: !a.no_thread_states,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
     };
     let opts_pid = opts.pid;

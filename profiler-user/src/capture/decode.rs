@@ -13,6 +13,7 @@ use llmprof_abi::{
 };
 
 use super::cidr::Cidr;
+use llmprof_abi::sched::{SchedSwitchEvent, SchedWakeEvent};
 use llmprof_trace::event::{Event, EventBody};
 
 /// AF_INET6 (include/linux/socket.h).
@@ -40,6 +41,8 @@ impl Record for ConnectEvent {}
 impl Record for ProcessExitEvent {}
 impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
+impl Record for SchedSwitchEvent {}
+impl Record for SchedWakeEvent {}
 
 fn read<T: Record>(b: &[u8]) -> Option<T> {
     if b.len() < std::mem::size_of::<T>() {
@@ -160,6 +163,16 @@ impl Decoder {
                     result: e.result,
                 }
             }
+            EventKind::SchedSwitch => {
+                let (pid, body) = super::sched::switch_event(&read::<SchedSwitchEvent>(b)?);
+                return Some(Event {
+                    ts_ns: hdr.ts_ns,
+                    pid,
+                    tid: hdr.tid,
+                    body,
+                });
+            }
+            EventKind::SchedWake => super::sched::wake_event(&read::<SchedWakeEvent>(b)?),
         };
         Some(Event {
             ts_ns: hdr.ts_ns,

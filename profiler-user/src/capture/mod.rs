@@ -19,6 +19,7 @@ pub mod cidr;
 pub mod decode;
 pub mod elf;
 pub mod patterns;
+pub mod sched;
 
 use std::collections::HashMap as StdHashMap;
 use std::num::NonZeroU32;
@@ -92,7 +93,11 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 13] = [
+    "llmprof_tnew",
+    "llmprof_sswitch",
+    "llmprof_swaking",
+    "llmprof_swnew",
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
@@ -126,6 +131,8 @@ pub struct CaptureConfig {
     /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
+    /// Record thread states (sched_switch / sched_waking of the traced threads, [`sched`]).
+    pub thread_states: bool,
 }
 
 impl Default for CaptureConfig {
@@ -139,6 +146,7 @@ impl Default for CaptureConfig {
             capture_content: false,
             calibrate: false,
             calibrate_cuda: false,
+            thread_states: true,
         }
     }
 }
@@ -350,7 +358,12 @@ impl Capture {
         let patterns = patterns::parse_all(&cfg.model_patterns)?;
         log::debug!("capture: targets inspected in {:?}", t0.elapsed());
         ensure_tracefs()?;
-        for (category, name, _) in TRACEPOINTS {
+        let sched_tps = if cfg.thread_states {
+            &sched::SCHED_TRACEPOINTS[..]
+        } else {
+            &[]
+        };
+        for &(category, name, _) in TRACEPOINTS.iter().chain(sched_tps) {
             if !Path::new(TRACEFS)
                 .join("events")
                 .join(category)
@@ -416,6 +429,9 @@ impl Capture {
             );
         }
 
+        if cfg.thread_states {
+            sched::attach(&mut ebpf)?;
+        }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
         let want_uprobes = engine
             .values()
@@ -460,6 +476,11 @@ impl Capture {
             (None, [ProbeCounters::default(); NUM_PROBES])
         };
         fill_maps(&mut ebpf, &cfg.pids, &[])?;
+        // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
+        if cfg.thread_states {
+            let n = sched::fill_threads(&mut ebpf, &cfg.pids)?;
+            log::debug!("capture: {n} threads in the thread-state map");
+        }
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         Ok(Capture {
             ring,

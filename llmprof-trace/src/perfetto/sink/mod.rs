@@ -20,6 +20,8 @@
 //!   `syscalls/s`, `GPU N memory (pid P)`; global GPU counters (one group per GPU: `GPU N utilization`, `GPU N
 //!   memory used`, `GPU N power`, ...) and llmprof's own cost every tick (`llmprof overhead: ...`, `llmprof CPU`,
 //!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
+//! - `sched`: thread states (sched_switch / sched_waking of the traced threads) in Perfetto's ftrace
+//!   encoding, one `FtraceEventBundle` per CPU: Perfetto's own thread-state rows and `thread_state` table;
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
@@ -41,6 +43,7 @@ use crate::timeline::RequestTimeline;
 mod counters;
 mod cuda;
 mod engine;
+mod sched;
 mod session;
 mod threads;
 
@@ -121,6 +124,7 @@ pub struct TraceSink<W: Write> {
     first_ts: Option<u64>,
     cuda: CudaAggregator,
     cuda_out: Vec<CudaSlice>,
+    sched: sched::SchedState,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -140,6 +144,7 @@ impl<W: Write> TraceSink<W> {
             first_ts: None,
             cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
             cuda_out: Vec::new(),
+            sched: sched::SchedState::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -251,6 +256,8 @@ impl<W: Write> TraceSink<W> {
             EventBody::Marker { text } => self.marker(ts, text),
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
+            EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
+            EventBody::SchedWake(w) => self.sched_wake(ev, w),
         }
     }
 
