@@ -630,9 +630,10 @@ fn sent(tgid: u32, inf: &Inflight, ret: i64) {
 pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    // Every exiting thread leaves the thread map (children of traced processes are there, traced or not).
-    sched::forget_thread(pid_tgid as u32);
     if !traced(tgid) {
+        // An untraced child of a traced process leaves the thread map here; a traced thread leaves it at
+        // its last context switch (`sched::llmprof_sswitch`), which comes after this tracepoint.
+        sched::forget_thread(pid_tgid as u32);
         return 0;
     }
     // Every exiting thread frees its syscall slot.

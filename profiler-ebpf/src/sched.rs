@@ -49,6 +49,8 @@ const WK_TARGET_CPU: usize = 32;
 // /sys/kernel/tracing/events/task/task_newtask/format
 const NT_PID: usize = 8;
 const NT_CLONE_FLAGS: usize = 32;
+/// `EXIT_DEAD | EXIT_ZOMBIE` (include/linux/sched.h) in `prev_state`: the task's last switch.
+const EXITED: i64 = 0x10 | 0x20;
 /// include/uapi/linux/sched.h
 const CLONE_THREAD: u64 = 0x0001_0000;
 
@@ -73,7 +75,7 @@ fn traced_tgid(tid: u32) -> Option<u32> {
     traced(tgid).then_some(tgid)
 }
 
-/// Called by `llmprof_pexit` for every exiting thread: its entry leaves the map.
+/// A thread leaves the map (at its last switch, or at exit when its process is not traced).
 #[inline(always)]
 pub(crate) fn forget_thread(tid: u32) {
     let _ = THREADS.remove(&tid);
@@ -113,6 +115,12 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
     if !prev_traced && next_pid.is_none() {
         return 0;
     }
+    let prev_state: i64 = read(&ctx, SW_PREV_STATE);
+    if prev_traced && prev_state & EXITED != 0 {
+        // The thread's last switch: it never runs again (leaving the map earlier, at sched_process_exit,
+        // would lose a switch-in that still comes after it and leave its switch-out unpaired).
+        forget_thread(pid_tgid as u32);
+    }
     let Some(mut e) = EVENTS.reserve::<SchedSwitchEvent>(0) else {
         count(ProbeId::Sched, 1, 0, 1);
         return 0;
@@ -120,7 +128,7 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
     e.write(SchedSwitchEvent {
         // The current task is `prev` (the tracepoint fires before the switch): its tgid and tid.
         hdr: header(EventKind::SchedSwitch, now(), pid_tgid),
-        prev_state: read(&ctx, SW_PREV_STATE),
+        prev_state,
         next_tid,
         next_pid: next_pid.unwrap_or(0),
         prev_prio: read(&ctx, SW_PREV_PRIO),
