@@ -12,12 +12,16 @@
 //! **Order** ([`LEVELS`]), one step per judgment that exceeds the budget, never undone within a session:
 //! 1. `syscall_events_off` — individual (slow) syscall events stop; the kernel aggregates continue;
 //! 2. `ranges_sampled` — NVTX-style ranges of 1 step in [`RANGE_SAMPLE_EVERY`] only;
-//! 3. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
+//! 3. `thread_states_off` — the thread-state programs write nothing more (the `ThreadStatesOff` knob: each
+//!    switch of a traced thread still runs the program up to the knob test, a few ns): Perfetto's thread-state
+//!    rows and the report's thread section end at this point. Before the CUDA probes because a thread state is
+//!    context around the other events, not an event of the engine itself;
+//! 4. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
 //!    attached later: CUDA call events stop (this is what removes the cost of a launch-heavy target; they
 //!    are neither engine steps nor requests);
-//! 4. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
+//! 5. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
 //!    events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 5. `ranges_detached` — the range uprobe is detached.
+//! 6. `ranges_detached` — the range uprobe is detached.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -44,7 +48,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 5] = [
+pub const LEVELS: [(&str, &str); 6] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -52,6 +56,10 @@ pub const LEVELS: [(&str, &str); 5] = [
     (
         "ranges_sampled",
         "NVTX-style ranges sampled: 1 step in 16 (steps and requests complete)",
+    ),
+    (
+        "thread_states_off",
+        "thread states off: no more sched_switch / sched_waking records (Perfetto thread-state rows end here)",
     ),
     (
         "cuda_detached",
@@ -207,12 +215,13 @@ pub fn apply(
     match idx {
         0 => capture.set_knob(Knob::SyscallEventsOff, 1)?,
         1 => capture.set_knob(Knob::RangeSampleEvery, RANGE_SAMPLE_EVERY)?,
-        2 => {
+        2 => capture.set_knob(Knob::ThreadStatesOff, 1)?,
+        3 => {
             if !capture.detach_cuda()? {
                 change.push_str(" (none was attached)");
             }
         }
-        3 => {
+        4 => {
             if !capture.detach_syscalls()? {
                 change.push_str(" (were not attached)");
             }
@@ -274,7 +283,7 @@ mod tests {
         let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
         // 50k syscalls × 1 µs = 50 ms added to 100 ms of target CPU: +100 %.
         let mut levels = Vec::new();
-        for i in 1..=7u64 {
+        for i in 1..=8u64 {
             match b.check(snap(t, 100 * i, 50_000 * i, 100 * i)) {
                 Verdict::Degrade { level, overhead_pct } => {
                     assert!((overhead_pct - 100.0).abs() < 1e-6);
@@ -284,7 +293,7 @@ mod tests {
                 Verdict::Ok => levels.push(0),
             }
         }
-        assert_eq!(levels, [1, 2, 3, 4, 5, 99, 0]);
+        assert_eq!(levels, [1, 2, 3, 4, 5, 6, 99, 0]);
         assert!(b.exhausted());
     }
 

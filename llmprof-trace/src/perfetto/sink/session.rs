@@ -166,6 +166,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.cuda_call_ns {
             args.push(arg_f(arg::COST_NS_CUDA_CALL, p));
         }
+        if let Some(p) = c.sched_event_ns {
+            args.push(arg_f(arg::COST_NS_SCHED_EVENT, p));
+        }
         args.push(arg_f(arg::SYSCALLS_PER_PROBE_HIT, c.syscalls_per_probe_hit));
         args.push(arg_s(arg::PROBE_ENTRY, c.entry_name()));
         args.push(arg_f(arg::CALIBRATION_MS, c.took_ms));
