@@ -111,7 +111,11 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let prev_traced = traced((pid_tgid >> 32) as u32);
     let next_tid = read::<i32>(&ctx, SW_NEXT_PID) as u32;
-    let next_pid = if next_tid == 0 { None } else { traced_tgid(next_tid) };
+    let next_pid = if next_tid == 0 {
+        None
+    } else {
+        traced_tgid(next_tid)
+    };
     if !prev_traced && next_pid.is_none() {
         return 0;
     }

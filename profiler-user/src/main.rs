@@ -221,9 +221,11 @@ fn print_overhead(r: &attach::AttachReport) {
         let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
             format!("{p:.0} ns per CUDA driver call (entry + return probe)")
         });
-        let sched = c.sched_event_ns.map_or("thread states not measured".to_owned(), |p| {
-            format!("{p:.0} ns per thread-state record")
-        });
+        let sched = c
+            .sched_event_ns
+            .map_or("thread states not measured".to_owned(), |p| {
+                format!("{p:.0} ns per thread-state record")
+            });
         println!(
             "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, probe entry {}",
             c.took_ms,

@@ -65,15 +65,15 @@ fn wake(ms: u64, waker: u32, irq: bool) -> Event {
 
 fn fixture() -> Vec<Event> {
     vec![
-        switch(0, NOISY, 0, ENGINE),     // engine runs
+        switch(0, NOISY, 0, ENGINE),      // engine runs
         switch(10, ENGINE, 0x100, NOISY), // preempted by the neighbour: R+ 10 → 14
         // Another untraced thread ran after `noisy` (not recorded): written as `noisy`.
         switch(14, OTHER, 0, ENGINE),
-        switch(20, ENGINE, 1, 0),        // sleeps: S 20 → 50
-        wake(50, WORKER, false),         // the worker wakes it: R 50 → 52
+        switch(20, ENGINE, 1, 0), // sleeps: S 20 → 50
+        wake(50, WORKER, false),  // the worker wakes it: R 50 → 52
         switch(52, 0, 0, ENGINE),
-        switch(60, ENGINE, 2, 0),        // D 60 → 70
-        wake(70, 0, true),               // an interrupt wakes it
+        switch(60, ENGINE, 2, 0), // D 60 → 70
+        wake(70, 0, true),        // an interrupt wakes it
         switch(71, 0, 0, ENGINE),
         switch(80, ENGINE, 1, 0),
     ]
@@ -153,19 +153,38 @@ fn thread_states_load_as_perfettos_own_rows_and_the_report_agrees() {
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from thread t join process p using(upid) where t.tid = {ENGINE} and p.pid = {PID}")
+            &format!(
+                "select count(*) from thread t join process p using(upid) where t.tid = {ENGINE} and p.pid = {PID}"
+            )
         ),
         1
     );
-    assert_eq!(q(&mut tp, &format!("select count(*) from thread where tid = {ENGINE}")), 1);
-    assert_eq!(q(&mut tp, &format!("select count(*) from thread where tid = {WORKER}")), 1);
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from thread where tid = {ENGINE}")
+        ),
+        1
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) from thread where tid = {WORKER}")
+        ),
+        1
+    );
     drop(tp);
 
     let r = llmprof_trace::report::load(&path).unwrap();
     let t = r.thread_states.as_ref().unwrap();
     let g = t.groups.iter().find(|g| g.name == "engine").unwrap();
     assert_eq!(
-        (g.total.cpu_ms, g.total.runnable_ms, g.total.sleeping_ms, g.total.uninterruptible_ms),
+        (
+            g.total.cpu_ms,
+            g.total.runnable_ms,
+            g.total.sleeping_ms,
+            g.total.uninterruptible_ms
+        ),
         (10.0 + 6.0 + 8.0 + 9.0, 4.0 + 2.0 + 1.0, 30.0, 10.0)
     );
     assert_eq!(g.runnable_waits.count, 3);
@@ -184,7 +203,10 @@ fn thread_states_load_as_perfettos_own_rows_and_the_report_agrees() {
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from thread_state s join thread t using(utid) where t.tid = {ENGINE} and s.state = 'R' and s.dur = {}", 4 * MS)
+            &format!(
+                "select count(*) from thread_state s join thread t using(utid) where t.tid = {ENGINE} and s.state = 'R' and s.dur = {}",
+                4 * MS
+            )
         ),
         1
     );

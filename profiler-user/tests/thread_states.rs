@@ -142,11 +142,14 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
 
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    let q = |tp: &mut e2e::trace_processor::Trace, sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"));
+    let q =
+        |tp: &mut e2e::trace_processor::Trace, sql: &str| tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from thread t join process p using(upid) where t.tid = {tid} and p.pid = {pid}")
+            &format!(
+                "select count(*) from thread t join process p using(upid) where t.tid = {tid} and p.pid = {pid}"
+            )
         ),
         1,
         "the sleeper is one thread of the testee's process"
@@ -159,11 +162,17 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
     let sleeps = format!(
         "from thread_state s join thread t using(utid) where t.tid = {tid} and s.state = 'S' and s.dur >= 20000000"
     );
-    assert_eq!(q(&mut tp, &format!("select count(*) {sleeps}")), 10, "one S row per sleep");
+    assert_eq!(
+        q(&mut tp, &format!("select count(*) {sleeps}")),
+        10,
+        "one S row per sleep"
+    );
     assert_eq!(
         q(
             &mut tp,
-            &format!("select count(*) from thread_state s join thread t using(utid) where t.tid = {tid} and s.state = 'Running'")
+            &format!(
+                "select count(*) from thread_state s join thread t using(utid) where t.tid = {tid} and s.state = 'Running'"
+            )
         ) >= 10,
         true,
         "it ran between its sleeps"
@@ -222,13 +231,18 @@ fn a_competitor_on_the_same_core_makes_the_targets_runnable_time_visible() {
         "from thread_state s join thread t using(utid) where t.tid = {tid} and s.state in ('R', 'R+') and s.dur > 0"
     );
     let waits = tp.query_i64(&format!("select count(*) {runnable}")).unwrap();
-    let tp_runnable_ms = tp.query_f64(&format!("select sum(s.dur) / 1e6 {runnable}")).unwrap();
+    let tp_runnable_ms = tp
+        .query_f64(&format!("select sum(s.dur) / 1e6 {runnable}"))
+        .unwrap();
     let tp_running_ms = tp
         .query_f64(&format!(
             "select sum(s.dur) / 1e6 from thread_state s join thread t using(utid) where t.tid = {tid} and s.state = 'Running'"
         ))
         .unwrap();
-    assert!(waits > 1, "the contended thread waited for its core more than once: {waits}");
+    assert!(
+        waits > 1,
+        "the contended thread waited for its core more than once: {waits}"
+    );
     // Sharing one core with a thread that never sleeps: a large part of its second of wall time is spent
     // waiting (the scheduler splits the core; 10 % is far below any fair share).
     assert!(

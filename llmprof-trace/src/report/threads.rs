@@ -220,7 +220,12 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
             g
         })
         .collect();
-    out.sort_by(|a, b| b.total.cpu_ms.total_cmp(&a.total.cpu_ms).then_with(|| a.name.cmp(&b.name)));
+    out.sort_by(|a, b| {
+        b.total
+            .cpu_ms
+            .total_cmp(&a.total.cpu_ms)
+            .then_with(|| a.name.cmp(&b.name))
+    });
     Some(ThreadStates {
         groups: out,
         events: log.events.len() as u64,
@@ -292,7 +297,10 @@ impl<'a> ThreadStatesJson<'a> {
                     wakers: g
                         .wakers
                         .iter()
-                        .map(|(w, n)| WakerJson { waker: w, wakeups: *n })
+                        .map(|(w, n)| WakerJson {
+                            waker: w,
+                            wakeups: *n,
+                        })
                         .collect(),
                     per_thread: g
                         .threads
@@ -353,7 +361,13 @@ mod tests {
     use crate::perfetto::schema::{SchedSwitchFtraceEvent, SchedWakingFtraceEvent};
 
     fn sw(ts: u64, prev: i32, state: i64, next: i32) -> (u32, FtraceEvent) {
-        let comm = |t: i32| Some(if t == 7 { "engine".to_owned() } else { format!("other{t}") });
+        let comm = |t: i32| {
+            Some(if t == 7 {
+                "engine".to_owned()
+            } else {
+                format!("other{t}")
+            })
+        };
         (
             0,
             FtraceEvent {
@@ -393,13 +407,13 @@ mod tests {
         let ms = 1_000_000;
         let log = SchedLog {
             events: vec![
-                sw(0, 9, 0, 7),                // engine on CPU
-                sw(10 * ms, 7, 1, 9),          // sleeps (S) after 10 ms
-                wake(30 * ms, 9, 7, 0),        // woken by other9 after 20 ms
-                sw(32 * ms, 9, 0x100, 7),      // runs after a 2 ms wait
-                sw(40 * ms, 7, 0x100, 9),      // preempted after 8 ms
-                sw(44 * ms, 9, 0, 7),          // back after 4 ms
-                sw(45 * ms, 7, 2, 0),          // D
+                sw(0, 9, 0, 7),                 // engine on CPU
+                sw(10 * ms, 7, 1, 9),           // sleeps (S) after 10 ms
+                wake(30 * ms, 9, 7, 0),         // woken by other9 after 20 ms
+                sw(32 * ms, 9, 0x100, 7),       // runs after a 2 ms wait
+                sw(40 * ms, 7, 0x100, 9),       // preempted after 8 ms
+                sw(44 * ms, 9, 0, 7),           // back after 4 ms
+                sw(45 * ms, 7, 2, 0),           // D
                 wake(50 * ms, 0, 7, IRQ_FLAGS), // an interrupt wakes it
             ],
             threads: [(7, (70, Some("engine".to_owned())))].into(),
@@ -411,7 +425,11 @@ mod tests {
         assert_eq!(g.total.cpu_ms, 10.0 + 8.0 + 1.0);
         assert_eq!(g.total.sleeping_ms, 20.0);
         assert_eq!(g.total.uninterruptible_ms, 5.0);
-        assert_eq!(g.total.runnable_ms, 2.0 + 4.0, "the last state ends at the last event");
+        assert_eq!(
+            g.total.runnable_ms,
+            2.0 + 4.0,
+            "the last state ends at the last event"
+        );
         assert_eq!(g.runnable_waits.count, 2);
         assert_eq!(g.runnable_waits.max, Some(4.0));
         assert_eq!(g.total.switches, 3);

@@ -233,7 +233,8 @@ pub(super) fn startup(
     };
     if thread_states {
         // Untraced, with the programs attached: what every process pays is not the target's extra.
-        raw.pingpong_untraced = super::sched::median_ns_per_pingpong(super::sched::PINGPONG_ROUND_TRIPS, |_| {});
+        raw.pingpong_untraced =
+            super::sched::median_ns_per_pingpong(super::sched::PINGPONG_ROUND_TRIPS, |_| {});
     }
     set_traced(ebpf, me, true)?;
     let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
@@ -323,7 +324,10 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     raw.sched_hits_per_trip = delta(ProbeId::Sched);
     raw.syscalls_per_trip = delta(ProbeId::Syscalls);
     if let Err(e) = super::sched::forget_threads(ebpf, me).and(reg_err.map_or(Ok(()), Err)) {
-        log::warn!("calibrate: thread-state cost not measured: {}", crate::causes::one_line(&e));
+        log::warn!(
+            "calibrate: thread-state cost not measured: {}",
+            crate::causes::one_line(&e)
+        );
         raw.pingpong_traced = None;
     }
 }

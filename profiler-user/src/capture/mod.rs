@@ -468,15 +468,14 @@ impl Capture {
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) =
-                calibrate::startup(
-                    &mut ebpf,
-                    &mut ring,
-                    want_uprobes,
-                    cfg.calibrate_cuda,
-                    cfg.thread_states,
-                    untraced,
-                )?;
+            let (c, base) = calibrate::startup(
+                &mut ebpf,
+                &mut ring,
+                want_uprobes,
+                cfg.calibrate_cuda,
+                cfg.thread_states,
+                untraced,
+            )?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {

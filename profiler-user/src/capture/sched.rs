@@ -9,8 +9,10 @@
 use aya::Ebpf;
 use aya::maps::HashMap;
 use aya::programs::TracePoint;
-use llmprof_abi::sched::{SchedSwitchEvent, SchedWakeEvent, TRACE_FLAG_HARDIRQ, TRACE_FLAG_SOFTIRQ, WAKE_NEW};
 use llmprof_abi::EventHeader;
+use llmprof_abi::sched::{
+    SchedSwitchEvent, SchedWakeEvent, TRACE_FLAG_HARDIRQ, TRACE_FLAG_SOFTIRQ, WAKE_NEW,
+};
 
 use super::{CaptureError, map_err, program};
 use llmprof_trace::event::{EventBody, SchedSwitch, SchedWake};

@@ -29,7 +29,11 @@ fn process_cpu_s(pid: u32) -> Result<f64> {
     for e in std::fs::read_dir(format!("/proc/{pid}/task")).context("reading the target's threads")? {
         let path = e?.path().join("schedstat");
         if let Ok(s) = std::fs::read_to_string(&path) {
-            ns += s.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
         }
     }
     Ok(ns as f64 / 1e9)
@@ -56,7 +60,11 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
     let mut tok_s: [Vec<f64>; 3] = Default::default();
     let mut mb_per_min: [Vec<f64>; 3] = Default::default();
     for round in 0..AB_ROUNDS {
-        let order: Vec<usize> = if round % 2 == 0 { vec![0, 1, 2] } else { vec![2, 1, 0] };
+        let order: Vec<usize> = if round % 2 == 0 {
+            vec![0, 1, 2]
+        } else {
+            vec![2, 1, 0]
+        };
         for m in order {
             let (name, extra) = MODES[m];
             let session = match extra {

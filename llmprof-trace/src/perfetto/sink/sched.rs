@@ -63,7 +63,9 @@ impl<W: Write> TraceSink<W> {
     pub(super) fn sched_switch(&mut self, ev: &Event, s: &SchedSwitch) -> io::Result<()> {
         if s.prev_traced {
             // The thread is on the CPU: its comm is current (a new thread is renamed after it starts).
-            self.thread_names.entry(s.prev_tid).or_insert_with(|| s.prev_comm.clone());
+            self.thread_names
+                .entry(s.prev_tid)
+                .or_insert_with(|| s.prev_comm.clone());
             self.thread_track(s.prev_pid, s.prev_tid)?;
         }
         if s.next_pid != 0 {
