@@ -167,14 +167,13 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
         10,
         "one S row per sleep"
     );
-    assert_eq!(
+    assert!(
         q(
             &mut tp,
             &format!(
                 "select count(*) from thread_state s join thread t using(utid) where t.tid = {tid} and s.state = 'Running'"
             )
         ) >= 10,
-        true,
         "it ran between its sleeps"
     );
     assert!(
