@@ -30,18 +30,39 @@ use crate::perfetto::schema::{
 };
 use crate::thread_state::{PREEMPTED, SchedSwitch, SchedWake};
 
+/// Event-count name of the switches written to mend a switch the kernel did not report (see `sched_switch`).
+pub const REPAIRED: &str = "sched_switch_repaired";
+
+/// A `sched_switch` FtraceEvent at `ts` from `prev` (tid, comm, prio) in `prev_state` to `next` (tid, comm, prio).
+fn switch_event(ts: u64, prev: (u32, String, i32), prev_state: i64, next: (u32, String, i32)) -> FtraceEvent {
+    FtraceEvent {
+        timestamp: Some(ts),
+        pid: Some(prev.0),
+        sched_switch: Some(SchedSwitchFtraceEvent {
+            prev_comm: Some(prev.1),
+            prev_pid: Some(prev.0 as i32),
+            prev_prio: Some(prev.2),
+            prev_state: Some(prev_state),
+            next_comm: Some(next.1),
+            next_pid: Some(next.0 as i32),
+            next_prio: Some(next.2),
+        }),
+        ..Default::default()
+    }
+}
+
 /// Most events held per CPU before its bundle is written (bounds memory; a bundle of 256 switches is ~16 KB).
 pub const BUNDLE_EVENTS: usize = 256;
 
-/// The untraced thread that went on a CPU at the last recorded switch there: (tid, comm, prio).
-type OnCpu = (u32, String, i32);
+/// The thread that went on a CPU at the last recorded switch there: (tid, comm, prio, traced), and when.
+type OnCpu = (u32, String, i32, bool, u64);
 
 /// The sink's thread-state state: buffered events per CPU, the untraced thread each CPU last switched to,
 /// and whether the system info is out.
 #[derive(Debug, Default)]
 pub(super) struct SchedState {
     per_cpu: BTreeMap<u32, Vec<FtraceEvent>>,
-    untraced_on_cpu: BTreeMap<u32, Option<OnCpu>>,
+    on_cpu: BTreeMap<u32, OnCpu>,
     kernel_release: Option<String>,
     system_info_written: bool,
 }
@@ -59,7 +80,8 @@ impl<W: Write> TraceSink<W> {
     /// untraced X and the next switch-in of a traced thread from an untraced Y, other untraced threads may
     /// have run. The trace processor checks that a switch's `prev` is the previous switch's `next` on the
     /// CPU (`mismatched_sched_switch_tids`, an import error otherwise): an untraced `prev` is written as X,
-    /// the untraced thread llmprof saw go on that CPU, so the CPU track shows X for the whole interval.
+    /// the untraced thread llmprof saw go on that CPU, so the CPU track shows X for the whole interval. When
+    /// the kernel skipped a switch of a traced thread (see [`REPAIRED`]), the missing hand-over is written.
     pub(super) fn sched_switch(&mut self, ev: &Event, s: &SchedSwitch) -> io::Result<()> {
         if s.prev_traced {
             // The thread is on the CPU: its comm is current (a new thread is renamed after it starts).
@@ -71,32 +93,33 @@ impl<W: Write> TraceSink<W> {
         if s.next_pid != 0 {
             self.thread_track(s.next_pid, s.next_tid)?;
         }
-        let seen = self.sched.untraced_on_cpu.get(&s.cpu).cloned().flatten();
-        let (prev_tid, prev_comm, prev_prio) = match seen {
-            Some(x) if !s.prev_traced && x.0 != s.prev_tid => x,
+        let ts = ev.ts_ns;
+        let (prev_tid, prev_comm, prev_prio) = match self.sched.on_cpu.get(&s.cpu).cloned() {
+            Some((tid, comm, prio, false, _)) if !s.prev_traced && tid != s.prev_tid => (tid, comm, prio),
+            Some((tid, comm, prio, _, at)) if tid != s.prev_tid => {
+                // A switch the kernel did not run the program for (a tracing program is skipped when it would
+                // nest in another on that CPU): the traced thread got on the CPU (or off it) unseen. The
+                // hand-over is written at the last moment it can have happened, so the trace processor's
+                // per-CPU sequence holds and no running time is invented; counted as `sched_switch_repaired`.
+                self.count(REPAIRED);
+                let prev = (s.prev_tid, s.prev_comm.clone(), s.prev_prio);
+                let fe = switch_event(ts.saturating_sub(1).max(at), (tid, comm, prio), 0, prev);
+                self.buffer_ftrace(s.cpu, fe)?;
+                (s.prev_tid, s.prev_comm.clone(), s.prev_prio)
+            }
             _ => (s.prev_tid, s.prev_comm.clone(), s.prev_prio),
         };
-        let next_untraced = (s.next_pid == 0).then(|| (s.next_tid, s.next_comm.clone(), s.next_prio));
-        self.sched.untraced_on_cpu.insert(s.cpu, next_untraced);
+        self.sched.on_cpu.insert(
+            s.cpu,
+            (s.next_tid, s.next_comm.clone(), s.next_prio, s.next_pid != 0, ts),
+        );
         let prev_state = if self.sched.kernel_release.is_some() {
             s.prev_state
         } else {
             s.prev_state & !PREEMPTED
         };
-        let fe = FtraceEvent {
-            timestamp: Some(ev.ts_ns),
-            pid: Some(prev_tid),
-            sched_switch: Some(SchedSwitchFtraceEvent {
-                prev_comm: Some(prev_comm),
-                prev_pid: Some(prev_tid as i32),
-                prev_prio: Some(prev_prio),
-                prev_state: Some(prev_state),
-                next_comm: Some(s.next_comm.clone()),
-                next_pid: Some(s.next_tid as i32),
-                next_prio: Some(s.next_prio),
-            }),
-            ..Default::default()
-        };
+        let next = (s.next_tid, s.next_comm.clone(), s.next_prio);
+        let fe = switch_event(ts, (prev_tid, prev_comm, prev_prio), prev_state, next);
         self.buffer_ftrace(s.cpu, fe)
     }
 
