@@ -131,9 +131,9 @@ pub enum EventBody {
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
     /// A context switch involving a traced thread ([`crate::thread_state`]); the event's pid/tid are the
-    /// traced process and the thread going off the CPU.
+    /// traced process and its thread (the one going off the CPU when it is traced, else the one coming on).
     SchedSwitch(Box<SchedSwitch>),
-    /// A traced thread made runnable; the event's pid/tid are the waker's.
+    /// A traced thread made runnable; the event's pid/tid are the woken thread's, the waker is in the body.
     SchedWake(Box<SchedWake>),
 }
 

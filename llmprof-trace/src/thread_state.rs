@@ -38,11 +38,15 @@ pub struct SchedSwitch {
 }
 
 /// A traced thread made runnable (`sched:sched_waking` / `sched:sched_wakeup_new`). The event's own
-/// pid/tid are the waker's.
+/// pid/tid are the woken thread's (like `tid`/`pid` here).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedWake {
     /// CPU the waker ran on.
     pub cpu: u32,
+    /// The waker: the task current when the wakeup happened (in interrupt context, the interrupted task).
+    pub waker_tid: u32,
+    /// Its tgid (traced or not).
+    pub waker_pid: u32,
     /// The woken thread.
     pub tid: u32,
     /// Its tgid.

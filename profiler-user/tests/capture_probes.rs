@@ -139,7 +139,11 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
         }
     );
     let ours = cap.program_ids();
-    assert_eq!(ours.len(), 6, "six programs loaded");
+    assert_eq!(
+        ours.len(),
+        6 + llmprof::capture::sched::SCHED_TRACEPOINTS.len(),
+        "six programs loaded, and the thread-state programs"
+    );
 
     t.say("go");
     assert_eq!(t.line(), "done");

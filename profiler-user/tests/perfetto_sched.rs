@@ -51,6 +51,8 @@ fn switch(ms: u64, prev: u32, state: i64, next: u32) -> Event {
 fn wake(ms: u64, waker: u32, irq: bool) -> Event {
     let body = EventBody::SchedWake(Box::new(SchedWake {
         cpu: 1,
+        waker_tid: waker,
+        waker_pid: if waker == WORKER { PID } else { 0 },
         tid: ENGINE,
         pid: PID,
         comm: name(ENGINE),
@@ -60,7 +62,7 @@ fn wake(ms: u64, waker: u32, irq: bool) -> Event {
         in_interrupt: irq,
         common_flags: if irq { 0x08 } else { 0 },
     }));
-    testing::event(if waker == WORKER { PID } else { 0 }, waker, T0 + ms * MS, body)
+    testing::event(PID, ENGINE, T0 + ms * MS, body)
 }
 
 fn fixture() -> Vec<Event> {

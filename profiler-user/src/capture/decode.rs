@@ -163,16 +163,19 @@ impl Decoder {
                     result: e.result,
                 }
             }
-            EventKind::SchedSwitch => {
-                let (pid, body) = super::sched::switch_event(&read::<SchedSwitchEvent>(b)?);
+            EventKind::SchedSwitch | EventKind::SchedWake => {
+                let (pid, tid, body) = if hdr.kind == EventKind::SchedSwitch as u32 {
+                    super::sched::switch_event(&read::<SchedSwitchEvent>(b)?)
+                } else {
+                    super::sched::wake_event(&read::<SchedWakeEvent>(b)?)
+                };
                 return Some(Event {
                     ts_ns: hdr.ts_ns,
                     pid,
-                    tid: hdr.tid,
+                    tid,
                     body,
                 });
             }
-            EventKind::SchedWake => super::sched::wake_event(&read::<SchedWakeEvent>(b)?),
         };
         Some(Event {
             ts_ns: hdr.ts_ns,

@@ -88,11 +88,16 @@ pub(super) fn forget_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), CaptureErr
     Ok(())
 }
 
-/// The event of a switch record: pid/tid are the traced process and the thread going off the CPU.
-pub(super) fn switch_event(e: &SchedSwitchEvent) -> (u32, EventBody) {
+/// The event of a switch record: (pid, tid, body), pid/tid the traced process and its thread (prev when
+/// traced, else next).
+pub(super) fn switch_event(e: &SchedSwitchEvent) -> (u32, u32, EventBody) {
     let hdr: &EventHeader = &e.hdr;
     let prev_traced = e.prev_traced != 0;
-    let pid = if prev_traced { hdr.pid } else { e.next_pid };
+    let (pid, tid) = if prev_traced {
+        (hdr.pid, hdr.tid)
+    } else {
+        (e.next_pid, e.next_tid)
+    };
     let body = EventBody::SchedSwitch(Box::new(SchedSwitch {
         cpu: hdr.cpu,
         prev_tid: hdr.tid,
@@ -107,13 +112,15 @@ pub(super) fn switch_event(e: &SchedSwitchEvent) -> (u32, EventBody) {
         next_prio: e.next_prio,
         stack_id: (e.stack_id >= 0).then_some(e.stack_id),
     }));
-    (pid, body)
+    (pid, tid, body)
 }
 
-/// The event of a wakeup record: pid/tid are the waker's.
-pub(super) fn wake_event(e: &SchedWakeEvent) -> EventBody {
-    EventBody::SchedWake(Box::new(SchedWake {
+/// The event of a wakeup record: (pid, tid, body), pid/tid the woken thread's (the waker is in the body).
+pub(super) fn wake_event(e: &SchedWakeEvent) -> (u32, u32, EventBody) {
+    let body = EventBody::SchedWake(Box::new(SchedWake {
         cpu: e.hdr.cpu,
+        waker_tid: e.hdr.tid,
+        waker_pid: e.hdr.pid,
         tid: e.tid,
         pid: e.pid,
         comm: comm_str(&e.comm),
@@ -122,7 +129,8 @@ pub(super) fn wake_event(e: &SchedWakeEvent) -> EventBody {
         new_task: e.flags & WAKE_NEW != 0,
         in_interrupt: e.common_flags & (TRACE_FLAG_HARDIRQ | TRACE_FLAG_SOFTIRQ) != 0,
         common_flags: e.common_flags,
-    }))
+    }));
+    (e.pid, e.tid, body)
 }
 
 /// Round trips per timed round of the thread-state calibration (each: two switches, two wakings, four

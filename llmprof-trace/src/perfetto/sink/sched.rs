@@ -123,12 +123,12 @@ impl<W: Write> TraceSink<W> {
         self.buffer_ftrace(s.cpu, fe)
     }
 
-    /// A wakeup of a traced thread (the event's tid is the waker).
+    /// A wakeup of a traced thread (the FtraceEvent's pid is the waker, as the kernel's ftrace writes it).
     pub(super) fn sched_wake(&mut self, ev: &Event, w: &SchedWake) -> io::Result<()> {
         self.thread_track(w.pid, w.tid)?;
         let fe = FtraceEvent {
             timestamp: Some(ev.ts_ns),
-            pid: Some(ev.tid),
+            pid: Some(w.waker_tid),
             common_flags: Some(w.common_flags),
             sched_waking: Some(SchedWakingFtraceEvent {
                 comm: Some(w.comm.clone()),
