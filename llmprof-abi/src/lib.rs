@@ -18,6 +18,7 @@
 pub mod python;
 mod http;
 pub use http::*;
+pub mod sched;
 
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
@@ -473,6 +474,10 @@ pub enum EventKind {
     Http = 20,
     /// [`HttpHeadEvent`] (a request's head bytes).
     HttpHead = 21,
+    /// [`sched::SchedSwitchEvent`].
+    SchedSwitch = 40,
+    /// [`sched::SchedWakeEvent`].
+    SchedWake = 41,
 }
 
 impl EventKind {
@@ -494,6 +499,8 @@ impl EventKind {
             12 => Some(Self::ProcessExec),
             20 => Some(Self::Http),
             21 => Some(Self::HttpHead),
+            40 => Some(Self::SchedSwitch),
+            41 => Some(Self::SchedWake),
             _ => None,
         }
     }
@@ -1049,6 +1056,9 @@ pub enum ProbeId {
     ProcTree = 11,
     /// HTTP/1.1 wire probe (reads and writes on followed connections; hits = requests + SSE writes).
     Http = 12,
+    /// Thread states: sched_switch / sched_waking / sched_wakeup_new of traced threads (and the
+    /// task_newtask program that keeps the thread map).
+    Sched = 14,
     /// Python stack samples (perf_event software CPU clock, `llmprof_pysample`).
     PyStack = 15,
 }
@@ -1073,7 +1083,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "proc_tree",
     "http",
     "reserved",
-    "reserved",
+    "sched",
     "py_stack",
 ];
 
@@ -1111,6 +1121,9 @@ pub enum Knob {
     /// Non-zero: the wire probe sends no per-write SSE records after a response's first content event (TTFT,
     /// response end and request counts stay; inter-token gaps are lost).
     HttpSseOff = 2,
+    /// Non-zero: the thread-state programs (sched_switch, sched_waking, sched_wakeup_new) write nothing
+    /// (the `--overhead-budget` step "stop thread states"; the thread map is still kept).
+    ThreadStatesOff = 4,
     /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted).
     PySamplesOff = 5,
 }

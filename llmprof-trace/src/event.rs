@@ -8,6 +8,8 @@
 
 use std::net::IpAddr;
 
+pub use crate::thread_state::{SchedSwitch, SchedWake};
+
 use llmprof_abi::{
     ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
     StepRecord,
@@ -172,6 +174,11 @@ pub enum EventBody {
         /// Content events in the write.
         count: u32,
     },
+    /// A context switch involving a traced thread ([`crate::thread_state`]); the event's pid/tid are the
+    /// traced process and its thread (the one going off the CPU when it is traced, else the one coming on).
+    SchedSwitch(Box<SchedSwitch>),
+    /// A traced thread made runnable; the event's pid/tid are the woken thread's, the waker is in the body.
+    SchedWake(Box<SchedWake>),
 }
 
 impl EventBody {
@@ -200,6 +207,8 @@ impl EventBody {
             Self::WireRequest { .. } => "wire_request",
             Self::WireResponse { .. } => "wire_response",
             Self::WireToken { .. } => "wire_token",
+            Self::SchedSwitch(_) => "sched_switch",
+            Self::SchedWake(_) => "sched_wake",
         }
     }
 }

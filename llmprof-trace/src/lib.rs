@@ -25,5 +25,6 @@ pub mod sizecap;
 pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod thread_state;
 pub mod timeline;
 pub mod wire;

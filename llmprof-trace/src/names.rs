@@ -662,6 +662,8 @@ pub mod arg {
     pub const COST_NS_ENGINE_PROBE_SAMPLED_OUT: &str = "cost_ns_engine_probe_sampled_out";
     /// Calibrated cost per CUDA driver call (entry + return probe), ns.
     pub const COST_NS_CUDA_CALL: &str = "cost_ns_cuda_call";
+    /// Calibrated cost per thread-state record (sched_switch / sched_waking of a traced thread), ns.
+    pub const COST_NS_SCHED_EVENT: &str = "cost_ns_sched_event";
     /// Syscalls per engine probe hit in the calibration.
     pub const SYSCALLS_PER_PROBE_HIT: &str = "syscalls_per_probe_hit";
     /// How the engine probe is entered.

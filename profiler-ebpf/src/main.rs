@@ -20,6 +20,9 @@
 //! - `llmprof_pysample` (perf_event, software CPU clock; module `python`): the sampled thread's CPython
 //!   frames, one `PyStackEvent` per sample.
 //!
+//! - `llmprof_tnew` / `llmprof_sswitch` / `llmprof_swaking` / `llmprof_swnew` (module `sched`): thread
+//!   states of the traced threads and the tid → tgid map they need.
+//!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
 //! per-event state it does not free.
@@ -29,6 +32,7 @@
 mod python;
 mod proc;
 mod http;
+mod sched;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -660,6 +664,9 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !traced(tgid) {
+        // An untraced child of a traced process leaves the thread map here; a traced thread leaves it at
+        // its last context switch (`sched::llmprof_sswitch`), which comes after this tracepoint.
+        sched::forget_thread(pid_tgid as u32);
         return 0;
     }
     // Every exiting thread frees its syscall slot.

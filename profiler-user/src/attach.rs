@@ -77,6 +77,8 @@ pub struct AttachOptions {
     pub otel: OtelOptions,
     /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
     pub overhead_budget: Option<f64>,
+    /// Record thread states (`--no-thread-states` turns them off). See [`crate::capture::sched`].
+    pub thread_states: bool,
     /// `--max-trace-size`, bytes (None: no cap). See [`llmprof_trace::sizecap`].
     pub max_trace_size: Option<u64>,
     /// NVML counters and CUDA driver probes.
@@ -347,6 +349,7 @@ fn start_capture(
         calibrate: true,
         calibrate_cuda: opts.gpu.cuda,
         http: opts.http.clone(),
+        thread_states: opts.thread_states,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {
@@ -419,7 +422,12 @@ fn start_capture(
 fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {
     let out_err = output_error(&opts.output);
     let file = crate::files::create_trace(&opts.output).map_err(&out_err)?;
-    TraceSink::new(file, infos, clock_snapshot()).map_err(out_err)
+    let mut sink = TraceSink::new(file, infos, clock_snapshot()).map_err(&out_err)?;
+    // How the trace processor reads sched_switch's prev_state depends on the kernel version.
+    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        sink.note_kernel_release(&release);
+    }
+    Ok(sink)
 }
 
 /// Step 6: the /metrics scraper, on `--metrics-url` or the endpoint discovered from the target's listening

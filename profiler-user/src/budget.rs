@@ -12,14 +12,18 @@
 //! **Order** ([`LEVELS`]), one step per judgment that exceeds the budget, never undone within a session:
 //! 1. `syscall_events_off` — individual (slow) syscall events stop; the kernel aggregates continue;
 //! 2. `ranges_sampled` — NVTX-style ranges of 1 step in [`RANGE_SAMPLE_EVERY`] only;
-//! 3. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
+//! 3. `thread_states_off` — the thread-state programs write nothing more (the `ThreadStatesOff` knob: each
+//!    switch of a traced thread still runs the program up to the knob test, a few ns): Perfetto's thread-state
+//!    rows and the report's thread section end at this point. Before the CUDA probes because a thread state is
+//!    context around the other events, not an event of the engine itself;
+//! 4. `cuda_detached` — the CUDA driver uprobes (entry + return per call, µs each) are detached and none is
 //!    attached later: CUDA call events stop (this is what removes the cost of a launch-heavy target; they
 //!    are neither engine steps nor requests);
-//! 4. `http_sse_off` — the HTTP wire probe stops sending a record per SSE write after each response's first
+//! 5. `http_sse_off` — the HTTP wire probe stops sending a record per SSE write after each response's first
 //!    content event (wire TTFT, request counts and ends stay; wire inter-token gaps stop);
-//! 5. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file, egress and
+//! 6. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file, egress and
 //!    wire (HTTP) events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 6. `ranges_detached` — the range uprobe is detached.
+//! 7. `ranges_detached` — the range uprobe is detached.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -46,7 +50,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 6] = [
+pub const LEVELS: [(&str, &str); 7] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -54,6 +58,10 @@ pub const LEVELS: [(&str, &str); 6] = [
     (
         "ranges_sampled",
         "NVTX-style ranges sampled: 1 step in 16 (steps and requests complete)",
+    ),
+    (
+        "thread_states_off",
+        "thread states off: no more sched_switch / sched_waking records (Perfetto thread-state rows end here)",
     ),
     (
         "cuda_detached",
@@ -214,13 +222,14 @@ pub fn apply(
     match idx {
         0 => capture.set_knob(Knob::SyscallEventsOff, 1)?,
         1 => capture.set_knob(Knob::RangeSampleEvery, RANGE_SAMPLE_EVERY)?,
-        2 => {
+        2 => capture.set_knob(Knob::ThreadStatesOff, 1)?,
+        3 => {
             if !capture.detach_cuda()? {
                 change.push_str(" (none was attached)");
             }
         }
-        3 => capture.set_knob(Knob::HttpSseOff, 1)?,
-        4 => {
+        4 => capture.set_knob(Knob::HttpSseOff, 1)?,
+        5 => {
             if !capture.detach_syscalls()? {
                 change.push_str(" (were not attached)");
             }

@@ -143,10 +143,14 @@ pub struct AttachArgs {
     /// Do not follow HTTP requests on the target's listening sockets.
     #[arg(long, conflicts_with = "http_ports")]
     pub no_http: bool,
+    /// Do not record thread states (sched_switch / sched_waking of the target's threads: the Running,
+    /// Runnable, Sleeping rows in Perfetto and the thread-state section of `llmprof report`).
+    #[arg(long)]
+    pub no_thread_states: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
-    /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then CUDA
-    /// driver probes detached, then per-SSE wire records, then syscall tracepoints detached, then ranges
-    /// detached; steps and requests are kept). Default: no budget.
+    /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then thread
+    /// states stopped, then CUDA driver probes detached, then per-SSE wire records, then syscall tracepoints
+    /// detached, then ranges detached; steps and requests are kept). Default: no budget.
     #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker

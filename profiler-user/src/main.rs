@@ -87,6 +87,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         prelude: None,
         stop_reason: attach::StopReason::default(),
         overhead_budget: a.overhead_budget,
+        thread_states: !a.no_thread_states,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
         http: if a.no_http {
             HttpPorts::Off
@@ -240,8 +241,13 @@ fn print_overhead(r: &attach::AttachReport) {
         let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
             format!("{p:.0} ns per CUDA driver call (entry + return probe)")
         });
+        let sched = c
+            .sched_event_ns
+            .map_or("thread states not measured".to_owned(), |p| {
+                format!("{p:.0} ns per thread-state record")
+            });
         println!(
-            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, probe entry {}",
+            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, probe entry {}",
             c.took_ms,
             c.syscall_ns,
             c.entry_name()

@@ -22,6 +22,16 @@ pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
     comm(&format!("/proc/{pid}/task/{tid}/comm"))
 }
 
+/// Thread ids of `pid` now listed in `/proc/PID/task` (empty when the process is gone).
+pub fn thread_ids(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .collect()
+}
+
 /// Reads the process and its current threads; `None` when the process does not exist.
 pub fn process_info(pid: u32) -> Option<ProcessInfo> {
     let name = comm(&format!("/proc/{pid}/comm"))?;

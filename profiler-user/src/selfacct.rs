@@ -14,7 +14,10 @@
 //! (model files, connect, send, process exit) nothing extra (they run inside the same exit program); engine
 //! probes, and any uprobe added later, the calibrated uprobe cost, with range hits the sampling knob
 //! skipped at the (lower) sampled-out cost; `cuda` (one hit per driver call, counted at entry) the
-//! calibrated cost of the entry + return uprobe pair (the engine-probe cost when the pair was not measured).
+//! calibrated cost of the entry + return uprobe pair (the engine-probe cost when the pair was not measured);
+//! `sched` (one hit per sched_switch / sched_waking record of a traced thread) the calibrated cost of a
+//! thread-state record (nothing when it was not measured). The thread-state programs also run, filtered out
+//! after two lookups, for every other switch on the machine: that cost is everyone's, not the target's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -155,6 +158,8 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
             0.0
         } else if i == ProbeId::Cuda as usize {
             hits * cal.cuda_call_ns.unwrap_or(probe)
+        } else if i == ProbeId::Sched as usize {
+            hits * cal.sched_event_ns.unwrap_or(0.0)
         } else if i == ProbeId::Range as usize {
             let sent = (now[i].emitted + now[i].dropped).saturating_sub(before[i].emitted + before[i].dropped)
                 as f64;

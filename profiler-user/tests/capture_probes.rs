@@ -141,8 +141,9 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     let ours = cap.program_ids();
     assert_eq!(
         ours.len(),
-        8,
-        "eight programs loaded: 3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes"
+        8 + llmprof::capture::sched::SCHED_TRACEPOINTS.len(),
+        "eight programs loaded (3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes) and the \
+         thread-state programs"
     );
 
     t.say("go");

@@ -229,7 +229,9 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
     let steps = rows[0]["d"].as_str().unwrap_or_default().to_owned();
     assert!(
         // No CUDA probe on this target: the cuda_detached step is taken and says so, in its place.
-        steps.starts_with("syscall_events_off ranges_sampled cuda_detached http_sse_off syscalls_detached"),
+        steps.starts_with(
+            "syscall_events_off ranges_sampled thread_states_off cuda_detached http_sse_off syscalls_detached"
+        ),
         "summary: {steps}"
     );
     drop(tp);

@@ -189,6 +189,40 @@ fn attach_to_the_engine_and_check_the_trace() {
         "unterminated slices"
     );
 
+    // Thread states: the engine loop thread ran (Running rows in the trace processor's thread_state, the
+    // table Perfetto UI draws its thread-state rows from), is one thread of the engine's process, and was
+    // blocked between requests; `llmprof report` counts the same CPU time.
+    let engine_thread = "llmserve-engine";
+    let rows = tp
+        .query(&format!(
+            "select t.tid, p.pid, count(*) as n, sum(s.dur) as running from thread_state s join thread t using(utid) \
+             left join process p using(upid) where t.name = '{engine_thread}' and s.state = 'Running' group by t.utid"
+        ))
+        .expect("thread_state query");
+    assert_eq!(rows.len(), 1, "one engine thread with Running rows: {rows:?}");
+    assert_eq!(rows[0]["pid"].as_i64(), Some(i64::from(engine.pid)), "{rows:?}");
+    assert!(rows[0]["n"].as_i64().unwrap_or(0) > 0, "{rows:?}");
+    let running_ms = rows[0]["running"].as_f64().unwrap_or(0.0) / 1e6;
+    let out = Command::new(bin_path("llmprof"))
+        .args(["report", "--json"])
+        .arg(&trace_path)
+        .output()
+        .expect("llmprof report");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let group = report["thread_states"]["groups"]
+        .as_array()
+        .expect("thread_states.groups")
+        .iter()
+        .find(|g| g["name"] == engine_thread)
+        .unwrap_or_else(|| panic!("no {engine_thread} group in {}", report["thread_states"]));
+    let cpu_ms = group["cpu_ms"].as_f64().expect("cpu_ms");
+    assert!(
+        (cpu_ms - running_ms).abs() < 0.01 * running_ms.max(1.0),
+        "report cpu_ms {cpu_ms} vs thread_state Running {running_ms} ms"
+    );
+    assert!(group["sleeping_ms"].as_f64().unwrap_or(0.0) > 0.0, "{group}");
+
     // Every engine step of the window is a slice on the engine-steps track.
     let steps = tp
         .query_i64(&format!(

@@ -43,6 +43,12 @@ pub struct TracePacket {
     /// `TrackDescriptor track_descriptor = 60;` (oneof data)
     #[prost(message, optional, tag = "60")]
     pub track_descriptor: Option<TrackDescriptor>,
+    /// `FtraceEventBundle ftrace_events = 1;` (oneof data)
+    #[prost(message, optional, tag = "1")]
+    pub ftrace_events: Option<FtraceEventBundle>,
+    /// `SystemInfo system_info = 45;` (oneof data)
+    #[prost(message, optional, tag = "45")]
+    pub system_info: Option<SystemInfo>,
 }
 
 /// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED = 1;`
@@ -234,4 +240,102 @@ pub struct DebugAnnotation {
     /// `repeated DebugAnnotation array_values = 12;` (an array: the elements carry values, no names)
     #[prost(message, repeated, tag = "12")]
     pub array_values: Vec<DebugAnnotation>,
+}
+
+/// `protos/perfetto/common/system_info.proto`: `message SystemInfo` (the kernel release tells the trace
+/// processor how to read `sched_switch.prev_state`: 4.14+ kernels report preemption as 0x100).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SystemInfo {
+    /// `optional Utsname utsname = 1;`
+    #[prost(message, optional, tag = "1")]
+    pub utsname: Option<Utsname>,
+}
+
+/// `protos/perfetto/common/system_info.proto`: `message Utsname`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Utsname {
+    /// `optional string sysname = 1;`
+    #[prost(string, optional, tag = "1")]
+    pub sysname: Option<String>,
+    /// `optional string release = 3;`
+    #[prost(string, optional, tag = "3")]
+    pub release: Option<String>,
+}
+
+/// `protos/perfetto/trace/ftrace/ftrace_event_bundle.proto`: `message FtraceEventBundle` (the events of one
+/// CPU, in time order).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FtraceEventBundle {
+    /// `optional uint32 cpu = 1;`
+    #[prost(uint32, optional, tag = "1")]
+    pub cpu: Option<u32>,
+    /// `repeated FtraceEvent event = 2;`
+    #[prost(message, repeated, tag = "2")]
+    pub event: Vec<FtraceEvent>,
+}
+
+/// `protos/perfetto/trace/ftrace/ftrace_event.proto`: `message FtraceEvent` (the subset llmprof writes).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FtraceEvent {
+    /// `optional uint64 timestamp = 1;` (the trace clock: BOOTTIME here)
+    #[prost(uint64, optional, tag = "1")]
+    pub timestamp: Option<u64>,
+    /// `optional uint32 pid = 2;` (the tracepoint's current task: for sched_waking, the waker)
+    #[prost(uint32, optional, tag = "2")]
+    pub pid: Option<u32>,
+    /// `optional uint32 common_flags = 5;`
+    #[prost(uint32, optional, tag = "5")]
+    pub common_flags: Option<u32>,
+    /// `SchedSwitchFtraceEvent sched_switch = 4;` (oneof event)
+    #[prost(message, optional, tag = "4")]
+    pub sched_switch: Option<SchedSwitchFtraceEvent>,
+    /// `SchedWakingFtraceEvent sched_waking = 20;` (oneof event)
+    #[prost(message, optional, tag = "20")]
+    pub sched_waking: Option<SchedWakingFtraceEvent>,
+}
+
+/// `protos/perfetto/trace/ftrace/sched.proto`: `message SchedSwitchFtraceEvent`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SchedSwitchFtraceEvent {
+    /// `optional string prev_comm = 1;`
+    #[prost(string, optional, tag = "1")]
+    pub prev_comm: Option<String>,
+    /// `optional int32 prev_pid = 2;`
+    #[prost(int32, optional, tag = "2")]
+    pub prev_pid: Option<i32>,
+    /// `optional int32 prev_prio = 3;`
+    #[prost(int32, optional, tag = "3")]
+    pub prev_prio: Option<i32>,
+    /// `optional int64 prev_state = 4;`
+    #[prost(int64, optional, tag = "4")]
+    pub prev_state: Option<i64>,
+    /// `optional string next_comm = 5;`
+    #[prost(string, optional, tag = "5")]
+    pub next_comm: Option<String>,
+    /// `optional int32 next_pid = 6;`
+    #[prost(int32, optional, tag = "6")]
+    pub next_pid: Option<i32>,
+    /// `optional int32 next_prio = 7;`
+    #[prost(int32, optional, tag = "7")]
+    pub next_prio: Option<i32>,
+}
+
+/// `protos/perfetto/trace/ftrace/sched.proto`: `message SchedWakingFtraceEvent`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SchedWakingFtraceEvent {
+    /// `optional string comm = 1;`
+    #[prost(string, optional, tag = "1")]
+    pub comm: Option<String>,
+    /// `optional int32 pid = 2;` (the woken thread)
+    #[prost(int32, optional, tag = "2")]
+    pub pid: Option<i32>,
+    /// `optional int32 prio = 3;`
+    #[prost(int32, optional, tag = "3")]
+    pub prio: Option<i32>,
+    /// `optional int32 success = 4;`
+    #[prost(int32, optional, tag = "4")]
+    pub success: Option<i32>,
+    /// `optional int32 target_cpu = 5;`
+    #[prost(int32, optional, tag = "5")]
+    pub target_cpu: Option<i32>,
 }

@@ -290,6 +290,8 @@ pub struct Report {
     pub probes: Vec<ProbeRow>,
     /// llmprof's self-accounting (None: a trace without it).
     pub overhead: Option<OverheadReport>,
+    /// Thread states per thread name (None: a trace without scheduler events).
+    pub thread_states: Option<super::ThreadStates>,
     /// The GPU layer (None: a trace without any of it).
     pub gpu: Option<GpuSection>,
 }

@@ -59,6 +59,7 @@ struct Doc<'a> {
     drops: Drops<'a>,
     overhead: Option<Overhead<'a>>,
     gpu: Option<Gpu<'a>>,
+    thread_states: Option<super::threads::ThreadStatesJson<'a>>,
 }
 
 impl<'a> Doc<'a> {
@@ -87,13 +88,14 @@ impl<'a> Doc<'a> {
             },
             overhead: r.overhead.as_ref().map(Overhead::of),
             gpu: r.gpu.as_ref().map(Gpu::of),
+            thread_states: r.thread_states.as_ref().map(super::threads::ThreadStatesJson::of),
         }
     }
 }
 
 /// `{count, p50, p95, p99, max, mean}`.
 #[derive(Serialize)]
-struct StatsJson {
+pub(super) struct StatsJson {
     count: usize,
     p50: Option<Num>,
     p95: Option<Num>,
@@ -103,7 +105,7 @@ struct StatsJson {
 }
 
 impl StatsJson {
-    fn of(s: &Stats) -> Self {
+    pub(super) fn of(s: &Stats) -> Self {
         Self {
             count: s.count,
             p50: opt(s.p50),
@@ -729,7 +731,8 @@ mod tests {
                 "egress",
                 "drops",
                 "overhead",
-                "gpu"
+                "gpu",
+                "thread_states"
             ]
         );
         assert_eq!(v["format"], JSON_FORMAT);

@@ -58,6 +58,14 @@
 //!   `{hits, emitted, dropped}` or `null`. `markers`: the GPU layer's markers on the `llmprof` track
 //!   (`GPU counters unavailable: ...`, `libcuda not loaded ...`, `CUDA driver probes attached/failed ...`).
 //!
+//! - `thread_states`: `null` without scheduler events (`--no-thread-states`, older traces): `{events,
+//!   groups: [{name, threads, cpu_ms, runnable_ms, sleeping_ms, uninterruptible_ms, idle_ms, switches,
+//!   runnable_wait_ms: stats, wakers: [{waker, wakeups}], per_thread: [{tid, pid, cpu_ms, runnable_ms,
+//!   sleeping_ms, uninterruptible_ms, idle_ms, switches}]}]}`, one group per thread name, by `cpu_ms`
+//!   descending. `runnable_ms` is time runnable but not running (waiting for a CPU); `runnable_wait_ms` the
+//!   stats of each such wait; `wakers` the top [`threads::TOP_WAKERS`] wakers of the group's threads as
+//!   `name (tid)`, `(interrupt)` for wakeups from interrupt context (timers, devices).
+//!
 //! # Layout
 //! `read` decodes the file into tracks of slices, instants and counters; `analyze` turns them into the
 //! [`Report`] (its types live in `data`), with `requests` rebuilding each request's
@@ -70,8 +78,11 @@ mod json;
 mod read;
 mod requests;
 mod text;
+mod threads;
 
 use std::path::{Path, PathBuf};
+
+pub use threads::{ThreadGroup, ThreadRow, ThreadStates};
 
 pub use data::{
     BucketRow, CounterSummary, CudaCallsSummary, CudaFnRow, DegradationRow, EgressRow, GpuCounterRow, GpuRow,

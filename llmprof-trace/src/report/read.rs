@@ -126,6 +126,8 @@ pub(super) struct Track {
 pub(super) struct Decoded {
     pub(super) tracks: BTreeMap<u64, Track>,
     pub(super) truncated: bool,
+    /// The thread-state events and the traced threads ([`super::threads`]).
+    pub(super) sched: super::threads::SchedLog,
 }
 
 fn decode_varint(b: &[u8], pos: &mut usize) -> Option<u64> {
@@ -209,6 +211,17 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
                     .or_else(|| td.process.as_ref().and_then(|pr| pr.process_name.clone()))
             });
             t.parent = td.parent_uuid;
+            if let Some(th) = &td.thread {
+                let tid = th.tid.unwrap_or(0) as u32;
+                d.sched
+                    .threads
+                    .insert(tid, (th.pid.unwrap_or(0) as u32, th.thread_name.clone()));
+            }
+        }
+        if let Some(b) = p.ftrace_events {
+            let cpu = b.cpu.unwrap_or(0);
+            d.sched.events.extend(b.event.into_iter().map(|e| (cpu, e)));
+            continue;
         }
         let Some(ev) = &p.track_event else { continue };
         let ts = p.timestamp.unwrap_or(last_ts);

@@ -15,6 +15,9 @@ impl Report {
     pub fn to_text(&self) -> String {
         let mut o = self.to_text_main();
         gpu_text(&mut o, self.gpu.as_ref());
+        if let Some(t) = &self.thread_states {
+            super::threads::text(&mut o, t, TEXT_ROWS);
+        }
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }

@@ -22,6 +22,12 @@
 //! cuMemcpyHtoDAsync_v2 (256 bytes), cuMemcpyAsync_ptsz, cuLaunchKernelEx, cuGraphLaunch, cuCtxSynchronize,
 //! cuEventSynchronize and a failing cuEventSynchronize_ptsz; prints `cuda done`.
 //!
+//! Thread states: `sleeper N MS` runs a thread named `sleeper` that sleeps N × MS ms in `nanosleep`, printing
+//! `sleeper TID` when it starts and `sleeper done` at the end; `contend CPU MS` runs a thread named `contended`
+//! pinned to CPU that computes for MS ms of wall time, printing `contend TID` and `contend done CPU_NS` (its
+//! own CPU time); `spin CPU MS` pins the main thread to CPU and computes for MS ms (the competitor, run in a
+//! second testee), printing `spin done`.
+//!
 //! Usage: `llmprof-testee [--gguf PATH] [--connect 127.0.0.1:PORT] [--libcuda PATH]`
 
 use std::ffi::c_void;
@@ -123,6 +129,51 @@ fn run() -> Result<(), String> {
                     let _ = c.wait();
                 }
                 writeln!(out, "reaped {n}").map_err(|e| e.to_string())?;
+            }
+            Some("sleeper") => {
+                let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
+                let (n, ms) = (num().unwrap_or(10), num().unwrap_or(20));
+                let (tx, rx) = std::sync::mpsc::channel();
+                let h = std::thread::Builder::new()
+                    .name("sleeper".into())
+                    .spawn(move || {
+                        let _ = tx.send(gettid());
+                        for _ in 0..n {
+                            std::thread::sleep(Duration::from_millis(ms));
+                        }
+                    })
+                    .map_err(|e| e.to_string())?;
+                let tid = rx.recv().map_err(|e| e.to_string())?;
+                writeln!(out, "sleeper {tid}").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                h.join().map_err(|_| "sleeper panicked")?;
+                writeln!(out, "sleeper done").map_err(|e| e.to_string())?;
+            }
+            Some("contend") => {
+                let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
+                let (cpu, ms) = (num().unwrap_or(0), num().unwrap_or(500));
+                let (tx, rx) = std::sync::mpsc::channel();
+                let h = std::thread::Builder::new()
+                    .name("contended".into())
+                    .spawn(move || {
+                        pin_to(cpu as usize);
+                        let _ = tx.send(gettid());
+                        spin_for(Duration::from_millis(ms));
+                        thread_cpu_ns()
+                    })
+                    .map_err(|e| e.to_string())?;
+                let tid = rx.recv().map_err(|e| e.to_string())?;
+                writeln!(out, "contend {tid}").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                let cpu_ns = h.join().map_err(|_| "contended thread panicked")?;
+                writeln!(out, "contend done {cpu_ns}").map_err(|e| e.to_string())?;
+            }
+            Some("spin") => {
+                let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
+                let (cpu, ms) = (num().unwrap_or(0), num().unwrap_or(500));
+                pin_to(cpu as usize);
+                spin_for(Duration::from_millis(ms));
+                writeln!(out, "spin done").map_err(|e| e.to_string())?;
             }
             Some("exit") => break,
             _ => {}
@@ -385,4 +436,45 @@ fn syscalls(n: u64, work: u64, sleep_every: u64) {
         }
     }
     std::hint::black_box(x);
+}
+
+/// The calling thread's id.
+fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Pins the calling thread to `cpu` (ignored when the machine has no such CPU).
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it for cpu < CPU_SETSIZE, and
+    // sched_setaffinity(0, ...) reads the set for the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < libc::CPU_SETSIZE as usize {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+/// Computes until `d` of wall time has passed (checking the clock every 4096 rounds).
+fn spin_for(d: Duration) {
+    let t0 = std::time::Instant::now();
+    let mut x = 1u64;
+    while t0.elapsed() < d {
+        for _ in 0..4096 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -144,6 +144,14 @@ pub struct Raw {
     pub cuda_attached: Option<f64>,
     /// Syscall hits counted per CUDA-probed call (the `uretprobe` syscall on 6.11+ kernels).
     pub syscalls_per_cuda_call: f64,
+    /// Pipe ping-pong round trip untraced / traced, ns (thread states); None when not measured.
+    pub pingpong_untraced: Option<f64>,
+    /// See [`Raw::pingpong_untraced`].
+    pub pingpong_traced: Option<f64>,
+    /// Thread-state records (sched hits) per traced round trip.
+    pub sched_hits_per_trip: f64,
+    /// Syscall hits per traced round trip (its pipe reads and writes, the decoded class).
+    pub syscalls_per_trip: f64,
 }
 
 impl Raw {
@@ -168,6 +176,13 @@ impl Raw {
             cuda_call_ns: self
                 .cuda_attached
                 .map(|a| (a - self.cuda_detached - syscall_ns * self.syscalls_per_cuda_call).max(0.0)),
+            sched_event_ns: match (self.pingpong_untraced, self.pingpong_traced) {
+                (Some(u), Some(t)) if self.sched_hits_per_trip > 0.0 => {
+                    let decoded = syscall_decoded_ns.unwrap_or(syscall_ns);
+                    Some(((t - u - decoded * self.syscalls_per_trip) / self.sched_hits_per_trip).max(0.0))
+                }
+                _ => None,
+            },
             took_ms,
         }
     }
@@ -196,6 +211,7 @@ pub(super) fn startup(
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     range_probe_loaded: bool,
     cuda: bool,
+    thread_states: bool,
     untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
@@ -215,8 +231,16 @@ pub(super) fn startup(
         },
         ..Raw::default()
     };
+    if thread_states {
+        // Untraced, with the programs attached: what every process pays is not the target's extra.
+        raw.pingpong_untraced =
+            super::sched::median_ns_per_pingpong(super::sched::PINGPONG_ROUND_TRIPS, |_| {});
+    }
     set_traced(ebpf, me, true)?;
     let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
+    if thread_states && raw.pingpong_untraced.is_some() && measured.is_ok() {
+        measure_sched(ebpf, &mut raw);
+    }
     // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
     // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
     if cuda
@@ -280,6 +304,32 @@ fn measure_traced(
     // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
     let _ = link;
     Ok(())
+}
+
+/// Times the ping-pong with llmprof traced and both threads in the thread map; the counters give the records
+/// and syscalls per round trip. The threads leave the map afterwards. A failure leaves the cost unmeasured.
+fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
+    let me = std::process::id();
+    let before = super::read_counters(ebpf);
+    let trips = super::sched::PINGPONG_ROUND_TRIPS;
+    let mut reg_err = None;
+    raw.pingpong_traced = super::sched::median_ns_per_pingpong(trips, |tids| {
+        if let Err(e) = super::sched::put_threads(ebpf, me, tids) {
+            reg_err = Some(e);
+        }
+    });
+    let after = super::read_counters(ebpf);
+    let n = f64::from(trips) * ROUNDS as f64;
+    let delta = |id: ProbeId| after[id as usize].hits.saturating_sub(before[id as usize].hits) as f64 / n;
+    raw.sched_hits_per_trip = delta(ProbeId::Sched);
+    raw.syscalls_per_trip = delta(ProbeId::Syscalls);
+    if let Err(e) = super::sched::forget_threads(ebpf, me).and(reg_err.map_or(Ok(()), Err)) {
+        log::warn!(
+            "calibrate: thread-state cost not measured: {}",
+            crate::causes::one_line(&e)
+        );
+        raw.pingpong_traced = None;
+    }
 }
 
 /// Loads the CUDA programs (when not yet loaded) and times [`llmprof_calibrate_cuda_call`] with the pair
@@ -398,8 +448,15 @@ mod tests {
             cuda_detached: 3.0,
             cuda_attached: Some(5_203.0),
             syscalls_per_cuda_call: 1.0,
+            pingpong_untraced: Some(10_000.0),
+            pingpong_traced: Some(16_800.0),
+            sched_hits_per_trip: 4.0,
+            syscalls_per_trip: 4.0,
         };
         let c = raw.into_calibration(30.0);
+        // 6800 ns more per round trip: its 4 pipe syscalls at the decoded cost (4 × 1500), the rest over
+        // its 4 thread-state records.
+        assert_eq!(c.sched_event_ns, Some(200.0));
         assert_eq!(c.syscall_ns, 1_200.0);
         assert_eq!(c.syscall_decoded_ns, Some(1_500.0));
         assert_eq!(c.decoded_ns(), 1_500.0);

@@ -13,6 +13,7 @@ use llmprof_abi::{
 };
 
 use super::cidr::Cidr;
+use llmprof_abi::sched::{SchedSwitchEvent, SchedWakeEvent};
 use llmprof_trace::event::{Event, EventBody};
 
 /// AF_INET6 (include/linux/socket.h).
@@ -42,6 +43,8 @@ impl Record for ProcessStartEvent {}
 impl Record for ProcessExecEvent {}
 impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
+impl Record for SchedSwitchEvent {}
+impl Record for SchedWakeEvent {}
 
 fn read<T: Record>(b: &[u8]) -> Option<T> {
     if b.len() < std::mem::size_of::<T>() {
@@ -197,6 +200,19 @@ impl Decoder {
             EventKind::PyStack => return None,
             // The wire probe's records go to `super::http` and the request reconstruction, never here.
             EventKind::Http | EventKind::HttpHead => return None,
+            EventKind::SchedSwitch | EventKind::SchedWake => {
+                let (pid, tid, body) = if hdr.kind == EventKind::SchedSwitch as u32 {
+                    super::sched::switch_event(&read::<SchedSwitchEvent>(b)?)
+                } else {
+                    super::sched::wake_event(&read::<SchedWakeEvent>(b)?)
+                };
+                return Some(Event {
+                    ts_ns: hdr.ts_ns,
+                    pid,
+                    tid,
+                    body,
+                });
+            }
         };
         Some(Event {
             ts_ns: hdr.ts_ns,

@@ -21,6 +21,7 @@ pub mod elf;
 pub mod http;
 pub mod patterns;
 pub mod pysample;
+pub mod sched;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 use std::num::NonZeroU32;
@@ -102,7 +103,11 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 12] = [
+pub const PROGRAM_NAMES: [&str; 16] = [
+    "llmprof_tnew",
+    "llmprof_sswitch",
+    "llmprof_swaking",
+    "llmprof_swnew",
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
@@ -146,6 +151,8 @@ pub struct CaptureConfig {
     pub python_hz: u64,
     /// Which listening ports the HTTP wire probe follows ([`http`]).
     pub http: http::HttpPorts,
+    /// Record thread states (sched_switch / sched_waking of the traced threads, [`sched`]).
+    pub thread_states: bool,
 }
 
 impl Default for CaptureConfig {
@@ -162,6 +169,7 @@ impl Default for CaptureConfig {
             calibrate_cuda: false,
             python_hz: pysample::DEFAULT_HZ,
             http: http::HttpPorts::All,
+            thread_states: true,
         }
     }
 }
@@ -280,6 +288,8 @@ pub struct Capture {
     ranges_detached: bool,
     /// `TRACED` flags of the targets (`TRACED_SELF`, plus `TRACED_CHILDREN` for trees).
     traced_flags: u8,
+    /// Thread states are recorded (the thread map is kept).
+    thread_states: bool,
     pids: Vec<u32>,
     attach_latency: Duration,
     cuda_loaded: bool,
@@ -414,7 +424,12 @@ impl Capture {
         let patterns = patterns::parse_all(&cfg.model_patterns)?;
         log::debug!("capture: targets inspected in {:?}", t0.elapsed());
         ensure_tracefs()?;
-        for (category, name, _) in TRACEPOINTS {
+        let sched_tps = if cfg.thread_states {
+            &sched::SCHED_TRACEPOINTS[..]
+        } else {
+            &[]
+        };
+        for &(category, name, _) in TRACEPOINTS.iter().chain(sched_tps) {
             if !Path::new(TRACEFS)
                 .join("events")
                 .join(category)
@@ -480,6 +495,9 @@ impl Capture {
             );
         }
 
+        if cfg.thread_states {
+            sched::attach(&mut ebpf)?;
+        }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
         let want_uprobes = engine
             .values()
@@ -516,8 +534,14 @@ impl Capture {
             .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
         let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
         let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) =
-                calibrate::startup(&mut ebpf, &mut ring, engine_loaded, cfg.calibrate_cuda, untraced)?;
+            let (c, base) = calibrate::startup(
+                &mut ebpf,
+                &mut ring,
+                engine_loaded,
+                cfg.calibrate_cuda,
+                cfg.thread_states,
+                untraced,
+            )?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
             (Some(c), base)
         } else {
@@ -525,6 +549,11 @@ impl Capture {
         };
         let traced_flags = TRACED_SELF | if cfg.follow_children { TRACED_CHILDREN } else { 0 };
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
+        // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
+        if cfg.thread_states {
+            let n = sched::fill_threads(&mut ebpf, &cfg.pids)?;
+            log::debug!("capture: {n} threads in the thread-state map");
+        }
         let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz)?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         let mut cap = Capture {
@@ -539,6 +568,7 @@ impl Capture {
             capture_content: cfg.capture_content,
             ranges_detached: false,
             traced_flags,
+            thread_states: cfg.thread_states,
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
             cuda_loaded: false,
@@ -682,7 +712,12 @@ impl Capture {
     /// their children too). The kernel adds the children of traced processes by itself; this is for what
     /// it cannot see, e.g. a child forked between the /proc walk and the start.
     pub fn trace_pids(&mut self, pids: &[u32]) -> Result<(), CaptureError> {
-        fill_traced(&mut self.ebpf, pids, self.traced_flags)
+        fill_traced(&mut self.ebpf, pids, self.traced_flags)?;
+        // Their threads that exist now (later ones come from task_newtask).
+        if self.thread_states {
+            sched::fill_threads(&mut self.ebpf, pids)?;
+        }
+        Ok(())
     }
 
     /// Attaches the engine probes to `pid`'s current image when its binary exports the probe ABI (a process

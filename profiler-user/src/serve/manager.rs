@@ -849,6 +849,7 @@ mod tests {
             otel: OtelOptions::default(),
             gpu: crate::gpu::GpuOptions::default(),
             overhead_budget: None,
+            thread_states: true,
             max_trace_size: None,
             live_status: false,
             metadata: None,

@@ -203,6 +203,7 @@ impl ServeOptions {
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
             gpu: crate::gpu::GpuOptions::default(),
             overhead_budget: None,
+            thread_states: true,
             max_trace_size: Some(max_trace_size),
             live_status: false,
             metadata: None,

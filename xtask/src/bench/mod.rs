@@ -1,6 +1,6 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
-//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`]), each owning its measurement and its
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`]), each owning its measurement and its
 //! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
 //! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
 //! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
@@ -12,6 +12,7 @@ mod load;
 mod serve;
 mod stats;
 mod syscalls;
+mod threads;
 
 use anyhow::Result;
 
@@ -30,6 +31,9 @@ pub enum Kind {
     /// A ~500k syscalls/s target detached / attached / attached with --overhead-budget (root).
     #[command(after_help = "Example: sudo cargo xtask bench syscalls --rounds 5 --budget 1%")]
     Syscalls(syscalls::Args),
+    /// Target CPU per generated token with thread states on vs off vs detached, interleaved (root).
+    #[command(after_help = "Example: sudo cargo xtask bench threads --levels 4 --max-tokens 64")]
+    Threads(load::EngineArgs),
 }
 
 /// `cargo xtask bench <kind>`.
@@ -39,5 +43,6 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Attach(o) => attach::run(&o),
         Kind::Serve(o) => serve::run(&o),
         Kind::Syscalls(o) => syscalls::run(&o),
+        Kind::Threads(o) => threads::run(&o),
     }
 }

@@ -24,6 +24,8 @@
 //!   native stack samples carry the Python frames as callstack frames);
 //! - `procs`: each traced process's track, named by its command line (renamed when it executes a program), and
 //!   the `process start` / `process exec` / `process exit` instants on it (process trees);
+//! - `sched`: thread states (sched_switch / sched_waking of the traced threads) in Perfetto's ftrace
+//!   encoding, one `FtraceEventBundle` per CPU: Perfetto's own thread-state rows and `thread_state` table;
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
@@ -46,6 +48,7 @@ mod cuda;
 mod engine;
 mod python;
 mod procs;
+mod sched;
 mod session;
 mod threads;
 mod wire;
@@ -142,6 +145,7 @@ pub struct TraceSink<W: Write> {
     first_ts: Option<u64>,
     cuda: CudaAggregator,
     cuda_out: Vec<CudaSlice>,
+    sched: sched::SchedState,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -163,6 +167,7 @@ impl<W: Write> TraceSink<W> {
             first_ts: None,
             cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
             cuda_out: Vec::new(),
+            sched: sched::SchedState::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -300,6 +305,8 @@ impl<W: Write> TraceSink<W> {
             }
             EventBody::WireResponse { req_id, status } => self.wire_response(ev.pid, ts, *req_id, *status),
             EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
+            EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
+            EventBody::SchedWake(w) => self.sched_wake(ev, w),
         }
     }
 

@@ -62,6 +62,7 @@ impl<W: Write> TraceSink<W> {
         };
         self.close_requests(ts, reason)?;
         self.flush_cuda()?;
+        self.flush_sched()?;
         let ranges: Vec<_> = std::mem::take(&mut self.ranges).into_iter().collect();
         for ((pid, tid), stack) in ranges {
             let track = self.thread_track(pid, tid)?;
@@ -72,6 +73,9 @@ impl<W: Write> TraceSink<W> {
         // Per-probe drop counters: 0 at the start, the total at the end.
         let start = self.first_ts.unwrap_or(ts).min(ts);
         for (i, name) in PROBE_NAMES.iter().enumerate() {
+            if *name == "reserved" {
+                continue;
+            }
             let t = self.global_track(1 + i as u64, track::drops(name), true)?;
             self.counter(start, t, 0.0)?;
             self.counter(ts, t, stats.probes[i].dropped as f64)?;
@@ -161,6 +165,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         }
         if let Some(p) = c.cuda_call_ns {
             args.push(arg_f(arg::COST_NS_CUDA_CALL, p));
+        }
+        if let Some(p) = c.sched_event_ns {
+            args.push(arg_f(arg::COST_NS_SCHED_EVENT, p));
         }
         args.push(arg_f(arg::SYSCALLS_PER_PROBE_HIT, c.syscalls_per_probe_hit));
         args.push(arg_s(arg::PROBE_ENTRY, c.entry_name()));

@@ -1,0 +1,442 @@
+//! The thread-state section of `llmprof report`: where each traced thread's time went — on a CPU, waiting
+//! for one (runnable), or blocked — grouped by thread name (the engine loop, the HTTP workers, a compute
+//! pool are each one name), with the waits for a CPU as percentiles (the noisy-neighbour figure) and who
+//! woke the threads.
+//!
+//! Owns reading the ftrace bundles of the trace back ([`SchedLog`], filled by `read`) and replaying them per
+//! thread, with the one `prev_state` decoding of [`crate::thread_state`]: Running from a switch-in to the
+//! switch-out; then Runnable (preempted) until the next switch-in — one wait sample — or blocked (Sleeping,
+//! Uninterruptible, Idle) until a waking makes it Runnable. Threads are the traced ones: those with a
+//! thread track in the trace. Off-CPU stacks (where a thread blocks) are not in the trace yet: the switch
+//! record has the hook (`SchedSwitch::stack_id`), the stack sampler has to fill it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::Stats;
+use crate::perfetto::schema::FtraceEvent;
+use crate::thread_state::BlockState;
+
+/// How many wakers a group lists.
+pub const TOP_WAKERS: usize = 5;
+/// `TRACE_FLAG_HARDIRQ | TRACE_FLAG_SOFTIRQ` (kernel/trace/trace.h): a waking recorded in interrupt context.
+const IRQ_FLAGS: u32 = 0x08 | 0x10;
+/// The waker name of a wakeup from interrupt context (a timer, a device) rather than a task.
+pub const WAKER_INTERRUPT: &str = "(interrupt)";
+
+/// The scheduler events of a trace, as `read` finds them.
+#[derive(Debug, Default)]
+pub(super) struct SchedLog {
+    /// (cpu, event) in file order.
+    pub(super) events: Vec<(u32, FtraceEvent)>,
+    /// Traced threads: tid → (pid, name from the thread track).
+    pub(super) threads: BTreeMap<u32, (u32, Option<String>)>,
+}
+
+/// One thread's time, ms.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ThreadRow {
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// On a CPU.
+    pub cpu_ms: f64,
+    /// Runnable, waiting for a CPU.
+    pub runnable_ms: f64,
+    /// Interruptible sleep (S).
+    pub sleeping_ms: f64,
+    /// Uninterruptible sleep (D).
+    pub uninterruptible_ms: f64,
+    /// Idle kernel wait (I).
+    pub idle_ms: f64,
+    /// Context switches out.
+    pub switches: u64,
+}
+
+/// The threads of one name.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadGroup {
+    /// The thread name (`comm`).
+    pub name: String,
+    /// Its threads, by tid.
+    pub threads: Vec<ThreadRow>,
+    /// Sum over the threads.
+    pub total: ThreadRow,
+    /// Each wait for a CPU (runnable → running), ms.
+    pub runnable_waits: Stats,
+    /// Who woke these threads: (waker name, wakeups), most first.
+    pub wakers: Vec<(String, u64)>,
+}
+
+/// The section: groups by total CPU time, descending.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadStates {
+    /// Per thread name.
+    pub groups: Vec<ThreadGroup>,
+    /// Scheduler events read.
+    pub events: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum State {
+    Running,
+    Runnable,
+    Blocked(BlockState),
+}
+
+#[derive(Default)]
+struct Acc {
+    row: ThreadRow,
+    state: Option<(State, u64)>,
+    waits: Vec<f64>,
+    wakers: HashMap<String, u64>,
+    comm: Option<String>,
+}
+
+impl Acc {
+    fn close(&mut self, ts: u64) {
+        let Some((st, since)) = self.state else { return };
+        let ms = ts.saturating_sub(since) as f64 / 1e6;
+        match st {
+            State::Running => self.row.cpu_ms += ms,
+            State::Runnable => self.row.runnable_ms += ms,
+            State::Blocked(BlockState::Uninterruptible) => self.row.uninterruptible_ms += ms,
+            State::Blocked(BlockState::Idle) => self.row.idle_ms += ms,
+            State::Blocked(BlockState::Sleeping) => self.row.sleeping_ms += ms,
+            // Stopped, traced or dead: not waiting for anything this report names.
+            State::Blocked(_) => {}
+        }
+    }
+}
+
+/// Replays the log; `None` when the trace has no scheduler events.
+pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
+    if log.events.is_empty() {
+        return None;
+    }
+    let mut evs: Vec<&(u32, FtraceEvent)> = log.events.iter().collect();
+    evs.sort_by_key(|(cpu, e)| (e.timestamp.unwrap_or(0), *cpu));
+    let mut acc: BTreeMap<u32, Acc> = log.threads.keys().map(|&t| (t, Acc::default())).collect();
+    let mut comms: HashMap<u32, String> = HashMap::new();
+    let mut last = 0;
+    for (_, e) in evs {
+        let ts = e.timestamp.unwrap_or(0);
+        last = last.max(ts);
+        if let Some(s) = &e.sched_switch {
+            let prev = s.prev_pid.unwrap_or(0) as u32;
+            let next = s.next_pid.unwrap_or(0) as u32;
+            if let Some(c) = &s.prev_comm {
+                comms.insert(prev, c.clone());
+            }
+            if let Some(c) = &s.next_comm {
+                comms.insert(next, c.clone());
+            }
+            if let Some(a) = acc.get_mut(&prev) {
+                a.close(ts);
+                a.row.switches += 1;
+                a.comm = s.prev_comm.clone().or(a.comm.take());
+                let b = BlockState::from_prev_state(s.prev_state.unwrap_or(0));
+                let st = if b == BlockState::Runnable {
+                    State::Runnable
+                } else {
+                    State::Blocked(b)
+                };
+                a.state = Some((st, ts));
+            }
+            if let Some(a) = acc.get_mut(&next) {
+                if let Some((State::Runnable, since)) = a.state {
+                    a.waits.push(ts.saturating_sub(since) as f64 / 1e6);
+                }
+                a.close(ts);
+                a.state = Some((State::Running, ts));
+            }
+        } else if let Some(w) = &e.sched_waking {
+            let tid = w.pid.unwrap_or(0) as u32;
+            let Some(a) = acc.get_mut(&tid) else { continue };
+            if let Some((State::Blocked(_), _)) = a.state {
+                a.close(ts);
+                a.state = Some((State::Runnable, ts));
+            } else if a.state.is_some() {
+                continue;
+            } else {
+                a.state = Some((State::Runnable, ts));
+            }
+            let waker = e.pid.unwrap_or(0);
+            let name = if e.common_flags.unwrap_or(0) & IRQ_FLAGS != 0 {
+                WAKER_INTERRUPT.to_owned()
+            } else if waker == 0 {
+                "swapper (idle)".to_owned()
+            } else {
+                let n = log
+                    .threads
+                    .get(&waker)
+                    .and_then(|(_, n)| n.clone())
+                    .or_else(|| comms.get(&waker).cloned())
+                    .unwrap_or_else(|| "?".to_owned());
+                format!("{n} ({waker})")
+            };
+            *a.wakers.entry(name).or_default() += 1;
+        }
+    }
+    let mut groups: BTreeMap<String, ThreadGroup> = BTreeMap::new();
+    let mut waits: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut wakers: BTreeMap<String, HashMap<String, u64>> = BTreeMap::new();
+    for (tid, mut a) in acc {
+        if a.state.is_none() {
+            continue;
+        }
+        a.close(last);
+        let (pid, track_name) = log.threads.get(&tid).cloned().unwrap_or((0, None));
+        let name = a.comm.clone().or(track_name).unwrap_or_else(|| tid.to_string());
+        let row = ThreadRow { tid, pid, ..a.row };
+        let g = groups.entry(name.clone()).or_insert_with(|| ThreadGroup {
+            name: name.clone(),
+            ..Default::default()
+        });
+        g.total.cpu_ms += row.cpu_ms;
+        g.total.runnable_ms += row.runnable_ms;
+        g.total.sleeping_ms += row.sleeping_ms;
+        g.total.uninterruptible_ms += row.uninterruptible_ms;
+        g.total.idle_ms += row.idle_ms;
+        g.total.switches += row.switches;
+        g.threads.push(row);
+        waits.entry(name.clone()).or_default().extend(a.waits);
+        let w = wakers.entry(name).or_default();
+        for (k, n) in a.wakers {
+            *w.entry(k).or_default() += n;
+        }
+    }
+    let mut out: Vec<ThreadGroup> = groups
+        .into_values()
+        .map(|mut g| {
+            g.runnable_waits = Stats::of(waits.get(&g.name).map_or(&[][..], Vec::as_slice));
+            let mut w: Vec<(String, u64)> = wakers.remove(&g.name).unwrap_or_default().into_iter().collect();
+            w.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            w.truncate(TOP_WAKERS);
+            g.wakers = w;
+            g
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.total
+            .cpu_ms
+            .total_cmp(&a.total.cpu_ms)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Some(ThreadStates {
+        groups: out,
+        events: log.events.len() as u64,
+    })
+}
+
+/// `thread_states` of the `--json` document.
+#[derive(Serialize)]
+pub(super) struct ThreadStatesJson<'a> {
+    events: u64,
+    groups: Vec<GroupJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct GroupJson<'a> {
+    name: &'a str,
+    threads: usize,
+    cpu_ms: f64,
+    runnable_ms: f64,
+    sleeping_ms: f64,
+    uninterruptible_ms: f64,
+    idle_ms: f64,
+    switches: u64,
+    runnable_wait_ms: super::json::StatsJson,
+    wakers: Vec<WakerJson<'a>>,
+    per_thread: Vec<ThreadJson>,
+}
+
+#[derive(Serialize)]
+struct WakerJson<'a> {
+    waker: &'a str,
+    wakeups: u64,
+}
+
+#[derive(Serialize)]
+struct ThreadJson {
+    tid: u32,
+    pid: u32,
+    cpu_ms: f64,
+    runnable_ms: f64,
+    sleeping_ms: f64,
+    uninterruptible_ms: f64,
+    idle_ms: f64,
+    switches: u64,
+}
+
+/// Rounded to 1e-6 ms (1 fs): what the rest of the document does with its floats.
+fn r6(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
+}
+
+impl<'a> ThreadStatesJson<'a> {
+    pub(super) fn of(t: &'a ThreadStates) -> Self {
+        Self {
+            events: t.events,
+            groups: t
+                .groups
+                .iter()
+                .map(|g| GroupJson {
+                    name: &g.name,
+                    threads: g.threads.len(),
+                    cpu_ms: r6(g.total.cpu_ms),
+                    runnable_ms: r6(g.total.runnable_ms),
+                    sleeping_ms: r6(g.total.sleeping_ms),
+                    uninterruptible_ms: r6(g.total.uninterruptible_ms),
+                    idle_ms: r6(g.total.idle_ms),
+                    switches: g.total.switches,
+                    runnable_wait_ms: super::json::StatsJson::of(&g.runnable_waits),
+                    wakers: g
+                        .wakers
+                        .iter()
+                        .map(|(w, n)| WakerJson {
+                            waker: w,
+                            wakeups: *n,
+                        })
+                        .collect(),
+                    per_thread: g
+                        .threads
+                        .iter()
+                        .map(|t| ThreadJson {
+                            tid: t.tid,
+                            pid: t.pid,
+                            cpu_ms: r6(t.cpu_ms),
+                            runnable_ms: r6(t.runnable_ms),
+                            sleeping_ms: r6(t.sleeping_ms),
+                            uninterruptible_ms: r6(t.uninterruptible_ms),
+                            idle_ms: r6(t.idle_ms),
+                            switches: t.switches,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The terminal table: one row per thread name (at most `rows`), then its top wakers.
+pub(super) fn text(out: &mut String, t: &ThreadStates, rows: usize) {
+    let _ = writeln!(
+        out,
+        "\nthread states ({} scheduler events; ms; wait = runnable → running):",
+        t.events
+    );
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>4} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10}",
+        "thread", "n", "cpu", "runnable", "wait p50", "wait p99", "sleeping", "uninterr."
+    );
+    let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.3}"));
+    for g in t.groups.iter().take(rows) {
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>4} {:>10.1} {:>10.1} {:>9} {:>9} {:>10.1} {:>10.1}",
+            g.name,
+            g.threads.len(),
+            g.total.cpu_ms,
+            g.total.runnable_ms,
+            f(g.runnable_waits.p50),
+            f(g.runnable_waits.p99),
+            g.total.sleeping_ms,
+            g.total.uninterruptible_ms
+        );
+        if !g.wakers.is_empty() {
+            let w: Vec<String> = g.wakers.iter().map(|(n, c)| format!("{n} ×{c}")).collect();
+            let _ = writeln!(out, "  {:<18} woken by: {}", "", w.join(", "));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perfetto::schema::{SchedSwitchFtraceEvent, SchedWakingFtraceEvent};
+
+    fn sw(ts: u64, prev: i32, state: i64, next: i32) -> (u32, FtraceEvent) {
+        let comm = |t: i32| {
+            Some(if t == 7 {
+                "engine".to_owned()
+            } else {
+                format!("other{t}")
+            })
+        };
+        (
+            0,
+            FtraceEvent {
+                timestamp: Some(ts),
+                pid: Some(prev as u32),
+                sched_switch: Some(SchedSwitchFtraceEvent {
+                    prev_comm: comm(prev),
+                    prev_pid: Some(prev),
+                    prev_state: Some(state),
+                    next_comm: comm(next),
+                    next_pid: Some(next),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn wake(ts: u64, waker: u32, tid: i32, flags: u32) -> (u32, FtraceEvent) {
+        (
+            0,
+            FtraceEvent {
+                timestamp: Some(ts),
+                pid: Some(waker),
+                common_flags: Some(flags),
+                sched_waking: Some(SchedWakingFtraceEvent {
+                    pid: Some(tid),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_thread_runs_sleeps_waits_and_is_woken() {
+        let ms = 1_000_000;
+        let log = SchedLog {
+            events: vec![
+                sw(0, 9, 0, 7),                 // engine on CPU
+                sw(10 * ms, 7, 1, 9),           // sleeps (S) after 10 ms
+                wake(30 * ms, 9, 7, 0),         // woken by other9 after 20 ms
+                sw(32 * ms, 9, 0x100, 7),       // runs after a 2 ms wait
+                sw(40 * ms, 7, 0x100, 9),       // preempted after 8 ms
+                sw(44 * ms, 9, 0, 7),           // back after 4 ms
+                sw(45 * ms, 7, 2, 0),           // D
+                wake(50 * ms, 0, 7, IRQ_FLAGS), // an interrupt wakes it
+            ],
+            threads: [(7, (70, Some("engine".to_owned())))].into(),
+        };
+        let t = analyze(&log).unwrap();
+        assert_eq!(t.groups.len(), 1);
+        let g = &t.groups[0];
+        assert_eq!(g.name, "engine");
+        assert_eq!(g.total.cpu_ms, 10.0 + 8.0 + 1.0);
+        assert_eq!(g.total.sleeping_ms, 20.0);
+        assert_eq!(g.total.uninterruptible_ms, 5.0);
+        assert_eq!(
+            g.total.runnable_ms,
+            2.0 + 4.0,
+            "the last state ends at the last event"
+        );
+        assert_eq!(g.runnable_waits.count, 2);
+        assert_eq!(g.runnable_waits.max, Some(4.0));
+        assert_eq!(g.total.switches, 3);
+        assert_eq!(
+            g.wakers,
+            vec![("(interrupt)".to_owned(), 1), ("other9 (9)".to_owned(), 1)]
+        );
+        assert!(analyze(&SchedLog::default()).is_none());
+    }
+}
