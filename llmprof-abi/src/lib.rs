@@ -15,6 +15,9 @@
 //! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
 #![no_std]
 
+pub mod sample;
+pub use sample::{CpuSampleEvent, DEFAULT_SAMPLE_HZ, KERNEL_STACK_MAX, USER_STACK_MAX};
+
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
 
@@ -459,6 +462,8 @@ pub enum EventKind {
     Content = 10,
     /// [`CudaCallEvent`].
     CudaCall = 9,
+    /// [`CpuSampleEvent`] (stack sampler; kinds 30–34 belong to it).
+    CpuSample = 30,
 }
 
 impl EventKind {
@@ -475,6 +480,7 @@ impl EventKind {
             8 => Some(Self::ProcessExit),
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
+            30 => Some(Self::CpuSample),
             _ => None,
         }
     }
@@ -990,10 +996,12 @@ pub enum ProbeId {
     Content = 10,
     /// CUDA driver API entry/return uprobes in libcuda.
     Cuda = 9,
+    /// On-CPU stack sampler (perf_event program on the software CPU clock).
+    CpuSample = 13,
 }
 
-/// Number of [`ProbeId`] values (size of the counters array).
-pub const NUM_PROBES: usize = 11;
+/// Number of [`ProbeId`] values (size of the counters array; slots without a probe are named "reserved").
+pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
 pub const PROBE_NAMES: [&str; NUM_PROBES] = [
@@ -1008,6 +1016,11 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "process_exit",
     "cuda",
     "engine_content",
+    "reserved",
+    "reserved",
+    "cpu_sample",
+    "reserved",
+    "reserved",
 ];
 
 /// Per-probe counters (a per-CPU array indexed by [`ProbeId`]; user space sums the CPUs).
@@ -1041,6 +1054,9 @@ pub enum Knob {
     /// N > 1: only ranges whose `step_id % N == 0` are sent (push and pop of one range share their step,
     /// so pairs stay whole); 0 or 1: all ranges.
     RangeSampleEvery = 1,
+    /// N > 1: the stack sampler keeps one sample in N per CPU (the budget's "halve the sample rate" step
+    /// writes 2, then more); 0 or 1: every sample. [`u64::MAX`]: no sample is taken (sampling stopped).
+    SampleEvery = 3,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

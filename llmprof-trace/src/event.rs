@@ -8,6 +8,7 @@
 
 use std::net::IpAddr;
 
+use crate::stack::CpuSample;
 use llmprof_abi::{
     ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
     StepRecord,
@@ -128,6 +129,8 @@ pub enum EventBody {
     Overhead(Box<OverheadSample>),
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
+    /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::stack`]).
+    CpuSample(Box<CpuSample>),
 }
 
 impl EventBody {
@@ -150,6 +153,7 @@ impl EventBody {
             Self::Marker { .. } => "marker",
             Self::Overhead(_) => "overhead",
             Self::Degraded(_) => "degradation",
+            Self::CpuSample(_) => "cpu_sample",
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod otel;
 pub mod perfetto;
 pub mod report;
 pub mod sizecap;
+pub mod stack;
 pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

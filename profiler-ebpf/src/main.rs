@@ -15,12 +15,16 @@
 //! - `llmprof_cuent` / `llmprof_curet` (uprobe / uretprobe at CUDA driver API entry points in libcuda; the
 //!   attach cookie holds function, symbol variant and argument index): the entry pushes (time, cookie, that
 //!   argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
+//! - `llmprof_sample` (perf_event, software CPU clock, one event per CPU; module `sample`): on-CPU stack
+//!   samples of traced threads (kernel and user frames).
 //!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
 //! per-event state it does not free.
 #![no_std]
 #![no_main]
+
+mod sample;
 
 use aya_ebpf::{
     EbpfContext, Global,

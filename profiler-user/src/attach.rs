@@ -64,6 +64,8 @@ pub struct AttachOptions {
     pub verbose: bool,
     /// OTLP export of request spans (no endpoint: no export).
     pub otel: OtelOptions,
+    /// Stack samples per second and CPU (`--sample-rate`; 0: `--no-sample`).
+    pub sample_hz: u64,
     /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
     pub overhead_budget: Option<f64>,
     /// `--max-trace-size`, bytes (None: no cap). See [`llmprof_trace::sizecap`].
@@ -312,6 +314,7 @@ fn start_capture(
         capture_content,
         calibrate: true,
         calibrate_cuda: opts.gpu.cuda,
+        sample_hz: opts.sample_hz,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {

@@ -26,3 +26,4 @@ pub mod otel;
 pub mod procfs;
 pub mod selfacct;
 pub mod serve;
+pub mod symbolize;

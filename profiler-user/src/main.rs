@@ -79,6 +79,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         metadata: None,
         prelude: None,
         stop_reason: attach::StopReason::default(),
+        sample_hz: if a.no_sample { 0 } else { a.sample_rate },
         overhead_budget: a.overhead_budget,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
     };

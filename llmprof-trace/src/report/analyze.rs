@@ -232,6 +232,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     }
     overhead_events(d, &mut r);
     r.gpu = gpu_section(d, &r);
+    r.cpu_samples = d.samples.section();
     r
 }
 

@@ -286,6 +286,8 @@ pub struct Report {
     pub overhead: Option<OverheadReport>,
     /// The GPU layer (None: a trace without any of it).
     pub gpu: Option<GpuSection>,
+    /// CPU stack samples per thread group (None: a trace without samples).
+    pub cpu_samples: Option<super::CpuSamplesSection>,
 }
 
 /// One step the overhead budget took.

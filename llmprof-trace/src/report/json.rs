@@ -59,6 +59,7 @@ struct Doc<'a> {
     drops: Drops<'a>,
     overhead: Option<Overhead<'a>>,
     gpu: Option<Gpu<'a>>,
+    cpu_samples: Option<&'a super::CpuSamplesSection>,
 }
 
 impl<'a> Doc<'a> {
@@ -87,6 +88,7 @@ impl<'a> Doc<'a> {
             },
             overhead: r.overhead.as_ref().map(Overhead::of),
             gpu: r.gpu.as_ref().map(Gpu::of),
+            cpu_samples: r.cpu_samples.as_ref(),
         }
     }
 }
@@ -721,7 +723,8 @@ mod tests {
                 "egress",
                 "drops",
                 "overhead",
-                "gpu"
+                "gpu",
+                "cpu_samples"
             ]
         );
         assert_eq!(v["format"], JSON_FORMAT);

@@ -125,6 +125,8 @@ pub(super) struct Track {
 #[derive(Debug, Default)]
 pub(super) struct Decoded {
     pub(super) tracks: BTreeMap<u64, Track>,
+    /// CPU stack samples (`PerfSample` packets and their interned callstacks).
+    pub(super) samples: super::samples::SampleReader,
     pub(super) truncated: bool,
 }
 
@@ -210,6 +212,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
             });
             t.parent = td.parent_uuid;
         }
+        d.samples.packet(&p);
         let Some(ev) = &p.track_event else { continue };
         let ts = p.timestamp.unwrap_or(last_ts);
         last_ts = last_ts.max(ts);

@@ -15,6 +15,7 @@ impl Report {
     pub fn to_text(&self) -> String {
         let mut o = self.to_text_main();
         gpu_text(&mut o, self.gpu.as_ref());
+        super::samples::text(&mut o, self.cpu_samples.as_ref());
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }

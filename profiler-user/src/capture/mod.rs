@@ -19,6 +19,7 @@ pub mod cidr;
 pub mod decode;
 pub mod elf;
 pub mod patterns;
+pub mod sampling;
 
 use std::collections::HashMap as StdHashMap;
 use std::num::NonZeroU32;
@@ -40,7 +41,8 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_trace::event::{Event, SyscallAggregate};
+use llmprof_abi::EventKind;
+use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
 static EBPF_OBJECT: &[u8] =
@@ -92,7 +94,7 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 10] = [
     "llmprof_sysent",
     "llmprof_sysexit",
     "llmprof_pexit",
@@ -102,6 +104,7 @@ pub const PROGRAM_NAMES: [&str; 9] = [
     "llmprof_content",
     "llmprof_cuent",
     "llmprof_curet",
+    sampling::SAMPLE_PROGRAM,
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -126,6 +129,9 @@ pub struct CaptureConfig {
     /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
+    /// On-CPU stack samples per second and CPU (`--sample-rate`); 0: no sampling (the default here;
+    /// `llmprof attach` passes 99).
+    pub sample_hz: u64,
 }
 
 impl Default for CaptureConfig {
@@ -139,6 +145,7 @@ impl Default for CaptureConfig {
             capture_content: false,
             calibrate: false,
             calibrate_cuda: false,
+            sample_hz: 0,
         }
     }
 }
@@ -258,6 +265,8 @@ pub struct Capture {
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
     range_links: Vec<UProbeLinkId>,
+    /// The stack sampler, when sampling ([`CaptureConfig::sample_hz`]).
+    sampler: Option<sampling::Sampler>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -417,6 +426,10 @@ impl Capture {
         }
 
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
+        let sampler = match cfg.sample_hz {
+            0 => None,
+            hz => Some(sampling::Sampler::attach(&mut ebpf, hz)?),
+        };
         let want_uprobes = engine
             .values()
             .any(|e| matches!(e, EngineProbes::Attached { .. }));
@@ -476,6 +489,7 @@ impl Capture {
             counter_base,
             syscall_links,
             range_links,
+            sampler,
         })
     }
 
@@ -585,12 +599,34 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            if let Some(ev) = self.decoder.decode(&item) {
+            if let Some(s) = self.sampler.as_mut()
+                && let Some(rec) =
+                    sampling::read_record(&item).filter(|r| r.hdr.kind == EventKind::CpuSample as u32)
+            {
+                out.push(s.event(&rec));
+            } else if let Some(ev) = self.decoder.decode(&item) {
+                if let (Some(s), EventBody::ProcessExit { .. }) = (self.sampler.as_mut(), &ev.body) {
+                    s.forget(ev.pid);
+                }
                 out.push(ev);
             }
             n += 1;
         }
         n
+    }
+
+    /// The stack sampler, when sampling.
+    pub fn sampler(&self) -> Option<&sampling::Sampler> {
+        self.sampler.as_ref()
+    }
+
+    /// Stops stack sampling (the budget's last sampling step): closes the perf events. Returns whether it
+    /// was sampling.
+    pub fn detach_sampler(&mut self) -> Result<bool, CaptureError> {
+        match self.sampler.as_mut() {
+            Some(s) => s.detach(&mut self.ebpf),
+            None => Ok(false),
+        }
     }
 
     /// Records the decoder could not make sense of.

@@ -785,6 +785,7 @@ mod tests {
             verbose: false,
             otel: OtelOptions::default(),
             gpu: crate::gpu::GpuOptions::default(),
+            sample_hz: 0,
             overhead_budget: None,
             max_trace_size: None,
             live_status: false,

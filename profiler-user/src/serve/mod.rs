@@ -179,6 +179,7 @@ impl ServeOptions {
             otel: s.otel,
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
             gpu: crate::gpu::GpuOptions::default(),
+            sample_hz: 0,
             overhead_budget: None,
             max_trace_size: Some(max_trace_size),
             live_status: false,

@@ -22,7 +22,8 @@
 //!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
-//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
+//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting;
+//! - `samples`: CPU stack samples as Perfetto callstack samples (`PerfSample` + interned frames), see there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
@@ -41,6 +42,7 @@ use crate::timeline::RequestTimeline;
 mod counters;
 mod cuda;
 mod engine;
+mod samples;
 mod session;
 mod threads;
 
@@ -121,6 +123,7 @@ pub struct TraceSink<W: Write> {
     first_ts: Option<u64>,
     cuda: CudaAggregator,
     cuda_out: Vec<CudaSlice>,
+    callstacks: samples::Callstacks,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -140,6 +143,7 @@ impl<W: Write> TraceSink<W> {
             first_ts: None,
             cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
             cuda_out: Vec::new(),
+            callstacks: samples::Callstacks::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -251,6 +255,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::Marker { text } => self.marker(ts, text),
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
+            EventBody::CpuSample(s) => self.cpu_sample(ev, s),
         }
     }
 
