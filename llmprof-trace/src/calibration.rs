@@ -34,6 +34,10 @@ pub struct Calibration {
     /// Extra ns per CUDA driver call traced by the entry uprobe + return uprobe pair, excluding the
     /// syscalls the pair makes (counted by `syscall_ns`). `None` when not measured (CUDA probes off).
     pub cuda_call_ns: Option<f64>,
+    /// ns of the stack sampler's eBPF program per traced sample (kernel + user stack walk, ring record),
+    /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
+    /// `None` when not sampling or not measured.
+    pub sample_ns: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }

@@ -17,7 +17,13 @@
 //!    are neither engine steps nor requests);
 //! 4. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file and egress
 //!    events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 5. `ranges_detached` — the range uprobe is detached.
+//! 5. `ranges_detached` — the range uprobe is detached;
+//! 6. `sample_rate_halved` — the stack sampler keeps one sample in 2 per CPU (`Knob::SampleEvery`);
+//! 7. `sampling_stopped` — the sampler's perf events are closed: no more stack samples.
+//!
+//! Sampling comes last: at the default 99 Hz it costs the target about one sampler run (a few µs, calibrated
+//! as `sample_ns`) per busy thread every 10 ms, far below what the earlier steps remove, and flame graphs are
+//! what a user looks at once steps and requests are known.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -44,7 +50,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 5] = [
+pub const LEVELS: [(&str, &str); 7] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -64,6 +70,14 @@ pub const LEVELS: [(&str, &str); 5] = [
     (
         "ranges_detached",
         "range uprobe detached; engine steps and requests only",
+    ),
+    (
+        "sample_rate_halved",
+        "stack sampler keeps 1 sample in 2 (half the --sample-rate)",
+    ),
+    (
+        "sampling_stopped",
+        "stack sampler detached: no more CPU samples; engine steps and requests only",
     ),
 ];
 
@@ -217,9 +231,15 @@ pub fn apply(
                 change.push_str(" (were not attached)");
             }
         }
-        _ => {
+        4 => {
             if !capture.detach_ranges()? {
                 change.push_str(" (no range uprobe was attached)");
+            }
+        }
+        5 => capture.set_knob(Knob::SampleEvery, 2)?,
+        _ => {
+            if !capture.detach_sampler()? {
+                change.push_str(" (was not sampling)");
             }
         }
     }

@@ -227,6 +227,11 @@ fn print_overhead(r: &attach::AttachReport) {
             c.syscall_ns,
             c.entry_name()
         );
+        if let Some(ns) = c.sample_ns {
+            println!(
+                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics)"
+            );
+        }
     }
     let pct = o
         .est_overhead_pct

@@ -41,7 +41,7 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_abi::EventKind;
+use llmprof_abi::{EventKind, ProbeId};
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
@@ -267,6 +267,8 @@ pub struct Capture {
     range_links: Vec<UProbeLinkId>,
     /// The stack sampler, when sampling ([`CaptureConfig::sample_hz`]).
     sampler: Option<sampling::Sampler>,
+    /// llmprof's own pid (its calibration samples are dropped).
+    self_pid: u32,
 }
 
 impl std::fmt::Debug for Capture {
@@ -472,6 +474,19 @@ impl Capture {
         } else {
             (None, [ProbeCounters::default(); NUM_PROBES])
         };
+        let (calibration, counter_base) = match (calibration, sampler.is_some()) {
+            (Some(mut c), true) => {
+                let t = Instant::now();
+                c.sample_ns = sampling::calibrate(&mut ebpf)?;
+                c.took_ms += t.elapsed().as_secs_f64() * 1e3;
+                // The sampler's own calibration samples are llmprof's, not the target's.
+                let mut base = counter_base;
+                let now = read_counters(&ebpf);
+                base[ProbeId::CpuSample as usize] = now[ProbeId::CpuSample as usize];
+                (Some(c), base)
+            }
+            other => (other.0, counter_base),
+        };
         fill_maps(&mut ebpf, &cfg.pids, &[])?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         Ok(Capture {
@@ -490,6 +505,7 @@ impl Capture {
             syscall_links,
             range_links,
             sampler,
+            self_pid: std::process::id(),
         })
     }
 
@@ -603,7 +619,10 @@ impl Capture {
                 && let Some(rec) =
                     sampling::read_record(&item).filter(|r| r.hdr.kind == EventKind::CpuSample as u32)
             {
-                out.push(s.event(&rec));
+                // llmprof's own samples (the sampler's start-up calibration) are not the target's.
+                if rec.hdr.pid != self.self_pid {
+                    out.push(s.event(&rec));
+                }
             } else if let Some(ev) = self.decoder.decode(&item) {
                 if let (Some(s), EventBody::ProcessExit { .. }) = (self.sampler.as_mut(), &ev.body) {
                     s.forget(ev.pid);

@@ -110,6 +110,62 @@ impl Sampler {
     }
 }
 
+/// Perf-event frequency of the start-up calibration: ~100 samples of llmprof's own thread in
+/// [`CALIBRATION_BURN`].
+const CALIBRATION_HZ: u64 = 4000;
+/// How long the calibration burns CPU on llmprof's thread.
+const CALIBRATION_BURN: std::time::Duration = std::time::Duration::from_millis(30);
+/// Fewest samples a calibration must see to give a figure.
+const CALIBRATION_MIN_RUNS: u64 = 20;
+
+/// Measures the sampler program's cost per traced sample: with the kernel's BPF run-time statistics on,
+/// llmprof puts itself in `TRACED`, attaches the program to a CPU clock of its own thread at
+/// [`CALIBRATION_HZ`], burns [`CALIBRATION_BURN`] of CPU, and divides the program's run time by its runs.
+/// Then it leaves `TRACED`. `None` (logged) when the statistics or the event are unavailable.
+pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
+    let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => fd,
+        Err(e) => {
+            log::debug!("sampler calibration: BPF stats unavailable: {e}");
+            return Ok(None);
+        }
+    };
+    let pid = std::process::id();
+    super::calibrate::set_traced(ebpf, pid, true)?;
+    let measured = (|| -> Result<Option<f64>, CaptureError> {
+        let perr = |source| CaptureError::Program {
+            program: SAMPLE_PROGRAM.to_string(),
+            source,
+        };
+        let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+        let before = p.info().map_err(perr)?;
+        let link = p
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::CallingProcess { cpu: None },
+                SamplePolicy::Frequency(CALIBRATION_HZ),
+                false,
+            )
+            .map_err(perr)?;
+        let end = std::time::Instant::now() + CALIBRATION_BURN;
+        let mut x = 1u64;
+        while std::time::Instant::now() < end {
+            for _ in 0..1024 {
+                x = std::hint::black_box(x.rotate_left(7) ^ 0x9e37_79b9).wrapping_mul(5);
+            }
+        }
+        std::hint::black_box(x);
+        p.detach(link).map_err(perr)?;
+        let after = p.info().map_err(perr)?;
+        let runs = after.run_count().saturating_sub(before.run_count());
+        let ns = after.run_time().saturating_sub(before.run_time()).as_nanos() as f64;
+        Ok((runs >= CALIBRATION_MIN_RUNS).then(|| ns / runs as f64))
+    })();
+    super::calibrate::set_traced(ebpf, pid, false)?;
+    drop(stats);
+    measured
+}
+
 /// Reads a sample record from ring bytes (`None` if short).
 pub(super) fn read_record(b: &[u8]) -> Option<CpuSampleEvent> {
     if b.len() < std::mem::size_of::<CpuSampleEvent>() {
