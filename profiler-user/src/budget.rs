@@ -294,7 +294,7 @@ mod tests {
         let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
         // 50k syscalls × 1 µs = 50 ms added to 100 ms of target CPU: +100 %.
         let mut levels = Vec::new();
-        for i in 1..=7u64 {
+        for i in 1..=9u64 {
             match b.check(snap(t, 100 * i, 50_000 * i, 100 * i)) {
                 Verdict::Degrade { level, overhead_pct } => {
                     assert!((overhead_pct - 100.0).abs() < 1e-6);
@@ -304,7 +304,7 @@ mod tests {
                 Verdict::Ok => levels.push(0),
             }
         }
-        assert_eq!(levels, [1, 2, 3, 4, 5, 99, 0]);
+        assert_eq!(levels, [1, 2, 3, 4, 5, 6, 7, 99, 0]);
         assert!(b.exhausted());
     }
 

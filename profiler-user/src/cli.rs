@@ -148,8 +148,8 @@ pub struct AttachArgs {
     pub no_sample: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
     /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then CUDA
-    /// driver probes detached, then syscall tracepoints detached, then ranges detached; steps and requests
-    /// are kept). Default: no budget.
+    /// driver probes detached, then syscall tracepoints detached, then ranges detached, then the stack sample
+    /// rate halved, then sampling stopped; steps and requests are kept). Default: no budget.
     #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker
