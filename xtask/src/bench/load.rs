@@ -91,6 +91,8 @@ pub(super) fn start_server(bin: &Path, o: &EngineArgs) -> Result<ServerProc> {
 pub(super) struct Row {
     pub(super) concurrency: usize,
     pub(super) requests: usize,
+    /// Output tokens of the round.
+    pub(super) tokens: usize,
     /// Aggregate output tokens per second of wall time.
     pub(super) tokens_per_s: f64,
     /// Mean over requests of their own decode rate.
@@ -152,6 +154,7 @@ pub(super) fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Res
     Ok(Row {
         concurrency: c,
         requests: samples.len(),
+        tokens,
         tokens_per_s: tokens as f64 / wall,
         per_request_tps: per_req.iter().sum::<f64>() / per_req.len().max(1) as f64,
         ttft_p50: pct(&mut ttft, 0.50),
