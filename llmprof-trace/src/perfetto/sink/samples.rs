@@ -150,3 +150,109 @@ impl<W: Write> TraceSink<W> {
         self.callstacks.distinct()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::event::{EventBody, SessionStats};
+    use crate::perfetto::schema::Trace;
+    use crate::testing::event;
+
+    fn sample(names: &[&str]) -> EventBody {
+        let frames = names
+            .iter()
+            .map(|n| {
+                let kind = if n.starts_with("k_") {
+                    FrameKind::Kernel
+                } else {
+                    FrameKind::Native
+                };
+                Arc::new(Frame::named(
+                    n,
+                    if kind == FrameKind::Kernel {
+                        "[kernel]"
+                    } else {
+                        "/bin/app"
+                    },
+                    kind,
+                ))
+            })
+            .collect();
+        EventBody::CpuSample(Box::new(CpuSample {
+            cpu: 1,
+            frames,
+            truncated: false,
+        }))
+    }
+
+    #[test]
+    fn samples_intern_each_frame_and_stack_once_outermost_first_and_read_back_per_thread() {
+        let mut sink = TraceSink::new(Vec::new(), &[], None).unwrap();
+        // Innermost first, as the symbolizer gives them.
+        sink.push(&event(7, 8, 10, sample(&["c", "b", "a", "main"])))
+            .unwrap();
+        sink.push(&event(7, 8, 20, sample(&["c", "b", "a", "main"])))
+            .unwrap();
+        sink.push(&event(7, 9, 30, sample(&["k_read", "b", "a", "main"])))
+            .unwrap();
+        assert_eq!(sink.distinct_callstacks(), 2);
+        let bytes = sink.finish(&SessionStats::default(), None).unwrap();
+        let trace = Trace::decode(bytes.as_slice()).unwrap();
+        let samples: Vec<_> = trace.packet.iter().filter(|p| p.perf_sample.is_some()).collect();
+        assert_eq!(samples.len(), 3);
+        let first = samples[0].interned_data.as_ref().unwrap();
+        let names: HashMap<u64, String> = first
+            .function_names
+            .iter()
+            .map(|n| (n.iid.unwrap(), n.name.clone().unwrap()))
+            .collect();
+        let frame_name: HashMap<u64, &str> = first
+            .frames
+            .iter()
+            .map(|f| (f.iid.unwrap(), names[&f.function_name_id.unwrap()].as_str()))
+            .collect();
+        let stack: Vec<&str> = first.callstacks[0]
+            .frame_ids
+            .iter()
+            .map(|f| frame_name[f])
+            .collect();
+        assert_eq!(
+            stack,
+            ["main", "a", "b", "c"],
+            "Callstack.frame_ids: bottom (outermost) frame first"
+        );
+        // The repeated stack interns nothing; the third shares three frames and adds one frame, one stack.
+        assert!(samples[1].interned_data.is_none());
+        let third = samples[2].interned_data.as_ref().unwrap();
+        assert_eq!((third.frames.len(), third.callstacks.len()), (1, 1));
+        let s = samples[2].perf_sample.as_ref().unwrap();
+        assert_eq!(
+            (s.pid, s.tid, s.cpu, s.cpu_mode),
+            (Some(7), Some(9), Some(1), Some(CPU_MODE_KERNEL))
+        );
+        assert_eq!(
+            samples[0].perf_sample.as_ref().unwrap().cpu_mode,
+            Some(CPU_MODE_USER)
+        );
+
+        // The report's section reads the same encoding back.
+        let r = crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap();
+        let cs = r.cpu_samples.unwrap();
+        assert_eq!(cs.samples, 3);
+        let t8 = cs.threads.iter().find(|t| t.tids == [8]).unwrap();
+        assert_eq!(
+            (t8.top_self[0].function.as_str(), t8.top_self[0].samples),
+            ("c", 2)
+        );
+        let t9 = cs.threads.iter().find(|t| t.tids == [9]).unwrap();
+        assert_eq!(t9.top_self[0].function, "k_read");
+        assert!(
+            t9.top_total
+                .iter()
+                .any(|f| f.function == "main" && f.samples == 1)
+        );
+    }
+}
