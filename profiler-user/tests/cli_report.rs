@@ -237,6 +237,7 @@ fn report_json_has_the_numbers_of_the_session() {
         "drops",
         "overhead",
         "gpu",
+        "cpu_samples",
     ];
     want_keys.sort_unstable();
     let mut keys_sorted = keys.clone();
