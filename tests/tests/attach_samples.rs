@@ -104,6 +104,10 @@ fn samples_inside_decode_steps_name_the_matmul_kernels() {
         .expect("matmul query");
     eprintln!("samples inside decode steps: {in_decode}, with matmul_rows on the stack: {matmul}");
     assert!(in_decode > 0, "no sample inside a decode step");
-    assert!(matmul > 0, "no sample inside a decode step names matmul_rows");
+    // Decode on CPU is matrix-vector work: most of a decode step's samples are in the kernels.
+    assert!(
+        matmul * 2 > in_decode,
+        "only {matmul} of {in_decode} samples inside decode steps have matmul_rows on the stack"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
