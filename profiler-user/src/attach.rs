@@ -687,6 +687,19 @@ impl<'a> Session<'a> {
         );
         overhead.size_limit = self.cap.map(|c| c.limit());
         overhead.events_not_written = self.not_written;
+        if let Some(s) = self.capture.sampler().map(|s| s.stats())
+            && s.samples > 0
+        {
+            // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
+            eprintln!(
+                "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",
+                s.samples,
+                s.time.as_secs_f64() * 1e3,
+                s.time.as_secs_f64() * 1e6 / s.samples as f64,
+                s.resolved,
+                s.unknown
+            );
+        }
         let stats = SessionStats {
             overhead: Some(overhead),
             probes: final_counters.probes,
