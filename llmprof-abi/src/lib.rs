@@ -15,10 +15,12 @@
 //! the engine with a clear message instead of misreading it. All timestamps are CLOCK_BOOTTIME nanoseconds.
 #![no_std]
 
-pub mod python;
 mod http;
+pub mod python;
 pub use http::*;
+pub mod sample;
 pub mod sched;
+pub use sample::{CpuSampleEvent, DEFAULT_SAMPLE_HZ, KERNEL_STACK_MAX, USER_STACK_MAX};
 
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 2;
@@ -478,6 +480,8 @@ pub enum EventKind {
     SchedSwitch = 40,
     /// [`sched::SchedWakeEvent`].
     SchedWake = 41,
+    /// [`CpuSampleEvent`] (stack sampler; kinds 30–34 belong to it).
+    CpuSample = 30,
 }
 
 impl EventKind {
@@ -501,6 +505,7 @@ impl EventKind {
             21 => Some(Self::HttpHead),
             40 => Some(Self::SchedSwitch),
             41 => Some(Self::SchedWake),
+            30 => Some(Self::CpuSample),
             _ => None,
         }
     }
@@ -1056,6 +1061,8 @@ pub enum ProbeId {
     ProcTree = 11,
     /// HTTP/1.1 wire probe (reads and writes on followed connections; hits = requests + SSE writes).
     Http = 12,
+    /// On-CPU stack sampler (perf_event program on the software CPU clock).
+    CpuSample = 13,
     /// Thread states: sched_switch / sched_waking / sched_wakeup_new of traced threads (and the
     /// task_newtask program that keeps the thread map).
     Sched = 14,
@@ -1063,8 +1070,7 @@ pub enum ProbeId {
     PyStack = 15,
 }
 
-/// Number of counter slots (size of the counters array): [`ProbeId`] values and slots reserved for probes
-/// being added (named `reserved` in [`PROBE_NAMES`] until they exist).
+/// Number of [`ProbeId`] values (size of the counters array).
 pub const NUM_PROBES: usize = 16;
 
 /// Names of the probes, indexed by [`ProbeId`].
@@ -1082,7 +1088,7 @@ pub const PROBE_NAMES: [&str; NUM_PROBES] = [
     "engine_content",
     "proc_tree",
     "http",
-    "reserved",
+    "cpu_sample",
     "sched",
     "py_stack",
 ];
@@ -1126,6 +1132,9 @@ pub enum Knob {
     ThreadStatesOff = 4,
     /// Non-zero: `llmprof_pysample` writes no Python stack samples (hits still counted).
     PySamplesOff = 5,
+    /// N > 1: the stack sampler keeps one sample in N per CPU (the budget's "halve the sample rate" step
+    /// writes 2, then more); 0 or 1: every sample. [`u64::MAX`]: no sample is taken (sampling stopped).
+    SampleEvery = 3,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

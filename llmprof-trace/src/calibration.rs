@@ -38,6 +38,10 @@ pub struct Calibration {
     /// lookups and the ring-buffer record), from a pipe ping-pong of two llmprof threads on one CPU, traced vs
     /// untraced, minus the syscalls it makes. `None` when not measured (thread states off).
     pub sched_event_ns: Option<f64>,
+    /// ns of the stack sampler's eBPF program per traced sample (kernel + user stack walk, ring record),
+    /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
+    /// `None` when not sampling or not measured.
+    pub sample_ns: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }

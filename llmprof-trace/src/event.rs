@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 pub use crate::thread_state::{SchedSwitch, SchedWake};
 
+use crate::stack::CpuSample;
 use llmprof_abi::{
     ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
     StepRecord,
@@ -179,6 +180,8 @@ pub enum EventBody {
     SchedSwitch(Box<SchedSwitch>),
     /// A traced thread made runnable; the event's pid/tid are the woken thread's, the waker is in the body.
     SchedWake(Box<SchedWake>),
+    /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::stack`]).
+    CpuSample(Box<CpuSample>),
 }
 
 impl EventBody {
@@ -209,6 +212,7 @@ impl EventBody {
             Self::WireToken { .. } => "wire_token",
             Self::SchedSwitch(_) => "sched_switch",
             Self::SchedWake(_) => "sched_wake",
+            Self::CpuSample(_) => "cpu_sample",
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod perfetto;
 pub mod pystack;
 pub mod report;
 pub mod sizecap;
+pub mod stack;
 pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

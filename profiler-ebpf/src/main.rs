@@ -22,6 +22,8 @@
 //!
 //! - `llmprof_tnew` / `llmprof_sswitch` / `llmprof_swaking` / `llmprof_swnew` (module `sched`): thread
 //!   states of the traced threads and the tid → tgid map they need.
+//! - `llmprof_sample` (perf_event, software CPU clock, one event per CPU; module `sample`): on-CPU stack
+//!   samples of traced threads (kernel and user frames).
 //!
 //! Records go to one ring buffer (`EVENTS`) without wakeups (user space polls); every reservation failure
 //! is counted in `COUNTERS` (per-CPU, indexed by `ProbeId`). This code must never loop unboundedly or keep
@@ -33,6 +35,7 @@ mod python;
 mod proc;
 mod http;
 mod sched;
+mod sample;
 
 use aya_ebpf::{
     EbpfContext, Global,

@@ -192,22 +192,22 @@ pub fn walk(pid_tgid: u64, out: *mut PyStack) -> bool {
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
-/// perf_event (software CPU clock, one per CPU): one `PyStackEvent` per sample of a thread of a Python
-/// process being sampled. Samples of other processes cost one hash lookup.
-#[perf_event]
-pub fn llmprof_pysample(_ctx: PerfEventContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
+/// Writes one `PyStackEvent` for the running thread at `ts` when its process is a sampled Python process:
+/// called by the native stack sampler (`sample::llmprof_sample`) right after its own record of the same
+/// instant, so user space joins the two by (tid, ts), and by the stand-alone `llmprof_pysample`. Other
+/// processes cost one hash lookup.
+#[inline(always)]
+pub fn emit(pid_tgid: u64, ts: u64) {
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: presence test only.
     if unsafe { PY_PROCS.get(&tgid) }.is_none() {
-        return 0;
+        return;
     }
     if knob(Knob::PySamplesOff) != 0 {
         count(ProbeId::PyStack, 1, 0, 0);
-        return 0;
+        return;
     }
-    let ts = now();
-    let Some(e) = PY_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some(e) = PY_SCRATCH.get_ptr_mut(0) else { return };
     // SAFETY: `e` is this CPU's scratch slot; a perf_event program does not nest on a CPU.
     unsafe {
         (&raw mut (*e).hdr).write(header(EventKind::PyStack, ts, pid_tgid));
@@ -217,8 +217,15 @@ pub fn llmprof_pysample(_ctx: PerfEventContext) -> u32 {
     let rec = unsafe { &*e };
     if EVENTS.output::<PyStackEvent>(rec, BPF_RB_NO_WAKEUP as u64).is_err() {
         count(ProbeId::PyStack, 1, 0, 1);
-        return 0;
+        return;
     }
     count(ProbeId::PyStack, 1, 1, 0);
+}
+
+/// perf_event (software CPU clock, one per CPU), used only when the native stack sampler is off: one
+/// `PyStackEvent` per sample of a thread of a Python process being sampled.
+#[perf_event]
+pub fn llmprof_pysample(_ctx: PerfEventContext) -> u32 {
+    emit(bpf_get_current_pid_tgid(), now());
     0
 }

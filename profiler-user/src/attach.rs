@@ -75,6 +75,8 @@ pub struct AttachOptions {
     pub verbose: bool,
     /// OTLP export of request spans (no endpoint: no export).
     pub otel: OtelOptions,
+    /// Stack samples per second and CPU (`--sample-rate`; 0: `--no-sample`).
+    pub sample_hz: u64,
     /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
     pub overhead_budget: Option<f64>,
     /// Record thread states (`--no-thread-states` turns them off). See [`crate::capture::sched`].
@@ -350,6 +352,9 @@ fn start_capture(
         calibrate_cuda: opts.gpu.cuda,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
+        sample_hz: opts.sample_hz,
+        // Python frames ride on the stack samples (`--no-sample` turns both off).
+        python_hz: opts.sample_hz,
         ..Default::default()
     };
     if !opts.model_patterns.is_empty() {
@@ -873,6 +878,19 @@ impl<'a> Session<'a> {
         );
         overhead.size_limit = self.cap.map(|c| c.limit());
         overhead.events_not_written = self.not_written;
+        if let Some(s) = self.capture.sampler().map(|s| s.stats())
+            && s.samples > 0
+        {
+            // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
+            eprintln!(
+                "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",
+                s.samples,
+                s.time.as_secs_f64() * 1e3,
+                s.time.as_secs_f64() * 1e6 / s.samples as f64,
+                s.resolved,
+                s.unknown
+            );
+        }
         let stats = SessionStats {
             overhead: Some(overhead),
             probes: final_counters.probes,

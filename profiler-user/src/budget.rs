@@ -23,7 +23,13 @@
 //!    content event (wire TTFT, request counts and ends stay; wire inter-token gaps stop);
 //! 6. `syscalls_detached` — the raw_syscalls programs are detached: aggregates freeze, model-file, egress and
 //!    wire (HTTP) events stop (this is what removes the per-syscall cost of a syscall-heavy target);
-//! 7. `ranges_detached` — the range uprobe is detached.
+//! 7. `ranges_detached` — the range uprobe is detached;
+//! 8. `sample_rate_halved` — the stack sampler keeps one sample in 2 per CPU (`Knob::SampleEvery`);
+//! 9. `sampling_stopped` — the sampler's perf events are closed: no more stack samples.
+//!
+//! Sampling comes last: at the default 99 Hz it costs the target about one sampler run (a few µs, calibrated
+//! as `sample_ns`) per busy thread every 10 ms, far below what the earlier steps remove, and flame graphs are
+//! what a user looks at once steps and requests are known.
 //!
 //! Engine steps and request events are kept to the end: when the budget is still exceeded at the last level
 //! that is said once ([`Budget::exhausted`]). Each step is applied by [`apply`] and written to the trace as
@@ -50,7 +56,7 @@ pub const FOLLOW_UP_MIN_CPU: Duration = Duration::from_millis(10);
 pub const RANGE_SAMPLE_EVERY: u64 = 16;
 
 /// The degradation steps, in order: `(name, what changes)`. Level N means the first N are in force.
-pub const LEVELS: [(&str, &str); 7] = [
+pub const LEVELS: [(&str, &str); 9] = [
     (
         "syscall_events_off",
         "individual syscall events off; kernel syscall aggregates continue",
@@ -79,6 +85,14 @@ pub const LEVELS: [(&str, &str); 7] = [
     (
         "ranges_detached",
         "range uprobe detached; engine steps and requests only",
+    ),
+    (
+        "sample_rate_halved",
+        "stack sampler keeps 1 sample in 2 (half the --sample-rate)",
+    ),
+    (
+        "sampling_stopped",
+        "stack sampler detached: no more CPU samples; engine steps and requests only",
     ),
 ];
 
@@ -234,9 +248,15 @@ pub fn apply(
                 change.push_str(" (were not attached)");
             }
         }
-        _ => {
+        6 => {
             if !capture.detach_ranges()? {
                 change.push_str(" (no range uprobe was attached)");
+            }
+        }
+        7 => capture.set_knob(Knob::SampleEvery, 2)?,
+        _ => {
+            if !capture.detach_sampler()? {
+                change.push_str(" (was not sampling)");
             }
         }
     }
@@ -291,7 +311,7 @@ mod tests {
         let mut b = Budget::new(1.0, cal(), snap(t, 0, 0, 0));
         // 50k syscalls × 1 µs = 50 ms added to 100 ms of target CPU: +100 %.
         let mut levels = Vec::new();
-        for i in 1..=8u64 {
+        for i in 1..=11u64 {
             match b.check(snap(t, 100 * i, 50_000 * i, 100 * i)) {
                 Verdict::Degrade { level, overhead_pct } => {
                     assert!((overhead_pct - 100.0).abs() < 1e-6);
@@ -301,7 +321,7 @@ mod tests {
                 Verdict::Ok => levels.push(0),
             }
         }
-        assert_eq!(levels, [1, 2, 3, 4, 5, 6, 99, 0]);
+        assert_eq!(levels, [1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 0]);
         assert!(b.exhausted());
     }
 

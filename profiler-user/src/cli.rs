@@ -94,6 +94,17 @@ systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
     Serve(Box<ServeArgs>),
 }
 
+/// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
+fn parse_sample_rate(s: &str) -> Result<u64, String> {
+    let max = crate::capture::sampling::MAX_SAMPLE_HZ;
+    match s.parse::<u64>() {
+        Ok(hz) if (1..=max).contains(&hz) => Ok(hz),
+        _ => Err(format!(
+            "expected a rate in Hz from 1 to {max} (e.g. 99); use --no-sample to turn sampling off"
+        )),
+    }
+}
+
 /// Options of `llmprof attach`.
 #[derive(Debug, Args)]
 pub struct AttachArgs {
@@ -147,10 +158,18 @@ pub struct AttachArgs {
     /// Runnable, Sleeping rows in Perfetto and the thread-state section of `llmprof report`).
     #[arg(long)]
     pub no_thread_states: bool,
+    /// On-CPU stack samples per second on each CPU (software CPU clock, so it works in VMs): kernel and user
+    /// frames of the traced threads, symbolized, as Perfetto callstack samples (flame graphs).
+    #[arg(long, value_name = "HZ", default_value_t = llmprof_abi::DEFAULT_SAMPLE_HZ, value_parser = parse_sample_rate)]
+    pub sample_rate: u64,
+    /// Take no stack samples.
+    #[arg(long)]
+    pub no_sample: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):
     /// when exceeded, trace less, in a documented order (syscall events, then ranges sampled, then thread
     /// states stopped, then CUDA driver probes detached, then per-SSE wire records, then syscall tracepoints
-    /// detached, then ranges detached; steps and requests are kept). Default: no budget.
+    /// detached, then ranges detached, then the stack sample rate halved, then sampling stopped; steps and
+    /// requests are kept). Default: no budget.
     #[arg(long, value_name = "PERCENT", value_parser = crate::budget::parse_percent)]
     pub overhead_budget: Option<f64>,
     /// Hard cap on the trace file (e.g. 50M, 1GiB): when reached, the trace ends cleanly, with a marker

@@ -86,6 +86,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         metadata: None,
         prelude: None,
         stop_reason: attach::StopReason::default(),
+        sample_hz: if a.no_sample { 0 } else { a.sample_rate },
         overhead_budget: a.overhead_budget,
         thread_states: !a.no_thread_states,
         max_trace_size: a.max_trace_size.map(|b| b as u64),
@@ -252,6 +253,11 @@ fn print_overhead(r: &attach::AttachReport) {
             c.syscall_ns,
             c.entry_name()
         );
+        if let Some(ns) = c.sample_ns {
+            println!(
+                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics)"
+            );
+        }
     }
     let pct = o
         .est_overhead_pct

@@ -156,6 +156,8 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
             syscalls
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
+        } else if i == ProbeId::CpuSample as usize {
+            hits * cal.sample_ns.unwrap_or(0.0)
         } else if i == ProbeId::Cuda as usize {
             hits * cal.cuda_call_ns.unwrap_or(probe)
         } else if i == ProbeId::Sched as usize {

@@ -238,6 +238,7 @@ fn report_json_has_the_numbers_of_the_session() {
         "overhead",
         "gpu",
         "thread_states",
+        "cpu_samples",
     ];
     want_keys.sort_unstable();
     let mut keys_sorted = keys.clone();

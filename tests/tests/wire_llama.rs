@@ -129,13 +129,14 @@ fn llama_cpp_server_requests_match_the_openai_client() {
     let dir = std::env::temp_dir().join(format!("llmprof-wire-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let trace_path = dir.join("wire.perfetto-trace");
-    // TODO(proctree): attach through the launcher's pid (`--pid launcher`) once process trees are merged; until
-    // then the server process itself is the target.
+    // Attached through the launcher's pid, as a user types `--pid $(pgrep -f "vllm serve")`: the server is its
+    // child, followed as part of the process tree.
+    let launcher_pid = server.launcher.id();
     let mut llmprof = Command::new(bin_path("llmprof"))
         .args([
             "attach",
             "--pid",
-            &server.pid.to_string(),
+            &launcher_pid.to_string(),
             "--gpu-sample-interval",
             "0",
             "-o",
@@ -259,6 +260,33 @@ fn llama_cpp_server_requests_match_the_openai_client() {
         ))
         .expect("wire request slices");
     assert_eq!(tracks, REQUESTS as i64, "one track per wire request");
+    // The process tree: the launcher and the server are both processes of the trace, the server's named by its
+    // command line, and the wire requests belong to the server (the launcher listens on nothing).
+    for pid in [launcher_pid, server.pid] {
+        let n = tp
+            .query_i64(&format!("select count(*) from process where pid = {pid}"))
+            .expect("process rows");
+        assert_eq!(n, 1, "pid {pid} is a process of the trace");
+    }
+    let server_named = tp
+        .query_i64(&format!(
+            "select count(*) from process where pid = {} and (cmdline like '%llama_cpp.server%' or name like '%llama_cpp.server%')",
+            server.pid
+        ))
+        .expect("server process name");
+    assert_eq!(
+        server_named, 1,
+        "the server's process is named by its command line"
+    );
+    let on_server = tp
+        .query_i64(&format!(
+            "select count(distinct s.track_id) from slice s join process_track pt on s.track_id = pt.id \
+             join process p using (upid) where p.pid = {} and s.name like '{}%'",
+            server.pid,
+            slice::WIRE_REQUEST_PREFIX
+        ))
+        .expect("wire requests per process");
+    assert_eq!(on_server, REQUESTS as i64, "the wire requests are the server's");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -49,6 +49,9 @@ pub struct TracePacket {
     /// `SystemInfo system_info = 45;` (oneof data)
     #[prost(message, optional, tag = "45")]
     pub system_info: Option<SystemInfo>,
+    /// `PerfSample perf_sample = 66;` (oneof data): one CPU stack sample ([`PerfSample`]).
+    #[prost(message, optional, tag = "66")]
+    pub perf_sample: Option<PerfSample>,
 }
 
 /// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED = 1;`
@@ -94,7 +97,133 @@ pub struct InternedData {
     /// `repeated DebugAnnotationName debug_annotation_names = 3;`
     #[prost(message, repeated, tag = "3")]
     pub debug_annotation_names: Vec<InternedString>,
+    /// `repeated InternedString mapping_paths = 17;` (paths of executable files; profile_common.proto's
+    /// `InternedString` is `iid = 1; bytes str = 2;`, the same wire layout as [`InternedString`]).
+    #[prost(message, repeated, tag = "17")]
+    pub mapping_paths: Vec<InternedString>,
+    /// `repeated InternedString source_paths = 18;`
+    #[prost(message, repeated, tag = "18")]
+    pub source_paths: Vec<InternedString>,
+    /// `repeated InternedString function_names = 5;`
+    #[prost(message, repeated, tag = "5")]
+    pub function_names: Vec<InternedString>,
+    /// `repeated Mapping mappings = 19;`
+    #[prost(message, repeated, tag = "19")]
+    pub mappings: Vec<Mapping>,
+    /// `repeated Frame frames = 6;`
+    #[prost(message, repeated, tag = "6")]
+    pub frames: Vec<Frame>,
+    /// `repeated Callstack callstacks = 7;`
+    #[prost(message, repeated, tag = "7")]
+    pub callstacks: Vec<Callstack>,
 }
+
+impl InternedData {
+    /// Whether nothing new is interned (the packet then carries no `interned_data`).
+    pub fn is_empty(&self) -> bool {
+        self.event_names.is_empty()
+            && self.debug_annotation_names.is_empty()
+            && self.mapping_paths.is_empty()
+            && self.source_paths.is_empty()
+            && self.function_names.is_empty()
+            && self.mappings.is_empty()
+            && self.frames.is_empty()
+            && self.callstacks.is_empty()
+    }
+}
+
+// ---- CPU stack samples: protos/perfetto/trace/profiling/profile_common.proto and profile_packet.proto ----
+// The trace processor turns these into `stack_profile_mapping`, `stack_profile_frame`,
+// `stack_profile_callsite` and `perf_sample`; the UI draws a flame graph for a selected time range and thread.
+
+/// `profile_common.proto`: `message Mapping` (an executable file mapped into a process).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    /// `optional uint64 iid = 1;`
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    /// `optional uint64 start = 4;`
+    #[prost(uint64, optional, tag = "4")]
+    pub start: Option<u64>,
+    /// `optional uint64 end = 5;`
+    #[prost(uint64, optional, tag = "5")]
+    pub end: Option<u64>,
+    /// `repeated uint64 path_string_ids = 7;` (iids of `InternedData.mapping_paths`, one per path component).
+    #[prost(uint64, repeated, packed = "false", tag = "7")]
+    pub path_string_ids: Vec<u64>,
+}
+
+/// `profile_common.proto`: `message Frame`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Frame {
+    /// `optional uint64 iid = 1;`
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    /// `optional uint64 function_name_id = 2;` (iid of `InternedData.function_names`)
+    #[prost(uint64, optional, tag = "2")]
+    pub function_name_id: Option<u64>,
+    /// `optional uint64 mapping_id = 3;` (iid of `InternedData.mappings`; needs `rel_pc`)
+    #[prost(uint64, optional, tag = "3")]
+    pub mapping_id: Option<u64>,
+    /// `optional uint64 rel_pc = 4;`
+    #[prost(uint64, optional, tag = "4")]
+    pub rel_pc: Option<u64>,
+    /// `optional uint64 source_path_iid = 5;` (iid of `InternedData.source_paths`; newer trace processors)
+    #[prost(uint64, optional, tag = "5")]
+    pub source_path_iid: Option<u64>,
+    /// `optional uint32 line_number = 6;`
+    #[prost(uint32, optional, tag = "6")]
+    pub line_number: Option<u32>,
+    /// `Kind kind = 7;` (oneof kind_field; [`FRAME_KIND_NATIVE`], ...)
+    #[prost(int32, optional, tag = "7")]
+    pub kind: Option<i32>,
+}
+
+/// `Frame.Kind.KIND_NATIVE = 1;`
+pub const FRAME_KIND_NATIVE: i32 = 1;
+/// `Frame.Kind.KIND_KERNEL = 2;`
+pub const FRAME_KIND_KERNEL: i32 = 2;
+/// `Frame.Kind.KIND_INTERPRETED = 3;`
+pub const FRAME_KIND_INTERPRETED: i32 = 3;
+/// `Frame.Kind.KIND_JIT = 4;`
+pub const FRAME_KIND_JIT: i32 = 4;
+
+/// `profile_common.proto`: `message Callstack`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Callstack {
+    /// `optional uint64 iid = 1;`
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    /// `repeated uint64 frame_ids = 2;` ("Frames of this callstack. Bottom frame first.": the outermost
+    /// frame, e.g. `_start`, comes first).
+    #[prost(uint64, repeated, packed = "false", tag = "2")]
+    pub frame_ids: Vec<u64>,
+}
+
+/// `profile_packet.proto`: `message PerfSample` (one sample of a CPU's perf event).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PerfSample {
+    /// `optional uint32 cpu = 1;`
+    #[prost(uint32, optional, tag = "1")]
+    pub cpu: Option<u32>,
+    /// `optional uint32 pid = 2;`
+    #[prost(uint32, optional, tag = "2")]
+    pub pid: Option<u32>,
+    /// `optional uint32 tid = 3;`
+    #[prost(uint32, optional, tag = "3")]
+    pub tid: Option<u32>,
+    /// `optional uint64 callstack_iid = 4;`
+    #[prost(uint64, optional, tag = "4")]
+    pub callstack_iid: Option<u64>,
+    /// `optional Profiling.CpuMode cpu_mode = 5;` ([`CPU_MODE_KERNEL`], [`CPU_MODE_USER`])
+    #[prost(int32, optional, tag = "5")]
+    pub cpu_mode: Option<i32>,
+}
+
+/// `Profiling.CpuMode.MODE_KERNEL = 1;`
+pub const CPU_MODE_KERNEL: i32 = 1;
+/// `Profiling.CpuMode.MODE_USER = 2;`
+pub const CPU_MODE_USER: i32 = 2;
 
 /// `EventName` / `DebugAnnotationName` (same layout): `optional uint64 iid = 1; optional string name = 2;`
 #[derive(Clone, PartialEq, prost::Message)]

@@ -66,7 +66,7 @@ impl<W: Write> PacketWriter<W> {
         if self.first {
             p.sequence_flags = Some(SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE);
             self.first = false;
-        } else if p.track_event.is_some() || p.interned_data.is_some() {
+        } else if p.track_event.is_some() || p.interned_data.is_some() || p.perf_sample.is_some() {
             p.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
         }
         self.buf.clear();
@@ -107,7 +107,7 @@ impl<W: Write> PacketWriter<W> {
                 d
             })
             .collect();
-        let has_interned = !interned.event_names.is_empty() || !interned.debug_annotation_names.is_empty();
+        let has_interned = !interned.is_empty();
         self.write(TracePacket {
             timestamp: Some(ts),
             interned_data: has_interned.then_some(interned),

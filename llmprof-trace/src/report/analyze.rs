@@ -233,6 +233,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     overhead_events(d, &mut r);
     r.thread_states = super::threads::analyze(&d.sched);
     r.gpu = gpu_section(d, &r);
+    r.cpu_samples = d.samples.section();
     r
 }
 

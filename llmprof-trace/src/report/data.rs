@@ -294,6 +294,8 @@ pub struct Report {
     pub thread_states: Option<super::ThreadStates>,
     /// The GPU layer (None: a trace without any of it).
     pub gpu: Option<GpuSection>,
+    /// CPU stack samples per thread group (None: a trace without samples).
+    pub cpu_samples: Option<super::CpuSamplesSection>,
 }
 
 /// One step the overhead budget took.

@@ -60,6 +60,7 @@ struct Doc<'a> {
     overhead: Option<Overhead<'a>>,
     gpu: Option<Gpu<'a>>,
     thread_states: Option<super::threads::ThreadStatesJson<'a>>,
+    cpu_samples: Option<&'a super::CpuSamplesSection>,
 }
 
 impl<'a> Doc<'a> {
@@ -89,6 +90,7 @@ impl<'a> Doc<'a> {
             overhead: r.overhead.as_ref().map(Overhead::of),
             gpu: r.gpu.as_ref().map(Gpu::of),
             thread_states: r.thread_states.as_ref().map(super::threads::ThreadStatesJson::of),
+            cpu_samples: r.cpu_samples.as_ref(),
         }
     }
 }
@@ -732,7 +734,8 @@ mod tests {
                 "drops",
                 "overhead",
                 "gpu",
-                "thread_states"
+                "thread_states",
+                "cpu_samples"
             ]
         );
         assert_eq!(v["format"], JSON_FORMAT);

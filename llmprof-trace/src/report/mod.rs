@@ -57,6 +57,8 @@
 //!   `cuda_calls` `{calls, individual, batches, batched, over_budget}` or `null`; `probe`: the `cuda` probe's
 //!   `{hits, emitted, dropped}` or `null`. `markers`: the GPU layer's markers on the `llmprof` track
 //!   (`GPU counters unavailable: ...`, `libcuda not loaded ...`, `CUDA driver probes attached/failed ...`).
+//! - `cpu_samples`: on-CPU stack samples, `null` without any: `{samples, threads: [{name, tids, samples,
+//!   top_self: [{function, samples, pct}], top_total: [...]}]}` (see `samples`: threads grouped by name).
 //!
 //! - `thread_states`: `null` without scheduler events (`--no-thread-states`, older traces): `{events,
 //!   groups: [{name, threads, cpu_ms, runnable_ms, sleeping_ms, uninterruptible_ms, idle_ms, switches,
@@ -77,6 +79,7 @@ mod data;
 mod json;
 mod read;
 mod requests;
+mod samples;
 mod text;
 mod threads;
 
@@ -88,6 +91,7 @@ pub use data::{
     BucketRow, CounterSummary, CudaCallsSummary, CudaFnRow, DegradationRow, EgressRow, GpuCounterRow, GpuRow,
     GpuSection, ModelFileRow, OverheadReport, ProbeRow, Report, RequestRow, Stats, SyscallRow,
 };
+pub use samples::{CpuSamplesSection, FunctionRow, ThreadSamples};
 
 /// Version tag of the `--json` layout (bumped only on an incompatible change).
 pub const JSON_FORMAT: &str = "llmprof-report/1";

@@ -125,6 +125,8 @@ pub(super) struct Track {
 #[derive(Debug, Default)]
 pub(super) struct Decoded {
     pub(super) tracks: BTreeMap<u64, Track>,
+    /// CPU stack samples (`PerfSample` packets and their interned callstacks).
+    pub(super) samples: super::samples::SampleReader,
     pub(super) truncated: bool,
     /// The thread-state events and the traced threads ([`super::threads`]).
     pub(super) sched: super::threads::SchedLog,
@@ -223,6 +225,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
             d.sched.events.extend(b.event.into_iter().map(|e| (cpu, e)));
             continue;
         }
+        d.samples.packet(&p);
         let Some(ev) = &p.track_event else { continue };
         let ts = p.timestamp.unwrap_or(last_ts);
         last_ts = last_ts.max(ts);

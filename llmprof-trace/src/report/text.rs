@@ -18,6 +18,7 @@ impl Report {
         if let Some(t) = &self.thread_states {
             super::threads::text(&mut o, t, TEXT_ROWS);
         }
+        super::samples::text(&mut o, self.cpu_samples.as_ref());
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }

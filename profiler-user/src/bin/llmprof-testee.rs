@@ -6,7 +6,11 @@
 //! prints `burst done NS` (the loop's duration); `syscalls N WORK [SLEEP_EVERY]` makes N `getppid` calls,
 //! each after WORK rounds of integer busy work (the knob that sets the syscall rate: `cargo xtask bench
 //! syscalls` picks it for ~500k calls/s), plus a 2 ms sleep (a slow syscall) every SLEEP_EVERY calls, and
-//! prints `syscalls done NS`; `exit` (or EOF) exits with status 3.
+//! prints `syscalls done NS`; `burn MS` spins MS ms of CPU in the non-inlined chain `llmprof_testee_burn_a` →
+//! `llmprof_testee_burn_b` → `llmprof_testee_burn_c` (the stack-sampling tests' known call chain) and prints
+//! `burn done`; `sysburn MS` spends MS ms in 64 KiB reads of /dev/zero inside `llmprof_testee_sysburn` (a
+//! syscall-heavy loop: its samples have kernel frames) and prints `sysburn done`; `exit` (or EOF) exits with
+//! status 3.
 //!
 //! Process trees: `fork-open PATH` forks a child whose first action is `open(PATH)` (a raw syscall, nothing
 //! before it), then a 20 ms sleep (a slow syscall), then `_exit(5)`; the parent reaps it and prints
@@ -174,6 +178,16 @@ fn run() -> Result<(), String> {
                 pin_to(cpu as usize);
                 spin_for(Duration::from_millis(ms));
                 writeln!(out, "spin done").map_err(|e| e.to_string())?;
+            }
+            Some("burn") => {
+                let ms: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(500);
+                std::hint::black_box(llmprof_testee_burn_a(ms));
+                writeln!(out, "burn done").map_err(|e| e.to_string())?;
+            }
+            Some("sysburn") => {
+                let ms: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(500);
+                llmprof_testee_sysburn(ms)?;
+                writeln!(out, "sysburn done").map_err(|e| e.to_string())?;
             }
             Some("exit") => break,
             _ => {}
@@ -477,4 +491,49 @@ fn thread_cpu_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec the call writes.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Outermost function of the known call chain (see the module doc): never inlined, unmangled, so samples
+/// name it exactly.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_testee_burn_a(ms: u64) -> u64 {
+    std::hint::black_box(llmprof_testee_burn_b(ms)) ^ 1
+}
+
+/// Middle of the known call chain.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_testee_burn_b(ms: u64) -> u64 {
+    std::hint::black_box(llmprof_testee_burn_c(ms)) ^ 2
+}
+
+/// Innermost of the known call chain: integer busy work for `ms` ms (the clock is read every 4096 rounds).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_testee_burn_c(ms: u64) -> u64 {
+    let end = std::time::Instant::now() + Duration::from_millis(ms);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while std::time::Instant::now() < end {
+        for _ in 0..4096 {
+            x = std::hint::black_box(x.rotate_left(5) ^ 0x2545_f491_4f6c_dd1d).wrapping_mul(3);
+        }
+    }
+    x
+}
+
+/// A syscall-heavy loop: 64 KiB reads of /dev/zero for `ms` ms (the kernel clears the buffer: most of the
+/// time is in the kernel).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn llmprof_testee_sysburn(ms: u64) -> Result<(), String> {
+    let mut f = std::fs::File::open("/dev/zero").map_err(|e| format!("/dev/zero: {e}"))?;
+    let mut buf = vec![0u8; 64 << 10];
+    let end = std::time::Instant::now() + Duration::from_millis(ms);
+    while std::time::Instant::now() < end {
+        f.read_exact(&mut buf)
+            .map_err(|e| format!("reading /dev/zero: {e}"))?;
+        std::hint::black_box(&buf);
+    }
+    Ok(())
 }

@@ -183,6 +183,7 @@ impl Raw {
                 }
                 _ => None,
             },
+            sample_ns: None,
             took_ms,
         }
     }
@@ -394,7 +395,8 @@ fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
     (start..end).contains(&addr).then(|| addr - start + off)
 }
 
-fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
+/// Puts `pid` in (or takes it out of) the `TRACED` map.
+pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("TRACED")
         .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;

@@ -158,6 +158,8 @@ impl Decoder {
                     len: e.rec.len,
                 }
             }
+            // Symbolized by the sampler (`capture::sampling`), never here.
+            EventKind::CpuSample => return None,
             EventKind::ProcessExit => {
                 let e: ProcessExitEvent = read(b)?;
                 self.paths.retain(|(pid, _), _| *pid != hdr.pid);

@@ -21,6 +21,7 @@ pub mod elf;
 pub mod http;
 pub mod patterns;
 pub mod pysample;
+pub mod sampling;
 pub mod sched;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
@@ -43,7 +44,8 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_trace::event::{Event, SyscallAggregate};
+use llmprof_abi::{EventKind, ProbeId};
+use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
 static EBPF_OBJECT: &[u8] =
@@ -103,7 +105,7 @@ const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 16] = [
+pub const PROGRAM_NAMES: [&str; 17] = [
     "llmprof_tnew",
     "llmprof_sswitch",
     "llmprof_swaking",
@@ -120,6 +122,7 @@ pub const PROGRAM_NAMES: [&str; 16] = [
     "llmprof_cuent",
     "llmprof_curet",
     "llmprof_pysample",
+    sampling::SAMPLE_PROGRAM,
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -153,6 +156,9 @@ pub struct CaptureConfig {
     pub http: http::HttpPorts,
     /// Record thread states (sched_switch / sched_waking of the traced threads, [`sched`]).
     pub thread_states: bool,
+    /// On-CPU stack samples per second and CPU (`--sample-rate`); 0: no sampling (the default here;
+    /// `llmprof attach` passes 99).
+    pub sample_hz: u64,
 }
 
 impl Default for CaptureConfig {
@@ -170,6 +176,7 @@ impl Default for CaptureConfig {
             python_hz: pysample::DEFAULT_HZ,
             http: http::HttpPorts::All,
             thread_states: true,
+            sample_hz: 0,
         }
     }
 }
@@ -316,6 +323,10 @@ pub struct Capture {
     http_seeded: u64,
     /// Processes that joined the session after the start (process trees): their sockets are followed too.
     joined: std::collections::BTreeSet<u32>,
+    /// The stack sampler, when sampling ([`CaptureConfig::sample_hz`]).
+    sampler: Option<sampling::Sampler>,
+    /// llmprof's own pid (its calibration samples are dropped).
+    self_pid: u32,
 }
 
 impl std::fmt::Debug for Capture {
@@ -499,6 +510,10 @@ impl Capture {
             sched::attach(&mut ebpf)?;
         }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
+        let sampler = match cfg.sample_hz {
+            0 => None,
+            hz => Some(sampling::Sampler::attach(&mut ebpf, hz)?),
+        };
         let want_uprobes = engine
             .values()
             .any(|e| matches!(e, EngineProbes::Attached { .. }));
@@ -547,6 +562,19 @@ impl Capture {
         } else {
             (None, [ProbeCounters::default(); NUM_PROBES])
         };
+        let (calibration, counter_base) = match (calibration, sampler.is_some()) {
+            (Some(mut c), true) => {
+                let t = Instant::now();
+                c.sample_ns = sampling::calibrate(&mut ebpf)?;
+                c.took_ms += t.elapsed().as_secs_f64() * 1e3;
+                // The sampler's own calibration samples are llmprof's, not the target's.
+                let mut base = counter_base;
+                let now = read_counters(&ebpf);
+                base[ProbeId::CpuSample as usize] = now[ProbeId::CpuSample as usize];
+                (Some(c), base)
+            }
+            other => (other.0, counter_base),
+        };
         let traced_flags = TRACED_SELF | if cfg.follow_children { TRACED_CHILDREN } else { 0 };
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
@@ -554,7 +582,7 @@ impl Capture {
             let n = sched::fill_threads(&mut ebpf, &cfg.pids)?;
             log::debug!("capture: {n} threads in the thread-state map");
         }
-        let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz)?;
+        let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz, sampler.is_some())?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         let mut cap = Capture {
             ring,
@@ -584,6 +612,8 @@ impl Capture {
             http_followed: StdHashMap::new(),
             http_seeded: u64::MAX,
             joined: std::collections::BTreeSet::new(),
+            sampler,
+            self_pid: std::process::id(),
         };
         cap.refresh_http()?;
         Ok(cap)
@@ -786,7 +816,15 @@ impl Capture {
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
             let kind = decode::kind(&item);
-            if kind == Some(llmprof_abi::EventKind::PyStack) {
+            if kind == Some(EventKind::CpuSample) {
+                if let Some(s) = self.sampler.as_mut()
+                    && let Some(rec) = sampling::read_record(&item)
+                    // llmprof's own samples (the sampler's start-up calibration) are not the target's.
+                    && rec.hdr.pid != self.self_pid
+                {
+                    out.push(s.event(&rec));
+                }
+            } else if kind == Some(EventKind::PyStack) {
                 if let Some(ev) = self.python.decode(&item) {
                     out.push(ev);
                 }
@@ -796,6 +834,9 @@ impl Capture {
                     None => self.decoder.count_undecodable(),
                 }
             } else if let Some(ev) = self.decoder.decode(&item) {
+                if let (Some(s), EventBody::ProcessExit { .. }) = (self.sampler.as_mut(), &ev.body) {
+                    s.forget(ev.pid);
+                }
                 out.push(ev);
             }
             n += 1;
@@ -825,6 +866,20 @@ impl Capture {
     /// A process left the session: its Python maps entries and resolved code objects go.
     pub fn forget_python(&mut self, pid: u32) {
         self.python.remove(&mut self.ebpf, pid);
+    }
+
+    /// The stack sampler, when sampling.
+    pub fn sampler(&self) -> Option<&sampling::Sampler> {
+        self.sampler.as_ref()
+    }
+
+    /// Stops stack sampling (the budget's last sampling step): closes the perf events. Returns whether it
+    /// was sampling.
+    pub fn detach_sampler(&mut self) -> Result<bool, CaptureError> {
+        match self.sampler.as_mut() {
+            Some(s) => s.detach(&mut self.ebpf),
+            None => Ok(false),
+        }
     }
 
     /// Records the decoder could not make sense of.

@@ -36,6 +36,9 @@ pub struct PySampling {
     hz: u64,
     /// `llmprof_pysample` is attached.
     attached: bool,
+    /// The native stack sampler runs and writes the Python stacks of its samples (`python::emit` in its
+    /// program): `llmprof_pysample` is then never attached.
+    native_sampler: bool,
     procs: StdHashMap<u32, PyProcess>,
     /// Threads currently in `PY_THREADS`, per process.
     threads: StdHashMap<u32, HashSet<u32>>,
@@ -44,10 +47,13 @@ pub struct PySampling {
 }
 
 impl PySampling {
-    /// Discovers the Python targets among `pids` ([`PySampling::add`] each). `hz` = 0: sampling off.
-    pub fn start(ebpf: &mut Ebpf, pids: &[u32], hz: u64) -> Result<Self, CaptureError> {
+    /// Discovers the Python targets among `pids` ([`PySampling::add`] each). `hz` = 0: sampling off. With
+    /// `native_sampler`, the native stack sampler's samples carry the Python stacks (same instant, one timer)
+    /// and this module only keeps the maps; otherwise it attaches its own sampler at `hz`.
+    pub fn start(ebpf: &mut Ebpf, pids: &[u32], hz: u64, native_sampler: bool) -> Result<Self, CaptureError> {
         let mut s = Self {
             hz,
+            native_sampler,
             ..Self::default()
         };
         for &pid in pids {
@@ -83,7 +89,7 @@ impl PySampling {
         }
         self.procs.insert(pid, p);
         self.refresh(ebpf);
-        if !self.attached {
+        if !self.attached && !self.native_sampler {
             self.attach(ebpf)?;
         }
         Ok(true)

@@ -848,6 +848,7 @@ mod tests {
             verbose: false,
             otel: OtelOptions::default(),
             gpu: crate::gpu::GpuOptions::default(),
+            sample_hz: 0,
             overhead_budget: None,
             thread_states: true,
             max_trace_size: None,

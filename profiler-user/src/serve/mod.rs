@@ -202,6 +202,7 @@ impl ServeOptions {
             otel: s.otel,
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
             gpu: crate::gpu::GpuOptions::default(),
+            sample_hz: 0,
             overhead_budget: None,
             thread_states: true,
             max_trace_size: Some(max_trace_size),

@@ -91,7 +91,7 @@ pub(super) fn start_server(bin: &Path, o: &EngineArgs) -> Result<ServerProc> {
 pub(super) struct Row {
     pub(super) concurrency: usize,
     pub(super) requests: usize,
-    /// Output tokens of all requests.
+    /// Output tokens of the round.
     pub(super) tokens: usize,
     /// Aggregate output tokens per second of wall time.
     pub(super) tokens_per_s: f64,

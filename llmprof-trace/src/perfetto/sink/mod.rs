@@ -28,7 +28,8 @@
 //!   encoding, one `FtraceEventBundle` per CPU: Perfetto's own thread-state rows and `thread_state` table;
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
-//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
+//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting;
+//! - `samples`: CPU stack samples as Perfetto callstack samples (`PerfSample` + interned frames), see there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
@@ -46,8 +47,9 @@ use crate::timeline::RequestTimeline;
 mod counters;
 mod cuda;
 mod engine;
-mod python;
 mod procs;
+mod python;
+mod samples;
 mod sched;
 mod session;
 mod threads;
@@ -146,6 +148,7 @@ pub struct TraceSink<W: Write> {
     cuda: CudaAggregator,
     cuda_out: Vec<CudaSlice>,
     sched: sched::SchedState,
+    callstacks: samples::Callstacks,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -168,6 +171,7 @@ impl<W: Write> TraceSink<W> {
             cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
             cuda_out: Vec::new(),
             sched: sched::SchedState::default(),
+            callstacks: samples::Callstacks::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -307,6 +311,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
             EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
             EventBody::SchedWake(w) => self.sched_wake(ev, w),
+            EventBody::CpuSample(s) => self.cpu_sample(ev, s),
         }
     }
 

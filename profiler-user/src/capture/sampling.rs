@@ -1,0 +1,177 @@
+//! The stack sampler's user half: opens one software CPU-clock perf event per online CPU (frequency mode, so
+//! it works in VMs without a PMU), attaches `llmprof_sample` to each, and turns its records into symbolized
+//! [`EventBody::CpuSample`] events ([`crate::symbolize`]) as capture drains the ring.
+//!
+//! The kernel program filters by the traced-tgid map, so untraced CPUs cost one hash lookup per tick. The
+//! budget first halves the rate (`Knob::SampleEvery`, the divider in the kernel) and then stops sampling
+//! ([`Sampler::detach`]: the perf events are closed).
+
+use aya::Ebpf;
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{
+    PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+};
+use llmprof_abi::CpuSampleEvent;
+use llmprof_trace::event::{Event, EventBody};
+
+use super::{CaptureError, program};
+use crate::symbolize::{SymbolizeStats, Symbolizer};
+
+/// The sampler's perf-event program.
+pub const SAMPLE_PROGRAM: &str = "llmprof_sample";
+/// Highest `--sample-rate` accepted: the kernel's default `perf_event_max_sample_rate` is 100 kHz and lowers
+/// itself when sampling takes too long; 1 kHz is already 10× the default and enough for any flame graph.
+pub const MAX_SAMPLE_HZ: u64 = 1000;
+
+/// The attached sampler and its symbolizer.
+#[derive(Debug)]
+pub struct Sampler {
+    links: Vec<PerfEventLinkId>,
+    hz: u64,
+    symbolizer: Symbolizer,
+}
+
+impl Sampler {
+    /// Loads the program and attaches it to a CPU clock at `hz` on every online CPU.
+    pub(super) fn attach(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
+        let perr = |source| CaptureError::Program {
+            program: SAMPLE_PROGRAM.to_string(),
+            source,
+        };
+        let cpus = aya::util::online_cpus().map_err(|(path, source)| CaptureError::Program {
+            program: format!("{SAMPLE_PROGRAM} (reading {path})"),
+            source: aya::programs::ProgramError::IOError(source),
+        })?;
+        let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+        p.load().map_err(perr)?;
+        let mut links = Vec::with_capacity(cpus.len());
+        for cpu in cpus {
+            let link = p
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(hz),
+                    false,
+                )
+                .map_err(perr)?;
+            links.push(link);
+        }
+        Ok(Self {
+            links,
+            hz,
+            symbolizer: Symbolizer::new(),
+        })
+    }
+
+    /// The sampling frequency asked for, Hz.
+    pub fn hz(&self) -> u64 {
+        self.hz
+    }
+
+    /// Whether the perf events are still attached.
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    /// Closes the perf events (the budget's last sampling step). Returns whether any were attached.
+    pub(super) fn detach(&mut self, ebpf: &mut Ebpf) -> Result<bool, CaptureError> {
+        if self.links.is_empty() {
+            return Ok(false);
+        }
+        let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+        for l in self.links.drain(..) {
+            p.detach(l).map_err(|source| CaptureError::Program {
+                program: SAMPLE_PROGRAM.to_string(),
+                source,
+            })?;
+        }
+        Ok(true)
+    }
+
+    /// Symbolizes one record into an event.
+    pub(super) fn event(&mut self, e: &CpuSampleEvent) -> Event {
+        let s = self.symbolizer.sample(e);
+        Event {
+            ts_ns: e.hdr.ts_ns,
+            pid: e.hdr.pid,
+            tid: e.hdr.tid,
+            body: EventBody::CpuSample(Box::new(s)),
+        }
+    }
+
+    /// A process exited: its addresses are forgotten.
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.symbolizer.forget(pid);
+    }
+
+    /// Symbolization so far.
+    pub fn stats(&self) -> SymbolizeStats {
+        self.symbolizer.stats()
+    }
+}
+
+/// Perf-event frequency of the start-up calibration: ~100 samples of llmprof's own thread in
+/// [`CALIBRATION_BURN`].
+const CALIBRATION_HZ: u64 = 4000;
+/// How long the calibration burns CPU on llmprof's thread.
+const CALIBRATION_BURN: std::time::Duration = std::time::Duration::from_millis(30);
+/// Fewest samples a calibration must see to give a figure.
+const CALIBRATION_MIN_RUNS: u64 = 20;
+
+/// Measures the sampler program's cost per traced sample: with the kernel's BPF run-time statistics on,
+/// llmprof puts itself in `TRACED`, attaches the program to a CPU clock of its own thread at
+/// [`CALIBRATION_HZ`], burns [`CALIBRATION_BURN`] of CPU, and divides the program's run time by its runs.
+/// Then it leaves `TRACED`. `None` (logged) when the statistics or the event are unavailable.
+pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
+    let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => fd,
+        Err(e) => {
+            log::debug!("sampler calibration: BPF stats unavailable: {e}");
+            return Ok(None);
+        }
+    };
+    let pid = std::process::id();
+    super::calibrate::set_traced(ebpf, pid, true)?;
+    let measured = (|| -> Result<Option<f64>, CaptureError> {
+        let perr = |source| CaptureError::Program {
+            program: SAMPLE_PROGRAM.to_string(),
+            source,
+        };
+        let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+        let before = p.info().map_err(perr)?;
+        let link = p
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::CallingProcess { cpu: None },
+                SamplePolicy::Frequency(CALIBRATION_HZ),
+                false,
+            )
+            .map_err(perr)?;
+        let end = std::time::Instant::now() + CALIBRATION_BURN;
+        let mut x = 1u64;
+        while std::time::Instant::now() < end {
+            for _ in 0..1024 {
+                x = std::hint::black_box(x.rotate_left(7) ^ 0x9e37_79b9).wrapping_mul(5);
+            }
+        }
+        std::hint::black_box(x);
+        p.detach(link).map_err(perr)?;
+        let after = p.info().map_err(perr)?;
+        let runs = after.run_count().saturating_sub(before.run_count());
+        let ns = after.run_time().saturating_sub(before.run_time()).as_nanos() as f64;
+        Ok((runs >= CALIBRATION_MIN_RUNS).then(|| ns / runs as f64))
+    })();
+    super::calibrate::set_traced(ebpf, pid, false)?;
+    drop(stats);
+    measured
+}
+
+/// Reads a sample record from ring bytes (`None` if short).
+pub(super) fn read_record(b: &[u8]) -> Option<CpuSampleEvent> {
+    if b.len() < std::mem::size_of::<CpuSampleEvent>() {
+        return None;
+    }
+    // SAFETY: the slice holds at least size_of::<CpuSampleEvent>() bytes, the read is unaligned-safe, and the
+    // record is plain integers for which every bit pattern is valid.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<CpuSampleEvent>()) })
+}

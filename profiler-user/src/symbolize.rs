@@ -1,0 +1,366 @@
+//! Symbolization of stack samples: raw addresses from the eBPF sampler → [`CpuSample`] frames (function,
+//! module, file and line when DWARF has them), with blazesym (the libbpf project's symbolizer).
+//!
+//! User addresses go through blazesym's process source: `/proc/PID/maps` (through `/proc/PID/map_files`, so
+//! a deleted or replaced binary still resolves), ELF symbols, DWARF line tables and inlined functions where
+//! present, perf map files of JITs (`/tmp/perf-PID.map`) and the vDSO; Rust and C++ names are demangled.
+//! Kernel addresses go through `/proc/kallsyms`. Every address is resolved once per process: a cache maps
+//! (pid, address) to its frames, blazesym itself keeps each ELF/DWARF file parsed once (by path, shared by
+//! all processes mapping it), so a hot loop costs one hash lookup per frame. Samples are symbolized when
+//! capture drains the ring (every 20 ms), while the process is alive; [`Symbolizer::forget`] drops a
+//! process's cache at its exit.
+//!
+//! What a binary without frame pointers gives: the eBPF walk follows `rbp`, so the innermost frame (the
+//! sampled instruction) is always right and its caller chain stops (or, rarely, wanders into one wrong
+//! frame) at the first function that does not keep a frame pointer. Such samples show the leaf function and
+//! a short or cut stack; llmserve and llmprof's own test target are built with `-C force-frame-pointers=yes`
+//! (`.cargo/config.toml`). Python interpreters without frame pointers are the pyframes walker's job.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blazesym::symbolize::source::{Kernel, Process, Source};
+use blazesym::symbolize::{Input, Reason, Symbolized, Symbolizer as Blaze};
+use blazesym::{MaybeDefault, Pid};
+use llmprof_abi::{CpuSampleEvent, USER_STACK_MAX};
+use llmprof_trace::stack::{CpuSample, Frame, FrameKind, KERNEL_MODULE, UNKNOWN};
+
+/// Frames of one address: the function it is in, preceded by the functions inlined into it at that
+/// address (innermost first).
+type Frames = Arc<[Arc<Frame>]>;
+
+/// What symbolization did so far (shown in the exit summary and in docs/performance.md's figures).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SymbolizeStats {
+    /// Samples symbolized.
+    pub samples: u64,
+    /// Addresses looked up in the cache.
+    pub lookups: u64,
+    /// Addresses resolved by blazesym (cache misses).
+    pub resolved: u64,
+    /// Addresses blazesym could not name.
+    pub unknown: u64,
+    /// Wall time spent symbolizing (llmprof's own CPU, not the target's).
+    pub time: Duration,
+}
+
+/// Turns raw sample records into symbolized samples; see the module doc.
+pub struct Symbolizer {
+    blaze: Blaze,
+    user: HashMap<(u32, u64), Frames>,
+    kernel: HashMap<u64, Frames>,
+    stats: SymbolizeStats,
+}
+
+impl std::fmt::Debug for Symbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Symbolizer").field("stats", &self.stats).finish()
+    }
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The address to look up for the `i`-th entry of a stack: the sampled instruction itself for the innermost
+/// one, the byte before the return address for the others (the call instruction: a call that ends a
+/// function returns into the next one).
+fn lookup_addr(i: usize, addr: u64) -> u64 {
+    if i == 0 { addr } else { addr.saturating_sub(1) }
+}
+
+fn frames_of(res: Symbolized<'_>, kind: FrameKind, default_module: &str, addr: u64) -> (Frames, bool) {
+    let Some(sym) = res.into_sym() else {
+        let f = Frame {
+            function: Arc::from(format!("{UNKNOWN} {addr:#x}")),
+            module: Arc::from(default_module),
+            file: None,
+            line: None,
+            kind,
+            rel_pc: addr,
+        };
+        return (Arc::from(vec![Arc::new(f)]), false);
+    };
+    let module: Arc<str> = match &sym.module {
+        Some(m) if kind != FrameKind::Kernel => Arc::from(m.to_string_lossy().as_ref()),
+        _ => Arc::from(default_module),
+    };
+    let kind = if kind == FrameKind::Native
+        && sym
+            .module
+            .as_ref()
+            .is_some_and(|m| m.to_string_lossy().contains("perf-"))
+    {
+        FrameKind::Jit
+    } else {
+        kind
+    };
+    let rel_pc = sym.addr + sym.offset as u64;
+    let loc = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| -> (Option<Arc<str>>, Option<u32>) {
+        match ci {
+            Some(c) => (Some(Arc::from(c.to_path().to_string_lossy().as_ref())), c.line),
+            None => (None, None),
+        }
+    };
+    let mut out = Vec::with_capacity(1 + sym.inlined.len());
+    // blazesym lists the functions inlined at this address outermost first, each with its own location.
+    let (file, line) = loc(sym.code_info.as_deref());
+    let outer = Frame {
+        function: Arc::from(sym.name.as_ref()),
+        module: module.clone(),
+        file,
+        line,
+        kind,
+        rel_pc,
+    };
+    let mut chain = Vec::with_capacity(sym.inlined.len());
+    for inl in sym.inlined.iter() {
+        let (file, line) = loc(inl.code_info.as_ref());
+        chain.push(Frame {
+            function: Arc::from(inl.name.as_ref()),
+            module: module.clone(),
+            file,
+            line,
+            kind,
+            rel_pc,
+        });
+    }
+    for f in chain.into_iter().rev() {
+        out.push(Arc::new(f));
+    }
+    out.push(Arc::new(outer));
+    (Arc::from(out), true)
+}
+
+impl Symbolizer {
+    /// A symbolizer with code locations, inlined functions and demangling on.
+    pub fn new() -> Self {
+        let blaze = Blaze::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Self {
+            blaze,
+            user: HashMap::new(),
+            kernel: HashMap::new(),
+            stats: SymbolizeStats::default(),
+        }
+    }
+
+    /// What was done so far.
+    pub fn stats(&self) -> SymbolizeStats {
+        self.stats
+    }
+
+    /// Drops the cache of an exited process (its addresses may be reused by the next one with its pid).
+    pub fn forget(&mut self, pid: u32) {
+        self.user.retain(|(p, _), _| *p != pid);
+    }
+
+    /// Symbolizes one sample record (kernel frames first, then user frames; innermost first).
+    pub fn sample(&mut self, e: &CpuSampleEvent) -> CpuSample {
+        let t0 = Instant::now();
+        let pid = e.hdr.pid;
+        let kaddrs: Vec<u64> = e
+            .kernel_stack()
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| lookup_addr(i, a))
+            .collect();
+        let uaddrs: Vec<u64> = e
+            .user_stack()
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| lookup_addr(i, a))
+            .collect();
+        self.resolve_kernel(&kaddrs);
+        self.resolve_user(pid, &uaddrs);
+        let mut frames = Vec::with_capacity(kaddrs.len() + uaddrs.len());
+        for a in &kaddrs {
+            if let Some(fs) = self.kernel.get(a) {
+                frames.extend(fs.iter().cloned());
+            }
+        }
+        for a in &uaddrs {
+            if let Some(fs) = self.user.get(&(pid, *a)) {
+                frames.extend(fs.iter().cloned());
+            }
+        }
+        self.stats.samples += 1;
+        self.stats.lookups += (kaddrs.len() + uaddrs.len()) as u64;
+        self.stats.time += t0.elapsed();
+        CpuSample {
+            cpu: e.hdr.cpu,
+            frames,
+            truncated: e.user_len as usize >= USER_STACK_MAX,
+        }
+    }
+
+    fn resolve_kernel(&mut self, addrs: &[u64]) {
+        let mut missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.kernel.contains_key(a))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let src = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            // kallsyms names every kernel function; a vmlinux with DWARF is rarely installed and slow to read.
+            vmlinux: MaybeDefault::None,
+            kaslr_offset: None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        let res = self.blaze.symbolize(&src, Input::AbsAddr(&missing));
+        for (a, f, ok) in convert(res, &missing, FrameKind::Kernel, KERNEL_MODULE) {
+            self.stats.resolved += 1;
+            self.stats.unknown += u64::from(!ok);
+            self.kernel.insert(a, f);
+        }
+    }
+
+    fn resolve_user(&mut self, pid: u32, addrs: &[u64]) {
+        let mut missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.user.contains_key(&(pid, *a)))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let Some(nz) = NonZeroU32::new(pid) else { return };
+        // Names from the ELF symbol tables (full demangled paths: `inference::quant::QMatrix::matmul_rows`);
+        // file, line and inlined functions from DWARF, where present (DWARF names are short: `matmul_rows`).
+        let mut proc = Process::new(Pid::Pid(nz));
+        proc.debug_syms = false;
+        let elf = self
+            .blaze
+            .symbolize(&Source::Process(proc.clone()), Input::AbsAddr(&missing));
+        proc.debug_syms = true;
+        let dwarf = self
+            .blaze
+            .symbolize(&Source::Process(proc), Input::AbsAddr(&missing));
+        let res = match (elf, dwarf) {
+            (Ok(e), Ok(d)) => Ok(e
+                .into_iter()
+                .zip(d)
+                .map(|(e, d)| match (e, d) {
+                    (Symbolized::Sym(mut e), Symbolized::Sym(d)) => {
+                        e.code_info = d.code_info;
+                        e.inlined = d.inlined;
+                        Symbolized::Sym(e)
+                    }
+                    (Symbolized::Unknown(_), d) => d,
+                    (e, Symbolized::Unknown(_)) => e,
+                })
+                .collect()),
+            (Ok(e), Err(err)) => {
+                // One unreadable debug section fails a whole DWARF batch: ELF names alone.
+                log::debug!("symbolize: pid {pid}: DWARF: {err}");
+                Ok(e)
+            }
+            (Err(_), d) => d,
+        };
+        for (a, f, ok) in convert(res, &missing, FrameKind::Native, UNKNOWN) {
+            self.stats.resolved += 1;
+            self.stats.unknown += u64::from(!ok);
+            self.user.insert((pid, a), f);
+        }
+    }
+}
+
+/// blazesym's answers for `addrs` as frames, with whether each was named.
+fn convert(
+    res: Result<Vec<Symbolized<'_>>, blazesym::Error>,
+    addrs: &[u64],
+    kind: FrameKind,
+    default_module: &str,
+) -> Vec<(u64, Frames, bool)> {
+    match res {
+        Ok(syms) => syms
+            .into_iter()
+            .zip(addrs)
+            .map(|(s, &a)| {
+                let (f, ok) = frames_of(s, kind, default_module, a);
+                (a, f, ok)
+            })
+            .collect(),
+        Err(err) => {
+            // The process exited, or its maps could not be read: every address stays unknown (and is not
+            // retried: the cache answers the next sample of it).
+            log::debug!("symbolize: {err}");
+            addrs
+                .iter()
+                .map(|&a| {
+                    let (f, ok) = frames_of(Symbolized::Unknown(Reason::Unmapped), kind, default_module, a);
+                    (a, f, ok)
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly")]
+mod tests {
+    use super::*;
+    use llmprof_abi::{EventHeader, EventKind, KERNEL_STACK_MAX};
+
+    #[inline(never)]
+    #[unsafe(no_mangle)]
+    extern "C" fn llmprof_symbolize_test_target() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn own_function_resolves_by_name_and_unknown_addresses_say_so() {
+        let mut user = [0u64; USER_STACK_MAX];
+        user[0] = llmprof_symbolize_test_target as *const () as u64 + 1;
+        user[1] = 0x10;
+        user[2] = libc::getpid as *const () as u64 + 1;
+        user[3] = Symbolizer::new as *const () as u64 + 1;
+        let e = CpuSampleEvent {
+            hdr: EventHeader {
+                kind: EventKind::CpuSample as u32,
+                cpu: 3,
+                ts_ns: 1,
+                pid: std::process::id(),
+                tid: std::process::id(),
+            },
+            user_len: 4,
+            kernel_len: 0,
+            user,
+            kernel: [0; KERNEL_STACK_MAX],
+        };
+        let mut s = Symbolizer::new();
+        let sample = s.sample(&e);
+        assert_eq!(sample.cpu, 3);
+        let leaf = sample.leaf().unwrap();
+        assert_eq!(&*leaf.function, "llmprof_symbolize_test_target", "{sample:?}");
+        assert!(leaf.module.contains("llmprof"), "{}", leaf.module);
+        assert!(sample.frames[1].function.starts_with(UNKNOWN));
+        // libc's getpid by its ELF name, and a Rust function by its full demangled path (not DWARF's short name).
+        assert!(
+            sample.frames[2].function.contains("getpid"),
+            "{:?}",
+            sample.frames[2]
+        );
+        assert!(sample.frames[2].module.contains("libc"), "{:?}", sample.frames[2]);
+        assert_eq!(&*sample.frames[3].function, "llmprof::symbolize::Symbolizer::new");
+        // The second time is a cache hit: same frames, nothing resolved again.
+        let resolved = s.stats().resolved;
+        assert_eq!(s.sample(&e).frames, sample.frames);
+        assert_eq!(s.stats().resolved, resolved);
+    }
+}
