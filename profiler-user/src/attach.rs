@@ -11,6 +11,19 @@
 //! split further, the order of side effects (probes live before the prelude, trace closed before detaching)
 //! would be spread over files.
 
+/// Writes a line to stderr, ignoring a closed stderr (a caller that stopped reading it must not make a
+/// session end abnormally: `eprintln!` panics on EPIPE).
+macro_rules! note {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr());
+    }};
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, IsTerminal, Write};
@@ -338,7 +351,7 @@ fn start_capture(
     // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
     let capture_content = opts.otel.capture_content && inputs.otel.is_some();
     if opts.otel.capture_content && inputs.otel.is_none() {
-        eprintln!(
+        note!(
             "warning: --capture-content needs an OTLP endpoint (text goes to spans only): not capturing text"
         );
     }
@@ -393,15 +406,16 @@ fn start_capture(
         } else {
             ""
         };
-        eprintln!(
+        note!(
             "warning: pid {} ({}) exports no llmprof probe points{later}: engine steps and requests will be missing; \
              syscalls, model files and egress are still traced",
-            opts.pid, infos[0].name
+            opts.pid,
+            infos[0].name
         );
     }
     // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
     for problem in capture.python().problems() {
-        eprintln!("warning: {problem}");
+        note!("warning: {problem}");
         inputs.gpu_markers.push(Event {
             ts_ns: boottime_ns(),
             pid: opts.pid,
@@ -452,7 +466,7 @@ fn start_scraper(
         Some((pid, url)) => match Scraper::spawn(pid, url, metrics_scrape::DEFAULT_INTERVAL, tx) {
             Ok(s) => Some(s),
             Err(e) => {
-                eprintln!("warning: cannot start the /metrics scraper: {e}");
+                note!("warning: cannot start the /metrics scraper: {e}");
                 None
             }
         },
@@ -462,7 +476,7 @@ fn start_scraper(
             } else {
                 ""
             };
-            eprintln!(
+            note!(
                 "warning: no Prometheus /metrics endpoint found for pid {} (pass --metrics-url){later}: no KV-cache/queue counters",
                 opts.pid
             );
@@ -584,7 +598,7 @@ impl<'a> Session<'a> {
         // Children forked between the /proc walk and the moment the targets entered the traced set.
         let late = session.tree.rescan(started.live_ns);
         session.join(late)?;
-        eprintln!(
+        note!(
             "llmprof: probes live after {:.1} ms; writing {}",
             session.attach_latency.as_secs_f64() * 1e3,
             opts.output.display()
@@ -778,12 +792,12 @@ impl<'a> Session<'a> {
             if let Some((pid, url)) = metrics_scrape::discover_in(&live, &mut self.metrics_tried) {
                 match Scraper::spawn(pid, url.clone(), metrics_scrape::DEFAULT_INTERVAL, tx.clone()) {
                     Ok(s) => {
-                        eprintln!("llmprof: scraping {url} (pid {pid})");
+                        note!("llmprof: scraping {url} (pid {pid})");
                         self.metrics_url = Some(url);
                         self.scraper = Some(s);
                         self.scraper_tx = None;
                     }
-                    Err(e) => eprintln!("warning: cannot start the /metrics scraper: {e}"),
+                    Err(e) => note!("warning: cannot start the /metrics scraper: {e}"),
                 }
             }
         }
@@ -828,7 +842,7 @@ impl<'a> Session<'a> {
     /// then [`Session::close`].
     fn finish(mut self, end_reason: &'static str) -> Result<AttachReport, AttachError> {
         if self.tty {
-            eprintln!();
+            note!();
         }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
         self.take_polled();
@@ -882,7 +896,7 @@ impl<'a> Session<'a> {
             && s.samples > 0
         {
             // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
-            eprintln!(
+            note!(
                 "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",
                 s.samples,
                 s.time.as_secs_f64() * 1e3,
@@ -910,7 +924,7 @@ impl<'a> Session<'a> {
         let trace_bytes = file.metadata().map(|m| m.len()).unwrap_or(trace_bytes_before);
         // Detach everything before reporting.
         if self.capture.cuda_links() > 0 {
-            eprintln!(
+            note!(
                 "llmprof: trace written; detaching {} CUDA driver probes (the kernel takes a while per probe)",
                 self.capture.cuda_links()
             );
@@ -945,7 +959,7 @@ fn check_budget(
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;
-            eprintln!(
+            note!(
                 "llmprof: overhead budget {}% exceeded (est. {overhead_pct:.1}% of the target's CPU): {}",
                 b.pct(),
                 d.change
@@ -955,7 +969,7 @@ fn check_budget(
         }
         Verdict::Exhausted { overhead_pct } => {
             let text = marker::budget_exhausted(b.pct(), overhead_pct);
-            eprintln!("llmprof: {text}");
+            note!("llmprof: {text}");
             EventBody::Marker { text }
         }
     };

@@ -23,7 +23,11 @@ use crate::stack::{CpuSample, Frame, FrameKind};
 /// Interning state of the callstack samples (iids start at 1: 0 means "not set" to the trace processor).
 #[derive(Debug, Default)]
 pub(super) struct Callstacks {
+    /// Function names (`InternedData.function_names`); the trace processor keeps each interned table apart,
+    /// so a string used both as a function name and as a path component is interned in both.
     strings: HashMap<Arc<str>, u64>,
+    /// Components of mapping paths (`InternedData.mapping_paths`).
+    path_parts: HashMap<Arc<str>, u64>,
     source_paths: HashMap<Arc<str>, u64>,
     mappings: HashMap<Arc<str>, u64>,
     frames: HashMap<Arc<Frame>, u64>,
@@ -65,7 +69,7 @@ impl Callstacks {
             .collect();
         let path_string_ids = parts
             .iter()
-            .map(|p| intern_str(&mut self.strings, p, &mut new.mapping_paths))
+            .map(|p| intern_str(&mut self.path_parts, p, &mut new.mapping_paths))
             .collect();
         let iid = self.mappings.len() as u64 + 1;
         self.mappings.insert(module.clone(), iid);
@@ -186,6 +190,37 @@ mod tests {
             frames,
             truncated: false,
         }))
+    }
+
+    #[test]
+    fn a_function_named_like_a_path_component_is_interned_as_a_function_name_too() {
+        // An unsymbolized frame is named after its module: "app" is a path component of "/bin/app" first.
+        let mut sink = TraceSink::new(Vec::new(), &[], None).unwrap();
+        sink.push(&event(7, 8, 10, sample(&["app", "bin"]))).unwrap();
+        let bytes = sink.finish(&SessionStats::default(), None).unwrap();
+        let trace = Trace::decode(bytes.as_slice()).unwrap();
+        let d = trace
+            .packet
+            .iter()
+            .find(|p| p.perf_sample.is_some())
+            .and_then(|p| p.interned_data.as_ref())
+            .unwrap();
+        let functions: HashMap<u64, &str> = d
+            .function_names
+            .iter()
+            .map(|n| (n.iid.unwrap(), n.name.as_deref().unwrap()))
+            .collect();
+        // Every frame's function name id resolves in the function-name table itself.
+        for f in &d.frames {
+            assert!(
+                functions.contains_key(&f.function_name_id.unwrap()),
+                "{f:?} in {functions:?}"
+            );
+        }
+        let mut names: Vec<&str> = functions.values().copied().collect();
+        names.sort_unstable();
+        assert_eq!(names, ["app", "bin"]);
+        assert_eq!(d.mapping_paths.len(), 2, "bin, app");
     }
 
     #[test]
