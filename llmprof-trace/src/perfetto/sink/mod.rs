@@ -264,12 +264,18 @@ impl<W: Write> TraceSink<W> {
         self.cuda.advance(ts, &mut self.cuda_out);
         self.write_cuda()?;
         self.count(ev.body.kind_name());
-        // A slow execve is timed from its entry, before the exec it performs: it does not fix the name.
+        // A slow execve is timed from its entry, before the exec it performs: it does not fix the name; nor do
+        // a context switch, a wakeup or a stack sample, which a just-forked process gets before its exec as
+        // much as after.
         if !self.unnamed.is_empty()
             && !matches!(
                 ev.body,
                 EventBody::ProcessStart { .. }
                     | EventBody::ProcessExec { .. }
+                    | EventBody::SchedSwitch(_)
+                    | EventBody::SchedWake(_)
+                    | EventBody::CpuSample(_)
+                    | EventBody::PyStack(_)
                     | EventBody::SlowSyscall {
                         nr: NR_EXECVE | NR_EXECVEAT,
                         ..

@@ -509,6 +509,16 @@ fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
                 dur_ns: 2 * MS,
             },
         ),
+        // A stack sample of the child before its exec: still the launcher's image, no name yet.
+        at(
+            3,
+            EXECS,
+            EventBody::CpuSample(Box::new(crate::stack::CpuSample {
+                cpu: 0,
+                frames: Vec::new(),
+                truncated: false,
+            })),
+        ),
         at(
             4,
             EXECS,
