@@ -18,6 +18,8 @@ pub fn test(args: &[String]) -> Result<()> {
     let root = repo_root();
     crate::model::fetch(false)?;
     crate::tools::setup()?;
+    // llama.cpp's OpenAI server and the OpenAI client for the wire-probe tests (tests/tests/wire_llama.rs).
+    crate::servers::setup()?;
     crate::ebpf::setup()?;
     crate::ebpf::build(true)?;
     run(Command::new("cargo")
