@@ -1,42 +1,15 @@
 //! `llmprof serve --tls-cert/--tls-key` (issue: hardening, item 5), against the real binary and curl: the API
 //! speaks HTTPS with the operator's certificate, still asks for the token, refuses plain HTTP on that port and
-//! keeps answering while a client sits in an unfinished handshake. The certificate is made by openssl.
+//! keeps answering while a client sits in an unfinished handshake. The certificate is made by openssl
+//! (`e2e::serve::Serve::spawn_tls`).
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use e2e::serve::{Serve, TOKEN};
 use e2e::{is_root, require};
-
-/// A self-signed certificate for 127.0.0.1 and localhost: (cert, key).
-fn self_signed(dir: &Path) -> (String, String) {
-    let cert = dir.join("cert.pem").display().to_string();
-    let key = dir.join("key.pem").display().to_string();
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ])
-        .args(["-days", "2", "-subj", "/CN=llmprof-test", "-addext"])
-        .arg("subjectAltName=IP:127.0.0.1,DNS:localhost")
-        .args(["-keyout", &key, "-out", &cert])
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (cert, key)
-}
 
 /// curl over HTTPS: (HTTP status, body); status 0 when the TLS connection itself failed.
 fn curl(port: u16, path: &str, ca: Option<&str>, token: Option<&str>) -> (u16, String) {
@@ -73,9 +46,9 @@ fn serve_speaks_https_with_the_operators_certificate() {
     }
     let dir = std::env::temp_dir().join(format!("llmprof-serve-tls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (cert, key) = self_signed(&dir);
-    let srv = Serve::spawn(&dir, &["--tls-cert", &cert, "--tls-key", &key]);
+    // A self-signed certificate for 127.0.0.1 made by openssl (`Serve::spawn_tls`).
+    let srv = Serve::spawn_tls(&dir, &[]);
+    let cert = srv.tls_cert.clone().expect("HTTPS").display().to_string();
 
     // A client that opens a connection and never starts its handshake holds up nobody.
     let mut stalled = TcpStream::connect(("127.0.0.1", srv.port)).expect("connect");
