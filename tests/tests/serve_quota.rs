@@ -10,9 +10,9 @@ use e2e::serve::{Serve, TOKEN, counter};
 use e2e::{is_root, require};
 use serde_json::Value;
 
-/// `--max-disk`: three to five traces of [`SESSION`] on the busy target (~210 KB each here: its ~1,000 context
-/// switches a second are in them as thread states).
-const QUOTA: u64 = 1 << 20;
+/// `--max-disk`: two to four traces of [`SESSION`] on the busy target (~210 KB each here: its ~1,000 context
+/// switches a second are in them as thread states), so that five never fit whatever the size in 150–300 KB.
+const QUOTA: u64 = 600 << 10;
 /// Sessions in a row.
 const SESSIONS: usize = 5;
 /// Each session's `llmprof_duration`.
@@ -57,7 +57,7 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
     std::fs::create_dir_all(&traces).expect("traces dir");
     // Left by an earlier run: an old trace (oldest of all) and a file that is not a trace.
     let old = traces.join("Old-20260101-000000-1.perfetto-trace");
-    std::fs::write(&old, vec![0u8; 600 << 10]).expect("old trace");
+    std::fs::write(&old, vec![0u8; 400 << 10]).expect("old trace");
     let notes = traces.join("notes.txt");
     std::fs::write(&notes, "not a trace").expect("notes");
     std::thread::sleep(Duration::from_millis(20));
