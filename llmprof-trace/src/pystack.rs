@@ -5,6 +5,10 @@
 //! the kernel's raw frames (code object address + instruction) into [`PyFrame`]s; the native stack sampler's
 //! sink calls [`merge_stacks`] with its own frame type.
 
+use std::sync::Arc;
+
+use crate::stack::{CpuSample, Frame, FrameKind};
+
 /// One resolved Python frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PyFrame {
@@ -119,6 +123,28 @@ pub fn merge_stacks<'a, N>(
     out
 }
 
+/// Splices a sample's Python frames into its native stack ([`merge_stacks`] with [`is_eval_symbol`]): each
+/// Python frame becomes an [`FrameKind::Interpreted`] frame (function, file as its module and source file,
+/// line), so a flame graph reads `h (burn.py) ← g ← f ← ...` where the interpreter's eval frames were.
+pub fn splice(sample: &mut CpuSample, py: &PyStackSample) {
+    if py.frames.is_empty() {
+        return;
+    }
+    let merged: Vec<Arc<Frame>> = merge_stacks(&sample.frames, |f| is_eval_symbol(&f.function), &py.frames)
+        .into_iter()
+        .map(|m| match m {
+            MergedFrame::Native(n) => n.clone(),
+            MergedFrame::Python(p) => {
+                let mut f = Frame::named(&p.function, &p.file, FrameKind::Interpreted);
+                f.file = Some(Arc::from(p.file.as_str()));
+                f.line = p.line;
+                Arc::new(f)
+            }
+        })
+        .collect();
+    sample.frames = merged;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +229,47 @@ mod tests {
             status: PyStackStatus::Complete,
         };
         assert_eq!(s.render(), "h (llama.py:7) ← g (llama.py:7)");
+    }
+
+    #[test]
+    fn splice_puts_interpreted_frames_where_the_eval_loop_was() {
+        let native = |n: &str| Arc::new(Frame::named(n, "/usr/lib/libpython3.11.so", FrameKind::Native));
+        let mut sample = CpuSample {
+            cpu: 0,
+            frames: vec![
+                native("PyLong_Add"),
+                native("_PyEval_EvalFrameDefault"),
+                native("main"),
+            ],
+            truncated: false,
+        };
+        let py = PyStackSample {
+            frames: vec![py("h", false), py("g", false), py("<module>", true)],
+            status: PyStackStatus::Complete,
+        };
+        splice(&mut sample, &py);
+        let got: Vec<(&str, FrameKind)> = sample.frames.iter().map(|f| (&*f.function, f.kind)).collect();
+        assert_eq!(
+            got,
+            [
+                ("PyLong_Add", FrameKind::Native),
+                ("h", FrameKind::Interpreted),
+                ("g", FrameKind::Interpreted),
+                ("<module>", FrameKind::Interpreted),
+                ("main", FrameKind::Native),
+            ]
+        );
+        assert_eq!(sample.frames[1].file.as_deref(), Some("/srv/llama.py"));
+        assert_eq!(sample.frames[1].line, Some(7));
+        // No Python frames: the sample is left as it was.
+        let before = sample.clone();
+        splice(
+            &mut sample,
+            &PyStackSample {
+                frames: Vec::new(),
+                status: PyStackStatus::NoThread,
+            },
+        );
+        assert_eq!(sample, before);
     }
 }

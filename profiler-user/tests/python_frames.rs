@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use llmprof::capture::{Capture, CaptureConfig};
 use llmprof_trace::event::EventBody;
-use llmprof_trace::names::{arg, slice, tp_arg};
+use llmprof_trace::names::slice;
 use llmprof_trace::pystack::{PyStackSample, PyStackStatus};
 
 /// Where pyenv keeps its Pythons on this machine (docs: DESIGN.md section 8).
@@ -359,7 +359,7 @@ fn attach(pid: u32, duration: &str, trace: &Path) -> std::process::Output {
 }
 
 #[test]
-fn attach_writes_python_samples_perfetto_loads() {
+fn attach_writes_python_frames_into_the_stack_samples_perfetto_loads() {
     let Some(py) = preconditions(11) else { return };
     if !e2e::require(
         e2e::trace_processor::available(),
@@ -373,33 +373,45 @@ fn attach_writes_python_samples_perfetto_loads() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    let q = |cond: &str| {
+    // The Python frames are spliced into the native stack samples (one timer, the same instant): a sample of
+    // the main thread holds the interpreted frames h ← g ← f as adjacent callsites.
+    let tid = target.pid();
+    let all = tp
+        .query_i64(&format!(
+            "select count(*) from perf_sample s join thread t using(utid) where t.tid = {tid}"
+        ))
+        .unwrap();
+    let chain = |inner: &str, outer: &str| {
         format!(
-            "select count(*) from slice s join thread_track tt on s.track_id = tt.id join thread t using(utid) \
-             where s.name = '{}' and t.tid = {} {cond}",
-            slice::PY_SAMPLE,
-            target.pid()
+            "with recursive anc(sid, cs) as ( \
+               select s.id, s.callsite_id from perf_sample s join thread t using(utid) where t.tid = {tid} \
+               union all \
+               select anc.sid, c.parent_id from anc join stack_profile_callsite c on c.id = anc.cs \
+                 where c.parent_id is not null) \
+             select count(distinct anc.sid) from anc \
+               join stack_profile_callsite c on c.id = anc.cs join stack_profile_frame f on f.id = c.frame_id \
+               join stack_profile_callsite p on p.id = c.parent_id join stack_profile_frame pf on pf.id = p.frame_id \
+             where f.name = '{inner}' and pf.name = '{outer}'"
         )
     };
-    let all = tp.query_i64(&q("")).unwrap();
-    let file = fixture().display().to_string();
-    let h_loop = marked("h-loop");
-    let in_h = tp
-        .query_i64(&q(&format!(
-            "and extract_arg(s.arg_set_id, '{}') = 'h' and extract_arg(s.arg_set_id, '{}') = 'g' \
-             and extract_arg(s.arg_set_id, '{}') = '{file}' and extract_arg(s.arg_set_id, '{}') in ({}, {})",
-            tp_arg(&format!("{}[0]", arg::PY_FUNCTIONS)),
-            tp_arg(&format!("{}[1]", arg::PY_FUNCTIONS)),
-            tp_arg(&format!("{}[0]", arg::PY_FILES)),
-            tp_arg(&format!("{}[0]", arg::PY_LINES)),
-            h_loop[0],
-            h_loop[h_loop.len() - 1],
-        )))
-        .unwrap();
+    let in_h = tp.query_i64(&chain("h", "g")).unwrap();
+    let g_in_f = tp.query_i64(&chain("g", "f")).unwrap();
     assert!(
         in_h >= MIN_SAMPLES as i64 && in_h * 10 >= all * 8,
-        "{in_h} of {all} python samples on the main thread are h ← g in burn.py's loop"
+        "{in_h} of {all} stack samples of the main thread hold h ← g"
     );
+    assert!(
+        g_in_f >= in_h,
+        "every h ← g sample also holds g ← f: {g_in_f} < {in_h}"
+    );
+    // Spliced samples leave no separate `python sample` instant behind.
+    let instants = tp
+        .query_i64(&format!(
+            "select count(*) from slice where name = '{}'",
+            slice::PY_SAMPLE
+        ))
+        .unwrap();
+    assert_eq!(instants, 0, "python samples are in the callstacks, not instants");
 }
 
 #[test]

@@ -826,7 +826,7 @@ impl Capture {
                 }
             } else if kind == Some(EventKind::PyStack) {
                 if let Some(ev) = self.python.decode(&item) {
-                    out.push(ev);
+                    splice_or_push(ev, out);
                 }
             } else if kind.is_some_and(http::is_http_kind) {
                 match http::decode(&item) {
@@ -1088,6 +1088,27 @@ where
         program: name.to_string(),
         source,
     })
+}
+
+/// How far back [`splice_or_push`] looks for the stack sample a Python stack belongs to: the sampler writes
+/// the two records back to back, so only records of other CPUs can come between them.
+const SPLICE_LOOKBACK: usize = 64;
+
+/// A Python stack written by the native sampler right after its own record of the same instant (same tid,
+/// same timestamp) is spliced into that sample's frames; one without such a sample (the stand-alone Python
+/// sampler) stays an event of its own.
+fn splice_or_push(ev: Event, out: &mut Vec<Event>) {
+    if let EventBody::PyStack(py) = &ev.body {
+        let start = out.len().saturating_sub(SPLICE_LOOKBACK);
+        if let Some(sample) = out[start..].iter_mut().rev().find_map(|e| match &mut e.body {
+            EventBody::CpuSample(s) if e.tid == ev.tid && e.ts_ns == ev.ts_ns => Some(s),
+            _ => None,
+        }) {
+            llmprof_trace::pystack::splice(sample, py);
+            return;
+        }
+    }
+    out.push(ev);
 }
 
 /// Puts `pids` in the `TRACED` map with `flags`.
