@@ -1135,6 +1135,11 @@ pub enum Knob {
     /// N > 1: the stack sampler keeps one sample in N per CPU (the budget's "halve the sample rate" step
     /// writes 2, then more); 0 or 1: every sample. [`u64::MAX`]: no sample is taken (sampling stopped).
     SampleEvery = 3,
+    /// Non-zero: every connection a traced process accepts is followed provisionally, whatever its listening
+    /// socket (a worker forked or spawned after attach, a unix socket behind a proxy): its first bytes decide
+    /// — an HTTP/1.x request line is followed, TLS and HTTP/2 are reported, anything else is dropped without a
+    /// record. Zero (`--http-port`): only the listening sockets user space wrote into `HTTP_LISTEN`.
+    HttpAcceptAll = 7,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

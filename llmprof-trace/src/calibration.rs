@@ -42,6 +42,12 @@ pub struct Calibration {
     /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
     /// `None` when not sampling or not measured.
     pub sample_ns: Option<f64>,
+    /// Extra ns per request the HTTP wire probe follows (head read, copy and record, and a small response),
+    /// measured on a socket pair followed vs not. `None` when not measured (`--no-http`).
+    pub http_request_ns: Option<f64>,
+    /// Extra ns per followed response write of a typical SSE chat chunk (~230 bytes through the in-kernel
+    /// scanner, and its record); what the wire probe costs per generated token. `None` when not measured.
+    pub http_sse_write_ns: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }

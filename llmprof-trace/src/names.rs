@@ -664,6 +664,10 @@ pub mod arg {
     pub const COST_NS_CUDA_CALL: &str = "cost_ns_cuda_call";
     /// Calibrated cost per thread-state record (sched_switch / sched_waking of a traced thread), ns.
     pub const COST_NS_SCHED_EVENT: &str = "cost_ns_sched_event";
+    /// Calibrated cost per request the wire probe follows (head read and a small response), ns.
+    pub const COST_NS_HTTP_REQUEST: &str = "cost_ns_http_request";
+    /// Calibrated cost per followed SSE write of a typical chat chunk, ns.
+    pub const COST_NS_HTTP_SSE_WRITE: &str = "cost_ns_http_sse_write";
     /// Syscalls per engine probe hit in the calibration.
     pub const SYSCALLS_PER_PROBE_HIT: &str = "syscalls_per_probe_hit";
     /// How the engine probe is entered.

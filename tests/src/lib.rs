@@ -13,6 +13,7 @@ pub mod engine;
 pub mod http;
 pub mod serve;
 pub mod trace_processor;
+pub mod wire;
 
 use std::io::Write;
 use std::path::PathBuf;

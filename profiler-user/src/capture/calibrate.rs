@@ -103,7 +103,8 @@ pub fn median_ns_per_call(rec: &RangeRecord, calls: u32) -> f64 {
     median_round(calls, || llmprof_probes::range(std::hint::black_box(rec)))
 }
 
-fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
+/// Median over [`ROUNDS`] of the mean ns per call of `f` in a round of `calls`.
+pub(super) fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
     let calls = calls.max(1);
     let mut rounds = [0f64; ROUNDS];
     for r in &mut rounds {
@@ -152,6 +153,8 @@ pub struct Raw {
     pub sched_hits_per_trip: f64,
     /// Syscall hits per traced round trip (its pipe reads and writes, the decoded class).
     pub syscalls_per_trip: f64,
+    /// The wire probe's costs; None when not measured.
+    pub http: Option<super::calibrate_http::HttpCost>,
 }
 
 impl Raw {
@@ -184,6 +187,8 @@ impl Raw {
                 _ => None,
             },
             sample_ns: None,
+            http_request_ns: self.http.map(|h| h.request_ns),
+            http_sse_write_ns: self.http.map(|h| h.sse_write_ns),
             took_ms,
         }
     }
@@ -213,6 +218,7 @@ pub(super) fn startup(
     range_probe_loaded: bool,
     cuda: bool,
     thread_states: bool,
+    http: bool,
     untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
@@ -253,6 +259,15 @@ pub(super) fn startup(
             crate::causes::one_line(&e)
         );
         raw.cuda_attached = None;
+    }
+    if http && measured.is_ok() {
+        match super::calibrate_http::measure(ebpf) {
+            Ok(c) => raw.http = Some(c),
+            Err(e) => log::warn!(
+                "calibrate: wire probe cost not measured: {}",
+                crate::causes::one_line(&e)
+            ),
+        }
     }
     // Undo in every case: this process leaves the map before anything else can fail.
     let untraced = set_traced(ebpf, me, false);
@@ -454,8 +469,14 @@ mod tests {
             pingpong_traced: Some(16_800.0),
             sched_hits_per_trip: 4.0,
             syscalls_per_trip: 4.0,
+            http: Some(super::super::calibrate_http::HttpCost {
+                request_ns: 2_000.0,
+                sse_write_ns: 1_300.0,
+            }),
         };
         let c = raw.into_calibration(30.0);
+        assert_eq!(c.http_request_ns, Some(2_000.0));
+        assert_eq!(c.http_sse_write_ns, Some(1_300.0));
         // 6800 ns more per round trip: its 4 pipe syscalls at the decoded cost (4 × 1500), the rest over
         // its 4 thread-state records.
         assert_eq!(c.sched_event_ns, Some(200.0));
