@@ -5,13 +5,69 @@
 //! big enough to matter). At load the ggml blocks are split into structure-of-arrays form (scales widened to
 //! f32, quants contiguous) so the kernels do no f16 conversion. Kernels dequantize each 32-element block in
 //! registers and FMA it with **f32** activations: activations are never quantized (8-bit activations change
-//! the default model's answer: docs/architecture.md, Decisions). AVX2+FMA kernels are chosen at run time
-//! (`is_x86_feature_detected!`), with a scalar fallback computing the same sums. Batched variants load a weight
+//! the default model's answer: docs/architecture.md, Decisions). AVX-512 (F/BW/VL, [`avx512`]) or AVX2+FMA kernels
+//! are chosen at run time (`is_x86_feature_detected!`, once: [`simd_level`]; `LLMSERVE_SIMD=avx2|scalar` caps
+//! the choice for comparisons), with a scalar fallback computing the same sums. Batched variants load a weight
 //! block once and use it for up to [`TOKEN_TILE`] tokens (prefill).
 //!
 //! Never allocates in the kernels; never spawns threads (the backend splits rows across its pool).
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use crate::gguf::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// The kernel family in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    /// Portable scalar code.
+    Scalar = 1,
+    /// AVX2 + FMA, 8 lanes.
+    Avx2 = 2,
+    /// AVX-512 F/BW/VL, 16 lanes.
+    Avx512 = 3,
+}
+
+/// The detected level (0: not yet detected).
+static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// Environment variable capping the kernel family (`avx2` or `scalar`), for side-by-side comparisons.
+pub const SIMD_ENV: &str = "LLMSERVE_SIMD";
+
+/// The best kernel family this CPU runs (detected once), capped by [`SIMD_ENV`].
+pub fn simd_level() -> SimdLevel {
+    match SIMD_LEVEL.load(Ordering::Relaxed) {
+        1 => SimdLevel::Scalar,
+        2 => SimdLevel::Avx2,
+        3 => SimdLevel::Avx512,
+        _ => {
+            let l = detect_simd();
+            SIMD_LEVEL.store(l as u8, Ordering::Relaxed);
+            l
+        }
+    }
+}
+
+fn detect_simd() -> SimdLevel {
+    let mut best = SimdLevel::Scalar;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd_available() {
+            best = SimdLevel::Avx2;
+        }
+        if best == SimdLevel::Avx2 && avx512::available() {
+            best = SimdLevel::Avx512;
+        }
+    }
+    let cap = match std::env::var(SIMD_ENV).as_deref() {
+        Ok("scalar") => SimdLevel::Scalar,
+        Ok("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    };
+    best.min(cap)
+}
 
 /// Elements per quantization block (ggml-common.h: QK4_0 = QK4_1 = QK8_0 = 32).
 pub const BLOCK: usize = 32;
@@ -307,13 +363,13 @@ impl QMatrix {
         let nrows = out.len() / n_tok;
         assert!(row0 + nrows <= self.rows);
         #[cfg(target_arch = "x86_64")]
-        {
-            if simd_available() {
-                // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above); the slices'
-                // bounds were checked by the asserts above and are re-checked by the kernel's indexing.
-                unsafe { avx2::matmul_rows(self, x, n_tok, row0, out) };
-                return;
-            }
+        match simd_level() {
+            // SAFETY: the CPU supports AVX-512 F/BW/VL (detected by `simd_level`); the kernel asserts bounds.
+            SimdLevel::Avx512 => return unsafe { avx512::matmul_rows(self, x, n_tok, row0, out) },
+            // SAFETY: the CPU supports AVX2 and FMA (detected by `simd_level`); the slices' bounds were checked
+            // by the asserts above and are re-checked by the kernel's indexing.
+            SimdLevel::Avx2 => return unsafe { avx2::matmul_rows(self, x, n_tok, row0, out) },
+            SimdLevel::Scalar => {}
         }
         self.matmul_rows_scalar(x, n_tok, row0, out);
     }
@@ -357,29 +413,30 @@ pub fn simd_available() -> bool {
     }
 }
 
-/// Dot product of two f32 slices (AVX2+FMA when available); used by attention.
+/// Dot product of two f32 slices (AVX-512 or AVX2+FMA when available); used by attention.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
-    {
-        if simd_available() {
-            // SAFETY: AVX2 and FMA are available (checked just above).
-            return unsafe { avx2::dot(a, b) };
-        }
+    match simd_level() {
+        // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
+        SimdLevel::Avx512 => return unsafe { avx512::dot(a, b) },
+        // SAFETY: AVX2 and FMA are available (detected by `simd_level`).
+        SimdLevel::Avx2 => return unsafe { avx2::dot(a, b) },
+        SimdLevel::Scalar => {}
     }
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// `y += a * x` (AVX2+FMA when available); used by attention.
+/// `y += a * x` (AVX-512 or AVX2+FMA when available); used by attention.
 pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());
     #[cfg(target_arch = "x86_64")]
-    {
-        if simd_available() {
-            // SAFETY: AVX2 and FMA are available (checked just above).
-            unsafe { avx2::axpy(a, x, y) };
-            return;
-        }
+    match simd_level() {
+        // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
+        SimdLevel::Avx512 => return unsafe { avx512::axpy(a, x, y) },
+        // SAFETY: AVX2 and FMA are available (detected by `simd_level`).
+        SimdLevel::Avx2 => return unsafe { avx2::axpy(a, x, y) },
+        SimdLevel::Scalar => {}
     }
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
@@ -756,6 +813,62 @@ mod tests {
                 assert_eq!(&part[..], &out[4 * n_tok..9 * n_tok]);
             }
         }
+    }
+
+    /// The AVX-512 and AVX2 kernels give the scalar kernel's sums (up to f32 summation order) on every tensor
+    /// type, token count (tiles of 1-4 and a remainder) and row range, with columns that are not a multiple of
+    /// 16 for the F32 tail.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_and_avx2_kernels_match_scalar() {
+        if !avx512::available() || !simd_available() {
+            eprintln!("skipped: this CPU lacks AVX-512 F/BW/VL or AVX2+FMA");
+            return;
+        }
+        for (ty, cols) in [
+            (GgmlType::F32, 200),
+            (GgmlType::F16, 96),
+            (GgmlType::Q8_0, 576),
+            (GgmlType::Q4_0, 576),
+            (GgmlType::Q4_1, 1536),
+        ] {
+            let rows = 19;
+            let w = pseudo_random(rows * cols, 11);
+            let bytes = quantize_ggml(ty, &w).expect("quantize");
+            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            for n_tok in [1, 2, 3, 4, 5, 9] {
+                let x = pseudo_random(n_tok * cols, 3 + n_tok as u32);
+                let (row0, nrows) = (2, 15);
+                let mut scalar = vec![0f32; nrows * n_tok];
+                let mut wide = vec![0f32; nrows * n_tok];
+                let mut narrow = vec![0f32; nrows * n_tok];
+                m.matmul_rows_scalar(&x, n_tok, row0, &mut scalar);
+                // SAFETY: AVX-512 F/BW/VL and AVX2+FMA were detected above.
+                unsafe {
+                    avx512::matmul_rows(&m, &x, n_tok, row0, &mut wide);
+                    avx2::matmul_rows(&m, &x, n_tok, row0, &mut narrow);
+                }
+                for (k, &s) in scalar.iter().enumerate() {
+                    let tol = 1e-5 * (1.0 + s.abs()) * (cols as f32).sqrt();
+                    assert!((wide[k] - s).abs() <= tol, "{ty:?} n_tok {n_tok} [{k}]: avx512 {} vs scalar {s}", wide[k]);
+                    assert!((narrow[k] - s).abs() <= tol, "{ty:?} n_tok {n_tok} [{k}]: avx2 {} vs scalar {s}", narrow[k]);
+                }
+            }
+        }
+        for n in [1, 15, 16, 17, 64, 100] {
+            let a = pseudo_random(n, 5);
+            let b = pseudo_random(n, 6);
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            // SAFETY: AVX-512 F/BW/VL were detected above.
+            let (got, mut y) = (unsafe { avx512::dot(&a, &b) }, b.clone());
+            assert!((got - want).abs() < 1e-5, "dot n {n}: {got} vs {want}");
+            // SAFETY: as above.
+            unsafe { avx512::axpy(0.25, &a, &mut y) };
+            for k in 0..n {
+                assert!((y[k] - (b[k] + 0.25 * a[k])).abs() < 1e-6, "axpy n {n} [{k}]");
+            }
+        }
+        assert_eq!(simd_level(), if std::env::var(SIMD_ENV).is_ok() { simd_level() } else { SimdLevel::Avx512 });
     }
 
     #[test]
