@@ -337,7 +337,15 @@ impl CpuBackend {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             rms_norm(x, &lw.attn_norm, c.rms_eps, xn);
-            matmul_multi(pool, &mut s.bounds, &mut s.tasks, &mut s.tmp, &[&lw.wq, &lw.wk, &lw.wv], xn, n);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.wq, &lw.wk, &lw.wv],
+                xn,
+                n,
+            );
             transpose_into(&s.tmp[..qd * n], qd, n, &mut s.q);
             transpose_into(&s.tmp[qd * n..(qd + kvd) * n], kvd, n, &mut s.k);
             transpose_into(&s.tmp[(qd + kvd) * n..(qd + 2 * kvd) * n], kvd, n, &mut s.v);
@@ -353,33 +361,41 @@ impl CpuBackend {
             let (kc, vc) = (&*kc, &*vc);
             let (q, tok) = (&s.q, &s.tok);
             pool.chunks_mut(&mut s.att[..n * qd], hd, |idx, out| {
-                    let (ti, h) = (idx / nh, idx % nh);
-                    let (item, pos) = tok[ti];
-                    let table = batch[item].block_table;
-                    let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
-                    let koff = (h / group) * hd;
-                    // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
-                    // no score buffer, each K/V slot read once.
-                    out.fill(0.0);
-                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                    for p in 0..=pos {
-                        let slot = table[p / bs] as usize * bs + p % bs;
-                        let base = slot * kvd + koff;
-                        let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
-                        if sc > max {
-                            let r = (max - sc).exp();
-                            sum *= r;
-                            out.iter_mut().for_each(|o| *o *= r);
-                            max = sc;
-                        }
-                        let w = (sc - max).exp();
-                        sum += w;
-                        quant::axpy(w, &vc[base..base + hd], out);
+                let (ti, h) = (idx / nh, idx % nh);
+                let (item, pos) = tok[ti];
+                let table = batch[item].block_table;
+                let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
+                let koff = (h / group) * hd;
+                // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
+                // no score buffer, each K/V slot read once.
+                out.fill(0.0);
+                let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for p in 0..=pos {
+                    let slot = table[p / bs] as usize * bs + p % bs;
+                    let base = slot * kvd + koff;
+                    let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
+                    if sc > max {
+                        let r = (max - sc).exp();
+                        sum *= r;
+                        out.iter_mut().for_each(|o| *o *= r);
+                        max = sc;
                     }
-                    let inv = 1.0 / sum;
-                    out.iter_mut().for_each(|o| *o *= inv);
-                });
-            matmul_multi(pool, &mut s.bounds, &mut s.tasks, &mut s.tmp, &[&lw.wo], &s.att[..n * qd], n);
+                    let w = (sc - max).exp();
+                    sum += w;
+                    quant::axpy(w, &vc[base..base + hd], out);
+                }
+                let inv = 1.0 / sum;
+                out.iter_mut().for_each(|o| *o *= inv);
+            });
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.wo],
+                &s.att[..n * qd],
+                n,
+            );
             transpose_into(&s.tmp[..dim * n], dim, n, xn);
             for (a, b) in x.iter_mut().zip(xn.iter()) {
                 *a += b;
@@ -387,13 +403,29 @@ impl CpuBackend {
 
             // Feed-forward block.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
-            matmul_multi(pool, &mut s.bounds, &mut s.tasks, &mut s.tmp, &[&lw.w_gate, &lw.w_up], xn, n);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.w_gate, &lw.w_up],
+                xn,
+                n,
+            );
             transpose_into(&s.tmp[..ffn * n], ffn, n, &mut s.gate);
             transpose_into(&s.tmp[ffn * n..2 * ffn * n], ffn, n, &mut s.up);
             for (g, u) in s.gate[..n * ffn].iter_mut().zip(&s.up[..n * ffn]) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            matmul_multi(pool, &mut s.bounds, &mut s.tasks, &mut s.tmp, &[&lw.w_down], &s.gate[..n * ffn], n);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.w_down],
+                &s.gate[..n * ffn],
+                n,
+            );
             transpose_into(&s.tmp[..dim * n], dim, n, xn);
             for (a, b) in x.iter_mut().zip(xn.iter()) {
                 *a += b;
@@ -413,7 +445,15 @@ impl CpuBackend {
         let head = w.lm_head();
         let vocab = head.rows();
         grow(&mut s.tmp, vocab * nl);
-        matmul_multi(pool, &mut s.bounds, &mut s.tasks, &mut s.tmp, &[head], &s.q[..nl * dim], nl);
+        matmul_multi(
+            pool,
+            &mut s.bounds,
+            &mut s.tasks,
+            &mut s.tmp,
+            &[head],
+            &s.q[..nl * dim],
+            nl,
+        );
         (0..nl)
             .map(|j| (0..vocab).map(|r| s.tmp[r * nl + j]).collect())
             .collect()

@@ -190,10 +190,7 @@ impl ComputePool {
         // SAFETY: the previous job is closed with no worker inside (the previous `run` waited for that), so no
         // worker reads `job` or `waiter` now, and `&mut self` makes this the only publisher.
         unsafe {
-            *s.job.get() = Job {
-                f: f_static,
-                n_tasks,
-            };
+            *s.job.get() = Job { f: f_static, n_tasks };
             let w = &mut *s.waiter.get();
             if w.as_ref().is_none_or(|t| t.id() != std::thread::current().id()) {
                 *w = Some(std::thread::current());
@@ -235,7 +232,12 @@ impl ComputePool {
 
     /// Runs `f(i, &mut data[bounds[i]..bounds[i + 1]])` for every segment on the pool. Panics unless `bounds`
     /// is non-decreasing and ends within `data`.
-    pub fn segments_mut<T: Send>(&mut self, data: &mut [T], bounds: &[usize], f: impl Fn(usize, &mut [T]) + Sync) {
+    pub fn segments_mut<T: Send>(
+        &mut self,
+        data: &mut [T],
+        bounds: &[usize],
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
         assert!(
             bounds.windows(2).all(|w| w[0] <= w[1]) && bounds.last().is_none_or(|&e| e <= data.len()),
             "segment bounds must be non-decreasing and within the data"

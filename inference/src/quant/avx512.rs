@@ -71,7 +71,14 @@ macro_rules! tile_rows {
     clippy::needless_range_loop,
     reason = "indexing by a const-bounded token keeps accumulators in registers"
 )]
-unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: usize, out: &mut [f32]) {
+unsafe fn tile<const NT: usize>(
+    m: &QMatrix,
+    x: &[f32],
+    n_tok: usize,
+    t0: usize,
+    row0: usize,
+    out: &mut [f32],
+) {
     let c = m.cols;
     let nb = c / BLOCK;
     let nrows = out.len() / n_tok;
@@ -194,7 +201,13 @@ pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut k = 0;
     while k + 16 <= n {
         // SAFETY: `k + 16 <= n` and both slices hold at least `n` f32.
-        acc = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(k)), _mm512_loadu_ps(b.as_ptr().add(k)), acc) };
+        acc = unsafe {
+            _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.as_ptr().add(k)),
+                _mm512_loadu_ps(b.as_ptr().add(k)),
+                acc,
+            )
+        };
         k += 16;
     }
     if k < n {
@@ -224,7 +237,11 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     while k + 16 <= n {
         // SAFETY: `k + 16 <= n`, within both slices; unaligned load/store.
         unsafe {
-            let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(x.as_ptr().add(k)), _mm512_loadu_ps(y.as_ptr().add(k)));
+            let r = _mm512_fmadd_ps(
+                av,
+                _mm512_loadu_ps(x.as_ptr().add(k)),
+                _mm512_loadu_ps(y.as_ptr().add(k)),
+            );
             _mm512_storeu_ps(y.as_mut_ptr().add(k), r);
         }
         k += 16;

@@ -76,7 +76,15 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
     );
     println!(
         "{:>5} {:>5} {:>24} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "conc", "reqs", "decode tok/s", "per-req t/s", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95", "vcsw/token"
+        "conc",
+        "reqs",
+        "decode tok/s",
+        "per-req t/s",
+        "TTFT p50",
+        "TTFT p95",
+        "ITL p50",
+        "ITL p95",
+        "vcsw/token"
     );
     let mut med_tps = Vec::new();
     for (k, rs) in rows.iter().enumerate() {
@@ -109,7 +117,12 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
         let per_round: Vec<f64> = rows
             .iter()
             .find(|rs| rs.first().is_some_and(|r| r.concurrency == 1))
-            .map(|rs| rs.iter().zip(&reference).map(|(r, l)| r.tokens_per_s / l).collect())
+            .map(|rs| {
+                rs.iter()
+                    .zip(&reference)
+                    .map(|(r, l)| r.tokens_per_s / l)
+                    .collect()
+            })
             .unwrap_or_default();
         let (t, lo, hi) = median_range(&mut reference.clone());
         println!(
