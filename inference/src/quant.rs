@@ -609,7 +609,7 @@ mod tests {
             let w = pseudo_random(rows * cols, 11);
             let bytes = quantize_ggml(ty, &w).expect("quantize");
             let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
-            for n_tok in [1, 2, 3, 4, 5, 9] {
+            for n_tok in [1, 2, 3, 4, 5, 7, 8, 9, 13, 17] {
                 let x = pseudo_random(n_tok * cols, 3 + n_tok as u32);
                 let (row0, nrows) = (2, 15);
                 let mut scalar = vec![0f32; nrows * n_tok];
