@@ -14,7 +14,7 @@
 //!
 //! Replaces rayon here: rayon's idle workers call `sched_yield` in a loop before sleeping (~26,000 calls in 9 s of
 //! decode, issue 16) and its `join` tree costs more hand-offs than one flat loop per matrix group. Never nests
-//! (a task must not call [`ComputePool::run`]; it would run inline) and never blocks on anything but its tasks.
+//! (`run` takes `&mut self`, so a task cannot start another job) and never blocks on anything but its tasks.
 
 use std::cell::UnsafeCell;
 use std::sync::Arc;
@@ -357,8 +357,9 @@ mod tests {
         let mut pool = ComputePool::new(2, "test-pool").expect("pool");
         pool.run(4, &|_| {});
         // Once the spin budget has passed, the worker is parked: it counted the park before sleeping.
-        let parked = (0..1000).any(|_| {
-            std::thread::sleep(SPIN);
+        // (Up to 20 s for the worker to be scheduled at all on a loaded machine; normally the first check.)
+        let parked = (0..20_000).any(|_| {
+            std::thread::sleep(Duration::from_millis(1));
             pool.stats().parks >= 1
         });
         assert!(parked, "an idle worker never parked: {:?}", pool.stats());
