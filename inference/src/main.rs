@@ -110,6 +110,11 @@ async fn serve(args: &Args, state: Arc<AppState>) -> Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr().context("reading the bound address")?;
+    // Handlers before the address is announced: a SIGTERM sent as soon as the server answers must find them.
+    let signals = (
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
+    );
     println!("listening on http://{addr}");
     let app = api::router(state);
     let (tx, mut rx) = tokio::sync::watch::channel(false);
@@ -119,7 +124,7 @@ async fn serve(args: &Args, state: Arc<AppState>) -> Result<()> {
     let mut server = std::pin::pin!(server.into_future());
     tokio::select! {
         r = &mut server => return r.context("serving"),
-        _ = shutdown_signal() => {}
+        _ = shutdown_signal(signals) => {}
     }
     eprintln!(
         "llmserve: shutting down (up to {}s for in-flight responses)",
@@ -132,11 +137,13 @@ async fn serve(args: &Args, state: Arc<AppState>) -> Result<()> {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
+async fn shutdown_signal(
+    signals: (
+        std::io::Result<tokio::signal::unix::Signal>,
+        std::io::Result<tokio::signal::unix::Signal>,
+    ),
+) {
+    match signals {
         (Ok(mut t), Ok(mut i)) => {
             tokio::select! {
                 _ = t.recv() => {}

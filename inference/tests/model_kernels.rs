@@ -1,10 +1,10 @@
 //! Kernel throughput measurement (ignored; release): quantized matmul rows per second for the default model's
-//! shapes, single thread. `cargo test --release -p inference --test model_kernels -- --ignored --nocapture`
+//! shapes, single thread, with the kernel family this CPU selects (`LLMSERVE_SIMD=avx2` caps it). `cargo test --release -p inference --test model_kernels -- --ignored --nocapture`
 
 use std::time::Instant;
 
 use inference::gguf::GgmlType;
-use inference::quant::{QMatrix, quantize_ggml};
+use inference::quant::{QMatrix, quantize_ggml, simd_level};
 
 /// Nanoseconds this thread has run on a CPU (first field of /proc/thread-self/schedstat).
 fn thread_cpu_ns() -> u64 {
@@ -17,6 +17,8 @@ fn thread_cpu_ns() -> u64 {
 #[test]
 #[ignore = "speed measurement; run in release with --ignored --nocapture"]
 fn model_kernel_speed() {
+    // `LLMSERVE_SIMD=avx2` (or `scalar`) caps the kernel family for a side-by-side comparison.
+    println!("kernels: {:?}", simd_level());
     let (rows, cols) = (1536, 576);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)

@@ -4,15 +4,15 @@
 //! head_dim` floats) and the compute: RMSNorm, Q/K/V projections, RoPE (llama.cpp NORM mode: adjacent pairs;
 //! GGUF converters permute Q/K rows for it), causal GQA attention that reads K/V through each sequence's block
 //! table, output projection, SiLU-gated FFN, final norm and LM head. All tokens of a step go through each weight
-//! matrix together (batched kernels, see [`crate::quant`]); matrices are split by output rows across a rayon
-//! pool of `threads` threads, and attention is split by (token, head). Scratch buffers are reused across steps
+//! matrix together (batched kernels, see [`crate::quant`]); matrices are split by output rows across the
+//! compute pool of `threads` threads ([`super::pool`]: spins briefly, then parks), and attention is split by
+//! (token, head). Scratch buffers are reused across steps
 //! (no per-token allocation of activations). The device interval of a step is the host compute interval
 //! (CLOCK_BOOTTIME). Never blocks on anything but its own compute.
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
+use super::pool::{ComputePool, PoolStats};
 use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
 use crate::model::{Model, ModelConfig};
 use crate::quant::{self, QMatrix};
@@ -20,6 +20,10 @@ use crate::quant::{self, QMatrix};
 /// Row-split granularity: each matrix product is cut into about this many tasks per thread, so work stealing
 /// evens out threads slowed by other processes.
 const TASKS_PER_THREAD: usize = 3;
+
+/// Attention with fewer multiply-adds than this (per step, Q·K over every cached position) runs on the calling
+/// thread: below it the pool's hand-off costs more than splitting saves (~30 µs of AVX-512 work).
+const INLINE_ATTENTION_MACS: usize = 1 << 18;
 
 /// Fewest rows in one matmul task (smaller tasks cost more in scheduling than they save).
 const MIN_TASK_ROWS: usize = 16;
@@ -30,7 +34,7 @@ pub struct CpuBackend {
     num_blocks: usize,
     block_size: usize,
     threads: usize,
-    pool: Arc<rayon::ThreadPool>,
+    pool: ComputePool,
     /// Per layer: K cache, `[slot][kv_dim]` with slot = block × block_size + offset.
     k_cache: Vec<Vec<f32>>,
     /// Per layer: V cache, same layout.
@@ -67,6 +71,9 @@ struct Scratch {
     tok: Vec<(usize, usize)>,
     /// Rows of `x` whose logits are wanted.
     logit_rows: Vec<usize>,
+    /// Matmul task list: output bounds (in `tmp`) and, per task, (matrix index, first row).
+    bounds: Vec<usize>,
+    tasks: Vec<(usize, usize)>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -101,11 +108,7 @@ impl CpuBackend {
         } else {
             threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("llmserve-cpu-{i}"))
-            .build()
-            .map(Arc::new)
+        let pool = ComputePool::new(threads, "llmserve-cpu")
             .map_err(|e| BackendError::Device(format!("cannot start {threads} compute threads: {e}")))?;
         let c = &model.config;
         let per_layer = num_blocks
@@ -148,6 +151,11 @@ impl CpuBackend {
         self.threads
     }
 
+    /// The compute pool's counters (jobs run, parks).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
     /// Bytes of KV-cache memory.
     pub fn kv_cache_bytes(&self) -> usize {
         self.k_cache
@@ -162,30 +170,41 @@ impl CpuBackend {
     }
 }
 
-/// Computes `W_i · x` for every matrix of `mats` over `n_tok` tokens in parallel, writing each result
-/// `[rows_i][n_tok]` consecutively into `tmp`.
-fn matmul_multi(threads: usize, mats: &[&QMatrix], x: &[f32], n_tok: usize, tmp: &mut [f32]) {
+/// Computes `W_i · x` for every matrix of `mats` over `n_tok` tokens on the pool, writing each result
+/// `[rows_i][n_tok]` consecutively into `tmp`: one flat loop over tasks of about `total rows / (threads ×
+/// TASKS_PER_THREAD)` rows (one hand-off per matrix group).
+fn matmul_multi(
+    pool: &mut ComputePool,
+    bounds: &mut Vec<usize>,
+    tasks: &mut Vec<(usize, usize)>,
+    tmp: &mut [f32],
+    mats: &[&QMatrix],
+    x: &[f32],
+    n_tok: usize,
+) {
     let total: usize = mats.iter().map(|m| m.rows()).sum();
-    let chunk = total.div_ceil(threads * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
-    matmul_split(chunk, mats, x, n_tok, tmp);
-}
-
-/// The matrices of `mats` side by side (rayon `join`, no allocation), each cut into tasks of `chunk` rows.
-fn matmul_split(chunk: usize, mats: &[&QMatrix], x: &[f32], n_tok: usize, tmp: &mut [f32]) {
-    let Some((m, rest)) = mats.split_first() else {
-        return;
-    };
-    let (seg, tail) = tmp.split_at_mut(m.rows() * n_tok);
-    let mut run = move || {
-        seg.par_chunks_mut(chunk * n_tok)
-            .enumerate()
-            .for_each(|(j, out)| m.matmul_rows(x, n_tok, j * chunk, out))
-    };
-    if rest.is_empty() {
-        run();
-    } else {
-        rayon::join(run, || matmul_split(chunk, rest, x, n_tok, tail));
+    let chunk = total
+        .div_ceil(pool.threads() * TASKS_PER_THREAD)
+        .max(MIN_TASK_ROWS);
+    bounds.clear();
+    tasks.clear();
+    let mut off = 0;
+    bounds.push(0);
+    for (mi, m) in mats.iter().enumerate() {
+        let mut r = 0;
+        while r < m.rows() {
+            let nr = chunk.min(m.rows() - r);
+            tasks.push((mi, r));
+            off += nr * n_tok;
+            bounds.push(off);
+            r += nr;
+        }
     }
+    let tasks = &*tasks;
+    pool.segments_mut(&mut tmp[..off], bounds, |i, out| {
+        let (mi, row0) = tasks[i];
+        mats[mi].matmul_rows(x, n_tok, row0, out);
+    });
 }
 
 /// `src` is `[rows][n_tok]`; writes `dst[t * rows + r]`.
@@ -249,8 +268,7 @@ impl Backend for CpuBackend {
                 device_end_ns: end,
             });
         }
-        let pool = Arc::clone(&self.pool);
-        let logits = pool.install(|| self.forward_inner(batch));
+        let logits = self.forward_inner(batch);
         let end = llmprof_probes::boottime_ns();
         Ok(StepOutput {
             logits,
@@ -274,7 +292,7 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// The forward pass proper (runs inside the pool so nested parallel loops are cheap).
+    /// The forward pass proper.
     fn forward_inner(&mut self, batch: &[BatchItem<'_>]) -> Vec<Vec<f32>> {
         let model = Arc::clone(&self.model);
         let c = &model.config;
@@ -282,7 +300,7 @@ impl CpuBackend {
         let (dim, hd, nh, nkv) = (c.dim, c.head_dim, c.n_heads, c.n_kv_heads);
         let (qd, kvd, ffn) = (nh * hd, c.kv_dim(), c.ffn_dim);
         let n: usize = batch.iter().map(|b| b.tokens.len()).sum();
-        let threads = self.threads;
+        let pool = &mut self.pool;
         let bs = self.block_size;
         let s = &mut self.scratch;
         s.tok.clear();
@@ -323,7 +341,15 @@ impl CpuBackend {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             rms_norm(x, &lw.attn_norm, c.rms_eps, xn);
-            matmul_multi(threads, &[&lw.wq, &lw.wk, &lw.wv], xn, n, &mut s.tmp);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.wq, &lw.wk, &lw.wv],
+                xn,
+                n,
+            );
             transpose_into(&s.tmp[..qd * n], qd, n, &mut s.q);
             transpose_into(&s.tmp[qd * n..(qd + kvd) * n], kvd, n, &mut s.k);
             transpose_into(&s.tmp[(qd + kvd) * n..(qd + 2 * kvd) * n], kvd, n, &mut s.v);
@@ -338,37 +364,52 @@ impl CpuBackend {
             }
             let (kc, vc) = (&*kc, &*vc);
             let (q, tok) = (&s.q, &s.tok);
-            s.att[..n * qd]
-                .par_chunks_mut(hd)
-                .enumerate()
-                .for_each(|(idx, out)| {
-                    let (ti, h) = (idx / nh, idx % nh);
-                    let (item, pos) = tok[ti];
-                    let table = batch[item].block_table;
-                    let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
-                    let koff = (h / group) * hd;
-                    // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
-                    // no score buffer, each K/V slot read once.
-                    out.fill(0.0);
-                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                    for p in 0..=pos {
-                        let slot = table[p / bs] as usize * bs + p % bs;
-                        let base = slot * kvd + koff;
-                        let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
-                        if sc > max {
-                            let r = (max - sc).exp();
-                            sum *= r;
-                            out.iter_mut().for_each(|o| *o *= r);
-                            max = sc;
-                        }
-                        let w = (sc - max).exp();
-                        sum += w;
-                        quant::axpy(w, &vc[base..base + hd], out);
+            let attend = |idx: usize, out: &mut [f32]| {
+                let (ti, h) = (idx / nh, idx % nh);
+                let (item, pos) = tok[ti];
+                let table = batch[item].block_table;
+                let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
+                let koff = (h / group) * hd;
+                // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
+                // no score buffer, each K/V slot read once.
+                out.fill(0.0);
+                let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for p in 0..=pos {
+                    let slot = table[p / bs] as usize * bs + p % bs;
+                    let base = slot * kvd + koff;
+                    let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
+                    if sc > max {
+                        let r = (max - sc).exp();
+                        sum *= r;
+                        out.iter_mut().for_each(|o| *o *= r);
+                        max = sc;
                     }
-                    let inv = 1.0 / sum;
-                    out.iter_mut().for_each(|o| *o *= inv);
-                });
-            matmul_multi(threads, &[&lw.wo], &s.att[..n * qd], n, &mut s.tmp);
+                    let w = (sc - max).exp();
+                    sum += w;
+                    quant::axpy(w, &vc[base..base + hd], out);
+                }
+                let inv = 1.0 / sum;
+                out.iter_mut().for_each(|o| *o *= inv);
+            };
+            // Decode attention over a short context is a few µs: a hand-off would cost more than it saves.
+            let work: usize = tok.iter().map(|&(_, pos)| (pos + 1) * qd).sum();
+            if work < INLINE_ATTENTION_MACS {
+                s.att[..n * qd]
+                    .chunks_mut(hd)
+                    .enumerate()
+                    .for_each(|(i, o)| attend(i, o));
+            } else {
+                pool.chunks_mut(&mut s.att[..n * qd], hd, attend);
+            }
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.wo],
+                &s.att[..n * qd],
+                n,
+            );
             transpose_into(&s.tmp[..dim * n], dim, n, xn);
             for (a, b) in x.iter_mut().zip(xn.iter()) {
                 *a += b;
@@ -376,13 +417,29 @@ impl CpuBackend {
 
             // Feed-forward block.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
-            matmul_multi(threads, &[&lw.w_gate, &lw.w_up], xn, n, &mut s.tmp);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.w_gate, &lw.w_up],
+                xn,
+                n,
+            );
             transpose_into(&s.tmp[..ffn * n], ffn, n, &mut s.gate);
             transpose_into(&s.tmp[ffn * n..2 * ffn * n], ffn, n, &mut s.up);
             for (g, u) in s.gate[..n * ffn].iter_mut().zip(&s.up[..n * ffn]) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
-            matmul_multi(threads, &[&lw.w_down], &s.gate[..n * ffn], n, &mut s.tmp);
+            matmul_multi(
+                pool,
+                &mut s.bounds,
+                &mut s.tasks,
+                &mut s.tmp,
+                &[&lw.w_down],
+                &s.gate[..n * ffn],
+                n,
+            );
             transpose_into(&s.tmp[..dim * n], dim, n, xn);
             for (a, b) in x.iter_mut().zip(xn.iter()) {
                 *a += b;
@@ -402,7 +459,15 @@ impl CpuBackend {
         let head = w.lm_head();
         let vocab = head.rows();
         grow(&mut s.tmp, vocab * nl);
-        matmul_multi(threads, &[head], &s.q[..nl * dim], nl, &mut s.tmp);
+        matmul_multi(
+            pool,
+            &mut s.bounds,
+            &mut s.tasks,
+            &mut s.tmp,
+            &[head],
+            &s.q[..nl * dim],
+            nl,
+        );
         (0..nl)
             .map(|j| (0..vocab).map(|r| s.tmp[r * nl + j]).collect())
             .collect()

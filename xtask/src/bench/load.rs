@@ -35,6 +35,9 @@ pub struct EngineArgs {
     /// Client concurrency levels: engine runs each (default 1,8,32), attach and serve the first (default 8).
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
     pub levels: Option<Vec<usize>>,
+    /// Rounds of `bench engine` (each runs every level and the llama.cpp reference once, interleaved).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub rounds: usize,
 }
 
 /// The machine's cores, the engine's default thread count.

@@ -32,6 +32,7 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
         threads: o.threads,
         max_tokens: o.max_tokens,
         levels: Some(o.levels.clone().unwrap_or_else(|| vec![CONCURRENCY])),
+        rounds: o.rounds,
     };
     let AbSetup {
         release,
