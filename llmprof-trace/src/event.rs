@@ -182,6 +182,9 @@ pub enum EventBody {
     SchedWake(Box<SchedWake>),
     /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::stack`]).
     CpuSample(Box<CpuSample>),
+    /// The stack of a traced thread blocking at a context switch (it follows that `SchedSwitch`, same time
+    /// and thread; [`crate::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
+    OffCpuStack(Box<CpuSample>),
 }
 
 impl EventBody {
@@ -213,6 +216,7 @@ impl EventBody {
             Self::SchedSwitch(_) => "sched_switch",
             Self::SchedWake(_) => "sched_wake",
             Self::CpuSample(_) => "cpu_sample",
+            Self::OffCpuStack(_) => "offcpu_stack",
         }
     }
 }

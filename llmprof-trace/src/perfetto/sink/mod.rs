@@ -275,6 +275,7 @@ impl<W: Write> TraceSink<W> {
                     | EventBody::SchedSwitch(_)
                     | EventBody::SchedWake(_)
                     | EventBody::CpuSample(_)
+                    | EventBody::OffCpuStack(_)
                     | EventBody::PyStack(_)
                     | EventBody::SlowSyscall {
                         nr: NR_EXECVE | NR_EXECVEAT,
@@ -318,6 +319,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
             EventBody::SchedWake(w) => self.sched_wake(ev, w),
             EventBody::CpuSample(s) => self.cpu_sample(ev, s),
+            EventBody::OffCpuStack(s) => self.offcpu_stack(ev, s),
         }
     }
 
