@@ -293,6 +293,10 @@ pub struct OverheadSummary {
     pub size_limit: Option<u64>,
     /// Events not written because the size limit was reached.
     pub events_not_written: u64,
+    /// Stacks (on-CPU samples and off-CPU stacks) llmprof symbolized.
+    pub symbolized_stacks: u64,
+    /// llmprof's time symbolizing them (blazesym, in llmprof's own thread), ns.
+    pub symbolize_ns: f64,
 }
 
 /// Values scraped from the engine's Prometheus endpoint.

@@ -80,4 +80,3 @@ pub fn start_server(python: &Path, port: u16) -> Server {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
-

@@ -17,9 +17,10 @@ use e2e::{bin_path, default_model, is_root, require, servers_python, trace_proce
 /// Streamed requests the client sends (each up to the client's default 24 tokens).
 const REQUESTS: usize = 6;
 
-/// Python functions of llama-cpp-python's generation loop (`llama_cpp/llama.py`).
-const PY_FUNCTIONS: &str = "'generate', 'eval', '_create_completion', 'create_completion', \
-                            'create_chat_completion', '__call__'";
+/// Python functions of llama-cpp-python's generation loop (`llama_cpp/llama.py`), by qualified name as
+/// llmprof names Python frames.
+const PY_FUNCTIONS: &str = "'Llama.generate', 'Llama.eval', 'Llama._create_completion', \
+                            'Llama.create_completion', 'Llama.create_chat_completion'";
 
 #[test]
 fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
@@ -91,13 +92,14 @@ fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
            union all \
            select anc.sid, c.parent_id from anc join stack_profile_callsite c on c.id = anc.cs \
              where c.parent_id is not null) \
-         select anc.sid as sid, f.name as fname, m.name as module from anc \
+         select anc.sid as sid, f.name as fname, m.name as module, c.depth as depth from anc \
            join stack_profile_callsite c on c.id = anc.cs join stack_profile_frame f on f.id = c.frame_id \
            join stack_profile_mapping m on m.id = f.mapping",
         server.pid
     );
-    let py = format!("module like '%llama_cpp/llama.py' and fname in ({PY_FUNCTIONS})");
-    let native = "(fname like 'llama_decode%' or fname like 'ggml_%')";
+    let py_in = |t: &str| format!("{t}module like '%llama_cpp/llama.py' and {t}fname in ({PY_FUNCTIONS})");
+    let native_in = |t: &str| format!("({t}fname like 'llama_decode%' or {t}fname like 'ggml_%')");
+    let (py, native) = (py_in(""), native_in(""));
     let count = |tp: &mut trace_processor::Trace, cond: &str| {
         tp.query_i64(&format!(
             "with fr as ({frames_of_samples}) select count(distinct sid) from fr where {cond}"
@@ -106,11 +108,16 @@ fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
     };
     let all = count(&mut tp, "1");
     let with_py = count(&mut tp, &py);
-    let with_native = count(&mut tp, native);
-    let both = count(
-        &mut tp,
-        &format!("sid in (select sid from fr where {py}) and {native}"),
-    );
+    let with_native = count(&mut tp, &native);
+    // Both in one sample, the native frame deeper (called from the Python one: callsite depth grows inwards).
+    let both = tp
+        .query_i64(&format!(
+            "with fr as ({frames_of_samples}) select count(distinct p.sid) from fr p join fr n on n.sid = p.sid \
+             where {} and {} and n.depth > p.depth",
+            py_in("p."),
+            native_in("n.")
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
     let top_native = tp
         .query(&format!(
             "with fr as ({frames_of_samples}) select fname, module, count(distinct sid) as n from fr \
