@@ -1140,7 +1140,8 @@ pub enum Knob {
     /// writes 2, then more); 0 or 1: every sample. [`u64::MAX`]: no sample is taken (sampling stopped).
     SampleEvery = 3,
     /// Non-zero: the `sched_switch` program takes no off-CPU stacks ([`offcpu`]); set when stack sampling is
-    /// off or stopped by the budget.
+    /// off or stopped by the budget. [`offcpu::OFFCPU_UNBOUNDED`]: every stack, without the per-CPU rate
+    /// bound (the start-up calibration only).
     OffCpuStacksOff = 6,
 }
 

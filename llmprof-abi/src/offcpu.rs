@@ -17,6 +17,10 @@ pub const OFFCPU_WINDOW_NS: u64 = 10_000_000;
 /// second keeps every stack.
 pub const OFFCPU_STACKS_PER_WINDOW: u64 = 8;
 
+/// `Knob::OffCpuStacksOff` value that takes every off-CPU stack, without the rate bound: only while llmprof
+/// calibrates the cost of one on its own threads at start-up.
+pub const OFFCPU_UNBOUNDED: u64 = 2;
+
 /// `TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE` (include/linux/sched.h) in `sched_switch`'s `prev_state`: the
 /// thread blocks (Sleeping or Uninterruptible) rather than being preempted or exiting.
 pub const BLOCKED_STATES: i64 = 0x1 | 0x2;

@@ -10,7 +10,7 @@
 use aya_ebpf::{EbpfContext, bindings::BPF_RB_NO_WAKEUP, maps::PerCpuArray, macros::map, programs::TracePointContext};
 use llmprof_abi::{
     CpuSampleEvent, EventKind, Knob, ProbeId,
-    offcpu::{OFFCPU_STACKS_PER_WINDOW, OFFCPU_WINDOW_NS},
+    offcpu::{OFFCPU_STACKS_PER_WINDOW, OFFCPU_UNBOUNDED, OFFCPU_WINDOW_NS},
 };
 
 use crate::{EVENTS, count, knob};
@@ -43,10 +43,11 @@ fn admitted(ts: u64) -> bool {
 /// The blocking thread `pid_tgid` (the current task) leaves the CPU at `ts`: its stacks, when allowed.
 #[inline(always)]
 pub(crate) fn take(ctx: &TracePointContext, pid_tgid: u64, ts: u64) {
-    if knob(Knob::OffCpuStacksOff) != 0 {
+    let k = knob(Knob::OffCpuStacksOff);
+    if k != 0 && k != OFFCPU_UNBOUNDED {
         return;
     }
-    if !admitted(ts) {
+    if k == 0 && !admitted(ts) {
         count(ProbeId::CpuSample, 0, 0, 1);
         return;
     }

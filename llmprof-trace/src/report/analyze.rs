@@ -207,6 +207,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 cost_ns_cuda_call: f(arg::COST_NS_CUDA_CALL),
                 cost_ns_sched_event: f(arg::COST_NS_SCHED_EVENT),
                 cost_ns_sample: f(arg::COST_NS_SAMPLE),
+                cost_ns_offcpu_stack: f(arg::COST_NS_OFFCPU_STACK),
                 symbolized_stacks: f(arg::SYMBOLIZED_STACKS).map(|v| v as u64),
                 symbolize_ms: f(arg::SYMBOLIZE_MS),
                 probe_entry: arg_s(&s.args, arg::PROBE_ENTRY).map(str::to_owned),

@@ -346,6 +346,8 @@ pub struct OverheadReport {
     pub cost_ns_sched_event: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`]: a stack sample (eBPF; off-CPU stacks cost the same).
     pub cost_ns_sample: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: an off-CPU stack at a blocking switch (eBPF).
+    pub cost_ns_offcpu_stack: Option<f64>,
     /// Stacks llmprof symbolized.
     pub symbolized_stacks: Option<u64>,
     /// llmprof's CPU time symbolizing them, ms (part of `llmprof_cpu_ms`).

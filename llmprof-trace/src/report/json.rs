@@ -445,6 +445,7 @@ impl<'a> Overhead<'a> {
                 cuda_call: opt(o.cost_ns_cuda_call),
                 sched_event: opt(o.cost_ns_sched_event),
                 sample: opt(o.cost_ns_sample),
+                offcpu_stack: opt(o.cost_ns_offcpu_stack),
             },
             symbolized_stacks: o.symbolized_stacks,
             symbolize_ms: opt(o.symbolize_ms),
@@ -497,6 +498,7 @@ struct CostNs {
     cuda_call: Option<Num>,
     sched_event: Option<Num>,
     sample: Option<Num>,
+    offcpu_stack: Option<Num>,
 }
 
 /// One `overhead.degradations` entry.

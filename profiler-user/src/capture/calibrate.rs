@@ -152,6 +152,10 @@ pub struct Raw {
     pub sched_hits_per_trip: f64,
     /// Syscall hits per traced round trip (its pipe reads and writes, the decoded class).
     pub syscalls_per_trip: f64,
+    /// Traced round trip with off-CPU stacks taken at every block, ns; None when not measured.
+    pub pingpong_offcpu: Option<f64>,
+    /// Off-CPU stacks taken per round trip in that measurement.
+    pub offcpu_stacks_per_trip: f64,
 }
 
 impl Raw {
@@ -184,6 +188,12 @@ impl Raw {
                 _ => None,
             },
             sample_ns: None,
+            offcpu_stack_ns: match (self.pingpong_traced, self.pingpong_offcpu) {
+                (Some(t), Some(o)) if self.offcpu_stacks_per_trip > 0.0 => {
+                    Some(((o - t) / self.offcpu_stacks_per_trip).max(0.0))
+                }
+                _ => None,
+            },
             took_ms,
         }
     }
@@ -213,6 +223,7 @@ pub(super) fn startup(
     range_probe_loaded: bool,
     cuda: bool,
     thread_states: bool,
+    offcpu: bool,
     untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
@@ -241,6 +252,9 @@ pub(super) fn startup(
     let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
     if thread_states && raw.pingpong_untraced.is_some() && measured.is_ok() {
         measure_sched(ebpf, &mut raw);
+        if offcpu && raw.pingpong_traced.is_some() {
+            measure_offcpu(ebpf, &mut raw);
+        }
     }
     // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
     // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
@@ -330,6 +344,40 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             crate::causes::one_line(&e)
         );
         raw.pingpong_traced = None;
+    }
+}
+
+/// The traced ping-pong again with an off-CPU stack (kernel + user walk, ring record; no Python walk: llmprof
+/// is not Python) taken at every block, without the rate bound: the extra time per stack is the cost of one.
+/// Stacks go back off (the capture turns them on once calibrated). A failure leaves the cost unmeasured.
+fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
+    let me = std::process::id();
+    if super::write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
+        return;
+    }
+    let before = super::read_counters(ebpf);
+    let trips = super::sched::PINGPONG_ROUND_TRIPS;
+    let mut reg_err = None;
+    let measured = super::sched::median_ns_per_pingpong(trips, |tids| {
+        if let Err(e) = super::sched::put_threads(ebpf, me, tids) {
+            reg_err = Some(e);
+        }
+    });
+    let after = super::read_counters(ebpf);
+    let off = super::write_knob(ebpf, Knob::OffCpuStacksOff, 1);
+    let i = ProbeId::CpuSample as usize;
+    raw.offcpu_stacks_per_trip =
+        after[i].hits.saturating_sub(before[i].hits) as f64 / (f64::from(trips) * ROUNDS as f64);
+    raw.pingpong_offcpu = measured;
+    if let Err(e) = super::sched::forget_threads(ebpf, me)
+        .and(reg_err.map_or(Ok(()), Err))
+        .and(off)
+    {
+        log::warn!(
+            "calibrate: off-CPU stack cost not measured: {}",
+            crate::causes::one_line(&e)
+        );
+        raw.pingpong_offcpu = None;
     }
 }
 

@@ -558,6 +558,7 @@ impl Capture {
                 engine_loaded,
                 cfg.calibrate_cuda,
                 cfg.thread_states,
+                sampler.is_some(),
                 untraced,
             )?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);

@@ -174,6 +174,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.sample_ns {
             args.push(arg_f(arg::COST_NS_SAMPLE, p));
         }
+        if let Some(p) = c.offcpu_stack_ns {
+            args.push(arg_f(arg::COST_NS_OFFCPU_STACK, p));
+        }
         args.push(arg_f(arg::SYSCALLS_PER_PROBE_HIT, c.syscalls_per_probe_hit));
         args.push(arg_s(arg::PROBE_ENTRY, c.entry_name()));
         args.push(arg_f(arg::CALIBRATION_MS, c.took_ms));
