@@ -245,24 +245,6 @@ fn an_alert_from_alertmanager_leaves_a_trace_with_the_overload_and_what_led_to_i
         max_waiting > BACKLOG_THRESHOLD,
         "requests waiting peaked at {max_waiting}, not above the alert's {BACKLOG_THRESHOLD}"
     );
-    // Sessions sample stacks and record thread states like `llmprof attach` by default: the engine's
-    // threads have stack samples and Running rows once the session runs.
-    let engine_rows = |tp: &mut trace_processor::Trace, table: &str, cond: &str| {
-        tp.query_i64(&format!(
-            "select count(*) from {table} x join thread using(utid) join process using(upid) \
-             where process.pid = {} and x.ts >= {alert_ts} {cond}",
-            engine.pid
-        ))
-        .expect("samples query")
-    };
-    assert!(
-        engine_rows(&mut tp, "perf_sample", "") > 0,
-        "no stack sample of the engine in the session"
-    );
-    assert!(
-        engine_rows(&mut tp, "thread_state", "and x.state = 'Running'") > 0,
-        "no thread state of the engine in the session"
-    );
     drop(tp);
     assert!(srv.stop().success(), "llmprof serve exits cleanly on SIGTERM");
     drop(engine);
