@@ -502,8 +502,12 @@ mod tests {
             pingpong_traced: Some(16_800.0),
             sched_hits_per_trip: 4.0,
             syscalls_per_trip: 4.0,
+            pingpong_offcpu: Some(20_400.0),
+            offcpu_stacks_per_trip: 2.0,
         };
         let c = raw.into_calibration(30.0);
+        // 3600 ns more per round trip with a stack at each of its 2 blocks.
+        assert_eq!(c.offcpu_stack_ns, Some(1_800.0));
         // 6800 ns more per round trip: its 4 pipe syscalls at the decoded cost (4 × 1500), the rest over
         // its 4 thread-state records.
         assert_eq!(c.sched_event_ns, Some(200.0));
