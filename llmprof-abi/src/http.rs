@@ -70,6 +70,18 @@ pub const HTTP_END_CHUNKED: u32 = 2;
 pub const HTTP_END_DONE: u32 = 4;
 /// [`HttpHeadEvent`]: the blank line ending the head was found (the head is complete).
 pub const HTTP_FLAG_HEAD_DONE: u32 = 1;
+/// [`HttpConnState::phase`] of a connection followed provisionally (see `Knob::HttpAcceptAll`): nothing read
+/// yet; its first bytes decide whether it is HTTP/1.x ([`is_http_request_start`]).
+pub const HTTP_PHASE_PROBE: u32 = 6;
+
+/// Whether the first four bytes a server read on a connection start an HTTP/1.x request line (a method and a
+/// space, or the first four letters of a longer method).
+pub fn is_http_request_start(b: &[u8; 4]) -> bool {
+    matches!(
+        b,
+        b"GET " | b"PUT " | b"POST" | b"HEAD" | b"DELE" | b"PATC" | b"OPTI" | b"CONN" | b"TRAC"
+    )
+}
 /// [`HttpHeadEvent`]: the read held more head bytes than [`HTTP_HEAD_MAX`]; the rest was not copied.
 pub const HTTP_FLAG_HEAD_CUT: u32 = 2;
 /// [`HttpEvent`] (`Sse`): the write was longer than the kernel scans; events past the scanned part are missed.
@@ -154,4 +166,35 @@ pub struct HttpConnState {
     pub head_match: u32,
     /// Reserved, zero.
     pub _pad: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_http_request_start;
+
+    #[test]
+    fn http_request_lines_are_told_from_other_protocols() {
+        for line in [
+            "GET / HTTP/1.1",
+            "POST /v1/chat/completions HTTP/1.1",
+            "PUT /x HTTP/1.1",
+            "HEAD / HTTP/1.0",
+            "DELETE /x HTTP/1.1",
+            "PATCH /x HTTP/1.1",
+            "OPTIONS * HTTP/1.1",
+        ] {
+            let b: [u8; 4] = line.as_bytes()[..4].try_into().unwrap_or_default();
+            assert!(is_http_request_start(&b), "{line}");
+        }
+        // A ZMTP greeting, a TLS ClientHello, the HTTP/2 preface, a lower-case method, a Redis command.
+        for b in [
+            [0xff, 0, 0, 0],
+            [0x16, 0x03, 0x01, 0x02],
+            *b"PRI ",
+            *b"get ",
+            *b"*1\r\n",
+        ] {
+            assert!(!is_http_request_start(&b), "{b:?}");
+        }
+    }
 }

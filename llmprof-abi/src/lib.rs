@@ -1143,6 +1143,11 @@ pub enum Knob {
     /// off or stopped by the budget. [`offcpu::OFFCPU_UNBOUNDED`]: every stack, without the per-CPU rate
     /// bound (the start-up calibration only).
     OffCpuStacksOff = 6,
+    /// Non-zero: every connection a traced process accepts is followed provisionally, whatever its listening
+    /// socket (a worker forked or spawned after attach, a unix socket behind a proxy): its first bytes decide
+    /// — an HTTP/1.x request line is followed, TLS and HTTP/2 are reported, anything else is dropped without a
+    /// record. Zero (`--http-port`): only the listening sockets user space wrote into `HTTP_LISTEN`.
+    HttpAcceptAll = 7,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).

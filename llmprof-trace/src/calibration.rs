@@ -47,6 +47,12 @@ pub struct Calibration {
     /// when not sampling or not measured. The Python walk at the block point is not in it (llmprof is not
     /// Python; docs/performance.md has its figure).
     pub offcpu_stack_ns: Option<f64>,
+    /// Extra ns per request the HTTP wire probe follows (head read, copy and record, and a small response),
+    /// measured on a socket pair followed vs not. `None` when not measured (`--no-http`).
+    pub http_request_ns: Option<f64>,
+    /// Extra ns per followed response write of a typical SSE chat chunk (~230 bytes through the in-kernel
+    /// scanner, and its record); what the wire probe costs per generated token. `None` when not measured.
+    pub http_sse_write_ns: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }

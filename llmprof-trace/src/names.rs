@@ -673,6 +673,10 @@ pub mod arg {
     pub const SYMBOLIZED_STACKS: &str = "symbolized_stacks";
     /// llmprof's own CPU time spent symbolizing them (part of `llmprof_cpu_ms`), ms.
     pub const SYMBOLIZE_MS: &str = "llmprof_symbolize_ms";
+    /// Calibrated cost per request the wire probe follows (head read and a small response), ns.
+    pub const COST_NS_HTTP_REQUEST: &str = "cost_ns_http_request";
+    /// Calibrated cost per followed SSE write of a typical chat chunk, ns.
+    pub const COST_NS_HTTP_SSE_WRITE: &str = "cost_ns_http_sse_write";
     /// Syscalls per engine probe hit in the calibration.
     pub const SYSCALLS_PER_PROBE_HIT: &str = "syscalls_per_probe_hit";
     /// How the engine probe is entered.

@@ -27,7 +27,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use llmprof_abi::{
-    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
+    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_PHASE_PROBE, is_http_request_start, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
     HTTP_HEAD_MAX, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, Knob, ProbeId, Scan, SockKey,
     counting_body, finish_write, scan_byte, start_response,
 };
@@ -198,7 +198,10 @@ fn buf_at(b: &Bufs, k: usize) -> Option<(u64, u64)> {
     }
 }
 
-/// accept/accept4 returned `ret` on listening fd `lfd`: follow the connection when the socket is one of ours.
+/// accept/accept4 returned `ret` on listening fd `lfd`: follow the connection when the socket is one of ours
+/// (`HTTP_LISTEN`), or provisionally, whatever the socket, when `Knob::HttpAcceptAll` is on: the process is
+/// traced (the caller filters), so a worker that got its listening socket after attach (forked, or passed over
+/// a unix socket) is followed from its first accept, with no user-space round trip.
 #[inline(never)]
 pub(crate) fn on_accept(tgid: u32, lfd: u64, ret: i64) -> u32 {
     if ret < 0 {
@@ -209,11 +212,13 @@ pub(crate) fn on_accept(tgid: u32, lfd: u64, ret: i64) -> u32 {
         fd: lfd as i32,
     };
     // SAFETY: presence test only.
-    if unsafe { HTTP_LISTEN.get(&lkey) }.is_none() {
+    let listed = unsafe { HTTP_LISTEN.get(&lkey) }.is_some();
+    if !listed && knob(Knob::HttpAcceptAll) == 0 {
         return 0;
     }
     let st = HttpConnState {
         conn: now(),
+        phase: if listed { PH_IDLE } else { HTTP_PHASE_PROBE },
         remaining: -1,
         ..HttpConnState::default()
     };
@@ -235,10 +240,13 @@ pub(crate) fn on_close(pid_tgid: u64, fd: u64) -> u32 {
         fd: fd as i32,
     };
     // SAFETY: copied out before removal.
-    let Some(conn) = (unsafe { HTTP_CONNS.get(&key) }).map(|s| s.conn) else {
+    let Some((conn, phase)) = (unsafe { HTTP_CONNS.get(&key) }).map(|s| (s.conn, s.phase)) else {
         return 0;
     };
     let _ = HTTP_CONNS.remove(&key);
+    if phase == HTTP_PHASE_PROBE {
+        return 0;
+    }
     emit(pid_tgid, key.fd, conn, HttpOp::Close, 0, 0, 0, 0, 0);
     0
 }
@@ -287,6 +295,14 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     };
     // SAFETY: a valid map value; one thread serves a connection at a time (a race only garbles one scan).
     let (conn, phase) = unsafe { ((*st).conn, (*st).phase) };
+    let probing = phase == HTTP_PHASE_PROBE;
+    if probing && ret <= 0 {
+        // Nothing read yet on a provisional connection: EAGAIN keeps it, an end or error drops it unseen.
+        if ret != -11 {
+            let _ = HTTP_CONNS.remove(&key);
+        }
+        return 0;
+    }
     if ret == 0 || ret == -104 {
         // EOF or ECONNRESET: the peer went away.
         if phase != PH_GONE {
@@ -340,6 +356,11 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         if let Some(op) = other {
             let _ = HTTP_CONNS.remove(&key);
             emit(pid_tgid, key.fd, conn, op, 0, 0, 0, 0, ret);
+            return 0;
+        }
+        if probing && (n < 4 || !is_http_request_start(&first)) {
+            // Another protocol on an accepted connection (ZMQ, gRPC-less RPC, Redis…): not followed, no record.
+            let _ = HTTP_CONNS.remove(&key);
             return 0;
         }
     }
@@ -429,7 +450,12 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
         }
         return 0;
     }
-    if ret <= 0 || phase == PH_IDLE || phase == PH_RESP_DONE || phase == PH_GONE {
+    if ret <= 0
+        || phase == PH_IDLE
+        || phase == PH_RESP_DONE
+        || phase == PH_GONE
+        || phase == HTTP_PHASE_PROBE
+    {
         return 0;
     }
     count(ProbeId::Http, 1, 0, 0);

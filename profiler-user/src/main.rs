@@ -253,6 +253,11 @@ fn print_overhead(r: &attach::AttachReport) {
             c.syscall_ns,
             c.entry_name()
         );
+        if let (Some(r), Some(w)) = (c.http_request_ns, c.http_sse_write_ns) {
+            println!(
+                "  wire probe: {r:.0} ns per followed request, {w:.0} ns per followed SSE write (a chat chunk)"
+            );
+        }
         if let Some(ns) = c.sample_ns {
             let offcpu = c.offcpu_stack_ns.map_or(String::new(), |o| {
                 format!(", {o:.0} ns per off-CPU stack (ping-pong)")

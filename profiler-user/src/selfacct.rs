@@ -32,14 +32,12 @@ use llmprof_trace::calibration::Calibration;
 use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
 
 /// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
-const INSIDE_SYSCALL_EXIT: [ProbeId; 6] = [
+const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
     ProbeId::FileOpen,
     ProbeId::FileIo,
     ProbeId::Connect,
     ProbeId::Send,
     ProbeId::ProcessExit,
-    // The wire probe's scan of a followed read/write: charged as a decoded syscall (not calibrated apart yet).
-    ProbeId::Http,
 ];
 
 /// What the self-accounting charges, read from the capture at one instant
@@ -160,6 +158,11 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
             hits * cal.sample_ns.unwrap_or(0.0)
         } else if i == ProbeId::Cuda as usize {
             hits * cal.cuda_call_ns.unwrap_or(probe)
+        } else if i == ProbeId::Http as usize {
+            // A hit is a followed read or write on top of its (decoded) syscall; the writes of a stream
+            // outnumber the one head read per request by the tokens it streams, so every hit is charged the
+            // SSE-write figure.
+            hits * cal.http_sse_write_ns.unwrap_or(0.0)
         } else if i == ProbeId::Sched as usize {
             hits * cal.sched_event_ns.unwrap_or(0.0)
         } else if i == ProbeId::Range as usize {
@@ -363,6 +366,8 @@ mod tests {
             probe_ns: Some(2_000.0),
             probe_sampled_out_ns: Some(500.0),
             cuda_call_ns: Some(5_000.0),
+            http_request_ns: Some(2_100.0),
+            http_sse_write_ns: Some(1_300.0),
             ..Calibration::default()
         }
     }
@@ -375,6 +380,7 @@ mod tests {
         c[ProbeId::FileIo as usize].hits = 7;
         c[ProbeId::Step as usize].hits = 3;
         c[ProbeId::Cuda as usize].hits = 4;
+        c[ProbeId::Http as usize].hits = 5;
         c[ProbeId::Range as usize] = ProbeCounters {
             hits: 10,
             emitted: 3,
@@ -390,6 +396,8 @@ mod tests {
         assert_eq!(a[ProbeId::Step as usize], 6_000.0);
         // A CUDA call pays the entry + return pair, not an engine probe hit.
         assert_eq!(a[ProbeId::Cuda as usize], 20_000.0);
+        // Followed reads and writes of the wire probe: the SSE-write figure each, on top of their syscalls.
+        assert_eq!(a[ProbeId::Http as usize], 5.0 * 1_300.0);
         let no_cuda = Calibration {
             cuda_call_ns: None,
             ..cal()

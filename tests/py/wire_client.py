@@ -4,7 +4,7 @@ Runs requests one after another on one client (keep-alive connection), each with
 streaming chat completions by default; records, per request, TTFT (request sent -> first chunk with content)
 and the gaps between later content chunks, as the client sees them (the x-request-id is a fresh UUID). `--cancel I` closes request I's stream
 after 3 content chunks (the client goes away mid-stream). `--json-every K` makes every K-th request a
-non-streaming one. `--warmup N` first sends N streamed requests that are not recorded: the first call of a
+non-streaming one. `--model NAME` names the served model. `--warmup N` first sends N streamed requests that are not recorded: the first call of a
 process pays the client's own lazy set-up (imports, request models), which no server ever sees. Writes a JSON
 list to `--out`.
 """
@@ -26,12 +26,13 @@ def main():
     ap.add_argument("--cancel", type=int, default=-1)
     ap.add_argument("--json-every", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--model", default="default")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key="none", http_client=httpx.Client(timeout=120))
     for _ in range(a.warmup):
         for _chunk in client.chat.completions.create(
-            model="default",
+            model=a.model,
             messages=[{"role": "user", "content": "Say hi."}],
             max_tokens=4,
             temperature=0,
@@ -56,7 +57,7 @@ def main():
         cancelled = False
         if stream:
             s = client.chat.completions.create(
-                model="default",
+                model=a.model,
                 messages=msgs,
                 max_tokens=a.max_tokens,
                 temperature=0,
@@ -74,7 +75,7 @@ def main():
                     break
         else:
             client.chat.completions.create(
-                model="default",
+                model=a.model,
                 messages=msgs,
                 max_tokens=a.max_tokens,
                 temperature=0,

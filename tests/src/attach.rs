@@ -31,3 +31,43 @@ pub fn wait_probes_live(child: &mut Child) -> (BufReader<ChildStderr>, String) {
         }
     }
 }
+
+/// A running `llmprof attach`, stopped (SIGINT, like Ctrl-C) by [`Attached::stop`].
+pub struct Attached {
+    child: std::process::Child,
+}
+
+impl Attached {
+    /// Starts `llmprof attach --pid PID --gpu-sample-interval 0 EXTRA... -o TRACE` and returns once its probes are
+    /// live.
+    pub fn start(pid: u32, extra: &[&str], trace: &std::path::Path) -> Attached {
+        let mut child = std::process::Command::new(crate::bin_path("llmprof"))
+            .args(["attach", "--pid", &pid.to_string(), "--gpu-sample-interval", "0"])
+            .args(extra)
+            .arg("-o")
+            .arg(trace)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn llmprof attach");
+        let (stderr, _) = wait_probes_live(&mut child);
+        // Keep draining its stderr so that it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("[llmprof] {line}");
+            }
+        });
+        Attached { child }
+    }
+
+    /// Stops it as Ctrl-C does, asserts that it exited successfully and returns what it printed on stdout.
+    pub fn stop(self) -> String {
+        // SAFETY: kill(2) with our own child's pid and SIGINT has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let out = self.child.wait_with_output().expect("llmprof exit");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!("{stdout}");
+        assert!(out.status.success(), "llmprof attach failed: {}", out.status);
+        stdout
+    }
+}

@@ -14,6 +14,7 @@ pub mod http;
 pub mod llama;
 pub mod serve;
 pub mod trace_processor;
+pub mod wire;
 
 use std::io::Write;
 use std::path::PathBuf;

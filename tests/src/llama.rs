@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::wire::children;
 use crate::{default_model, http};
 
 /// Kills the launcher and the server (its child) when the test ends, whatever happens.
@@ -25,19 +26,6 @@ impl Drop for Server {
         let _ = self.launcher.kill();
         let _ = self.launcher.wait();
     }
-}
-
-/// The children of `pid` (from `/proc/PID/task/*/children`).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
-        }
-    }
-    out
 }
 
 /// Starts `python -m llama_cpp.server` as the child of a launcher process (the vLLM shape) and waits until it

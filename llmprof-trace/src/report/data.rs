@@ -72,6 +72,16 @@ pub struct RequestRow {
     pub itl_p50_ms: Option<f64>,
     /// Seen on the wire (the HTTP probe) rather than reported by the engine: queue and prefill are unknown.
     pub wire: bool,
+    /// The process the request belongs to (0: unknown).
+    pub pid: u32,
+    /// When it arrived (trace clock, ns).
+    pub arrival_ns: u64,
+    /// An engine request also seen on the wire (same `x-request-id`): the TTFT of its outermost wire view (the
+    /// earliest to arrive: the API tier in front of the engine, as the client sees it), ms.
+    pub wire_ttft_ms: Option<f64>,
+    /// That wire TTFT minus the engine's own: the time before the first token spent outside the engine
+    /// (HTTP, proxies, tokenization in the API tier, streaming back), ms.
+    pub outside_engine_ttft_ms: Option<f64>,
 }
 
 /// A step kind's or batch bucket's duration statistics.

@@ -131,6 +131,8 @@ struct Requests<'a> {
     first_decode_step_ms: StatsJson,
     itl_ms: StatsJson,
     e2e_ms: StatsJson,
+    /// Engine requests also seen on the wire: their TTFT spent outside the engine.
+    outside_engine_ttft_ms: StatsJson,
     per_request: Vec<Request<'a>>,
 }
 
@@ -151,6 +153,7 @@ impl<'a> Requests<'a> {
             first_decode_step_ms: StatsJson::of(&r.col(|q| q.first_decode_step_ms)),
             itl_ms: StatsJson::of(&Stats::of(&r.itl_ms)),
             e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms)),
+            outside_engine_ttft_ms: StatsJson::of(&r.col(|q| q.outside_engine_ttft_ms)),
             per_request: r.requests.iter().map(Request::of).collect(),
         }
     }
@@ -172,6 +175,9 @@ struct Request<'a> {
     e2e_ms: Option<Num>,
     itl_p50_ms: Option<Num>,
     wire: bool,
+    pid: u32,
+    wire_ttft_ms: Option<Num>,
+    outside_engine_ttft_ms: Option<Num>,
 }
 
 impl<'a> Request<'a> {
@@ -190,6 +196,9 @@ impl<'a> Request<'a> {
             e2e_ms: opt(q.e2e_ms),
             itl_p50_ms: opt(q.itl_p50_ms),
             wire: q.wire,
+            pid: q.pid,
+            wire_ttft_ms: opt(q.wire_ttft_ms),
+            outside_engine_ttft_ms: opt(q.outside_engine_ttft_ms),
         }
     }
 }

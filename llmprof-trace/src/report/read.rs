@@ -114,6 +114,8 @@ pub(super) struct Track {
     pub(super) name: Option<String>,
     /// The process track a child track hangs under (steps and requests of one process share it).
     pub(super) parent: Option<u64>,
+    /// The process of a process track.
+    pub(super) pid: Option<u32>,
     pub(super) slices: Vec<Slice>,
     pub(super) instants: Vec<Instant>,
     pub(super) counter: Vec<f64>,
@@ -218,6 +220,7 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
                     .or_else(|| td.process.as_ref().and_then(|pr| pr.process_name.clone()))
             });
             t.parent = td.parent_uuid;
+            t.pid = td.process.as_ref().and_then(|pr| pr.pid).map(|p| p as u32);
             if let Some(th) = &td.thread {
                 let tid = th.tid.unwrap_or(0) as u32;
                 d.sched

@@ -166,10 +166,40 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
             e2e_ms: known(tl.finished_ns().map(|f| f.saturating_sub(tl.start_ns()))),
             itl_p50_ms,
             wire: on_wire,
+            pid: t
+                .parent
+                .and_then(|p| d.tracks.get(&p))
+                .and_then(|p| p.pid)
+                .unwrap_or(0),
+            arrival_ns: outer.ts,
+            wire_ttft_ms: None,
+            outside_engine_ttft_ms: None,
         });
     }
     rows.sort_by_key(|q| q.req_id);
+    join_wire(&mut rows);
     (rows, itl)
+}
+
+/// Joins each engine request to its wire views by `x-request-id`: the outermost view (the first to arrive:
+/// what the client sees) gives its wire TTFT, and the difference to the engine's TTFT is the time spent outside
+/// the engine.
+fn join_wire(rows: &mut [RequestRow]) {
+    let mut outer: HashMap<String, (u64, Option<f64>)> = HashMap::new();
+    for r in rows.iter().filter(|r| r.wire && !r.x_request_id.is_empty()) {
+        let e = outer
+            .entry(r.x_request_id.clone())
+            .or_insert((r.arrival_ns, r.ttft_ms));
+        if r.arrival_ns < e.0 {
+            *e = (r.arrival_ns, r.ttft_ms);
+        }
+    }
+    for r in rows.iter_mut().filter(|r| !r.wire) {
+        if let Some(&(_, Some(w))) = outer.get(&r.x_request_id) {
+            r.wire_ttft_ms = Some(w);
+            r.outside_engine_ttft_ms = r.ttft_ms.map(|e| w - e);
+        }
+    }
 }
 
 /// The inter-token gaps (ms) of a wire request: its first token, then every SSE content event (an instant
@@ -257,5 +287,42 @@ fn info_of(a: &Args) -> RequestInfo {
         trace_context: None,
         finish_reason: None,
         num_preemptions: u(arg::NUM_PREEMPTIONS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(xid: &str, wire: bool, arrival_ns: u64, ttft_ms: Option<f64>) -> RequestRow {
+        RequestRow {
+            x_request_id: xid.to_owned(),
+            wire,
+            arrival_ns,
+            ttft_ms,
+            ..RequestRow::default()
+        }
+    }
+
+    #[test]
+    fn an_engine_request_joins_its_outermost_wire_view_by_x_request_id() {
+        let mut rows = vec![
+            // The engine's own view, the engine's HTTP server's wire view, the gateway's in front of it.
+            row("a", false, 12_000_000, Some(100.0)),
+            row("a", true, 11_000_000, Some(104.0)),
+            row("a", true, 10_000_000, Some(109.5)),
+            // No wire view; a wire request of another id; an engine request without an id.
+            row("b", false, 0, Some(50.0)),
+            row("c", true, 0, Some(20.0)),
+            row("", false, 0, Some(1.0)),
+            row("", true, 0, Some(2.0)),
+        ];
+        join_wire(&mut rows);
+        assert_eq!(rows[0].wire_ttft_ms, Some(109.5));
+        assert_eq!(rows[0].outside_engine_ttft_ms, Some(9.5));
+        for r in &rows[1..] {
+            assert_eq!(r.wire_ttft_ms, None, "{r:?}");
+            assert_eq!(r.outside_engine_ttft_ms, None, "{r:?}");
+        }
     }
 }

@@ -78,6 +78,10 @@ impl Report {
         row(&mut o, "first decode step", &self.col(|q| q.first_decode_step_ms));
         row(&mut o, "inter-token latency", &Stats::of(&self.itl_ms));
         row(&mut o, "end-to-end", &self.col(|q| q.e2e_ms));
+        let outside = self.col(|q| q.outside_engine_ttft_ms);
+        if outside.count > 0 {
+            row(&mut o, "TTFT outside the engine", &outside);
+        }
         header(&mut o, "Engine steps (host duration)");
         for (k, s) in &self.steps_by_kind {
             row(&mut o, k, s);

@@ -103,7 +103,8 @@ pub fn median_ns_per_call(rec: &RangeRecord, calls: u32) -> f64 {
     median_round(calls, || llmprof_probes::range(std::hint::black_box(rec)))
 }
 
-fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
+/// Median over [`ROUNDS`] of the mean ns per call of `f` in a round of `calls`.
+pub(super) fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
     let calls = calls.max(1);
     let mut rounds = [0f64; ROUNDS];
     for r in &mut rounds {
@@ -156,6 +157,8 @@ pub struct Raw {
     pub pingpong_offcpu: Option<f64>,
     /// Off-CPU stacks taken per round trip in that measurement.
     pub offcpu_stacks_per_trip: f64,
+    /// The wire probe's costs; None when not measured.
+    pub http: Option<super::calibrate_http::HttpCost>,
 }
 
 impl Raw {
@@ -194,6 +197,8 @@ impl Raw {
                 }
                 _ => None,
             },
+            http_request_ns: self.http.map(|h| h.request_ns),
+            http_sse_write_ns: self.http.map(|h| h.sse_write_ns),
             took_ms,
         }
     }
@@ -217,6 +222,10 @@ pub fn median_ns_per_cuda_call(calls: u32) -> f64 {
 /// Traces this process with the just-loaded programs and times it (see the module docs), then undoes it.
 /// `cuda`: also load the CUDA programs and measure their pair (the caller then counts them as loaded).
 /// Returns the calibration and the counter values it left behind (the baseline to subtract).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one flag per optional measurement, each named at the one call site"
+)]
 pub(super) fn startup(
     ebpf: &mut aya::Ebpf,
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
@@ -224,6 +233,7 @@ pub(super) fn startup(
     cuda: bool,
     thread_states: bool,
     offcpu: bool,
+    http: bool,
     untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
     let t0 = Instant::now();
@@ -267,6 +277,15 @@ pub(super) fn startup(
             crate::causes::one_line(&e)
         );
         raw.cuda_attached = None;
+    }
+    if http && measured.is_ok() {
+        match super::calibrate_http::measure(ebpf) {
+            Ok(c) => raw.http = Some(c),
+            Err(e) => log::warn!(
+                "calibrate: wire probe cost not measured: {}",
+                crate::causes::one_line(&e)
+            ),
+        }
     }
     // Undo in every case: this process leaves the map before anything else can fail.
     let untraced = set_traced(ebpf, me, false);
@@ -504,10 +523,16 @@ mod tests {
             syscalls_per_trip: 4.0,
             pingpong_offcpu: Some(20_400.0),
             offcpu_stacks_per_trip: 2.0,
+            http: Some(super::super::calibrate_http::HttpCost {
+                request_ns: 2_000.0,
+                sse_write_ns: 1_300.0,
+            }),
         };
         let c = raw.into_calibration(30.0);
         // 3600 ns more per round trip with a stack at each of its 2 blocks.
         assert_eq!(c.offcpu_stack_ns, Some(1_800.0));
+        assert_eq!(c.http_request_ns, Some(2_000.0));
+        assert_eq!(c.http_sse_write_ns, Some(1_300.0));
         // 6800 ns more per round trip: its 4 pipe syscalls at the decoded cost (4 × 1500), the rest over
         // its 4 thread-state records.
         assert_eq!(c.sched_event_ns, Some(200.0));

@@ -29,7 +29,7 @@ pub struct Decoder {
 
 /// Marker for the `#[repr(C)]` record types of `llmprof_abi`: integers, floats and arrays of them only,
 /// so every bit pattern is a valid value.
-trait Record: Copy {}
+pub(crate) trait Record: Copy {}
 impl Record for EventHeader {}
 impl Record for StepEvent {}
 impl Record for RequestEvent {}
@@ -45,8 +45,11 @@ impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
 impl Record for SchedSwitchEvent {}
 impl Record for SchedWakeEvent {}
+impl Record for llmprof_abi::HttpEvent {}
+impl Record for llmprof_abi::HttpHeadEvent {}
 
-fn read<T: Record>(b: &[u8]) -> Option<T> {
+/// The record `T` at the start of `b` (None: too short); the one reader of ring records.
+pub(crate) fn read<T: Record>(b: &[u8]) -> Option<T> {
     if b.len() < std::mem::size_of::<T>() {
         return None;
     }

@@ -2,7 +2,9 @@
 //!
 //! Owns finding the traced processes' TCP listening sockets (LISTEN entries of `/proc/net/tcp{,6}` whose inode
 //! is one of the process's fds, like the /metrics discovery) and the connections already established on those
-//! ports at attach, and writing them into the kernel's `HTTP_LISTEN` / `HTTP_CONNS` maps; and decoding
+//! ports at attach, and writing them into the kernel's `HTTP_LISTEN` / `HTTP_CONNS` maps (by default the kernel
+//! follows every accepted connection provisionally and keeps the HTTP/1.x ones, so `HTTP_LISTEN` is only
+//! written for `--http-port`); and decoding
 //! `HttpEvent` / `HttpHeadEvent` records into [`WireRecord`]s for [`llmprof_trace::wire::Reconstructor`].
 //! Head bytes go straight to the reconstructor, which keeps only method, path, `traceparent` and
 //! `x-request-id`.
@@ -13,10 +15,12 @@ use std::fs;
 use aya::Ebpf;
 use aya::maps::HashMap;
 use llmprof_abi::{
-    EventHeader, EventKind, HTTP_HEAD_MAX, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, SockKey,
+    EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
+    SockKey,
 };
 use llmprof_trace::wire::WireRecord;
 
+use super::decode::read;
 use super::{CaptureError, map_err};
 
 /// Which listening ports of the traced processes the wire probe follows.
@@ -131,17 +135,28 @@ pub fn discover(pid: u32, ports: &HttpPorts) -> Sockets {
     select(&socket_fds(pid), &tables, ports)
 }
 
-/// Writes `pid`'s sockets into the kernel maps: listening fds to follow, established connections as fresh
-/// connections (ids counted down from `u64::MAX` by `seeded`). Returns the listening ports.
-pub fn fill(ebpf: &mut Ebpf, pid: u32, s: &Sockets, seeded: &mut u64) -> Result<Vec<u16>, CaptureError> {
-    let map = ebpf
-        .map_mut("HTTP_LISTEN")
-        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
-    let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
-    for &(fd, _) in &s.listening {
-        listen
-            .insert(SockKey { pid, fd }, 1, 0)
-            .map_err(map_err("HTTP_LISTEN"))?;
+/// Writes `pid`'s sockets into the kernel maps: listening fds to follow (with [`HttpPorts::Only`]; with
+/// [`HttpPorts::All`] the kernel probes every accepted connection itself, `Knob::HttpAcceptAll`), established
+/// connections as fresh connections (ids counted down from `u64::MAX` by `seeded`; provisional with `All`, so
+/// that a non-HTTP port's connection is dropped at its next read). Returns the listening ports.
+pub fn fill(
+    ebpf: &mut Ebpf,
+    pid: u32,
+    s: &Sockets,
+    ports: &HttpPorts,
+    seeded: &mut u64,
+) -> Result<Vec<u16>, CaptureError> {
+    let all = *ports == HttpPorts::All;
+    if !all {
+        let map = ebpf
+            .map_mut("HTTP_LISTEN")
+            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
+        let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
+        for &(fd, _) in &s.listening {
+            listen
+                .insert(SockKey { pid, fd }, 1, 0)
+                .map_err(map_err("HTTP_LISTEN"))?;
+        }
     }
     let map = ebpf
         .map_mut("HTTP_CONNS")
@@ -155,6 +170,7 @@ pub fn fill(ebpf: &mut Ebpf, pid: u32, s: &Sockets, seeded: &mut u64) -> Result<
         *seeded -= 1;
         let st = HttpConnState {
             conn: *seeded,
+            phase: if all { HTTP_PHASE_PROBE } else { 0 },
             remaining: -1,
             ..HttpConnState::default()
         };
@@ -171,25 +187,19 @@ pub fn is_http_kind(kind: EventKind) -> bool {
     matches!(kind, EventKind::Http | EventKind::HttpHead)
 }
 
-fn read<T: Copy>(b: &[u8]) -> Option<T> {
-    if b.len() < std::mem::size_of::<T>() {
-        return None;
-    }
-    // SAFETY: only called with the plain-data `#[repr(C)]` records of `llmprof_abi` (integers and byte
-    // arrays: every bit pattern is valid); the slice holds at least size_of::<T>() bytes; unaligned read.
-    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) })
-}
-
 /// Decodes a wire-probe record (`None`: short or unknown).
 pub fn decode(b: &[u8]) -> Option<WireRecord> {
     let hdr: EventHeader = read(b)?;
+    let base = WireRecord {
+        ts_ns: hdr.ts_ns,
+        pid: hdr.pid,
+        tid: hdr.tid,
+        ..WireRecord::default()
+    };
     match EventKind::from_raw(hdr.kind)? {
         EventKind::Http => {
             let e: HttpEvent = read(b)?;
             Some(WireRecord {
-                ts_ns: hdr.ts_ns,
-                pid: hdr.pid,
-                tid: hdr.tid,
                 fd: e.fd,
                 conn: e.conn,
                 op: HttpOp::from_raw(e.op),
@@ -198,23 +208,20 @@ pub fn decode(b: &[u8]) -> Option<WireRecord> {
                 events: e.events,
                 content_events: e.content_events,
                 ret: e.ret,
-                head: Vec::new(),
+                ..base
             })
         }
         EventKind::HttpHead => {
             let e: HttpHeadEvent = read(b)?;
             let n = (e.len as usize).min(HTTP_HEAD_MAX);
             Some(WireRecord {
-                ts_ns: hdr.ts_ns,
-                pid: hdr.pid,
-                tid: hdr.tid,
                 fd: e.fd,
                 conn: e.conn,
                 op: HttpOp::from_raw(e.op),
                 flags: e.flags,
                 ret: e.ret,
                 head: e.data[..n].to_vec(),
-                ..WireRecord::default()
+                ..base
             })
         }
         _ => None,

@@ -15,6 +15,7 @@
 //! `Capture` detaches and unloads everything.
 
 pub mod calibrate;
+mod calibrate_http;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
@@ -224,6 +225,9 @@ pub enum CaptureError {
         "tracefs is not mounted at {TRACEFS} and mounting it failed: run `mount -t tracefs nodev {TRACEFS}`"
     )]
     Tracefs(#[source] std::io::Error),
+    /// The wire probe's start-up calibration could not make its socket pairs.
+    #[error("the wire probe's calibration could not create a socket pair")]
+    CalibrationSocket(#[source] std::io::Error),
     /// The engine speaks another probe ABI version.
     #[error(
         "the engine (pid {pid}) uses llmprof probe ABI {found}, this llmprof speaks {expected}: use the llmprof built with that engine version"
@@ -559,6 +563,7 @@ impl Capture {
                 cfg.calibrate_cuda,
                 cfg.thread_states,
                 sampler.is_some(),
+                cfg.http != http::HttpPorts::Off,
                 untraced,
             )?;
             log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
@@ -583,6 +588,13 @@ impl Capture {
             write_knob(&mut ebpf, Knob::OffCpuStacksOff, 0)?;
         }
         let traced_flags = TRACED_SELF | if cfg.follow_children { TRACED_CHILDREN } else { 0 };
+        // Before the processes are traced: with every port followed, any accepted connection is probed by its
+        // first bytes in the kernel (workers that get their socket after attach included).
+        write_knob(
+            &mut ebpf,
+            Knob::HttpAcceptAll,
+            u64::from(cfg.http == http::HttpPorts::All),
+        )?;
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
         if cfg.thread_states {
@@ -648,7 +660,13 @@ impl Capture {
             if socks.listening.is_empty() {
                 continue;
             }
-            let ports = http::fill(&mut self.ebpf, pid, &socks, &mut self.http_seeded)?;
+            let ports = http::fill(
+                &mut self.ebpf,
+                pid,
+                &socks,
+                &self.http_ports,
+                &mut self.http_seeded,
+            )?;
             let known = self.http_followed.entry(pid).or_default();
             if *known != ports {
                 log::info!("wire probe: following HTTP on port(s) {ports:?} of pid {pid}");

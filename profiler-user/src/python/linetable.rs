@@ -2,7 +2,8 @@
 //!
 //! Two formats: 3.10's (PEP 626, Objects/lnotab_notes.txt of 3.10: pairs of an unsigned byte-offset delta
 //! and a signed line delta, -128 = no line) and the location table of 3.11+ (Objects/locations.md:
-//! variable-length entries covering 1–8 code units each). Pure functions of the bytes; never read memory.
+//! variable-length entries covering 1–8 code units each). Pure functions of the bytes; never read memory. The
+//! bytes come from another process and may be anything (a process mid-exec): arithmetic on them never panics.
 
 /// The line of the instruction at byte offset `addr` (3.10: `2 * f_lasti`) in a 3.10 line table that
 /// starts at `firstlineno`. None: the instruction has no line (or lies past the table).
@@ -10,12 +11,12 @@ pub fn line_310(table: &[u8], firstlineno: i32, addr: u64) -> Option<i32> {
     let mut line = firstlineno;
     let mut start = 0u64;
     for pair in table.chunks_exact(2) {
-        let end = start + u64::from(pair[0]);
+        let end = start.saturating_add(u64::from(pair[0]));
         let ldelta = pair[1] as i8;
         let this = if ldelta == -128 {
             None
         } else {
-            line += i32::from(ldelta);
+            line = line.wrapping_add(i32::from(ldelta));
             Some(line)
         };
         if addr >= start && addr < end {
@@ -62,18 +63,18 @@ pub fn line_311(table: &[u8], firstlineno: i32, index: u64) -> Option<i32> {
         let this = match code {
             15 => None,
             14 => {
-                line += svarint(&mut it)?;
+                line = line.wrapping_add(svarint(&mut it)?);
                 varint(&mut it)?;
                 varint(&mut it)?;
                 varint(&mut it)?;
                 Some(line)
             }
             13 => {
-                line += svarint(&mut it)?;
+                line = line.wrapping_add(svarint(&mut it)?);
                 Some(line)
             }
             10..=12 => {
-                line += i32::from(code) - 10;
+                line = line.wrapping_add(i32::from(code) - 10);
                 it.next()?;
                 it.next()?;
                 Some(line)
@@ -83,10 +84,10 @@ pub fn line_311(table: &[u8], firstlineno: i32, index: u64) -> Option<i32> {
                 Some(line)
             }
         };
-        if index >= start && index < start + len {
+        if index >= start && index < start.saturating_add(len) {
             return this;
         }
-        start += len;
+        start = start.saturating_add(len);
     }
     None
 }
@@ -94,6 +95,17 @@ pub fn line_311(table: &[u8], firstlineno: i32, index: u64) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn garbage_from_another_process_never_panics() {
+        // A "long form" entry whose line delta is ~2^30, on a first line of i32::MAX; byte deltas of 255.
+        let big = [0xE8, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x03];
+        assert!(line_311(&big, i32::MAX, 0).is_some());
+        assert_eq!(line_311(&big, i32::MAX, u64::MAX), None);
+        let wide = [255u8, 127].repeat(64);
+        assert!(line_310(&wide, i32::MAX, 255).is_some());
+        assert_eq!(line_310(&wide, i32::MAX, u64::MAX), None);
+    }
 
     #[test]
     fn lines_of_a_310_table() {

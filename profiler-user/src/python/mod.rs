@@ -286,25 +286,27 @@ impl PyProcess {
         let err = || io_err(pid, "the interpreter's thread list");
         let mut tstates = Vec::new();
         let mut interp = self
-            .read_u64(self.runtime + l.runtime_interpreters_head)
+            .read_u64(self.runtime.wrapping_add(l.runtime_interpreters_head))
             .map_err(err())?;
         let mut guard = 0;
         while interp != 0 && guard < MAX_LIST {
-            let mut t = self.read_u64(interp + l.interp_threads_head).map_err(err())?;
+            let mut t = self
+                .read_u64(interp.wrapping_add(l.interp_threads_head))
+                .map_err(err())?;
             while t != 0 && guard < MAX_LIST {
                 tstates.push(t);
-                t = self.read_u64(t + l.tstate_next).map_err(err())?;
+                t = self.read_u64(t.wrapping_add(l.tstate_next)).map_err(err())?;
                 guard += 1;
             }
-            interp = self.read_u64(interp + l.interp_next).map_err(err())?;
+            interp = self.read_u64(interp.wrapping_add(l.interp_next)).map_err(err())?;
             guard += 1;
         }
         let mut out = Vec::with_capacity(tstates.len());
         for t in tstates {
             let tid = match l.tstate_native_thread_id {
-                Some(off) => self.read_u64(t + off).map_err(err())? as u32,
+                Some(off) => self.read_u64(t.wrapping_add(off)).map_err(err())? as u32,
                 None => {
-                    let pthread = self.read_u64(t + l.tstate_thread_id).map_err(err())?;
+                    let pthread = self.read_u64(t.wrapping_add(l.tstate_thread_id)).map_err(err())?;
                     match self.pthread_tid(pthread) {
                         Some(tid) => tid,
                         None => continue,
@@ -321,15 +323,15 @@ impl PyProcess {
     /// 3.10: the kernel tid of the thread whose `pthread_t` is `pthread` (glibc: the address of its
     /// `struct pthread`), accepted only when it names a live thread of the process.
     fn pthread_tid(&self, pthread: u64) -> Option<u32> {
-        let tid = self.read_u32(pthread + GLIBC_PTHREAD_TID).ok()?;
+        let tid = self.read_u32(pthread.wrapping_add(GLIBC_PTHREAD_TID)).ok()?;
         let live = std::path::Path::new(&format!("/proc/{}/task/{tid}", self.pid)).exists();
         live.then_some(tid)
     }
 
     /// Reads a `str` object (compact ASCII, Latin-1, UCS-2 or UCS-4).
     fn read_str(&self, addr: u64) -> Option<String> {
-        let len = self.read_u64(addr + UNICODE_LENGTH).ok()?;
-        let state = self.read_u32(addr + UNICODE_STATE).ok()?;
+        let len = self.read_u64(addr.wrapping_add(UNICODE_LENGTH)).ok()?;
+        let state = self.read_u32(addr.wrapping_add(UNICODE_STATE)).ok()?;
         let kind = (state >> 2) & 7;
         let compact = (state >> 5) & 1 == 1;
         let ascii = (state >> 6) & 1 == 1;
@@ -337,9 +339,9 @@ impl PyProcess {
             return None;
         }
         let data = if ascii {
-            addr + self.layout.ascii_size
+            addr.wrapping_add(self.layout.ascii_size)
         } else {
-            addr + self.layout.compact_size
+            addr.wrapping_add(self.layout.compact_size)
         };
         let width = u64::from(if ascii { 1 } else { kind });
         if !matches!(width, 1 | 2 | 4) {
@@ -362,22 +364,23 @@ impl PyProcess {
 
     /// Reads a `bytes` object.
     fn read_bytes(&self, addr: u64) -> Option<Vec<u8>> {
-        let len = self.read_u64(addr + VAR_OB_SIZE).ok()?;
+        let len = self.read_u64(addr.wrapping_add(VAR_OB_SIZE)).ok()?;
         if len > MAX_LINETABLE {
             return None;
         }
         let mut buf = vec![0u8; len as usize];
-        self.read_exact(addr + self.layout.bytes_sval, &mut buf).ok()?;
+        self.read_exact(addr.wrapping_add(self.layout.bytes_sval), &mut buf)
+            .ok()?;
         Some(buf)
     }
 
     fn read_code(&self, addr: u64) -> Option<Code> {
         let l = &self.layout;
         let name_off = l.code_qualname.unwrap_or(l.code_name);
-        let function = self.read_str(self.read_u64(addr + name_off).ok()?)?;
-        let file = self.read_str(self.read_u64(addr + l.code_filename).ok()?)?;
-        let firstlineno = self.read_u32(addr + l.code_firstlineno).ok()? as i32;
-        let linetable = self.read_bytes(self.read_u64(addr + l.code_linetable).ok()?)?;
+        let function = self.read_str(self.read_u64(addr.wrapping_add(name_off)).ok()?)?;
+        let file = self.read_str(self.read_u64(addr.wrapping_add(l.code_filename)).ok()?)?;
+        let firstlineno = self.read_u32(addr.wrapping_add(l.code_firstlineno)).ok()? as i32;
+        let linetable = self.read_bytes(self.read_u64(addr.wrapping_add(l.code_linetable)).ok()?)?;
         Some(Code {
             function,
             file,
@@ -391,7 +394,7 @@ impl PyProcess {
         let line = match self.layout.code_adaptive {
             None => linetable::line_310(&c.linetable, c.firstlineno, (instr & 0xffff_ffff) * 2),
             Some(adaptive) => {
-                let start = code + adaptive;
+                let start = code.wrapping_add(adaptive);
                 let index = instr.saturating_sub(start) / 2;
                 linetable::line_311(&c.linetable, c.firstlineno, index)
             }

@@ -122,3 +122,102 @@ pub(super) fn ab_setup(o: &EngineArgs, what: &str) -> Result<AbSetup> {
         n_req,
     })
 }
+
+/// One mode of an interleaved bench: its label and llmprof's options (`None`: detached).
+pub(super) type Mode<'a> = (&'a str, Option<&'a [&'a str]>);
+
+/// What each mode of [`interleaved`] measured, one entry per round.
+#[derive(Default)]
+pub(super) struct ModeRuns {
+    /// The target's CPU time per generated token, ms.
+    pub(super) cpu_ms_per_token: Vec<f64>,
+    /// Output tokens per second.
+    pub(super) tok_s: Vec<f64>,
+    /// Trace MB per minute (attached modes).
+    pub(super) mb_per_min: Vec<f64>,
+}
+
+/// CPU time of every live thread of `pid` so far, s (the first field of each thread's schedstat, ns): the eBPF
+/// programs run in the target's context and are charged to it.
+pub(super) fn process_cpu_s(pid: u32) -> Result<f64> {
+    let mut ns = 0u64;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).context("reading the target's threads")? {
+        let path = e?.path().join("schedstat");
+        if let Ok(s) = std::fs::read_to_string(&path) {
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(ns as f64 / 1e9)
+}
+
+/// Runs `load` once per mode per round ([`AB_ROUNDS`]; odd rounds in reverse order) on the target `pid`, with
+/// llmprof (`release`) attached as each mode says; returns each mode's runs. `log` picks summary lines of an
+/// attached session to echo (e.g. `probe sched:`).
+pub(super) fn interleaved(
+    release: &Path,
+    pid: u32,
+    modes: &[Mode<'_>],
+    log: &[&str],
+    mut load: impl FnMut() -> Result<super::load::Row>,
+) -> Result<Vec<ModeRuns>> {
+    let trace = std::env::temp_dir().join(format!("llmprof-bench-{pid}.perfetto-trace"));
+    let mut runs: Vec<ModeRuns> = modes.iter().map(|_| ModeRuns::default()).collect();
+    for round in 0..AB_ROUNDS {
+        let mut order: Vec<usize> = (0..modes.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for m in order {
+            let (name, extra) = modes[m];
+            let session = match extra {
+                Some(args) => Some(start_attach(&release.join("llmprof"), pid, &trace, args)?),
+                None => None,
+            };
+            let cpu0 = process_cpu_s(pid)?;
+            let t0 = std::time::Instant::now();
+            let row = load()?;
+            let secs = t0.elapsed().as_secs_f64();
+            let per_token_ms = (process_cpu_s(pid)? - cpu0) * 1e3 / row.tokens.max(1) as f64;
+            eprintln!(
+                "bench: round {round} {name}: {per_token_ms:.3} ms target CPU per token, {:.1} tok/s",
+                row.tokens_per_s
+            );
+            runs[m].cpu_ms_per_token.push(per_token_ms);
+            runs[m].tok_s.push(row.tokens_per_s);
+            if let Some(child) = session {
+                let summary = stop_llmprof(child)?;
+                for l in summary.lines().filter(|l| log.iter().any(|k| l.contains(k))) {
+                    eprintln!("bench:   {}", l.trim());
+                }
+                let bytes = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0);
+                runs[m].mb_per_min.push(bytes as f64 / 1e6 / (secs / 60.0));
+                let _ = std::fs::remove_file(&trace);
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// Prints each mode's target CPU per token (median, range, change vs the first mode), throughput and trace size.
+pub(super) fn print_modes(modes: &[Mode<'_>], runs: &mut [ModeRuns]) {
+    let (base, _, _) = super::stats::median_range(&mut runs[0].cpu_ms_per_token.clone());
+    for ((name, _), r) in modes.iter().zip(runs.iter_mut()) {
+        let (cm, cl, ch) = super::stats::median_range(&mut r.cpu_ms_per_token);
+        let (tm, _, _) = super::stats::median_range(&mut r.tok_s);
+        let size = if r.mb_per_min.is_empty() {
+            String::new()
+        } else {
+            let (sm, sl, sh) = super::stats::median_range(&mut r.mb_per_min);
+            format!(", trace {sm:.2} MB/min (range {sl:.2}-{sh:.2})")
+        };
+        println!(
+            "  {name:<40} target CPU {cm:.3} ms/token (range {cl:.3}-{ch:.3}) = {:+.2}% vs {}, {tm:.1} tok/s{size}",
+            (cm / base - 1.0) * 100.0,
+            modes[0].0
+        );
+    }
+}

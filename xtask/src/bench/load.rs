@@ -111,7 +111,8 @@ pub(super) struct Sample {
     decode_s: f64,
 }
 
-/// `n_req` streaming requests of `max_tokens` tokens by `c` concurrent clients on llmserve at `port`.
+/// `n_req` streaming requests of `max_tokens` tokens by `c` concurrent clients on the OpenAI-compatible server
+/// (llmserve, llama.cpp's) at `port`.
 pub(super) fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Result<Row> {
     let (tx, rx) = mpsc::channel::<usize>();
     for i in 0..n_req {
@@ -195,7 +196,7 @@ pub(super) fn one_request(port: u16, prompt: &str, max_tokens: usize) -> Result<
     let mut first: Option<Instant> = None;
     let mut last: Option<Instant> = None;
     let mut itls = Vec::new();
-    let mut tokens = 0usize;
+    let mut usage: Option<usize> = None;
     while let Some(l) = body.next_line()? {
         let Some(data) = l.strip_prefix("data: ") else {
             continue;
@@ -206,10 +207,10 @@ pub(super) fn one_request(port: u16, prompt: &str, max_tokens: usize) -> Result<
         if let Some(p) = data.find("\"completion_tokens\":") {
             let rest = &data[p + 20..];
             let n: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            tokens = n.parse().unwrap_or(tokens);
+            usage = n.parse().ok().or(usage);
             continue;
         }
-        if !data.contains("\"content\":\"") || data.contains("\"content\":\"\"") {
+        if !carries_content(data) {
             continue;
         }
         let now = Instant::now();
@@ -219,6 +220,8 @@ pub(super) fn one_request(port: u16, prompt: &str, max_tokens: usize) -> Result<
         }
         last = Some(now);
     }
+    // A server that reports no usage in the stream (llama.cpp's): one token per content event.
+    let tokens = usage.unwrap_or(itls.len() + usize::from(first.is_some()));
     let ttft = first.map_or(f64::NAN, |f| f.duration_since(t0).as_secs_f64());
     let decode_s = match (first, last) {
         (Some(f), Some(l)) => l.duration_since(f).as_secs_f64(),
@@ -229,6 +232,15 @@ pub(super) fn one_request(port: u16, prompt: &str, max_tokens: usize) -> Result<
         itls,
         tokens,
         decode_s,
+    })
+}
+
+/// Whether an SSE event's JSON has a non-empty `"content"` string (llmserve writes `"content":"x"`, Python
+/// servers `"content": "x"`).
+fn carries_content(data: &str) -> bool {
+    data.match_indices("\"content\":").any(|(i, m)| {
+        let rest = data[i + m.len()..].trim_start();
+        rest.starts_with('"') && !rest.starts_with("\"\"")
     })
 }
 
@@ -297,5 +309,23 @@ impl<R: BufRead> ChunkedLines<R> {
                 return Ok(Some(line));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_content;
+
+    #[test]
+    fn content_events_with_and_without_a_space_and_role_only_chunks() {
+        assert!(carries_content(r#"{"choices":[{"delta":{"content":"Hi"}}]}"#));
+        assert!(carries_content(
+            r#"{"choices": [{"delta": {"content": " the"}}]}"#
+        ));
+        assert!(!carries_content(
+            r#"{"choices": [{"delta": {"role": "assistant", "content": ""}}]}"#
+        ));
+        assert!(!carries_content(r#"{"choices":[{"delta":{"content":null}}]}"#));
+        assert!(!carries_content(r#"{"usage":{"completion_tokens":3}}"#));
     }
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
-//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`]), each owning its measurement and its
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`]), each owning its measurement and its
 //! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
 //! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
 //! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
@@ -8,6 +8,7 @@
 mod attach;
 mod common;
 mod engine;
+mod llama;
 mod load;
 mod serve;
 mod stats;
@@ -31,9 +32,13 @@ pub enum Kind {
     /// A ~500k syscalls/s target detached / attached / attached with --overhead-budget (root).
     #[command(after_help = "Example: sudo cargo xtask bench syscalls --rounds 5 --budget 1%")]
     Syscalls(syscalls::Args),
-    /// Target CPU per generated token with thread states on vs off vs detached, interleaved (root).
+    /// llmserve's CPU per generated token: detached vs stack samples and thread states on/off, interleaved (root).
     #[command(after_help = "Example: sudo cargo xtask bench threads --levels 4 --max-tokens 64")]
     Threads(load::EngineArgs),
+    /// llama.cpp's server (llama_cpp.server): CPU per generated token detached vs attached, with the wire probe's
+    /// and the samples' shares, interleaved (root; the servers venv of `cargo xtask setup`).
+    #[command(after_help = "Example: sudo cargo xtask bench llama --levels 4 --max-tokens 64")]
+    Llama(load::EngineArgs),
 }
 
 /// `cargo xtask bench <kind>`.
@@ -44,5 +49,6 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Serve(o) => serve::run(&o),
         Kind::Syscalls(o) => syscalls::run(&o),
         Kind::Threads(o) => threads::run(&o),
+        Kind::Llama(o) => llama::run(&o),
     }
 }

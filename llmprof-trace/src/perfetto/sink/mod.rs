@@ -78,11 +78,6 @@ const NS_GPU: u64 = 9;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// execve and execveat (arch/x86/entry/syscalls/syscall_64.tbl).
-const NR_EXECVE: u64 = 59;
-/// See [`NR_EXECVE`].
-const NR_EXECVEAT: u64 = 322;
-
 fn uuid(ns: u64, id: u64) -> u64 {
     (ns << 56) | (id & ((1 << 56) - 1))
 }
@@ -135,8 +130,8 @@ pub struct TraceSink<W: Write> {
     processes: HashMap<u32, ProcessInfo>,
     /// The processes traced from the start (their exit is also a `target exited` marker).
     targets: HashSet<u32>,
-    /// Processes started during the session whose track has no name yet (see `procs`).
-    unnamed: HashSet<u32>,
+    /// Processes started during the session whose track has no name yet, with their start (see `procs`).
+    unnamed: HashMap<u32, u64>,
     thread_names: HashMap<u32, String>,
     /// Requests seen and not finished, by (pid, request id).
     requests: BTreeMap<(u32, u64), RequestTimeline>,
@@ -161,7 +156,7 @@ impl<W: Write> TraceSink<W> {
             tracks: HashSet::new(),
             processes: processes.iter().map(|p| (p.pid, p.clone())).collect(),
             targets: processes.iter().map(|p| p.pid).collect(),
-            unnamed: HashSet::new(),
+            unnamed: HashMap::new(),
             thread_names: HashMap::new(),
             requests: BTreeMap::new(),
             ranges: BTreeMap::new(),
@@ -264,26 +259,11 @@ impl<W: Write> TraceSink<W> {
         self.cuda.advance(ts, &mut self.cuda_out);
         self.write_cuda()?;
         self.count(ev.body.kind_name());
-        // A slow execve is timed from its entry, before the exec it performs: it does not fix the name; nor do
-        // a context switch, a wakeup or a stack sample, which a just-forked process gets before its exec as
-        // much as after.
-        if !self.unnamed.is_empty()
-            && !matches!(
-                ev.body,
-                EventBody::ProcessStart { .. }
-                    | EventBody::ProcessExec { .. }
-                    | EventBody::SchedSwitch(_)
-                    | EventBody::SchedWake(_)
-                    | EventBody::CpuSample(_)
-                    | EventBody::OffCpuStack(_)
-                    | EventBody::PyStack(_)
-                    | EventBody::SlowSyscall {
-                        nr: NR_EXECVE | NR_EXECVEAT,
-                        ..
-                    }
-            )
-        {
-            self.name_process(ev.pid)?;
+        // A process that has not executed a program keeps its parent's name once it has lived
+        // `procs::NAME_AFTER_NS` without an exec (a forked worker): between fork and exec a child makes syscalls,
+        // is switched and sampled like any other, so none of those events says it will not exec.
+        if !self.unnamed.is_empty() && !matches!(ev.body, EventBody::ProcessExec { .. }) {
+            self.name_process(ev.pid, Some(ts))?;
         }
         match &ev.body {
             EventBody::Step(rec) => self.step(ev.pid, rec),

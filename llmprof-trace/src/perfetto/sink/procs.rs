@@ -13,6 +13,12 @@ use crate::names::{arg, slice};
 use crate::perfetto::schema::{ProcessDescriptor, TracePacket, TrackDescriptor};
 use crate::perfetto::writer::{arg_i, arg_s, arg_u};
 
+/// How long a process started during the session may take to execute a program before the name it inherited
+/// from its parent is taken as its own (a forked worker that never executes one). Python's `subprocess` takes
+/// milliseconds from fork to exec, more on a loaded machine; the trace processor keeps the first name a process
+/// gets, so naming it early names it wrongly for good.
+pub(super) const NAME_AFTER_NS: u64 = 1_000_000_000;
+
 impl<W: Write> TraceSink<W> {
     /// The descriptor of `pid`'s process track from what the sink knows of it (name: the command line).
     pub(super) fn process_descriptor(&self, pid: u32) -> TrackDescriptor {
@@ -42,18 +48,18 @@ impl<W: Write> TraceSink<W> {
     /// first name a process gets, so a descriptor without a name is written first when the name may still
     /// change (`named` false: a process just started, which may execute a program at once); the named one
     /// follows at its exec or its first other event ([`TraceSink::name_process`]).
-    fn update_process(&mut self, info: ProcessInfo, named: bool) -> io::Result<u64> {
+    fn update_process(&mut self, info: ProcessInfo, started: Option<u64>) -> io::Result<u64> {
         let pid = info.pid;
         self.processes.insert(pid, info);
         let mut d = self.process_descriptor(pid);
-        if named {
-            self.unnamed.remove(&pid);
-        } else {
-            self.unnamed.insert(pid);
+        if let Some(ts) = started {
+            self.unnamed.insert(pid, ts);
             if let Some(p) = d.process.as_mut() {
                 p.process_name = None;
                 p.cmdline = Vec::new();
             }
+        } else {
+            self.unnamed.remove(&pid);
         }
         let id = d.uuid.unwrap_or(0);
         self.tracks.insert(id);
@@ -79,7 +85,7 @@ impl<W: Write> TraceSink<W> {
             threads: Vec::new(),
             engine_probes: false,
         };
-        let track = self.update_process(info, false)?;
+        let track = self.update_process(info, Some(ev.ts_ns))?;
         let args = vec![arg_u(arg::PPID, ppid), arg_s(arg::CMDLINE, cmdline)];
         self.instant(ev.ts_ns, track, slice::PROCESS_START, args, Vec::new())
     }
@@ -101,18 +107,29 @@ impl<W: Write> TraceSink<W> {
         });
         info.name = name.to_owned();
         info.cmdline = cmdline.to_owned();
-        let track = self.update_process(info, true)?;
+        let track = self.update_process(info, None)?;
         let args = vec![arg_s(arg::FILENAME, filename), arg_s(arg::CMDLINE, cmdline)];
         self.instant(ev.ts_ns, track, slice::PROCESS_EXEC, args, Vec::new())
     }
 
-    /// Names a process started during the session that has not executed a program (a forked worker) before
-    /// the first event that is not its start: from then on the name it inherited from its parent is its own.
-    pub(super) fn name_process(&mut self, pid: u32) -> io::Result<()> {
-        if self.unnamed.contains(&pid)
+    /// Names a process started during the session that has not executed a program (a forked worker) once it
+    /// has lived [`NAME_AFTER_NS`] (`now` is the event being written; `None`: the end of the trace): from then
+    /// on the name it inherited from its parent is its own.
+    pub(super) fn name_process(&mut self, pid: u32, now: Option<u64>) -> io::Result<()> {
+        if let Some(&start) = self.unnamed.get(&pid)
+            && now.is_none_or(|t| t >= start.saturating_add(NAME_AFTER_NS))
             && let Some(info) = self.processes.get(&pid).cloned()
         {
-            self.update_process(info, true)?;
+            self.update_process(info, None)?;
+        }
+        Ok(())
+    }
+
+    /// Names every process still unnamed (the end of the trace).
+    pub(super) fn name_all(&mut self) -> io::Result<()> {
+        let pids: Vec<u32> = self.unnamed.keys().copied().collect();
+        for pid in pids {
+            self.name_process(pid, None)?;
         }
         Ok(())
     }

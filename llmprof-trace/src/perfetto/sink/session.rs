@@ -61,6 +61,7 @@ impl<W: Write> TraceSink<W> {
             stats.end_reason.as_str()
         };
         self.close_requests(ts, reason)?;
+        self.name_all()?;
         self.flush_cuda()?;
         self.flush_sched()?;
         let ranges: Vec<_> = std::mem::take(&mut self.ranges).into_iter().collect();
@@ -176,6 +177,12 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         }
         if let Some(p) = c.offcpu_stack_ns {
             args.push(arg_f(arg::COST_NS_OFFCPU_STACK, p));
+        }
+        if let Some(p) = c.http_request_ns {
+            args.push(arg_f(arg::COST_NS_HTTP_REQUEST, p));
+        }
+        if let Some(p) = c.http_sse_write_ns {
+            args.push(arg_f(arg::COST_NS_HTTP_SSE_WRITE, p));
         }
         args.push(arg_f(arg::SYSCALLS_PER_PROBE_HIT, c.syscalls_per_probe_hit));
         args.push(arg_s(arg::PROBE_ENTRY, c.entry_name()));

@@ -479,6 +479,7 @@ fn a_process_without_engine_probes_gets_a_marker() {
 fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
     const EXECS: u32 = 5001;
     const FORKS: u32 = 5002;
+    const BRIEF: u32 = 5003;
     let at = |ms: u64, pid: u32, body: EventBody| Event {
         ts_ns: T0 + ms * MS,
         pid,
@@ -529,6 +530,8 @@ fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
             },
         ),
         start(5, FORKS),
+        // Any syscall of a child between fork and exec (Python's subprocess closes fds, a loaded machine makes
+        // it slow): no name yet, the child may still execute a program.
         at(
             6,
             FORKS,
@@ -538,7 +541,20 @@ fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
                 dur_ns: MS,
             },
         ),
-        at(7, FORKS, EventBody::ProcessExit { exit_code: 5 }),
+        // A second later without an exec, it is a forked worker: its parent's name is its own.
+        at(
+            1006,
+            FORKS,
+            EventBody::SlowSyscall {
+                nr: 35,
+                ret: 0,
+                dur_ns: MS,
+            },
+        ),
+        at(1007, FORKS, EventBody::ProcessExit { exit_code: 5 }),
+        // One that ends before: named at the end of the trace.
+        start(1008, BRIEF),
+        at(1009, BRIEF, EventBody::ProcessExit { exit_code: 0 }),
     ] {
         sink.push(&e).unwrap();
     }
@@ -556,11 +572,12 @@ fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
     // The trace processor keeps a process's first name: none until it is known.
     assert_eq!(names_of(EXECS), [None, Some("llmserve --port 8000".to_owned())]);
     assert_eq!(names_of(FORKS), [None, Some("python3 launch.py".to_owned())]);
+    assert_eq!(names_of(BRIEF), [None, Some("python3 launch.py".to_owned())]);
     assert_eq!(names_of(PID), [Some("llmserve --model m.gguf".to_owned())]);
     let (_, evs) = decode(&bytes);
     let named = |n: &str| evs.iter().filter(|e| e.name == n).collect::<Vec<_>>();
     let starts = named(slice::PROCESS_START);
-    assert_eq!(starts.len(), 2);
+    assert_eq!(starts.len(), 3);
     assert_eq!(starts[0].arg(arg::PPID), &V::U(u64::from(PID)));
     assert_eq!(starts[0].kind, TYPE_INSTANT);
     let exec = named(slice::PROCESS_EXEC);
