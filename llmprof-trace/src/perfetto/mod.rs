@@ -1,6 +1,7 @@
 //! Perfetto output: the wire schema ([`schema`]), the streaming file writer with interning ([`writer`]) and
 //! the sink that lays llmprof events out as tracks ([`sink`]).
 
+pub mod compact;
 pub mod schema;
 pub mod sink;
 pub mod writer;

@@ -405,6 +405,53 @@ pub struct FtraceEventBundle {
     /// `repeated FtraceEvent event = 2;`
     #[prost(message, repeated, tag = "2")]
     pub event: Vec<FtraceEvent>,
+    /// `optional CompactSched compact_sched = 4;`
+    #[prost(message, optional, tag = "4")]
+    pub compact_sched: Option<CompactSched>,
+}
+
+/// `FtraceEventBundle.CompactSched`: sched_switch and sched_waking events of one CPU as packed arrays (one entry
+/// per event in each), timestamps as deltas from the previous one of the same kind (the first from 0), comms
+/// as indexes into `intern_table`. A switch's `prev` and a waking's waker are the thread the previous switch on
+/// that CPU put there ([`crate::perfetto::compact`]).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CompactSched {
+    /// `repeated uint64 switch_timestamp = 1 [packed = true];`
+    #[prost(uint64, repeated, packed = "true", tag = "1")]
+    pub switch_timestamp: Vec<u64>,
+    /// `repeated int64 switch_prev_state = 2 [packed = true];`
+    #[prost(int64, repeated, packed = "true", tag = "2")]
+    pub switch_prev_state: Vec<i64>,
+    /// `repeated int32 switch_next_pid = 3 [packed = true];`
+    #[prost(int32, repeated, packed = "true", tag = "3")]
+    pub switch_next_pid: Vec<i32>,
+    /// `repeated int32 switch_next_prio = 4 [packed = true];`
+    #[prost(int32, repeated, packed = "true", tag = "4")]
+    pub switch_next_prio: Vec<i32>,
+    /// `repeated string intern_table = 5;`
+    #[prost(string, repeated, tag = "5")]
+    pub intern_table: Vec<String>,
+    /// `repeated uint32 switch_next_comm_index = 6 [packed = true];`
+    #[prost(uint32, repeated, packed = "true", tag = "6")]
+    pub switch_next_comm_index: Vec<u32>,
+    /// `repeated uint64 waking_timestamp = 7 [packed = true];`
+    #[prost(uint64, repeated, packed = "true", tag = "7")]
+    pub waking_timestamp: Vec<u64>,
+    /// `repeated int32 waking_pid = 8 [packed = true];`
+    #[prost(int32, repeated, packed = "true", tag = "8")]
+    pub waking_pid: Vec<i32>,
+    /// `repeated int32 waking_target_cpu = 9 [packed = true];`
+    #[prost(int32, repeated, packed = "true", tag = "9")]
+    pub waking_target_cpu: Vec<i32>,
+    /// `repeated int32 waking_prio = 10 [packed = true];`
+    #[prost(int32, repeated, packed = "true", tag = "10")]
+    pub waking_prio: Vec<i32>,
+    /// `repeated uint32 waking_comm_index = 11 [packed = true];`
+    #[prost(uint32, repeated, packed = "true", tag = "11")]
+    pub waking_comm_index: Vec<u32>,
+    /// `repeated uint32 waking_common_flags = 12 [packed = true];`
+    #[prost(uint32, repeated, packed = "true", tag = "12")]
+    pub waking_common_flags: Vec<u32>,
 }
 
 /// `protos/perfetto/trace/ftrace/ftrace_event.proto`: `message FtraceEvent` (the subset llmprof writes).

@@ -160,6 +160,8 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
     let mut pos = 0usize;
     let mut packets = 0u64;
     let mut last_ts = 0u64;
+    // Thread states written compact need each CPU's previous switch to be read back.
+    let mut compact = crate::perfetto::compact::Expander::default();
     while pos < bytes.len() {
         let start = pos;
         let packet = (|| {
@@ -230,7 +232,8 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
         }
         if let Some(b) = p.ftrace_events {
             let cpu = b.cpu.unwrap_or(0);
-            d.sched.events.extend(b.event.into_iter().map(|e| (cpu, e)));
+            let events = compact.expand(cpu, b);
+            d.sched.events.extend(events.into_iter().map(|e| (cpu, e)));
             continue;
         }
         d.samples.packet(&p);

@@ -146,7 +146,9 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
         return None;
     }
     let mut evs: Vec<&(u32, FtraceEvent)> = log.events.iter().collect();
-    evs.sort_by_key(|(cpu, e)| (e.timestamp.unwrap_or(0), *cpu));
+    // A blocked reason carries its switch-out's time: after that switch whatever order the file holds them in
+    // (compact switches are expanded after the bundle's full events).
+    evs.sort_by_key(|(cpu, e)| (e.timestamp.unwrap_or(0), *cpu, e.sched_blocked_reason.is_some()));
     let mut acc: BTreeMap<u32, Acc> = log.threads.keys().map(|&t| (t, Acc::default())).collect();
     let mut comms: HashMap<u32, String> = HashMap::new();
     let mut last = 0;

@@ -137,21 +137,73 @@ pub(super) struct ModeRuns {
     pub(super) mb_per_min: Vec<f64>,
 }
 
-/// CPU time of every live thread of `pid` so far, s (the first field of each thread's schedstat, ns): the eBPF
-/// programs run in the target's context and are charged to it.
-pub(super) fn process_cpu_s(pid: u32) -> Result<f64> {
-    let mut ns = 0u64;
-    for e in std::fs::read_dir(format!("/proc/{pid}/task")).context("reading the target's threads")? {
-        let path = e?.path().join("schedstat");
-        if let Ok(s) = std::fs::read_to_string(&path) {
-            ns += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+/// The target's CPU time, every thread it ever had included (a server's short-lived worker threads take their
+/// CPU with them from `/proc/PID/task`): a cgroup v1 `cpuacct` group of its own when this machine has one (ns
+/// resolution), else `/proc/PID/stat` (user + system, 10 ms ticks).
+pub(super) enum CpuMeter {
+    /// The target moved into this cpuacct group (removed on drop).
+    Cgroup(PathBuf),
+    /// The target's pid.
+    Stat(u32),
+}
+
+/// Where cgroup v1's cpuacct hierarchy is mounted.
+const CPUACCT: &str = "/sys/fs/cgroup/cpuacct";
+
+impl CpuMeter {
+    /// Moves `pid` (all its threads) into a fresh cpuacct group, or falls back to `/proc/PID/stat`.
+    pub(super) fn new(pid: u32) -> Self {
+        let dir = Path::new(CPUACCT).join(format!("llmprof-bench-{pid}"));
+        let moved = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join("cgroup.procs"), pid.to_string()))
+            .and_then(|()| std::fs::read_to_string(dir.join("cpuacct.usage")).map(|_| ()));
+        match moved {
+            Ok(()) => CpuMeter::Cgroup(dir),
+            Err(e) => {
+                eprintln!("bench: no cpuacct group ({e}); target CPU from /proc/{pid}/stat (10 ms ticks)");
+                let _ = std::fs::remove_dir(&dir);
+                CpuMeter::Stat(pid)
+            }
         }
     }
-    Ok(ns as f64 / 1e9)
+
+    /// The target's CPU time so far, s.
+    pub(super) fn cpu_s(&self) -> Result<f64> {
+        match self {
+            CpuMeter::Cgroup(dir) => {
+                let ns: u64 = std::fs::read_to_string(dir.join("cpuacct.usage"))
+                    .context("reading cpuacct.usage")?
+                    .trim()
+                    .parse()
+                    .context("parsing cpuacct.usage")?;
+                Ok(ns as f64 / 1e9)
+            }
+            CpuMeter::Stat(pid) => {
+                let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .context("reading the target's stat")?;
+                // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+                let rest = s.rfind(')').map_or("", |i| &s[i + 1..]);
+                let f: Vec<u64> = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+                // utime and stime are fields 14 and 15 (11 and 12 after the state field, which is not a number).
+                let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+                Ok(ticks as f64 / 100.0)
+            }
+        }
+    }
+}
+
+impl Drop for CpuMeter {
+    fn drop(&mut self) {
+        if let CpuMeter::Cgroup(dir) = self {
+            // Whatever is still in the group goes back to the root group, then the group goes.
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                for p in procs.split_whitespace() {
+                    let _ = std::fs::write(Path::new(CPUACCT).join("cgroup.procs"), p);
+                }
+            }
+            let _ = std::fs::remove_dir(&*dir);
+        }
+    }
 }
 
 /// Runs `load` once per mode per round ([`AB_ROUNDS`]; odd rounds in reverse order) on the target `pid`, with
@@ -165,6 +217,7 @@ pub(super) fn interleaved(
     mut load: impl FnMut() -> Result<super::load::Row>,
 ) -> Result<Vec<ModeRuns>> {
     let trace = std::env::temp_dir().join(format!("llmprof-bench-{pid}.perfetto-trace"));
+    let meter = CpuMeter::new(pid);
     let mut runs: Vec<ModeRuns> = modes.iter().map(|_| ModeRuns::default()).collect();
     for round in 0..AB_ROUNDS {
         let mut order: Vec<usize> = (0..modes.len()).collect();
@@ -177,11 +230,11 @@ pub(super) fn interleaved(
                 Some(args) => Some(start_attach(&release.join("llmprof"), pid, &trace, args)?),
                 None => None,
             };
-            let cpu0 = process_cpu_s(pid)?;
+            let cpu0 = meter.cpu_s()?;
             let t0 = std::time::Instant::now();
             let row = load()?;
             let secs = t0.elapsed().as_secs_f64();
-            let per_token_ms = (process_cpu_s(pid)? - cpu0) * 1e3 / row.tokens.max(1) as f64;
+            let per_token_ms = (meter.cpu_s()? - cpu0) * 1e3 / row.tokens.max(1) as f64;
             eprintln!(
                 "bench: round {round} {name}: {per_token_ms:.3} ms target CPU per token, {:.1} tok/s",
                 row.tokens_per_s

@@ -4,7 +4,8 @@
 //! otherwise). Modes, interleaved round by round on one server process: detached, `llmprof attach` with its
 //! defaults (wire probe, stack samples with Python frames, thread states, syscalls), `--no-http` (the wire
 //! probe's share), and `--no-sample --no-thread-states` (the share of samples and thread states). The figure is
-//! the server's CPU time per generated token (all its threads, `/proc/PID/task/*/schedstat`), medians and
+//! the server's CPU time per generated token (all its threads, the exited ones too: a cpuacct group
+//! of its own), medians and
 //! ranges over the rounds.
 
 use std::net::TcpStream;

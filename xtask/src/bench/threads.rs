@@ -2,8 +2,8 @@
 //! sampling stacks cost the target. llmserve under a streaming load (concurrency 4 unless `--levels` says
 //! otherwise) in four modes, interleaved round by round on one engine process: detached, `llmprof attach
 //! --no-sample --no-thread-states`, `--no-sample` (thread states on), and `llmprof attach` (the default:
-//! both on). The figure is the target's CPU time per generated token (all its threads,
-//! `/proc/PID/task/*/schedstat`), medians and ranges over the rounds, plus the trace size per minute and the
+//! both on). The figure is the target's CPU time per generated token (all its threads, the exited
+//! ones too: a cpuacct group of its own), medians and ranges over the rounds, plus the trace size per minute and the
 //! thread-state and sample records.
 
 use anyhow::Result;

@@ -3,10 +3,11 @@
 //! Sleeping, Uninterruptible) and the trace processor fills `thread_state` (with `waker_utid` from the waking
 //! events) and `sched` (the CPU tracks).
 //!
-//! Why full events and not `compact_sched`: the compact form leaves out `prev_pid`, which the trace processor
-//! then takes from the previous switch *on that CPU*; llmprof records only the switches of traced threads,
-//! so the previous recorded switch on a CPU is often not the one that put the current task there. Full
-//! events name both sides (~60 bytes a switch; docs/performance.md has the sizes).
+//! Encoding: Perfetto's `compact_sched` ([`crate::perfetto::compact`]; ~6–10 bytes a switch instead of ~60)
+//! wherever its implied sides are right: a switch whose CPU has a recorded current thread (its `prev` is
+//! always written as that thread, see `sched_switch`), a waking whose waker is the thread the CPU's last
+//! switch put there. A CPU's first switch, and a waking by a thread llmprof did not see go on the CPU (an
+//! untraced waker that replaced an untraced thread unseen), are full events that name both sides.
 //!
 //! Thread identity: a traced thread that appears in these events also gets its thread track descriptor
 //! (pid + tid) before its first bundle, so the trace processor files the ftrace thread (known by tid only)
@@ -28,6 +29,7 @@ use std::io::{self, Write};
 
 use super::TraceSink;
 use crate::event::Event;
+use crate::perfetto::compact::CompactBuilder;
 use crate::perfetto::schema::{
     FtraceEvent, FtraceEventBundle, InternedData, InternedString, SchedBlockedReasonFtraceEvent,
     SchedSwitchFtraceEvent, SchedWakingFtraceEvent, SystemInfo, TracePacket, Utsname,
@@ -56,8 +58,22 @@ fn switch_event(ts: u64, prev: (u32, String, i32), prev_state: i64, next: (u32, 
     }
 }
 
-/// Most events held per CPU before its bundle is written (bounds memory; a bundle of 256 switches is ~16 KB).
-pub const BUNDLE_EVENTS: usize = 256;
+/// Most events held per CPU before its bundle is written (bounds memory; a bundle of 1024 compact switches is
+/// ~8 KB).
+pub const BUNDLE_EVENTS: usize = 1024;
+
+/// One CPU's events waiting for their bundle: full events and the compact arrays.
+#[derive(Debug, Default)]
+struct CpuBuf {
+    events: Vec<FtraceEvent>,
+    compact: CompactBuilder,
+}
+
+impl CpuBuf {
+    fn len(&self) -> usize {
+        self.events.len() + self.compact.len()
+    }
+}
 
 /// The thread that went on a CPU at the last recorded switch there: (tid, comm, prio, traced), and when.
 type OnCpu = (u32, String, i32, bool, u64);
@@ -66,7 +82,7 @@ type OnCpu = (u32, String, i32, bool, u64);
 /// and whether the system info is out.
 #[derive(Debug, Default)]
 pub(super) struct SchedState {
-    per_cpu: BTreeMap<u32, Vec<FtraceEvent>>,
+    per_cpu: BTreeMap<u32, CpuBuf>,
     on_cpu: BTreeMap<u32, OnCpu>,
     kernel_release: Option<String>,
     system_info_written: bool,
@@ -112,22 +128,34 @@ impl<W: Write> TraceSink<W> {
                 // hand-over is written at the last moment it can have happened, so the trace processor's
                 // per-CPU sequence holds and no running time is invented; counted as `sched_switch_repaired`.
                 self.count(REPAIRED);
-                let prev = (s.prev_tid, s.prev_comm.clone(), s.prev_prio);
-                let fe = switch_event(ts.saturating_sub(1).max(at), (tid, comm, prio), 0, prev);
-                self.buffer_ftrace(s.cpu, fe)?;
+                let _ = (comm, prio);
+                let at = ts.saturating_sub(1).max(at);
+                let buf = self.sched.per_cpu.entry(s.cpu).or_default();
+                buf.compact.switch(at, 0, (s.prev_tid, &s.prev_comm, s.prev_prio));
                 (s.prev_tid, s.prev_comm.clone(), s.prev_prio)
             }
             _ => (s.prev_tid, s.prev_comm.clone(), s.prev_prio),
         };
-        self.sched.on_cpu.insert(
-            s.cpu,
-            (s.next_tid, s.next_comm.clone(), s.next_prio, s.next_pid != 0, ts),
-        );
+        // The CPU's current thread is known: this switch's prev is it (see above), the compact form implies it.
+        let implied = self
+            .sched
+            .on_cpu
+            .insert(
+                s.cpu,
+                (s.next_tid, s.next_comm.clone(), s.next_prio, s.next_pid != 0, ts),
+            )
+            .is_some();
         let prev_state = if self.sched.kernel_release.is_some() {
             s.prev_state
         } else {
             s.prev_state & !PREEMPTED
         };
+        if implied {
+            let buf = self.sched.per_cpu.entry(s.cpu).or_default();
+            buf.compact
+                .switch(ts, prev_state, (s.next_tid, &s.next_comm, s.next_prio));
+            return self.bundle_if_full(s.cpu);
+        }
         let next = (s.next_tid, s.next_comm.clone(), s.next_prio);
         let fe = switch_event(ts, (prev_tid, prev_comm, prev_prio), prev_state, next);
         self.buffer_ftrace(s.cpu, fe)
@@ -136,6 +164,13 @@ impl<W: Write> TraceSink<W> {
     /// A wakeup of a traced thread (the FtraceEvent's pid is the waker, as the kernel's ftrace writes it).
     pub(super) fn sched_wake(&mut self, ev: &Event, w: &SchedWake) -> io::Result<()> {
         self.thread_track(w.pid, w.tid)?;
+        // Compact when the waker is the thread the CPU's last recorded switch put there (what it implies).
+        if self.sched.on_cpu.get(&w.cpu).is_some_and(|c| c.0 == w.waker_tid) {
+            let buf = self.sched.per_cpu.entry(w.cpu).or_default();
+            buf.compact
+                .waking(ev.ts_ns, w.tid, &w.comm, w.prio, w.target_cpu, w.common_flags);
+            return self.bundle_if_full(w.cpu);
+        }
         let fe = FtraceEvent {
             timestamp: Some(ev.ts_ns),
             pid: Some(w.waker_tid),
@@ -179,11 +214,19 @@ impl<W: Write> TraceSink<W> {
     }
 
     fn buffer_ftrace(&mut self, cpu: u32, fe: FtraceEvent) -> io::Result<()> {
-        let buf = self.sched.per_cpu.entry(cpu).or_default();
-        buf.push(fe);
-        if buf.len() >= BUNDLE_EVENTS {
-            let events = std::mem::take(buf);
-            self.write_bundle(cpu, events)?;
+        self.sched.per_cpu.entry(cpu).or_default().events.push(fe);
+        self.bundle_if_full(cpu)
+    }
+
+    /// Writes `cpu`'s bundle when it holds [`BUNDLE_EVENTS`].
+    fn bundle_if_full(&mut self, cpu: u32) -> io::Result<()> {
+        let full = self
+            .sched
+            .per_cpu
+            .get(&cpu)
+            .is_some_and(|b| b.len() >= BUNDLE_EVENTS);
+        if full && let Some(buf) = self.sched.per_cpu.get_mut(&cpu).map(std::mem::take) {
+            self.write_bundle(cpu, buf)?;
         }
         Ok(())
     }
@@ -192,20 +235,20 @@ impl<W: Write> TraceSink<W> {
     pub fn flush_sched(&mut self) -> io::Result<()> {
         let cpus: Vec<u32> = self.sched.per_cpu.keys().copied().collect();
         for cpu in cpus {
-            let events = self
+            let buf = self
                 .sched
                 .per_cpu
                 .get_mut(&cpu)
                 .map(std::mem::take)
                 .unwrap_or_default();
-            if !events.is_empty() {
-                self.write_bundle(cpu, events)?;
+            if buf.len() > 0 {
+                self.write_bundle(cpu, buf)?;
             }
         }
         Ok(())
     }
 
-    fn write_bundle(&mut self, cpu: u32, event: Vec<FtraceEvent>) -> io::Result<()> {
+    fn write_bundle(&mut self, cpu: u32, mut buf: CpuBuf) -> io::Result<()> {
         if !self.sched.system_info_written {
             self.sched.system_info_written = true;
             if let Some(release) = self.sched.kernel_release.clone() {
@@ -224,7 +267,8 @@ impl<W: Write> TraceSink<W> {
         self.w.write(TracePacket {
             ftrace_events: Some(FtraceEventBundle {
                 cpu: Some(cpu),
-                event,
+                event: buf.events,
+                compact_sched: buf.compact.take(),
             }),
             interned_data: (!labels.is_empty()).then(|| InternedData {
                 kernel_symbols: labels,
