@@ -18,6 +18,7 @@
 mod http;
 pub mod python;
 pub use http::*;
+pub mod offcpu;
 pub mod sample;
 pub mod sched;
 pub use sample::{CpuSampleEvent, DEFAULT_SAMPLE_HZ, KERNEL_STACK_MAX, USER_STACK_MAX};
@@ -482,6 +483,8 @@ pub enum EventKind {
     SchedWake = 41,
     /// [`CpuSampleEvent`] (stack sampler; kinds 30–34 belong to it).
     CpuSample = 30,
+    /// [`CpuSampleEvent`] layout: the stack of a traced thread blocking at a context switch ([`offcpu`]).
+    OffCpuStack = 42,
 }
 
 impl EventKind {
@@ -506,6 +509,7 @@ impl EventKind {
             40 => Some(Self::SchedSwitch),
             41 => Some(Self::SchedWake),
             30 => Some(Self::CpuSample),
+            42 => Some(Self::OffCpuStack),
             _ => None,
         }
     }
@@ -1135,6 +1139,10 @@ pub enum Knob {
     /// N > 1: the stack sampler keeps one sample in N per CPU (the budget's "halve the sample rate" step
     /// writes 2, then more); 0 or 1: every sample. [`u64::MAX`]: no sample is taken (sampling stopped).
     SampleEvery = 3,
+    /// Non-zero: the `sched_switch` program takes no off-CPU stacks ([`offcpu`]); set when stack sampling is
+    /// off or stopped by the budget. [`offcpu::OFFCPU_UNBOUNDED`]: every stack, without the per-CPU rate
+    /// bound (the start-up calibration only).
+    OffCpuStacksOff = 6,
     /// Non-zero: every connection a traced process accepts is followed provisionally, whatever its listening
     /// socket (a worker forked or spawned after attach, a unix socket behind a proxy): its first bytes decide
     /// — an HTTP/1.x request line is followed, TLS and HTTP/2 are reported, anything else is dropped without a

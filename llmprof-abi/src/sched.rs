@@ -16,7 +16,7 @@ pub const COMM_LEN: usize = 16;
 /// switch-ins are missed, counted as drops of the `sched` probe).
 pub const MAX_THREADS: u32 = 16384;
 
-/// [`SchedSwitchEvent::stack_id`] when no off-CPU stack was taken (today always: see that field).
+/// [`SchedSwitchEvent::stack_id`] (always: see that field).
 pub const NO_STACK: i64 = -1;
 
 /// [`SchedWakeEvent::flags`]: the wakeup of a task that never ran (`sched_wakeup_new`).
@@ -46,9 +46,9 @@ pub struct SchedSwitchEvent {
     pub prev_comm: [u8; COMM_LEN],
     /// `comm` of the thread coming on.
     pub next_comm: [u8; COMM_LEN],
-    /// Off-CPU stack of the thread going off, as an id of the stack sampler's stack map; [`NO_STACK`]
-    /// today. The hook for off-CPU stacks at the block point: the stack sampler (issue 13 part 1) owns the
-    /// stack map and the walker, and fills this id when both are in the same object.
+    /// Always [`NO_STACK`]: the off-CPU stack of a blocking traced thread is not a stack-map id but a record
+    /// of its own that follows this one ([`crate::offcpu`], kind [`crate::EventKind::OffCpuStack`], same
+    /// tid and time). Kept for the layout.
     pub stack_id: i64,
     /// 1 when the thread going off the CPU belongs to a traced process, else 0 (then the next one does).
     pub prev_traced: u32,

@@ -42,6 +42,11 @@ pub struct Calibration {
     /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
     /// `None` when not sampling or not measured.
     pub sample_ns: Option<f64>,
+    /// ns of the `sched_switch` program per off-CPU stack (kernel + user stack walk and ring record at a
+    /// blocking switch), from the traced pipe ping-pong with a stack at every block minus without. `None`
+    /// when not sampling or not measured. The Python walk at the block point is not in it (llmprof is not
+    /// Python; docs/performance.md has its figure).
+    pub offcpu_stack_ns: Option<f64>,
     /// Extra ns per request the HTTP wire probe follows (head read, copy and record, and a small response),
     /// measured on a socket pair followed vs not. `None` when not measured (`--no-http`).
     pub http_request_ns: Option<f64>,

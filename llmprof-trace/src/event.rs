@@ -182,6 +182,9 @@ pub enum EventBody {
     SchedWake(Box<SchedWake>),
     /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::stack`]).
     CpuSample(Box<CpuSample>),
+    /// The stack of a traced thread blocking at a context switch (it follows that `SchedSwitch`, same time
+    /// and thread; [`crate::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
+    OffCpuStack(Box<CpuSample>),
 }
 
 impl EventBody {
@@ -213,6 +216,7 @@ impl EventBody {
             Self::SchedSwitch(_) => "sched_switch",
             Self::SchedWake(_) => "sched_wake",
             Self::CpuSample(_) => "cpu_sample",
+            Self::OffCpuStack(_) => "offcpu_stack",
         }
     }
 }
@@ -289,6 +293,10 @@ pub struct OverheadSummary {
     pub size_limit: Option<u64>,
     /// Events not written because the size limit was reached.
     pub events_not_written: u64,
+    /// Stacks (on-CPU samples and off-CPU stacks) llmprof symbolized.
+    pub symbolized_stacks: u64,
+    /// llmprof's time symbolizing them (blazesym, in llmprof's own thread), ns.
+    pub symbolize_ns: f64,
 }
 
 /// Values scraped from the engine's Prometheus endpoint.

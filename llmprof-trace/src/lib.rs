@@ -17,6 +17,7 @@ pub mod cuda_agg;
 pub mod event;
 pub mod merge;
 pub mod names;
+pub mod offcpu;
 pub mod otel;
 pub mod perfetto;
 pub mod pystack;

@@ -664,6 +664,15 @@ pub mod arg {
     pub const COST_NS_CUDA_CALL: &str = "cost_ns_cuda_call";
     /// Calibrated cost per thread-state record (sched_switch / sched_waking of a traced thread), ns.
     pub const COST_NS_SCHED_EVENT: &str = "cost_ns_sched_event";
+    /// Calibrated eBPF cost per stack sample (kernel + user stack walk and record; off-CPU stacks are
+    /// charged the same), ns.
+    pub const COST_NS_SAMPLE: &str = "cost_ns_sample";
+    /// Calibrated eBPF cost per off-CPU stack taken at a blocking switch (without the Python walk), ns.
+    pub const COST_NS_OFFCPU_STACK: &str = "cost_ns_offcpu_stack";
+    /// Stacks llmprof symbolized (on-CPU samples and off-CPU stacks).
+    pub const SYMBOLIZED_STACKS: &str = "symbolized_stacks";
+    /// llmprof's own CPU time spent symbolizing them (part of `llmprof_cpu_ms`), ms.
+    pub const SYMBOLIZE_MS: &str = "llmprof_symbolize_ms";
     /// Calibrated cost per request the wire probe follows (head read and a small response), ns.
     pub const COST_NS_HTTP_REQUEST: &str = "cost_ns_http_request";
     /// Calibrated cost per followed SSE write of a typical chat chunk, ns.

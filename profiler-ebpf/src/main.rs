@@ -34,6 +34,7 @@
 mod python;
 mod proc;
 mod http;
+mod offcpu;
 mod sched;
 mod sample;
 

@@ -46,26 +46,27 @@ fn skipped() -> bool {
     n % every != 0
 }
 
-/// Fills the reserved record `e` for the thread `pid_tgid` interrupted at `ctx`: header, kernel stack,
-/// user stack. The one place a sample's content is decided.
+/// Fills the reserved record `e` (of `kind`: an on-CPU sample, or an off-CPU stack from `offcpu`) for the
+/// current thread `pid_tgid` at the program context `ctx`: header, kernel stack, user stack. The one place a
+/// stack record's content is decided.
 ///
 /// # Safety
-/// `e` points to a reserved, writable `CpuSampleEvent`.
+/// `e` points to a reserved, writable `CpuSampleEvent`; `ctx` is the running program's context.
 #[inline(always)]
-unsafe fn fill(ctx: &PerfEventContext, e: *mut CpuSampleEvent, pid_tgid: u64, ts: u64) {
+pub(crate) unsafe fn fill(ctx: *mut c_void, e: *mut CpuSampleEvent, kind: EventKind, pid_tgid: u64, ts: u64) {
     // SAFETY: every write stays inside the reservation (the caller's contract); `bpf_get_stack` writes at
     // most the given size (the arrays' sizes) and returns the bytes written or a negative error.
     unsafe {
-        (&raw mut (*e).hdr).write(header(EventKind::CpuSample, ts, pid_tgid));
+        (&raw mut (*e).hdr).write(header(kind, ts, pid_tgid));
         let k = bpf_get_stack(
-            ctx.as_ptr(),
+            ctx,
             (&raw mut (*e).kernel).cast::<c_void>(),
             (KERNEL_STACK_MAX * 8) as u32,
             0,
         );
         (&raw mut (*e).kernel_len).write(if k > 0 { (k / 8) as u32 } else { 0 });
         let u = bpf_get_stack(
-            ctx.as_ptr(),
+            ctx,
             (&raw mut (*e).user).cast::<c_void>(),
             (USER_STACK_MAX * 8) as u32,
             BPF_F_USER_STACK as u64,
@@ -89,7 +90,7 @@ pub fn llmprof_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     // SAFETY: `e` is a fresh reservation of a CpuSampleEvent.
-    unsafe { fill(&ctx, e.as_mut_ptr(), pid_tgid, ts) };
+    unsafe { fill(ctx.as_ptr(), e.as_mut_ptr(), EventKind::CpuSample, pid_tgid, ts) };
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::CpuSample, 1, 1, 0);
     // The Python frames of the same instant, when the process is a sampled CPython (joined by (tid, ts)).

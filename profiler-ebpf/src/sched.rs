@@ -6,7 +6,8 @@
 //!   process enters `THREADS` (a thread under its parent's tgid, a new process under its own pid; whether
 //!   that process is traced is `TRACED`'s business, decided elsewhere);
 //! - `llmprof_sswitch` (sched:sched_switch): one `SchedSwitchEvent` when the thread going off the CPU (the
-//!   current task) or the one coming on is traced;
+//!   current task) or the one coming on is traced; when the one going off is traced and blocks, its
+//!   off-CPU stack follows (`offcpu::take`);
 //! - `llmprof_swaking` (sched:sched_waking) / `llmprof_swnew` (sched:sched_wakeup_new): one
 //!   `SchedWakeEvent` when the woken thread is traced, with the waker (the current task).
 //!
@@ -24,6 +25,7 @@ use aya_ebpf::{
 };
 use llmprof_abi::{
     EventKind, Knob, ProbeId,
+    offcpu::is_blocking,
     sched::{COMM_LEN, MAX_THREADS, NO_STACK, SchedSwitchEvent, SchedWakeEvent, WAKE_NEW},
 };
 
@@ -129,9 +131,10 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
         count(ProbeId::Sched, 1, 0, 1);
         return 0;
     };
+    let ts = now();
     e.write(SchedSwitchEvent {
         // The current task is `prev` (the tracepoint fires before the switch): its tgid and tid.
-        hdr: header(EventKind::SchedSwitch, now(), pid_tgid),
+        hdr: header(EventKind::SchedSwitch, ts, pid_tgid),
         prev_state,
         next_tid,
         next_pid: next_pid.unwrap_or(0),
@@ -145,6 +148,9 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
     });
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::Sched, 1, 1, 0);
+    if prev_traced && is_blocking(prev_state) {
+        crate::offcpu::take(&ctx, pid_tgid, ts);
+    }
     0
 }
 

@@ -895,6 +895,8 @@ impl<'a> Session<'a> {
         if let Some(s) = self.capture.sampler().map(|s| s.stats())
             && s.samples > 0
         {
+            overhead.symbolized_stacks = s.samples;
+            overhead.symbolize_ns = s.time.as_nanos() as f64;
             // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
             note!(
                 "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",

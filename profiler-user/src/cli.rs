@@ -159,10 +159,11 @@ pub struct AttachArgs {
     #[arg(long)]
     pub no_thread_states: bool,
     /// On-CPU stack samples per second on each CPU (software CPU clock, so it works in VMs): kernel and user
-    /// frames of the traced threads, symbolized, as Perfetto callstack samples (flame graphs).
+    /// frames of the traced threads, symbolized, as Perfetto callstack samples (flame graphs). With thread
+    /// states, each blocking sleep also gets the stack it blocked in (the state's "Blocked function").
     #[arg(long, value_name = "HZ", default_value_t = llmprof_abi::DEFAULT_SAMPLE_HZ, value_parser = parse_sample_rate)]
     pub sample_rate: u64,
-    /// Take no stack samples.
+    /// Take no stack samples (and no off-CPU stacks).
     #[arg(long)]
     pub no_sample: bool,
     /// Keep llmprof's estimated cost to the target under this share of the target's CPU time (e.g. 1%):

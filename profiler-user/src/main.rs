@@ -259,8 +259,11 @@ fn print_overhead(r: &attach::AttachReport) {
             );
         }
         if let Some(ns) = c.sample_ns {
+            let offcpu = c.offcpu_stack_ns.map_or(String::new(), |o| {
+                format!(", {o:.0} ns per off-CPU stack (ping-pong)")
+            });
             println!(
-                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics)"
+                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics){offcpu}"
             );
         }
     }

@@ -276,6 +276,8 @@ impl SelfAccount {
             degradations,
             size_limit: None,
             events_not_written: 0,
+            symbolized_stacks: 0,
+            symbolize_ns: 0.0,
         }
     }
 }

@@ -527,12 +527,15 @@ fn report_shows_self_accounting_and_the_budget_steps() {
             probe_ns: Some(1_800.0),
             probe_entry: Some(0xe8),
             cuda_call_ns: Some(4_500.0),
+            sample_ns: Some(1_500.0),
             ..Calibration::default()
         }),
         budget_pct: Some(1.0),
         degradations: vec![step],
         size_limit: None,
         events_not_written: 0,
+        symbolized_stacks: 120,
+        symbolize_ns: 6e6,
     });
     let trace = write_trace_with("overhead.perfetto-trace", &extra, &st);
     let j = report_json(&trace);
@@ -543,6 +546,9 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     assert_ms(&o["cost_ns"]["syscall_decoded"], 900.0);
     assert_ms(&o["cost_ns"]["engine_probe"], 1_800.0);
     assert_ms(&o["cost_ns"]["cuda_call"], 4_500.0);
+    assert_ms(&o["cost_ns"]["sample"], 1_500.0);
+    assert_eq!(o["symbolized_stacks"], 120, "{o}");
+    assert_ms(&o["symbolize_ms"], 6.0);
     assert_ms(&o["llmprof_max_rss_mib"], 24.0);
     assert_ms(&o["by_probe_ms"]["syscalls"], 40.0);
     assert_eq!(o["probe_entry"], "call (optimized)");

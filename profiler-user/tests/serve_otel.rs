@@ -153,6 +153,18 @@ fn a_serve_session_exports_the_engines_requests_as_spans() {
         .unwrap();
     assert_eq!(reason.len(), 1, "{reason:?}");
     assert_eq!(reason[0]["r"], "alert resolved", "{reason:?}");
+    // Sessions sample stacks and record thread states like `llmprof attach` does by default: the engine's
+    // threads have stack samples and Running rows.
+    for (table, cond) in [("perf_sample", ""), ("thread_state", "and x.state = 'Running'")] {
+        let n = tp
+            .query_i64(&format!(
+                "select count(*) from {table} x join thread using(utid) join process using(upid) \
+                 where process.pid = {} {cond}",
+                engine.pid
+            ))
+            .unwrap();
+        assert!(n > 0, "no {table} rows of the engine in the session's trace");
+    }
 
     assert!(srv.stop().success(), "llmprof serve exits cleanly on SIGTERM");
     drop(engine);

@@ -137,8 +137,12 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
     let tid: u32 = t.expect("sleeper ").parse().unwrap();
     t.expect("sleeper done");
     let pid = t.pid;
-    t.exit();
+    // The session ends (Ctrl-C) while the testee still runs: llmprof symbolizes a stack when it drains it,
+    // from the live process's maps, and a loaded machine may drain the last ones after a quick exit.
+    // SAFETY: kill(2) on our own child's pid with SIGINT has no memory-safety preconditions.
+    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
     finish(llmprof);
+    t.exit();
 
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
@@ -191,6 +195,25 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
         ))
         .unwrap();
     assert!(tp_sleep_ms >= 200.0, "{tp_sleep_ms} ms asleep");
+    // Off-CPU stacks (sampling is on by default): each sleep's row names where the thread blocked — the
+    // kernel's nanosleep, the libc call and the testee's own function — as Perfetto UI's "Blocked function".
+    let blocked_in_nap =
+        format!("{sleeps} and s.blocked_function like '%nanosleep%clock_nanosleep%llmprof_testee_nap%'");
+    assert_eq!(
+        q(&mut tp, &format!("select count(*) {blocked_in_nap}")),
+        10,
+        "every sleep's blocked_function: {:?}",
+        tp.query(&format!("select s.blocked_function {sleeps}")).unwrap()
+    );
+    assert!(
+        q(
+            &mut tp,
+            &format!(
+                "select count(*) {sleeps} and s.blocked_function like 'do_nanosleep ← hrtimer_nanosleep%'"
+            )
+        ) == 10,
+        "the label starts at the kernel's block point (the scheduler's own frames left out)"
+    );
     drop(tp);
 
     let r = report(&trace);
@@ -199,6 +222,26 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
     assert!(
         (sleeping - tp_sleep_ms).abs() < 0.001,
         "report {sleeping} ms vs trace processor {tp_sleep_ms} ms"
+    );
+    // "Time blocked and on what": the group's top off-CPU stack is the nap, with (nearly) all its sleep.
+    let group = r["thread_states"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "sleeper")
+        .unwrap();
+    let top = &group["blocked_on"][0];
+    let stack = top["stack"].as_str().unwrap();
+    assert!(
+        stack.contains("clock_nanosleep") && stack.contains("llmprof_testee_nap"),
+        "top off-CPU stack of the sleeper: {}",
+        group["blocked_on"]
+    );
+    assert!(top["count"].as_u64().unwrap() >= 10, "{top}");
+    let blocked = top["blocked_ms"].as_f64().unwrap();
+    assert!(
+        blocked >= 200.0 && blocked <= sleeping + 0.001,
+        "{blocked} ms blocked in the nap, {sleeping} ms asleep"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

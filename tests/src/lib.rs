@@ -11,6 +11,7 @@
 pub mod attach;
 pub mod engine;
 pub mod http;
+pub mod llama;
 pub mod serve;
 pub mod trace_processor;
 pub mod wire;

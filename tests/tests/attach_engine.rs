@@ -192,11 +192,14 @@ fn attach_to_the_engine_and_check_the_trace() {
     // Thread states: the engine loop thread ran (Running rows in the trace processor's thread_state, the
     // table Perfetto UI draws its thread-state rows from), is one thread of the engine's process, and was
     // blocked between requests; `llmprof report` counts the same CPU time.
+    // Threads of other processes that ran next to a traced one on a CPU appear by tid and comm only (no
+    // process): another llmserve on the machine has an engine thread of the same name, left out here.
     let engine_thread = "llmserve-engine";
     let rows = tp
         .query(&format!(
             "select t.tid, p.pid, count(*) as n, sum(s.dur) as running from thread_state s join thread t using(utid) \
-             left join process p using(upid) where t.name = '{engine_thread}' and s.state = 'Running' group by t.utid"
+             left join process p using(upid) where t.name = '{engine_thread}' and s.state = 'Running' \
+             and p.pid is not null group by t.utid"
         ))
         .expect("thread_state query");
     assert_eq!(rows.len(), 1, "one engine thread with Running rows: {rows:?}");

@@ -7,77 +7,18 @@
 //!
 //! Needs `cargo xtask setup` (the servers venv with llama-cpp-python) and `cargo xtask fetch-model`.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::attach::Attached;
-use e2e::wire::{Load, check_against_client, children, free_port, report_rows, run_client};
-use e2e::{default_model, http, is_root, require, servers_python, trace_processor};
+use e2e::llama::start_server;
+use e2e::wire::{Load, check_against_client, free_port, report_rows, run_client};
+use e2e::{default_model, is_root, require, servers_python, trace_processor};
 use llmprof_trace::names::slice;
 
 /// Requests the client sends: index 2 is cancelled after 3 chunks, index 4 (every 5th) is non-streaming.
 const REQUESTS: usize = 5;
 const CANCELLED: usize = 2;
 const JSON_EVERY: usize = 5;
-
-/// Kills the launcher and the server (its child) when the test ends, whatever happens.
-struct Server {
-    launcher: Child,
-    pid: u32,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on pids this test started; no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.pid as i32, libc::SIGKILL);
-        }
-        let _ = self.launcher.kill();
-        let _ = self.launcher.wait();
-    }
-}
-
-/// Starts `python -m llama_cpp.server` as the child of a launcher process (the vLLM shape) and waits until it
-/// answers.
-fn start_server(python: &PathBuf, port: u16) -> Server {
-    let launcher_src = "import subprocess, sys\n\
-                        p = subprocess.Popen([sys.executable, '-m', 'llama_cpp.server'] + sys.argv[1:])\n\
-                        sys.exit(p.wait())\n";
-    let model = default_model();
-    let launcher = Command::new(python)
-        .args(["-c", launcher_src])
-        .args(["--model"])
-        .arg(&model)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--n_ctx",
-            "2048",
-            "--verbose",
-            "false",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the llama_cpp.server launcher");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let launcher_pid = launcher.id();
-    let mut server = Server { launcher, pid: 0 };
-    loop {
-        if server.pid == 0 {
-            server.pid = children(launcher_pid).first().copied().unwrap_or(0);
-        }
-        if server.pid != 0 && http::get(port, "/v1/models").is_ok_and(|r| r.status == 200) {
-            return server;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "llama_cpp.server did not answer within 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 #[test]
 fn llama_cpp_server_requests_match_the_openai_client() {

@@ -12,7 +12,9 @@
 
 use std::collections::HashMap;
 
-use super::schema::{CompactSched, FtraceEvent, FtraceEventBundle, SchedSwitchFtraceEvent, SchedWakingFtraceEvent};
+use super::schema::{
+    CompactSched, FtraceEvent, FtraceEventBundle, SchedSwitchFtraceEvent, SchedWakingFtraceEvent,
+};
 
 /// One CPU's events being packed: the arrays and the comm intern table.
 #[derive(Debug, Default)]

@@ -116,6 +116,9 @@ pub struct InternedData {
     /// `repeated Callstack callstacks = 7;`
     #[prost(message, repeated, tag = "7")]
     pub callstacks: Vec<Callstack>,
+    /// `repeated InternedString kernel_symbols = 26;` (what `sched_blocked_reason.caller` names)
+    #[prost(message, repeated, tag = "26")]
+    pub kernel_symbols: Vec<InternedString>,
 }
 
 impl InternedData {
@@ -129,6 +132,7 @@ impl InternedData {
             && self.mappings.is_empty()
             && self.frames.is_empty()
             && self.callstacks.is_empty()
+            && self.kernel_symbols.is_empty()
     }
 }
 
@@ -468,6 +472,26 @@ pub struct FtraceEvent {
     /// `SchedWakingFtraceEvent sched_waking = 20;` (oneof event)
     #[prost(message, optional, tag = "20")]
     pub sched_waking: Option<SchedWakingFtraceEvent>,
+    /// `SchedBlockedReasonFtraceEvent sched_blocked_reason = 18;` (oneof event)
+    #[prost(message, optional, tag = "18")]
+    pub sched_blocked_reason: Option<SchedBlockedReasonFtraceEvent>,
+}
+
+/// `protos/perfetto/trace/ftrace/sched.proto`: `message SchedBlockedReasonFtraceEvent`. The trace processor
+/// (`FtraceParser::ParseSchedBlockedReason`) looks `caller` up in the sequence's interned
+/// [`InternedData::kernel_symbols`] and sets `blocked_function` on the thread's last blocked `thread_state` row,
+/// which Perfetto UI shows as "Blocked function" in the thread state's details.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SchedBlockedReasonFtraceEvent {
+    /// `optional int32 pid = 1;` (the blocked thread)
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    /// `optional uint64 caller = 2;` (an iid of `InternedData.kernel_symbols`)
+    #[prost(uint64, optional, tag = "2")]
+    pub caller: Option<u64>,
+    /// `optional uint32 io_wait = 3;`
+    #[prost(uint32, optional, tag = "3")]
+    pub io_wait: Option<u32>,
 }
 
 /// `protos/perfetto/trace/ftrace/sched.proto`: `message SchedSwitchFtraceEvent`.

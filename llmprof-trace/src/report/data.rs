@@ -352,6 +352,16 @@ pub struct OverheadReport {
     pub cost_ns_engine_probe_sampled_out: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`]: a CUDA driver call (entry + return probe).
     pub cost_ns_cuda_call: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a thread-state record.
+    pub cost_ns_sched_event: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a stack sample (eBPF; off-CPU stacks cost the same).
+    pub cost_ns_sample: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: an off-CPU stack at a blocking switch (eBPF).
+    pub cost_ns_offcpu_stack: Option<f64>,
+    /// Stacks llmprof symbolized.
+    pub symbolized_stacks: Option<u64>,
+    /// llmprof's CPU time symbolizing them, ms (part of `llmprof_cpu_ms`).
+    pub symbolize_ms: Option<f64>,
     /// How the engine probe is entered (optimized call or int3).
     pub probe_entry: Option<String>,
     /// `--overhead-budget`, %.

@@ -425,6 +425,8 @@ struct Overhead<'a> {
     llmprof_cpu_ms: Option<Num>,
     llmprof_cpu_pct: Option<Num>,
     llmprof_max_rss_mib: Option<Num>,
+    symbolized_stacks: Option<u64>,
+    symbolize_ms: Option<Num>,
     cost_ns: CostNs,
     probe_entry: Option<&'a str>,
     budget_pct: Option<Num>,
@@ -450,7 +452,12 @@ impl<'a> Overhead<'a> {
                 engine_probe: opt(o.cost_ns_engine_probe),
                 engine_probe_sampled_out: opt(o.cost_ns_engine_probe_sampled_out),
                 cuda_call: opt(o.cost_ns_cuda_call),
+                sched_event: opt(o.cost_ns_sched_event),
+                sample: opt(o.cost_ns_sample),
+                offcpu_stack: opt(o.cost_ns_offcpu_stack),
             },
+            symbolized_stacks: o.symbolized_stacks,
+            symbolize_ms: opt(o.symbolize_ms),
             probe_entry: o.probe_entry.as_deref(),
             budget_pct: opt(o.budget_pct),
             degradations: o.degradations.iter().map(Degradation::of).collect(),
@@ -498,6 +505,9 @@ struct CostNs {
     engine_probe: Option<Num>,
     engine_probe_sampled_out: Option<Num>,
     cuda_call: Option<Num>,
+    sched_event: Option<Num>,
+    sample: Option<Num>,
+    offcpu_stack: Option<Num>,
 }
 
 /// One `overhead.degradations` entry.

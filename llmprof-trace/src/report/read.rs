@@ -207,6 +207,11 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<Decoded, ReportError> 
             for n in &i.debug_annotation_names {
                 arg_names.insert(n.iid.unwrap_or(0), n.name.clone().unwrap_or_default());
             }
+            for n in &i.kernel_symbols {
+                d.sched
+                    .blocked_labels
+                    .insert(n.iid.unwrap_or(0), n.name.clone().unwrap_or_default());
+            }
         }
         if let Some(td) = &p.track_descriptor {
             let t = d.tracks.entry(td.uuid.unwrap_or(0)).or_default();

@@ -314,6 +314,16 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         f(o.llmprof_cpu_pct, 2),
         f(o.llmprof_max_rss_mib, 1)
     );
+    if let Some(n) = o.symbolized_stacks.filter(|n| *n > 0) {
+        let ms = o.symbolize_ms.unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each); eBPF per stack sample: {} ns, per off-CPU stack: {} ns",
+            ms * 1e3 / n as f64,
+            f(o.cost_ns_sample, 0),
+            f(o.cost_ns_offcpu_stack, 0)
+        );
+    }
     if let Some(b) = o.budget_pct {
         let _ = writeln!(
             out,

@@ -7,8 +7,9 @@
 //! thread, with the one `prev_state` decoding of [`crate::thread_state`]: Running from a switch-in to the
 //! switch-out; then Runnable (preempted) until the next switch-in — one wait sample — or blocked (Sleeping,
 //! Uninterruptible, Idle) until a waking makes it Runnable. Threads are the traced ones: those with a
-//! thread track in the trace. Off-CPU stacks (where a thread blocks) are not in the trace yet: the switch
-//! record has the hook (`SchedSwitch::stack_id`), the stack sampler has to fill it.
+//! thread track in the trace. Off-CPU stacks (`sched_blocked_reason` events after a switch-out, their labels
+//! interned as `kernel_symbols`) say where a thread blocked: each blocked interval's time goes to the label
+//! that came with it ("time blocked and on what").
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -21,6 +22,8 @@ use crate::thread_state::BlockState;
 
 /// How many wakers a group lists.
 pub const TOP_WAKERS: usize = 5;
+/// How many off-CPU stacks a group lists (by blocked time).
+pub const TOP_BLOCKED: usize = 5;
 /// `TRACE_FLAG_HARDIRQ | TRACE_FLAG_SOFTIRQ` (kernel/trace/trace.h): a waking recorded in interrupt context.
 const IRQ_FLAGS: u32 = 0x08 | 0x10;
 /// The waker name of a wakeup from interrupt context (a timer, a device) rather than a task.
@@ -33,6 +36,8 @@ pub(super) struct SchedLog {
     pub(super) events: Vec<(u32, FtraceEvent)>,
     /// Traced threads: tid → (pid, name from the thread track).
     pub(super) threads: BTreeMap<u32, (u32, Option<String>)>,
+    /// Off-CPU stack labels (`sched_blocked_reason.caller` → label, the trace's `kernel_symbols`).
+    pub(super) blocked_labels: HashMap<u64, String>,
 }
 
 /// One thread's time, ms.
@@ -69,6 +74,20 @@ pub struct ThreadGroup {
     pub runnable_waits: Stats,
     /// Who woke these threads: (waker name, wakeups), most first.
     pub wakers: Vec<(String, u64)>,
+    /// Where these threads blocked: off-CPU stacks ([`crate::offcpu::label`]) weighted by the time blocked
+    /// after each (until the thread was woken), most first.
+    pub blocked_on: Vec<BlockedOn>,
+}
+
+/// One off-CPU stack of a thread group and the time its threads spent blocked there.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BlockedOn {
+    /// The stack's label, innermost first (`do_nanosleep ← … ← main`).
+    pub stack: String,
+    /// Blocked time after taking this stack, ms (Sleeping + Uninterruptible until woken).
+    pub blocked_ms: f64,
+    /// How many times the threads blocked there.
+    pub count: u64,
 }
 
 /// The section: groups by total CPU time, descending.
@@ -94,12 +113,21 @@ struct Acc {
     waits: Vec<f64>,
     wakers: HashMap<String, u64>,
     comm: Option<String>,
+    /// The off-CPU stack of the current blocked state, when one came after its switch-out.
+    blocked_label: Option<String>,
+    /// Label → (blocked ms, count).
+    blocked: HashMap<String, (f64, u64)>,
 }
 
 impl Acc {
     fn close(&mut self, ts: u64) {
         let Some((st, since)) = self.state else { return };
         let ms = ts.saturating_sub(since) as f64 / 1e6;
+        if let (State::Blocked(_), Some(label)) = (st, self.blocked_label.take()) {
+            let b = self.blocked.entry(label).or_default();
+            b.0 += ms;
+            b.1 += 1;
+        }
         match st {
             State::Running => self.row.cpu_ms += ms,
             State::Runnable => self.row.runnable_ms += ms,
@@ -118,7 +146,9 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
         return None;
     }
     let mut evs: Vec<&(u32, FtraceEvent)> = log.events.iter().collect();
-    evs.sort_by_key(|(cpu, e)| (e.timestamp.unwrap_or(0), *cpu));
+    // A blocked reason carries its switch-out's time: after that switch whatever order the file holds them in
+    // (compact switches are expanded after the bundle's full events).
+    evs.sort_by_key(|(cpu, e)| (e.timestamp.unwrap_or(0), *cpu, e.sched_blocked_reason.is_some()));
     let mut acc: BTreeMap<u32, Acc> = log.threads.keys().map(|&t| (t, Acc::default())).collect();
     let mut comms: HashMap<u32, String> = HashMap::new();
     let mut last = 0;
@@ -153,6 +183,19 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
                 a.close(ts);
                 a.state = Some((State::Running, ts));
             }
+        } else if let Some(r) = &e.sched_blocked_reason {
+            let tid = r.pid.unwrap_or(0) as u32;
+            if let Some(a) = acc.get_mut(&tid)
+                && let Some((State::Blocked(_), _)) = a.state
+            {
+                let iid = r.caller.unwrap_or(0);
+                a.blocked_label = Some(
+                    log.blocked_labels
+                        .get(&iid)
+                        .cloned()
+                        .unwrap_or_else(|| format!("(stack {iid} not in the trace)")),
+                );
+            }
         } else if let Some(w) = &e.sched_waking {
             let tid = w.pid.unwrap_or(0) as u32;
             let Some(a) = acc.get_mut(&tid) else { continue };
@@ -184,6 +227,7 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
     let mut groups: BTreeMap<String, ThreadGroup> = BTreeMap::new();
     let mut waits: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut wakers: BTreeMap<String, HashMap<String, u64>> = BTreeMap::new();
+    let mut blocked: BTreeMap<String, HashMap<String, (f64, u64)>> = BTreeMap::new();
     for (tid, mut a) in acc {
         if a.state.is_none() {
             continue;
@@ -204,6 +248,12 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
         g.total.switches += row.switches;
         g.threads.push(row);
         waits.entry(name.clone()).or_default().extend(a.waits);
+        let b = blocked.entry(name.clone()).or_default();
+        for (k, (ms, n)) in a.blocked {
+            let e = b.entry(k).or_default();
+            e.0 += ms;
+            e.1 += n;
+        }
         let w = wakers.entry(name).or_default();
         for (k, n) in a.wakers {
             *w.entry(k).or_default() += n;
@@ -217,6 +267,23 @@ pub(super) fn analyze(log: &SchedLog) -> Option<ThreadStates> {
             w.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             w.truncate(TOP_WAKERS);
             g.wakers = w;
+            let mut b: Vec<BlockedOn> = blocked
+                .remove(&g.name)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(stack, (blocked_ms, count))| BlockedOn {
+                    stack,
+                    blocked_ms,
+                    count,
+                })
+                .collect();
+            b.sort_by(|x, y| {
+                y.blocked_ms
+                    .total_cmp(&x.blocked_ms)
+                    .then_with(|| x.stack.cmp(&y.stack))
+            });
+            b.truncate(TOP_BLOCKED);
+            g.blocked_on = b;
             g
         })
         .collect();
@@ -251,7 +318,15 @@ struct GroupJson<'a> {
     switches: u64,
     runnable_wait_ms: super::json::StatsJson,
     wakers: Vec<WakerJson<'a>>,
+    blocked_on: Vec<BlockedJson<'a>>,
     per_thread: Vec<ThreadJson>,
+}
+
+#[derive(Serialize)]
+struct BlockedJson<'a> {
+    stack: &'a str,
+    blocked_ms: f64,
+    count: u64,
 }
 
 #[derive(Serialize)]
@@ -300,6 +375,15 @@ impl<'a> ThreadStatesJson<'a> {
                         .map(|(w, n)| WakerJson {
                             waker: w,
                             wakeups: *n,
+                        })
+                        .collect(),
+                    blocked_on: g
+                        .blocked_on
+                        .iter()
+                        .map(|b| BlockedJson {
+                            stack: &b.stack,
+                            blocked_ms: r6(b.blocked_ms),
+                            count: b.count,
                         })
                         .collect(),
                     per_thread: g
@@ -352,13 +436,22 @@ pub(super) fn text(out: &mut String, t: &ThreadStates, rows: usize) {
             let w: Vec<String> = g.wakers.iter().map(|(n, c)| format!("{n} ×{c}")).collect();
             let _ = writeln!(out, "  {:<18} woken by: {}", "", w.join(", "));
         }
+        for b in &g.blocked_on {
+            let _ = writeln!(
+                out,
+                "  {:<18} blocked {:.1} ms ×{} in: {}",
+                "", b.blocked_ms, b.count, b.stack
+            );
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perfetto::schema::{SchedSwitchFtraceEvent, SchedWakingFtraceEvent};
+    use crate::perfetto::schema::{
+        SchedBlockedReasonFtraceEvent, SchedSwitchFtraceEvent, SchedWakingFtraceEvent,
+    };
 
     fn sw(ts: u64, prev: i32, state: i64, next: i32) -> (u32, FtraceEvent) {
         let comm = |t: i32| {
@@ -407,8 +500,21 @@ mod tests {
         let ms = 1_000_000;
         let log = SchedLog {
             events: vec![
-                sw(0, 9, 0, 7),                 // engine on CPU
-                sw(10 * ms, 7, 1, 9),           // sleeps (S) after 10 ms
+                sw(0, 9, 0, 7),       // engine on CPU
+                sw(10 * ms, 7, 1, 9), // sleeps (S) after 10 ms
+                (
+                    0,
+                    FtraceEvent {
+                        timestamp: Some(10 * ms),
+                        pid: Some(7),
+                        sched_blocked_reason: Some(SchedBlockedReasonFtraceEvent {
+                            pid: Some(7),
+                            caller: Some(1),
+                            io_wait: None,
+                        }),
+                        ..Default::default()
+                    },
+                ),
                 wake(30 * ms, 9, 7, 0),         // woken by other9 after 20 ms
                 sw(32 * ms, 9, 0x100, 7),       // runs after a 2 ms wait
                 sw(40 * ms, 7, 0x100, 9),       // preempted after 8 ms
@@ -417,6 +523,7 @@ mod tests {
                 wake(50 * ms, 0, 7, IRQ_FLAGS), // an interrupt wakes it
             ],
             threads: [(7, (70, Some("engine".to_owned())))].into(),
+            blocked_labels: [(1, "do_nanosleep ← nap".to_owned())].into(),
         };
         let t = analyze(&log).unwrap();
         assert_eq!(t.groups.len(), 1);
@@ -436,6 +543,15 @@ mod tests {
         assert_eq!(
             g.wakers,
             vec![("(interrupt)".to_owned(), 1), ("other9 (9)".to_owned(), 1)]
+        );
+        assert_eq!(
+            g.blocked_on,
+            vec![BlockedOn {
+                stack: "do_nanosleep ← nap".to_owned(),
+                blocked_ms: 20.0,
+                count: 1
+            }],
+            "the sleep's 20 ms go to its stack; the D state without a stack to none"
         );
         assert!(analyze(&SchedLog::default()).is_none());
     }

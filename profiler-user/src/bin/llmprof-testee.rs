@@ -26,7 +26,8 @@
 //! cuMemcpyHtoDAsync_v2 (256 bytes), cuMemcpyAsync_ptsz, cuLaunchKernelEx, cuGraphLaunch, cuCtxSynchronize,
 //! cuEventSynchronize and a failing cuEventSynchronize_ptsz; prints `cuda done`.
 //!
-//! Thread states: `sleeper N MS` runs a thread named `sleeper` that sleeps N × MS ms in `nanosleep`, printing
+//! Thread states: `sleeper N MS` runs a thread named `sleeper` that sleeps N × MS ms in `nanosleep` (in
+//! `llmprof_testee_nap`), printing
 //! `sleeper TID` when it starts and `sleeper done` at the end; `contend CPU MS` runs a thread named `contended`
 //! pinned to CPU that computes for MS ms of wall time, printing `contend TID` and `contend done CPU_NS` (its
 //! own CPU time); `spin CPU MS` pins the main thread to CPU and computes for MS ms (the competitor, run in a
@@ -143,7 +144,7 @@ fn run() -> Result<(), String> {
                     .spawn(move || {
                         let _ = tx.send(gettid());
                         for _ in 0..n {
-                            std::thread::sleep(Duration::from_millis(ms));
+                            llmprof_testee_nap(ms);
                         }
                     })
                     .map_err(|e| e.to_string())?;
@@ -491,6 +492,14 @@ fn thread_cpu_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec the call writes.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `sleeper`'s sleep: `ms` ms in `nanosleep` (through std), so an off-CPU stack of the thread names this
+/// function (tests look it up by this name).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_testee_nap(ms: u64) {
+    std::thread::sleep(Duration::from_millis(std::hint::black_box(ms)));
 }
 
 /// Outermost function of the known call chain (see the module doc): never inlined, unmangled, so samples

@@ -153,6 +153,10 @@ pub struct Raw {
     pub sched_hits_per_trip: f64,
     /// Syscall hits per traced round trip (its pipe reads and writes, the decoded class).
     pub syscalls_per_trip: f64,
+    /// Traced round trip with off-CPU stacks taken at every block, ns; None when not measured.
+    pub pingpong_offcpu: Option<f64>,
+    /// Off-CPU stacks taken per round trip in that measurement.
+    pub offcpu_stacks_per_trip: f64,
     /// The wire probe's costs; None when not measured.
     pub http: Option<super::calibrate_http::HttpCost>,
 }
@@ -187,6 +191,12 @@ impl Raw {
                 _ => None,
             },
             sample_ns: None,
+            offcpu_stack_ns: match (self.pingpong_traced, self.pingpong_offcpu) {
+                (Some(t), Some(o)) if self.offcpu_stacks_per_trip > 0.0 => {
+                    Some(((o - t) / self.offcpu_stacks_per_trip).max(0.0))
+                }
+                _ => None,
+            },
             http_request_ns: self.http.map(|h| h.request_ns),
             http_sse_write_ns: self.http.map(|h| h.sse_write_ns),
             took_ms,
@@ -212,12 +222,17 @@ pub fn median_ns_per_cuda_call(calls: u32) -> f64 {
 /// Traces this process with the just-loaded programs and times it (see the module docs), then undoes it.
 /// `cuda`: also load the CUDA programs and measure their pair (the caller then counts them as loaded).
 /// Returns the calibration and the counter values it left behind (the baseline to subtract).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one flag per optional measurement, each named at the one call site"
+)]
 pub(super) fn startup(
     ebpf: &mut aya::Ebpf,
     ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
     range_probe_loaded: bool,
     cuda: bool,
     thread_states: bool,
+    offcpu: bool,
     http: bool,
     untraced: Option<Untraced>,
 ) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
@@ -247,6 +262,9 @@ pub(super) fn startup(
     let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
     if thread_states && raw.pingpong_untraced.is_some() && measured.is_ok() {
         measure_sched(ebpf, &mut raw);
+        if offcpu && raw.pingpong_traced.is_some() {
+            measure_offcpu(ebpf, &mut raw);
+        }
     }
     // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
     // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
@@ -345,6 +363,40 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             crate::causes::one_line(&e)
         );
         raw.pingpong_traced = None;
+    }
+}
+
+/// The traced ping-pong again with an off-CPU stack (kernel + user walk, ring record; no Python walk: llmprof
+/// is not Python) taken at every block, without the rate bound: the extra time per stack is the cost of one.
+/// Stacks go back off (the capture turns them on once calibrated). A failure leaves the cost unmeasured.
+fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
+    let me = std::process::id();
+    if super::write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
+        return;
+    }
+    let before = super::read_counters(ebpf);
+    let trips = super::sched::PINGPONG_ROUND_TRIPS;
+    let mut reg_err = None;
+    let measured = super::sched::median_ns_per_pingpong(trips, |tids| {
+        if let Err(e) = super::sched::put_threads(ebpf, me, tids) {
+            reg_err = Some(e);
+        }
+    });
+    let after = super::read_counters(ebpf);
+    let off = super::write_knob(ebpf, Knob::OffCpuStacksOff, 1);
+    let i = ProbeId::CpuSample as usize;
+    raw.offcpu_stacks_per_trip =
+        after[i].hits.saturating_sub(before[i].hits) as f64 / (f64::from(trips) * ROUNDS as f64);
+    raw.pingpong_offcpu = measured;
+    if let Err(e) = super::sched::forget_threads(ebpf, me)
+        .and(reg_err.map_or(Ok(()), Err))
+        .and(off)
+    {
+        log::warn!(
+            "calibrate: off-CPU stack cost not measured: {}",
+            crate::causes::one_line(&e)
+        );
+        raw.pingpong_offcpu = None;
     }
 }
 
@@ -469,12 +521,16 @@ mod tests {
             pingpong_traced: Some(16_800.0),
             sched_hits_per_trip: 4.0,
             syscalls_per_trip: 4.0,
+            pingpong_offcpu: Some(20_400.0),
+            offcpu_stacks_per_trip: 2.0,
             http: Some(super::super::calibrate_http::HttpCost {
                 request_ns: 2_000.0,
                 sse_write_ns: 1_300.0,
             }),
         };
         let c = raw.into_calibration(30.0);
+        // 3600 ns more per round trip with a stack at each of its 2 blocks.
+        assert_eq!(c.offcpu_stack_ns, Some(1_800.0));
         assert_eq!(c.http_request_ns, Some(2_000.0));
         assert_eq!(c.http_sse_write_ns, Some(1_300.0));
         // 6800 ns more per round trip: its 4 pipe syscalls at the decoded cost (4 × 1500), the rest over

@@ -162,7 +162,7 @@ impl Decoder {
                 }
             }
             // Symbolized by the sampler (`capture::sampling`), never here.
-            EventKind::CpuSample => return None,
+            EventKind::CpuSample | EventKind::OffCpuStack => return None,
             EventKind::ProcessExit => {
                 let e: ProcessExitEvent = read(b)?;
                 self.paths.retain(|(pid, _), _| *pid != hdr.pid);

@@ -510,6 +510,9 @@ impl Capture {
             );
         }
 
+        // Off-CPU stacks wait for the sampler and for the end of the calibration (whose ping-pong blocks
+        // llmprof's own threads while they are traced).
+        write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
         }
@@ -559,6 +562,7 @@ impl Capture {
                 engine_loaded,
                 cfg.calibrate_cuda,
                 cfg.thread_states,
+                sampler.is_some(),
                 cfg.http != http::HttpPorts::Off,
                 untraced,
             )?;
@@ -580,6 +584,9 @@ impl Capture {
             }
             other => (other.0, counter_base),
         };
+        if sampler.is_some() {
+            write_knob(&mut ebpf, Knob::OffCpuStacksOff, 0)?;
+        }
         let traced_flags = TRACED_SELF | if cfg.follow_children { TRACED_CHILDREN } else { 0 };
         // Before the processes are traced: with every port followed, any accepted connection is probed by its
         // first bytes in the kernel (workers that get their socket after attach included).
@@ -834,7 +841,7 @@ impl Capture {
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
             let kind = decode::kind(&item);
-            if kind == Some(EventKind::CpuSample) {
+            if kind == Some(EventKind::CpuSample) || kind == Some(EventKind::OffCpuStack) {
                 if let Some(s) = self.sampler.as_mut()
                     && let Some(rec) = sampling::read_record(&item)
                     // llmprof's own samples (the sampler's start-up calibration) are not the target's.
@@ -894,6 +901,7 @@ impl Capture {
     /// Stops stack sampling (the budget's last sampling step): closes the perf events. Returns whether it
     /// was sampling.
     pub fn detach_sampler(&mut self) -> Result<bool, CaptureError> {
+        write_knob(&mut self.ebpf, Knob::OffCpuStacksOff, 1)?;
         match self.sampler.as_mut() {
             Some(s) => s.detach(&mut self.ebpf),
             None => Ok(false),
@@ -1112,14 +1120,16 @@ where
 /// the two records back to back, so only records of other CPUs can come between them.
 const SPLICE_LOOKBACK: usize = 64;
 
-/// A Python stack written by the native sampler right after its own record of the same instant (same tid,
-/// same timestamp) is spliced into that sample's frames; one without such a sample (the stand-alone Python
-/// sampler) stays an event of its own.
+/// A Python stack written by the native sampler (or with an off-CPU stack) right after its own record of the
+/// same instant (same tid, same timestamp) is spliced into that stack's frames; one without such a record
+/// (the stand-alone Python sampler) stays an event of its own.
 fn splice_or_push(ev: Event, out: &mut Vec<Event>) {
     if let EventBody::PyStack(py) = &ev.body {
         let start = out.len().saturating_sub(SPLICE_LOOKBACK);
         if let Some(sample) = out[start..].iter_mut().rev().find_map(|e| match &mut e.body {
-            EventBody::CpuSample(s) if e.tid == ev.tid && e.ts_ns == ev.ts_ns => Some(s),
+            EventBody::CpuSample(s) | EventBody::OffCpuStack(s) if e.tid == ev.tid && e.ts_ns == ev.ts_ns => {
+                Some(s)
+            }
             _ => None,
         }) {
             llmprof_trace::pystack::splice(sample, py);

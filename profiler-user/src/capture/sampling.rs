@@ -11,7 +11,7 @@ use aya::programs::PerfEvent;
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
-use llmprof_abi::CpuSampleEvent;
+use llmprof_abi::{CpuSampleEvent, EventKind};
 use llmprof_trace::event::{Event, EventBody};
 
 use super::{CaptureError, program};
@@ -88,14 +88,18 @@ impl Sampler {
         Ok(true)
     }
 
-    /// Symbolizes one record into an event.
+    /// Symbolizes one record (an on-CPU sample, or an off-CPU stack of kind `OffCpuStack`) into an event.
     pub(super) fn event(&mut self, e: &CpuSampleEvent) -> Event {
-        let s = self.symbolizer.sample(e);
+        let s = Box::new(self.symbolizer.sample(e));
         Event {
             ts_ns: e.hdr.ts_ns,
             pid: e.hdr.pid,
             tid: e.hdr.tid,
-            body: EventBody::CpuSample(Box::new(s)),
+            body: if e.hdr.kind == EventKind::OffCpuStack as u32 {
+                EventBody::OffCpuStack(s)
+            } else {
+                EventBody::CpuSample(s)
+            },
         }
     }
 

@@ -202,7 +202,8 @@ impl ServeOptions {
             otel: s.otel,
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
             gpu: crate::gpu::GpuOptions::default(),
-            sample_hz: 0,
+            // Stack samples (with off-CPU stacks) and thread states as `llmprof attach` takes them by default.
+            sample_hz: llmprof_abi::DEFAULT_SAMPLE_HZ,
             overhead_budget: None,
             thread_states: true,
             max_trace_size: Some(max_trace_size),

@@ -179,7 +179,8 @@ impl CpuMeter {
                 Ok(ns as f64 / 1e9)
             }
             CpuMeter::Stat(pid) => {
-                let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading the target's stat")?;
+                let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .context("reading the target's stat")?;
                 // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
                 let rest = s.rfind(')').map_or("", |i| &s[i + 1..]);
                 let f: Vec<u64> = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();

@@ -299,6 +299,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
             EventBody::SchedWake(w) => self.sched_wake(ev, w),
             EventBody::CpuSample(s) => self.cpu_sample(ev, s),
+            EventBody::OffCpuStack(s) => self.offcpu_stack(ev, s),
         }
     }
 

@@ -19,17 +19,22 @@
 //! [`TraceSink::note_kernel_release`]) precedes the first bundle: without it the trace processor reads
 //! `prev_state` with the rules of a 4.4 kernel; when no release was given, the preempted bit is cleared so the
 //! state still reads Runnable.
+//!
+//! Off-CPU stacks ([`crate::offcpu`]) go in the same bundles as `sched_blocked_reason` events right after
+//! the switch-out they belong to, their label interned as a `kernel_symbols` string of the packet sequence:
+//! the trace processor's `thread_state.blocked_function`, "Blocked function" in Perfetto UI.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 use super::TraceSink;
 use crate::event::Event;
 use crate::perfetto::compact::CompactBuilder;
 use crate::perfetto::schema::{
-    FtraceEvent, FtraceEventBundle, SchedSwitchFtraceEvent, SchedWakingFtraceEvent, SystemInfo, TracePacket,
-    Utsname,
+    FtraceEvent, FtraceEventBundle, InternedData, InternedString, SchedBlockedReasonFtraceEvent,
+    SchedSwitchFtraceEvent, SchedWakingFtraceEvent, SystemInfo, TracePacket, Utsname,
 };
+use crate::stack::CpuSample;
 use crate::thread_state::{PREEMPTED, SchedSwitch, SchedWake};
 
 /// Event-count name of the switches written to mend a switch the kernel did not report (see `sched_switch`).
@@ -81,6 +86,11 @@ pub(super) struct SchedState {
     on_cpu: BTreeMap<u32, OnCpu>,
     kernel_release: Option<String>,
     system_info_written: bool,
+    /// Off-CPU stack labels interned as `kernel_symbols` (label → iid; the sequence's own numbering).
+    blocked_labels: HashMap<String, u64>,
+    /// Labels interned since the last bundle: they go out with the next bundle written (of any CPU: all
+    /// packets share one sequence, and the event naming them is in this or a later bundle).
+    pending_labels: Vec<InternedString>,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -157,14 +167,8 @@ impl<W: Write> TraceSink<W> {
         // Compact when the waker is the thread the CPU's last recorded switch put there (what it implies).
         if self.sched.on_cpu.get(&w.cpu).is_some_and(|c| c.0 == w.waker_tid) {
             let buf = self.sched.per_cpu.entry(w.cpu).or_default();
-            buf.compact.waking(
-                ev.ts_ns,
-                w.tid,
-                &w.comm,
-                w.prio,
-                w.target_cpu,
-                w.common_flags,
-            );
+            buf.compact
+                .waking(ev.ts_ns, w.tid, &w.comm, w.prio, w.target_cpu, w.common_flags);
             return self.bundle_if_full(w.cpu);
         }
         let fe = FtraceEvent {
@@ -181,6 +185,32 @@ impl<W: Write> TraceSink<W> {
             ..Default::default()
         };
         self.buffer_ftrace(w.cpu, fe)
+    }
+
+    /// The stack of a traced thread that just blocked (it follows the thread's switch-out at the same time):
+    /// a `sched_blocked_reason` naming its label ([`crate::offcpu::label`]) after that switch in the CPU's
+    /// bundle, so the trace processor sets `blocked_function` on the Sleeping/Uninterruptible row it opened.
+    pub(super) fn offcpu_stack(&mut self, ev: &Event, s: &CpuSample) -> io::Result<()> {
+        let label = crate::offcpu::label(&s.frames);
+        let next = self.sched.blocked_labels.len() as u64 + 1;
+        let iid = *self.sched.blocked_labels.entry(label.clone()).or_insert_with(|| {
+            self.sched.pending_labels.push(InternedString {
+                iid: Some(next),
+                name: Some(label),
+            });
+            next
+        });
+        let fe = FtraceEvent {
+            timestamp: Some(ev.ts_ns),
+            pid: Some(ev.tid),
+            sched_blocked_reason: Some(SchedBlockedReasonFtraceEvent {
+                pid: Some(ev.tid as i32),
+                caller: Some(iid),
+                io_wait: None,
+            }),
+            ..Default::default()
+        };
+        self.buffer_ftrace(s.cpu, fe)
     }
 
     fn buffer_ftrace(&mut self, cpu: u32, fe: FtraceEvent) -> io::Result<()> {
@@ -233,11 +263,16 @@ impl<W: Write> TraceSink<W> {
                 })?;
             }
         }
+        let labels = std::mem::take(&mut self.sched.pending_labels);
         self.w.write(TracePacket {
             ftrace_events: Some(FtraceEventBundle {
                 cpu: Some(cpu),
                 event: buf.events,
                 compact_sched: buf.compact.take(),
+            }),
+            interned_data: (!labels.is_empty()).then(|| InternedData {
+                kernel_symbols: labels,
+                ..Default::default()
             }),
             ..Default::default()
         })

@@ -138,6 +138,8 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
     let mut args = vec![
         arg_f(arg::OVERHEAD_EST_TARGET_CPU_MS, o.est_added_ns / 1e6),
         arg_f(arg::LLMPROF_CPU_MS, o.llmprof_cpu_ns / 1e6),
+        arg_u(arg::SYMBOLIZED_STACKS, o.symbolized_stacks),
+        arg_f(arg::SYMBOLIZE_MS, o.symbolize_ns / 1e6),
         arg_f(
             arg::LLMPROF_CPU_PCT,
             o.llmprof_cpu_ns / (o.elapsed_ns.max(1) as f64) * 100.0,
@@ -169,6 +171,12 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         }
         if let Some(p) = c.sched_event_ns {
             args.push(arg_f(arg::COST_NS_SCHED_EVENT, p));
+        }
+        if let Some(p) = c.sample_ns {
+            args.push(arg_f(arg::COST_NS_SAMPLE, p));
+        }
+        if let Some(p) = c.offcpu_stack_ns {
+            args.push(arg_f(arg::COST_NS_OFFCPU_STACK, p));
         }
         if let Some(p) = c.http_request_ns {
             args.push(arg_f(arg::COST_NS_HTTP_REQUEST, p));
