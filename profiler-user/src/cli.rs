@@ -92,6 +92,21 @@ the target is the alert's `pid` label, else the local process listening on its `
 the trace starts with the seconds before the alert. Rules, routing and units for Prometheus, Alertmanager,
 systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
     Serve(Box<ServeArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    #[command(after_help = "Examples:
+  llmprof completions bash > /usr/share/bash-completion/completions/llmprof
+  llmprof completions zsh > /usr/share/zsh/vendor-completions/_llmprof
+  llmprof completions fish > /usr/share/fish/vendor_completions.d/llmprof.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (llmprof.1 and one per subcommand) into DIR (packaging: `cargo xtask dist`).
+    #[command(hide = true)]
+    Manpages {
+        /// Directory to write the pages into (created if missing).
+        dir: PathBuf,
+    },
 }
 
 /// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
@@ -257,6 +272,10 @@ pub struct ServeArgs {
     /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
+    /// Check the configuration (options, token file, certificate) and exit: 0 when serve would start with
+    /// it, 2 with the reason otherwise. Needs no root and starts nothing.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 /// Options of `llmprof doctor`.

@@ -269,19 +269,43 @@ fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
     out
 }
 
-/// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
-pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
-    // Configuration mistakes first (the same with or without root), then privileges.
+/// The configuration mistakes [`run`] refuses before anything starts (the same with or without root):
+/// what `llmprof serve --check-config` reports after [`ServeOptions::from_config`] (token file, certificate,
+/// options) passed. Returns a one-line description of the configuration.
+pub fn check(opts: &ServeOptions) -> Result<String, ServeError> {
     if !opts.listen.ip().is_loopback() && opts.token.is_none() {
         return Err(ServeError::Insecure(opts.listen));
     }
-    let targets = recorder_targets(&opts);
+    let targets = recorder_targets(opts);
     if opts.flight_recorder.is_some() && targets.is_empty() {
         return Err(ServeError::Usage(
             "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target"
                 .into(),
         ));
     }
+    Ok(format!(
+        "listen {}://{} ({}), traces in {}, {} allow rule(s){}",
+        if opts.tls.is_some() { "https" } else { "http" },
+        opts.listen,
+        if opts.token.is_some() {
+            "bearer token"
+        } else {
+            "no authentication"
+        },
+        opts.manager.out_dir.display(),
+        opts.manager.allow.len(),
+        opts.flight_recorder.map_or(String::new(), |w| format!(
+            ", flight recorder {w:?} on {} target(s)",
+            targets.len()
+        ))
+    ))
+}
+
+/// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
+pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
+    // Configuration mistakes first (the same with or without root), then privileges.
+    check(&opts)?;
+    let targets = recorder_targets(&opts);
     if !is_root() {
         return Err(ServeError::NotRoot);
     }
