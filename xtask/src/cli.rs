@@ -85,6 +85,16 @@ pub enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// The DaemonSet's image (deploy/image/Containerfile, FROM scratch) built by buildah, tagged with the crate version.
+    Image {
+        /// Put the dev-profile binary in it (CI: reuses the test build) instead of building release.
+        #[arg(long)]
+        debug: bool,
+        /// Then mount it and run its llmprof --version and doctor by chroot, and validate deploy/kubernetes
+        /// against Kubernetes' schemas (root).
+        #[arg(long)]
+        check: bool,
+    },
     /// Benchmarks of the engine and of what llmprof costs it.
     Bench {
         /// Which bench.

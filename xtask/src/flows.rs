@@ -42,6 +42,8 @@ pub fn test(args: &[String]) -> Result<()> {
     let dist = crate::release::dist(true)?;
     crate::release::check_artefacts(&dist)?;
     crate::release::deb_check(&dist.deb)?;
+    // The DaemonSet's image (buildah, FROM scratch), checked by chroot; deploy/kubernetes against the schemas.
+    crate::image::build_from(&dist, true)?;
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&root)
         .args(["test", "--workspace", "--no-fail-fast"])

@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod ebpf;
 mod flows;
+mod image;
 mod model;
 mod otel_tools;
 mod release;
@@ -47,6 +48,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Task::Image { debug, check } => image::build(debug, check),
         Task::Bench { kind } => bench::run(kind),
     }
 }

@@ -166,6 +166,8 @@ pub struct Dist {
     pub deb: PathBuf,
     /// The folder holding both and `SHA256SUMS`.
     pub dir: PathBuf,
+    /// The shipped (stripped) binary, in the tarball's tree.
+    pub bin: PathBuf,
 }
 
 /// The Debian architecture of this machine (`amd64`, `arm64`).
@@ -237,6 +239,7 @@ pub fn dist(debug: bool) -> Result<Dist> {
         tarball,
         deb,
         dir: out,
+        bin,
     })
 }
 
