@@ -4,6 +4,7 @@
 //! engine B is overloaded: exactly one session, on node B, none on node A (which sees the alert and ignores it:
 //! its target is not allowed there). serve B is then killed (SIGKILL, mid-alert: still firing) and started again:
 //! no second session, because the alert's fingerprint was recorded in B's out-dir before its session started.
+//! Node B names two Alertmanager URLs, the first of them down: the one that answers is used (HA).
 //!
 //! Both namespaces share this machine's /proc, so node A can resolve B's `instance` (a pod IP of a "local"
 //! namespace); what keeps A off B's engine is its allow-list (`--allow-target pid:` of its own engine), as a
@@ -137,7 +138,7 @@ fn engine(ns: &Netns, addr: SocketAddr, model: &Path) -> Proc {
 }
 
 /// `llmprof serve` of a node, in its namespace, pulling from Alertmanager; stderr to `log`.
-fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_url: &str, log: &Path) -> Proc {
+fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &Path) -> Proc {
     let err = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -150,7 +151,8 @@ fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_url: &str, log: &Path) 
         .arg(out)
         .args(["--listen", "127.0.0.1:9464"])
         .args(["--allow-target", &format!("pid:{allow_pid}")])
-        .args(["--alertmanager-url", am_url, "--alertmanager-poll", "1s"])
+        .args(am_urls.iter().flat_map(|u| ["--alertmanager-url", u.as_str()]))
+        .args(["--alertmanager-poll", "1s"])
         .args(["--cooldown", "10m", "--max-sessions", "2"])
         .stdout(Stdio::null())
         .stderr(err)
@@ -282,16 +284,15 @@ fn alerts_pulled_from_alertmanager_are_traced_on_their_node_only_and_once() {
         &node_a,
         &out_a,
         engine_a.0.id(),
-        &format!("http://10.231.1.1:{am_port}"),
+        &[format!("http://10.231.1.1:{am_port}")],
         &log_a,
     );
-    let mut serve_b = serve_node(
-        &node_b,
-        &out_b,
-        engine_b.0.id(),
-        &format!("http://10.231.2.1:{am_port}"),
-        &log_b,
-    );
+    // Node B lists an Alertmanager peer that is down first (HA: any that answers counts).
+    let am_b = [
+        format!("http://10.231.2.1:{}", serve::free_port()),
+        format!("http://10.231.2.1:{am_port}"),
+    ];
+    let mut serve_b = serve_node(&node_b, &out_b, engine_b.0.id(), &am_b, &log_b);
 
     // Overload engine B only.
     let stop = Arc::new(AtomicBool::new(false));
@@ -337,13 +338,7 @@ fn alerts_pulled_from_alertmanager_are_traced_on_their_node_only_and_once() {
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(serve_b.0.id() as i32, libc::SIGKILL) };
     let _ = serve_b.0.wait();
-    serve_b = serve_node(
-        &node_b,
-        &out_b,
-        engine_b.0.id(),
-        &format!("http://10.231.2.1:{am_port}"),
-        &log_b,
-    );
+    serve_b = serve_node(&node_b, &out_b, engine_b.0.id(), &am_b, &log_b);
     // Ten polls of the restarted serve while the alert still fires.
     let polls_until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < polls_until {
