@@ -92,6 +92,21 @@ the target is the alert's `pid` label, else the local process listening on its `
 the trace starts with the seconds before the alert. Rules, routing and units for Prometheus, Alertmanager,
 systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
     Serve(Box<ServeArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    #[command(after_help = "Examples:
+  llmprof completions bash > /usr/share/bash-completion/completions/llmprof
+  llmprof completions zsh > /usr/share/zsh/vendor-completions/_llmprof
+  llmprof completions fish > /usr/share/fish/vendor_completions.d/llmprof.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (llmprof.1 and one per subcommand) into DIR (packaging: `cargo xtask dist`).
+    #[command(hide = true)]
+    Manpages {
+        /// Directory to write the pages into (created if missing).
+        dir: PathBuf,
+    },
 }
 
 /// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
@@ -258,6 +273,23 @@ pub struct ServeArgs {
     /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
+    /// Fleet mode: pull alerts from this Alertmanager (http://HOST:PORT[/PREFIX]; repeatable for an HA
+    /// cluster: the first that answers counts) and trace only those whose target is on this node and allowed.
+    #[arg(long = "alertmanager-url", value_name = "URL")]
+    pub alertmanager_urls: Vec<String>,
+    /// How often to ask Alertmanager for its alerts (1s to 5m).
+    #[arg(long, value_name = "DURATION", default_value = crate::serve::pull::DEFAULT_INTERVAL, value_parser = llmprof_units::parse_duration)]
+    pub alertmanager_poll: Duration,
+    /// File holding the Authorization header value for Alertmanager (a lone token is sent as `Bearer TOKEN`).
+    #[arg(long, value_name = "FILE")]
+    pub alertmanager_auth_file: Option<PathBuf>,
+    /// Alertmanager matcher the pulled alerts must match (repeatable; default: llmprof="trace").
+    #[arg(long = "alertmanager-filter", value_name = "MATCHER")]
+    pub alertmanager_filters: Vec<String>,
+    /// Check the configuration (options, token file, certificate) and exit: 0 when serve would start with
+    /// it, 2 with the reason otherwise. Needs no root and starts nothing.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 /// Options of `llmprof doctor`.
@@ -296,6 +328,16 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
             ring_size: s.ring_size,
             max_trace_size: s.max_trace_size,
             otel: s.otel,
+            pull: crate::serve::pull::PullConfig {
+                urls: s.alertmanager_urls,
+                interval: s.alertmanager_poll,
+                auth_file: s.alertmanager_auth_file,
+                filters: if s.alertmanager_filters.is_empty() {
+                    vec![crate::serve::pull::DEFAULT_FILTER.to_owned()]
+                } else {
+                    s.alertmanager_filters
+                },
+            },
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod gpu;
 pub mod metrics_scrape;
 pub mod open;
 pub mod otel;
+pub mod packaging;
 pub mod procfs;
 pub mod proctree;
 pub mod python;

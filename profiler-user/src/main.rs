@@ -46,6 +46,8 @@ fn main() {
         Command::Doctor(d) => run_doctor(&d),
         Command::Report(r) => run_report(&r),
         Command::Serve(s) => run_serve(*s),
+        Command::Completions { shell } => llmprof::packaging::completions(shell),
+        Command::Manpages { dir } => llmprof::packaging::manpages(&dir),
     };
     std::process::exit(code);
 }
@@ -197,6 +199,7 @@ fn run_attach(a: AttachArgs) -> i32 {
 
 fn run_serve(s: ServeArgs) -> i32 {
     use llmprof::serve::{self, ServeError, ServeOptions};
+    let check_only = s.check_config;
     let opts = match ServeOptions::from_config(s.into()) {
         Ok(o) => o,
         Err(e) => {
@@ -204,6 +207,18 @@ fn run_serve(s: ServeArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    if check_only {
+        return match serve::check(&opts) {
+            Ok(summary) => {
+                println!("llmprof serve: configuration ok: {summary}");
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("error: {}", causes::lines(&e));
+                exit::USAGE
+            }
+        };
+    }
     match serve::run(opts, &STOP) {
         Ok(()) => exit::OK,
         Err(e) => {

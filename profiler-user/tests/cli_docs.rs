@@ -347,7 +347,7 @@ fn substitute(line: &str) -> String {
 }
 
 /// The words a shell would pass to llmprof: quotes and backslashes as in sh; the command ends at a comment,
-/// a pipe, `&`, `&&` or `;`. Usage synopses read as their fullest form: unquoted `[` `]` and a trailing `...` are
+/// a pipe, a redirection (`>`), `&`, `&&` or `;`. Usage synopses read as their fullest form: unquoted `[` `]` and a trailing `...` are
 /// dropped, of `a|b` the first alternative is kept, and placeholders get a value.
 fn shell_words(line: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -365,7 +365,7 @@ fn shell_words(line: &str) -> Vec<String> {
             continue;
         }
         match c {
-            '#' | '|' | '&' | ';' if !in_word => break,
+            '#' | '|' | '&' | ';' | '>' if !in_word => break,
             '|' => skip_rest_of_word = true,
             _ if skip_rest_of_word => {}
             '\'' => {

@@ -384,6 +384,11 @@ pub fn alertmanager(dir: &Path, config: &str) -> (Daemon, u16) {
 /// Starts Prometheus on a free loopback port scraping `engine_port` every second, evaluating `rules` every
 /// second and sending alerts to `am_port`; returns it and its port.
 pub fn prometheus(dir: &Path, engine_port: u16, rules: &str, am_port: u16) -> (Daemon, u16) {
+    prometheus_targets(dir, &[format!("127.0.0.1:{engine_port}")], rules, am_port)
+}
+
+/// [`prometheus`] scraping several engines (`host:port` each; the `instance` label of their alerts).
+pub fn prometheus_targets(dir: &Path, targets: &[String], rules: &str, am_port: u16) -> (Daemon, u16) {
     std::fs::create_dir_all(dir.join("prom-data")).expect("prom dir");
     let rules_file = dir.join("rules.yml");
     std::fs::write(&rules_file, rules).expect("rules");
@@ -393,8 +398,13 @@ pub fn prometheus(dir: &Path, engine_port: u16, rules: &str, am_port: u16) -> (D
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
              alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\n\
-             scrape_configs:\n  - job_name: llmserve\n    static_configs:\n      - targets: ['127.0.0.1:{engine_port}']\n",
-            rules_file.display()
+             scrape_configs:\n  - job_name: llmserve\n    static_configs:\n      - targets: [{}]\n",
+            rules_file.display(),
+            targets
+                .iter()
+                .map(|t| format!("'{t}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     )
     .expect("prometheus.yml");

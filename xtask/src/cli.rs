@@ -69,6 +69,32 @@ pub enum Task {
     SetupTools,
     /// Install the rotel OTLP collector only.
     SetupOtelTools,
+    /// `cargo install --locked --path profiler-user` into a temporary root, then that binary's --version,
+    /// doctor --json and a short attach (root).
+    InstallCheck {
+        /// Install the dev profile (what `cargo build` built: nothing compiled again) instead of release.
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Release artefacts in target/dist/: tarball (binary, completions, man pages, deploy/), .deb, SHA256SUMS.
+    Dist {
+        /// Package the dev-profile binary (CI: reuses the test build) instead of building release.
+        #[arg(long)]
+        debug: bool,
+        /// Then install the .deb (dpkg -i), run it and serve's configuration check, and purge it (root).
+        #[arg(long)]
+        check: bool,
+    },
+    /// The DaemonSet's image (deploy/image/Containerfile, FROM scratch) built by buildah, tagged with the crate version.
+    Image {
+        /// Put the dev-profile binary in it (CI: reuses the test build) instead of building release.
+        #[arg(long)]
+        debug: bool,
+        /// Then mount it and run its llmprof --version and doctor by chroot, and validate deploy/kubernetes
+        /// against Kubernetes' schemas (root).
+        #[arg(long)]
+        check: bool,
+    },
     /// Benchmarks of the engine and of what llmprof costs it.
     Bench {
         /// Which bench.

@@ -36,6 +36,14 @@ pub fn test(args: &[String]) -> Result<()> {
     run(Command::new("cargo")
         .current_dir(&root)
         .args(["build", "--workspace", "--bins"]))?;
+    // llmprof alone, as a user installs and ships it (issue 17): `cargo install` into a temporary root from the
+    // build above (dev profile, nothing compiled again), the release artefacts and the .deb installed and purged.
+    crate::release::install_check(true)?;
+    let dist = crate::release::dist(true)?;
+    crate::release::check_artefacts(&dist)?;
+    crate::release::deb_check(&dist.deb)?;
+    // The DaemonSet's image (buildah, FROM scratch), checked by chroot; deploy/kubernetes against the schemas.
+    crate::image::build_from(&dist, true)?;
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&root)
         .args(["test", "--workspace", "--no-fail-fast"])

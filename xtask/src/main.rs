@@ -7,8 +7,10 @@ mod bench;
 mod cli;
 mod ebpf;
 mod flows;
+mod image;
 mod model;
 mod otel_tools;
+mod release;
 mod servers;
 mod tools;
 mod util;
@@ -37,6 +39,16 @@ fn main() -> Result<()> {
         Task::BuildEbpf { check } => ebpf::build(check),
         Task::SetupTools => tools::setup(),
         Task::SetupOtelTools => otel_tools::setup(),
+        Task::InstallCheck { debug } => release::install_check(debug),
+        Task::Dist { debug, check } => {
+            let d = release::dist(debug)?;
+            if check {
+                release::check_artefacts(&d)?;
+                release::deb_check(&d.deb)?;
+            }
+            Ok(())
+        }
+        Task::Image { debug, check } => image::build(debug, check),
         Task::Bench { kind } => bench::run(kind),
     }
 }

@@ -94,6 +94,8 @@ pub fn setup() -> Result<()> {
     // serve's TLS and download tests: a certificate from openssl, HTTPS and streamed downloads through curl.
     apt_install("openssl", &["openssl"])?;
     apt_install("curl", &["curl"])?;
+    // The fleet test's nodes are network namespaces (`ip netns`, veth pairs).
+    apt_install("ip", &["iproute2"])?;
     // The CUDA kernels under the CPU emulator need a C++20 compiler (inference/tests/cuda_kernels_emulated.rs).
     apt_install("g++", &["g++"])?;
     if !nvrtc_lib_dir().join("libnvrtc.so.13").exists() {

@@ -125,6 +125,11 @@ impl AllowList {
         self.rules.is_empty()
     }
 
+    /// How many rules (the default target and `--watch` targets included).
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
     /// Decides whether `pid` may be traced; reads `/proc` (run it off the async runtime).
     pub fn check(&self, pid: u32) -> Result<(), Refusal> {
         self.check_with(pid, std::process::id(), &ProcFacts)

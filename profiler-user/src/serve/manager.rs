@@ -324,6 +324,12 @@ impl Manager {
             })
     }
 
+    /// Fleet mode ([`super::pull`]): whether this node would trace the alert — its target resolves here and
+    /// the allow-list lets it be traced — by the same rules as [`Manager::handle`], without a session.
+    pub fn is_local(&self, alert: &Alert) -> bool {
+        target::resolve_alert(alert, &self.cfg.resolve).is_ok_and(|t| self.cfg.allow.check(t.pid).is_ok())
+    }
+
     /// Handles one alert of a webhook.
     pub fn handle(self: &Arc<Self>, alert: &Alert) -> Outcome {
         let fingerprint = alert.fingerprint.clone();

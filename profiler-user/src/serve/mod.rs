@@ -15,6 +15,7 @@ pub mod http;
 pub mod manager;
 pub mod metrics;
 pub mod netns;
+pub mod pull;
 pub mod quota;
 pub mod target;
 pub mod tls;
@@ -97,6 +98,8 @@ pub struct ServeConfig {
     pub max_trace_size: usize,
     /// OpenTelemetry export of each session's request spans.
     pub otel: OtelOptions,
+    /// Fleet mode: alerts pulled from Alertmanager (no URL: off).
+    pub pull: pull::PullConfig,
 }
 
 /// Everything `llmprof serve` is configured with, checked.
@@ -118,6 +121,8 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// Session rules and capture options.
     pub manager: ManagerConfig,
+    /// Fleet mode: what to poll, the URLs checked, the `Authorization` value (None: off).
+    pub pull: Option<(pull::PullConfig, Vec<pull::AmUrl>, Option<String>)>,
 }
 
 /// Why serve cannot start. Messages say what to do next.
@@ -186,6 +191,33 @@ impl ServeOptions {
         s.otel
             .resolve()
             .map_err(|e| ServeError::Usage(crate::causes::one_line(&e)))?;
+        let pull = if s.pull.urls.is_empty() {
+            None
+        } else {
+            let urls = s
+                .pull
+                .urls
+                .iter()
+                .map(|u| pull::parse_url(u))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ServeError::Usage)?;
+            if !(pull::MIN_INTERVAL..=pull::MAX_INTERVAL).contains(&s.pull.interval) {
+                return Err(ServeError::Usage(format!(
+                    "--alertmanager-poll {:?}: between {:?} and {:?}",
+                    s.pull.interval,
+                    pull::MIN_INTERVAL,
+                    pull::MAX_INTERVAL
+                )));
+            }
+            let auth = s
+                .pull
+                .auth_file
+                .as_deref()
+                .map(pull::read_auth)
+                .transpose()
+                .map_err(ServeError::Usage)?;
+            Some((s.pull.clone(), urls, auth))
+        };
         let template = AttachOptions {
             pid: 0,
             // Sessions follow the target's process tree, like `llmprof attach` without `--no-children`.
@@ -235,6 +267,7 @@ impl ServeOptions {
                 disk_quota: s.max_disk.map(|b| b as u64),
                 template,
             },
+            pull,
         })
     }
 }
@@ -270,19 +303,48 @@ fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
     out
 }
 
-/// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
-pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
-    // Configuration mistakes first (the same with or without root), then privileges.
+/// The configuration mistakes [`run`] refuses before anything starts (the same with or without root):
+/// what `llmprof serve --check-config` reports after [`ServeOptions::from_config`] (token file, certificate,
+/// options) passed. Returns a one-line description of the configuration.
+pub fn check(opts: &ServeOptions) -> Result<String, ServeError> {
     if !opts.listen.ip().is_loopback() && opts.token.is_none() {
         return Err(ServeError::Insecure(opts.listen));
     }
-    let targets = recorder_targets(&opts);
+    let targets = recorder_targets(opts);
     if opts.flight_recorder.is_some() && targets.is_empty() {
         return Err(ServeError::Usage(
             "--flight-recorder needs targets to record: add --watch port:N (or pid:N) or --default-target"
                 .into(),
         ));
     }
+    Ok(format!(
+        "listen {}://{} ({}), traces in {}, {} allow rule(s){}{}",
+        if opts.tls.is_some() { "https" } else { "http" },
+        opts.listen,
+        if opts.token.is_some() {
+            "bearer token"
+        } else {
+            "no authentication"
+        },
+        opts.manager.out_dir.display(),
+        opts.manager.allow.len(),
+        opts.flight_recorder.map_or(String::new(), |w| format!(
+            ", flight recorder {w:?} on {} target(s)",
+            targets.len()
+        )),
+        opts.pull.as_ref().map_or(String::new(), |(c, _, _)| format!(
+            ", alerts pulled from {} every {:?}",
+            c.urls.join(", "),
+            c.interval
+        ))
+    ))
+}
+
+/// Runs serve until `stop` is set; running sessions are then stopped and their traces finished.
+pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeError> {
+    // Configuration mistakes first (the same with or without root), then privileges.
+    check(&opts)?;
+    let targets = recorder_targets(&opts);
     if !is_root() {
         return Err(ServeError::NotRoot);
     }
@@ -347,6 +409,12 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         },
         out.display()
     );
+    let poller = match opts.pull.clone() {
+        Some((cfg, urls, auth)) => {
+            Some(pull::Poller::spawn(cfg, urls, auth, manager.clone(), out).map_err(ServeError::Runtime)?)
+        }
+        None => None,
+    };
     let ticker_stop = Arc::new(AtomicBool::new(false));
     let ticker = {
         let (m, s) = (manager.clone(), ticker_stop.clone());
@@ -389,6 +457,9 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         }
     });
     eprintln!("llmprof serve: stopping; finishing the traces of running sessions");
+    if let Some(p) = poller {
+        p.stop();
+    }
     manager.shutdown(SHUTDOWN_WAIT);
     ticker_stop.store(true, Ordering::Relaxed);
     let _ = ticker.join();
@@ -426,6 +497,7 @@ pub(crate) mod tests {
             ring_size: 64 << 20,
             max_trace_size: 512 << 20,
             otel: OtelOptions::default(),
+            pull: pull::PullConfig::default(),
         }
     }
 
