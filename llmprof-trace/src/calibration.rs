@@ -42,6 +42,11 @@ pub struct Calibration {
     /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
     /// `None` when not sampling or not measured.
     pub sample_ns: Option<f64>,
+    /// ns of the sampler per sample measured on the traced processes during the session (its kernel run time
+    /// over a few seconds divided by the targets' samples in them: deep native stacks and Python frames
+    /// included, and the early exits on other tasks charged to the samples); replaces `sample_ns` in the
+    /// self-accounting once known. `None` when not measured (short session, statistics unavailable).
+    pub sample_live_ns: Option<f64>,
     /// ns of the `sched_switch` program per off-CPU stack (kernel + user stack walk and ring record at a
     /// blocking switch), from the traced pipe ping-pong with a stack at every block minus without. `None`
     /// when not sampling or not measured. The Python walk at the block point is not in it (llmprof is not

@@ -667,6 +667,8 @@ pub mod arg {
     /// Calibrated eBPF cost per stack sample (kernel + user stack walk and record; off-CPU stacks are
     /// charged the same), ns.
     pub const COST_NS_SAMPLE: &str = "cost_ns_sample";
+    /// The sampler's cost per sample measured on the targets during the session, ns.
+    pub const COST_NS_SAMPLE_LIVE: &str = "cost_ns_sample_live";
     /// Calibrated eBPF cost per off-CPU stack taken at a blocking switch (without the Python walk), ns.
     pub const COST_NS_OFFCPU_STACK: &str = "cost_ns_offcpu_stack";
     /// Stacks llmprof symbolized (on-CPU samples and off-CPU stacks).

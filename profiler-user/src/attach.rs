@@ -53,6 +53,19 @@ use llmprof_trace::sizecap::SizeCap;
 const POLL_TIMEOUT: Duration = Duration::from_millis(10);
 /// Period of the status line, the syscall-rate counter and the target liveness check.
 const TICK: Duration = Duration::from_secs(1);
+/// When the sampler's cost on the targets starts being measured (past the start-up transient), and for how long:
+/// the kernel's BPF run-time statistics are on for every program of the host meanwhile (two clock reads per
+/// program run), so the window is short and happens once.
+const LIVE_COST_FROM: Duration = Duration::from_secs(2);
+/// See [`LIVE_COST_FROM`].
+const LIVE_COST_FOR: Duration = Duration::from_secs(3);
+
+/// Where the measurement of the sampler's cost on the targets stands ([`Capture::live_sample_cost_start`]).
+enum LiveCost {
+    Waiting,
+    Measuring(crate::capture::sampling::LiveCost, Instant),
+    Done,
+}
 /// Period of the /proc walk that catches processes of the tree the kernel could not report.
 const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
@@ -509,6 +522,8 @@ struct Session<'a> {
     /// The last /proc walk for processes of the tree the kernel did not report.
     last_rescan: Instant,
     acct: SelfAccount,
+    /// The sampler's cost measured on the targets.
+    live_cost: LiveCost,
     budget: Option<Budget>,
     engine_probes: EngineProbes,
     attach_latency: Duration,
@@ -570,6 +585,7 @@ impl<'a> Session<'a> {
             targets: started.targets.clone(),
             last_rescan: Instant::now(),
             acct: started.acct,
+            live_cost: LiveCost::Waiting,
             budget: started.budget,
             engine_probes: started.engine_probes,
             attach_latency: started.attach_latency,
@@ -748,6 +764,28 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// The sampler's cost on the targets (their Python stacks included), measured once from
+    /// [`LIVE_COST_FROM`] for [`LIVE_COST_FOR`]; the self-accounting charges every sample that figure from then
+    /// on (the start-up figure, on llmprof's own thread, knows no Python frames).
+    fn live_cost_step(&mut self) {
+        self.live_cost = match std::mem::replace(&mut self.live_cost, LiveCost::Done) {
+            LiveCost::Waiting if self.start.elapsed() >= LIVE_COST_FROM => {
+                match self.capture.live_sample_cost_start() {
+                    Some(c) => LiveCost::Measuring(c, Instant::now()),
+                    None => LiveCost::Done,
+                }
+            }
+            LiveCost::Measuring(c, t) if t.elapsed() >= LIVE_COST_FOR => {
+                if let Some(ns) = self.capture.live_sample_cost_finish(c) {
+                    log::info!("stack sampler: {ns:.0} ns per sample of the targets (measured on them)");
+                    self.acct.set_live_sample_ns(ns);
+                }
+                LiveCost::Done
+            }
+            other => other,
+        };
+    }
+
     /// Once per [`TICK`]: the syscall-rate and overhead counters, the target's liveness, a late libcuda, and
     /// the status line.
     fn tick(&mut self) {
@@ -762,6 +800,7 @@ impl<'a> Session<'a> {
             tid: 0,
             body: EventBody::SyscallRate { per_sec },
         });
+        self.live_cost_step();
         let level = self.budget.as_ref().map_or(0, Budget::level);
         let sample = self.acct.sample(self.capture.account_counters(), level);
         let est_pct = sample.est_overhead_pct;

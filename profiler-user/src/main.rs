@@ -277,8 +277,11 @@ fn print_overhead(r: &attach::AttachReport) {
             let offcpu = c.offcpu_stack_ns.map_or(String::new(), |o| {
                 format!(", {o:.0} ns per off-CPU stack (ping-pong)")
             });
+            let live = c.sample_live_ns.map_or(String::new(), |l| {
+                format!("; {l:.0} ns per sample measured on the targets (charged)")
+            });
             println!(
-                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics){offcpu}"
+                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics){offcpu}{live}"
             );
         }
     }

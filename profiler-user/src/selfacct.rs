@@ -155,7 +155,7 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
         } else if i == ProbeId::CpuSample as usize {
-            hits * cal.sample_ns.unwrap_or(0.0)
+            hits * cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0)
         } else if i == ProbeId::Cuda as usize {
             hits * cal.cuda_call_ns.unwrap_or(probe)
         } else if i == ProbeId::Http as usize {
@@ -200,6 +200,12 @@ pub struct SelfAccount {
 }
 
 impl SelfAccount {
+    /// The sampler's cost per sample measured on the targets themselves: charged for every sample of the
+    /// session from now on, in place of the start-up figure.
+    pub fn set_live_sample_ns(&mut self, ns: f64) {
+        self.cal.sample_live_ns = Some(ns);
+    }
+
     /// Starts accounting at `counters` (the capture's counters when tracing began).
     pub fn new(targets: TargetCpu, cal: Calibration, counters: Counters) -> Self {
         let s = Snapshot::take(&targets, counters);

@@ -20,6 +20,42 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Whether a test of a third-party server can run: root, the default model, the servers venv's `python` and
+/// Perfetto's trace processor (under `CI=true` a missing one fails the test instead, see [`crate::require`]).
+pub fn third_party_ready(python: &Path) -> bool {
+    crate::require(crate::is_root(), "not root: eBPF probes need root")
+        && crate::require(
+            crate::default_model().exists(),
+            "the default model is missing (`cargo xtask fetch-model`)",
+        )
+        && crate::require(
+            python.exists(),
+            "the servers venv is missing (`cargo xtask setup` installs llama-cpp-python, gunicorn and the OpenAI \
+             client there)",
+        )
+        && crate::require(
+            crate::trace_processor::available(),
+            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
+        )
+}
+
+/// Finds, for each request the client made, the wire request with its `x-request-id` among `wire` and checks
+/// it against the client ([`check_against_client`]); returns them in the client's order.
+pub fn check_each<'a>(client: &[Value], wire: &[&'a Value]) -> Vec<&'a Value> {
+    client
+        .iter()
+        .map(|c| {
+            let xid = c["x_request_id"].as_str().expect("x_request_id");
+            let w = *wire
+                .iter()
+                .find(|r| r["x_request_id"] == xid)
+                .unwrap_or_else(|| panic!("no wire request with x-request-id {xid}: {wire:#?}"));
+            check_against_client(c, w);
+            w
+        })
+        .collect()
+}
+
 /// A free loopback TCP port (bound and released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -7,12 +7,10 @@
 //!
 //! Needs `cargo xtask setup` (the servers venv) and `cargo xtask fetch-model`.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-use e2e::attach::wait_probes_live;
+use e2e::attach::Attached;
 use e2e::llama::start_server;
-use e2e::{bin_path, default_model, is_root, require, servers_python, trace_processor};
+use e2e::wire::{Load, free_port, run_client, third_party_ready};
+use e2e::{servers_python, trace_processor};
 
 /// Streamed requests the client sends (each up to the client's default 24 tokens).
 const REQUESTS: usize = 6;
@@ -25,61 +23,24 @@ const PY_FUNCTIONS: &str = "'Llama.generate', 'Llama.eval', 'Llama._create_compl
 #[test]
 fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
     let python = servers_python();
-    if !require(is_root(), "not root: eBPF probes need root")
-        || !require(
-            default_model().exists(),
-            "the default model is missing (`cargo xtask fetch-model`)",
-        )
-        || !require(
-            python.exists(),
-            "the servers venv is missing (`cargo xtask setup` installs llama-cpp-python there)",
-        )
-        || !require(
-            trace_processor::available(),
-            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
-        )
-    {
+    if !third_party_ready(&python) {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let server = start_server(&python, port);
     let dir = std::env::temp_dir().join(format!("llmprof-llama-stacks-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let trace_path = dir.join("llama.perfetto-trace");
-    let mut llmprof = Command::new(bin_path("llmprof"))
-        .args([
-            "attach",
-            "--pid",
-            &server.launcher.id().to_string(),
-            "--gpu-sample-interval",
-            "0",
-            "-o",
-        ])
-        .arg(&trace_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn llmprof");
-    let (_stderr, _) = wait_probes_live(&mut llmprof);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/wire_client.py");
-    let status = Command::new(&python)
-        .arg(&script)
-        .args(["--base-url", &format!("http://127.0.0.1:{port}/v1")])
-        .args(["--requests", &REQUESTS.to_string()])
-        .arg("--out")
-        .arg(dir.join("client.json"))
-        .status()
-        .expect("run the OpenAI client");
-    assert!(status.success(), "the OpenAI client failed: {status}");
+    let llmprof = Attached::start(server.launcher.id(), &[], &trace_path);
+    let load = Load {
+        model: "default",
+        requests: REQUESTS,
+        cancel: usize::MAX,
+        json_every: 0,
+    };
+    run_client(&python, port, &load, &dir.join("client.json"));
     // Ended while the server still runs: its stacks are symbolized from its live maps.
-    // SAFETY: kill(2) with our own child's pid and SIGINT has no memory-safety preconditions.
-    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
-    let out = llmprof.wait_with_output().expect("llmprof exit");
-    let summary = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "llmprof attach failed: {summary}");
+    let summary = llmprof.stop();
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
     let errors = tp.import_errors().expect("stats");
@@ -129,6 +90,15 @@ fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
         "{both} of {all} samples of the server hold a llama.py frame ({with_py}) and a native llama.cpp \
          frame ({with_native}) together; most frequent frames: {top_native:#?}\n{summary}"
     );
+    // The sampler's cost was measured on the server itself (its Python stacks included) and charged.
+    let live = tp
+        .query_f64(&format!(
+            "select extract_arg(arg_set_id, 'debug.{}') from slice where name = '{}'",
+            llmprof_trace::names::arg::COST_NS_SAMPLE_LIVE,
+            llmprof_trace::names::marker::SUMMARY
+        ))
+        .unwrap_or_else(|e| panic!("no live sampler cost in the summary: {e}\n{summary}"));
+    assert!(live > 0.0, "sampler cost on the server: {live} ns\n{summary}");
     drop(tp);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

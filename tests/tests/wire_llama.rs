@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use e2e::attach::Attached;
 use e2e::llama::start_server;
-use e2e::wire::{Load, check_against_client, free_port, report_rows, run_client};
-use e2e::{default_model, is_root, require, servers_python, trace_processor};
+use e2e::wire::{Load, check_each, free_port, report_rows, run_client, third_party_ready};
+use e2e::{servers_python, trace_processor};
 use llmprof_trace::names::slice;
 
 /// Requests the client sends: index 2 is cancelled after 3 chunks, index 4 (every 5th) is non-streaming.
@@ -23,20 +23,7 @@ const JSON_EVERY: usize = 5;
 #[test]
 fn llama_cpp_server_requests_match_the_openai_client() {
     let python = servers_python();
-    if !require(is_root(), "not root: eBPF probes need root")
-        || !require(
-            default_model().exists(),
-            "the default model is missing (`cargo xtask fetch-model`)",
-        )
-        || !require(
-            python.exists(),
-            "the servers venv is missing (`cargo xtask setup` installs llama-cpp-python there)",
-        )
-        || !require(
-            trace_processor::available(),
-            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
-        )
-    {
+    if !third_party_ready(&python) {
         return;
     }
     let port = free_port();
@@ -68,14 +55,7 @@ fn llama_cpp_server_requests_match_the_openai_client() {
         REQUESTS + 1,
         "one wire request per client request (and the warm-up), no more: {wire:#?}"
     );
-    for c in &client {
-        let xid = c["x_request_id"].as_str().expect("x_request_id");
-        let w = wire
-            .iter()
-            .find(|r| r["x_request_id"] == xid)
-            .unwrap_or_else(|| panic!("no wire request with x-request-id {xid}: {wire:#?}"));
-        check_against_client(c, w);
-    }
+    check_each(&client, &wire);
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
     let errors = tp.import_errors().expect("stats");

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use e2e::attach::Attached;
 use e2e::engine::SERVED_NAME;
-use e2e::wire::{Load, check_against_client, children, free_port, report_rows, run_client};
-use e2e::{bin_path, default_model, http, is_root, require, servers_python, trace_processor};
+use e2e::wire::{Load, check_each, children, free_port, report_rows, run_client, third_party_ready};
+use e2e::{bin_path, default_model, http, servers_python, trace_processor};
 use llmprof_trace::names::slice;
 
 /// Requests the client sends: index 1 is cancelled after 3 chunks, index 3 (every 4th) is non-streaming.
@@ -63,20 +63,7 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 #[test]
 fn workers_forked_after_attach_have_their_requests_followed() {
     let python = servers_python();
-    if !require(is_root(), "not root: eBPF probes need root")
-        || !require(
-            default_model().exists(),
-            "the default model is missing (`cargo xtask fetch-model`)",
-        )
-        || !require(
-            python.exists(),
-            "the servers venv is missing (`cargo xtask setup` installs gunicorn and the OpenAI client there)",
-        )
-        || !require(
-            trace_processor::available(),
-            "Perfetto's trace processor is missing (`cargo xtask setup-tools`)",
-        )
-    {
+    if !third_party_ready(&python) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("llmprof-workers-{}", std::process::id()));
@@ -151,13 +138,9 @@ fn workers_forked_after_attach_have_their_requests_followed() {
         REQUESTS + 1,
         "the engine's HTTP server saw each forwarded request: {rows:#?}"
     );
-    for c in &client {
+    let gateway_views = check_each(&client, &at_gateway);
+    for (c, w) in client.iter().zip(gateway_views) {
         let xid = c["x_request_id"].as_str().expect("x_request_id");
-        let w = at_gateway
-            .iter()
-            .find(|r| r["x_request_id"] == xid)
-            .unwrap_or_else(|| panic!("no gateway wire request with x-request-id {xid}: {rows:#?}"));
-        check_against_client(c, w);
         // The engine's own view of the same request (its probes), joined by x-request-id: the gateway's TTFT
         // minus the engine's is the time outside the engine (HTTP, the proxy hop, streaming back).
         if c["stream"] == true {

@@ -358,6 +358,12 @@ pub struct OverheadReport {
     pub cost_ns_sample: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`]: an off-CPU stack at a blocking switch (eBPF).
     pub cost_ns_offcpu_stack: Option<f64>,
+    /// A stack sample measured on the targets during the session (charged in place of `cost_ns_sample`).
+    pub cost_ns_sample_live: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a request the wire probe followed.
+    pub cost_ns_http_request: Option<f64>,
+    /// See [`OverheadReport::cost_ns_syscall`]: a followed SSE write.
+    pub cost_ns_http_sse_write: Option<f64>,
     /// Stacks llmprof symbolized.
     pub symbolized_stacks: Option<u64>,
     /// llmprof's CPU time symbolizing them, ms (part of `llmprof_cpu_ms`).

@@ -454,7 +454,10 @@ impl<'a> Overhead<'a> {
                 cuda_call: opt(o.cost_ns_cuda_call),
                 sched_event: opt(o.cost_ns_sched_event),
                 sample: opt(o.cost_ns_sample),
+                sample_live: opt(o.cost_ns_sample_live),
                 offcpu_stack: opt(o.cost_ns_offcpu_stack),
+                http_request: opt(o.cost_ns_http_request),
+                http_sse_write: opt(o.cost_ns_http_sse_write),
             },
             symbolized_stacks: o.symbolized_stacks,
             symbolize_ms: opt(o.symbolize_ms),
@@ -507,7 +510,10 @@ struct CostNs {
     cuda_call: Option<Num>,
     sched_event: Option<Num>,
     sample: Option<Num>,
+    sample_live: Option<Num>,
     offcpu_stack: Option<Num>,
+    http_request: Option<Num>,
+    http_sse_write: Option<Num>,
 }
 
 /// One `overhead.degradations` entry.

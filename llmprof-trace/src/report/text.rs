@@ -318,9 +318,11 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         let ms = o.symbolize_ms.unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each); eBPF per stack sample: {} ns, per off-CPU stack: {} ns",
+            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each); eBPF per stack sample: {} ns \
+             (measured on the targets: {} ns), per off-CPU stack: {} ns",
             ms * 1e3 / n as f64,
             f(o.cost_ns_sample, 0),
+            f(o.cost_ns_sample_live, 0),
             f(o.cost_ns_offcpu_stack, 0)
         );
     }

@@ -191,6 +191,7 @@ impl Raw {
                 _ => None,
             },
             sample_ns: None,
+            sample_live_ns: None,
             offcpu_stack_ns: match (self.pingpong_traced, self.pingpong_offcpu) {
                 (Some(t), Some(o)) if self.offcpu_stacks_per_trip > 0.0 => {
                     Some(((o - t) / self.offcpu_stacks_per_trip).max(0.0))

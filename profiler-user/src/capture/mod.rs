@@ -331,6 +331,8 @@ pub struct Capture {
     sampler: Option<sampling::Sampler>,
     /// llmprof's own pid (its calibration samples are dropped).
     self_pid: u32,
+    /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
+    samples_decoded: u64,
 }
 
 impl std::fmt::Debug for Capture {
@@ -633,6 +635,7 @@ impl Capture {
             joined: std::collections::BTreeSet::new(),
             sampler,
             self_pid: std::process::id(),
+            samples_decoded: 0,
         };
         cap.refresh_http()?;
         Ok(cap)
@@ -847,6 +850,7 @@ impl Capture {
                     // llmprof's own samples (the sampler's start-up calibration) are not the target's.
                     && rec.hdr.pid != self.self_pid
                 {
+                    self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
                     out.push(s.event(&rec));
                 }
             } else if kind == Some(EventKind::PyStack) {
@@ -927,6 +931,18 @@ impl Capture {
     /// The per-hit costs measured at start (None unless [`CaptureConfig::calibrate`]).
     pub fn calibration(&self) -> Option<Calibration> {
         self.calibration
+    }
+
+    /// Starts measuring the sampler's cost on the targets ([`sampling::LiveCost`]); `None` when not sampling or
+    /// the kernel's statistics are unavailable.
+    pub fn live_sample_cost_start(&mut self) -> Option<sampling::LiveCost> {
+        self.sampler.as_ref()?;
+        sampling::live_start(&mut self.ebpf, self.samples_decoded)
+    }
+
+    /// Ends the measurement: ns per on-CPU sample of the targets (`None`: too few samples).
+    pub fn live_sample_cost_finish(&mut self, c: sampling::LiveCost) -> Option<f64> {
+        sampling::live_finish(&mut self.ebpf, c, self.samples_decoded)
     }
 
     /// Sets a runtime knob of the programs (takes effect on the next hit).

@@ -170,6 +170,51 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
     measured
 }
 
+/// The sampler's cost measured on the traced processes themselves: the kernel's BPF run-time statistics held on
+/// for a window of the session ([`live_start`] … [`live_finish`]). Unlike the start-up calibration (llmprof's
+/// own thread, native frames only) this includes what the targets' stacks cost: deep native stacks and the
+/// walk of their Python frames.
+pub struct LiveCost {
+    _stats: std::os::fd::OwnedFd,
+    runs: u64,
+    run_ns: u128,
+    samples: u64,
+}
+
+/// Fewest on-CPU samples of the targets a live window must see to give a figure.
+const LIVE_MIN_SAMPLES: u64 = 20;
+
+/// Turns the statistics on and notes where the sampler program stands (`samples`: on-CPU samples of the targets
+/// decoded so far). `None` (logged) when the statistics are unavailable.
+pub(super) fn live_start(ebpf: &mut Ebpf, samples: u64) -> Option<LiveCost> {
+    let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| log::debug!("sampler live cost: BPF stats unavailable: {e}"))
+        .ok()?;
+    let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM).ok()?;
+    let info = p.info().ok()?;
+    Some(LiveCost {
+        _stats: stats,
+        runs: info.run_count(),
+        run_ns: info.run_time().as_nanos(),
+        samples,
+    })
+}
+
+/// Ends the window: the sampler program's run time in it (every run: the targets' samples and the cheap
+/// early exits on other tasks) divided by the targets' on-CPU samples decoded in it, ns — all of the
+/// sampler's CPU charged to the samples it took. `None` with too few samples. The statistics go off.
+pub(super) fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> Option<f64> {
+    let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM).ok()?;
+    let info = p.info().ok()?;
+    let taken = samples.saturating_sub(c.samples);
+    let ns = info.run_time().as_nanos().saturating_sub(c.run_ns) as f64;
+    log::debug!(
+        "sampler live cost: {} runs, {taken} target samples, {ns:.0} ns",
+        info.run_count().saturating_sub(c.runs)
+    );
+    (taken >= LIVE_MIN_SAMPLES).then(|| ns / taken as f64)
+}
+
 /// Reads a sample record from ring bytes (`None` if short).
 pub(super) fn read_record(b: &[u8]) -> Option<CpuSampleEvent> {
     if b.len() < std::mem::size_of::<CpuSampleEvent>() {

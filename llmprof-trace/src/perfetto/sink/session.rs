@@ -175,6 +175,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.sample_ns {
             args.push(arg_f(arg::COST_NS_SAMPLE, p));
         }
+        if let Some(p) = c.sample_live_ns {
+            args.push(arg_f(arg::COST_NS_SAMPLE_LIVE, p));
+        }
         if let Some(p) = c.offcpu_stack_ns {
             args.push(arg_f(arg::COST_NS_OFFCPU_STACK, p));
         }
