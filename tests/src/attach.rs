@@ -35,6 +35,7 @@ pub fn wait_probes_live(child: &mut Child) -> (BufReader<ChildStderr>, String) {
 /// A running `llmprof attach`, stopped (SIGINT, like Ctrl-C) by [`Attached::stop`].
 pub struct Attached {
     child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Attached {
@@ -50,14 +51,25 @@ impl Attached {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn llmprof attach");
-        let (stderr, _) = wait_probes_live(&mut child);
-        // Keep draining its stderr so that it never blocks on a full pipe.
+        let (stderr, seen) = wait_probes_live(&mut child);
+        let log = std::sync::Arc::new(std::sync::Mutex::new(seen));
+        let l2 = log.clone();
+        // Keep draining its stderr (so that it never blocks on a full pipe), echoed and kept.
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
                 eprintln!("[llmprof] {line}");
+                if let Ok(mut l) = l2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
             }
         });
-        Attached { child }
+        Attached { child, log }
+    }
+
+    /// What it printed on stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// Stops it as Ctrl-C does, asserts that it exited successfully and returns what it printed on stdout.

@@ -56,14 +56,6 @@ pub fn check_each<'a>(client: &[Value], wire: &[&'a Value]) -> Vec<&'a Value> {
         .collect()
 }
 
-/// A free loopback TCP port (bound and released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 /// What the client is asked to send.
 pub struct Load<'a> {
     /// Served model name.

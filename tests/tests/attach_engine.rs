@@ -3,12 +3,11 @@
 //! connect outside the allow list; then the trace is loaded into Perfetto's own trace processor and checked against
 //! what the engine itself says happened.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::attach::Attached;
 use e2e::engine::Engine;
 use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
 use llmprof_abi::{FileOp, StepKind};
@@ -115,32 +114,7 @@ fn attach_to_the_engine_and_check_the_trace() {
     let dir = std::env::temp_dir().join(format!("llmprof-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let trace_path = dir.join("attach.perfetto-trace");
-    let mut llmprof = Command::new(bin_path("llmprof"))
-        .args([
-            "attach",
-            "--pid",
-            &engine.pid.to_string(),
-            "--egress-allow",
-            "10.0.0.0/8",
-            "-o",
-        ])
-        .arg(&trace_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn llmprof");
-    let stderr = llmprof.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[llmprof] {line}");
-            if line.contains("probes live") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("llmprof did not report `probes live` within 60 s");
+    let llmprof = Attached::start(engine.pid, &["--egress-allow", "10.0.0.0/8"], &trace_path);
     wait_idle(&engine);
     let steps_before = steps_total(&engine);
 
@@ -170,12 +144,7 @@ fn attach_to_the_engine_and_check_the_trace() {
     let steps_after = steps_total(&engine);
 
     // Stop the session like a user would (Ctrl-C).
-    // SAFETY: kill(2) with a valid pid of our own child and SIGINT has no memory-safety preconditions.
-    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
-    let out = llmprof.wait_with_output().expect("llmprof exit");
-    let summary = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{summary}");
-    assert!(out.status.success(), "llmprof attach failed: {}", out.status);
+    llmprof.stop();
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
     assert_eq!(

@@ -3,13 +3,9 @@
 //! `decode` engine-step slices (joined by time and process, as the UI does for a selected slice) name the
 //! engine's matmul kernels (`inference::quant::…matmul_rows`), and the trace loads with no import error.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
+use e2e::attach::Attached;
 use e2e::engine::Engine;
-use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
+use e2e::{default_model, http, is_root, require, trace_processor};
 use llmprof_abi::StepKind;
 use llmprof_trace::names::track;
 
@@ -40,25 +36,7 @@ fn samples_inside_decode_steps_name_the_matmul_kernels() {
     let dir = std::env::temp_dir().join(format!("llmprof-e2e-samples-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let trace_path = dir.join("samples.perfetto-trace");
-    let mut llmprof = Command::new(bin_path("llmprof"))
-        .args(["attach", "--pid", &engine.pid.to_string(), "-o"])
-        .arg(&trace_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn llmprof");
-    let stderr = llmprof.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[llmprof] {line}");
-            if line.contains(e2e::attach::PROBES_LIVE) {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("llmprof did not report `probes live` within 60 s");
+    let llmprof = Attached::start(engine.pid, &[], &trace_path);
     let port = engine.port;
     let reqs: Vec<_> = (0..4)
         .map(|i| std::thread::spawn(move || chat(port, &format!("Write a story about the number {i}."), 48)))
@@ -66,10 +44,7 @@ fn samples_inside_decode_steps_name_the_matmul_kernels() {
     for r in reqs {
         r.join().expect("request");
     }
-    // SAFETY: kill(2) with a valid pid of our own child and SIGINT has no memory-safety preconditions.
-    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
-    let out = llmprof.wait_with_output().expect("llmprof exit");
-    assert!(out.status.success(), "llmprof attach failed: {}", out.status);
+    llmprof.stop();
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
     assert_eq!(

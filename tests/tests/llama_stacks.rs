@@ -9,7 +9,8 @@
 
 use e2e::attach::Attached;
 use e2e::llama::start_server;
-use e2e::wire::{Load, free_port, run_client, third_party_ready};
+use e2e::serve::free_port;
+use e2e::wire::{Load, run_client, third_party_ready};
 use e2e::{servers_python, trace_processor};
 
 /// Streamed requests the client sends (each up to the client's default 24 tokens).

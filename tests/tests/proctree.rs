@@ -9,10 +9,9 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e::attach::wait_probes_live;
+use e2e::attach::Attached;
 use e2e::engine::SERVED_NAME;
 use e2e::serve::free_port;
 use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
@@ -85,36 +84,9 @@ fn tmp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Starts `llmprof attach --pid PID EXTRA... -o TRACE`, waits for its probes; its stderr lines are collected.
-fn attach(pid: u32, trace: &Path, extra: &[&str]) -> (Child, Arc<Mutex<String>>) {
-    let mut llmprof = Command::new(bin_path("llmprof"))
-        .args(["attach", "--pid", &pid.to_string()])
-        .args(extra)
-        .arg("-o")
-        .arg(trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn llmprof");
-    let (stderr, seen) = wait_probes_live(&mut llmprof);
-    let log = Arc::new(Mutex::new(seen));
-    let l2 = log.clone();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            eprintln!("[llmprof] {line}");
-            l2.lock().expect("log").push_str(&(line + "\n"));
-        }
-    });
-    (llmprof, log)
-}
-
 /// Ctrl-C, then the trace loaded with 0 import errors.
-fn stop(llmprof: Child, trace: &Path) -> trace_processor::Trace {
-    // SAFETY: kill(2) of our own child with SIGINT has no memory-safety preconditions.
-    unsafe { libc::kill(llmprof.id() as i32, libc::SIGINT) };
-    let out = llmprof.wait_with_output().expect("llmprof exit");
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    assert!(out.status.success(), "llmprof attach failed: {}", out.status);
+fn stop(llmprof: Attached, trace: &Path) -> trace_processor::Trace {
+    llmprof.stop();
     let mut tp = trace_processor::load(trace).expect("trace processor loads the trace");
     assert_eq!(
         tp.import_errors().expect("stats"),
@@ -178,7 +150,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
     std::fs::write(&weights, b"GGUF").expect("write the child's model file");
     let trace = dir.join("tree.perfetto-trace");
     let mut launcher = Launcher::spawn(&[]);
-    let (llmprof, log) = attach(launcher.pid, &trace, &[]);
+    let llmprof = Attached::start(launcher.pid, &[], &trace);
 
     // A child forked after the attach whose first syscall opens a model file, and which is gone 20 ms later.
     let forked: u32 = launcher
@@ -210,11 +182,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
     assert_eq!(r.status, 200, "chat failed: {}", r.text());
     // /metrics discovery runs on the session's 1 s tick over the tree.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !log
-        .lock()
-        .expect("log")
-        .contains(&format!("127.0.0.1:{port}/metrics"))
-    {
+    while !llmprof.log().contains(&format!("127.0.0.1:{port}/metrics")) {
         assert!(
             Instant::now() < deadline,
             "llmprof did not find the child's /metrics within 10 s"
@@ -293,12 +261,19 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    assert_eq!(
-        v["requests"]["count"], 1,
-        "the report's requests: {}",
-        v["requests"]
+    let rows = v["requests"]["per_request"].as_array().expect("per_request").clone();
+    let engine: Vec<_> = rows.iter().filter(|r| r["wire"] == false).collect();
+    assert_eq!(engine.len(), 1, "the engine's one request: {rows:#?}");
+    assert_ne!(engine[0]["finish_reason"], "unfinished", "{rows:#?}");
+    // The child's HTTP server started after attach: the wire probe follows its connections from the first
+    // accept, so the chat is also a wire request of that process, as long as the engine's view of it.
+    let e2e = engine[0]["e2e_ms"].as_f64().expect("engine e2e");
+    assert!(
+        rows.iter().any(|r| r["wire"] == true
+            && r["pid"] == engine[0]["pid"]
+            && r["e2e_ms"].as_f64().is_some_and(|w| w >= e2e)),
+        "the chat seen on the wire of the late child: {rows:#?}"
     );
-    assert_eq!(v["requests"]["finished"], 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -316,7 +291,7 @@ fn no_children_traces_only_the_target() {
     let trace = dir.join("single.perfetto-trace");
     let own_arg = own.display().to_string();
     let mut launcher = Launcher::spawn(&["--gguf", &own_arg]);
-    let (llmprof, _log) = attach(launcher.pid, &trace, &["--no-children"]);
+    let llmprof = Attached::start(launcher.pid, &["--no-children"], &trace);
     let forked: u32 = launcher
         .send(&format!("fork-open {}", childs.display()), "forked ")
         .parse()
@@ -356,7 +331,7 @@ fn descendants_alive_at_attach_are_traced() {
         weights.display()
     );
     let shell: u32 = launcher.send(&cmd, "spawned ").parse().expect("spawned PID");
-    let (llmprof, _log) = attach(launcher.pid, &trace, &[]);
+    let llmprof = Attached::start(launcher.pid, &[], &trace);
     assert_eq!(launcher.send("reap", "reaped "), "1");
     let mut tp = stop(llmprof, &trace);
     assert_eq!(

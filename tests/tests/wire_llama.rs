@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use e2e::attach::Attached;
 use e2e::llama::start_server;
-use e2e::wire::{Load, check_each, free_port, report_rows, run_client, third_party_ready};
+use e2e::serve::free_port;
+use e2e::wire::{Load, check_each, report_rows, run_client, third_party_ready};
 use e2e::{servers_python, trace_processor};
 use llmprof_trace::names::slice;
 

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use e2e::attach::Attached;
 use e2e::engine::SERVED_NAME;
-use e2e::wire::{Load, check_each, children, free_port, report_rows, run_client, third_party_ready};
+use e2e::serve::free_port;
+use e2e::wire::{Load, check_each, children, report_rows, run_client, third_party_ready};
 use e2e::{bin_path, default_model, http, servers_python, trace_processor};
 use llmprof_trace::names::slice;
 
