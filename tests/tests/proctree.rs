@@ -261,7 +261,10 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    let rows = v["requests"]["per_request"].as_array().expect("per_request").clone();
+    let rows = v["requests"]["per_request"]
+        .as_array()
+        .expect("per_request")
+        .clone();
     let engine: Vec<_> = rows.iter().filter(|r| r["wire"] == false).collect();
     assert_eq!(engine.len(), 1, "the engine's one request: {rows:#?}");
     assert_ne!(engine[0]["finish_reason"], "unfinished", "{rows:#?}");
