@@ -27,9 +27,9 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use llmprof_abi::{
-    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_PHASE_PROBE, is_http_request_start, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
-    HTTP_HEAD_MAX, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, Knob, ProbeId, Scan, SockKey,
-    counting_body, finish_write, scan_byte, start_response,
+    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
+    HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, Knob, ProbeId, Scan,
+    SockKey, counting_body, finish_write, is_http_request_start, scan_byte, start_response,
 };
 
 use crate::{EVENTS, Inflight, count, header, knob, now};
@@ -450,11 +450,7 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
         }
         return 0;
     }
-    if ret <= 0
-        || phase == PH_IDLE
-        || phase == PH_RESP_DONE
-        || phase == PH_GONE
-        || phase == HTTP_PHASE_PROBE
+    if ret <= 0 || phase == PH_IDLE || phase == PH_RESP_DONE || phase == PH_GONE || phase == HTTP_PHASE_PROBE
     {
         return 0;
     }

@@ -31,12 +31,12 @@
 #![no_std]
 #![no_main]
 
-mod python;
-mod proc;
 mod http;
 mod offcpu;
-mod sched;
+mod proc;
+mod python;
 mod sample;
+mod sched;
 
 use aya_ebpf::{
     EbpfContext, Global,
@@ -54,9 +54,10 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use llmprof_abi::{
     ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader,
-    EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NUM_KNOBS,
-    NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent, RangeEvent,
-    RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallSlot, SyscallStats, NO_SYSCALL,
+    EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NO_SYSCALL,
+    NUM_KNOBS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent,
+    RangeEvent, RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallSlot,
+    SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -293,7 +294,9 @@ pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
                 count(ProbeId::Syscalls, 0, 0, 1);
                 return 0;
             }
-            let Some(s) = INFLIGHT.get_ptr_mut(&tid) else { return 0 };
+            let Some(s) = INFLIGHT.get_ptr_mut(&tid) else {
+                return 0;
+            };
             s
         }
     };
@@ -964,4 +967,3 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
-

@@ -7,7 +7,9 @@
 //! rate bound of `OFFCPU_STACKS_PER_WINDOW` stacks per `OFFCPU_WINDOW_NS`; a stack not taken is counted as a
 //! drop of `ProbeId::CpuSample`. No loop here (`bpf_get_stack` bounds its own walk).
 
-use aya_ebpf::{EbpfContext, bindings::BPF_RB_NO_WAKEUP, maps::PerCpuArray, macros::map, programs::TracePointContext};
+use aya_ebpf::{
+    EbpfContext, bindings::BPF_RB_NO_WAKEUP, macros::map, maps::PerCpuArray, programs::TracePointContext,
+};
 use llmprof_abi::{
     CpuSampleEvent, EventKind, Knob, ProbeId,
     offcpu::{OFFCPU_STACKS_PER_WINDOW, OFFCPU_UNBOUNDED, OFFCPU_WINDOW_NS},
@@ -56,15 +58,7 @@ pub(crate) fn take(ctx: &TracePointContext, pid_tgid: u64, ts: u64) {
         return;
     };
     // SAFETY: `e` is a fresh reservation of a CpuSampleEvent; `ctx` is this program's context.
-    unsafe {
-        crate::sample::fill(
-            ctx.as_ptr(),
-            e.as_mut_ptr(),
-            EventKind::OffCpuStack,
-            pid_tgid,
-            ts,
-        )
-    };
+    unsafe { crate::sample::fill(ctx.as_ptr(), e.as_mut_ptr(), EventKind::OffCpuStack, pid_tgid, ts) };
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::CpuSample, 1, 1, 0);
     crate::python::emit(pid_tgid, ts);

@@ -207,7 +207,9 @@ pub fn emit(pid_tgid: u64, ts: u64) {
         count(ProbeId::PyStack, 1, 0, 0);
         return;
     }
-    let Some(e) = PY_SCRATCH.get_ptr_mut(0) else { return };
+    let Some(e) = PY_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
     // SAFETY: `e` is this CPU's scratch slot; a perf_event program does not nest on a CPU.
     unsafe {
         (&raw mut (*e).hdr).write(header(EventKind::PyStack, ts, pid_tgid));
@@ -215,7 +217,10 @@ pub fn emit(pid_tgid: u64, ts: u64) {
     }
     // SAFETY: as above; read only for the copy into the ring.
     let rec = unsafe { &*e };
-    if EVENTS.output::<PyStackEvent>(rec, BPF_RB_NO_WAKEUP as u64).is_err() {
+    if EVENTS
+        .output::<PyStackEvent>(rec, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
         count(ProbeId::PyStack, 1, 0, 1);
         return;
     }
