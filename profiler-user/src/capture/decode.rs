@@ -45,6 +45,7 @@ impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
 impl Record for SchedSwitchEvent {}
 impl Record for SchedWakeEvent {}
+impl Record for llmprof_abi::CpuSampleEvent {}
 impl Record for llmprof_abi::HttpEvent {}
 impl Record for llmprof_abi::HttpHeadEvent {}
 

@@ -846,7 +846,7 @@ impl Capture {
             let kind = decode::kind(&item);
             if kind == Some(EventKind::CpuSample) || kind == Some(EventKind::OffCpuStack) {
                 if let Some(s) = self.sampler.as_mut()
-                    && let Some(rec) = sampling::read_record(&item)
+                    && let Some(rec) = decode::read::<llmprof_abi::CpuSampleEvent>(&item)
                     // llmprof's own samples (the sampler's start-up calibration) are not the target's.
                     && rec.hdr.pid != self.self_pid
                 {

@@ -214,13 +214,3 @@ pub(super) fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> Option<
     );
     (taken >= LIVE_MIN_SAMPLES).then(|| ns / taken as f64)
 }
-
-/// Reads a sample record from ring bytes (`None` if short).
-pub(super) fn read_record(b: &[u8]) -> Option<CpuSampleEvent> {
-    if b.len() < std::mem::size_of::<CpuSampleEvent>() {
-        return None;
-    }
-    // SAFETY: the slice holds at least size_of::<CpuSampleEvent>() bytes, the read is unaligned-safe, and the
-    // record is plain integers for which every bit pattern is valid.
-    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<CpuSampleEvent>()) })
-}
