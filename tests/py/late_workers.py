@@ -1,6 +1,7 @@
 """Launcher for the wire-probe test of late children (`tests/tests/wire_workers.rs`): starts the engine
 (`llmserve`, its command after `--`) at once, then waits for GO_FILE to exist (the test creates it once
-`llmprof attach` on this launcher is live) and only then starts gunicorn with 2 forked sync workers running
+`llmprof attach` on this launcher is live) and only then starts gunicorn with 2 forked workers (gthread: keep-alive connections, like a client's
+connection pool in front of a real API tier) running
 `proxy_app:app` on PORT in front of the engine. So the gateway's master, its workers and their listening socket
 all come into being after attach. Usage: late_workers.py GO_FILE PORT UPSTREAM_PORT -- llmserve ARGS...
 """
@@ -28,7 +29,9 @@ def main():
             "--workers",
             "2",
             "--worker-class",
-            "sync",
+            "gthread",
+            "--threads",
+            "2",
             "--bind",
             f"127.0.0.1:{port}",
             "--chdir",

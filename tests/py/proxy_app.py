@@ -1,4 +1,4 @@
-"""A WSGI gateway in front of an OpenAI-compatible engine, run by gunicorn with forked sync workers in the
+"""A WSGI gateway in front of an OpenAI-compatible engine, run by gunicorn with forked gthread workers in the
 wire-probe test of late children (`tests/tests/wire_workers.rs`): the shape of a Python API tier in front of an
 engine process. Each request is forwarded to `UPSTREAM_PORT` on 127.0.0.1 with its `x-request-id` and
 `traceparent`; a streamed (SSE) answer is passed on event by event as it arrives (gunicorn sends it with chunked

@@ -1,4 +1,4 @@
-//! Requests on the wire of processes that did not exist at attach: a gunicorn gateway (2 forked sync workers,
+//! Requests on the wire of processes that did not exist at attach: a gunicorn gateway (2 forked gthread workers,
 //! `tests/py/proxy_app.py`) in front of `llmserve`, started by a launcher (`tests/py/late_workers.py`) only after
 //! `llmprof attach --pid LAUNCHER` is live — so the gateway's master, its workers and their listening socket all
 //! appear during the session, and the workers' connections must be followed from the kernel with no user-space
