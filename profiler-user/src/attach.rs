@@ -920,6 +920,12 @@ impl<'a> Session<'a> {
         if let Some(e) = self.capture.any_engine() {
             self.engine_probes = e;
         }
+        // A session that ends inside the live-cost window still has a figure from what it measured.
+        if let LiveCost::Measuring(c, _) = std::mem::replace(&mut self.live_cost, LiveCost::Done)
+            && let Some(ns) = self.capture.live_sample_cost_finish(c)
+        {
+            self.acct.set_live_sample_ns(ns);
+        }
         let final_counters = self.capture.account_counters();
         let mut overhead = self.acct.summary(
             final_counters,
