@@ -1314,3 +1314,6 @@ mod tests {
         assert_eq!(CudaFunc::EventSynchronize.class(), CudaClass::Sync);
     }
 }
+
+/// GPU activity handed over by the injected CUPTI helper (not part of the engine ABI).
+pub mod gpu;

@@ -1,0 +1,243 @@
+//! GPU activity handed from the injected helper library to llmprof: the one layout both sides agree on.
+//!
+//! `llmprof attach` injects a helper library (`libllmprof_cupti.so`, crate `llmprof-cupti`) into a running
+//! CUDA process (ptrace + `dlopen`) and calls [`GPU_START`] in it; the helper turns on CUPTI's activity API,
+//! converts each completed CUPTI buffer into records of this module (so llmprof never depends on a CUPTI
+//! version's struct layout) and hands them over in chunks of at most [`GPU_CHUNK_MAX`] bytes by calling
+//! [`GPU_HANDOFF`] — a function that begins with [`crate::PROBE_NOP5`] and does nothing else. llmprof's
+//! uprobe on it copies the chunk into the ring buffer: one probe hit per chunk, never one per kernel. On
+//! detach llmprof calls [`GPU_STOP`] (flush, disable every activity kind, unsubscribe); the library stays
+//! loaded and idle, and the next attach calls [`GPU_START`] again.
+//!
+//! A chunk is a [`GpuChunkHeader`] followed by records. Each record starts with a [`GpuRecordHeader`]
+//! (kind + size, size a multiple of 8 including the header), so a reader skips kinds it does not know:
+//! - [`GpuRecordKind::Activity`]: a [`GpuActivity`] (kernel, memcpy, memset, synchronization);
+//! - [`GpuRecordKind::ApiCall`]: a [`GpuApiCall`] (a driver/runtime call that launched or waited: links a
+//!   kernel to the thread that launched it through the correlation id);
+//! - [`GpuRecordKind::Name`]: a [`GpuName`] header followed by `len` bytes of a (mangled) kernel name, sent
+//!   once per name before the first activity that refers to its `name_id`.
+//!
+//! Timestamps in records are CUPTI's clock ([`GpuChunkHeader::cupti_ns`] and
+//! [`GpuChunkHeader::boottime_ns`] are one pair of readings taken together: llmprof maps every timestamp of
+//! the chunk with that pair to CLOCK_BOOTTIME). Not part of the engine ABI: versioned by [`GPU_ABI_VERSION`].
+
+/// Exported by the helper: `extern "C" fn(chunk: *const u8, len: u64)`; starts with the 5-byte NOP llmprof's
+/// uprobe sits on.
+pub const GPU_HANDOFF: &str = "llmprof_gpu_activity";
+/// Exported by the helper: `extern "C" fn(flags: u64) -> u32` ([`GpuStartStatus`]); flags [`GPU_FLAG_*`].
+pub const GPU_START: &str = "llmprof_gpu_start";
+/// Exported by the helper: `extern "C" fn() -> u32` (0: stopped; flushes first).
+pub const GPU_STOP: &str = "llmprof_gpu_stop";
+/// File name of the helper library (found next to the `llmprof` binary).
+pub const GPU_HELPER_LIB: &str = "libllmprof_cupti.so";
+
+/// Version of this module's layouts; a chunk of another version is refused by llmprof (counted, not read).
+pub const GPU_ABI_VERSION: u32 = 1;
+/// [`GpuChunkHeader::magic`]: "LGPU".
+pub const GPU_CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"LGPU");
+/// Largest chunk the helper hands over (header included); the uprobe copies at most this many bytes.
+pub const GPU_CHUNK_MAX: usize = 16 * 1024;
+/// Longest kernel name sent; a longer one is cut and flagged ([`GpuName::truncated`]).
+pub const GPU_NAME_MAX: usize = 4000;
+
+/// [`GPU_START`] flag: also record the driver calls that launch work ([`GpuApiCall`]), for launch → kernel
+/// flows. Without it only GPU-side records are sent.
+pub const GPU_FLAG_API_CALLS: u64 = 1;
+
+/// What [`GPU_START`] returns.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuStartStatus {
+    /// Activity recording is on.
+    Started = 0,
+    /// No CUPTI library could be loaded in the target.
+    NoCupti = 1,
+    /// CUPTI already has a subscriber in this process (Kineto, Nsight, another tool).
+    SubscriberTaken = 2,
+    /// CUPTI refused an activity kind or the buffer callbacks (the CUPTI result code is lost; see the
+    /// helper's stderr).
+    CuptiError = 3,
+    /// Already started by an earlier attach that did not stop it (the helper keeps running).
+    AlreadyStarted = 4,
+    /// The process has no CUDA driver library loaded.
+    NoLibcuda = 5,
+}
+
+impl GpuStartStatus {
+    /// Decodes the returned value.
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Started),
+            1 => Some(Self::NoCupti),
+            2 => Some(Self::SubscriberTaken),
+            3 => Some(Self::CuptiError),
+            4 => Some(Self::AlreadyStarted),
+            5 => Some(Self::NoLibcuda),
+            _ => None,
+        }
+    }
+}
+
+/// Start of every chunk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuChunkHeader {
+    /// [`GPU_CHUNK_MAGIC`].
+    pub magic: u32,
+    /// [`GPU_ABI_VERSION`].
+    pub version: u32,
+    /// Bytes of the chunk, this header included (≤ [`GPU_CHUNK_MAX`]).
+    pub len: u32,
+    /// Records that follow.
+    pub records: u32,
+    /// Activity records lost since the previous chunk (CUPTI's dropped count plus the helper's own).
+    pub dropped: u64,
+    /// CUPTI's timestamp (`cuptiGetTimestamp`) ...
+    pub cupti_ns: u64,
+    /// ... and CLOCK_BOOTTIME read right after it.
+    pub boottime_ns: u64,
+    /// Sequence number of the chunk in this process since the helper was loaded (gaps: chunks llmprof missed).
+    pub seq: u64,
+}
+
+/// Kinds of records in a chunk.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuRecordKind {
+    /// [`GpuActivity`].
+    Activity = 1,
+    /// [`GpuApiCall`].
+    ApiCall = 2,
+    /// [`GpuName`] + name bytes.
+    Name = 3,
+}
+
+/// Start of every record in a chunk.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuRecordHeader {
+    /// [`GpuRecordKind`] as u16.
+    pub kind: u16,
+    /// Always 0.
+    pub flags: u16,
+    /// Bytes of the record including this header, a multiple of 8.
+    pub size: u32,
+}
+
+/// What a [`GpuActivity`] is.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuActivityKind {
+    /// A kernel (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL).
+    Kernel = 0,
+    /// A copy (CUPTI_ACTIVITY_KIND_MEMCPY); `detail` is CUPTI's `CUpti_ActivityMemcpyKind`.
+    Memcpy = 1,
+    /// A memset (CUPTI_ACTIVITY_KIND_MEMSET).
+    Memset = 2,
+    /// A host wait (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION); `detail` is `CUpti_ActivitySynchronizationType`.
+    Sync = 3,
+}
+
+impl GpuActivityKind {
+    /// Decodes [`GpuActivity::kind`].
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::Kernel),
+            1 => Some(Self::Memcpy),
+            2 => Some(Self::Memset),
+            3 => Some(Self::Sync),
+            _ => None,
+        }
+    }
+}
+
+/// No graph: [`GpuActivity::graph_id`] of work not launched from a CUDA graph.
+pub const NO_GRAPH: u32 = 0;
+
+/// One piece of GPU work (or a host wait on it), times on CUPTI's clock.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuActivity {
+    /// Header ([`GpuRecordKind::Activity`], size `size_of::<GpuActivity>()`).
+    pub hdr: GpuRecordHeader,
+    /// [`GpuActivityKind`] as u32.
+    pub kind: u32,
+    /// CUDA device ordinal.
+    pub device: u32,
+    /// CUDA context id.
+    pub context: u32,
+    /// Stream id (CUPTI's); for [`GpuActivityKind::Sync`] the stream waited on, if any.
+    pub stream: u32,
+    /// Correlation id of the API call that issued it (0: none).
+    pub correlation: u32,
+    /// Kernels: id of the [`GpuName`] sent earlier in this process; else 0.
+    pub name_id: u32,
+    /// Start, CUPTI ns.
+    pub start_ns: u64,
+    /// End, CUPTI ns.
+    pub end_ns: u64,
+    /// Graph this work was launched from ([`NO_GRAPH`] when none).
+    pub graph_id: u32,
+    /// Memcpy: copy kind; Sync: synchronization type; else 0.
+    pub detail: u32,
+    /// Graph node id (0 outside graphs).
+    pub graph_node: u64,
+    /// Memcpy/memset: bytes.
+    pub bytes: u64,
+    /// Kernels: grid x, y, z.
+    pub grid: [u32; 3],
+    /// Kernels: block x, y, z.
+    pub block: [u32; 3],
+    /// Kernels: registers per thread.
+    pub registers: u32,
+    /// Kernels: static shared memory per block, bytes.
+    pub shared_static: u32,
+    /// Kernels: dynamic shared memory per block, bytes.
+    pub shared_dynamic: u32,
+    /// Always 0.
+    pub pad: u32,
+}
+
+/// A driver or runtime API call CUPTI recorded (launch-type calls and waits), times on CUPTI's clock.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuApiCall {
+    /// Header ([`GpuRecordKind::ApiCall`]).
+    pub hdr: GpuRecordHeader,
+    /// Correlation id (matches [`GpuActivity::correlation`]).
+    pub correlation: u32,
+    /// CUPTI callback id of the function (driver API `CUpti_driver_api_trace_cbid`).
+    pub cbid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id as the kernel knows it (the helper sets CUPTI's thread id type to the system's).
+    pub tid: u32,
+    /// Start, CUPTI ns.
+    pub start_ns: u64,
+    /// End, CUPTI ns.
+    pub end_ns: u64,
+    /// 1: a runtime API call (`CUpti_runtime_api_trace_cbid`), 0: driver API.
+    pub runtime: u32,
+    /// Always 0.
+    pub pad: u32,
+}
+
+/// A kernel name: this header, then `len` bytes (not NUL terminated), padded with zeros to a multiple of 8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuName {
+    /// Header ([`GpuRecordKind::Name`], size = 16 + len rounded up to 8).
+    pub hdr: GpuRecordHeader,
+    /// Id the activities refer to (unique per process, from 1).
+    pub name_id: u32,
+    /// Bytes of the name that follow (≤ [`GPU_NAME_MAX`]).
+    pub len: u16,
+    /// 1 when the name was cut at [`GPU_NAME_MAX`] bytes.
+    pub truncated: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<GpuChunkHeader>() == 48);
+const _: () = assert!(core::mem::size_of::<GpuRecordHeader>() == 8);
+const _: () = assert!(core::mem::size_of::<GpuActivity>() == 112);
+const _: () = assert!(core::mem::size_of::<GpuApiCall>() == 48);
+const _: () = assert!(core::mem::size_of::<GpuName>() == 16);
