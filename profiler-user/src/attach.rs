@@ -884,6 +884,7 @@ impl<'a> Session<'a> {
             note!();
         }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
+        self.capture.release_held(&mut self.polled);
         self.take_polled();
         while let Ok(ev) = self.rx.try_recv() {
             self.merger.push(ev);

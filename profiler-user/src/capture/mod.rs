@@ -333,6 +333,8 @@ pub struct Capture {
     self_pid: u32,
     /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
     samples_decoded: u64,
+    /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
+    held: Vec<Event>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -636,6 +638,7 @@ impl Capture {
             sampler,
             self_pid: std::process::id(),
             samples_decoded: 0,
+            held: Vec::new(),
         };
         cap.refresh_http()?;
         Ok(cap)
@@ -840,6 +843,9 @@ impl Capture {
 
     fn drain(&mut self, out: &mut Vec<Event>) -> usize {
         self.python.maybe_refresh(&mut self.ebpf);
+        // Stack samples wait one drain in `held` before they are handed out: the kernel submits a sample's
+        // native record before its Python stack, and a drain (or the batch bound) can fall between the two.
+        let mut carried = std::mem::take(&mut self.held);
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
@@ -851,11 +857,11 @@ impl Capture {
                     && rec.hdr.pid != self.self_pid
                 {
                     self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
-                    out.push(s.event(&rec));
+                    self.held.push(s.event(&rec));
                 }
             } else if kind == Some(EventKind::PyStack) {
                 if let Some(ev) = self.python.decode(&item) {
-                    splice_or_push(ev, out);
+                    splice_or_push(ev, [&mut self.held, &mut carried], out);
                 }
             } else if kind.is_some_and(http::is_http_kind) {
                 match http::decode(&item) {
@@ -870,7 +876,14 @@ impl Capture {
             }
             n += 1;
         }
+        out.append(&mut carried);
         n
+    }
+
+    /// Hands out the stack samples the last drain held back (see [`Capture::poll`]): at the end of a session,
+    /// after its last poll.
+    pub fn release_held(&mut self, out: &mut Vec<Event>) {
+        out.append(&mut self.held);
     }
 
     /// Python stack sampling: the targets sampled and the problems of those that cannot be.
@@ -1132,24 +1145,24 @@ where
     })
 }
 
-/// How far back [`splice_or_push`] looks for the stack sample a Python stack belongs to: the sampler writes
-/// the two records back to back, so only records of other CPUs can come between them.
-const SPLICE_LOOKBACK: usize = 64;
-
 /// A Python stack written by the native sampler (or with an off-CPU stack) right after its own record of the
-/// same instant (same tid, same timestamp) is spliced into that stack's frames; one without such a record
-/// (the stand-alone Python sampler) stays an event of its own.
-fn splice_or_push(ev: Event, out: &mut Vec<Event>) {
+/// same instant (same tid, same timestamp) is spliced into that stack's frames, looked for among the samples
+/// `held` back (this drain's and the last one's); one without such a record (the stand-alone Python sampler)
+/// stays an event of its own.
+fn splice_or_push(ev: Event, held: [&mut Vec<Event>; 2], out: &mut Vec<Event>) {
     if let EventBody::PyStack(py) = &ev.body {
-        let start = out.len().saturating_sub(SPLICE_LOOKBACK);
-        if let Some(sample) = out[start..].iter_mut().rev().find_map(|e| match &mut e.body {
-            EventBody::CpuSample(s) | EventBody::OffCpuStack(s) if e.tid == ev.tid && e.ts_ns == ev.ts_ns => {
-                Some(s)
+        for h in held {
+            if let Some(sample) = h.iter_mut().rev().find_map(|e| match &mut e.body {
+                EventBody::CpuSample(s) | EventBody::OffCpuStack(s)
+                    if e.tid == ev.tid && e.ts_ns == ev.ts_ns =>
+                {
+                    Some(s)
+                }
+                _ => None,
+            }) {
+                llmprof_trace::pystack::splice(sample, py);
+                return;
             }
-            _ => None,
-        }) {
-            llmprof_trace::pystack::splice(sample, py);
-            return;
         }
     }
     out.push(ev);
