@@ -467,6 +467,8 @@ pub enum EventKind {
     Content = 10,
     /// [`CudaCallEvent`].
     CudaCall = 9,
+    /// [`cudacount::CudaCountEvent`]: a window of a thread's counted (launch-type) CUDA calls.
+    CudaCount = 13,
     /// [`python::PyStackEvent`].
     PyStack = 35,
     /// [`ProcessStartEvent`]: a traced process started a new process (not a thread).
@@ -501,6 +503,7 @@ impl EventKind {
             8 => Some(Self::ProcessExit),
             10 => Some(Self::Content),
             9 => Some(Self::CudaCall),
+            13 => Some(Self::CudaCount),
             35 => Some(Self::PyStack),
             11 => Some(Self::ProcessStart),
             12 => Some(Self::ProcessExec),
@@ -1317,3 +1320,6 @@ mod tests {
 
 /// GPU activity handed over by the injected CUPTI helper (not part of the engine ABI).
 pub mod gpu;
+
+/// Counted launch-type CUDA driver calls (not part of the engine ABI).
+pub mod cudacount;

@@ -10,6 +10,9 @@
 //!   engine emits when the step ends), otherwise per [`WINDOW_NS`] window; a batch also ends at any
 //!   individually shown call on its thread (typically the step's copy of results or its synchronize), so the
 //!   slices of a thread never overlap (calls nested in an individual call are shown individually, inside it);
+//! - launch-type calls counted in the kernel instead of timed (the default; `llmprof_abi::cudacount`) come
+//!   as windows of counts ([`CudaAggregator::counted`]) and join the batch like the calls they count, with
+//!   no host time;
 //! - at most [`INDIVIDUAL_PER_SEC`] individual slices per thread and second; calls beyond it join the batch
 //!   and are counted in [`AggStats::over_budget`].
 //!
@@ -75,6 +78,11 @@ pub enum CudaSliceKind {
         end: BatchEnd,
         /// Whether the batch followed engine steps (else the time window).
         per_step: bool,
+        /// Calls of `calls` that were counted, not timed (the default for launch-type calls): they add
+        /// nothing to the host times.
+        counted: u64,
+        /// Bytes of the counted copies.
+        counted_bytes: u64,
     },
 }
 
@@ -119,6 +127,24 @@ struct Batch {
     host_total_ns: u64,
     max_ns: u64,
     errors: u64,
+    counted: u64,
+    counted_bytes: u64,
+}
+
+impl Batch {
+    fn new(start: u64, end: u64) -> Self {
+        Self {
+            start,
+            end,
+            funcs: BTreeMap::new(),
+            calls: 0,
+            host_total_ns: 0,
+            max_ns: 0,
+            errors: 0,
+            counted: 0,
+            counted_bytes: 0,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -178,7 +204,6 @@ impl CudaAggregator {
         out: &mut Vec<CudaSlice>,
     ) {
         self.stats.calls += 1;
-        let max_batch = self.max_batch(pid);
         let per_step = self.engine_pids.contains(&pid);
         let st = self.threads.entry((pid, tid)).or_default();
         let end = ts_ns.saturating_add(dur_ns);
@@ -222,25 +247,7 @@ impl CudaAggregator {
         if over_budget {
             self.stats.over_budget += 1;
         }
-        if st
-            .batch
-            .as_ref()
-            .is_some_and(|b| ts_ns.saturating_sub(b.start) >= max_batch)
-            && let Some(b) = st.batch.take()
-        {
-            let slice = close(pid, tid, b, BatchEnd::Window, per_step);
-            self.emit(slice, out);
-        }
-        let st = self.threads.entry((pid, tid)).or_default();
-        let b = st.batch.get_or_insert_with(|| Batch {
-            start: ts_ns,
-            end,
-            funcs: BTreeMap::new(),
-            calls: 0,
-            host_total_ns: 0,
-            max_ns: 0,
-            errors: 0,
-        });
+        let b = self.open_batch(pid, tid, ts_ns, end, out);
         b.end = b.end.max(end);
         let f = b.funcs.entry(func).or_default();
         f.0 += 1;
@@ -250,6 +257,67 @@ impl CudaAggregator {
         b.max_ns = b.max_ns.max(dur_ns);
         b.errors += u64::from(result != 0);
         self.stats.batched_calls += 1;
+    }
+
+    /// The open batch of `(pid, tid)` a call at `ts_ns` joins: the current one unless it is older than its
+    /// window (then it is written and a new one begins).
+    fn open_batch(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        ts_ns: u64,
+        end: u64,
+        out: &mut Vec<CudaSlice>,
+    ) -> &mut Batch {
+        let max_batch = self.max_batch(pid);
+        let per_step = self.engine_pids.contains(&pid);
+        let st = self.threads.entry((pid, tid)).or_default();
+        if st
+            .batch
+            .as_ref()
+            .is_some_and(|b| ts_ns.saturating_sub(b.start) >= max_batch)
+            && let Some(b) = st.batch.take()
+        {
+            let slice = close(pid, tid, b, BatchEnd::Window, per_step);
+            self.emit(slice, out);
+        }
+        self.threads
+            .entry((pid, tid))
+            .or_default()
+            .batch
+            .get_or_insert_with(|| Batch::new(ts_ns, end))
+    }
+
+    /// A window of counted calls of one thread (`calls` in `llmprof_abi::cudacount::COUNTED` order), its
+    /// first call's entry at `first_ns`, its last one's at `last_ns`: they join the thread's batch like the
+    /// launches they are, without host times.
+    #[expect(clippy::too_many_arguments, reason = "the fields of one CudaCount event")]
+    pub fn counted(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        first_ns: u64,
+        last_ns: u64,
+        calls: &[u32; 8],
+        bytes: u64,
+        out: &mut Vec<CudaSlice>,
+    ) {
+        let n: u64 = calls.iter().map(|&c| u64::from(c)).sum();
+        if n == 0 {
+            return;
+        }
+        self.stats.calls += n;
+        self.stats.batched_calls += n;
+        let b = self.open_batch(pid, tid, first_ns, last_ns, out);
+        b.end = b.end.max(last_ns);
+        for (f, &c) in llmprof_abi::cudacount::COUNTED.iter().zip(calls) {
+            if c > 0 {
+                b.funcs.entry(*f).or_default().0 += u64::from(c);
+            }
+        }
+        b.calls += n;
+        b.counted += n;
+        b.counted_bytes += bytes;
     }
 
     /// Writes a finished slice, or, for an engine process, keeps it until its step record arrives.
@@ -368,6 +436,8 @@ fn close(pid: u32, tid: u32, b: Batch, end: BatchEnd, per_step: bool) -> CudaSli
             errors: b.errors,
             end,
             per_step,
+            counted: b.counted,
+            counted_bytes: b.counted_bytes,
         },
     }
 }
@@ -386,6 +456,64 @@ mod tests {
             CudaSliceKind::Batch { calls, .. } => *calls,
             CudaSliceKind::Call { .. } => 0,
         }
+    }
+
+    #[test]
+    fn counted_windows_join_the_step_batch_without_host_time() {
+        let mut a = CudaAggregator::new([1]);
+        let mut out = Vec::new();
+        // Two windows of counted calls (kernel side: the second began 10 ms after the first), then the
+        // step's synchronize, individually timed.
+        let mut w1 = [0u32; 8];
+        w1[0] = 60; // cuLaunchKernel
+        w1[4] = 2; // cuMemcpyHtoDAsync
+        let mut w2 = [0u32; 8];
+        w2[0] = 40;
+        w2[2] = 1; // cuGraphLaunch
+        a.counted(1, 7, 1_000, 9_000_000, &w1, 4096, &mut out);
+        a.counted(1, 7, 11_000_000, 12_000_000, &w2, 0, &mut out);
+        call(
+            &mut a,
+            7,
+            12_500_000,
+            CudaFunc::StreamSynchronize,
+            1_000_000,
+            &mut out,
+        );
+        a.step(1, 500, 14_000_000, 3, &mut out);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        let CudaSliceKind::Batch {
+            funcs,
+            calls,
+            host_total_ns,
+            counted,
+            counted_bytes,
+            end,
+            ..
+        } = &out[0].kind
+        else {
+            panic!("{:?}", out[0]);
+        };
+        assert_eq!(
+            (*calls, *counted, *counted_bytes, *host_total_ns),
+            (103, 103, 4096, 0)
+        );
+        assert_eq!(funcs[&CudaFunc::LaunchKernel], (100, 0));
+        assert_eq!(funcs[&CudaFunc::MemcpyHtoDAsync], (2, 0));
+        assert_eq!(funcs[&CudaFunc::GraphLaunch], (1, 0));
+        assert_eq!(*end, BatchEnd::Call);
+        assert_eq!(
+            (out[0].ts_ns, out[0].dur_ns, out[0].step_id),
+            (1_000, 12_000_000 - 1_000, Some(3))
+        );
+        assert!(matches!(
+            out[1].kind,
+            CudaSliceKind::Call {
+                func: CudaFunc::StreamSynchronize,
+                ..
+            }
+        ));
+        assert_eq!(a.stats().calls, 104);
     }
 
     #[test]

@@ -138,6 +138,16 @@ pub enum EventBody {
         /// The returned `CUresult` (0 = success).
         result: u32,
     },
+    /// A window of one thread's counted CUDA driver calls (launch-type calls, entry-only probe: how many, no
+    /// host times; `llmprof_abi::cudacount`). Event time: the entry of the window's first call.
+    CudaCount {
+        /// Entry of the window's last call, BOOTTIME ns.
+        last_ns: u64,
+        /// Calls per function, in `llmprof_abi::cudacount::COUNTED` order.
+        calls: [u32; 8],
+        /// Bytes of the counted (asynchronous) copies.
+        bytes: u64,
+    },
     /// One NVML sample of one GPU.
     GpuSample(Box<GpuSample>),
     /// Something llmprof itself wants on the timeline (e.g. "target exited", "probes not found").
@@ -205,6 +215,7 @@ impl EventBody {
             Self::Metrics(_) => "metrics",
             Self::SyscallRate { .. } => "syscall_rate",
             Self::CudaCall { .. } => "cuda_call",
+            Self::CudaCount { .. } => "cuda_count",
             Self::GpuSample(_) => "gpu_sample",
             Self::Marker { .. } => "marker",
             Self::Overhead(_) => "overhead",

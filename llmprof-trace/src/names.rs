@@ -614,6 +614,11 @@ pub mod arg {
     pub const ENDED_BY_CALL: &str = "next individual call";
     /// Value of [`ENDED_BY`]: the end of the trace.
     pub const ENDED_BY_END: &str = "end of trace";
+    /// Calls of a batch that were counted in the kernel, not timed (launch-type calls in the default
+    /// `--cuda-calls counted` mode): included in [`CALLS`] and [`FUNCTIONS`], with no host time.
+    pub const COUNTED_CALLS: &str = "counted_calls";
+    /// Bytes of a batch's counted (asynchronous) copies.
+    pub const COUNTED_BYTES: &str = "counted_bytes";
     /// Every CUDA slice's note ([`CUDA_NOTE`]).
     pub const NOTE: &str = "note";
     /// The value of [`NOTE`]: what a CUDA slice's duration means.
@@ -662,6 +667,8 @@ pub mod arg {
     pub const COST_NS_ENGINE_PROBE_SAMPLED_OUT: &str = "cost_ns_engine_probe_sampled_out";
     /// Calibrated cost per CUDA driver call (entry + return probe), ns.
     pub const COST_NS_CUDA_CALL: &str = "cost_ns_cuda_call";
+    /// Calibrated cost per counted CUDA driver call (entry-only counting probe), ns.
+    pub const COST_NS_CUDA_COUNTED: &str = "cost_ns_cuda_counted";
     /// Calibrated cost per thread-state record (sched_switch / sched_waking of a traced thread), ns.
     pub const COST_NS_SCHED_EVENT: &str = "cost_ns_sched_event";
     /// Calibrated eBPF cost per stack sample (kernel + user stack walk and record; off-CPU stacks are

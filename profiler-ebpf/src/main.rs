@@ -31,6 +31,7 @@
 #![no_std]
 #![no_main]
 
+mod cudacount;
 mod http;
 mod offcpu;
 mod proc;
@@ -785,18 +786,13 @@ pub fn llmprof_range(ctx: ProbeContext) -> u32 {
     engine_record::<RangeEvent>(&ctx, ProbeId::Range, EventKind::Range)
 }
 
-/// Uprobe at the entry of a CUDA driver function: remember when, which (cookie) and its cheap argument.
-#[uprobe]
-pub fn llmprof_cuent(ctx: ProbeContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !traced((pid_tgid >> 32) as u32) {
-        return 0;
-    }
-    let ts_ns = now();
+/// The attach cookie of the running CUDA uprobe and the argument its index names (0 when none): the
+/// argument registers of the x86-64 SysV ABI, read with volatile loads (a `match` over `ctx.arg(n)` is folded
+/// by LLVM into one load at a computed context offset, which the verifier rejects).
+#[inline(always)]
+fn cuda_arg(ctx: &ProbeContext) -> (u64, u64) {
     // SAFETY: the helper only reads the cookie of the link this program runs for.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    // The argument registers of the x86-64 SysV ABI, read with volatile loads: a `match` over `ctx.arg(n)`
-    // is folded by LLVM into one load at a computed context offset, which the verifier rejects.
     let regs = ctx.regs;
     // SAFETY: `regs` is the probe's pt_regs context pointer; fields are read at constant offsets.
     let args = unsafe {
@@ -810,7 +806,20 @@ pub fn llmprof_cuent(ctx: ProbeContext) -> u32 {
         ]
     };
     let idx = ((cookie >> 16) & 0xff) as usize;
-    let arg = if idx < args.len() { args[idx] } else { 0 };
+    (cookie, if idx < args.len() { args[idx] } else { 0 })
+}
+
+/// Uprobe at the entry of an individually timed CUDA driver function: ends the thread's counted window
+/// (`cudacount`), remembers when, which (cookie) and its cheap argument.
+#[uprobe]
+pub fn llmprof_cuent(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !traced((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    cudacount::flush(pid_tgid as u32);
+    let ts_ns = now();
+    let (cookie, arg) = cuda_arg(&ctx);
     let frame = CudaFrame { ts_ns, cookie, arg };
     let tid = pid_tgid as u32;
     match CUDA_INFLIGHT.get_ptr_mut(&tid) {

@@ -376,6 +376,7 @@ fn start_capture(
         capture_content,
         calibrate: true,
         calibrate_cuda: opts.gpu.cuda,
+        cuda_counted: opts.gpu.cuda_calls == crate::gpu::CudaCalls::Counted,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
         sample_hz: opts.sample_hz,
@@ -885,6 +886,7 @@ impl<'a> Session<'a> {
         }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
         self.capture.release_held(&mut self.polled);
+        self.capture.flush_cuda_counts(&mut self.polled);
         self.take_polled();
         while let Ok(ev) = self.rx.try_recv() {
             self.merger.push(ev);

@@ -162,6 +162,12 @@ pub struct AttachArgs {
     /// allocations, synchronize calls).
     #[arg(long)]
     pub no_cuda: bool,
+    /// How the CUDA driver calls are probed: `counted` counts kernel launches and asynchronous copies in the
+    /// kernel (an entry-only uprobe: per thread, engine step or 10 ms window) and times only the calls that
+    /// block the host (synchronize, blocking copies, alloc/free); `all` times every call (entry + return
+    /// uprobe pair: several µs per launch).
+    #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
+    pub cuda_calls: crate::gpu::CudaCalls,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
     /// listens on). Requests become `http request N` tracks with wire TTFT and inter-token latency.
     #[arg(long = "http-port", value_name = "PORT")]

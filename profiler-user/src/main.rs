@@ -83,6 +83,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         gpu: llmprof::gpu::GpuOptions {
             sample_interval: (!a.gpu_sample_interval.is_zero()).then_some(a.gpu_sample_interval),
             cuda: !a.no_cuda,
+            cuda_calls: a.cuda_calls,
         },
         live_status: true,
         metadata: None,
@@ -255,7 +256,10 @@ fn print_overhead(r: &attach::AttachReport) {
             )
         });
         let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
-            format!("{p:.0} ns per CUDA driver call (entry + return probe)")
+            let counted = c.cuda_count_ns.map_or(String::new(), |n| {
+                format!(", {n:.0} ns per counted launch (entry probe only)")
+            });
+            format!("{p:.0} ns per timed CUDA driver call (entry + return probe){counted}")
         });
         let sched = c
             .sched_event_ns

@@ -14,7 +14,9 @@
 //! (model files, connect, send, process exit) nothing extra (they run inside the same exit program); engine
 //! probes, and any uprobe added later, the calibrated uprobe cost, with range hits the sampling knob
 //! skipped at the (lower) sampled-out cost; `cuda` (one hit per driver call, counted at entry) the
-//! calibrated cost of the entry + return uprobe pair (the engine-probe cost when the pair was not measured);
+//! calibrated cost of the entry-only counting uprobe for the calls it counted ([`Counters::cuda_counted`])
+//! and of the entry + return uprobe pair for the others (the engine-probe cost when the pair was not
+//! measured);
 //! `sched` (one hit per sched_switch / sched_waking record of a traced thread) the calibrated cost of a
 //! thread-state record (nothing when it was not measured). The thread-state programs also run, filtered out
 //! after two lookups, for every other switch on the machine: that cost is everyone's, not the target's.
@@ -48,6 +50,8 @@ pub struct Counters {
     pub probes: [ProbeCounters; NUM_PROBES],
     /// Of the `syscalls` hits, those of the decoded class ([`DECODED_SYSCALLS`]).
     pub syscalls_decoded: u64,
+    /// Of the `cuda` hits, the calls counted by the entry-only probe (the rest were timed by the pair).
+    pub cuda_counted: u64,
 }
 
 /// The counters and clocks at one instant.
@@ -147,6 +151,7 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
     let mut out = [0f64; NUM_PROBES];
     let probe = cal.probe_ns.unwrap_or(0.0);
     let syscalls = syscalls_added_ns(cal, before, now);
+    let (before_counted, now_counted) = (before.cuda_counted, now.cuda_counted);
     let (before, now) = (&before.probes, &now.probes);
     for (i, slot) in out.iter_mut().enumerate() {
         let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
@@ -157,7 +162,9 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
         } else if i == ProbeId::CpuSample as usize {
             hits * cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0)
         } else if i == ProbeId::Cuda as usize {
-            hits * cal.cuda_call_ns.unwrap_or(probe)
+            let counted = (now_counted.saturating_sub(before_counted) as f64).min(hits);
+            let pair = cal.cuda_call_ns.unwrap_or(probe);
+            (hits - counted) * pair + counted * cal.cuda_count_ns.unwrap_or(pair)
         } else if i == ProbeId::Http as usize {
             // A hit is a followed read or write on top of its (decoded) syscall; the writes of a stream
             // outnumber the one head read per request by the tokens it streams, so every hit is charged the
@@ -372,6 +379,7 @@ mod tests {
             probe_ns: Some(2_000.0),
             probe_sampled_out_ns: Some(500.0),
             cuda_call_ns: Some(5_000.0),
+            cuda_count_ns: Some(900.0),
             http_request_ns: Some(2_100.0),
             http_sse_write_ns: Some(1_300.0),
             ..Calibration::default()
@@ -395,6 +403,7 @@ mod tests {
         let now = Counters {
             probes: c,
             syscalls_decoded: 0,
+            cuda_counted: 0,
         };
         let a = added_ns(&cal(), &before, &now);
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
@@ -409,6 +418,16 @@ mod tests {
             ..cal()
         };
         assert_eq!(added_ns(&no_cuda, &before, &now)[ProbeId::Cuda as usize], 8_000.0);
+        // Of the 4 calls, 3 were counted (launches) at the entry-only cost, 1 timed by the pair.
+        let counted = Counters {
+            cuda_counted: 3,
+            ..now
+        };
+        assert_eq!(a.len(), NUM_PROBES);
+        assert_eq!(
+            added_ns(&cal(), &before, &counted)[ProbeId::Cuda as usize],
+            5_000.0 + 3.0 * 900.0
+        );
         // 4 sent at the full cost, 6 sampled out at the lower one.
         assert_eq!(a[ProbeId::Range as usize], 4.0 * 2_000.0 + 6.0 * 500.0);
     }

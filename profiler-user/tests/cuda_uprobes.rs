@@ -368,7 +368,8 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
     let _ = t.child.wait();
     assert!(ok, "attach failed:\n{stdout}\n{stderr}");
     assert!(
-        stdout.contains("ns per CUDA driver call (entry + return probe)"),
+        stdout.contains("ns per timed CUDA driver call (entry + return probe)")
+            && stdout.contains("ns per counted launch (entry probe only)"),
         "{stdout}"
     );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
@@ -384,12 +385,24 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
         "calibrated CUDA call cost: {cost:.0} ns, charged {:.2} ms",
         by_probe_ms(&mut tp, "cuda")
     );
+    let counted = qf(
+        &mut tp,
+        &format!(
+            "select {} from slice where name = '{}'",
+            extract(arg::COST_NS_CUDA_COUNTED),
+            marker::SUMMARY
+        ),
+    );
+    eprintln!("calibrated counted launch cost: {counted:.0} ns");
     assert!(cost > 0.0, "calibrated CUDA call cost {cost} ns");
-    // 3 × (1,000 launches + 8 other calls) at least, each charged the calibrated pair.
+    assert!(counted > 0.0, "calibrated counted launch cost {counted} ns");
+    // 3 × 1,000 launches counted at the entry-only cost and 3 × 8 other calls at the pair's, at least;
+    // and no more than every one of those calls at the pair's (counted calls are not charged twice).
     let cuda_ms = by_probe_ms(&mut tp, "cuda");
+    let least = (3_000.0 * counted + 24.0 * cost) / 1e6;
     assert!(
-        cuda_ms >= 3_000.0 * cost / 1e6 * 0.99,
-        "cuda charged {cuda_ms} ms at {cost} ns per call"
+        cuda_ms >= least * 0.99 && cuda_ms <= 3_030.0 * cost.max(counted) / 1e6 * 1.01,
+        "cuda charged {cuda_ms} ms at {counted} ns per counted launch, {cost} ns per timed call"
     );
     assert!(
         counter_max(&mut tp, "llmprof cost per hit: CUDA call (entry + return probe)") > 0.0,
@@ -453,7 +466,7 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
 }
 
 /// A process that loads libcuda after llmprof attached (as PyTorch does on first CUDA use): the probes are
-/// attached on the next tick and its calls are traced.
+/// attached on the next tick and its calls are traced (here with every call timed, launches included).
 #[test]
 fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     if !preconditions() {
@@ -465,7 +478,8 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&[]);
     let trace = dir.join("late.perfetto-trace");
-    let done = attach(t.child.id(), 12, &trace);
+    // Every call timed (`--cuda-calls all`, the pair at launches too); the other tests run the default.
+    let done = attach_with(t.child.id(), 12, &trace, &["--cuda-calls", "all"]);
     t.cmd(&format!("cuda-load {}", lib.display()), "cuda loaded");
     // The session checks the target's maps every second; attaching the 16 probes one by one then takes
     // seconds on a loaded machine, so rounds of calls are repeated for 8 s: the rounds after all probes are

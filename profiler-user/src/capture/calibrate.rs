@@ -25,7 +25,11 @@
 //! for a driver function in llmprof itself, and a call is timed detached and attached (~7 ms). A CUDA call
 //! costs `cuda_call_ns`, the entry uprobe *and* the return uprobe (the uretprobe's trampoline is the larger
 //! part), minus `syscall_ns` × the syscall hits each call produced (a 6.11+ kernel returns through the
-//! `uretprobe` syscall). The `cuda` counter counts one hit per call (at entry), so hits × `cuda_call_ns`.
+//! `uretprobe` syscall). The counting entry-only uprobe (`llmprof_cucount`, launch-type calls in the default
+//! `--cuda-calls counted` mode) is attached to a second stand-in, [`llmprof_calibrate_cuda_launch`], and
+//! timed the same way: `cuda_count_ns`. The `cuda` counter counts one hit per call of either kind; the
+//! kernel's `CUDA_COUNTED` says how many were counted, so counted × `cuda_count_ns` + the rest ×
+//! `cuda_call_ns`.
 
 use std::time::Instant;
 
@@ -145,6 +149,11 @@ pub struct Raw {
     pub cuda_attached: Option<f64>,
     /// Syscall hits counted per CUDA-probed call (the `uretprobe` syscall on 6.11+ kernels).
     pub syscalls_per_cuda_call: f64,
+    /// Call of [`llmprof_calibrate_cuda_launch`] with the counting probe attached, ns; None when not
+    /// measured (its detached time is [`Raw::cuda_detached`]: the two stand-ins are the same code).
+    pub cuda_count_attached: Option<f64>,
+    /// Syscall hits counted per call of it.
+    pub syscalls_per_cuda_count: f64,
     /// Pipe ping-pong round trip untraced / traced, ns (thread states); None when not measured.
     pub pingpong_untraced: Option<f64>,
     /// See [`Raw::pingpong_untraced`].
@@ -183,6 +192,9 @@ impl Raw {
             cuda_call_ns: self
                 .cuda_attached
                 .map(|a| (a - self.cuda_detached - syscall_ns * self.syscalls_per_cuda_call).max(0.0)),
+            cuda_count_ns: self
+                .cuda_count_attached
+                .map(|a| (a - self.cuda_detached - syscall_ns * self.syscalls_per_cuda_count).max(0.0)),
             sched_event_ns: match (self.pingpong_untraced, self.pingpong_traced) {
                 (Some(u), Some(t)) if self.sched_hits_per_trip > 0.0 => {
                     let decoded = syscall_decoded_ns.unwrap_or(syscall_ns);
@@ -213,10 +225,23 @@ pub extern "C" fn llmprof_calibrate_cuda_call(x: u64) -> u64 {
     std::hint::black_box(x).wrapping_add(1)
 }
 
+/// The function the counting CUDA probe is attached to while calibrating (the same code as
+/// [`llmprof_calibrate_cuda_call`], another address).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn llmprof_calibrate_cuda_launch(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_add(2)
+}
+
 /// Median over [`ROUNDS`] of the mean ns per [`llmprof_calibrate_cuda_call`] in a round of `calls`.
 pub fn median_ns_per_cuda_call(calls: u32) -> f64 {
+    median_ns_per_stand_in(llmprof_calibrate_cuda_call, calls)
+}
+
+/// Median over [`ROUNDS`] of the mean ns per call of a CUDA stand-in `f` in a round of `calls`.
+fn median_ns_per_stand_in(f: extern "C" fn(u64) -> u64, calls: u32) -> f64 {
     median_round(calls, || {
-        std::hint::black_box(llmprof_calibrate_cuda_call(std::hint::black_box(1)));
+        std::hint::black_box(f(std::hint::black_box(1)));
     })
 }
 
@@ -402,17 +427,37 @@ fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 }
 
 /// Loads the CUDA programs (when not yet loaded) and times [`llmprof_calibrate_cuda_call`] with the pair
-/// attached (return probe first, as [`super::Capture::attach_cuda`] does). The links stay, as in
+/// attached (return probe first, as [`super::Capture::attach_cuda`] does), then
+/// [`llmprof_calibrate_cuda_launch`] with the counting probe. The links stay, as in
 /// [`measure_traced`]: llmprof leaves TRACED right after, so its stand-in costs nothing more.
 fn measure_cuda(ebpf: &mut aya::Ebpf, raw: &mut Raw) -> Result<(), CaptureError> {
-    let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
-    let addr = llmprof_calibrate_cuda_call as *const u8 as u64;
-    let Some(off) = self_file_offset(addr) else {
-        log::debug!("calibrate: llmprof's own mapping not found; CUDA probe cost not measured");
+    let (entry, ret) = super::CUDA_PROGRAMS;
+    let Some(per_call) = time_attached(ebpf, &[ret, entry], llmprof_calibrate_cuda_call)? else {
         return Ok(());
     };
-    let (entry, ret) = super::CUDA_PROGRAMS;
-    for prog in [ret, entry] {
+    (raw.cuda_attached, raw.syscalls_per_cuda_call) = (Some(per_call.0), per_call.1);
+    if let Some((ns, sys)) = time_attached(ebpf, &[super::CUDA_COUNT_PROGRAM], llmprof_calibrate_cuda_launch)?
+    {
+        (raw.cuda_count_attached, raw.syscalls_per_cuda_count) = (Some(ns), sys);
+    }
+    Ok(())
+}
+
+/// Attaches `progs` (loading them when not yet loaded) at the stand-in `f` in llmprof itself, with the cookie
+/// of a `cuLaunchKernel`, and times `f`: (ns per call, syscall hits per call). None when llmprof's own
+/// mapping is not found. The links stay, as in [`measure_traced`]: llmprof leaves TRACED right after, so its
+/// stand-ins cost nothing more.
+fn time_attached(
+    ebpf: &mut aya::Ebpf,
+    progs: &[&str],
+    f: extern "C" fn(u64) -> u64,
+) -> Result<Option<(f64, f64)>, CaptureError> {
+    let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
+    let Some(off) = self_file_offset(f as *const u8 as u64) else {
+        log::debug!("calibrate: llmprof's own mapping not found; CUDA probe cost not measured");
+        return Ok(None);
+    };
+    for &prog in progs {
         let p: &mut UProbe = super::program(ebpf, prog)?;
         let perr = |source| CaptureError::Program {
             program: format!("{prog} at llmprof itself (calibration)"),
@@ -434,11 +479,10 @@ fn measure_cuda(ebpf: &mut aya::Ebpf, raw: &mut Raw) -> Result<(), CaptureError>
     }
     let calls = CUDA_CALLS_PER_ROUND;
     let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
-    raw.cuda_attached = Some(median_ns_per_cuda_call(calls));
+    let ns = median_ns_per_stand_in(f, calls);
     let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
-    raw.syscalls_per_cuda_call =
-        sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
-    Ok(())
+    let per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
+    Ok(Some((ns, per_call)))
 }
 
 /// File offset in llmprof's own executable of the code at `addr`, from `/proc/self/maps`.
@@ -518,6 +562,8 @@ mod tests {
             cuda_detached: 3.0,
             cuda_attached: Some(5_203.0),
             syscalls_per_cuda_call: 1.0,
+            cuda_count_attached: Some(1_003.0),
+            syscalls_per_cuda_count: 0.0,
             pingpong_untraced: Some(10_000.0),
             pingpong_traced: Some(16_800.0),
             sched_hits_per_trip: 4.0,
@@ -542,6 +588,8 @@ mod tests {
         assert_eq!(c.decoded_ns(), 1_500.0);
         // The uretprobe syscall of each CUDA call is charged as a syscall, not twice.
         assert_eq!(c.cuda_call_ns, Some(4_000.0));
+        // The counting probe makes no syscall (no return probe): all of it is the probe.
+        assert_eq!(c.cuda_count_ns, Some(1_000.0));
         assert_eq!(c.probe_ns, Some(1_800.0));
         assert_eq!(c.probe_sampled_out_ns, Some(1_000.0));
         assert_eq!(c.optimized(), Some(true));

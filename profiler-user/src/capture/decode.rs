@@ -43,6 +43,7 @@ impl Record for ProcessStartEvent {}
 impl Record for ProcessExecEvent {}
 impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
+impl Record for llmprof_abi::cudacount::CudaCountEvent {}
 impl Record for SchedSwitchEvent {}
 impl Record for SchedWakeEvent {}
 impl Record for llmprof_abi::CpuSampleEvent {}
@@ -200,6 +201,14 @@ impl Decoder {
                     dur_ns: e.dur_ns,
                     arg: e.arg,
                     result: e.result,
+                }
+            }
+            EventKind::CudaCount => {
+                let e: llmprof_abi::cudacount::CudaCountEvent = read(b)?;
+                EventBody::CudaCount {
+                    last_ns: e.last_ns,
+                    calls: e.calls,
+                    bytes: e.bytes,
                 }
             }
             // Needs the target's memory to resolve: `Capture` hands these to `pysample` instead.

@@ -36,6 +36,7 @@ use aya::programs::raw_trace_point::RawTracePointLinkId;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 use aya::programs::{RawTracePoint, TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
+use llmprof_abi::cudacount;
 use llmprof_abi::{
     ABI_VERSION, Config, ENGINE_PROBES, FilePattern, Knob, NUM_KNOBS, NUM_PROBES, PROBE_CONTENT,
     ProbeCounters, SockKey, SyscallKey, SyscallStats, TRACED_CHILDREN, TRACED_SELF,
@@ -105,8 +106,10 @@ pub const DECODED_SYSCALLS: [u64; 18] = [
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
 pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
+/// The entry-only uprobe that counts launch-type CUDA calls ([`llmprof_abi::cudacount`]).
+pub const CUDA_COUNT_PROGRAM: &str = "llmprof_cucount";
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 17] = [
+pub const PROGRAM_NAMES: [&str; 18] = [
     "llmprof_tnew",
     "llmprof_sswitch",
     "llmprof_swaking",
@@ -122,6 +125,7 @@ pub const PROGRAM_NAMES: [&str; 17] = [
     "llmprof_content",
     "llmprof_cuent",
     "llmprof_curet",
+    CUDA_COUNT_PROGRAM,
     "llmprof_pysample",
     sampling::SAMPLE_PROGRAM,
 ];
@@ -151,6 +155,9 @@ pub struct CaptureConfig {
     /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
     /// attached, see [`Capture::attach_cuda`]).
     pub calibrate_cuda: bool,
+    /// Launch-type CUDA calls ([`llmprof_abi::cudacount::COUNTED`]) get the entry-only counting uprobe
+    /// instead of the timed entry + return pair (`--cuda-calls counted`, the default; off: `--cuda-calls all`).
+    pub cuda_counted: bool,
     /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`pysample::DEFAULT_HZ`]).
     pub python_hz: u64,
     /// Which listening ports the HTTP wire probe follows ([`http`]).
@@ -174,6 +181,7 @@ impl Default for CaptureConfig {
             capture_content: false,
             calibrate: false,
             calibrate_cuda: false,
+            cuda_counted: true,
             python_hz: pysample::DEFAULT_HZ,
             http: http::HttpPorts::All,
             thread_states: true,
@@ -304,6 +312,8 @@ pub struct Capture {
     pids: Vec<u32>,
     attach_latency: Duration,
     cuda_loaded: bool,
+    /// [`CaptureConfig::cuda_counted`].
+    cuda_counted: bool,
     /// The budget detached the CUDA probes ([`Capture::detach_cuda`]): none is attached again.
     cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
@@ -623,6 +633,7 @@ impl Capture {
             pids: cfg.pids.clone(),
             attach_latency: t0.elapsed(),
             cuda_loaded: false,
+            cuda_counted: cfg.cuda_counted,
             cuda_detached: false,
             cuda_links: Vec::new(),
             calibration,
@@ -687,10 +698,11 @@ impl Capture {
         self.wire.stats
     }
 
-    /// Attaches the CUDA driver uprobes (entry and return) of `pid` at each `(file offset, cookie)` of the
-    /// library `lib` (see `gpu::libcuda`); return probes first, so every entry seen has its return. Returns
-    /// how many entry points were attached; entry points the kernel refuses are skipped (logged), and an
-    /// error is returned only when none could be attached.
+    /// Attaches the CUDA driver uprobes of `pid` at each `(file offset, cookie)` of the library `lib` (see
+    /// `gpu::libcuda`): the counting entry-only uprobe at the launch-type functions when
+    /// [`CaptureConfig::cuda_counted`], else the entry + return pair (return probe first, so every entry seen
+    /// has its return). Returns how many entry points were attached; entry points the kernel refuses are
+    /// skipped (logged), and an error is returned only when none could be attached.
     pub fn attach_cuda(
         &mut self,
         pid: u32,
@@ -702,7 +714,7 @@ impl Capture {
             return Ok(0);
         }
         if !self.cuda_loaded {
-            for prog in [ret, entry] {
+            for prog in [ret, entry, CUDA_COUNT_PROGRAM] {
                 let p: &mut UProbe = program(&mut self.ebpf, prog)?;
                 // The start-up calibration may have loaded it already.
                 if p.fd().is_ok() {
@@ -718,11 +730,20 @@ impl Capture {
         let Some(nz) = NonZeroU32::new(pid) else {
             return Err(CaptureError::PidNotFound(pid));
         };
+        if self.cuda_counted {
+            self.set_cuda_text(pid);
+        }
         let mut attached = 0;
         let mut first_err = None;
         for &(offset, cookie) in points {
+            let counted = self.cuda_counted && cudacount::counted_slot((cookie & 0xff) as u32).is_some();
+            let progs: &[&str] = if counted {
+                &[CUDA_COUNT_PROGRAM]
+            } else {
+                &[ret, entry]
+            };
             let mut ok = true;
-            for prog in [ret, entry] {
+            for &prog in progs {
                 let p: &mut UProbe = program(&mut self.ebpf, prog)?;
                 let point = UProbeAttachPoint {
                     location: UProbeAttachLocation::AbsoluteOffset(offset),
@@ -750,6 +771,71 @@ impl Capture {
         match first_err {
             Some(e) if attached == 0 => Err(e),
             _ => Ok(attached),
+        }
+    }
+
+    /// Tells the counting probe where `pid`'s libcuda code is (`CUDA_TEXT`): a counted call returning into it
+    /// is nested in another driver call and not counted again. Without it (maps unreadable, map full) nested
+    /// calls count twice; logged.
+    fn set_cuda_text(&mut self, pid: u32) {
+        let range = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .ok()
+            .and_then(|maps| {
+                let mapped = crate::gpu::libcuda::find_in_maps(&maps)?;
+                crate::gpu::libcuda::text_range(&maps, &mapped)
+            });
+        let Some((start, end)) = range else {
+            log::debug!(
+                "capture: pid {pid}: libcuda's code range not found; nested counted calls count twice"
+            );
+            return;
+        };
+        let set = self
+            .ebpf
+            .map_mut("CUDA_TEXT")
+            .and_then(|m| HashMap::<_, u32, [u64; 2]>::try_from(m).ok())
+            .map(|mut m| m.insert(pid, [start, end], 0));
+        if !matches!(set, Some(Ok(()))) {
+            log::debug!("capture: pid {pid}: CUDA_TEXT not set; nested counted calls count twice");
+        }
+    }
+
+    /// CUDA calls counted by the entry-only uprobe so far (the rest of the `cuda` hits were timed).
+    pub fn cuda_counted_calls(&self) -> u64 {
+        self.ebpf
+            .map("CUDA_COUNTED")
+            .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+            .and_then(|a| a.get(&0, 0).ok())
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+
+    /// The counted CUDA calls still in the kernel's per-thread windows, as events (the end of a session:
+    /// a thread's last window is otherwise written only at its next call). Clears them.
+    pub fn flush_cuda_counts(&mut self, out: &mut Vec<Event>) {
+        let Some(mut m) = self
+            .ebpf
+            .map_mut("CUDA_COUNTS")
+            .and_then(|m| HashMap::<_, u32, cudacount::CudaCountState>::try_from(m).ok())
+        else {
+            return;
+        };
+        let left: Vec<(u32, cudacount::CudaCountState)> = m.iter().filter_map(Result::ok).collect();
+        for (tid, st) in left {
+            let _ = m.remove(&tid);
+            if st.first_ns == 0 || st.pid == self.self_pid {
+                continue;
+            }
+            out.push(Event {
+                ts_ns: st.first_ns,
+                pid: st.pid,
+                tid,
+                body: EventBody::CudaCount {
+                    last_ns: st.last_ns,
+                    calls: st.calls,
+                    bytes: st.bytes,
+                },
+            });
         }
     }
 
@@ -1033,6 +1119,7 @@ impl Capture {
         crate::selfacct::Counters {
             probes: self.counters(),
             syscalls_decoded: self.syscalls_decoded(),
+            cuda_counted: self.cuda_counted_calls(),
         }
     }
 

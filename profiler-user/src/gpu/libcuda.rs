@@ -93,6 +93,25 @@ pub fn find_in_maps(maps: &str) -> Option<String> {
     })
 }
 
+/// The address range of `mapped`'s executable mappings in a `/proc/PID/maps` text: (lowest start, highest
+/// end), or None when it has none. The counting CUDA probe uses it to leave out a call made from inside the
+/// driver (an exported wrapper calling the implementation `cuGetProcAddress` hands out, both probed).
+pub fn text_range(maps: &str, mapped: &str) -> Option<(u64, u64)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(6, char::is_whitespace);
+            let (range, perms) = (f.next()?, f.next()?);
+            let path = f.nth(3)?.trim_start();
+            let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+            if path != mapped || !perms.contains('x') {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+        })
+        .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+}
+
 /// Every symbol name llmprof looks for, with the function and variant it stands for.
 pub fn wanted_symbols() -> Vec<(String, CudaFunc, CudaVariant)> {
     let mut out = Vec::new();
@@ -183,6 +202,22 @@ fn file_offset(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<
 #[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_text_range_spans_the_executable_mappings_of_that_file_only() {
+        let maps = "\
+7f20000000-7f20010000 r--p 00000000 08:01 44 /opt/cuda/libcuda.so.1
+7f20010000-7f20100000 r-xp 00010000 08:01 44 /opt/cuda/libcuda.so.1
+7f20100000-7f20200000 r-xp 00100000 08:01 44 /opt/cuda/libcuda.so.1
+7f20200000-7f20300000 rw-p 00200000 08:01 44 /opt/cuda/libcuda.so.1
+7f30000000-7f30100000 r-xp 00000000 08:01 45 /opt/cuda/libcuda.so.1.bak
+";
+        assert_eq!(
+            text_range(maps, "/opt/cuda/libcuda.so.1"),
+            Some((0x7f20010000, 0x7f20200000))
+        );
+        assert_eq!(text_range(maps, "/opt/cuda/libnvml.so"), None);
+    }
 
     #[test]
     fn finds_libcuda_by_basename_in_maps() {

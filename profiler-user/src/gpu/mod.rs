@@ -29,6 +29,8 @@ pub struct GpuOptions {
     pub sample_interval: Option<Duration>,
     /// Attach the CUDA driver API uprobes.
     pub cuda: bool,
+    /// How they are attached.
+    pub cuda_calls: CudaCalls,
 }
 
 impl Default for GpuOptions {
@@ -36,8 +38,20 @@ impl Default for GpuOptions {
         Self {
             sample_interval: Some(nvml::DEFAULT_INTERVAL),
             cuda: true,
+            cuda_calls: CudaCalls::Counted,
         }
     }
+}
+
+/// How the CUDA driver calls are probed (`--cuda-calls`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CudaCalls {
+    /// Launches and asynchronous copies counted in the kernel (entry-only uprobe; per thread, per engine
+    /// step or 10 ms window); the calls that block the host timed one by one.
+    #[default]
+    Counted,
+    /// Every call timed (entry + return uprobe pair).
+    All,
 }
 
 /// Where the CUDA driver probes stand.

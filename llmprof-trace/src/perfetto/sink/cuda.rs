@@ -38,6 +38,28 @@ impl<W: Write> TraceSink<W> {
         self.write_cuda()
     }
 
+    /// A window of counted CUDA driver calls: into the aggregator like the calls it counts.
+    pub(super) fn cuda_count(&mut self, ev: &Event) -> io::Result<()> {
+        let EventBody::CudaCount {
+            last_ns,
+            calls,
+            bytes,
+        } = &ev.body
+        else {
+            return Ok(());
+        };
+        self.cuda.counted(
+            ev.pid,
+            ev.tid,
+            ev.ts_ns,
+            *last_ns,
+            calls,
+            *bytes,
+            &mut self.cuda_out,
+        );
+        self.write_cuda()
+    }
+
     /// The track of `tid`'s CUDA driver calls, a child of its thread track.
     fn cuda_track(&mut self, pid: u32, tid: u32) -> io::Result<u64> {
         let id = uuid(NS_CUDA, u64::from(tid));
@@ -129,6 +151,8 @@ fn batch_slice(s: &CudaSlice) -> (String, Vec<Arg>) {
         errors,
         end,
         per_step,
+        counted,
+        counted_bytes,
     } = &s.kind
     else {
         return (String::new(), Vec::new());
@@ -167,5 +191,10 @@ fn batch_slice(s: &CudaSlice) -> (String, Vec<Arg>) {
         arg_u(arg::ERRORS, *errors),
         arg_s(arg::ENDED_BY, ended_by),
     ];
+    let mut args = args;
+    if *counted > 0 {
+        args.push(arg_u(arg::COUNTED_CALLS, *counted));
+        args.push(arg_u(arg::COUNTED_BYTES, *counted_bytes));
+    }
     (slice::cuda_batch(only, *calls), args)
 }

@@ -277,6 +277,7 @@ impl<W: Write> TraceSink<W> {
             EventBody::FileIo { .. } => self.file_io(ev),
             EventBody::Connect { .. } => self.connect(ev),
             EventBody::CudaCall { .. } => self.cuda_call(ev),
+            EventBody::CudaCount { .. } => self.cuda_count(ev),
             EventBody::GpuSample(g) => self.gpu_sample(ev.pid, ts, g),
             EventBody::Metrics(m) => self.metrics(ev.pid, ts, m),
             EventBody::SyscallRate { per_sec } => self.syscall_rate(ev.pid, ts, *per_sec),

@@ -169,6 +169,9 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.cuda_call_ns {
             args.push(arg_f(arg::COST_NS_CUDA_CALL, p));
         }
+        if let Some(p) = c.cuda_count_ns {
+            args.push(arg_f(arg::COST_NS_CUDA_COUNTED, p));
+        }
         if let Some(p) = c.sched_event_ns {
             args.push(arg_f(arg::COST_NS_SCHED_EVENT, p));
         }
