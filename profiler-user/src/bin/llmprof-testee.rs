@@ -24,7 +24,9 @@
 //! `llmserve::forward` range, then `cuMemcpyDtoH_v2` (4096 bytes) and `cuStreamSynchronize`, ended by a step
 //! record (ids 1..=STEPS); then, outside any step, cuMemAlloc_v2 (1 MiB), cuMemFree_v2,
 //! cuMemcpyHtoDAsync_v2 (256 bytes), cuMemcpyAsync_ptsz, cuLaunchKernelEx, cuGraphLaunch, cuCtxSynchronize,
-//! cuEventSynchronize and a failing cuEventSynchronize_ptsz; prints `cuda done`.
+//! cuEventSynchronize and a failing cuEventSynchronize_ptsz; prints `cuda done`. `launches N` makes N kernel
+//! launches and nothing else (the three entry points in turn), printing `launches done` (`cargo xtask bench
+//! cuda`: the per-call cost of each probe mode).
 //!
 //! Thread states: `sleeper N MS` runs a thread named `sleeper` that sleeps N × MS ms in `nanosleep` (in
 //! `llmprof_testee_nap`), printing
@@ -103,6 +105,14 @@ fn run() -> Result<(), String> {
                     .ok_or("cuda: no libcuda loaded (--libcuda or cuda-load)")?;
                 c.run(steps, launches);
                 writeln!(out, "cuda done").map_err(|e| e.to_string())?;
+            }
+            Some("launches") => {
+                let n: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1000);
+                let c = cuda
+                    .as_ref()
+                    .ok_or("launches: no libcuda loaded (--libcuda or cuda-load)")?;
+                c.launches(n);
+                writeln!(out, "launches done").map_err(|e| e.to_string())?;
             }
             Some("syscalls") => {
                 let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
@@ -388,6 +398,21 @@ impl FakeCuda {
         }
     }
 
+    /// `n` kernel launches, the exported symbol, `_ptsz` and the `cuGetProcAddress_v2` pointer in turn.
+    fn launches(&self, n: u64) {
+        let null = std::ptr::null_mut::<c_void>();
+        let stream = 0x5usize as *mut c_void;
+        for i in 0..n {
+            let f = match i % 3 {
+                0 => self.launch,
+                1 => self.launch_ptsz,
+                _ => self.launch_proc,
+            };
+            // SAFETY: the stand-in ignores its pointers (only adds their values).
+            unsafe { f(null, 1, 1, 1, 32, 1, 1, 0, stream, null.cast(), null.cast()) };
+        }
+    }
+
     fn run(&self, steps: u64, launches: u64) {
         let null = std::ptr::null_mut::<c_void>();
         let stream = 0x5usize as *mut c_void;
@@ -397,15 +422,7 @@ impl FakeCuda {
             let range =
                 |op| RangeRecord::new(op, llmprof_probes::boottime_ns(), step_id, "llmserve", "forward");
             llmprof_probes::range(&range(RangeOp::Push));
-            for i in 0..launches {
-                let f = match i % 3 {
-                    0 => self.launch,
-                    1 => self.launch_ptsz,
-                    _ => self.launch_proc,
-                };
-                // SAFETY: the stand-in ignores its pointers (only adds their values).
-                unsafe { f(null, 1, 1, 1, 32, 1, 1, 0, stream, null.cast(), null.cast()) };
-            }
+            self.launches(launches);
             llmprof_probes::range(&range(RangeOp::Pop));
             // SAFETY: `host` is a valid 4096-byte buffer; the stand-in does not write it.
             unsafe { (self.dtoh)(host.as_mut_ptr().cast(), 0x1000, host.len()) };

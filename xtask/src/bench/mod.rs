@@ -1,12 +1,13 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
-//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`]), each owning its measurement and its
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`cuda`]), each owning its measurement and its
 //! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
 //! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
 //! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
 
 mod attach;
 mod common;
+mod cuda;
 mod engine;
 mod llama;
 mod load;
@@ -39,6 +40,10 @@ pub enum Kind {
     /// and the samples' shares, interleaved (root; the servers venv of `cargo xtask setup`).
     #[command(after_help = "Example: sudo cargo xtask bench llama --levels 4 --max-tokens 64")]
     Llama(load::EngineArgs),
+    /// Target CPU per CUDA kernel launch against the stand-in libcuda: detached, `--cuda-calls counted`
+    /// (the default), `--cuda-calls all`, interleaved (root).
+    #[command(after_help = "Example: sudo cargo xtask bench cuda --rounds 5")]
+    Cuda(cuda::Args),
 }
 
 /// `cargo xtask bench <kind>`.
@@ -50,5 +55,6 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Syscalls(o) => syscalls::run(&o),
         Kind::Threads(o) => threads::run(&o),
         Kind::Llama(o) => llama::run(&o),
+        Kind::Cuda(o) => cuda::run(&o),
     }
 }
