@@ -1011,9 +1011,16 @@ pub struct SyscallStats {
 /// `SyscallSlot::nr` of a thread that is not inside a traced syscall.
 pub const NO_SYSCALL: u64 = u64::MAX;
 
-/// Value of the kernel's per-thread `INFLIGHT` map (key: tid): the syscall the thread is in, written in
-/// place at every traced entry and marked consumed ([`NO_SYSCALL`]) at exit. `args` is filled only for
-/// the syscalls whose exit needs them (model files, egress, exit status).
+/// Entries of the kernel's `SYSSLOTS` array: the syscall slot of a thread whose tid is below this is the
+/// array entry at its tid (no hash lookup); threads with larger tids (`kernel.pid_max` above it) use the
+/// `INFLIGHT` hash.
+pub const SYSCALL_SLOTS: u32 = 1 << 16;
+
+/// Value of the kernel's per-thread syscall slot (`SYSSLOTS[tid]`, or `INFLIGHT` keyed by tid for tids
+/// from [`SYSCALL_SLOTS`] on): the syscall the thread is in, written in place at every traced entry and
+/// marked consumed ([`NO_SYSCALL`]) at exit. `args` is filled only for the syscalls whose exit needs them
+/// (model files, egress, exit status). An array entry belongs to a traced thread only while its `tid`
+/// field equals its index (0: free).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SyscallSlot {
@@ -1023,6 +1030,10 @@ pub struct SyscallSlot {
     pub nr: u64,
     /// The six syscall arguments (only for the numbers that need them; stale otherwise).
     pub args: [u64; 6],
+    /// The traced thread the slot belongs to (0: free array entry).
+    pub tid: u32,
+    /// Zero.
+    pub pad: u32,
 }
 
 /// Key of the per-socket sent-bytes map.
@@ -1199,7 +1210,7 @@ const _: () = {
     assert!(core::mem::size_of::<CudaCallEvent>() == 56);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
-    assert!(core::mem::size_of::<SyscallSlot>() == 64);
+    assert!(core::mem::size_of::<SyscallSlot>() == 72);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
     assert!(core::mem::size_of::<HttpEvent>() == 64);

@@ -56,8 +56,8 @@ use llmprof_abi::{
     ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader,
     EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NO_SYSCALL,
     NUM_KNOBS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent,
-    RangeEvent, RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallSlot,
-    SyscallStats,
+    RangeEvent, RangeRecord, RequestEvent, SYSCALL_SLOTS, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
+    SyscallSlot, SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -86,9 +86,15 @@ static COUNTERS: PerCpuArray<ProbeCounters> = PerCpuArray::with_max_entries(NUM_
 #[map]
 static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(16384, 0);
 
-/// One slot per traced thread, by tid: the syscall it is in (entry time, number, and the arguments of
-/// the numbers that need them), updated in place at every entry and marked consumed (`NO_SYSCALL`) at
-/// exit; created at a thread's first traced syscall, removed when the thread exits (`llmprof_pexit`).
+/// One slot per traced thread whose tid is below `SYSCALL_SLOTS`, at its tid: the syscall it is in
+/// (entry time, number, and the arguments of the numbers that need them), updated in place at every entry
+/// and marked consumed (`NO_SYSCALL`) at exit; claimed (its `tid` set) at a thread's first traced syscall,
+/// freed when the thread exits (`llmprof_pexit`). An array entry is found without hashing (the verifier
+/// inlines the lookup), which is most of what a fast call costs beside the clock.
+#[map]
+static SYSSLOTS: Array<Inflight> = Array::with_max_entries(SYSCALL_SLOTS, 0);
+
+/// The same slots, by tid, for threads whose tid is `SYSCALL_SLOTS` or more (`kernel.pid_max` above it).
 #[map]
 static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(16384, 0);
 
@@ -268,6 +274,62 @@ fn syscall_args(regs: u64) -> [u64; 6] {
     [r[REG_DI], r[REG_SI], r[REG_DX], r[REG_R10], r[REG_R8], r[REG_R9]]
 }
 
+/// The syscall slot of a traced thread: its `SYSSLOTS` entry when the entry is claimed by it, else its
+/// `INFLIGHT` entry. `None` for a thread that has not made a traced syscall (or whose slot was freed).
+#[inline(always)]
+fn slot_of(tid: u32) -> Option<*mut Inflight> {
+    if tid < SYSCALL_SLOTS {
+        let a = SYSSLOTS.get_ptr_mut(tid)?;
+        // SAFETY: a valid array entry; only the thread `tid` (and its exit) writes an entry at index `tid`.
+        return (unsafe { (*a).tid } == tid).then_some(a);
+    }
+    INFLIGHT.get_ptr_mut(&tid)
+}
+
+/// The slot a syscall entry writes: the thread's own (a thread with a slot is traced: slots are only
+/// claimed here, and user space frees them when it stops tracing a process, e.g. llmprof itself after the
+/// calibration), or a fresh one when the thread's process is traced.
+#[inline(always)]
+fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
+    if let Some(s) = slot_of(tid) {
+        return Some(s);
+    }
+    if !traced(tgid) {
+        return None;
+    }
+    let fresh = Inflight {
+        ts_ns: 0,
+        nr: NO_SYSCALL,
+        args: [0; 6],
+        tid,
+        pad: 0,
+    };
+    if tid < SYSCALL_SLOTS {
+        let a = SYSSLOTS.get_ptr_mut(tid)?;
+        // SAFETY: the entry at this thread's tid, written only by this thread and its exit.
+        unsafe { *a = fresh };
+        return Some(a);
+    }
+    if INFLIGHT.insert(&tid, &fresh, 0).is_err() {
+        count(ProbeId::Syscalls, 0, 0, 1);
+        return None;
+    }
+    INFLIGHT.get_ptr_mut(&tid)
+}
+
+/// Frees the syscall slot of an exiting thread.
+#[inline(always)]
+fn free_slot(tid: u32) {
+    if tid < SYSCALL_SLOTS {
+        if let Some(a) = SYSSLOTS.get_ptr_mut(tid) {
+            // SAFETY: the entry at the exiting thread's tid; the thread makes no more syscalls.
+            unsafe { (*a).tid = 0 };
+        }
+        return;
+    }
+    let _ = INFLIGHT.remove(&tid);
+}
+
 /// raw_syscalls:sys_enter (raw tracepoint: `(struct pt_regs *regs, long id)`) — the entry time and number
 /// of a traced thread's syscall, written in place into the thread's slot; the arguments only for the
 /// numbers [`needs_args`] names.
@@ -277,28 +339,8 @@ pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     let nr: u64 = ctx.arg(1);
-    // A thread with a slot is traced (slots are only created below, and user space clears them when it
-    // stops tracing a process, e.g. llmprof itself after the calibration): one lookup instead of two.
-    let slot = match INFLIGHT.get_ptr_mut(&tid) {
-        Some(s) => s,
-        None => {
-            if !traced(tgid) {
-                return 0;
-            }
-            let fresh = Inflight {
-                ts_ns: 0,
-                nr: NO_SYSCALL,
-                args: [0; 6],
-            };
-            if INFLIGHT.insert(&tid, &fresh, 0).is_err() {
-                count(ProbeId::Syscalls, 0, 0, 1);
-                return 0;
-            }
-            let Some(s) = INFLIGHT.get_ptr_mut(&tid) else {
-                return 0;
-            };
-            s
-        }
+    let Some(slot) = entry_slot(tgid, tid) else {
+        return 0;
     };
     if needs_args(nr) {
         let args = syscall_args(ctx.arg(0));
@@ -324,7 +366,7 @@ pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
 pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    let Some(slot) = INFLIGHT.get_ptr_mut(&tid) else {
+    let Some(slot) = slot_of(tid) else {
         return 0;
     };
     // SAFETY: a valid map value of this thread; only this thread writes it.
@@ -349,6 +391,8 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         ts_ns,
         nr,
         args: unsafe { (*slot).args },
+        tid,
+        pad: 0,
     };
     if slow && knob(Knob::SyscallEventsOff) == 0 {
         slow_syscall(pid_tgid, &inf, ret, dur);
@@ -677,7 +721,7 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // Every exiting thread frees its syscall slot.
-    let _ = INFLIGHT.remove(&(pid_tgid as u32));
+    free_slot(pid_tgid as u32);
     // SAFETY: offset from the tracepoint's format file.
     let group_dead = unsafe { ctx.read_at::<u8>(SCHED_EXIT_GROUP_DEAD) }.unwrap_or(0);
     if group_dead == 0 {
