@@ -1126,6 +1126,11 @@ pub struct ProbeCounters {
 pub struct Config {
     /// Syscalls at least this long (ns) are sent individually.
     pub slow_syscall_ns: u64,
+    /// Threads whose tid is below this (at most [`SYSCALL_SLOTS`]) keep their syscall slot in the
+    /// `SYSSLOTS` array, the others in the `INFLIGHT` hash; [`SYSCALL_SLOTS`] except in tests of the hash.
+    pub slot_tids: u32,
+    /// Zero.
+    pub pad: u32,
 }
 
 /// Runtime knobs of the eBPF programs: entries of the `KNOBS` array map (u64 each), written by user space

@@ -64,6 +64,8 @@ use llmprof_abi::{
 #[unsafe(no_mangle)]
 static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
     slow_syscall_ns: 1_000_000,
+    slot_tids: SYSCALL_SLOTS,
+    pad: 0,
 });
 
 /// Default ring size; user space resizes it at load (`--ring-size`). 64 MiB dropped nothing in a
@@ -274,11 +276,17 @@ fn syscall_args(regs: u64) -> [u64; 6] {
     [r[REG_DI], r[REG_SI], r[REG_DX], r[REG_R10], r[REG_R8], r[REG_R9]]
 }
 
+/// Whether the thread `tid` keeps its syscall slot in `SYSSLOTS` (else in `INFLIGHT`).
+#[inline(always)]
+fn in_array(tid: u32) -> bool {
+    tid < SYSCALL_SLOTS && tid < LLMPROF_CONFIG.load().slot_tids
+}
+
 /// The syscall slot of a traced thread: its `SYSSLOTS` entry when the entry is claimed by it, else its
 /// `INFLIGHT` entry. `None` for a thread that has not made a traced syscall (or whose slot was freed).
 #[inline(always)]
 fn slot_of(tid: u32) -> Option<*mut Inflight> {
-    if tid < SYSCALL_SLOTS {
+    if in_array(tid) {
         let a = SYSSLOTS.get_ptr_mut(tid)?;
         // SAFETY: a valid array entry; only the thread `tid` (and its exit) writes an entry at index `tid`.
         return (unsafe { (*a).tid } == tid).then_some(a);
@@ -304,7 +312,7 @@ fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
         tid,
         pad: 0,
     };
-    if tid < SYSCALL_SLOTS {
+    if in_array(tid) {
         let a = SYSSLOTS.get_ptr_mut(tid)?;
         // SAFETY: the entry at this thread's tid, written only by this thread and its exit.
         unsafe { *a = fresh };
@@ -320,7 +328,7 @@ fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
 /// Frees the syscall slot of an exiting thread.
 #[inline(always)]
 fn free_slot(tid: u32) {
-    if tid < SYSCALL_SLOTS {
+    if in_array(tid) {
         if let Some(a) = SYSSLOTS.get_ptr_mut(tid) {
             // SAFETY: the entry at the exiting thread's tid; the thread makes no more syscalls.
             unsafe { (*a).tid = 0 };
