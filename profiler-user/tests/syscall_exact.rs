@@ -127,7 +127,9 @@ fn the_same_holds_for_threads_whose_slot_is_in_the_hash() {
 }
 
 fn known_calls_exactly(syscall_slot_tids: u32) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let pid = std::process::id();
     let cfg = CaptureConfig {
         pids: vec![pid],
