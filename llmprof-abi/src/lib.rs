@@ -1014,9 +1014,16 @@ pub struct SyscallStats {
 /// `SyscallSlot::nr` of a thread that is not inside a traced syscall.
 pub const NO_SYSCALL: u64 = u64::MAX;
 
-/// Value of the kernel's per-thread `INFLIGHT` map (key: tid): the syscall the thread is in, written in
-/// place at every traced entry and marked consumed ([`NO_SYSCALL`]) at exit. `args` is filled only for
-/// the syscalls whose exit needs them (model files, egress, exit status).
+/// Entries of the kernel's `SYSSLOTS` array: the syscall slot of a thread whose tid is below this is the
+/// array entry at its tid (no hash lookup); threads with larger tids (`kernel.pid_max` above it) use the
+/// `INFLIGHT` hash.
+pub const SYSCALL_SLOTS: u32 = 1 << 16;
+
+/// Value of the kernel's per-thread syscall slot (`SYSSLOTS[tid]`, or `INFLIGHT` keyed by tid for tids
+/// from [`SYSCALL_SLOTS`] on): the syscall the thread is in, written in place at every traced entry and
+/// marked consumed ([`NO_SYSCALL`]) at exit. `args` is filled only for the syscalls whose exit needs them
+/// (model files, egress, exit status). An array entry belongs to a traced thread only while its `tid`
+/// field equals its index (0: free).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SyscallSlot {
@@ -1026,6 +1033,10 @@ pub struct SyscallSlot {
     pub nr: u64,
     /// The six syscall arguments (only for the numbers that need them; stale otherwise).
     pub args: [u64; 6],
+    /// The traced thread the slot belongs to (0: free array entry).
+    pub tid: u32,
+    /// Zero.
+    pub pad: u32,
 }
 
 /// Key of the per-socket sent-bytes map.
@@ -1118,6 +1129,11 @@ pub struct ProbeCounters {
 pub struct Config {
     /// Syscalls at least this long (ns) are sent individually.
     pub slow_syscall_ns: u64,
+    /// Threads whose tid is below this (at most [`SYSCALL_SLOTS`]) keep their syscall slot in the
+    /// `SYSSLOTS` array, the others in the `INFLIGHT` hash; [`SYSCALL_SLOTS`] except in tests of the hash.
+    pub slot_tids: u32,
+    /// Zero.
+    pub pad: u32,
 }
 
 /// Runtime knobs of the eBPF programs: entries of the `KNOBS` array map (u64 each), written by user space
@@ -1202,7 +1218,7 @@ const _: () = {
     assert!(core::mem::size_of::<CudaCallEvent>() == 56);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);
-    assert!(core::mem::size_of::<SyscallSlot>() == 64);
+    assert!(core::mem::size_of::<SyscallSlot>() == 72);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
     assert!(core::mem::size_of::<HttpEvent>() == 64);

@@ -57,14 +57,16 @@ use llmprof_abi::{
     ABI_VERSION, CONTENT_MAX, Config, ConnectEvent, ContentEvent, ContentRecord, CudaCallEvent, EventHeader,
     EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NO_SYSCALL,
     NUM_KNOBS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent,
-    RangeEvent, RangeRecord, RequestEvent, SlowSyscallEvent, SockKey, StepEvent, SyscallKey, SyscallSlot,
-    SyscallStats,
+    RangeEvent, RangeRecord, RequestEvent, SYSCALL_SLOTS, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
+    SyscallSlot, SyscallStats,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
 #[unsafe(no_mangle)]
 static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
     slow_syscall_ns: 1_000_000,
+    slot_tids: SYSCALL_SLOTS,
+    pad: 0,
 });
 
 /// Default ring size; user space resizes it at load (`--ring-size`). 64 MiB dropped nothing in a
@@ -87,9 +89,15 @@ static COUNTERS: PerCpuArray<ProbeCounters> = PerCpuArray::with_max_entries(NUM_
 #[map]
 static SYSCALLS: HashMap<SyscallKey, SyscallStats> = HashMap::with_max_entries(16384, 0);
 
-/// One slot per traced thread, by tid: the syscall it is in (entry time, number, and the arguments of
-/// the numbers that need them), updated in place at every entry and marked consumed (`NO_SYSCALL`) at
-/// exit; created at a thread's first traced syscall, removed when the thread exits (`llmprof_pexit`).
+/// One slot per traced thread whose tid is below `SYSCALL_SLOTS`, at its tid: the syscall it is in
+/// (entry time, number, and the arguments of the numbers that need them), updated in place at every entry
+/// and marked consumed (`NO_SYSCALL`) at exit; claimed (its `tid` set) at a thread's first traced syscall,
+/// freed when the thread exits (`llmprof_pexit`). An array entry is found without hashing (the verifier
+/// inlines the lookup), which is most of what a fast call costs beside the clock.
+#[map]
+static SYSSLOTS: Array<Inflight> = Array::with_max_entries(SYSCALL_SLOTS, 0);
+
+/// The same slots, by tid, for threads whose tid is `SYSCALL_SLOTS` or more (`kernel.pid_max` above it).
 #[map]
 static INFLIGHT: HashMap<u32, Inflight> = HashMap::with_max_entries(16384, 0);
 
@@ -269,6 +277,68 @@ fn syscall_args(regs: u64) -> [u64; 6] {
     [r[REG_DI], r[REG_SI], r[REG_DX], r[REG_R10], r[REG_R8], r[REG_R9]]
 }
 
+/// Whether the thread `tid` keeps its syscall slot in `SYSSLOTS` (else in `INFLIGHT`).
+#[inline(always)]
+fn in_array(tid: u32) -> bool {
+    tid < SYSCALL_SLOTS && tid < LLMPROF_CONFIG.load().slot_tids
+}
+
+/// The syscall slot of a traced thread: its `SYSSLOTS` entry when the entry is claimed by it, else its
+/// `INFLIGHT` entry. `None` for a thread that has not made a traced syscall (or whose slot was freed).
+#[inline(always)]
+fn slot_of(tid: u32) -> Option<*mut Inflight> {
+    if in_array(tid) {
+        let a = SYSSLOTS.get_ptr_mut(tid)?;
+        // SAFETY: a valid array entry; only the thread `tid` (and its exit) writes an entry at index `tid`.
+        return (unsafe { (*a).tid } == tid).then_some(a);
+    }
+    INFLIGHT.get_ptr_mut(&tid)
+}
+
+/// The slot a syscall entry writes: the thread's own (a thread with a slot is traced: slots are only
+/// claimed here, and user space frees them when it stops tracing a process, e.g. llmprof itself after the
+/// calibration), or a fresh one when the thread's process is traced.
+#[inline(always)]
+fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
+    if let Some(s) = slot_of(tid) {
+        return Some(s);
+    }
+    if !traced(tgid) {
+        return None;
+    }
+    let fresh = Inflight {
+        ts_ns: 0,
+        nr: NO_SYSCALL,
+        args: [0; 6],
+        tid,
+        pad: 0,
+    };
+    if in_array(tid) {
+        let a = SYSSLOTS.get_ptr_mut(tid)?;
+        // SAFETY: the entry at this thread's tid, written only by this thread and its exit.
+        unsafe { *a = fresh };
+        return Some(a);
+    }
+    if INFLIGHT.insert(&tid, &fresh, 0).is_err() {
+        count(ProbeId::Syscalls, 0, 0, 1);
+        return None;
+    }
+    INFLIGHT.get_ptr_mut(&tid)
+}
+
+/// Frees the syscall slot of an exiting thread.
+#[inline(always)]
+fn free_slot(tid: u32) {
+    if in_array(tid) {
+        if let Some(a) = SYSSLOTS.get_ptr_mut(tid) {
+            // SAFETY: the entry at the exiting thread's tid; the thread makes no more syscalls.
+            unsafe { (*a).tid = 0 };
+        }
+        return;
+    }
+    let _ = INFLIGHT.remove(&tid);
+}
+
 /// raw_syscalls:sys_enter (raw tracepoint: `(struct pt_regs *regs, long id)`) — the entry time and number
 /// of a traced thread's syscall, written in place into the thread's slot; the arguments only for the
 /// numbers [`needs_args`] names.
@@ -278,28 +348,8 @@ pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     let nr: u64 = ctx.arg(1);
-    // A thread with a slot is traced (slots are only created below, and user space clears them when it
-    // stops tracing a process, e.g. llmprof itself after the calibration): one lookup instead of two.
-    let slot = match INFLIGHT.get_ptr_mut(&tid) {
-        Some(s) => s,
-        None => {
-            if !traced(tgid) {
-                return 0;
-            }
-            let fresh = Inflight {
-                ts_ns: 0,
-                nr: NO_SYSCALL,
-                args: [0; 6],
-            };
-            if INFLIGHT.insert(&tid, &fresh, 0).is_err() {
-                count(ProbeId::Syscalls, 0, 0, 1);
-                return 0;
-            }
-            let Some(s) = INFLIGHT.get_ptr_mut(&tid) else {
-                return 0;
-            };
-            s
-        }
+    let Some(slot) = entry_slot(tgid, tid) else {
+        return 0;
     };
     if needs_args(nr) {
         let args = syscall_args(ctx.arg(0));
@@ -325,7 +375,7 @@ pub fn llmprof_sysent(ctx: RawTracePointContext) -> i32 {
 pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    let Some(slot) = INFLIGHT.get_ptr_mut(&tid) else {
+    let Some(slot) = slot_of(tid) else {
         return 0;
     };
     // SAFETY: a valid map value of this thread; only this thread writes it.
@@ -350,6 +400,8 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         ts_ns,
         nr,
         args: unsafe { (*slot).args },
+        tid,
+        pad: 0,
     };
     if slow && knob(Knob::SyscallEventsOff) == 0 {
         slow_syscall(pid_tgid, &inf, ret, dur);
@@ -678,7 +730,7 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // Every exiting thread frees its syscall slot.
-    let _ = INFLIGHT.remove(&(pid_tgid as u32));
+    free_slot(pid_tgid as u32);
     // SAFETY: offset from the tracepoint's format file.
     let group_dead = unsafe { ctx.read_at::<u8>(SCHED_EXIT_GROUP_DEAD) }.unwrap_or(0);
     if group_dead == 0 {

@@ -3,17 +3,20 @@
 //! `write`, `read`) — while a real capture traces this process; the kernel's per-thread aggregates must hold
 //! exactly those counts, and the slow-syscall events of that thread must be exactly the calls the
 //! aggregates' latency histogram puts at or above the threshold (a fast call preempted on a loaded machine is
-//! slow, and then must be reported too), with the deliberately slow calls among them.
+//! slow, and then must be reported too), with the deliberately slow calls among them. Run twice: with the
+//! per-thread syscall slots in the kernel's tid-indexed array (the default) and all in its tid hash (the
+//! path of tids from `SYSCALL_SLOTS` on).
 //!
 //! Needs root (loads eBPF programs). Without root the test skips with a loud message, except under
 //! `CI=true`, where it fails.
 #![allow(clippy::unwrap_used, reason = "tests panic with the error")]
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use llmprof::capture::{Capture, CaptureConfig, DECODED_SYSCALLS};
-use llmprof_abi::{LAT_BUCKETS, ProbeId};
+use llmprof_abi::{LAT_BUCKETS, ProbeId, SYSCALL_SLOTS};
 use llmprof_trace::event::{Event, EventBody};
 
 /// x86-64 syscall numbers of the calls the test makes.
@@ -102,17 +105,38 @@ fn make_calls() -> u32 {
     tid
 }
 
+/// One capture at a time: the two tests below trace this same process.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[test]
 fn known_fast_and_slow_calls_are_counted_and_reported_exactly() {
     if !have_root() {
         return;
     }
+    // The default: this process's tids are below `SYSCALL_SLOTS`, so every slot is an array entry.
+    known_calls_exactly(SYSCALL_SLOTS);
+}
+
+#[test]
+fn the_same_holds_for_threads_whose_slot_is_in_the_hash() {
+    if !have_root() {
+        return;
+    }
+    // As for tids at or above `SYSCALL_SLOTS` (a `kernel.pid_max` above it): every slot in `INFLIGHT`.
+    known_calls_exactly(0);
+}
+
+fn known_calls_exactly(syscall_slot_tids: u32) {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let pid = std::process::id();
     let cfg = CaptureConfig {
         pids: vec![pid],
         slow_syscall: Duration::from_nanos(1 << SLOW_LOG2),
         // The full start-up path (the calibration traces this process, then forgets it).
         calibrate: true,
+        syscall_slot_tids,
         ..CaptureConfig::default()
     };
     let mut cap = Capture::start(&cfg).unwrap_or_else(|e| panic!("Capture::start: {e:?}"));

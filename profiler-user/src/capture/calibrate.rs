@@ -33,12 +33,12 @@
 
 use std::time::Instant;
 
-use aya::maps::HashMap;
+use aya::maps::{Array, HashMap};
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{
-    CudaFunc, CudaVariant, Knob, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord, SyscallKey,
-    SyscallSlot, SyscallStats,
+    CudaFunc, CudaVariant, Knob, NO_SYSCALL, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord,
+    SYSCALL_SLOTS, SyscallKey, SyscallSlot, SyscallStats,
 };
 
 use super::CaptureError;
@@ -531,6 +531,30 @@ fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
     let tids: Vec<u32> = slots.keys().filter_map(Result::ok).collect();
     for tid in tids {
         let _ = slots.remove(&tid);
+    }
+    // The array slots: this process's threads' (a thread that already exited freed its own).
+    let map = ebpf
+        .map_mut("SYSSLOTS")
+        .ok_or_else(|| CaptureError::MissingInObject("map SYSSLOTS".into()))?;
+    let mut array = Array::<_, SyscallSlot>::try_from(map).map_err(super::map_err("SYSSLOTS"))?;
+    let free = SyscallSlot {
+        ts_ns: 0,
+        nr: NO_SYSCALL,
+        args: [0; 6],
+        tid: 0,
+        pad: 0,
+    };
+    // Without /proc/self/task (never seen), every entry: correct, only slower.
+    let own: Vec<u32> = match std::fs::read_dir("/proc/self/task") {
+        Ok(dir) => dir
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&tid| tid < SYSCALL_SLOTS)
+            .collect(),
+        Err(_) => (0..SYSCALL_SLOTS).collect(),
+    };
+    for tid in own {
+        array.set(tid, free, 0).map_err(super::map_err("SYSSLOTS"))?;
     }
     let map = ebpf
         .map_mut("SYSCALLS")

@@ -167,6 +167,10 @@ pub struct CaptureConfig {
     /// On-CPU stack samples per second and CPU (`--sample-rate`); 0: no sampling (the default here;
     /// `llmprof attach` passes 99).
     pub sample_hz: u64,
+    /// Threads with a tid below this keep their syscall slot in the kernel's tid-indexed array, the others
+    /// in a hash ([`llmprof_abi::SYSCALL_SLOTS`], the default, is the most; lower it only to exercise the
+    /// hash, as `tests/syscall_exact.rs` does).
+    pub syscall_slot_tids: u32,
 }
 
 impl Default for CaptureConfig {
@@ -186,6 +190,7 @@ impl Default for CaptureConfig {
             http: http::HttpPorts::All,
             thread_states: true,
             sample_hz: 0,
+            syscall_slot_tids: llmprof_abi::SYSCALL_SLOTS,
         }
     }
 }
@@ -474,6 +479,8 @@ impl Capture {
 
         let config = Config {
             slow_syscall_ns: u64::try_from(cfg.slow_syscall.as_nanos()).unwrap_or(u64::MAX),
+            slot_tids: cfg.syscall_slot_tids.min(llmprof_abi::SYSCALL_SLOTS),
+            pad: 0,
         };
         let mut ebpf = EbpfLoader::new()
             .override_global("LLMPROF_CONFIG", &config, true)
