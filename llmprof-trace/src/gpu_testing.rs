@@ -136,3 +136,49 @@ impl Chunk {
         out
     }
 }
+
+/// A traced engine with two steps and the GPU work they launched, decoded from one chunk (CUPTI clock =
+/// BOOTTIME − 1 s): the events of a trace, in time order, and what the decoder counted. Times from `t0`, ms:
+/// - step 1 (decode) host 0–10, step 2 (decode) host 10–20 (thread `tid`);
+/// - API calls (cbid 307, thread `tid`) at 1, 3, 11, 12 launching, on stream 7: `gemm<128>` 2–4 (grid 64,2,1),
+///   `softmax` 5–6, `gemm<128>` 12–14, `softmax` 14–15; a 4096-byte HtoD copy 16–16.5 (no API call);
+/// - the chunk handed over at 30.
+///
+/// So step 1 has 3 ms of GPU busy time over a 4 ms span (1 ms idle between kernels), step 2 3 ms busy, none
+/// idle; `gemm<128>` is 4 ms of 6 ms kernel time (2 launches).
+pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+    use llmprof_abi::StepKind;
+    const MS: u64 = 1_000_000;
+    let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
+    let gemm = |corr, s, e| {
+        let mut k = kernel(7, corr, 1, cupti(s), cupti(e));
+        k.grid = [64, 2, 1];
+        k.block = [128, 1, 1];
+        k.registers = 40;
+        k
+    };
+    let (g1, g2) = (gemm(1, 20, 40), gemm(3, 120, 140));
+    let mut copy = kernel(7, 0, 0, cupti(160), cupti(165));
+    copy.kind = GpuActivityKind::Memcpy as u32;
+    copy.detail = 1;
+    copy.bytes = 4096;
+    let chunk = Chunk::new(0, cupti(0), t0)
+        .name(1, "_Z4gemmILi128EEvPKfPfi")
+        .name(2, "_Z7softmaxPf")
+        .api(api_call(pid, tid, 1, 307, cupti(10), cupti(12)))
+        .api(api_call(pid, tid, 2, 307, cupti(30), cupti(32)))
+        .api(api_call(pid, tid, 3, 307, cupti(110), cupti(112)))
+        .api(api_call(pid, tid, 4, 307, cupti(120), cupti(122)))
+        .activity(g1)
+        .activity(kernel(7, 2, 2, cupti(50), cupti(60)))
+        .activity(g2)
+        .activity(kernel(7, 4, 2, cupti(140), cupti(150)))
+        .activity(copy);
+    let mut events = vec![
+        crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
+        crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
+    ];
+    let mut d = crate::gpu::GpuDecoder::default();
+    d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);
+    (events, d.stats().clone())
+}
