@@ -184,7 +184,10 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let summary = summary_arg(&mut tp, arg::SUMMARY);
     assert!(summary.starts_with("chunks=2 activities=17 api_calls=16 "), "{summary}");
     assert!(summary.contains("helper_dropped=3"), "{summary}");
-    let _ = stdout;
+    assert!(
+        stdout.contains("GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits, 16 API calls; lost: 3"),
+        "{stdout}"
+    );
 
     // The report's top kernels.
     let out = Command::new(LLMPROF).args(["report", "--json"]).arg(&trace).output().unwrap();
