@@ -13,9 +13,10 @@
 //! row can show; the mangled name stays in the slice's `mangled` arg (a cut name, not demangleable, is kept
 //! as it came).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use llmprof_abi::StepRecord;
 use llmprof_abi::gpu::{
     GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall, GpuChunkHeader,
     GpuRecordHeader, GpuRecordKind,
@@ -294,6 +295,73 @@ impl GpuDecoder {
                 _ => self.stats.skipped_records += 1,
             }
         }
+    }
+}
+
+/// Steps kept per process to find the one a launch was in.
+pub const STEPS_KEPT: usize = 4096;
+/// API calls kept per process for the flows to the work they launched.
+pub const CALLS_KEPT: usize = 65_536;
+
+/// What links GPU work to its launch and its engine step, kept per process from the event stream (bounded:
+/// the last [`STEPS_KEPT`] steps and [`CALLS_KEPT`] API calls); used by the Perfetto sink and the OTel builder.
+#[derive(Debug, Default)]
+pub struct LaunchLinks {
+    /// Per process: (host start, host end, step id) of its last steps, in arrival order.
+    steps: HashMap<u32, VecDeque<(u64, u64, u64)>>,
+    /// Per process: correlation id → (tid, start) of its API calls, and their order for eviction.
+    calls: HashMap<u32, (HashMap<u32, (u32, u64)>, VecDeque<u32>)>,
+}
+
+impl LaunchLinks {
+    /// Remembers a step's host range.
+    pub fn step(&mut self, pid: u32, r: &StepRecord) {
+        let q = self.steps.entry(pid).or_default();
+        if q.len() == STEPS_KEPT {
+            q.pop_front();
+        }
+        q.push_back((r.host_start_ns, r.host_end_ns, r.step_id));
+    }
+
+    /// The step of `pid` whose host time range holds `t`.
+    pub fn step_at(&self, pid: u32, t: u64) -> Option<u64> {
+        let q = self.steps.get(&pid)?;
+        q.iter().rev().find(|(s, e, _)| *s <= t && t <= *e).map(|&(_, _, id)| id)
+    }
+
+    /// Remembers an API call (its thread and start) by correlation id.
+    pub fn call(&mut self, pid: u32, correlation: u32, tid: u32, start: u64) {
+        let (map, order) = self.calls.entry(pid).or_default();
+        if map.len() == CALLS_KEPT
+            && let Some(old) = order.pop_front()
+        {
+            map.remove(&old);
+        }
+        if map.insert(correlation, (tid, start)).is_none() {
+            order.push_back(correlation);
+        }
+    }
+
+    /// The thread and start of the API call `correlation` of `pid`, when seen.
+    pub fn launch(&self, pid: u32, correlation: u32) -> Option<(u32, u64)> {
+        self.calls.get(&pid)?.0.get(&correlation).copied()
+    }
+
+    /// A process left the session.
+    pub fn forget(&mut self, pid: u32) {
+        self.steps.remove(&pid);
+        self.calls.remove(&pid);
+    }
+}
+
+impl GpuWork {
+    /// The engine step of `pid` this work belongs to: the step whose host time held its launch (its API call's
+    /// start when `links` saw it, else the work's own start).
+    pub fn step(&self, pid: u32, links: &LaunchLinks) -> Option<u64> {
+        let launch = (self.rec.correlation != 0)
+            .then(|| links.launch(pid, self.rec.correlation))
+            .flatten();
+        links.step_at(pid, launch.map_or(self.rec.start_ns, |l| l.1))
     }
 }
 

@@ -5,27 +5,20 @@
 //! host time range holds the launch) carries its `step_id`.
 //!
 //! GPU events arrive when their chunk is handed over, after the work ran: their slices are written at the
-//! work's own times (the trace processor sorts). The state kept for the links is bounded: the last
-//! [`STEPS_KEPT`] steps and [`CALLS_KEPT`] API calls per process.
+//! work's own times (the trace processor sorts). The links are [`LaunchLinks`]'s (bounded).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{self, Write};
 
-use llmprof_abi::StepRecord;
 use llmprof_abi::gpu::{GpuActivityKind, NO_GRAPH};
 
 use super::{TraceSink, uuid};
 use crate::event::Event;
-use crate::gpu::{GpuApi, GpuWork};
+use crate::gpu::{GpuApi, GpuWork, LaunchLinks};
 use crate::names::arg as common;
 use crate::names::gpu::{arg, category, slice, track};
 use crate::perfetto::schema::{TYPE_SLICE_BEGIN, TYPE_SLICE_END, TrackEvent};
 use crate::perfetto::writer::{Arg, arg_s, arg_u};
-
-/// Steps kept per process to find the one a launch was in.
-pub const STEPS_KEPT: usize = 4096;
-/// API calls kept per process for the flows to the work they launched.
-pub const CALLS_KEPT: usize = 65_536;
 
 const NS_GPU_STREAM: u64 = 10;
 const NS_GPU_API: u64 = 11;
@@ -33,53 +26,12 @@ const NS_GPU_WAIT: u64 = 12;
 /// Flow ids of launches: this bit, the pid and the correlation id (request flows never set it).
 const FLOW_GPU: u64 = 1 << 62;
 
-/// What the sink keeps of a process to link GPU work to its launch and step.
+/// What the sink keeps to link GPU work to its launch and step, and to keep stream tracks nested.
 #[derive(Default)]
-pub(super) struct GpuLinks {
-    /// Per process: (host start, host end, step id) of its last steps, in arrival order.
-    steps: HashMap<u32, VecDeque<(u64, u64, u64)>>,
-    /// Per process: correlation id → (tid, start) of its API calls, and their order for eviction.
-    calls: HashMap<u32, (HashMap<u32, (u32, u64)>, VecDeque<u32>)>,
+pub(super) struct GpuState {
+    pub(super) links: LaunchLinks,
     /// Per stream track: end of the last top-level slice (a partly overlapping one is clipped to it).
     ends: HashMap<u64, u64>,
-}
-
-impl GpuLinks {
-    /// Remembers a step's host range.
-    pub(super) fn step(&mut self, pid: u32, r: &StepRecord) {
-        let q = self.steps.entry(pid).or_default();
-        if q.len() == STEPS_KEPT {
-            q.pop_front();
-        }
-        q.push_back((r.host_start_ns, r.host_end_ns, r.step_id));
-    }
-
-    fn step_at(&self, pid: u32, t: u64) -> Option<u64> {
-        let q = self.steps.get(&pid)?;
-        q.iter().rev().find(|(s, e, _)| *s <= t && t <= *e).map(|&(_, _, id)| id)
-    }
-
-    fn call(&mut self, pid: u32, correlation: u32, tid: u32, start: u64) {
-        let (map, order) = self.calls.entry(pid).or_default();
-        if map.len() == CALLS_KEPT
-            && let Some(old) = order.pop_front()
-        {
-            map.remove(&old);
-        }
-        if map.insert(correlation, (tid, start)).is_none() {
-            order.push_back(correlation);
-        }
-    }
-
-    fn launch(&self, pid: u32, correlation: u32) -> Option<(u32, u64)> {
-        self.calls.get(&pid)?.0.get(&correlation).copied()
-    }
-
-    /// A process left the session.
-    pub(super) fn forget(&mut self, pid: u32) {
-        self.steps.remove(&pid);
-        self.calls.remove(&pid);
-    }
 }
 
 fn flow(pid: u32, correlation: u32) -> u64 {
@@ -97,7 +49,7 @@ impl<W: Write> TraceSink<W> {
         let id = uuid(NS_GPU_API, u64::from(ev.tid));
         let track = self.thread_child_track(ev.pid, ev.tid, id, track::API)?;
         let flows = if r.correlation != 0 {
-            self.gpu.call(ev.pid, r.correlation, ev.tid, r.start_ns);
+            self.gpu.links.call(ev.pid, r.correlation, ev.tid, r.start_ns);
             vec![flow(ev.pid, r.correlation)]
         } else {
             Vec::new()
@@ -119,7 +71,7 @@ impl<W: Write> TraceSink<W> {
     pub(super) fn gpu_work(&mut self, ev: &Event, g: &GpuWork) -> io::Result<()> {
         let r = &g.rec;
         let launch = (r.correlation != 0)
-            .then(|| self.gpu.launch(ev.pid, r.correlation))
+            .then(|| self.gpu.links.launch(ev.pid, r.correlation))
             .flatten();
         if g.kind == GpuActivityKind::Sync {
             return self.gpu_wait(ev.pid, g, launch.map(|l| l.0));
@@ -168,7 +120,7 @@ impl<W: Write> TraceSink<W> {
         if let Some((tid, _)) = launch {
             args.push(arg_u(arg::LAUNCH_TID, tid));
         }
-        if let Some(step) = self.gpu.step_at(ev.pid, launch.map_or(r.start_ns, |l| l.1)) {
+        if let Some(step) = g.step(ev.pid, &self.gpu.links) {
             args.push(arg_u(common::STEP_ID, step));
         }
         // One stream runs one piece of work at a time; a record that overlaps the previous one partly (clock

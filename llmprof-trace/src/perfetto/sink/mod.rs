@@ -147,7 +147,7 @@ pub struct TraceSink<W: Write> {
     cuda_out: Vec<CudaSlice>,
     sched: sched::SchedState,
     callstacks: samples::Callstacks,
-    gpu: gpu::GpuLinks,
+    gpu: gpu::GpuState,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -171,7 +171,7 @@ impl<W: Write> TraceSink<W> {
             cuda_out: Vec::new(),
             sched: sched::SchedState::default(),
             callstacks: samples::Callstacks::default(),
-            gpu: gpu::GpuLinks::default(),
+            gpu: gpu::GpuState::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
