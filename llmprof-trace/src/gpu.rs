@@ -72,9 +72,14 @@ pub struct GpuStats {
 impl GpuStats {
     /// Records and chunks lost or refused, all causes.
     pub fn lost(&self) -> u64 {
-        [self.missed_chunks, self.helper_dropped, self.skipped_records, self.skipped_names]
-            .iter()
-            .fold(self.bad_chunks, |a, &b| a.saturating_add(b))
+        [
+            self.missed_chunks,
+            self.helper_dropped,
+            self.skipped_records,
+            self.skipped_names,
+        ]
+        .iter()
+        .fold(self.bad_chunks, |a, &b| a.saturating_add(b))
     }
 }
 
@@ -233,7 +238,7 @@ impl GpuDecoder {
                 size: b.u32(4),
             };
             let size = rh.size as usize;
-            if size < REC_HDR || size % 8 != 0 || size > len - at {
+            if size < REC_HDR || !size.is_multiple_of(8) || size > len - at {
                 // The next record's start is unknown: the rest of the chunk is lost.
                 self.stats.skipped_records += 1;
                 break;
@@ -303,6 +308,9 @@ pub const STEPS_KEPT: usize = 4096;
 /// API calls kept per process for the flows to the work they launched.
 pub const CALLS_KEPT: usize = 65_536;
 
+/// One process's API calls: correlation id → (tid, start), and the ids in arrival order (oldest evicted).
+type Calls = (HashMap<u32, (u32, u64)>, VecDeque<u32>);
+
 /// What links GPU work to its launch and its engine step, kept per process from the event stream (bounded:
 /// the last [`STEPS_KEPT`] steps and [`CALLS_KEPT`] API calls); used by the Perfetto sink and the OTel builder.
 #[derive(Debug, Default)]
@@ -310,7 +318,7 @@ pub struct LaunchLinks {
     /// Per process: (host start, host end, step id) of its last steps, in arrival order.
     steps: HashMap<u32, VecDeque<(u64, u64, u64)>>,
     /// Per process: correlation id → (tid, start) of its API calls, and their order for eviction.
-    calls: HashMap<u32, (HashMap<u32, (u32, u64)>, VecDeque<u32>)>,
+    calls: HashMap<u32, Calls>,
 }
 
 impl LaunchLinks {
@@ -326,7 +334,10 @@ impl LaunchLinks {
     /// The step of `pid` whose host time range holds `t`.
     pub fn step_at(&self, pid: u32, t: u64) -> Option<u64> {
         let q = self.steps.get(&pid)?;
-        q.iter().rev().find(|(s, e, _)| *s <= t && t <= *e).map(|&(_, _, id)| id)
+        q.iter()
+            .rev()
+            .find(|(s, e, _)| *s <= t && t <= *e)
+            .map(|&(_, _, id)| id)
     }
 
     /// Remembers an API call (its thread and start) by correlation id.

@@ -36,7 +36,10 @@ fn kernels_get_their_names_demangled_and_times_on_boottime() {
     let EventBody::GpuApi(a) = &out[0].body else {
         panic!("first: the API call")
     };
-    assert_eq!((out[0].tid, a.rec.start_ns, a.rec.end_ns), (101, BOOT + 100, BOOT + 900));
+    assert_eq!(
+        (out[0].tid, a.rec.start_ns, a.rec.end_ns),
+        (101, BOOT + 100, BOOT + 900)
+    );
     let k = work(&out[1]);
     assert_eq!(k.name.as_deref(), Some("vector_add"));
     assert_eq!(k.mangled.as_deref(), Some(mangled));
@@ -45,9 +48,17 @@ fn kernels_get_their_names_demangled_and_times_on_boottime() {
     assert_eq!(k.name.as_deref(), Some("plain_c_kernel"));
     assert_eq!(k.mangled, None, "a name that is not mangled is kept as it came");
     assert_eq!(k.rec.start_ns, BOOT - 500, "times before the clock pair map too");
-    assert_eq!(out.iter().map(|e| e.ts_ns).collect::<Vec<_>>(), vec![9_000_000_000; 3]);
     assert_eq!(
-        (d.stats().chunks, d.stats().activities, d.stats().api_calls, d.stats().lost()),
+        out.iter().map(|e| e.ts_ns).collect::<Vec<_>>(),
+        vec![9_000_000_000; 3]
+    );
+    assert_eq!(
+        (
+            d.stats().chunks,
+            d.stats().activities,
+            d.stats().api_calls,
+            d.stats().lost()
+        ),
         (1, 2, 1, 0)
     );
 }
@@ -63,14 +74,22 @@ fn names_persist_across_chunks_and_seq_gaps_and_helper_drops_are_counted() {
     assert_eq!((d.stats().missed_chunks, d.stats().helper_dropped), (2, 5));
     // Another process has its own names.
     let mut other = Vec::new();
-    d.chunk(PID + 1, PID + 1, 0, &Chunk::new(0, 0, 0).activity(kernel(1, 0, 4, 1, 2)).build(), &mut other);
+    d.chunk(
+        PID + 1,
+        PID + 1,
+        0,
+        &Chunk::new(0, 0, 0).activity(kernel(1, 0, 4, 1, 2)).build(),
+        &mut other,
+    );
     assert_eq!(work(&other[0]).name, None);
 }
 
 #[test]
 fn hostile_chunks_are_refused_and_counted_never_a_panic() {
     let mut d = GpuDecoder::default();
-    let good = Chunk::new(0, CUPTI, BOOT).name(1, "k").activity(kernel(1, 1, 1, CUPTI, CUPTI + 5));
+    let good = Chunk::new(0, CUPTI, BOOT)
+        .name(1, "k")
+        .activity(kernel(1, 1, 1, CUPTI, CUPTI + 5));
     // Wrong magic, wrong version, shorter than the header, shorter than it says.
     let mut bad = good.clone();
     bad.hdr.magic = 0x1234;
@@ -80,7 +99,10 @@ fn hostile_chunks_are_refused_and_counted_never_a_panic() {
     assert!(decode(&mut d, &bad.build()).is_empty());
     assert!(decode(&mut d, &good.build()[..20]).is_empty());
     let b = good.build();
-    assert!(decode(&mut d, &b[..b.len() - 8]).is_empty(), "len says more than was copied");
+    assert!(
+        decode(&mut d, &b[..b.len() - 8]).is_empty(),
+        "len says more than was copied"
+    );
     assert_eq!(d.stats().bad_chunks, 4);
     assert_eq!(d.stats().chunks, 0);
     // Every prefix and every single-byte corruption of a valid chunk: no panic.
@@ -119,7 +141,11 @@ fn bad_records_are_skipped_and_counted() {
         .raw(&rec(2, 12))
         .activity(kernel(1, 0, 0, 30, 40));
     let out = decode(&mut d, &c.build());
-    assert_eq!(out.len(), 1, "only the one valid kernel before the broken record: {out:?}");
+    assert_eq!(
+        out.len(),
+        1,
+        "only the one valid kernel before the broken record: {out:?}"
+    );
     assert_eq!(d.stats().skipped_records, 4);
     // A zero size and a size past the end stop the reading, never loop.
     decode(&mut d, &Chunk::new(1, 0, 0).raw(&rec(1, 0)).build());

@@ -31,7 +31,9 @@ pub mod slice {
     pub const MEMSET: &str = "memset";
 
     /// CUPTI's `CUpti_ActivityMemcpyKind`, by value.
-    const COPY_KINDS: [&str; 11] = ["?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"];
+    const COPY_KINDS: [&str; 11] = [
+        "?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP",
+    ];
 
     /// A copy kind's short name (`HtoD`, ...; `?` when unknown).
     pub fn copy_kind(detail: u32) -> &'static str {

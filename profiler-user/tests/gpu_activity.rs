@@ -28,7 +28,10 @@ fn preconditions() -> bool {
             "Perfetto trace processor not installed (cargo xtask setup-tools)",
         )
         && e2e::require(
-            Command::new("cc").arg("--version").output().is_ok_and(|o| o.status.success()),
+            Command::new("cc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
             "cc not installed (apt-get install gcc): cannot build the stand-in helper library",
         )
 }
@@ -41,19 +44,35 @@ fn cc(args: &[&str], out: &Path) {
         .arg(out)
         .output()
         .unwrap();
-    assert!(o.status.success(), "cc failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Compiles the stand-in helper (`dir/libllmprof_cupti.so`) and the testee linked with it.
 fn build(dir: &Path) -> PathBuf {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let lib = dir.join(llmprof_abi::gpu::GPU_HELPER_LIB);
-    cc(&["-shared", "-fPIC", fixtures.join("gpu_helper.c").to_str().unwrap()], &lib);
+    cc(
+        &[
+            "-shared",
+            "-fPIC",
+            fixtures.join("gpu_helper.c").to_str().unwrap(),
+        ],
+        &lib,
+    );
     let testee = dir.join("gpu_testee");
     let rpath = format!("-Wl,-rpath,{}", dir.display());
     let libdir = format!("-L{}", dir.display());
     cc(
-        &[fixtures.join("gpu_testee.c").to_str().unwrap(), &libdir, "-lllmprof_cupti", &rpath],
+        &[
+            fixtures.join("gpu_testee.c").to_str().unwrap(),
+            &libdir,
+            "-lllmprof_cupti",
+            &rpath,
+        ],
         &testee,
     );
     testee
@@ -88,9 +107,7 @@ fn extract(key: &str) -> String {
 
 /// Slices named `name` on the track named `track`.
 fn on_track(track: &str, name: &str) -> String {
-    format!(
-        "from slice s join track t on s.track_id = t.id where t.name = '{track}' and s.name = '{name}'"
-    )
+    format!("from slice s join track t on s.track_id = t.id where t.name = '{track}' and s.name = '{name}'")
 }
 
 #[test]
@@ -101,7 +118,11 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let dir = std::env::temp_dir().join(format!("llmprof-gpu-activity-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = build(&dir);
-    let mut child = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut t = Testee {
         stdin: child.stdin.take().unwrap(),
         stdout: BufReader::new(child.stdout.take().unwrap()),
@@ -114,7 +135,11 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let session = e2e::attach::Attached::start(pid, &[], &trace);
     t.send("go");
     let done = t.line();
-    let bounds: Vec<i64> = done.split_whitespace().skip(1).map(|v| v.parse().unwrap()).collect();
+    let bounds: Vec<i64> = done
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
     assert_eq!(bounds.len(), 2, "testee said {done:?}");
     let (b0, b1) = (bounds[0], bounds[1]);
     // The chunks are in the ring once the handoff returned; give the session a poll interval to drain them.
@@ -136,15 +161,27 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let vadd = on_track(&track::stream(0, 13), "vector_add");
     assert_eq!(q(&mut tp, &format!("select count(*) {gemm}")), 10);
     assert_eq!(q(&mut tp, &format!("select count(*) {vadd}")), 5);
-    assert_eq!(q(&mut tp, &format!("select count(*) {gemm} and s.dur = {}", 3 * MS / 2)), 10);
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!("select count(*) {gemm} and s.dur = {}", 3 * MS / 2)
+        ),
+        10
+    );
     assert_eq!(q(&mut tp, &format!("select count(*) {vadd} and s.dur = {MS}")), 5);
     assert_eq!(
-        q(&mut tp, &format!("select count(*) {gemm} and s.ts >= {b0} and s.ts + s.dur <= {b1}")),
+        q(
+            &mut tp,
+            &format!("select count(*) {gemm} and s.ts >= {b0} and s.ts + s.dur <= {b1}")
+        ),
         10,
         "kernel times mapped to BOOTTIME inside [{b0}, {b1}]"
     );
     // Launched 2 ms apart, in order.
-    assert_eq!(q(&mut tp, &format!("select max(s.ts) - min(s.ts) {gemm}")), 18 * MS);
+    assert_eq!(
+        q(&mut tp, &format!("select max(s.ts) - min(s.ts) {gemm}")),
+        18 * MS
+    );
     // Args.
     let args = format!(
         "select count(*) {gemm} and {} = '64,2,1' and {} = '128,1,1' and {} = 40 and {} = 1024 and {} = 2048 \
@@ -162,7 +199,10 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     // The copy.
     let copy = on_track(&track::stream(0, 7), &slice::memcpy(1));
     let bytes = extract(llmprof_trace::names::arg::BYTES);
-    assert_eq!(q(&mut tp, &format!("select count(*) {copy} and {bytes} = 4096")), 1);
+    assert_eq!(
+        q(&mut tp, &format!("select count(*) {copy} and {bytes} = 4096")),
+        1
+    );
 
     // Flows: each kernel from its launching API call on the testee's thread (its pid: single-threaded).
     // The API call tracks are children of the thread track.
@@ -176,39 +216,72 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     assert_eq!(q(&mut tp, &flows_by_name), 15);
     // The wait, on the waiting thread's wait track.
     assert_eq!(
-        q(&mut tp, &format!("select count(*) {} and s.dur = {}", on_track(track::WAITS, &slice::wait(3)), 2 * MS)),
+        q(
+            &mut tp,
+            &format!(
+                "select count(*) {} and s.dur = {}",
+                on_track(track::WAITS, &slice::wait(3)),
+                2 * MS
+            )
+        ),
         1
     );
 
     // Losses in the summary: the two chunks, the 3 records "CUPTI" dropped.
     let summary = summary_arg(&mut tp, arg::SUMMARY);
-    assert!(summary.starts_with("chunks=2 activities=17 api_calls=16 "), "{summary}");
+    assert!(
+        summary.starts_with("chunks=2 activities=17 api_calls=16 "),
+        "{summary}"
+    );
     assert!(summary.contains("helper_dropped=3"), "{summary}");
     assert!(
-        stdout.contains("GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits, 16 API calls; lost: 3"),
+        stdout.contains(
+            "GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits, 16 API calls; lost: 3"
+        ),
         "{stdout}"
     );
 
     // The report's top kernels.
-    let out = Command::new(LLMPROF).args(["report", "--json"]).arg(&trace).output().unwrap();
+    let out = Command::new(LLMPROF)
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let top = &r["kernels"]["top"];
-    assert_eq!((top[0]["name"].as_str(), top[0]["count"].as_u64()), (Some("gemm<128>"), Some(10)));
-    assert!((top[0]["total_ms"].as_f64().unwrap() - 15.0).abs() < 1e-6, "{top}");
-    assert!((top[0]["share_pct"].as_f64().unwrap() - 75.0).abs() < 1e-6, "{top}");
-    assert_eq!((top[1]["name"].as_str(), top[1]["count"].as_u64()), (Some("vector_add"), Some(5)));
+    assert_eq!(
+        (top[0]["name"].as_str(), top[0]["count"].as_u64()),
+        (Some("gemm<128>"), Some(10))
+    );
+    assert!(
+        (top[0]["total_ms"].as_f64().unwrap() - 15.0).abs() < 1e-6,
+        "{top}"
+    );
+    assert!(
+        (top[0]["share_pct"].as_f64().unwrap() - 75.0).abs() < 1e-6,
+        "{top}"
+    );
+    assert_eq!(
+        (top[1]["name"].as_str(), top[1]["count"].as_u64()),
+        (Some("vector_add"), Some(5))
+    );
     assert_eq!(r["kernels"]["lost"], 3);
     let text = Command::new(LLMPROF).arg("report").arg(&trace).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("GPU kernels (CUPTI): 15 kernels, 20.000 ms GPU time"), "{text}");
+    assert!(
+        text.contains("GPU kernels (CUPTI): 15 kernels, 20.000 ms GPU time"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The text of the first marker on the `llmprof` track containing `part`.
 fn marker_text(tp: &mut Trace, part: &str) -> String {
     let rows = tp
-        .query(&format!("select name from slice where name like '%{part}%' limit 1"))
+        .query(&format!(
+            "select name from slice where name like '%{part}%' limit 1"
+        ))
         .unwrap();
     rows.first()
         .and_then(|r| r["name"].as_str())

@@ -25,7 +25,12 @@ fn kernels_land_on_stream_tracks_with_their_step_and_launch_flow() {
         return;
     }
     let (events, gpu) = testing::gpu::engine_fixture(PID, TID, T0);
-    let procs = [testing::process(PID, "llmserve", "llmserve --device cuda", [(TID, "engine")])];
+    let procs = [testing::process(
+        PID,
+        "llmserve",
+        "llmserve --device cuda",
+        [(TID, "engine")],
+    )];
     let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 1_700_000_000 * 1_000 * MS))).unwrap();
     for e in &events {
         sink.push(e).unwrap();
@@ -36,7 +41,10 @@ fn kernels_land_on_stream_tracks_with_their_step_and_launch_flow() {
         ..Default::default()
     };
     let bytes = sink.finish(&stats, Some(T0 + 40 * MS)).unwrap();
-    let path = std::env::temp_dir().join(format!("llmprof-kernels-fixture-{}.perfetto-trace", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "llmprof-kernels-fixture-{}.perfetto-trace",
+        std::process::id()
+    ));
     std::fs::write(&path, bytes).unwrap();
     let mut tp = e2e::trace_processor::load(&path).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
@@ -50,7 +58,11 @@ fn kernels_land_on_stream_tracks_with_their_step_and_launch_flow() {
         )
     };
     for (name, step) in [("gemm<128>", 1), ("gemm<128>", 2), ("softmax", 1), ("softmax", 2)] {
-        assert_eq!(tp.query_i64(&kernels(name, step)).unwrap(), 1, "{name} in step {step}");
+        assert_eq!(
+            tp.query_i64(&kernels(name, step)).unwrap(),
+            1,
+            "{name} in step {step}"
+        );
     }
     // The first gemm: 2 ms to 4 ms after T0, mapped from the CUPTI clock.
     let first = format!(

@@ -429,15 +429,25 @@ mod tests {
     fn request_span_gets_the_gpu_kernel_time_of_its_steps() {
         // Request 1 alone in the fixture's two steps (6 ms of kernels), finished after the chunk came.
         let (gpu, _) = testing::gpu::engine_fixture(PID, PID, T0);
-        let mut events = vec![arrived(1, T0 - MS, false), simple(RequestEventKind::Scheduled, 1, T0)];
+        let mut events = vec![
+            arrived(1, T0 - MS, false),
+            simple(RequestEventKind::Scheduled, 1, T0),
+        ];
         events.extend(gpu);
         events.push(finished(1, T0 + 35 * MS, FinishReason::Stop, 2));
         let (_, spans) = run(&events);
-        let span = spans.iter().find(|s| s.parent_span_id == SpanId::INVALID).unwrap();
+        let span = spans
+            .iter()
+            .find(|s| s.parent_span_id == SpanId::INVALID)
+            .unwrap();
         assert_eq!(attr(span, sc::LLMPROF_GPU_KERNEL_TIME), Some(&Value::F64(0.006)));
         // Without GPU activity, no attribute.
         let (_, spans) = run(&[arrived(2, T0, false), finished(2, T0 + MS, FinishReason::Stop, 1)]);
-        assert!(spans.iter().all(|s| attr(s, sc::LLMPROF_GPU_KERNEL_TIME).is_none()));
+        assert!(
+            spans
+                .iter()
+                .all(|s| attr(s, sc::LLMPROF_GPU_KERNEL_TIME).is_none())
+        );
     }
 
     #[test]

@@ -162,10 +162,18 @@ pub(super) fn section(d: &Decoded, steps: &[Step]) -> Option<KernelsSection> {
             count,
             total_ms: ms(ns),
             mean_ms: ms(ns) / count as f64,
-            share_pct: if total > 0 { 100.0 * ns as f64 / total as f64 } else { 0.0 },
+            share_pct: if total > 0 {
+                100.0 * ns as f64 / total as f64
+            } else {
+                0.0
+            },
         })
         .collect();
-    top.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then_with(|| a.name.cmp(&b.name)));
+    top.sort_by(|a, b| {
+        b.total_ms
+            .total_cmp(&a.total_ms)
+            .then_with(|| a.name.cmp(&b.name))
+    });
     top.truncate(TOP_KERNELS);
     s.top = top;
     s.lost = d
@@ -197,8 +205,16 @@ pub(super) fn section(d: &Decoded, steps: &[Step]) -> Option<KernelsSection> {
         });
     }
     if g.steps > 0 {
-        g.gpu_busy_pct = if g.wall_ms > 0.0 { 100.0 * g.gpu_busy_ms / g.wall_ms } else { 0.0 };
-        g.idle_pct = if g.span_ms > 0.0 { 100.0 * g.idle_ms / g.span_ms } else { 0.0 };
+        g.gpu_busy_pct = if g.wall_ms > 0.0 {
+            100.0 * g.gpu_busy_ms / g.wall_ms
+        } else {
+            0.0
+        };
+        g.idle_pct = if g.span_ms > 0.0 {
+            100.0 * g.idle_ms / g.span_ms
+        } else {
+            0.0
+        };
         s.steps = Some(g);
     }
     Some(s)
@@ -213,7 +229,11 @@ pub(super) fn text(out: &mut String, s: Option<&KernelsSection>, rows: usize) {
         "\nGPU kernels (CUPTI): {} kernels, {:.3} ms GPU time; {} copies, {:.3} ms{lost}",
         s.kernels, s.gpu_ms, s.copies, s.copy_ms
     );
-    let _ = writeln!(out, "  {:>6} {:>11} {:>10} {:>6}  kernel", "count", "total ms", "mean ms", "share");
+    let _ = writeln!(
+        out,
+        "  {:>6} {:>11} {:>10} {:>6}  kernel",
+        "count", "total ms", "mean ms", "share"
+    );
     for k in s.top.iter().take(rows) {
         let _ = writeln!(
             out,
@@ -282,10 +302,19 @@ mod tests {
             .map(|p| (p.step_id, p.wall_ms, p.gpu_busy_ms, p.idle_ms, p.kernels))
             .collect();
         assert_eq!(per, vec![(1, 10.0, 3.0, 1.0, 2), (2, 10.0, 3.0, 0.0, 2)]);
-        assert!(close(s.gpu_busy_pct, 30.0) && close(s.idle_pct, 100.0 / 7.0), "{s:?}");
+        assert!(
+            close(s.gpu_busy_pct, 30.0) && close(s.idle_pct, 100.0 / 7.0),
+            "{s:?}"
+        );
         let text = r.to_text();
-        assert!(text.contains("GPU kernels (CUPTI): 4 kernels, 6.000 ms GPU time"), "{text}");
-        assert!(text.contains("gemm<128>") && text.contains("idle between kernels 1.000 ms"), "{text}");
+        assert!(
+            text.contains("GPU kernels (CUPTI): 4 kernels, 6.000 ms GPU time"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gemm<128>") && text.contains("idle between kernels 1.000 ms"),
+            "{text}"
+        );
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(json["kernels"]["top"][0]["name"], "gemm<128>");
         assert_eq!(json["kernels"]["steps"]["per_step"][0]["idle_ms"], 1.0);

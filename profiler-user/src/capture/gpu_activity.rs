@@ -107,7 +107,10 @@ impl Capture {
         let id = p
             .attach(point, lib, UProbeScope::OneProcess(nz))
             .map_err(|source| CaptureError::Program {
-                program: format!("{HANDOFF_PROGRAM} at {GPU_HANDOFF} of {} (pid {pid})", lib.display()),
+                program: format!(
+                    "{HANDOFF_PROGRAM} at {GPU_HANDOFF} of {} (pid {pid})",
+                    lib.display()
+                ),
                 source,
             })?;
         if let Ok(link) = p.take_link(id) {
@@ -142,7 +145,6 @@ impl Capture {
     pub fn gpu_stats(&self) -> GpuStats {
         self.gpu.decoder.stats().clone()
     }
-
 }
 
 impl GpuCapture {
@@ -153,7 +155,8 @@ impl GpuCapture {
             return;
         };
         let n = (e.copied as usize).min(e.data.len());
-        self.decoder.chunk(e.hdr.pid, e.hdr.tid, e.hdr.ts_ns, &e.data[..n], out);
+        self.decoder
+            .chunk(e.hdr.pid, e.hdr.tid, e.hdr.ts_ns, &e.data[..n], out);
     }
 
     /// A process left the session: its kernel names go.

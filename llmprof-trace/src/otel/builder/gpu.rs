@@ -9,8 +9,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use llmprof_abi::{MAX_STEP_REQS, StepRecord};
 use llmprof_abi::gpu::GpuActivityKind;
+use llmprof_abi::{MAX_STEP_REQS, StepRecord};
 
 use crate::gpu::{GpuApi, GpuWork, LaunchLinks};
 
@@ -57,7 +57,9 @@ impl GpuTime {
         if w.kind != GpuActivityKind::Kernel {
             return;
         }
-        let Some(step) = w.step(pid, &self.links) else { return };
+        let Some(step) = w.step(pid, &self.links) else {
+            return;
+        };
         let key = (pid, step);
         if !self.per_step.contains_key(&key) {
             if self.order.len() == STEPS_TIMED
@@ -93,11 +95,17 @@ mod tests {
 
     #[test]
     fn shares_follow_the_tokens_or_split_equally() {
-        let s = testing::step(1, 1, llmprof_abi::StepKind::Mixed, 1, 0, 1, &[7, 8]).req_tokens([3, 1]).build();
-        let crate::event::EventBody::Step(rec) = &s.body else { panic!() };
+        let s = testing::step(1, 1, llmprof_abi::StepKind::Mixed, 1, 0, 1, &[7, 8])
+            .req_tokens([3, 1])
+            .build();
+        let crate::event::EventBody::Step(rec) = &s.body else {
+            panic!()
+        };
         assert_eq!(shares(rec).collect::<Vec<_>>(), vec![(7, 0.75), (8, 0.25)]);
         let s = testing::step(1, 1, llmprof_abi::StepKind::Decode, 1, 0, 1, &[7, 8]).build();
-        let crate::event::EventBody::Step(rec) = &s.body else { panic!() };
+        let crate::event::EventBody::Step(rec) = &s.body else {
+            panic!()
+        };
         assert_eq!(shares(rec).collect::<Vec<_>>(), vec![(7, 0.5), (8, 0.5)]);
     }
 
@@ -105,7 +113,11 @@ mod tests {
     fn a_request_gets_the_kernel_time_of_its_steps() {
         let (events, _) = testing::gpu::engine_fixture(10, 11, T0);
         let mut t = GpuTime::default();
-        assert_eq!(t.request_ns(10, &[(1, 1.0)]), None, "no GPU activity: no attribute");
+        assert_eq!(
+            t.request_ns(10, &[(1, 1.0)]),
+            None,
+            "no GPU activity: no attribute"
+        );
         for e in &events {
             match &e.body {
                 crate::event::EventBody::Step(r) => t.step(e.pid, r),
@@ -117,6 +129,10 @@ mod tests {
         // Step 1: gemm 2 ms + softmax 1 ms; step 2: the same; the copy is not kernel time.
         assert_eq!(t.request_ns(10, &[(1, 1.0), (2, 1.0)]), Some(6.0 * MS as f64));
         assert_eq!(t.request_ns(10, &[(2, 0.5)]), Some(1.5 * MS as f64));
-        assert_eq!(t.request_ns(99, &[(1, 1.0)]), Some(0.0), "another process's steps");
+        assert_eq!(
+            t.request_ns(99, &[(1, 1.0)]),
+            Some(0.0),
+            "another process's steps"
+        );
     }
 }

@@ -76,7 +76,8 @@ impl<W: Write> TraceSink<W> {
         if g.kind == GpuActivityKind::Sync {
             return self.gpu_wait(ev.pid, g, launch.map(|l| l.0));
         }
-        let key = (u64::from(ev.pid) << 32) | (u64::from(r.device & 0xff) << 24) | u64::from(r.stream & 0xff_ffff);
+        let key =
+            (u64::from(ev.pid) << 32) | (u64::from(r.device & 0xff) << 24) | u64::from(r.stream & 0xff_ffff);
         let id = uuid(NS_GPU_STREAM, key);
         let (device, stream) = (r.device, r.stream);
         let track = self.child_track(ev.pid, id, || track::stream(device, stream))?;
@@ -153,8 +154,12 @@ impl<W: Write> TraceSink<W> {
     fn gpu_wait(&mut self, pid: u32, g: &GpuWork, tid: Option<u32>) -> io::Result<()> {
         let r = &g.rec;
         let track = match tid {
-            Some(tid) => self.thread_child_track(pid, tid, uuid(NS_GPU_WAIT, u64::from(tid)), track::WAITS)?,
-            None => self.child_track(pid, uuid(NS_GPU_WAIT, 1 << 40 | u64::from(pid)), || track::WAITS.to_owned())?,
+            Some(tid) => {
+                self.thread_child_track(pid, tid, uuid(NS_GPU_WAIT, u64::from(tid)), track::WAITS)?
+            }
+            None => self.child_track(pid, uuid(NS_GPU_WAIT, 1 << 40 | u64::from(pid)), || {
+                track::WAITS.to_owned()
+            })?,
         };
         let begin = TrackEvent {
             r#type: Some(TYPE_SLICE_BEGIN),
@@ -166,7 +171,8 @@ impl<W: Write> TraceSink<W> {
         if r.correlation != 0 {
             args.push(arg_u(arg::CORRELATION, r.correlation));
         }
-        self.w.write_event(r.start_ns, Some(&slice::wait(r.detail)), begin, args)?;
+        self.w
+            .write_event(r.start_ns, Some(&slice::wait(r.detail)), begin, args)?;
         self.end(r.end_ns, track, Vec::new())
     }
 }
