@@ -70,16 +70,13 @@ pub struct GpuStats {
 }
 
 impl GpuStats {
-    /// Records and chunks lost or refused, all causes.
+    /// Records and chunks lost or refused here or in the helper. Not [`GpuStats::missed_chunks`]: a chunk the ring
+    /// could not take is already a drop of the `cuda` probe (and a gap may also be a chunk handed over while no
+    /// session was attached), so it is shown, not added.
     pub fn lost(&self) -> u64 {
-        [
-            self.missed_chunks,
-            self.helper_dropped,
-            self.skipped_records,
-            self.skipped_names,
-        ]
-        .iter()
-        .fold(self.bad_chunks, |a, &b| a.saturating_add(b))
+        [self.helper_dropped, self.skipped_records, self.skipped_names]
+            .iter()
+            .fold(self.bad_chunks, |a, &b| a.saturating_add(b))
     }
 }
 

@@ -72,6 +72,11 @@ fn names_persist_across_chunks_and_seq_gaps_and_helper_drops_are_counted() {
     let out = decode(&mut d, &c.build());
     assert_eq!(work(&out[0]).name.as_deref(), Some("k"));
     assert_eq!((d.stats().missed_chunks, d.stats().helper_dropped), (2, 5));
+    assert_eq!(
+        d.stats().lost(),
+        5,
+        "missed chunks are shown, not added (the ring's drops count them)"
+    );
     // Another process has its own names.
     let mut other = Vec::new();
     d.chunk(

@@ -116,7 +116,8 @@ pub mod arg {
     /// Summary: GPU activity chunks read and lost, `chunks=C activities=A api_calls=P bad_chunks=B
     /// missed_chunks=M helper_dropped=D skipped_records=S skipped_names=N`.
     pub const SUMMARY: &str = "gpu_activity";
-    /// Summary: GPU activity records lost in all (the sum of the loss counts of [`SUMMARY`]).
+    /// Summary: GPU activity records lost in all (the loss counts of [`SUMMARY`] but `missed_chunks`, see
+    /// `GpuStats::lost`).
     pub const LOST: &str = "gpu_activity_lost";
 }
 

@@ -155,16 +155,16 @@ fn run_attach(a: AttachArgs) -> i32 {
             if g.chunks + g.bad_chunks > 0 {
                 println!(
                     "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} \
-                     (CUPTI/helper dropped {}, chunks missed {}, chunks refused {}, records skipped {}, names skipped {})",
+                     (CUPTI/helper dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
                     g.chunks,
                     g.activities,
                     g.api_calls,
                     g.lost(),
                     g.helper_dropped,
-                    g.missed_chunks,
                     g.bad_chunks,
                     g.skipped_records,
-                    g.skipped_names
+                    g.skipped_names,
+                    g.missed_chunks
                 );
             }
             println!(
