@@ -2,9 +2,9 @@
 # The per-chunk cost of llmprof's GPU activity handoff uprobe (llmprof_gpu), without a GPU: the stand-in helper
 # and testee of profiler-user/tests/gpu_activity.rs hand over chunks of 145 kernel records (16328 bytes, near
 # GPU_CHUNK_MAX) 200 us apart; the testee prints the mean ns per hand-over call, 3 runs detached, 3 attached, 3
-# detached again. Needs root and cc. Usage: tools/bench_gpu_handoff.sh [path/to/llmprof] (default target/debug).
+# detached again. Needs root and cc. Usage: tools/bench/gpu_handoff.sh [path/to/llmprof] (default target/debug).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 LLMPROF=${1:-$root/target/debug/llmprof}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
