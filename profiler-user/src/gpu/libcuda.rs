@@ -231,6 +231,23 @@ mod tests {
     }
 
     #[test]
+    fn finds_the_gpu_helper_by_its_exact_basename() {
+        let maps = "\
+7f00000000-7f00001000 r-xp 00000000 08:01 42 /opt/x/libllmprof_cupti.so.bak
+7f10000000-7f10100000 r-xp 00000000 08:01 43 /opt/llmprof/libllmprof_cupti.so
+";
+        let helper = |b: &str| b == llmprof_abi::gpu::GPU_HELPER_LIB;
+        assert_eq!(
+            find_mapped_in_maps(maps, helper).as_deref(),
+            Some("/opt/llmprof/libllmprof_cupti.so")
+        );
+        assert_eq!(
+            find_mapped_in_maps(maps, |b: &str| b.starts_with(LIBCUDA_PREFIX)),
+            None
+        );
+    }
+
+    #[test]
     fn finds_libcuda_by_basename_in_maps() {
         let maps = "\
 7f00000000-7f00001000 r-xp 00000000 08:01 42 /usr/lib/x86_64-linux-gnu/libc.so.6
