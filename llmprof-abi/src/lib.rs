@@ -487,6 +487,8 @@ pub enum EventKind {
     CpuSample = 30,
     /// [`CpuSampleEvent`] layout: the stack of a traced thread blocking at a context switch ([`offcpu`]).
     OffCpuStack = 42,
+    /// [`GpuChunkEvent`]: a chunk of GPU activity handed over by the injected CUPTI helper ([`gpu`]).
+    GpuChunk = 50,
 }
 
 impl EventKind {
@@ -513,6 +515,7 @@ impl EventKind {
             41 => Some(Self::SchedWake),
             30 => Some(Self::CpuSample),
             42 => Some(Self::OffCpuStack),
+            50 => Some(Self::GpuChunk),
             _ => None,
         }
     }
@@ -739,6 +742,23 @@ pub struct ContentEvent {
     pub _pad: u32,
     /// The first `copied` bytes of the text (a cut may split a UTF-8 character).
     pub data: [u8; CONTENT_MAX],
+}
+
+/// A chunk of GPU activity ([`gpu::GpuChunkHeader`] + records) copied by the uprobe at [`gpu::GPU_HANDOFF`]:
+/// one record per handed-over chunk. Its records are read by llmprof's one reader of the [`gpu`] layouts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuChunkEvent {
+    /// Header ([`EventKind::GpuChunk`]); `ts_ns` is when the helper handed the chunk over.
+    pub hdr: EventHeader,
+    /// The `len` argument the helper passed.
+    pub len: u64,
+    /// Bytes of `data` copied: `len` (a longer chunk is not copied: counted as a drop).
+    pub copied: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// The chunk.
+    pub data: [u8; gpu::GPU_CHUNK_MAX],
 }
 
 /// A CUDA driver API call of a traced thread, recorded at its return (entry and return uprobes in libcuda,
@@ -1215,6 +1235,7 @@ const _: () = {
     assert!(core::mem::size_of::<ProcessExecEvent>() == 24 + PATH_LEN);
     assert!(core::mem::size_of::<ContentRecord>() == 32);
     assert!(core::mem::size_of::<ContentEvent>() == 64 + CONTENT_MAX);
+    assert!(core::mem::size_of::<GpuChunkEvent>() == 40 + gpu::GPU_CHUNK_MAX);
     assert!(core::mem::size_of::<CudaCallEvent>() == 56);
     assert!(core::mem::size_of::<SyscallKey>() == 16);
     assert!(core::mem::size_of::<SyscallStats>() == 16 + 8 * LAT_BUCKETS);

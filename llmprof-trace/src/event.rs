@@ -195,6 +195,12 @@ pub enum EventBody {
     /// The stack of a traced thread blocking at a context switch (it follows that `SchedSwitch`, same time
     /// and thread; [`crate::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
     OffCpuStack(Box<CpuSample>),
+    /// GPU work CUPTI recorded in the target (injected helper, [`crate::gpu`]): a kernel, copy, memset or host
+    /// wait. The event's time is when its chunk was handed over; the work's own times (BOOTTIME) are in it.
+    GpuWork(Box<crate::gpu::GpuWork>),
+    /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
+    /// for [`EventBody::GpuWork`].
+    GpuApi(Box<crate::gpu::GpuApi>),
 }
 
 impl EventBody {
@@ -228,6 +234,8 @@ impl EventBody {
             Self::SchedWake(_) => "sched_wake",
             Self::CpuSample(_) => "cpu_sample",
             Self::OffCpuStack(_) => "offcpu_stack",
+            Self::GpuWork(_) => "gpu_work",
+            Self::GpuApi(_) => "gpu_api",
         }
     }
 }
@@ -443,11 +451,13 @@ pub struct SessionStats {
     pub syscalls: Vec<SyscallAggregate>,
     /// llmprof's own cost, the budget's steps and the size limit (None when not accounted, e.g. fixtures).
     pub overhead: Option<OverheadSummary>,
+    /// GPU activity chunks read and lost (CUPTI helper; all zero without it).
+    pub gpu: crate::gpu::GpuStats,
 }
 
 impl SessionStats {
     /// Total records lost, kernel and user space.
     pub fn total_dropped(&self) -> u64 {
-        self.probes.iter().map(|p| p.dropped).sum::<u64>() + self.user_drops
+        self.probes.iter().map(|p| p.dropped).sum::<u64>() + self.user_drops + self.gpu.lost()
     }
 }

@@ -15,6 +15,7 @@ pub mod calibration;
 pub mod clock;
 pub mod cuda_agg;
 pub mod event;
+pub mod gpu;
 pub mod merge;
 pub mod names;
 pub mod offcpu;

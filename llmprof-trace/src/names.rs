@@ -14,6 +14,9 @@ pub fn tp_arg(key: &str) -> String {
     format!("debug.{key}")
 }
 
+#[path = "names_gpu.rs"]
+pub mod gpu;
+
 /// Names of tracks (`track.name` in the trace processor).
 pub mod track {
     /// The global track of llmprof's own markers, the overhead budget's steps and the summary.

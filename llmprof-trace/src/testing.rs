@@ -29,6 +29,9 @@
 //! Never part of a release build's code path: compiled for this crate's tests and behind the `testing` feature,
 //! which only dev-dependencies enable.
 
+#[path = "gpu_testing.rs"]
+pub mod gpu;
+
 use std::net::SocketAddr;
 
 use llmprof_abi::{

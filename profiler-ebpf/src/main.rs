@@ -17,6 +17,8 @@
 //! - `llmprof_cuent` / `llmprof_curet` (uprobe / uretprobe at CUDA driver API entry points in libcuda; the
 //!   attach cookie holds function, symbol variant and argument index): the entry pushes (time, cookie, that
 //!   argument) on a small per-thread stack, the return pops it and writes one `CudaCallEvent`.
+//! - `llmprof_gpu` (uprobe at the injected CUPTI helper's handoff function; module `gpu`): one chunk of GPU
+//!   activity records per hit, copied into one `GpuChunkEvent`.
 //! - `llmprof_pysample` (perf_event, software CPU clock; module `python`): the sampled thread's CPython
 //!   frames, one `PyStackEvent` per sample.
 //!
@@ -32,6 +34,7 @@
 #![no_main]
 
 mod cudacount;
+mod gpu;
 mod http;
 mod offcpu;
 mod proc;

@@ -963,6 +963,7 @@ impl<'a> Session<'a> {
             trace_bytes: 0,
             end_reason: end_reason.to_owned(),
             syscalls: self.capture.syscall_aggregates(),
+            gpu: self.capture.gpu_stats(),
         };
         let mut sink = self.sink;
         sink.flush_cuda().map_err(&out_err)?;

@@ -151,11 +151,28 @@ fn run_attach(a: AttachArgs) -> i32 {
                     events.join(", ")
                 }
             );
+            let g = &r.stats.gpu;
+            if g.chunks + g.bad_chunks > 0 {
+                println!(
+                    "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} \
+                     (CUPTI/helper dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
+                    g.chunks,
+                    g.activities,
+                    g.api_calls,
+                    g.lost(),
+                    g.helper_dropped,
+                    g.bad_chunks,
+                    g.skipped_records,
+                    g.skipped_names,
+                    g.missed_chunks
+                );
+            }
             println!(
-                "  dropped: {} (kernel {}, user {}), decode errors {}, written out of order {} (the trace processor sorts them)",
+                "  dropped: {} (kernel {}, user {}, GPU activity {}), decode errors {}, written out of order {} (the trace processor sorts them)",
                 r.stats.total_dropped(),
-                r.stats.total_dropped() - r.stats.user_drops,
+                r.stats.total_dropped() - r.stats.user_drops - g.lost(),
                 r.stats.user_drops,
+                g.lost(),
                 r.stats.decode_errors,
                 r.late_events
             );

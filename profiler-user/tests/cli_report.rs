@@ -239,6 +239,7 @@ fn report_json_has_the_numbers_of_the_session() {
         "gpu",
         "thread_states",
         "cpu_samples",
+        "kernels",
     ];
     want_keys.sort_unstable();
     let mut keys_sorted = keys.clone();

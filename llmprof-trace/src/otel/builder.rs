@@ -26,6 +26,7 @@ use crate::clock::WallClock;
 use crate::event::{Event, EventBody, OverheadSample};
 use crate::timeline::{RequestTimeline, StepInfo, Transition};
 
+mod gpu;
 mod spans;
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
@@ -65,6 +66,10 @@ struct OpenRequest {
     content_truncated: bool,
     events: Vec<SpanEvent>,
     dropped_events: u32,
+    /// The steps that served it, with its share of each one's tokens (for its GPU time).
+    gpu_steps: Vec<(u64, f64)>,
+    /// Its GPU kernel time, ns, filled in when it closes (`None` without GPU activity).
+    gpu_kernel_ns: Option<f64>,
 }
 
 impl OpenRequest {
@@ -90,6 +95,8 @@ impl OpenRequest {
             content_truncated: false,
             events: Vec::new(),
             dropped_events: 0,
+            gpu_steps: Vec::new(),
+            gpu_kernel_ns: None,
         }
     }
 }
@@ -106,6 +113,8 @@ pub struct SpanBuilder {
     stats: BuilderStats,
     /// llmprof's self-accounting of the last tick: a summary on each request span.
     overhead: Option<OverheadSample>,
+    /// Kernel time per engine step (CUPTI).
+    gpu: gpu::GpuTime,
 }
 
 impl SpanBuilder {
@@ -126,6 +135,7 @@ impl SpanBuilder {
             last_ts: 0,
             stats: BuilderStats::default(),
             overhead: None,
+            gpu: gpu::GpuTime::default(),
         }
     }
 
@@ -151,7 +161,17 @@ impl SpanBuilder {
                         st.timeline.on_step(&StepInfo::of(step, *id));
                     }
                 }
+                self.gpu.step(ev.pid, step);
+                for (id, share) in gpu::shares(step) {
+                    if let Some(st) = self.open.get_mut(&(ev.pid, id))
+                        && st.gpu_steps.len() < gpu::STEPS_PER_REQUEST
+                    {
+                        st.gpu_steps.push((step.step_id, share));
+                    }
+                }
             }
+            EventBody::GpuApi(c) => self.gpu.api(ev.pid, ev.tid, c),
+            EventBody::GpuWork(w) => self.gpu.work(ev.pid, w),
             EventBody::SlowSyscall { nr, ret, dur_ns } => {
                 let attrs = vec![
                     KeyValue::new(sc::LLMPROF_SYSCALL_NR, *nr as i64),
@@ -222,7 +242,8 @@ impl SpanBuilder {
         let end = end_ns.unwrap_or(self.last_ts);
         let mut open: Vec<_> = self.open.drain().collect();
         open.sort_by_key(|(_, st)| st.timeline.start_ns());
-        for (_, mut st) in open {
+        for ((pid, _), mut st) in open {
+            st.gpu_kernel_ns = self.gpu.request_ns(pid, &st.gpu_steps);
             let (t, _) = st.timeline.close_unfinished(end);
             self.emit(st, t, true, out);
         }
@@ -252,8 +273,9 @@ impl SpanBuilder {
         let Some(st) = self.open.get_mut(&key) else { return };
         st.timeline.on_record(rec, ts);
         if let Transition::Finished(_) = transition
-            && let Some(st) = self.open.remove(&key)
+            && let Some(mut st) = self.open.remove(&key)
         {
+            st.gpu_kernel_ns = self.gpu.request_ns(ev.pid, &st.gpu_steps);
             self.emit(st, ts, false, out);
         }
     }
@@ -401,6 +423,31 @@ mod tests {
         }
         let sum: Duration = kids.iter().map(dur).sum();
         assert_eq!(sum, dur(req));
+    }
+
+    #[test]
+    fn request_span_gets_the_gpu_kernel_time_of_its_steps() {
+        // Request 1 alone in the fixture's two steps (6 ms of kernels), finished after the chunk came.
+        let (gpu, _) = testing::gpu::engine_fixture(PID, PID, T0);
+        let mut events = vec![
+            arrived(1, T0 - MS, false),
+            simple(RequestEventKind::Scheduled, 1, T0),
+        ];
+        events.extend(gpu);
+        events.push(finished(1, T0 + 35 * MS, FinishReason::Stop, 2));
+        let (_, spans) = run(&events);
+        let span = spans
+            .iter()
+            .find(|s| s.parent_span_id == SpanId::INVALID)
+            .unwrap();
+        assert_eq!(attr(span, sc::LLMPROF_GPU_KERNEL_TIME), Some(&Value::F64(0.006)));
+        // Without GPU activity, no attribute.
+        let (_, spans) = run(&[arrived(2, T0, false), finished(2, T0 + MS, FinishReason::Stop, 1)]);
+        assert!(
+            spans
+                .iter()
+                .all(|s| attr(s, sc::LLMPROF_GPU_KERNEL_TIME).is_none())
+        );
     }
 
     #[test]

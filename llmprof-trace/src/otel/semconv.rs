@@ -87,6 +87,9 @@ pub const LLMPROF_DECODE_TIME: &str = "llmprof.decode_time";
 pub const LLMPROF_PREEMPTED_TIME: &str = "llmprof.preempted_time";
 /// Times the request was preempted.
 pub const LLMPROF_PREEMPTIONS: &str = "llmprof.preemptions";
+/// Seconds of GPU kernel time of the steps that served the request, each step's split by the request's share of
+/// its tokens (CUPTI kernels; only in sessions with GPU activity).
+pub const LLMPROF_GPU_KERNEL_TIME: &str = "llmprof.gpu.kernel_time";
 /// Engine steps that served the request.
 pub const LLMPROF_STEPS: &str = "llmprof.steps";
 /// Prefill chunks (steps that computed prompt or recompute tokens for the request).

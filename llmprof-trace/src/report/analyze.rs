@@ -242,6 +242,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     r.thread_states = super::threads::analyze(&d.sched);
     r.gpu = gpu_section(d, &r);
     r.cpu_samples = d.samples.section();
+    r.kernels = super::kernels::section(d, &steps);
     r
 }
 

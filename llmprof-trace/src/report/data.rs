@@ -306,6 +306,8 @@ pub struct Report {
     pub gpu: Option<GpuSection>,
     /// CPU stack samples per thread group (None: a trace without samples).
     pub cpu_samples: Option<super::CpuSamplesSection>,
+    /// GPU kernels from CUPTI (`None` without kernel slices).
+    pub kernels: Option<super::KernelsSection>,
 }
 
 /// One step the overhead budget took.

@@ -61,6 +61,7 @@ struct Doc<'a> {
     gpu: Option<Gpu<'a>>,
     thread_states: Option<super::threads::ThreadStatesJson<'a>>,
     cpu_samples: Option<&'a super::CpuSamplesSection>,
+    kernels: Option<&'a super::KernelsSection>,
 }
 
 impl<'a> Doc<'a> {
@@ -91,6 +92,7 @@ impl<'a> Doc<'a> {
             gpu: r.gpu.as_ref().map(Gpu::of),
             thread_states: r.thread_states.as_ref().map(super::threads::ThreadStatesJson::of),
             cpu_samples: r.cpu_samples.as_ref(),
+            kernels: r.kernels.as_ref(),
         }
     }
 }
@@ -760,7 +762,8 @@ mod tests {
                 "overhead",
                 "gpu",
                 "thread_states",
-                "cpu_samples"
+                "cpu_samples",
+                "kernels"
             ]
         );
         assert_eq!(v["format"], JSON_FORMAT);

@@ -68,6 +68,9 @@
 //!   stats of each such wait; `wakers` the top [`threads::TOP_WAKERS`] wakers of the group's threads as
 //!   `name (tid)`, `(interrupt)` for wakeups from interrupt context (timers, devices).
 //!
+//! - `kernels`: GPU kernels from CUPTI (top kernels by GPU time, GPU busy and idle time inside engine steps),
+//!   `null` without kernel slices; see `kernels`.
+//!
 //! # Layout
 //! `read` decodes the file into tracks of slices, instants and counters; `analyze` turns them into the
 //! [`Report`] (its types live in `data`), with `requests` rebuilding each request's
@@ -77,6 +80,7 @@
 mod analyze;
 mod data;
 mod json;
+mod kernels;
 mod read;
 mod requests;
 mod samples;
@@ -91,6 +95,7 @@ pub use data::{
     BucketRow, CounterSummary, CudaCallsSummary, CudaFnRow, DegradationRow, EgressRow, GpuCounterRow, GpuRow,
     GpuSection, ModelFileRow, OverheadReport, ProbeRow, Report, RequestRow, Stats, SyscallRow,
 };
+pub use kernels::{KernelRow, KernelsSection, StepGpuRow, StepsGpu};
 pub use samples::{CpuSamplesSection, FunctionRow, ThreadSamples};
 
 /// Version tag of the `--json` layout (bumped only on an incompatible change).

@@ -25,7 +25,7 @@ pub(super) struct Step {
     /// Write order (see [`super::read::Slice::seq`]).
     seq: u64,
     /// The process track the steps track hangs under.
-    process: Option<u64>,
+    pub(super) process: Option<u64>,
     /// Its kind (from the slice name), times and batch totals; `request_tokens` unset.
     pub(super) info: StepInfo,
     /// Its `num_seqs` arg.

@@ -19,6 +19,7 @@ impl Report {
             super::threads::text(&mut o, t, TEXT_ROWS);
         }
         super::samples::text(&mut o, self.cpu_samples.as_ref());
+        super::kernels::text(&mut o, self.kernels.as_ref(), TEXT_ROWS);
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }

@@ -44,6 +44,7 @@ impl Record for ProcessExecEvent {}
 impl Record for ContentEvent {}
 impl Record for CudaCallEvent {}
 impl Record for llmprof_abi::cudacount::CudaCountEvent {}
+impl Record for llmprof_abi::GpuChunkEvent {}
 impl Record for SchedSwitchEvent {}
 impl Record for SchedWakeEvent {}
 impl Record for llmprof_abi::CpuSampleEvent {}
@@ -213,6 +214,8 @@ impl Decoder {
             }
             // Needs the target's memory to resolve: `Capture` hands these to `pysample` instead.
             EventKind::PyStack => return None,
+            // Chunks of GPU activity go to `gpu_activity` (one record, many events).
+            EventKind::GpuChunk => return None,
             // The wire probe's records go to `super::http` and the request reconstruction, never here.
             EventKind::Http | EventKind::HttpHead => return None,
             EventKind::SchedSwitch | EventKind::SchedWake => {

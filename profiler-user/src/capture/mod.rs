@@ -19,6 +19,7 @@ mod calibrate_http;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
+pub mod gpu_activity;
 pub mod http;
 pub mod patterns;
 pub mod pysample;
@@ -109,7 +110,7 @@ pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// The entry-only uprobe that counts launch-type CUDA calls ([`llmprof_abi::cudacount`]).
 pub const CUDA_COUNT_PROGRAM: &str = "llmprof_cucount";
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 18] = [
+pub const PROGRAM_NAMES: [&str; 19] = [
     "llmprof_tnew",
     "llmprof_sswitch",
     "llmprof_swaking",
@@ -128,6 +129,7 @@ pub const PROGRAM_NAMES: [&str; 18] = [
     CUDA_COUNT_PROGRAM,
     "llmprof_pysample",
     sampling::SAMPLE_PROGRAM,
+    gpu_activity::HANDOFF_PROGRAM,
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -282,6 +284,9 @@ pub enum CaptureError {
         #[source]
         source: aya::maps::MapError,
     },
+    /// The GPU helper library's handoff function cannot be probed.
+    #[error(transparent)]
+    GpuHandoff(#[from] gpu_activity::HandoffError),
     /// The object lacks a program or map this llmprof expects (object and source out of sync).
     #[error("the embedded eBPF object has no {0}: rebuild it with `cargo xtask build-ebpf`")]
     MissingInObject(String),
@@ -350,6 +355,8 @@ pub struct Capture {
     samples_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
+    /// The GPU activity handoff probe and its chunk decoder.
+    gpu: gpu_activity::GpuCapture,
 }
 
 impl std::fmt::Debug for Capture {
@@ -657,6 +664,7 @@ impl Capture {
             self_pid: std::process::id(),
             samples_decoded: 0,
             held: Vec::new(),
+            gpu: gpu_activity::GpuCapture::default(),
         };
         cap.refresh_http()?;
         Ok(cap)
@@ -956,14 +964,19 @@ impl Capture {
                 if let Some(ev) = self.python.decode(&item) {
                     splice_or_push(ev, [&mut self.held, &mut carried], out);
                 }
+            } else if kind == Some(EventKind::GpuChunk) {
+                self.gpu.chunk(&mut self.decoder, &item, out);
             } else if kind.is_some_and(http::is_http_kind) {
                 match http::decode(&item) {
                     Some(r) => self.wire.push(r, out),
                     None => self.decoder.count_undecodable(),
                 }
             } else if let Some(ev) = self.decoder.decode(&item) {
-                if let (Some(s), EventBody::ProcessExit { .. }) = (self.sampler.as_mut(), &ev.body) {
-                    s.forget(ev.pid);
+                if let EventBody::ProcessExit { .. } = &ev.body {
+                    if let Some(s) = self.sampler.as_mut() {
+                        s.forget(ev.pid);
+                    }
+                    self.gpu.forget(ev.pid);
                 }
                 out.push(ev);
             }

@@ -72,8 +72,14 @@ pub enum LibcudaError {
 /// The libcuda mapped into `pid`, as a path this process can open: the mapped path itself, or the same path
 /// under `/proc/PID/root` when the target lives in another mount namespace. `None` when none is mapped.
 pub fn find_in_process(pid: u32) -> Option<PathBuf> {
+    find_mapped(pid, |base| base.starts_with(LIBCUDA_PREFIX))
+}
+
+/// The first file mapped into `pid` whose basename `wanted` accepts, as a path this process can open (see
+/// [`find_in_process`]).
+pub fn find_mapped(pid: u32, wanted: impl Fn(&str) -> bool) -> Option<PathBuf> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mapped = find_in_maps(&maps)?;
+    let mapped = find_mapped_in_maps(&maps, wanted)?;
     let direct = PathBuf::from(&mapped);
     if direct.exists() {
         return Some(direct);
@@ -84,12 +90,17 @@ pub fn find_in_process(pid: u32) -> Option<PathBuf> {
 
 /// The first mapped file of a `/proc/PID/maps` text whose basename starts with [`LIBCUDA_PREFIX`].
 pub fn find_in_maps(maps: &str) -> Option<String> {
+    find_mapped_in_maps(maps, |base| base.starts_with(LIBCUDA_PREFIX))
+}
+
+/// The first mapped file of a `/proc/PID/maps` text whose basename `wanted` accepts.
+pub fn find_mapped_in_maps(maps: &str, wanted: impl Fn(&str) -> bool) -> Option<String> {
     maps.lines().find_map(|line| {
         // address perms offset dev inode pathname (the path may contain spaces)
         let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
         let path = path.strip_suffix(" (deleted)").unwrap_or(path);
         let base = path.rsplit('/').next()?;
-        (path.starts_with('/') && base.starts_with(LIBCUDA_PREFIX)).then(|| path.to_owned())
+        (path.starts_with('/') && wanted(base)).then(|| path.to_owned())
     })
 }
 
@@ -192,7 +203,7 @@ fn vaddr_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
 }
 
 /// File offset of a symbol's address: `st_value - sh_addr + sh_offset` of the section holding it.
-fn file_offset(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u64> {
+pub(crate) fn file_offset(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u64> {
     let section = file.section_by_index(sym.section_index()?).ok()?;
     let (sec_off, _) = section.file_range()?;
     sym.address().checked_sub(section.address())?.checked_add(sec_off)
@@ -217,6 +228,23 @@ mod tests {
             Some((0x7f20010000, 0x7f20200000))
         );
         assert_eq!(text_range(maps, "/opt/cuda/libnvml.so"), None);
+    }
+
+    #[test]
+    fn finds_the_gpu_helper_by_its_exact_basename() {
+        let maps = "\
+7f00000000-7f00001000 r-xp 00000000 08:01 42 /opt/x/libllmprof_cupti.so.bak
+7f10000000-7f10100000 r-xp 00000000 08:01 43 /opt/llmprof/libllmprof_cupti.so
+";
+        let helper = |b: &str| b == llmprof_abi::gpu::GPU_HELPER_LIB;
+        assert_eq!(
+            find_mapped_in_maps(maps, helper).as_deref(),
+            Some("/opt/llmprof/libllmprof_cupti.so")
+        );
+        assert_eq!(
+            find_mapped_in_maps(maps, |b: &str| b.starts_with(LIBCUDA_PREFIX)),
+            None
+        );
     }
 
     #[test]

@@ -166,6 +166,16 @@ impl GpuSession {
             return Vec::new();
         }
         let mut out = Vec::new();
+        // A process that has llmprof's CUPTI helper loaded already (it loaded it itself, or an earlier session
+        // injected it): its GPU activity handoff is probed too.
+        for &pid in self.watched.iter().chain(&self.done) {
+            let text = match capture.attach_loaded_helper(pid) {
+                None => continue,
+                Some(Ok(lib)) => names::gpu::marker::helper_attached(pid, &lib.display().to_string()),
+                Some(Err(e)) => names::gpu::marker::helper_failed(pid, &causes::one_line(&e)),
+            };
+            out.push(marker(pid, text));
+        }
         for pid in self.watched.clone() {
             let Some(lib) = libcuda::find_in_process(pid) else {
                 if first && pid == self.pid {

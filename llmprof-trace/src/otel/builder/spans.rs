@@ -127,6 +127,9 @@ impl SpanBuilder {
             KeyValue::new(sc::LLMPROF_STEPS, i64::from(tl.steps())),
             KeyValue::new(sc::LLMPROF_PREFILL_CHUNKS, i64::from(tl.prefill_chunks())),
         ]);
+        if let Some(ns) = st.gpu_kernel_ns {
+            attrs.push(KeyValue::new(sc::LLMPROF_GPU_KERNEL_TIME, ns / 1e9));
+        }
         if partial {
             attrs.push(KeyValue::new(sc::LLMPROF_PARTIAL, true));
         }

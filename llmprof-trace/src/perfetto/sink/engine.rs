@@ -19,6 +19,7 @@ impl<W: Write> TraceSink<W> {
     /// the CUDA batches it closes.
     pub(super) fn step(&mut self, pid: u32, r: &StepRecord) -> io::Result<()> {
         let kind = slice::step(StepKind::from_raw(r.kind));
+        self.gpu.links.step(pid, r);
         let steps = self.child_track(pid, uuid(NS_STEPS, u64::from(pid)), || track::STEPS.to_owned())?;
         let n = (r.num_req_ids as usize).min(r.req_ids.len());
         let flows: Vec<u64> = r.req_ids[..n].iter().map(|&q| pid_req(pid, q)).collect();

@@ -29,6 +29,8 @@
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
 //!   counters and the final `llmprof summary` instant with the session statistics and self-accounting;
+//! - `gpu`: GPU activity from CUPTI (injected helper): `CUDA device D stream S` tracks with one slice per
+//!   kernel / copy / memset, the CUDA API calls on each thread with flows to the work they launched, host waits;
 //! - `samples`: CPU stack samples as Perfetto callstack samples (`PerfSample` + interned frames), see there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -47,6 +49,7 @@ use crate::timeline::RequestTimeline;
 mod counters;
 mod cuda;
 mod engine;
+mod gpu;
 mod procs;
 mod python;
 mod samples;
@@ -144,6 +147,7 @@ pub struct TraceSink<W: Write> {
     cuda_out: Vec<CudaSlice>,
     sched: sched::SchedState,
     callstacks: samples::Callstacks,
+    gpu: gpu::GpuState,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -167,6 +171,7 @@ impl<W: Write> TraceSink<W> {
             cuda_out: Vec::new(),
             sched: sched::SchedState::default(),
             callstacks: samples::Callstacks::default(),
+            gpu: gpu::GpuState::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {
@@ -301,6 +306,8 @@ impl<W: Write> TraceSink<W> {
             EventBody::SchedWake(w) => self.sched_wake(ev, w),
             EventBody::CpuSample(s) => self.cpu_sample(ev, s),
             EventBody::OffCpuStack(s) => self.offcpu_stack(ev, s),
+            EventBody::GpuWork(g) => self.gpu_work(ev, g),
+            EventBody::GpuApi(c) => self.gpu_api(ev, c),
         }
     }
 

@@ -140,6 +140,7 @@ impl<W: Write> TraceSink<W> {
         let track = self.process_track(ev.pid)?;
         let args = vec![arg_i(arg::EXIT_CODE, exit_code)];
         self.instant(ev.ts_ns, track, slice::PROCESS_EXIT, args, Vec::new())?;
+        self.gpu.links.forget(ev.pid);
         if self.targets.contains(&ev.pid) {
             self.process_exit(ev, exit_code)?;
         }

@@ -8,6 +8,7 @@ use llmprof_abi::PROBE_NAMES;
 
 use super::{SUMMARY_TOP_SYSCALLS, TraceSink};
 use crate::event::{Degradation, Event, OverheadSummary, SessionStats};
+use crate::names::gpu::{arg as gpu_arg, value as gpu_value};
 use crate::names::{arg, marker, track, value};
 use crate::perfetto::writer::{Arg, arg_f, arg_i, arg_s, arg_u};
 use crate::syscall_names;
@@ -114,6 +115,11 @@ impl<W: Write> TraceSink<W> {
             })
             .collect();
         args.push(arg_s(arg::TOP_SYSCALLS, top.join(value::ITEM_SEPARATOR)));
+        let g = &stats.gpu;
+        if g.chunks + g.bad_chunks > 0 {
+            args.push(arg_s(gpu_arg::SUMMARY, gpu_value::gpu_activity(g)));
+            args.push(arg_u(gpu_arg::LOST, g.lost()));
+        }
         let c = self.cuda.stats();
         if c.calls > 0 {
             let v = value::cuda_calls(c.calls, c.individual, c.batches, c.batched_calls, c.over_budget);

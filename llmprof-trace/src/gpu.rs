@@ -1,0 +1,378 @@
+//! GPU activity chunks: the one reader of the `llmprof_abi::gpu` layouts (what the injected CUPTI helper hands
+//! over through the `GPU_HANDOFF` uprobe) and the events they become.
+//!
+//! Owns the checks of a chunk (magic, version, lengths, record sizes), the per-process state the format needs
+//! (kernel names table, next expected sequence number), the clock mapping CUPTI → CLOCK_BOOTTIME (each chunk
+//! carries one pair of readings taken together: `boot = t - cupti_ns + boottime_ns`), kernel-name demangling,
+//! and the loss counts ([`GpuStats`]) the trace summary shows. Pure: capture hands it the copied bytes; hostile
+//! input (wrong magic, short or misaligned records, unknown kinds, names over the cap) is skipped and counted,
+//! never a panic.
+//!
+//! Names are demangled with `cpp_demangle` (already built for blazesym's symbolization, so no build cost) without
+//! parameters or return type: `void flash_fwd<...>(Params)` becomes `flash_fwd<...>`, which is what a timeline
+//! row can show; the mangled name stays in the slice's `mangled` arg (a cut name, not demangleable, is kept
+//! as it came).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use llmprof_abi::StepRecord;
+use llmprof_abi::gpu::{
+    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall, GpuChunkHeader,
+    GpuRecordHeader, GpuRecordKind,
+};
+
+use crate::event::{Event, EventBody};
+
+/// Kernel names kept per process; a name beyond is not stored (its kernels show as unnamed) and is counted.
+pub const NAMES_PER_PROCESS: usize = 65_536;
+
+/// A kernel, copy, memset or host wait recorded by CUPTI in a traced process, times mapped to BOOTTIME.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuWork {
+    /// What it is.
+    pub kind: GpuActivityKind,
+    /// The record, `start_ns` / `end_ns` on CLOCK_BOOTTIME (`end_ns` ≥ `start_ns`).
+    pub rec: GpuActivity,
+    /// Kernels: the demangled name (None: not sent, or not kept).
+    pub name: Option<Arc<str>>,
+    /// Kernels: the name as CUPTI gave it, when demangling changed it.
+    pub mangled: Option<Arc<str>>,
+}
+
+/// A CUDA API call CUPTI recorded (the launch or wait that links a thread to GPU work by correlation id), times
+/// mapped to BOOTTIME; the event's tid is the calling thread.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuApi {
+    /// The record, `start_ns` / `end_ns` on CLOCK_BOOTTIME.
+    pub rec: GpuApiCall,
+}
+
+/// What the chunks of a session held and lost (shown in the trace summary with the other losses).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Chunks read.
+    pub chunks: u64,
+    /// Chunks refused whole: wrong magic or version, shorter than their header or than they say.
+    pub bad_chunks: u64,
+    /// Chunks llmprof missed (gaps in the helper's sequence numbers).
+    pub missed_chunks: u64,
+    /// Activity records the helper or CUPTI lost (the chunks' `dropped`).
+    pub helper_dropped: u64,
+    /// Records skipped: unknown kind, size not a multiple of 8, shorter than their layout, past the chunk.
+    pub skipped_records: u64,
+    /// Names skipped: longer than `GPU_NAME_MAX`, not UTF-8, or over [`NAMES_PER_PROCESS`].
+    pub skipped_names: u64,
+    /// Kernels, copies, memsets and waits decoded.
+    pub activities: u64,
+    /// API calls decoded.
+    pub api_calls: u64,
+}
+
+impl GpuStats {
+    /// Records and chunks lost or refused here or in the helper. Not [`GpuStats::missed_chunks`]: a chunk the ring
+    /// could not take is already a drop of the `cuda` probe (and a gap may also be a chunk handed over while no
+    /// session was attached), so it is shown, not added.
+    pub fn lost(&self) -> u64 {
+        [self.helper_dropped, self.skipped_records, self.skipped_names]
+            .iter()
+            .fold(self.bad_chunks, |a, &b| a.saturating_add(b))
+    }
+}
+
+#[derive(Default)]
+struct Process {
+    names: HashMap<u32, (Arc<str>, Option<Arc<str>>)>,
+    next_seq: Option<u64>,
+}
+
+/// Turns chunks into [`EventBody::GpuWork`] / [`EventBody::GpuApi`] events; keeps per-process names.
+#[derive(Default)]
+pub struct GpuDecoder {
+    procs: HashMap<u32, Process>,
+    stats: GpuStats,
+}
+
+/// Little-endian reads at fixed offsets of a slice known to be long enough.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u16(&self, at: usize) -> u16 {
+        let mut b = [0; 2];
+        b.copy_from_slice(&self.0[at..at + 2]);
+        u16::from_le_bytes(b)
+    }
+    fn u32(&self, at: usize) -> u32 {
+        let mut b = [0; 4];
+        b.copy_from_slice(&self.0[at..at + 4]);
+        u32::from_le_bytes(b)
+    }
+    fn u64(&self, at: usize) -> u64 {
+        let mut b = [0; 8];
+        b.copy_from_slice(&self.0[at..at + 8]);
+        u64::from_le_bytes(b)
+    }
+}
+
+const CHUNK_HDR: usize = std::mem::size_of::<GpuChunkHeader>();
+const REC_HDR: usize = std::mem::size_of::<GpuRecordHeader>();
+const ACTIVITY: usize = std::mem::size_of::<GpuActivity>();
+const API_CALL: usize = std::mem::size_of::<GpuApiCall>();
+const NAME_HDR: usize = std::mem::size_of::<llmprof_abi::gpu::GpuName>();
+
+fn chunk_header(b: &Bytes) -> GpuChunkHeader {
+    GpuChunkHeader {
+        magic: b.u32(0),
+        version: b.u32(4),
+        len: b.u32(8),
+        records: b.u32(12),
+        dropped: b.u64(16),
+        cupti_ns: b.u64(24),
+        boottime_ns: b.u64(32),
+        seq: b.u64(40),
+    }
+}
+
+fn activity(b: &Bytes, hdr: GpuRecordHeader) -> GpuActivity {
+    GpuActivity {
+        hdr,
+        kind: b.u32(8),
+        device: b.u32(12),
+        context: b.u32(16),
+        stream: b.u32(20),
+        correlation: b.u32(24),
+        name_id: b.u32(28),
+        start_ns: b.u64(32),
+        end_ns: b.u64(40),
+        graph_id: b.u32(48),
+        detail: b.u32(52),
+        graph_node: b.u64(56),
+        bytes: b.u64(64),
+        grid: [b.u32(72), b.u32(76), b.u32(80)],
+        block: [b.u32(84), b.u32(88), b.u32(92)],
+        registers: b.u32(96),
+        shared_static: b.u32(100),
+        shared_dynamic: b.u32(104),
+        pad: b.u32(108),
+    }
+}
+
+fn api_call(b: &Bytes, hdr: GpuRecordHeader) -> GpuApiCall {
+    GpuApiCall {
+        hdr,
+        correlation: b.u32(8),
+        cbid: b.u32(12),
+        pid: b.u32(16),
+        tid: b.u32(20),
+        start_ns: b.u64(24),
+        end_ns: b.u64(32),
+        runtime: b.u32(40),
+        pad: b.u32(44),
+    }
+}
+
+/// A kernel name for a timeline row: demangled without parameters and return type, or as it came when it is
+/// not a valid mangled name (a C kernel, a cut name).
+pub fn demangle(raw: &str) -> String {
+    if !raw.starts_with("_Z") {
+        return raw.to_owned();
+    }
+    let opts = cpp_demangle::DemangleOptions::new().no_params().no_return_type();
+    cpp_demangle::Symbol::new(raw.as_bytes())
+        .ok()
+        .and_then(|s| s.demangle_with_options(&opts).ok())
+        .unwrap_or_else(|| raw.to_owned())
+}
+
+impl GpuDecoder {
+    /// What was decoded and lost so far.
+    pub fn stats(&self) -> &GpuStats {
+        &self.stats
+    }
+
+    /// A process left the session: its names go.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// Decodes one chunk `data` handed over at `ts_ns` (BOOTTIME) by thread `tid` of `pid`; appends its events
+    /// (all at `ts_ns`, in record order) to `out`. A chunk that cannot be read is counted and adds nothing.
+    pub fn chunk(&mut self, pid: u32, tid: u32, ts_ns: u64, data: &[u8], out: &mut Vec<Event>) {
+        if data.len() < CHUNK_HDR {
+            self.stats.bad_chunks += 1;
+            return;
+        }
+        let h = chunk_header(&Bytes(data));
+        let len = h.len as usize;
+        if h.magic != GPU_CHUNK_MAGIC || h.version != GPU_ABI_VERSION || len < CHUNK_HDR || len > data.len() {
+            self.stats.bad_chunks += 1;
+            return;
+        }
+        self.stats.chunks += 1;
+        self.stats.helper_dropped = self.stats.helper_dropped.saturating_add(h.dropped);
+        let proc = self.procs.entry(pid).or_default();
+        match proc.next_seq {
+            Some(next) if h.seq > next => {
+                self.stats.missed_chunks = self.stats.missed_chunks.saturating_add(h.seq - next)
+            }
+            _ => {}
+        }
+        proc.next_seq = Some(h.seq.saturating_add(1));
+        let map = |t: u64| -> u64 {
+            let v = i128::from(t) - i128::from(h.cupti_ns) + i128::from(h.boottime_ns);
+            u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+        };
+        let mut at = CHUNK_HDR;
+        while at < len {
+            if len - at < REC_HDR {
+                self.stats.skipped_records += 1;
+                break;
+            }
+            let b = Bytes(&data[at..len]);
+            let rh = GpuRecordHeader {
+                kind: b.u16(0),
+                flags: b.u16(2),
+                size: b.u32(4),
+            };
+            let size = rh.size as usize;
+            if size < REC_HDR || !size.is_multiple_of(8) || size > len - at {
+                // The next record's start is unknown: the rest of the chunk is lost.
+                self.stats.skipped_records += 1;
+                break;
+            }
+            let rec = Bytes(&data[at..at + size]);
+            at += size;
+            let ev = |tid: u32, body: EventBody| Event {
+                ts_ns,
+                pid,
+                tid,
+                body,
+            };
+            match rh.kind {
+                k if k == GpuRecordKind::Activity as u16 && size >= ACTIVITY => {
+                    let mut a = activity(&rec, rh);
+                    let Some(kind) = GpuActivityKind::from_raw(a.kind) else {
+                        self.stats.skipped_records += 1;
+                        continue;
+                    };
+                    a.start_ns = map(a.start_ns);
+                    a.end_ns = map(a.end_ns).max(a.start_ns);
+                    let (name, mangled) = match proc.names.get(&a.name_id) {
+                        Some((n, m)) if kind == GpuActivityKind::Kernel => (Some(n.clone()), m.clone()),
+                        _ => (None, None),
+                    };
+                    self.stats.activities += 1;
+                    out.push(ev(
+                        tid,
+                        EventBody::GpuWork(Box::new(GpuWork {
+                            kind,
+                            rec: a,
+                            name,
+                            mangled,
+                        })),
+                    ));
+                }
+                k if k == GpuRecordKind::ApiCall as u16 && size >= API_CALL => {
+                    let mut c = api_call(&rec, rh);
+                    c.start_ns = map(c.start_ns);
+                    c.end_ns = map(c.end_ns).max(c.start_ns);
+                    self.stats.api_calls += 1;
+                    out.push(ev(c.tid, EventBody::GpuApi(Box::new(GpuApi { rec: c }))));
+                }
+                k if k == GpuRecordKind::Name as u16 && size >= NAME_HDR => {
+                    let id = rec.u32(8);
+                    let n = usize::from(rec.u16(12));
+                    let text = (n <= GPU_NAME_MAX && NAME_HDR + n <= size)
+                        .then(|| std::str::from_utf8(&rec.0[NAME_HDR..NAME_HDR + n]).ok())
+                        .flatten();
+                    match text {
+                        Some(t) if proc.names.len() < NAMES_PER_PROCESS || proc.names.contains_key(&id) => {
+                            let d = demangle(t);
+                            let mangled = (d != t).then(|| Arc::from(t));
+                            proc.names.insert(id, (Arc::from(d), mangled));
+                        }
+                        _ => self.stats.skipped_names += 1,
+                    }
+                }
+                _ => self.stats.skipped_records += 1,
+            }
+        }
+    }
+}
+
+/// Steps kept per process to find the one a launch was in.
+pub const STEPS_KEPT: usize = 4096;
+/// API calls kept per process for the flows to the work they launched.
+pub const CALLS_KEPT: usize = 65_536;
+
+/// One process's API calls: correlation id → (tid, start), and the ids in arrival order (oldest evicted).
+type Calls = (HashMap<u32, (u32, u64)>, VecDeque<u32>);
+
+/// What links GPU work to its launch and its engine step, kept per process from the event stream (bounded:
+/// the last [`STEPS_KEPT`] steps and [`CALLS_KEPT`] API calls); used by the Perfetto sink and the OTel builder.
+#[derive(Debug, Default)]
+pub struct LaunchLinks {
+    /// Per process: (host start, host end, step id) of its last steps, in arrival order.
+    steps: HashMap<u32, VecDeque<(u64, u64, u64)>>,
+    /// Per process: correlation id → (tid, start) of its API calls, and their order for eviction.
+    calls: HashMap<u32, Calls>,
+}
+
+impl LaunchLinks {
+    /// Remembers a step's host range.
+    pub fn step(&mut self, pid: u32, r: &StepRecord) {
+        let q = self.steps.entry(pid).or_default();
+        if q.len() == STEPS_KEPT {
+            q.pop_front();
+        }
+        q.push_back((r.host_start_ns, r.host_end_ns, r.step_id));
+    }
+
+    /// The step of `pid` whose host time range holds `t`.
+    pub fn step_at(&self, pid: u32, t: u64) -> Option<u64> {
+        let q = self.steps.get(&pid)?;
+        q.iter()
+            .rev()
+            .find(|(s, e, _)| *s <= t && t <= *e)
+            .map(|&(_, _, id)| id)
+    }
+
+    /// Remembers an API call (its thread and start) by correlation id.
+    pub fn call(&mut self, pid: u32, correlation: u32, tid: u32, start: u64) {
+        let (map, order) = self.calls.entry(pid).or_default();
+        if map.len() == CALLS_KEPT
+            && let Some(old) = order.pop_front()
+        {
+            map.remove(&old);
+        }
+        if map.insert(correlation, (tid, start)).is_none() {
+            order.push_back(correlation);
+        }
+    }
+
+    /// The thread and start of the API call `correlation` of `pid`, when seen.
+    pub fn launch(&self, pid: u32, correlation: u32) -> Option<(u32, u64)> {
+        self.calls.get(&pid)?.0.get(&correlation).copied()
+    }
+
+    /// A process left the session.
+    pub fn forget(&mut self, pid: u32) {
+        self.steps.remove(&pid);
+        self.calls.remove(&pid);
+    }
+}
+
+impl GpuWork {
+    /// The engine step of `pid` this work belongs to: the step whose host time held its launch (its API call's
+    /// start when `links` saw it, else the work's own start).
+    pub fn step(&self, pid: u32, links: &LaunchLinks) -> Option<u64> {
+        let launch = (self.rec.correlation != 0)
+            .then(|| links.launch(pid, self.rec.correlation))
+            .flatten();
+        links.step_at(pid, launch.map_or(self.rec.start_ns, |l| l.1))
+    }
+}
+
+#[cfg(test)]
+#[path = "gpu_tests.rs"]
+mod tests;

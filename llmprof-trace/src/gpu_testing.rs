@@ -1,0 +1,184 @@
+//! Builders of GPU activity chunks (the `llmprof_abi::gpu` layouts, byte for byte) for tests: what the injected
+//! helper hands over, so the reader ([`crate::gpu`]), the sink and the report are tested from real layouts.
+
+use llmprof_abi::gpu::{
+    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GpuActivity, GpuActivityKind, GpuApiCall, GpuChunkHeader, GpuName,
+    GpuRecordHeader, GpuRecordKind, NO_GRAPH,
+};
+
+/// The bytes of a `#[repr(C)]` layout of `llmprof_abi::gpu` (integers only, no implicit padding).
+fn bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: `v` is a live value of a plain-data layout without implicit padding (size asserted in the ABI);
+    // the slice covers exactly its bytes and lives as long as the borrow.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// A chunk being built: records appended in order, then [`Chunk::build`].
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    /// The header (`len` and `records` are set by [`Chunk::build`]).
+    pub hdr: GpuChunkHeader,
+    body: Vec<u8>,
+    records: u32,
+}
+
+/// A kernel record on `stream` of device 0, times on the CUPTI clock.
+pub fn kernel(stream: u32, correlation: u32, name_id: u32, start_ns: u64, end_ns: u64) -> GpuActivity {
+    GpuActivity {
+        hdr: GpuRecordHeader {
+            kind: GpuRecordKind::Activity as u16,
+            flags: 0,
+            size: std::mem::size_of::<GpuActivity>() as u32,
+        },
+        kind: GpuActivityKind::Kernel as u32,
+        device: 0,
+        context: 1,
+        stream,
+        correlation,
+        name_id,
+        start_ns,
+        end_ns,
+        graph_id: NO_GRAPH,
+        detail: 0,
+        graph_node: 0,
+        bytes: 0,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        registers: 0,
+        shared_static: 0,
+        shared_dynamic: 0,
+        pad: 0,
+    }
+}
+
+/// An API call record of thread `tid` of `pid`, times on the CUPTI clock.
+pub fn api_call(pid: u32, tid: u32, correlation: u32, cbid: u32, start_ns: u64, end_ns: u64) -> GpuApiCall {
+    GpuApiCall {
+        hdr: GpuRecordHeader {
+            kind: GpuRecordKind::ApiCall as u16,
+            flags: 0,
+            size: std::mem::size_of::<GpuApiCall>() as u32,
+        },
+        correlation,
+        cbid,
+        pid,
+        tid,
+        start_ns,
+        end_ns,
+        runtime: 0,
+        pad: 0,
+    }
+}
+
+impl Chunk {
+    /// An empty chunk with sequence number `seq` and the clock pair (`cupti_ns`, `boottime_ns`).
+    pub fn new(seq: u64, cupti_ns: u64, boottime_ns: u64) -> Self {
+        Self {
+            hdr: GpuChunkHeader {
+                magic: GPU_CHUNK_MAGIC,
+                version: GPU_ABI_VERSION,
+                len: 0,
+                records: 0,
+                dropped: 0,
+                cupti_ns,
+                boottime_ns,
+                seq,
+            },
+            body: Vec::new(),
+            records: 0,
+        }
+    }
+
+    /// Appends raw bytes as they are (hostile input).
+    pub fn raw(mut self, b: &[u8]) -> Self {
+        self.body.extend_from_slice(b);
+        self
+    }
+
+    /// Appends an activity record.
+    pub fn activity(mut self, a: GpuActivity) -> Self {
+        self.records += 1;
+        self.raw(bytes(&a))
+    }
+
+    /// Appends an API call record.
+    pub fn api(mut self, c: GpuApiCall) -> Self {
+        self.records += 1;
+        self.raw(bytes(&c))
+    }
+
+    /// Appends a name record (`name` padded to 8 bytes; `len` says how many bytes are the name).
+    pub fn name(mut self, id: u32, name: &str) -> Self {
+        let padded = name.len().div_ceil(8) * 8;
+        let n = GpuName {
+            hdr: GpuRecordHeader {
+                kind: GpuRecordKind::Name as u16,
+                flags: 0,
+                size: (std::mem::size_of::<GpuName>() + padded) as u32,
+            },
+            name_id: id,
+            len: u16::try_from(name.len()).unwrap_or(u16::MAX),
+            truncated: 0,
+        };
+        self.records += 1;
+        let mut s = self.raw(bytes(&n)).raw(name.as_bytes());
+        s.body.resize(s.body.len() + padded - name.len(), 0);
+        s
+    }
+
+    /// The chunk's bytes (header `len` and `records` filled in).
+    pub fn build(&self) -> Vec<u8> {
+        let mut h = self.hdr;
+        h.len = (std::mem::size_of::<GpuChunkHeader>() + self.body.len()) as u32;
+        h.records = self.records;
+        let mut out = bytes(&h).to_vec();
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// A traced engine with two steps and the GPU work they launched, decoded from one chunk (CUPTI clock =
+/// BOOTTIME − 1 s): the events of a trace, in time order, and what the decoder counted. Times from `t0`, ms:
+/// - step 1 (decode) host 0–10, step 2 (decode) host 10–20 (thread `tid`);
+/// - API calls (cbid 307, thread `tid`) at 1, 3, 11, 12 launching, on stream 7: `gemm<128>` 2–4 (grid 64,2,1),
+///   `softmax` 5–6, `gemm<128>` 12–14, `softmax` 14–15; a 4096-byte HtoD copy 16–16.5 (no API call);
+/// - the chunk handed over at 30.
+///
+/// So step 1 has 3 ms of GPU busy time over a 4 ms span (1 ms idle between kernels), step 2 3 ms busy, none
+/// idle; `gemm<128>` is 4 ms of 6 ms kernel time (2 launches).
+pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+    use llmprof_abi::StepKind;
+    const MS: u64 = 1_000_000;
+    let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
+    let gemm = |corr, s, e| {
+        let mut k = kernel(7, corr, 1, cupti(s), cupti(e));
+        k.grid = [64, 2, 1];
+        k.block = [128, 1, 1];
+        k.registers = 40;
+        k
+    };
+    let (g1, g2) = (gemm(1, 20, 40), gemm(3, 120, 140));
+    let mut copy = kernel(7, 0, 0, cupti(160), cupti(165));
+    copy.kind = GpuActivityKind::Memcpy as u32;
+    copy.detail = 1;
+    copy.bytes = 4096;
+    let chunk = Chunk::new(0, cupti(0), t0)
+        .name(1, "_Z4gemmILi128EEvPKfPfi")
+        .name(2, "_Z7softmaxPf")
+        .api(api_call(pid, tid, 1, 307, cupti(10), cupti(12)))
+        .api(api_call(pid, tid, 2, 307, cupti(30), cupti(32)))
+        .api(api_call(pid, tid, 3, 307, cupti(110), cupti(112)))
+        .api(api_call(pid, tid, 4, 307, cupti(120), cupti(122)))
+        .activity(g1)
+        .activity(kernel(7, 2, 2, cupti(50), cupti(60)))
+        .activity(g2)
+        .activity(kernel(7, 4, 2, cupti(140), cupti(150)))
+        .activity(copy);
+    let mut events = vec![
+        crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
+        crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
+    ];
+    let mut d = crate::gpu::GpuDecoder::default();
+    d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);
+    (events, d.stats().clone())
+}

@@ -1,0 +1,167 @@
+//! GPU activity from the injected CUPTI helper (`llmprof_abi::gpu`): the uprobe at its handoff function and the
+//! decoding of the chunks it copies.
+//!
+//! Owns: the lookup of [`GPU_HANDOFF`] in the helper library's `.dynsym` (file offset, the `object` crate, as
+//! for libcuda), the attachment of `llmprof_gpu` there for one process ([`Capture::attach_handoff`], called by
+//! the injection once the helper is loaded, or by [`Capture::attach_loaded_helper`] for a process that mapped
+//! [`GPU_HELPER_LIB`] itself), and the hand-over of each `GpuChunkEvent` to the one reader of the chunk format
+//! (`llmprof_trace::gpu::GpuDecoder`: versions, clock mapping, names, losses).
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use aya::programs::UProbe;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
+use llmprof_abi::GpuChunkEvent;
+use llmprof_abi::gpu::{GPU_HANDOFF, GPU_HELPER_LIB};
+use llmprof_trace::event::Event;
+use llmprof_trace::gpu::{GpuDecoder, GpuStats};
+use object::{Object, ObjectSymbol};
+
+use super::{Capture, CaptureError, decode, program};
+
+/// The handoff uprobe program.
+pub const HANDOFF_PROGRAM: &str = "llmprof_gpu";
+
+/// Why the helper library's handoff function cannot be probed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    /// The library file could not be read.
+    #[error("cannot read the GPU helper library {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not an ELF object llmprof can parse.
+    #[error("{path} is not an ELF shared library llmprof can read")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's error.
+        #[source]
+        source: object::Error,
+    },
+    /// The library does not export the handoff function.
+    #[error("{path} does not export {GPU_HANDOFF}: not llmprof's GPU helper library")]
+    NoHandoff {
+        /// The file.
+        path: String,
+    },
+}
+
+/// What the capture keeps for the GPU activity handoff.
+#[derive(Default)]
+pub(super) struct GpuCapture {
+    decoder: GpuDecoder,
+    loaded: bool,
+    /// Per process: the library the handoff probe is attached in.
+    attached: HashMap<u32, PathBuf>,
+    /// Processes whose loaded helper could not be probed (said once, not retried).
+    failed: std::collections::HashSet<u32>,
+    links: Vec<UProbeLink>,
+}
+
+/// File offset of [`GPU_HANDOFF`] in the library at `path` (from its `.dynsym`).
+pub fn handoff_offset(path: &Path) -> Result<u64, HandoffError> {
+    let shown = path.display().to_string();
+    let data = std::fs::read(path).map_err(|source| HandoffError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let file = object::File::parse(&*data).map_err(|source| HandoffError::Parse {
+        path: shown.clone(),
+        source,
+    })?;
+    file.dynamic_symbols()
+        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+        .find(|s| s.name() == Ok(GPU_HANDOFF))
+        .and_then(|s| crate::gpu::libcuda::file_offset(&file, &s))
+        .ok_or(HandoffError::NoHandoff { path: shown })
+}
+
+impl Capture {
+    /// Attaches the handoff uprobe in `pid`'s copy of the helper library `lib` (a path this process can open:
+    /// under `/proc/PID/root` for a target in another mount namespace). Attaching a process twice is a no-op.
+    pub fn attach_handoff(&mut self, pid: u32, lib: &Path) -> Result<(), CaptureError> {
+        if self.gpu.attached.contains_key(&pid) {
+            return Ok(());
+        }
+        let nz = NonZeroU32::new(pid).ok_or(CaptureError::PidNotFound(pid))?;
+        let offset = handoff_offset(lib)?;
+        let p: &mut UProbe = program(&mut self.ebpf, HANDOFF_PROGRAM)?;
+        if !self.gpu.loaded {
+            p.load().map_err(|source| CaptureError::Program {
+                program: HANDOFF_PROGRAM.to_owned(),
+                source,
+            })?;
+            self.gpu.loaded = true;
+        }
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: None,
+        };
+        let id = p
+            .attach(point, lib, UProbeScope::OneProcess(nz))
+            .map_err(|source| CaptureError::Program {
+                program: format!(
+                    "{HANDOFF_PROGRAM} at {GPU_HANDOFF} of {} (pid {pid})",
+                    lib.display()
+                ),
+                source,
+            })?;
+        if let Ok(link) = p.take_link(id) {
+            self.gpu.links.push(link);
+        }
+        self.gpu.attached.insert(pid, lib.to_owned());
+        Ok(())
+    }
+
+    /// Attaches the handoff probe of `pid` if it has [`GPU_HELPER_LIB`] mapped and is not attached yet (a
+    /// process that loaded the helper itself, or one injected by an earlier session). `None`: nothing to do.
+    pub fn attach_loaded_helper(&mut self, pid: u32) -> Option<Result<PathBuf, CaptureError>> {
+        if self.gpu.attached.contains_key(&pid) || self.gpu.failed.contains(&pid) {
+            return None;
+        }
+        let lib = crate::gpu::libcuda::find_mapped(pid, |base| base == GPU_HELPER_LIB)?;
+        let r = self.attach_handoff(pid, &lib).map(|()| lib);
+        if r.is_err() {
+            self.gpu.failed.insert(pid);
+        }
+        Some(r)
+    }
+
+    /// Processes whose handoff probe is attached.
+    pub fn handoff_pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.gpu.attached.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// What the GPU activity chunks held and lost so far.
+    pub fn gpu_stats(&self) -> GpuStats {
+        self.gpu.decoder.stats().clone()
+    }
+}
+
+impl GpuCapture {
+    /// Decodes one `GpuChunkEvent` ring record into `out` (a short record counts as undecodable).
+    pub(super) fn chunk(&mut self, records: &mut decode::Decoder, item: &[u8], out: &mut Vec<Event>) {
+        let Some(e) = decode::read::<GpuChunkEvent>(item) else {
+            records.count_undecodable();
+            return;
+        };
+        let n = (e.copied as usize).min(e.data.len());
+        self.decoder
+            .chunk(e.hdr.pid, e.hdr.tid, e.hdr.ts_ns, &e.data[..n], out);
+    }
+
+    /// A process left the session: its kernel names go.
+    pub(super) fn forget(&mut self, pid: u32) {
+        self.decoder.forget(pid);
+        self.attached.remove(&pid);
+    }
+}
