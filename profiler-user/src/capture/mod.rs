@@ -19,6 +19,7 @@ mod calibrate_http;
 pub mod cidr;
 pub mod decode;
 pub mod elf;
+pub mod gpu_activity;
 pub mod http;
 pub mod patterns;
 pub mod pysample;

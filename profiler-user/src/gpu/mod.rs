@@ -7,9 +7,11 @@
 //! the trace and one line for the attach summary. The per-step aggregation of the calls (`llmprof_trace::cuda_agg`) runs in
 //! the Perfetto sink, a pure consumer of the event stream.
 
+pub mod inject;
 pub mod libcuda;
 pub mod nvml;
 pub mod procaddr;
+pub mod ptrace;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -29,6 +31,8 @@ pub struct GpuOptions {
     pub sample_interval: Option<Duration>,
     /// Attach the CUDA driver API uprobes.
     pub cuda: bool,
+    /// `--gpu-kernels`: inject the CUPTI helper ([`inject`]).
+    pub kernels: inject::KernelsMode,
 }
 
 impl Default for GpuOptions {
@@ -36,6 +40,8 @@ impl Default for GpuOptions {
         Self {
             sample_interval: Some(nvml::DEFAULT_INTERVAL),
             cuda: true,
+            // Sessions started by `llmprof serve` never inject (the CLI's default is `auto`).
+            kernels: inject::KernelsMode::Off,
         }
     }
 }
