@@ -287,6 +287,16 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     resolve(pid, m, false)
 }
 
+/// The helper already loaded in `pid` (by an earlier attach), if any; nothing is called in the target.
+pub fn find_loaded(pid: u32) -> Result<Option<Injected>, InjectError> {
+    let mapped = maps(pid)?;
+    mapped
+        .iter()
+        .find(|m| basename(&m.path) == GPU_HELPER_LIB)
+        .map(|m| resolve(pid, m, true))
+        .transpose()
+}
+
 fn resolve(pid: u32, m: &Mapped, reused: bool) -> Result<Injected, InjectError> {
     let host = host_path(pid, &m.path);
     Ok(Injected {
