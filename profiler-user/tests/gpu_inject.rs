@@ -273,3 +273,60 @@ fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A target in its own mount namespace (as in a container) whose /tmp is not llmprof's: the helper is copied
+/// into the target's /tmp (a new directory) and loaded from there; llmprof's /tmp gets nothing.
+#[test]
+fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
+    if !preconditions()
+        || !e2e::require(
+            Command::new("unshare").arg("--help").output().is_ok_and(|o| o.status.success()),
+            "unshare not installed (util-linux)",
+        )
+    {
+        return;
+    }
+    // The stand-ins must stay reachable inside: not under /tmp, which the namespace replaces.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("inject-ns-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
+    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
+    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
+    let log = dir.join("cupti.log");
+    let script = format!(
+        "mount -t tmpfs tmpfs /tmp && exec {TESTEE} --libcuda {}",
+        dir.join("libcuda.so.1").display()
+    );
+    let mut t = {
+        let mut child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .env("FAKE_CUPTI_LOG", &log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        Testee { child, stdin, stdout }
+    };
+    assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
+    let pid = t.pid();
+    let stderr = session(pid, &dir.join("ns.perfetto-trace"));
+    let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
+    assert!(
+        inj.target_path.starts_with("/tmp/llmprof-cupti-") && inj.target_path.ends_with(GPU_HELPER_LIB),
+        "{inj:?}\n{stderr}"
+    );
+    assert!(!Path::new(&inj.target_path).exists(), "the copy is in the target's /tmp only");
+    assert_eq!(helper_mappings(pid), (1, 1));
+    let s = inj.stats().unwrap();
+    assert!(s.records > 0 && s.records == records_produced(&log), "{s:?}");
+    let done = t.ask("cuda-loop-stop");
+    assert!(done.starts_with("cuda-loop done") && done.ends_with(" 0"), "{done}");
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
