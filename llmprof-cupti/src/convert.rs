@@ -198,7 +198,11 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
                 return Err(Skip::Short);
             }
             let memcpy = k == KIND_MEMCPY;
-            let mut a = activity(if memcpy { GpuActivityKind::Memcpy } else { GpuActivityKind::Memset });
+            let mut a = activity(if memcpy {
+                GpuActivityKind::Memcpy
+            } else {
+                GpuActivityKind::Memset
+            });
             if memcpy {
                 a.detail = u32::from(rec[copy::DETAIL]);
             }
@@ -507,9 +511,15 @@ mod tests {
         assert_eq!(p, name.as_ptr() as usize);
         assert_eq!(act.kind, GpuActivityKind::Kernel as u32);
         assert_eq!((act.start_ns, act.end_ns), (1_000, 3_500));
-        assert_eq!((act.device, act.context, act.stream, act.correlation), (1, 7, 13, 99));
+        assert_eq!(
+            (act.device, act.context, act.stream, act.correlation),
+            (1, 7, 13, 99)
+        );
         assert_eq!((act.grid, act.block), ([128, 2, 1], [256, 1, 1]));
-        assert_eq!((act.registers, act.shared_static, act.shared_dynamic), (40, 1024, 4096));
+        assert_eq!(
+            (act.registers, act.shared_static, act.shared_dynamic),
+            (40, 1024, 4096)
+        );
         assert_eq!((act.graph_id, act.graph_node), (5, 0xabcd));
         // A CUPTI of CUDA 10 (API version 12) has no graph fields: not read.
         let Converted::Activity { act, .. } = convert(&kernel9(&name), 12).unwrap() else {
@@ -531,14 +541,24 @@ mod tests {
         m[44..48].copy_from_slice(&42u32.to_le_bytes());
         m[64..72].copy_from_slice(&77u64.to_le_bytes());
         m[72..76].copy_from_slice(&8u32.to_le_bytes());
-        let Converted::Activity { act, name } = convert(&m, 130001).unwrap() else { panic!() };
+        let Converted::Activity { act, name } = convert(&m, 130001).unwrap() else {
+            panic!()
+        };
         assert_eq!(name, 0);
         assert_eq!(act.kind, GpuActivityKind::Memcpy as u32);
         assert_eq!((act.detail, act.bytes, act.start_ns, act.end_ns), (2, 4096, 5, 9));
-        assert_eq!((act.stream, act.correlation, act.graph_node, act.graph_id), (3, 42, 77, 8));
+        assert_eq!(
+            (act.stream, act.correlation, act.graph_node, act.graph_id),
+            (3, 42, 77, 8)
+        );
         m[0..4].copy_from_slice(&KIND_MEMSET.to_le_bytes());
-        let Converted::Activity { act, .. } = convert(&m, 130001).unwrap() else { panic!() };
-        assert_eq!((act.kind, act.detail, act.bytes), (GpuActivityKind::Memset as u32, 0, 4096));
+        let Converted::Activity { act, .. } = convert(&m, 130001).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (act.kind, act.detail, act.bytes),
+            (GpuActivityKind::Memset as u32, 0, 4096)
+        );
 
         let mut s = vec![0u8; 40];
         s[0..4].copy_from_slice(&KIND_SYNCHRONIZATION.to_le_bytes());
@@ -546,8 +566,13 @@ mod tests {
         s[8..16].copy_from_slice(&100u64.to_le_bytes());
         s[16..24].copy_from_slice(&200u64.to_le_bytes());
         s[32..36].copy_from_slice(&6u32.to_le_bytes());
-        let Converted::Activity { act, .. } = convert(&s, 130001).unwrap() else { panic!() };
-        assert_eq!((act.kind, act.detail, act.start_ns, act.end_ns, act.stream), (3, 3, 100, 200, 6));
+        let Converted::Activity { act, .. } = convert(&s, 130001).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (act.kind, act.detail, act.start_ns, act.end_ns, act.stream),
+            (3, 3, 100, 200, 6)
+        );
 
         let mut a = vec![0u8; 40];
         a[0..4].copy_from_slice(&KIND_RUNTIME.to_le_bytes());
@@ -555,8 +580,13 @@ mod tests {
         a[24..28].copy_from_slice(&1234u32.to_le_bytes());
         a[28..32].copy_from_slice(&1240u32.to_le_bytes());
         a[32..36].copy_from_slice(&42u32.to_le_bytes());
-        let Converted::Api(c) = convert(&a, 130001).unwrap() else { panic!() };
-        assert_eq!((c.cbid, c.pid, c.tid, c.correlation, c.runtime), (211, 1234, 1240, 42, 1));
+        let Converted::Api(c) = convert(&a, 130001).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (c.cbid, c.pid, c.tid, c.correlation, c.runtime),
+            (211, 1234, 1240, 42, 1)
+        );
         a[0..4].copy_from_slice(&99u32.to_le_bytes());
         assert_eq!(convert(&a, 130001), Err(Skip::OtherKind));
     }
@@ -594,11 +624,17 @@ mod tests {
         p.flush(&mut sink);
         assert!(sink.0.len() > 1, "1000 kernels need several chunks");
         let kinds: Vec<(u16, u32)> = sink.0.iter().flat_map(|c| walk(c)).collect();
-        let name_recs: Vec<_> = kinds.iter().filter(|(k, _)| *k == GpuRecordKind::Name as u16).collect();
+        let name_recs: Vec<_> = kinds
+            .iter()
+            .filter(|(k, _)| *k == GpuRecordKind::Name as u16)
+            .collect();
         assert_eq!(name_recs.len(), 2);
         assert_eq!(kinds[0].0, GpuRecordKind::Name as u16, "the name comes first");
         assert_eq!(kinds.len(), 1002);
-        assert_eq!((p.records_out, p.names_out, p.chunks_out), (1000, 2, sink.0.len() as u64));
+        assert_eq!(
+            (p.records_out, p.names_out, p.chunks_out),
+            (1000, 2, sink.0.len() as u64)
+        );
         // The long name is cut and flagged.
         let first_b = sink.0.iter().flat_map(|c| {
             let mut v = Vec::new();

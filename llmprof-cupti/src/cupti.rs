@@ -27,21 +27,38 @@ pub type BufferCompleted = extern "C" fn(*mut c_void, u32, *mut u8, usize, usize
 /// `CUpti_CallbackFunc` (the helper subscribes only to hold CUPTI; it enables no callback domain).
 pub type Callback = extern "C" fn(*mut c_void, u32, u32, *const c_void);
 
+/// `CUptiResult f(uint32_t *)` (cuptiGetVersion).
+type U32OutFn = unsafe extern "C" fn(*mut u32) -> u32;
+/// `CUptiResult f(uint32_t)` (enable/disable a kind, flush, flush period, thread id type).
+type U32Fn = unsafe extern "C" fn(u32) -> u32;
+/// `cuptiSubscribe`.
+type SubscribeFn = unsafe extern "C" fn(*mut *mut c_void, Callback, *mut c_void) -> u32;
+/// `cuptiUnsubscribe`.
+type UnsubscribeFn = unsafe extern "C" fn(*mut c_void) -> u32;
+/// `cuptiActivityRegisterCallbacks`.
+type RegisterFn = unsafe extern "C" fn(BufferRequested, BufferCompleted) -> u32;
+/// `cuptiActivityGetNextRecord`.
+type NextRecordFn = unsafe extern "C" fn(*mut u8, usize, *mut *mut u32) -> u32;
+/// `cuptiActivityGetNumDroppedRecords`.
+type DroppedFn = unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> u32;
+/// `cuptiGetTimestamp`.
+type TimestampFn = unsafe extern "C" fn(*mut u64) -> u32;
+
 /// The CUPTI functions the helper uses, with cupti_activity.h / cupti_callbacks.h signatures.
 #[derive(Clone, Copy, Debug)]
 pub struct Api {
-    pub get_version: unsafe extern "C" fn(*mut u32) -> u32,
-    pub subscribe: unsafe extern "C" fn(*mut *mut c_void, Callback, *mut c_void) -> u32,
-    pub unsubscribe: unsafe extern "C" fn(*mut c_void) -> u32,
-    pub set_thread_id_type: unsafe extern "C" fn(u32) -> u32,
-    pub register_callbacks: unsafe extern "C" fn(BufferRequested, BufferCompleted) -> u32,
-    pub enable: unsafe extern "C" fn(u32) -> u32,
-    pub disable: unsafe extern "C" fn(u32) -> u32,
-    pub flush_all: unsafe extern "C" fn(u32) -> u32,
-    pub flush_period: unsafe extern "C" fn(u32) -> u32,
-    pub get_next_record: unsafe extern "C" fn(*mut u8, usize, *mut *mut u32) -> u32,
-    pub get_num_dropped: unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> u32,
-    pub get_timestamp: unsafe extern "C" fn(*mut u64) -> u32,
+    pub get_version: U32OutFn,
+    pub subscribe: SubscribeFn,
+    pub unsubscribe: UnsubscribeFn,
+    pub set_thread_id_type: U32Fn,
+    pub register_callbacks: RegisterFn,
+    pub enable: U32Fn,
+    pub disable: U32Fn,
+    pub flush_all: U32Fn,
+    pub flush_period: U32Fn,
+    pub get_next_record: NextRecordFn,
+    pub get_num_dropped: DroppedFn,
+    pub get_timestamp: TimestampFn,
 }
 
 /// Mapped files of `/proc/self/maps` (absolute paths, in map order, deduplicated).
@@ -75,7 +92,11 @@ pub fn libcuda_mapped() -> bool {
 /// The candidate files, in search order (see the module doc).
 pub fn candidates() -> Vec<PathBuf> {
     let maps = mapped_files();
-    let mut out: Vec<PathBuf> = maps.iter().filter(|p| base_starts(p, "libcupti.so")).cloned().collect();
+    let mut out: Vec<PathBuf> = maps
+        .iter()
+        .filter(|p| base_starts(p, "libcupti.so"))
+        .cloned()
+        .collect();
     for lib in ["libcuda.so", "libcudart.so", "libtorch_cuda.so"] {
         for p in maps.iter().filter(|p| base_starts(p, lib)) {
             let Some(dir) = p.parent() else { continue };
@@ -86,8 +107,11 @@ pub fn candidates() -> Vec<PathBuf> {
                 dir.join("../extras/CUPTI/lib64"),
             ] {
                 let Ok(rd) = std::fs::read_dir(&d) else { continue };
-                let mut found: Vec<PathBuf> =
-                    rd.flatten().map(|e| e.path()).filter(|f| base_starts(f, "libcupti.so")).collect();
+                let mut found: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|f| base_starts(f, "libcupti.so"))
+                    .collect();
                 // The plain name first, then the versioned ones.
                 found.sort_by_key(|f| f.as_os_str().len());
                 for f in found {
@@ -106,7 +130,9 @@ pub fn candidates() -> Vec<PathBuf> {
 
 /// Opens the first candidate that loads and exports every function of [`Api`].
 pub fn load() -> Option<(Api, PathBuf)> {
-    candidates().into_iter().find_map(|c| open(&c).map(|api| (api, c)))
+    candidates()
+        .into_iter()
+        .find_map(|c| open(&c).map(|api| (api, c)))
 }
 
 fn open(path: &Path) -> Option<Api> {
@@ -122,24 +148,24 @@ fn open(path: &Path) -> Option<Api> {
         (!p.is_null()).then_some(p)
     };
     macro_rules! f {
-        ($name:literal) => {
+        ($name:literal, $ty:ty) => {
             // SAFETY: the symbol is CUPTI's function of that name; the field's type is its C signature
             // (cupti_activity.h, cupti_callbacks.h, cupti_version.h).
-            unsafe { std::mem::transmute::<*mut c_void, _>(sym($name)?) }
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(sym($name)?) }
         };
     }
     Some(Api {
-        get_version: f!(c"cuptiGetVersion"),
-        subscribe: f!(c"cuptiSubscribe"),
-        unsubscribe: f!(c"cuptiUnsubscribe"),
-        set_thread_id_type: f!(c"cuptiSetThreadIdType"),
-        register_callbacks: f!(c"cuptiActivityRegisterCallbacks"),
-        enable: f!(c"cuptiActivityEnable"),
-        disable: f!(c"cuptiActivityDisable"),
-        flush_all: f!(c"cuptiActivityFlushAll"),
-        flush_period: f!(c"cuptiActivityFlushPeriod"),
-        get_next_record: f!(c"cuptiActivityGetNextRecord"),
-        get_num_dropped: f!(c"cuptiActivityGetNumDroppedRecords"),
-        get_timestamp: f!(c"cuptiGetTimestamp"),
+        get_version: f!(c"cuptiGetVersion", U32OutFn),
+        subscribe: f!(c"cuptiSubscribe", SubscribeFn),
+        unsubscribe: f!(c"cuptiUnsubscribe", UnsubscribeFn),
+        set_thread_id_type: f!(c"cuptiSetThreadIdType", U32Fn),
+        register_callbacks: f!(c"cuptiActivityRegisterCallbacks", RegisterFn),
+        enable: f!(c"cuptiActivityEnable", U32Fn),
+        disable: f!(c"cuptiActivityDisable", U32Fn),
+        flush_all: f!(c"cuptiActivityFlushAll", U32Fn),
+        flush_period: f!(c"cuptiActivityFlushPeriod", U32Fn),
+        get_next_record: f!(c"cuptiActivityGetNextRecord", NextRecordFn),
+        get_num_dropped: f!(c"cuptiActivityGetNumDroppedRecords", DroppedFn),
+        get_timestamp: f!(c"cuptiGetTimestamp", TimestampFn),
     })
 }

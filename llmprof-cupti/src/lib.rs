@@ -127,7 +127,10 @@ impl Sink for Handoff<'_> {
         let mut c = 0u64;
         // SAFETY: cuptiGetTimestamp writes one u64.
         unsafe { (self.0.get_timestamp)(&mut c) };
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: clock_gettime writes into the valid `ts`.
         unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
         (c, ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
@@ -153,7 +156,10 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
         let mut dropped = 0u64;
         // SAFETY: the buffer and its valid size as CUPTI gave them; `rec` is CUPTI's cursor.
         while unsafe { (api.get_next_record)(buffer, valid, &mut rec) } == cupti::SUCCESS {
-            let Some(off) = (rec as usize).checked_sub(buffer as usize).filter(|&o| o < bytes.len()) else {
+            let Some(off) = (rec as usize)
+                .checked_sub(buffer as usize)
+                .filter(|&o| o < bytes.len())
+            else {
                 break;
             };
             match convert::convert(&bytes[off..], *version) {
@@ -170,8 +176,10 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
         packer.add_dropped(dropped);
         packer.flush(&mut sink);
         let s = &llmprof_gpu_stats;
-        s.chunks.fetch_add(packer.chunks_out - before.0, Ordering::Relaxed);
-        s.records.fetch_add(packer.records_out - before.1, Ordering::Relaxed);
+        s.chunks
+            .fetch_add(packer.chunks_out - before.0, Ordering::Relaxed);
+        s.records
+            .fetch_add(packer.records_out - before.1, Ordering::Relaxed);
         s.names.fetch_add(packer.names_out - before.2, Ordering::Relaxed);
         s.dropped.fetch_add(dropped, Ordering::Relaxed);
         s.buffers.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +228,10 @@ fn start(flags: u64) -> GpuStartStatus {
         // SAFETY: cuptiGetVersion writes one u32.
         unsafe { (api.get_version)(&mut version) };
         let _ = API.set((api, version));
-        note(&format!("loaded {} (CUPTI API version {version})", path.display()));
+        note(&format!(
+            "loaded {} (CUPTI API version {version})",
+            path.display()
+        ));
     }
     let Some((api, _)) = API.get() else {
         return GpuStartStatus::NoCupti;
@@ -243,12 +254,16 @@ fn start(flags: u64) -> GpuStartStatus {
     // SAFETY: plain CUPTI calls with valid arguments.
     let rc = unsafe { (api.set_thread_id_type)(cupti::THREAD_ID_TYPE_SYSTEM) };
     if rc != cupti::SUCCESS {
-        note(&format!("cuptiSetThreadIdType failed: CUPTI error {rc} (thread ids are CUPTI's)"));
+        note(&format!(
+            "cuptiSetThreadIdType failed: CUPTI error {rc} (thread ids are CUPTI's)"
+        ));
     }
     // SAFETY: callbacks with CUPTI's buffer callback signatures.
     let rc = unsafe { (api.register_callbacks)(buffer_requested, buffer_completed) };
     if rc != cupti::SUCCESS {
-        note(&format!("cuptiActivityRegisterCallbacks failed: CUPTI error {rc}"));
+        note(&format!(
+            "cuptiActivityRegisterCallbacks failed: CUPTI error {rc}"
+        ));
         // SAFETY: the subscriber just obtained.
         unsafe { (api.unsubscribe)(sub) };
         return GpuStartStatus::CuptiError;
@@ -268,11 +283,21 @@ fn start(flags: u64) -> GpuStartStatus {
         match unsafe { (api.enable)(k) } {
             cupti::SUCCESS => enabled.push(k),
             rc if k == convert::KIND_CONCURRENT_KERNEL => {
-                note(&format!("cuptiActivityEnable(CONCURRENT_KERNEL) failed: CUPTI error {rc}"));
-                stop_running(api, Running { subscriber: sub as usize, enabled });
+                note(&format!(
+                    "cuptiActivityEnable(CONCURRENT_KERNEL) failed: CUPTI error {rc}"
+                ));
+                stop_running(
+                    api,
+                    Running {
+                        subscriber: sub as usize,
+                        enabled,
+                    },
+                );
                 return GpuStartStatus::CuptiError;
             }
-            rc => note(&format!("cuptiActivityEnable({k}) failed: CUPTI error {rc}; going on without it")),
+            rc => note(&format!(
+                "cuptiActivityEnable({k}) failed: CUPTI error {rc}; going on without it"
+            )),
         }
     }
     // SAFETY: a plain CUPTI call.

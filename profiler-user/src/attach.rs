@@ -454,7 +454,11 @@ fn start_capture(
 }
 
 /// Step 3b (`--gpu-kernels`): the handoff uprobe on the injected helper, then `GPU_START` in the target.
-fn start_gpu_kernels(opts: &AttachOptions, k: &mut GpuKernels, capture: &mut Capture) -> Result<(), AttachError> {
+fn start_gpu_kernels(
+    opts: &AttachOptions,
+    k: &mut GpuKernels,
+    capture: &mut Capture,
+) -> Result<(), AttachError> {
     let Some(inj) = k.injected() else { return Ok(()) };
     if let Err(e) = crate::capture::gpu_activity::attach_handoff(capture, inj.pid, &inj.host_path) {
         if opts.gpu.kernels == KernelsMode::On {
@@ -579,7 +583,8 @@ impl<'a> Session<'a> {
         let t0 = Instant::now();
         let (cap, mut infos) = preflight(opts)?;
         // `--gpu-kernels`: the helper is loaded before anything else (an `on` refusal loads nothing).
-        let mut gpu_kernels = GpuKernels::prepare(opts.gpu.kernels, opts.pid).map_err(AttachError::GpuKernels)?;
+        let mut gpu_kernels =
+            GpuKernels::prepare(opts.gpu.kernels, opts.pid).map_err(AttachError::GpuKernels)?;
         let mut inputs = open_inputs(opts)?;
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
         start_gpu_kernels(opts, &mut gpu_kernels, &mut started.capture)?;

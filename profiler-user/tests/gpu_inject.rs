@@ -32,7 +32,10 @@ fn helper() -> PathBuf {
 fn preconditions() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot ptrace or load eBPF programs")
         && e2e::require(
-            Command::new("gcc").arg("--version").output().is_ok_and(|o| o.status.success()),
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
             "gcc not installed (apt-get install gcc): cannot build the stand-in libcuda/libcupti",
         )
         && e2e::require(
@@ -42,9 +45,22 @@ fn preconditions() -> bool {
 }
 
 fn gcc(args: &[&str], src: &str, out: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(src);
-    let o = Command::new("gcc").args(args).arg("-o").arg(out).arg(&src).output().unwrap();
-    assert!(o.status.success(), "gcc {}: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(src);
+    let o = Command::new("gcc")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// A temp dir with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
@@ -105,12 +121,22 @@ fn helper_mappings(pid: u32) -> (usize, usize) {
     let lines: Vec<&str> = maps.lines().filter(|l| l.ends_with(GPU_HELPER_LIB)).collect();
     let mut paths: Vec<&str> = lines.iter().filter_map(|l| l.split_whitespace().nth(5)).collect();
     paths.dedup();
-    (paths.len(), lines.iter().filter(|l| l.split_whitespace().nth(1) == Some("r-xp")).count())
+    (
+        paths.len(),
+        lines
+            .iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some("r-xp"))
+            .count(),
+    )
 }
 
 /// The stand-in CUPTI's log: how many lines are exactly `what`, and the records of its completed buffers.
 fn log_count(log: &Path, what: &str) -> usize {
-    std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| *l == what).count()
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == what)
+        .count()
 }
 
 fn records_produced(log: &Path) -> u64 {
@@ -142,18 +168,43 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let dir = fixtures("ok");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
+    let mut t = Testee::spawn(
+        &["--libcuda", lib.to_str().unwrap()],
+        &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
+    );
     assert_eq!(t.ask("cuda-loop 4"), "cuda-loop started");
     let pid = t.pid();
 
     let first = session(pid, &dir.join("one.perfetto-trace"));
-    assert!(first.contains(&format!("GPU kernels: loaded {}", helper().display())), "{first}");
+    assert!(
+        first.contains(&format!("GPU kernels: loaded {}", helper().display())),
+        "{first}"
+    );
     assert_eq!(helper_mappings(pid), (1, 1), "the helper is mapped once");
-    for line in ["subscribe", "thread-id-type 1", "enable 10", "enable 1", "enable 2", "enable 38", "flush-period 100"] {
-        assert_eq!(log_count(&log, line), 1, "{line}: {}", std::fs::read_to_string(&log).unwrap());
+    for line in [
+        "subscribe",
+        "thread-id-type 1",
+        "enable 10",
+        "enable 1",
+        "enable 2",
+        "enable 38",
+        "flush-period 100",
+    ] {
+        assert_eq!(
+            log_count(&log, line),
+            1,
+            "{line}: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
     }
     // Detached: every kind disabled, unsubscribed; the helper handed over exactly what CUPTI produced.
-    for line in ["disable 10", "disable 1", "disable 2", "disable 38", "unsubscribe"] {
+    for line in [
+        "disable 10",
+        "disable 1",
+        "disable 2",
+        "disable 38",
+        "unsubscribe",
+    ] {
         assert_eq!(log_count(&log, line), 1, "{line}");
     }
     let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
@@ -170,15 +221,28 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let second = session(pid, &dir.join("two.perfetto-trace"));
     assert!(second.contains("GPU kernels: reusing"), "{second}");
     assert_eq!(helper_mappings(pid), (1, 1), "still mapped once");
-    assert_eq!((log_count(&log, "subscribe"), log_count(&log, "unsubscribe")), (2, 2));
+    assert_eq!(
+        (log_count(&log, "subscribe"), log_count(&log, "unsubscribe")),
+        (2, 2)
+    );
     let s = inj.stats().unwrap();
-    assert_eq!((s.records, s.starts, s.stops, s.active), (records_produced(&log), 2, 2, 0));
+    assert_eq!(
+        (s.records, s.starts, s.stops, s.active),
+        (records_produced(&log), 2, 2, 0)
+    );
     assert_eq!(s.names, 4, "names are sent again to each session");
 
     // The target kept running and checking its results through both sessions; it still works.
     let done = t.ask("cuda-loop-stop");
-    let f: Vec<u64> = done.split_whitespace().skip(2).map(|w| w.parse().unwrap()).collect();
-    assert!(done.starts_with("cuda-loop done") && f[0] > 100 && f[1] == 0, "{done}");
+    let f: Vec<u64> = done
+        .split_whitespace()
+        .skip(2)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(
+        done.starts_with("cuda-loop done") && f[0] > 100 && f[1] == 0,
+        "{done}"
+    );
     assert_eq!(t.ask("cuda 1 10"), "cuda done");
     // Stopped: launches after the detach produce nothing.
     assert_eq!(records_produced(&log), s.records);
@@ -189,7 +253,17 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
 /// Runs `llmprof attach --gpu-kernels on` on `pid`, expecting a refusal: its stderr.
 fn refused(pid: u32, dir: &Path) -> String {
     let out = Command::new(LLMPROF)
-        .args(["attach", "--pid", &pid.to_string(), "-d", "2s", "--gpu-kernels", "on", "--no-sample", "-o"])
+        .args([
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "-d",
+            "2s",
+            "--gpu-kernels",
+            "on",
+            "--no-sample",
+            "-o",
+        ])
         .arg(dir.join(format!("refused-{pid}.perfetto-trace")))
         .output()
         .unwrap();
@@ -216,10 +290,23 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
 
     // Statically linked.
     let src = dir.join("static.c");
-    std::fs::write(&src, "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n").unwrap();
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
+    )
+    .unwrap();
     let bin = dir.join("static");
-    let o = Command::new("gcc").args(["-static", "-O1", "-o"]).arg(&bin).arg(&src).output().unwrap();
-    assert!(o.status.success(), "gcc -static: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gcc -static: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let mut st = Command::new(&bin).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let err = refused(st.id(), &dir);
@@ -230,7 +317,10 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     // Already traced (ptrace taken: what Yama's refusal also looks like to the user).
     let t = Testee::spawn(&["--libcuda", lib], &[]);
     // SAFETY: PTRACE_SEIZE of our own child, no options; the testee is killed below.
-    assert_eq!(unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid() as i32, 0usize, 0usize) }, 0);
+    assert_eq!(
+        unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid() as i32, 0usize, 0usize) },
+        0
+    );
     let err = refused(t.pid(), &dir);
     // The tracer is this test's thread.
     // SAFETY: gettid has no preconditions.
@@ -261,15 +351,30 @@ fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
     let lib = dir.join("libcuda.so.1");
     let mut t = Testee::spawn(
         &["--libcuda", lib.to_str().unwrap()],
-        &[("FAKE_CUPTI_LOG", log.to_str().unwrap()), ("FAKE_CUPTI_SUBSCRIBER_TAKEN", "1")],
+        &[
+            ("FAKE_CUPTI_LOG", log.to_str().unwrap()),
+            ("FAKE_CUPTI_SUBSCRIBER_TAKEN", "1"),
+        ],
     );
-    let a = Attached::start(t.pid(), &["--no-sample", "--no-http", "--no-cuda"], &dir.join("t.perfetto-trace"));
+    let a = Attached::start(
+        t.pid(),
+        &["--no-sample", "--no-http", "--no-cuda"],
+        &dir.join("t.perfetto-trace"),
+    );
     assert_eq!(t.ask("cuda 1 10"), "cuda done");
     let stderr = a.log();
     let _ = a.stop();
-    assert_eq!(stderr.matches("CUPTI already has a subscriber").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("CUPTI already has a subscriber").count(),
+        1,
+        "{stderr}"
+    );
     let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(text.lines().collect::<Vec<_>>(), vec!["subscribe taken"], "nothing else touched");
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        vec!["subscribe taken"],
+        "nothing else touched"
+    );
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -280,7 +385,10 @@ fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
 fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     if !preconditions()
         || !e2e::require(
-            Command::new("unshare").arg("--help").output().is_ok_and(|o| o.status.success()),
+            Command::new("unshare")
+                .arg("--help")
+                .output()
+                .is_ok_and(|o| o.status.success()),
             "unshare not installed (util-linux)",
         )
     {
@@ -321,12 +429,18 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
         inj.target_path.starts_with("/tmp/llmprof-cupti-") && inj.target_path.ends_with(GPU_HELPER_LIB),
         "{inj:?}\n{stderr}"
     );
-    assert!(!Path::new(&inj.target_path).exists(), "the copy is in the target's /tmp only");
+    assert!(
+        !Path::new(&inj.target_path).exists(),
+        "the copy is in the target's /tmp only"
+    );
     assert_eq!(helper_mappings(pid), (1, 1));
     let s = inj.stats().unwrap();
     assert!(s.records > 0 && s.records == records_produced(&log), "{s:?}");
     let done = t.ask("cuda-loop-stop");
-    assert!(done.starts_with("cuda-loop done") && done.ends_with(" 0"), "{done}");
+    assert!(
+        done.starts_with("cuda-loop done") && done.ends_with(" 0"),
+        "{done}"
+    );
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -353,11 +353,28 @@ impl Launchers {
                         let x = std::hint::black_box(1.5f64 + t as f64);
                         let before = (x * x).sqrt() + x.ln_1p();
                         // SAFETY: the stand-in ignores its pointers (only adds their values).
-                        let rc = unsafe { launch(null, 2, 1, 1, 64, 1, 1, 0, (t + 1) as *mut c_void, null.cast(), null.cast()) };
+                        let rc = unsafe {
+                            launch(
+                                null,
+                                2,
+                                1,
+                                1,
+                                64,
+                                1,
+                                1,
+                                0,
+                                (t + 1) as *mut c_void,
+                                null.cast(),
+                                null.cast(),
+                            )
+                        };
                         std::thread::sleep(Duration::from_millis(1));
                         let after = (x * x).sqrt() + x.ln_1p();
                         launches += 1;
-                        if rc != 0 || before.to_bits() != after.to_bits() || (before - (x + x.ln_1p())).abs() > 1e-12 {
+                        if rc != 0
+                            || before.to_bits() != after.to_bits()
+                            || (before - (x + x.ln_1p())).abs() > 1e-12
+                        {
                             errors += 1;
                         }
                     }

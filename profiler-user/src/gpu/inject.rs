@@ -138,13 +138,24 @@ pub fn find_helper() -> Result<PathBuf, InjectError> {
     let mut looked = Vec::new();
     if let Some(p) = std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()) {
         looked.push(PathBuf::from(p));
-    } else if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    } else if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         looked.push(dir.join(GPU_HELPER_LIB));
         looked.push(dir.join("../lib/llmprof").join(GPU_HELPER_LIB));
     }
-    looked.iter().find(|p| p.is_file()).cloned().ok_or_else(|| InjectError::HelperNotFound {
-        looked: looked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-    })
+    looked
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| InjectError::HelperNotFound {
+            looked: looked
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// One mapped file of a process: path as the process sees it, and the start of its offset-0 mapping.
@@ -162,7 +173,8 @@ fn maps(pid: u32) -> Result<Vec<Mapped>, InjectError> {
     let mut out: Vec<Mapped> = Vec::new();
     for line in text.lines() {
         let mut f = line.splitn(6, char::is_whitespace);
-        let (Some(range), _, Some(off), _, _, Some(path)) = (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+        let (Some(range), _, Some(off), _, _, Some(path)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
         };
@@ -170,11 +182,18 @@ fn maps(pid: u32) -> Result<Vec<Mapped>, InjectError> {
         if !path.starts_with('/') || u64::from_str_radix(off, 16).ok() != Some(0) {
             continue;
         }
-        let Some(start) = range.split('-').next().and_then(|s| u64::from_str_radix(s, 16).ok()) else {
+        let Some(start) = range
+            .split('-')
+            .next()
+            .and_then(|s| u64::from_str_radix(s, 16).ok())
+        else {
             continue;
         };
         if !out.iter().any(|m| m.path == path) {
-            out.push(Mapped { path: path.to_owned(), start });
+            out.push(Mapped {
+                path: path.to_owned(),
+                start,
+            });
         }
     }
     Ok(out)
@@ -222,7 +241,10 @@ fn symbol_addr(file: &Path, m: &Mapped, symbol: &'static str) -> Result<u64, Inj
 fn find_dlopen(pid: u32, mapped: &[Mapped]) -> Result<(u64, u64), InjectError> {
     let libc_like = |m: &&Mapped| {
         let b = basename(&m.path);
-        b.starts_with("libc.so") || b.starts_with("libc-2.") || b.starts_with("ld-musl") || b.starts_with("libc.musl")
+        b.starts_with("libc.so")
+            || b.starts_with("libc-2.")
+            || b.starts_with("ld-musl")
+            || b.starts_with("libc.musl")
     };
     let libdl = |m: &&Mapped| basename(&m.path).starts_with("libdl.so");
     for m in mapped.iter().filter(libc_like) {
@@ -266,7 +288,10 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
         return resolve(pid, m, true);
     }
     let (dlopen, mode_bits) = find_dlopen(pid, &mapped)?;
-    if !mapped.iter().any(|m| basename(&m.path).starts_with(super::libcuda::LIBCUDA_PREFIX)) {
+    if !mapped
+        .iter()
+        .any(|m| basename(&m.path).starts_with(super::libcuda::LIBCUDA_PREFIX))
+    {
         return Err(InjectError::NoLibcuda { pid });
     }
     if let Some(tracer) = ptrace::tracer_of(pid) {
@@ -275,7 +300,14 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     let target_path = reachable_path(pid, &helper)?;
     let mut path = target_path.clone().into_bytes();
     path.push(0);
-    let handle = call(pid, "dlopen", dlopen, &path, &[Arg::Data, Arg::Val(RTLD_NOW | mode_bits)], LOAD_TIMEOUT)?;
+    let handle = call(
+        pid,
+        "dlopen",
+        dlopen,
+        &path,
+        &[Arg::Data, Arg::Val(RTLD_NOW | mode_bits)],
+        LOAD_TIMEOUT,
+    )?;
     if handle == 0 {
         return Err(InjectError::DlopenFailed { path: target_path });
     }
@@ -283,7 +315,9 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     let m = mapped
         .iter()
         .find(|m| m.path == target_path)
-        .ok_or_else(|| InjectError::DlopenFailed { path: target_path.clone() })?;
+        .ok_or_else(|| InjectError::DlopenFailed {
+            path: target_path.clone(),
+        })?;
     resolve(pid, m, false)
 }
 
@@ -321,7 +355,11 @@ fn reachable_path(pid: u32, helper: &Path) -> Result<String, InjectError> {
         path: helper.display().to_string(),
         detail: e.to_string(),
     })?;
-    let tag = format!("llmprof-cupti-{}-{}", std::process::id(), llmprof_trace::clock::boottime_ns());
+    let tag = format!(
+        "llmprof-cupti-{}-{}",
+        std::process::id(),
+        llmprof_trace::clock::boottime_ns()
+    );
     let mut last = String::new();
     for dir in ["/tmp", "/dev/shm"] {
         let inside = format!("{dir}/{tag}");
@@ -377,7 +415,14 @@ fn call(
 impl Injected {
     /// Calls `GPU_START(flags)` in the target.
     pub fn start(&self, flags: u64) -> Result<Option<GpuStartStatus>, InjectError> {
-        let v = call(self.pid, GPU_START, self.start_fn, &[], &[Arg::Val(flags)], LOAD_TIMEOUT)?;
+        let v = call(
+            self.pid,
+            GPU_START,
+            self.start_fn,
+            &[],
+            &[Arg::Val(flags)],
+            LOAD_TIMEOUT,
+        )?;
         Ok(GpuStartStatus::from_raw(v as u32))
     }
 
@@ -484,10 +529,14 @@ impl GpuKernels {
                 return Ok(());
             }
             Some(GpuStartStatus::SubscriberTaken) => {
-                say("CUPTI already has a subscriber in the target (Kineto, Nsight or another tool): going on without kernels");
+                say(
+                    "CUPTI already has a subscriber in the target (Kineto, Nsight or another tool): going on without kernels",
+                );
                 return Ok(());
             }
-            Some(GpuStartStatus::NoCupti) => "no CUPTI library (libcupti.so) found in or next to the target's CUDA libraries",
+            Some(GpuStartStatus::NoCupti) => {
+                "no CUPTI library (libcupti.so) found in or next to the target's CUDA libraries"
+            }
             Some(GpuStartStatus::NoLibcuda) => "the target has no libcuda loaded",
             Some(GpuStartStatus::CuptiError) => "CUPTI refused to record (see the target's stderr)",
             None => "the helper answered an unknown status",
@@ -546,7 +595,9 @@ mod tests {
 
     #[test]
     fn a_missing_helper_names_where_it_looked() {
-        let err = InjectError::HelperNotFound { looked: "/x/libllmprof_cupti.so".into() };
+        let err = InjectError::HelperNotFound {
+            looked: "/x/libllmprof_cupti.so".into(),
+        };
         assert!(err.to_string().contains("cargo build -p llmprof-cupti"), "{err}");
     }
 }

@@ -165,7 +165,15 @@ pub fn seize(pid: u32, tid: i32, timeout: Duration) -> Result<Stopped, PtraceErr
         iov_len: xs.len(),
     };
     // SAFETY: the iovec describes `xs`, which outlives the call; the kernel shortens iov_len to what it wrote.
-    if unsafe { libc::ptrace(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE as usize, &mut iov as *mut _) } == 0 {
+    if unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETREGSET,
+            tid,
+            NT_X86_XSTATE as usize,
+            &mut iov as *mut _,
+        )
+    } == 0
+    {
         xs.truncate(iov.iov_len);
         s.xstate = Some(xs);
     }
@@ -178,7 +186,9 @@ fn yama_hint() -> String {
             ": Yama's kernel.yama.ptrace_scope is {} (3 forbids attaching; 1-2 need CAP_SYS_PTRACE)",
             v.trim()
         ),
-        _ => String::from(": the process may be traced by another debugger, or run under a stricter security policy"),
+        _ => String::from(
+            ": the process may be traced by another debugger, or run under a stricter security policy",
+        ),
     }
 }
 
@@ -216,7 +226,13 @@ impl Stopped {
 
     /// Calls `func(args…)` in the thread, with `data` copied below its stack; the function's return value.
     /// The thread's registers are put back afterwards (by [`Stopped::detach`] or on drop).
-    pub fn call(&mut self, func: u64, data: &[u8], args: &[Arg], timeout: Duration) -> Result<u64, PtraceError> {
+    pub fn call(
+        &mut self,
+        func: u64,
+        data: &[u8],
+        args: &[Arg],
+        timeout: Duration,
+    ) -> Result<u64, PtraceError> {
         let data_addr = (self.regs.rsp - RED_ZONE - data.len() as u64) & !0xf;
         let sp = data_addr - 8; // (sp + 8) % 16 == 0 at the function's first instruction
         self.mem
@@ -324,7 +340,14 @@ impl Stopped {
             };
             // SAFETY: the iovec describes the buffer GETREGSET filled, with the length the kernel gave.
             // A refusal leaves the FXSAVE part restored above.
-            unsafe { libc::ptrace(libc::PTRACE_SETREGSET, self.tid, NT_X86_XSTATE as usize, &mut iov as *mut _) };
+            unsafe {
+                libc::ptrace(
+                    libc::PTRACE_SETREGSET,
+                    self.tid,
+                    NT_X86_XSTATE as usize,
+                    &mut iov as *mut _,
+                )
+            };
         }
         // SAFETY: detaching our tracee, delivering the signal it was about to get (or none).
         let det = unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tid, 0usize, self.pending as usize) };
@@ -359,7 +382,12 @@ pub fn pick_thread(pid: u32) -> i32 {
                 continue;
             }
             let sc = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
-            if sc.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()).is_some_and(|n| n >= 0) {
+            if sc
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<i64>().ok())
+                .is_some_and(|n| n >= 0)
+            {
                 in_syscall.push(tid);
             }
         }
@@ -374,6 +402,11 @@ pub fn pick_thread(pid: u32) -> i32 {
 /// The pid tracing `pid`, when one does (`TracerPid` of /proc/PID/status).
 pub fn tracer_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let t = status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse::<u32>().ok()?;
+    let t = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse::<u32>()
+        .ok()?;
     (t != 0).then_some(t)
 }
