@@ -217,8 +217,12 @@ fn same_mount_ns(pid: u32) -> bool {
     ns("self") == ns(&pid.to_string())
 }
 
-/// The run-time address of `symbol` in the mapped file `m` (read from `file`, llmprof's view of it).
-fn symbol_addr(file: &Path, m: &Mapped, symbol: &'static str) -> Result<u64, InjectError> {
+/// The run-time addresses of `symbols` in the mapped file `m` (read once from `file`, llmprof's view of it).
+fn symbol_addrs<const N: usize>(
+    file: &Path,
+    m: &Mapped,
+    symbols: [&'static str; N],
+) -> Result<[u64; N], InjectError> {
     let shown = file.display().to_string();
     let data = std::fs::read(file).map_err(|e| InjectError::File {
         what: "cannot read",
@@ -231,10 +235,23 @@ fn symbol_addr(file: &Path, m: &Mapped, symbol: &'static str) -> Result<u64, Inj
         detail: e.to_string(),
     })?;
     let first_load = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-    obj.dynamic_symbols()
-        .find(|s| s.is_definition() && s.name() == Ok(symbol))
-        .map(|s| m.start - first_load + s.address())
-        .ok_or(InjectError::Symbol { path: shown, symbol })
+    let mut out = [0u64; N];
+    for (i, symbol) in symbols.into_iter().enumerate() {
+        out[i] = obj
+            .dynamic_symbols()
+            .find(|s| s.is_definition() && s.name() == Ok(symbol))
+            .map(|s| m.start - first_load + s.address())
+            .ok_or_else(|| InjectError::Symbol {
+                path: shown.clone(),
+                symbol,
+            })?;
+    }
+    Ok(out)
+}
+
+/// The run-time address of `symbol` in the mapped file `m`.
+fn symbol_addr(file: &Path, m: &Mapped, symbol: &'static str) -> Result<u64, InjectError> {
+    symbol_addrs(file, m, [symbol]).map(|[a]| a)
 }
 
 /// The target's dlopen: (address, extra mode bits).
@@ -333,12 +350,13 @@ pub fn find_loaded(pid: u32) -> Result<Option<Injected>, InjectError> {
 
 fn resolve(pid: u32, m: &Mapped, reused: bool) -> Result<Injected, InjectError> {
     let host = host_path(pid, &m.path);
+    let [start_fn, stop_fn, stats] = symbol_addrs(&host, m, [GPU_START, GPU_STOP, GPU_STATS])?;
     Ok(Injected {
         pid,
         target_path: m.path.clone(),
-        start_fn: symbol_addr(&host, m, GPU_START)?,
-        stop_fn: symbol_addr(&host, m, GPU_STOP)?,
-        stats: symbol_addr(&host, m, GPU_STATS)?,
+        start_fn,
+        stop_fn,
+        stats,
         host_path: host,
         reused,
     })
@@ -485,12 +503,14 @@ impl GpuKernels {
         if mode == KernelsMode::Off {
             return Ok(k);
         }
+        let t0 = std::time::Instant::now();
         match inject(pid) {
             Ok(i) => {
                 say(&format!(
-                    "{} {} in pid {pid}",
+                    "{} {} in pid {pid} ({:.1} ms)",
                     if i.reused { "reusing" } else { "loaded" },
-                    i.target_path
+                    i.target_path,
+                    t0.elapsed().as_secs_f64() * 1e3
                 ));
                 k.injected = Some(i);
             }
@@ -510,6 +530,7 @@ impl GpuKernels {
     /// one line and the session goes on without kernels; other refusals fail `on` sessions.
     pub fn start(&mut self) -> Result<(), InjectError> {
         let Some(inj) = &self.injected else { return Ok(()) };
+        let t0 = std::time::Instant::now();
         let status = match inj.start(START_FLAGS) {
             Ok(s) => s,
             Err(e) if self.mode == KernelsMode::On => return Err(e),
@@ -521,6 +542,10 @@ impl GpuKernels {
         let why = match status {
             Some(GpuStartStatus::Started) => {
                 self.started = true;
+                say(&format!(
+                    "recording (started in {:.1} ms)",
+                    t0.elapsed().as_secs_f64() * 1e3
+                ));
                 return Ok(());
             }
             Some(GpuStartStatus::AlreadyStarted) => {
@@ -554,12 +579,14 @@ impl GpuKernels {
         if !std::mem::take(&mut self.started) {
             return None;
         }
+        let t0 = std::time::Instant::now();
         if let Err(e) = inj.stop() {
             say(&format!("stopping the helper failed: {e}"));
         }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
         let s = inj.stats().ok()?;
         say(&format!(
-            "helper handed over {} chunks ({} records, {} names, {} dropped) since it was loaded",
+            "stopped in {ms:.1} ms; the helper handed over {} chunks ({} records, {} names, {} dropped) since it was loaded",
             s.chunks, s.records, s.names, s.dropped
         ));
         Some(s)
