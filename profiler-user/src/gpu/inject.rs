@@ -145,10 +145,11 @@ pub fn find_helper() -> Result<PathBuf, InjectError> {
         looked.push(dir.join(GPU_HELPER_LIB));
         looked.push(dir.join("../lib/llmprof").join(GPU_HELPER_LIB));
     }
+    // Canonical: the kernel's maps name the resolved path, which is how the loaded library is found again.
     looked
         .iter()
         .find(|p| p.is_file())
-        .cloned()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
         .ok_or_else(|| InjectError::HelperNotFound {
             looked: looked
                 .iter()
@@ -332,6 +333,7 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     let m = mapped
         .iter()
         .find(|m| m.path == target_path)
+        .or_else(|| mapped.iter().find(|m| basename(&m.path) == GPU_HELPER_LIB))
         .ok_or_else(|| InjectError::DlopenFailed {
             path: target_path.clone(),
         })?;
