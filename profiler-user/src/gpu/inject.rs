@@ -299,8 +299,9 @@ pub struct Injected {
 }
 
 /// Loads the helper into `pid` (dlopen in one of its threads), or finds it there from an earlier attach.
+/// The checks come in the order a user can act on, and a target that is simply not a CUDA process (no
+/// libcuda, statically linked) is told so before a missing helper is.
 pub fn inject(pid: u32) -> Result<Injected, InjectError> {
-    let helper = find_helper()?;
     let mapped = maps(pid)?;
     if let Some(m) = mapped.iter().find(|m| basename(&m.path) == GPU_HELPER_LIB) {
         return resolve(pid, m, true);
@@ -312,6 +313,7 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     {
         return Err(InjectError::NoLibcuda { pid });
     }
+    let helper = find_helper()?;
     if let Some(tracer) = ptrace::tracer_of(pid) {
         return Err(InjectError::AlreadyTraced { pid, tracer });
     }
