@@ -625,6 +625,15 @@ mod tests {
     }
 
     #[test]
+    fn the_thread_picked_is_one_of_the_targets_and_nothing_is_loaded_here() {
+        let pid = std::process::id();
+        let tid = ptrace::pick_thread(pid);
+        assert!(std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists());
+        assert!(find_loaded(pid).unwrap().is_none());
+        assert!(matches!(inject(pid), Err(InjectError::NoLibcuda { .. })));
+    }
+
+    #[test]
     fn a_missing_helper_names_where_it_looked() {
         let err = InjectError::HelperNotFound {
             looked: "/x/libllmprof_cupti.so".into(),
