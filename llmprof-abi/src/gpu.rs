@@ -236,8 +236,35 @@ pub struct GpuName {
     pub truncated: u16,
 }
 
+/// Exported by the helper: a [`GpuHelperStats`] static (its counters since the library was loaded), read by
+/// llmprof from the target's memory (`/proc/PID/mem` at the symbol's address) for the attach summary and tests.
+pub const GPU_STATS: &str = "llmprof_gpu_stats";
+
+/// The helper's own counters (each an atomic u64 in the helper; plain u64 as llmprof reads them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuHelperStats {
+    /// Chunks handed over ([`GPU_HANDOFF`] calls).
+    pub chunks: u64,
+    /// Activity and API-call records handed over (names not counted).
+    pub records: u64,
+    /// Name records handed over.
+    pub names: u64,
+    /// Activity records lost (CUPTI's dropped count plus the helper's own: no buffer free, record too short).
+    pub dropped: u64,
+    /// CUPTI buffers completed.
+    pub buffers: u64,
+    /// Successful [`GPU_START`] calls.
+    pub starts: u64,
+    /// [`GPU_STOP`] calls that stopped a started recording.
+    pub stops: u64,
+    /// 1 while started.
+    pub active: u64,
+}
+
 const _: () = assert!(core::mem::size_of::<GpuChunkHeader>() == 48);
 const _: () = assert!(core::mem::size_of::<GpuRecordHeader>() == 8);
 const _: () = assert!(core::mem::size_of::<GpuActivity>() == 112);
 const _: () = assert!(core::mem::size_of::<GpuApiCall>() == 48);
 const _: () = assert!(core::mem::size_of::<GpuName>() == 16);
+const _: () = assert!(core::mem::size_of::<GpuHelperStats>() == 64);

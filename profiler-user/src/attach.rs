@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
+use crate::gpu::inject::{GpuKernels, KernelsMode};
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
@@ -188,6 +189,9 @@ pub enum AttachError {
     /// The OTLP export is misconfigured.
     #[error(transparent)]
     Otel(#[from] OtelError),
+    /// `--gpu-kernels on` and the kernels cannot be recorded.
+    #[error("--gpu-kernels on")]
+    GpuKernels(#[source] crate::gpu::inject::InjectError),
     /// The trace file could not be created or written.
     #[error("cannot write the trace {path}")]
     Output {
@@ -450,6 +454,29 @@ fn start_capture(
     })
 }
 
+/// Step 3b (`--gpu-kernels`): the handoff uprobe on the injected helper, then `GPU_START` in the target.
+fn start_gpu_kernels(
+    opts: &AttachOptions,
+    k: &mut GpuKernels,
+    capture: &mut Capture,
+) -> Result<(), AttachError> {
+    let Some(inj) = k.injected() else { return Ok(()) };
+    if let Err(e) = capture.attach_handoff(inj.pid, &inj.host_path) {
+        if opts.gpu.kernels == KernelsMode::On {
+            return Err(AttachError::Capture(e));
+        }
+        note!("llmprof: GPU kernels: not recorded: the handoff probe failed: {e}");
+        return Ok(());
+    }
+    k.start().map_err(AttachError::GpuKernels)?;
+    if let Some(pid) = k.recording() {
+        // CUPTI's driver-call records carry the launches: the uprobes stop probing them.
+        let n = capture.cuda_launches_from_cupti(pid);
+        log::debug!("gpu: pid {pid}: {n} launch probes detached (CUPTI records the launches)");
+    }
+    Ok(())
+}
+
 /// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
 /// and writes its header (the target, the clock snapshot).
 fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {
@@ -504,6 +531,8 @@ fn start_scraper(
 /// them and the loop's own state.
 struct Session<'a> {
     opts: &'a AttachOptions,
+    /// `--gpu-kernels`: the CUPTI helper in the target (stopped before the last drain).
+    gpu_kernels: GpuKernels,
     capture: Capture,
     gpu: GpuSession,
     otel: Option<OtelSink>,
@@ -560,8 +589,12 @@ impl<'a> Session<'a> {
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
         let t0 = Instant::now();
         let (cap, mut infos) = preflight(opts)?;
+        // `--gpu-kernels`: the helper is loaded before anything else (an `on` refusal loads nothing).
+        let mut gpu_kernels =
+            GpuKernels::prepare(opts.gpu.kernels, opts.pid).map_err(AttachError::GpuKernels)?;
         let mut inputs = open_inputs(opts)?;
-        let started = start_capture(opts, t0, &mut inputs, &mut infos)?;
+        let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
+        start_gpu_kernels(opts, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
@@ -573,6 +606,7 @@ impl<'a> Session<'a> {
         } = inputs;
         let mut session = Session {
             opts,
+            gpu_kernels,
             capture: started.capture,
             gpu,
             otel,
@@ -884,6 +918,8 @@ impl<'a> Session<'a> {
         if self.tty {
             note!();
         }
+        // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
+        self.gpu_kernels.stop();
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
         self.capture.release_held(&mut self.polled);
         self.capture.flush_cuda_counts(&mut self.polled);

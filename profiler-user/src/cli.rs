@@ -20,7 +20,7 @@ const AFTER_HELP: &str = "Examples:
   sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s   # for Alertmanager
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
-6 engine probe ABI mismatch, 7 cannot write the trace.";
+6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels.";
 
 /// `llmprof`.
 #[derive(Debug, Parser)]
@@ -168,6 +168,11 @@ pub struct AttachArgs {
     /// uprobe pair: several µs per launch).
     #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
     pub cuda_calls: crate::gpu::CudaCalls,
+    /// GPU kernel timeline: load llmprof's CUPTI helper into the target (ptrace + dlopen, one thread stopped
+    /// for a moment) and record kernels, copies and syncs. auto: when the target has libcuda loaded and the
+    /// helper is installed; on: or refuse (exit code 8); off: never touch the target.
+    #[arg(long, value_enum, default_value_t = crate::gpu::inject::KernelsMode::Auto, value_name = "MODE")]
+    pub gpu_kernels: crate::gpu::inject::KernelsMode,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
     /// listens on). Requests become `http request N` tracks with wire TTFT and inter-token latency.
     #[arg(long = "http-port", value_name = "PORT")]

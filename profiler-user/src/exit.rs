@@ -19,3 +19,6 @@ pub const KERNEL: i32 = 5;
 pub const ABI_MISMATCH: i32 = 6;
 /// The trace file could not be written.
 pub const OUTPUT: i32 = 7;
+/// `--gpu-kernels on`: GPU kernels cannot be recorded in the target (no libcuda, statically linked, ptrace
+/// refused, the target exited during the injection, CUPTI unavailable or taken).
+pub const GPU_KERNELS: i32 = 8;

@@ -84,6 +84,7 @@ fn run_attach(a: AttachArgs) -> i32 {
             sample_interval: (!a.gpu_sample_interval.is_zero()).then_some(a.gpu_sample_interval),
             cuda: !a.no_cuda,
             cuda_calls: a.cuda_calls,
+            kernels: a.gpu_kernels,
         },
         live_status: true,
         metadata: None,
@@ -208,6 +209,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 ) => exit::KERNEL,
                 AttachError::Capture(CaptureError::Pattern(_)) => exit::USAGE,
                 AttachError::Output { .. } => exit::OUTPUT,
+                AttachError::GpuKernels(_) => exit::GPU_KERNELS,
                 AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
             }

@@ -25,6 +25,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The Debian package's name.
 const DEB_NAME: &str = "llmprof";
+/// The CUPTI helper library shipped next to the binary (`llmprof_abi::gpu::GPU_HELPER_LIB`).
+const HELPER_LIB: &str = "libllmprof_cupti.so";
 /// The package's default configuration of `llmprof serve` (read by its systemd unit).
 const DEB_DEFAULTS: &str = "/etc/default/llmprof-serve";
 /// The variable of [`DEB_DEFAULTS`] that holds serve's arguments.
@@ -190,6 +192,16 @@ pub fn dist(debug: bool) -> Result<Dist> {
         build.arg("--release");
     }
     run(&mut build)?;
+    // The CUPTI helper `llmprof attach --gpu-kernels` injects (a cdylib: no binary depends on it).
+    let mut helper = Command::new("cargo");
+    helper
+        .current_dir(repo_root())
+        .env("CARGO_TARGET_DIR", target_dir())
+        .args(["build", "--locked", "-p", "llmprof-cupti", "--lib"]);
+    if !debug {
+        helper.arg("--release");
+    }
+    run(&mut helper)?;
     let built = target_dir()
         .join(if debug { "debug" } else { "release" })
         .join("llmprof");
@@ -201,6 +213,12 @@ pub fn dist(debug: bool) -> Result<Dist> {
     std::fs::create_dir_all(stage.join("bin"))?;
     // The line tables stay in the build; the shipped binary needs none (llmprof symbolizes its targets).
     run(Command::new("objcopy").arg("--strip-debug").arg(&built).arg(&bin))?;
+    // `llmprof` looks for the helper in `../lib/llmprof/` from its own directory (gpu/inject.rs).
+    std::fs::create_dir_all(stage.join("lib/llmprof"))?;
+    run(Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(built.with_file_name(HELPER_LIB))
+        .arg(stage.join("lib/llmprof").join(HELPER_LIB)))?;
     generate_docs(&bin, &stage.join("share"))?;
     let root = repo_root();
     std::fs::create_dir_all(stage.join("docs"))?;
@@ -295,6 +313,10 @@ fn build_deb(bin: &Path, stage: &Path, out: &Path, arch: &str) -> Result<PathBuf
     };
     let cp = |from: &Path, to: &Path| -> Result<()> { run(Command::new("cp").arg("-r").arg(from).arg(to)) };
     cp(bin, &mk("usr/bin")?.join("llmprof"))?;
+    cp(
+        &stage.join("lib/llmprof").join(HELPER_LIB),
+        &mk("usr/lib/llmprof")?.join(HELPER_LIB),
+    )?;
     let share = stage.join("share");
     cp(
         &share.join("bash-completion/completions/llmprof"),
@@ -461,6 +483,7 @@ pub fn check_artefacts(d: &Dist) -> Result<()> {
     let name = format!("llmprof-{VERSION}-{}", deb_arch()?);
     for f in [
         "bin/llmprof",
+        "lib/llmprof/libllmprof_cupti.so",
         "share/man/man1/llmprof.1",
         "share/man/man1/llmprof-serve.1",
         "share/bash-completion/completions/llmprof",

@@ -28,6 +28,11 @@
 //! launches and nothing else (the three entry points in turn), printing `launches done` (`cargo xtask bench
 //! cuda`: the per-call cost of each probe mode).
 //!
+//! GPU kernels (llmprof's injected CUPTI helper): `cuda-loop THREADS` starts THREADS threads (named
+//! `launcher`) that each call cuLaunchKernel in a loop, 1 ms apart (a nanosleep: a syscall boundary), checking
+//! every result (the CUresult, and a floating-point sum computed across the sleep against its known value), and
+//! prints `cuda-loop started`; `cuda-loop-stop` stops and joins them and prints `cuda-loop done LAUNCHES ERRORS`.
+//!
 //! Thread states: `sleeper N MS` runs a thread named `sleeper` that sleeps N × MS ms in `nanosleep` (in
 //! `llmprof_testee_nap`), printing
 //! `sleeper TID` when it starts and `sleeper done` at the end; `contend CPU MS` runs a thread named `contended`
@@ -74,6 +79,7 @@ fn run() -> Result<(), String> {
     }
     llmprof_probes::keep();
     let mut spawned: Vec<std::process::Child> = Vec::new();
+    let mut launchers: Option<Launchers> = None;
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready {}", std::process::id()).map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;
@@ -200,6 +206,18 @@ fn run() -> Result<(), String> {
                 llmprof_testee_sysburn(ms)?;
                 writeln!(out, "sysburn done").map_err(|e| e.to_string())?;
             }
+            Some("cuda-loop") => {
+                let threads: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(4);
+                let c = cuda
+                    .as_ref()
+                    .ok_or("cuda-loop: no libcuda loaded (--libcuda or cuda-load)")?;
+                launchers = Some(Launchers::start(c.launch, threads)?);
+                writeln!(out, "cuda-loop started").map_err(|e| e.to_string())?;
+            }
+            Some("cuda-loop-stop") => {
+                let (n, errors) = launchers.take().map(Launchers::stop).unwrap_or((0, 0));
+                writeln!(out, "cuda-loop done {n} {errors}").map_err(|e| e.to_string())?;
+            }
             Some("exit") => break,
             _ => {}
         }
@@ -323,6 +341,69 @@ type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
 type FreeFn = unsafe extern "C" fn(u64) -> CuResult;
 type HandleFn = unsafe extern "C" fn(*mut c_void) -> CuResult;
 type CtxSyncFn = unsafe extern "C" fn() -> CuResult;
+
+/// `cuda-loop`: threads launching kernels until stopped, each checking its own results.
+struct Launchers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<(u64, u64)>>,
+}
+
+impl Launchers {
+    fn start(launch: LaunchFn, n: u64) -> Result<Self, String> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for t in 0..n {
+            let stop = stop.clone();
+            let h = std::thread::Builder::new()
+                .name("launcher".into())
+                .spawn(move || {
+                    let (mut launches, mut errors) = (0u64, 0u64);
+                    let null = std::ptr::null_mut::<c_void>();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let x = std::hint::black_box(1.5f64 + t as f64);
+                        let before = (x * x).sqrt() + x.ln_1p();
+                        // SAFETY: the stand-in ignores its pointers (only adds their values).
+                        let rc = unsafe {
+                            launch(
+                                null,
+                                2,
+                                1,
+                                1,
+                                64,
+                                1,
+                                1,
+                                0,
+                                (t + 1) as *mut c_void,
+                                null.cast(),
+                                null.cast(),
+                            )
+                        };
+                        std::thread::sleep(Duration::from_millis(1));
+                        let after = (x * x).sqrt() + x.ln_1p();
+                        launches += 1;
+                        if rc != 0
+                            || before.to_bits() != after.to_bits()
+                            || (before - (x + x.ln_1p())).abs() > 1e-12
+                        {
+                            errors += 1;
+                        }
+                    }
+                    (launches, errors)
+                })
+                .map_err(|e| e.to_string())?;
+            threads.push(h);
+        }
+        Ok(Self { stop, threads })
+    }
+
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|h| h.join().unwrap_or((0, 1)))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+}
 
 /// The stand-in libcuda's entry points, resolved with `dlsym` (the library stays loaded for the process).
 struct FakeCuda {

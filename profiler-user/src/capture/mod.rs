@@ -328,6 +328,10 @@ pub struct Capture {
     cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
+    /// The counting uprobes' links, by process (detached when CUPTI delivers that process's launches).
+    cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
+    /// Processes whose launch-type calls come from the injected CUPTI helper: not probed.
+    launches_from_cupti: HashSet<u32>,
     calibration: Option<Calibration>,
     /// Counter values left by the calibration, subtracted by [`Capture::counters`].
     counter_base: [ProbeCounters; NUM_PROBES],
@@ -650,6 +654,8 @@ impl Capture {
             cuda_counted: cfg.cuda_counted,
             cuda_detached: false,
             cuda_links: Vec::new(),
+            cuda_count_links: Vec::new(),
+            launches_from_cupti: HashSet::new(),
             calibration,
             counter_base,
             syscall_links,
@@ -751,7 +757,11 @@ impl Capture {
         let mut attached = 0;
         let mut first_err = None;
         for &(offset, cookie) in points {
-            let counted = self.cuda_counted && cudacount::counted_slot((cookie & 0xff) as u32).is_some();
+            let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
+            if launch_type && self.launches_from_cupti.contains(&pid) {
+                continue;
+            }
+            let counted = self.cuda_counted && launch_type;
             let progs: &[&str] = if counted {
                 &[CUDA_COUNT_PROGRAM]
             } else {
@@ -765,11 +775,11 @@ impl Capture {
                     cookie: Some(cookie),
                 };
                 match p.attach(point, lib, UProbeScope::OneProcess(nz)) {
-                    Ok(id) => {
-                        if let Ok(link) = p.take_link(id) {
-                            self.cuda_links.push(link);
-                        }
-                    }
+                    Ok(id) => match p.take_link(id) {
+                        Ok(link) if counted => self.cuda_count_links.push((pid, link)),
+                        Ok(link) => self.cuda_links.push(link),
+                        Err(_) => {}
+                    },
                     Err(source) => {
                         log::debug!("capture: {prog} at {offset:#x} of {}: {source}", lib.display());
                         first_err.get_or_insert(CaptureError::Program {
@@ -813,6 +823,20 @@ impl Capture {
         if !matches!(set, Some(Ok(()))) {
             log::debug!("capture: pid {pid}: CUDA_TEXT not set; nested counted calls count twice");
         }
+    }
+
+    /// The injected CUPTI helper records `pid`'s driver calls and kernels: its launch-type calls are no
+    /// longer probed at all (the counting uprobes of `pid` go; none is attached later). Returns how many
+    /// links went.
+    pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
+        self.launches_from_cupti.insert(pid);
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cuda_count_links)
+            .into_iter()
+            .partition(|(p, _)| *p == pid);
+        self.cuda_count_links = rest;
+        let n = mine.len();
+        detach_parallel(mine.into_iter().map(|(_, l)| l).collect());
+        n
     }
 
     /// CUDA calls counted by the entry-only uprobe so far (the rest of the `cuda` hits were timed).
@@ -1103,7 +1127,12 @@ impl Capture {
     /// false when none was attached. Takes ~0.1 s per link (RCU grace periods), on parallel threads.
     pub fn detach_cuda(&mut self) -> Result<bool, CaptureError> {
         self.cuda_detached = true;
-        let links = std::mem::take(&mut self.cuda_links);
+        let mut links = std::mem::take(&mut self.cuda_links);
+        links.extend(
+            std::mem::take(&mut self.cuda_count_links)
+                .into_iter()
+                .map(|(_, l)| l),
+        );
         let any = !links.is_empty();
         detach_parallel(links);
         Ok(any)
@@ -1195,7 +1224,7 @@ impl Capture {
 
     /// CUDA driver uprobe links attached (entry and return), which [`Drop`] detaches.
     pub fn cuda_links(&self) -> usize {
-        self.cuda_links.len()
+        self.cuda_links.len() + self.cuda_count_links.len()
     }
 
     /// Time from the start of [`Capture::start`] until every probe was live.
@@ -1217,6 +1246,12 @@ impl Drop for Capture {
             }
         }
         detach_parallel(std::mem::take(&mut self.cuda_links));
+        detach_parallel(
+            std::mem::take(&mut self.cuda_count_links)
+                .into_iter()
+                .map(|(_, l)| l)
+                .collect(),
+        );
     }
 }
 

@@ -7,9 +7,11 @@
 //! the trace and one line for the attach summary. The per-step aggregation of the calls (`llmprof_trace::cuda_agg`) runs in
 //! the Perfetto sink, a pure consumer of the event stream.
 
+pub mod inject;
 pub mod libcuda;
 pub mod nvml;
 pub mod procaddr;
+pub mod ptrace;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -31,6 +33,8 @@ pub struct GpuOptions {
     pub cuda: bool,
     /// How they are attached.
     pub cuda_calls: CudaCalls,
+    /// `--gpu-kernels`: inject the CUPTI helper ([`inject`]).
+    pub kernels: inject::KernelsMode,
 }
 
 impl Default for GpuOptions {
@@ -39,6 +43,8 @@ impl Default for GpuOptions {
             sample_interval: Some(nvml::DEFAULT_INTERVAL),
             cuda: true,
             cuda_calls: CudaCalls::Counted,
+            // Sessions started by `llmprof serve` never inject (the CLI's default is `auto`).
+            kernels: inject::KernelsMode::Off,
         }
     }
 }

@@ -139,7 +139,9 @@ impl<W: Write> TraceSink<W> {
             r#type: Some(TYPE_SLICE_BEGIN),
             track_uuid: Some(track),
             categories: vec![category::GPU.to_owned()],
-            terminating_flow_ids: launch.map(|_| flow(ev.pid, r.correlation)).into_iter().collect(),
+            // Not terminating: every piece of work of one launch continues its flow (a CUDA graph replay's
+            // kernels share the launch's correlation id: launch → first kernel → next kernel ...).
+            flow_ids: launch.map(|_| flow(ev.pid, r.correlation)).into_iter().collect(),
             ..Default::default()
         };
         self.w.write_event(start, Some(&name), begin, args)?;

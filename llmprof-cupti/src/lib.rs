@@ -1,0 +1,365 @@
+//! `libllmprof_cupti.so`: the helper library `llmprof attach --gpu-kernels` injects into a running CUDA process.
+//!
+//! Owns the three exported functions of `llmprof_abi::gpu` and the CUPTI session behind them:
+//! - [`llmprof_gpu_start`] (called by llmprof through ptrace): finds and loads CUPTI ([`cupti`]), claims it
+//!   with `cuptiSubscribe` (a subscriber already there — Kineto, Nsight — is left untouched and reported),
+//!   sets CUPTI's thread ids to the system's, registers the buffer callbacks and enables kernels, copies,
+//!   memsets and synchronizations (plus driver/runtime calls with `GPU_FLAG_API_CALLS`), flushed every 100 ms;
+//! - the buffer-completed callback (CUPTI's thread): converts each record ([`convert`]) and hands chunks of at
+//!   most `GPU_CHUNK_MAX` bytes to [`llmprof_gpu_activity`], llmprof's uprobe site: one probe hit per chunk;
+//! - [`llmprof_gpu_stop`]: flush, disable every kind, unsubscribe. The library stays loaded and idle; the next
+//!   attach starts it again.
+//!
+//! Bounded: a fixed pool of [`POOL_BUFFERS`] CUPTI buffers (when all are in flight CUPTI drops records and
+//! counts them; the count reaches llmprof in the chunk headers), one chunk buffer, a name table of at most
+//! `convert::MAX_NAMES` entries. It never blocks the target's threads: CUPTI calls the completion callback on
+//! its own thread (or on the thread of `llmprof_gpu_stop`'s flush). Counters: [`llmprof_gpu_stats`].
+
+pub mod convert;
+pub mod cupti;
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use convert::{Names, Packer, Sink, Skip};
+use llmprof_abi::gpu::{GPU_FLAG_API_CALLS, GpuHelperStats, GpuStartStatus};
+
+/// CUPTI buffers in the pool.
+pub const POOL_BUFFERS: usize = 16;
+/// Bytes of each (about 2,500 kernel records; CUPTI's samples use 8 MiB buffers, Kineto 4 MiB).
+pub const BUFFER_BYTES: usize = 512 * 1024;
+/// `cuptiActivityFlushPeriod`, ms: the longest a record waits in a buffer before llmprof sees it.
+pub const FLUSH_PERIOD_MS: u32 = 100;
+
+/// The helper's counters, laid out as [`GpuHelperStats`] (llmprof reads them from the target's memory).
+#[repr(C)]
+pub struct Stats {
+    pub chunks: AtomicU64,
+    pub records: AtomicU64,
+    pub names: AtomicU64,
+    pub dropped: AtomicU64,
+    pub buffers: AtomicU64,
+    pub starts: AtomicU64,
+    pub stops: AtomicU64,
+    pub active: AtomicU64,
+}
+const _: () = assert!(core::mem::size_of::<Stats>() == core::mem::size_of::<GpuHelperStats>());
+
+/// Exported as `llmprof_abi::gpu::GPU_STATS`.
+#[unsafe(no_mangle)]
+#[used]
+pub static llmprof_gpu_stats: Stats = Stats {
+    chunks: AtomicU64::new(0),
+    records: AtomicU64::new(0),
+    names: AtomicU64::new(0),
+    dropped: AtomicU64::new(0),
+    buffers: AtomicU64::new(0),
+    starts: AtomicU64::new(0),
+    stops: AtomicU64::new(0),
+    active: AtomicU64::new(0),
+};
+
+impl Stats {
+    /// A copy of the counters.
+    pub fn snapshot(&self) -> GpuHelperStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        GpuHelperStats {
+            chunks: l(&self.chunks),
+            records: l(&self.records),
+            names: l(&self.names),
+            dropped: l(&self.dropped),
+            buffers: l(&self.buffers),
+            starts: l(&self.starts),
+            stops: l(&self.stops),
+            active: l(&self.active),
+        }
+    }
+}
+
+/// The handoff (`llmprof_abi::gpu::GPU_HANDOFF`): the 5-byte NOP llmprof's uprobe sits on, then `ret`.
+/// `chunk` points to `len` bytes of a chunk, valid for the duration of the call.
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+pub extern "C" fn llmprof_gpu_activity(chunk: *const u8, len: u64) {
+    core::arch::naked_asm!(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00", "ret")
+}
+
+/// What a start turned on, kept for the stop.
+struct Running {
+    subscriber: usize,
+    enabled: Vec<u32>,
+}
+
+/// Start/stop state (taken by start and stop only, never by the buffer callbacks).
+static STATE: Mutex<Option<Running>> = Mutex::new(None);
+/// The loaded CUPTI and its API version (set once, on the first start that finds it).
+static API: OnceLock<(cupti::Api, u32)> = OnceLock::new();
+/// Free CUPTI buffers (addresses), allocated on the first start.
+static POOL: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The converter's state (taken by the completion callback).
+static CONV: Mutex<Option<(Packer, Names)>> = Mutex::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn buffer_layout() -> std::alloc::Layout {
+    // 8-byte alignment: what CUPTI requires of activity buffers (ACTIVITY_RECORD_ALIGNMENT).
+    std::alloc::Layout::from_size_align(BUFFER_BYTES, 8).unwrap_or_else(|_| std::alloc::Layout::new::<u64>())
+}
+
+extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max_records: *mut usize) {
+    let b = lock(&POOL).pop().unwrap_or(0);
+    // SAFETY: CUPTI passes valid pointers to its out-parameters (cuptiActivityRegisterCallbacks contract).
+    unsafe {
+        *buffer = b as *mut u8;
+        *size = if b == 0 { 0 } else { BUFFER_BYTES };
+        *max_records = 0;
+    }
+}
+
+/// Chunks go to the handoff; the clock pair from CUPTI and CLOCK_BOOTTIME.
+struct Handoff<'a>(&'a cupti::Api);
+
+impl Sink for Handoff<'_> {
+    fn clock(&mut self) -> (u64, u64) {
+        let mut c = 0u64;
+        // SAFETY: cuptiGetTimestamp writes one u64.
+        unsafe { (self.0.get_timestamp)(&mut c) };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the valid `ts`.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        (c, ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+    }
+
+    fn handoff(&mut self, chunk: &[u8]) {
+        llmprof_gpu_activity(chunk.as_ptr(), chunk.len() as u64);
+    }
+}
+
+extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _size: usize, valid: usize) {
+    if buffer.is_null() {
+        return;
+    }
+    if let Some((api, version)) = API.get() {
+        let mut conv = lock(&CONV);
+        let (packer, names) = conv.get_or_insert_with(|| (Packer::new(), Names::new()));
+        let before = (packer.chunks_out, packer.records_out, packer.names_out);
+        let mut sink = Handoff(api);
+        // SAFETY: CUPTI hands back a buffer of ours (BUFFER_BYTES long) with `valid` bytes of records.
+        let bytes = unsafe { core::slice::from_raw_parts(buffer, valid.min(BUFFER_BYTES)) };
+        let mut rec: *mut u32 = core::ptr::null_mut();
+        let mut dropped = 0u64;
+        // SAFETY: the buffer and its valid size as CUPTI gave them; `rec` is CUPTI's cursor.
+        while unsafe { (api.get_next_record)(buffer, valid, &mut rec) } == cupti::SUCCESS {
+            let Some(off) = (rec as usize)
+                .checked_sub(buffer as usize)
+                .filter(|&o| o < bytes.len())
+            else {
+                break;
+            };
+            match convert::convert(&bytes[off..], *version) {
+                Ok(c) => packer.add(c, names, &mut sink),
+                Err(Skip::Short) => dropped += 1,
+                Err(Skip::OtherKind) => {}
+            }
+        }
+        let mut lost = 0usize;
+        // SAFETY: the context and stream CUPTI passed to this callback; `lost` is a valid out-parameter.
+        if unsafe { (api.get_num_dropped)(ctx, stream, &mut lost) } == cupti::SUCCESS {
+            dropped += lost as u64;
+        }
+        packer.add_dropped(dropped);
+        packer.flush(&mut sink);
+        let s = &llmprof_gpu_stats;
+        s.chunks
+            .fetch_add(packer.chunks_out - before.0, Ordering::Relaxed);
+        s.records
+            .fetch_add(packer.records_out - before.1, Ordering::Relaxed);
+        s.names.fetch_add(packer.names_out - before.2, Ordering::Relaxed);
+        s.dropped.fetch_add(dropped, Ordering::Relaxed);
+        s.buffers.fetch_add(1, Ordering::Relaxed);
+    }
+    lock(&POOL).push(buffer as usize);
+}
+
+/// The subscriber's callback: no callback domain is enabled, so CUPTI never calls it with work.
+extern "C" fn on_callback(_: *mut c_void, _: u32, _: u32, _: *const c_void) {}
+
+/// Fills the buffer pool once (allocation failures leave it smaller: CUPTI then drops, and counts).
+fn fill_pool() {
+    let mut pool = lock(&POOL);
+    static FILLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if FILLED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    for _ in 0..POOL_BUFFERS {
+        // SAFETY: a non-zero-sized layout; the buffers live for the life of the process.
+        let p = unsafe { std::alloc::alloc(buffer_layout()) };
+        if !p.is_null() {
+            pool.push(p as usize);
+        }
+    }
+}
+
+/// `llmprof_abi::gpu::GPU_START`: turns CUPTI activity recording on; a [`GpuStartStatus`].
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_gpu_start(flags: u64) -> u32 {
+    start(flags) as u32
+}
+
+fn start(flags: u64) -> GpuStartStatus {
+    let mut state = lock(&STATE);
+    if state.is_some() {
+        return GpuStartStatus::AlreadyStarted;
+    }
+    if !cupti::libcuda_mapped() {
+        return GpuStartStatus::NoLibcuda;
+    }
+    if API.get().is_none() {
+        let Some((api, path)) = cupti::load() else {
+            return GpuStartStatus::NoCupti;
+        };
+        let mut version = 0u32;
+        // SAFETY: cuptiGetVersion writes one u32.
+        unsafe { (api.get_version)(&mut version) };
+        let _ = API.set((api, version));
+        note(&format!(
+            "loaded {} (CUPTI API version {version})",
+            path.display()
+        ));
+    }
+    let Some((api, _)) = API.get() else {
+        return GpuStartStatus::NoCupti;
+    };
+    let mut sub: *mut c_void = core::ptr::null_mut();
+    // SAFETY: a valid out-pointer and a callback with CUpti_CallbackFunc's signature.
+    match unsafe { (api.subscribe)(&mut sub, on_callback, core::ptr::null_mut()) } {
+        cupti::SUCCESS => {}
+        cupti::MULTIPLE_SUBSCRIBERS => return GpuStartStatus::SubscriberTaken,
+        rc => {
+            note(&format!("cuptiSubscribe failed: CUPTI error {rc}"));
+            return GpuStartStatus::CuptiError;
+        }
+    }
+    fill_pool();
+    lock(&CONV)
+        .get_or_insert_with(|| (Packer::new(), Names::new()))
+        .1
+        .clear();
+    // SAFETY: plain CUPTI calls with valid arguments.
+    let rc = unsafe { (api.set_thread_id_type)(cupti::THREAD_ID_TYPE_SYSTEM) };
+    if rc != cupti::SUCCESS {
+        note(&format!(
+            "cuptiSetThreadIdType failed: CUPTI error {rc} (thread ids are CUPTI's)"
+        ));
+    }
+    // SAFETY: callbacks with CUPTI's buffer callback signatures.
+    let rc = unsafe { (api.register_callbacks)(buffer_requested, buffer_completed) };
+    if rc != cupti::SUCCESS {
+        note(&format!(
+            "cuptiActivityRegisterCallbacks failed: CUPTI error {rc}"
+        ));
+        // SAFETY: the subscriber just obtained.
+        unsafe { (api.unsubscribe)(sub) };
+        return GpuStartStatus::CuptiError;
+    }
+    let mut kinds = vec![
+        convert::KIND_CONCURRENT_KERNEL,
+        convert::KIND_MEMCPY,
+        convert::KIND_MEMSET,
+        convert::KIND_SYNCHRONIZATION,
+    ];
+    if flags & GPU_FLAG_API_CALLS != 0 {
+        kinds.extend([convert::KIND_DRIVER, convert::KIND_RUNTIME]);
+    }
+    let mut enabled = Vec::new();
+    for k in kinds {
+        // SAFETY: a plain CUPTI call.
+        match unsafe { (api.enable)(k) } {
+            cupti::SUCCESS => enabled.push(k),
+            rc if k == convert::KIND_CONCURRENT_KERNEL => {
+                note(&format!(
+                    "cuptiActivityEnable(CONCURRENT_KERNEL) failed: CUPTI error {rc}"
+                ));
+                stop_running(
+                    api,
+                    Running {
+                        subscriber: sub as usize,
+                        enabled,
+                    },
+                );
+                return GpuStartStatus::CuptiError;
+            }
+            rc => note(&format!(
+                "cuptiActivityEnable({k}) failed: CUPTI error {rc}; going on without it"
+            )),
+        }
+    }
+    // SAFETY: a plain CUPTI call.
+    unsafe { (api.flush_period)(FLUSH_PERIOD_MS) };
+    *state = Some(Running {
+        subscriber: sub as usize,
+        enabled,
+    });
+    llmprof_gpu_stats.starts.fetch_add(1, Ordering::Relaxed);
+    llmprof_gpu_stats.active.store(1, Ordering::Relaxed);
+    GpuStartStatus::Started
+}
+
+/// Disables what `run` enabled, flushes what was recorded, unsubscribes.
+fn stop_running(api: &cupti::Api, run: Running) {
+    // SAFETY: plain CUPTI calls on the kinds and the subscriber this library enabled and obtained. The flush
+    // runs the completion callback (which takes CONV, never STATE).
+    unsafe {
+        (api.flush_all)(cupti::FLUSH_FORCED);
+        for &k in &run.enabled {
+            (api.disable)(k);
+        }
+        (api.flush_period)(0);
+        (api.flush_all)(cupti::FLUSH_FORCED);
+        (api.unsubscribe)(run.subscriber as *mut c_void);
+    }
+}
+
+/// `llmprof_abi::gpu::GPU_STOP`: flushes, disables every activity kind, unsubscribes; 0. The library stays.
+#[unsafe(no_mangle)]
+pub extern "C" fn llmprof_gpu_stop() -> u32 {
+    let mut state = lock(&STATE);
+    if let (Some(run), Some((api, _))) = (state.take(), API.get()) {
+        stop_running(api, run);
+        llmprof_gpu_stats.stops.fetch_add(1, Ordering::Relaxed);
+        llmprof_gpu_stats.active.store(0, Ordering::Relaxed);
+    }
+    0
+}
+
+/// One line on the target's stderr (what CUPTI refused; the helper has no other channel).
+fn note(msg: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "llmprof-cupti: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handoff_begins_with_nop5_and_returns() {
+        // SAFETY: the function is at least 6 bytes of readable code (NOP5 + ret).
+        let bytes = unsafe { core::slice::from_raw_parts(llmprof_gpu_activity as *const u8, 6) };
+        assert_eq!(&bytes[..5], &llmprof_abi::PROBE_NOP5);
+        assert_eq!(bytes[5], 0xc3);
+    }
+
+    #[test]
+    fn without_libcuda_start_says_so_and_stop_is_harmless() {
+        assert_eq!(llmprof_gpu_start(0), GpuStartStatus::NoLibcuda as u32);
+        assert_eq!(llmprof_gpu_stop(), 0);
+        assert_eq!(llmprof_gpu_stats.snapshot().starts, 0);
+    }
+}

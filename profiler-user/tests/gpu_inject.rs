@@ -1,0 +1,485 @@
+//! `--gpu-kernels` end to end without a GPU: `llmprof attach` (the real binary, real ptrace, real eBPF) injects
+//! its CUPTI helper (`libllmprof_cupti.so`, built next to `llmprof` by `cargo build -p llmprof-cupti`) into a
+//! running, multi-threaded `llmprof-testee` that launches kernels through the stand-in libcuda
+//! (`tests/fixtures/fake_libcuda.c`), next to which sits the stand-in CUPTI (`tests/fixtures/fake_libcupti.c`,
+//! CUPTI 13's record layouts) the helper finds by its directory search. Checked as a user would: the
+//! library is mapped once (and reused by a second attach), CUPTI was subscribed, enabled, then disabled and
+//! unsubscribed at detach, the helper handed over exactly the records the stand-in produced, and the target
+//! kept running and checking its own results throughout. Then the refusals of `--gpu-kernels on` (exit code
+//! 8 and one clear message): no libcuda, a statically linked target, a target already traced, a target that
+//! exits during the injection (a bystander process unharmed); and a CUPTI subscriber already present (one
+//! line, the session goes on without kernels).
+//!
+//! Needs root and gcc: skips loudly without them, fails under `CI=true`.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use e2e::attach::Attached;
+use llmprof::gpu::inject;
+use llmprof_abi::gpu::GPU_HELPER_LIB;
+
+const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
+const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
+
+fn helper() -> PathBuf {
+    Path::new(LLMPROF).with_file_name(GPU_HELPER_LIB)
+}
+
+fn preconditions() -> bool {
+    e2e::require(e2e::is_root(), "not root: cannot ptrace or load eBPF programs")
+        && e2e::require(
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "gcc not installed (apt-get install gcc): cannot build the stand-in libcuda/libcupti",
+        )
+        && e2e::require(
+            helper().is_file(),
+            "the CUPTI helper is not built next to llmprof (cargo build -p llmprof-cupti)",
+        )
+}
+
+fn gcc(args: &[&str], src: &str, out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(src);
+    let o = Command::new("gcc")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A temp dir with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
+fn fixtures(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
+    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
+    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
+    dir
+}
+
+struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Testee {
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Testee {
+        let mut child = Command::new(TESTEE)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        Testee { child, stdin, stdout }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn ask(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    fn exit(mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.child.wait();
+    }
+}
+
+/// The mappings of `pid` whose file is the helper: (distinct paths, executable mappings).
+fn helper_mappings(pid: u32) -> (usize, usize) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let lines: Vec<&str> = maps.lines().filter(|l| l.ends_with(GPU_HELPER_LIB)).collect();
+    let mut paths: Vec<&str> = lines.iter().filter_map(|l| l.split_whitespace().nth(5)).collect();
+    paths.dedup();
+    (
+        paths.len(),
+        lines
+            .iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some("r-xp"))
+            .count(),
+    )
+}
+
+/// The stand-in CUPTI's log: how many lines are exactly `what`, and the records of its completed buffers.
+fn log_count(log: &Path, what: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == what)
+        .count()
+}
+
+fn records_produced(log: &Path) -> u64 {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("complete ")?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The one integer a query returns.
+fn count(tp: &mut e2e::trace_processor::Trace, sql: &str) -> i64 {
+    tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// `llmprof attach --gpu-kernels on` for a while on `pid`; its stderr.
+fn session(pid: u32, trace: &Path) -> String {
+    let a = Attached::start(
+        pid,
+        &["--gpu-kernels", "on", "--no-sample", "--no-http", "--no-cuda"],
+        trace,
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = a.log();
+    let _ = a.stop();
+    log
+}
+
+#[test]
+fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
+    if !preconditions() {
+        return;
+    }
+    let dir = fixtures("ok");
+    let log = dir.join("cupti.log");
+    let lib = dir.join("libcuda.so.1");
+    let mut t = Testee::spawn(
+        &["--libcuda", lib.to_str().unwrap()],
+        &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
+    );
+    assert_eq!(t.ask("cuda-loop 4"), "cuda-loop started");
+    let pid = t.pid();
+
+    let first = session(pid, &dir.join("one.perfetto-trace"));
+    assert!(
+        first.contains(&format!("GPU kernels: loaded {}", helper().display())),
+        "{first}"
+    );
+    assert_eq!(helper_mappings(pid), (1, 1), "the helper is mapped once");
+    for line in [
+        "subscribe",
+        "thread-id-type 1",
+        "enable 10",
+        "enable 1",
+        "enable 2",
+        "enable 38",
+        "flush-period 100",
+    ] {
+        assert_eq!(
+            log_count(&log, line),
+            1,
+            "{line}: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+    }
+    // Detached: every kind disabled, unsubscribed; the helper handed over exactly what CUPTI produced.
+    for line in [
+        "disable 10",
+        "disable 1",
+        "disable 2",
+        "disable 38",
+        "unsubscribe",
+    ] {
+        assert_eq!(log_count(&log, line), 1, "{line}");
+    }
+    let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
+    let s = inj.stats().unwrap();
+    let produced = records_produced(&log);
+    assert!(produced > 0, "the launches during the session produced records");
+    assert_eq!((s.records, s.dropped, s.names), (produced, 0, 2), "{s:?}");
+    // Each chunk is at most GPU_CHUNK_MAX bytes: many records per chunk, never one hit per kernel.
+    // (48 bytes is the smallest record, a driver call; kernels and copies are 112.)
+    let min_chunks = (s.records * 48).div_ceil(llmprof_abi::gpu::GPU_CHUNK_MAX as u64);
+    assert!(s.chunks >= min_chunks && s.chunks * 50 <= s.records, "{s:?}");
+    assert_eq!((s.starts, s.stops, s.active), (1, 1, 0));
+
+    // The trace: every kernel the stand-in CUPTI recorded (one of its 4 records per launch: the driver calls
+    // of a copy and of the launch, the copy, the kernel) is a slice with its demangled name, each with a flow from the launching call on the
+    // testee's thread; Perfetto's own trace processor loads it without error.
+    let mut tp = e2e::trace_processor::load(dir.join("one.perfetto-trace")).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    let kernels = count(
+        &mut tp,
+        "select count(*) from slice where name in ('fake_gemm', 'fake_softmax')",
+    );
+    assert_eq!(
+        kernels as u64 * 4,
+        produced,
+        "one kernel slice per launch recorded"
+    );
+    assert_eq!(
+        count(
+            &mut tp,
+            "select count(distinct name) from slice where name in ('fake_gemm', 'fake_softmax')"
+        ),
+        2
+    );
+    let flows = format!(
+        "select count(*) from flow f join slice a on f.slice_out = a.id join slice b on f.slice_in = b.id \
+         where a.name = '{}' and b.name in ('fake_gemm', 'fake_softmax')",
+        llmprof_trace::names::gpu::slice::api_call(307, false)
+    );
+    assert_eq!(
+        count(&mut tp, &flows),
+        kernels,
+        "a flow from each launch to its kernel"
+    );
+    drop(tp);
+
+    // A second attach: the same library, not loaded again; started and stopped again.
+    let second = session(pid, &dir.join("two.perfetto-trace"));
+    assert!(second.contains("GPU kernels: reusing"), "{second}");
+    assert_eq!(helper_mappings(pid), (1, 1), "still mapped once");
+    assert_eq!(
+        (log_count(&log, "subscribe"), log_count(&log, "unsubscribe")),
+        (2, 2)
+    );
+    let s = inj.stats().unwrap();
+    assert_eq!(
+        (s.records, s.starts, s.stops, s.active),
+        (records_produced(&log), 2, 2, 0)
+    );
+    assert_eq!(s.names, 4, "names are sent again to each session");
+
+    // The target kept running and checking its results through both sessions; it still works.
+    let done = t.ask("cuda-loop-stop");
+    let f: Vec<u64> = done
+        .split_whitespace()
+        .skip(2)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    assert!(
+        done.starts_with("cuda-loop done") && f[0] > 100 && f[1] == 0,
+        "{done}"
+    );
+    assert_eq!(t.ask("cuda 1 10"), "cuda done");
+    // Stopped: launches after the detach produce nothing.
+    assert_eq!(records_produced(&log), s.records);
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `llmprof attach --gpu-kernels on` on `pid`, expecting a refusal: its stderr.
+fn refused(pid: u32, dir: &Path) -> String {
+    let out = Command::new(LLMPROF)
+        .args([
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "-d",
+            "2s",
+            "--gpu-kernels",
+            "on",
+            "--no-sample",
+            "-o",
+        ])
+        .arg(dir.join(format!("refused-{pid}.perfetto-trace")))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(llmprof::exit::GPU_KERNELS), "{err}");
+    assert!(err.contains("--gpu-kernels on"), "{err}");
+    err
+}
+
+#[test]
+fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
+    if !preconditions() {
+        return;
+    }
+    let dir = fixtures("refuse");
+    let lib = dir.join("libcuda.so.1");
+    let lib = lib.to_str().unwrap();
+
+    // No libcuda.
+    let t = Testee::spawn(&[], &[]);
+    let err = refused(t.pid(), &dir);
+    assert!(err.contains("has no CUDA driver library"), "{err}");
+    t.exit();
+
+    // Statically linked.
+    let src = dir.join("static.c");
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
+    )
+    .unwrap();
+    let bin = dir.join("static");
+    let o = Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gcc -static: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut st = Command::new(&bin).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let err = refused(st.id(), &dir);
+    assert!(err.contains("statically linked"), "{err}");
+    let _ = st.kill();
+    let _ = st.wait();
+
+    // Already traced (ptrace taken: what Yama's refusal also looks like to the user).
+    let t = Testee::spawn(&["--libcuda", lib], &[]);
+    // SAFETY: PTRACE_SEIZE of our own child, no options; the testee is killed below.
+    assert_eq!(
+        unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid() as i32, 0usize, 0usize) },
+        0
+    );
+    let err = refused(t.pid(), &dir);
+    // The tracer is this test's thread.
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    assert!(err.contains(&format!("already traced by pid {me}")), "{err}");
+    let mut c = t.child;
+    let _ = c.kill();
+    let _ = c.wait();
+
+    // Exits during the injection (its CUPTI ends the process when loaded): refused, a bystander unharmed.
+    let mut bystander = Testee::spawn(&["--libcuda", lib], &[]);
+    let mut dying = Testee::spawn(&["--libcuda", lib], &[("FAKE_CUPTI_EXIT_ON_LOAD", "9")]);
+    let err = refused(dying.pid(), &dir);
+    assert!(err.contains("exited during llmprof_gpu_start"), "{err}");
+    assert_eq!(dying.child.wait().unwrap().code(), Some(9));
+    assert_eq!(bystander.ask("cuda 1 10"), "cuda done");
+    bystander.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
+    if !preconditions() {
+        return;
+    }
+    let dir = fixtures("taken");
+    let log = dir.join("cupti.log");
+    let lib = dir.join("libcuda.so.1");
+    let mut t = Testee::spawn(
+        &["--libcuda", lib.to_str().unwrap()],
+        &[
+            ("FAKE_CUPTI_LOG", log.to_str().unwrap()),
+            ("FAKE_CUPTI_SUBSCRIBER_TAKEN", "1"),
+        ],
+    );
+    let a = Attached::start(
+        t.pid(),
+        &["--no-sample", "--no-http", "--no-cuda"],
+        &dir.join("t.perfetto-trace"),
+    );
+    assert_eq!(t.ask("cuda 1 10"), "cuda done");
+    let stderr = a.log();
+    let _ = a.stop();
+    assert_eq!(
+        stderr.matches("CUPTI already has a subscriber").count(),
+        1,
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        vec!["subscribe taken"],
+        "nothing else touched"
+    );
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A target in its own mount namespace (as in a container) whose /tmp is not llmprof's: the helper is copied
+/// into the target's /tmp (a new directory) and loaded from there; llmprof's /tmp gets nothing.
+#[test]
+fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
+    if !preconditions()
+        || !e2e::require(
+            Command::new("unshare")
+                .arg("--help")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "unshare not installed (util-linux)",
+        )
+    {
+        return;
+    }
+    // The stand-ins must stay reachable inside: not under /tmp, which the namespace replaces.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("inject-ns-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
+    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
+    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
+    let log = dir.join("cupti.log");
+    let script = format!(
+        "mount -t tmpfs tmpfs /tmp && exec {TESTEE} --libcuda {}",
+        dir.join("libcuda.so.1").display()
+    );
+    let mut t = {
+        let mut child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .env("FAKE_CUPTI_LOG", &log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        Testee { child, stdin, stdout }
+    };
+    assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
+    let pid = t.pid();
+    let stderr = session(pid, &dir.join("ns.perfetto-trace"));
+    let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
+    assert!(
+        inj.target_path.starts_with("/tmp/llmprof-cupti-") && inj.target_path.ends_with(GPU_HELPER_LIB),
+        "{inj:?}\n{stderr}"
+    );
+    assert!(
+        !Path::new(&inj.target_path).exists(),
+        "the copy is in the target's /tmp only"
+    );
+    assert_eq!(helper_mappings(pid), (1, 1));
+    let s = inj.stats().unwrap();
+    assert!(s.records > 0 && s.records == records_produced(&log), "{s:?}");
+    let done = t.ask("cuda-loop-stop");
+    assert!(
+        done.starts_with("cuda-loop done") && done.ends_with(" 0"),
+        "{done}"
+    );
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
