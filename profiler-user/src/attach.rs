@@ -454,25 +454,35 @@ fn start_capture(
     })
 }
 
-/// Step 3b (`--gpu-kernels`): the handoff uprobe on the injected helper, then `GPU_START` in the target.
-fn start_gpu_kernels(
-    opts: &AttachOptions,
-    k: &mut GpuKernels,
-    capture: &mut Capture,
-) -> Result<(), AttachError> {
-    let Some(inj) = k.injected() else { return Ok(()) };
-    if let Err(e) = capture.attach_handoff(inj.pid, &inj.host_path) {
-        if opts.gpu.kernels == KernelsMode::On {
-            return Err(AttachError::Capture(e));
+/// Step 3b (`--gpu-kernels`), for each process the helper was loaded in and not started yet: the handoff
+/// uprobe on the injected helper, then `GPU_START` there. Also on later ticks, for a process of the tree that
+/// loaded CUDA after the attach ([`GpuKernels::adopt`]); `strict` is false then (a failure is said, the
+/// session goes on).
+fn start_gpu_kernels(strict: bool, k: &mut GpuKernels, capture: &mut Capture) -> Result<(), AttachError> {
+    for inj in k.pending() {
+        if let Err(e) = capture.attach_handoff(inj.pid, &inj.host_path) {
+            if strict {
+                return Err(AttachError::Capture(e));
+            }
+            note!(
+                "llmprof: GPU kernels: not recorded in pid {}: the handoff probe failed: {e}",
+                inj.pid
+            );
+            continue;
         }
-        note!("llmprof: GPU kernels: not recorded: the handoff probe failed: {e}");
-        return Ok(());
-    }
-    k.start().map_err(AttachError::GpuKernels)?;
-    if let Some(pid) = k.recording() {
-        // CUPTI's driver-call records carry the launches: the uprobes stop probing them.
-        let n = capture.cuda_launches_from_cupti(pid);
-        log::debug!("gpu: pid {pid}: {n} launch probes detached (CUPTI records the launches)");
+        match k.start(inj.pid) {
+            Ok(true) => {
+                // CUPTI's driver-call records carry the launches: the uprobes stop probing them.
+                let n = capture.cuda_launches_from_cupti(inj.pid);
+                log::debug!(
+                    "gpu: pid {}: {n} launch probes detached (CUPTI records the launches)",
+                    inj.pid
+                );
+            }
+            Ok(false) => {}
+            Err(e) if strict => return Err(AttachError::GpuKernels(e)),
+            Err(e) => note!("llmprof: GPU kernels: not recorded in pid {}: {e}", inj.pid),
+        }
     }
     Ok(())
 }
@@ -590,11 +600,13 @@ impl<'a> Session<'a> {
         let t0 = Instant::now();
         let (cap, mut infos) = preflight(opts)?;
         // `--gpu-kernels`: the helper is loaded before anything else (an `on` refusal loads nothing).
+        let tree: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let mut gpu_kernels =
-            GpuKernels::prepare(opts.gpu.kernels, opts.pid).map_err(AttachError::GpuKernels)?;
+            GpuKernels::prepare(opts.gpu.kernels, &tree).map_err(AttachError::GpuKernels)?;
         let mut inputs = open_inputs(opts)?;
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
-        start_gpu_kernels(opts, &mut gpu_kernels, &mut started.capture)?;
+        let strict = opts.gpu.kernels == KernelsMode::On;
+        start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
@@ -877,6 +889,11 @@ impl<'a> Session<'a> {
         }
         for ev in self.gpu.watch_cuda(&mut self.capture, false) {
             self.merger.push(ev);
+        }
+        // A process of the tree that loaded CUDA since (vLLM's engine core, PyTorch's lazy init) gets the helper.
+        let live: Vec<u32> = self.tree.live().collect();
+        if live.into_iter().filter(|&p| self.gpu_kernels.adopt(p)).count() > 0 {
+            let _ = start_gpu_kernels(false, &mut self.gpu_kernels, &mut self.capture);
         }
         // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
         if let Err(e) = self.capture.refresh_http() {

@@ -168,9 +168,10 @@ pub struct AttachArgs {
     /// uprobe pair: several µs per launch).
     #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
     pub cuda_calls: crate::gpu::CudaCalls,
-    /// GPU kernel timeline: load llmprof's CUPTI helper into the target (ptrace + dlopen, one thread stopped
-    /// for a moment) and record kernels, copies and syncs. auto: when the target has libcuda loaded and the
-    /// helper is installed; on: or refuse (exit code 8); off: never touch the target.
+    /// GPU kernel timeline: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
+    /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then) and
+    /// record kernels, copies and syncs. auto: when libcuda is loaded and the helper is installed; on: or
+    /// refuse (exit code 8); off: never touch the target.
     #[arg(long, value_enum, default_value_t = crate::gpu::inject::KernelsMode::Auto, value_name = "MODE")]
     pub gpu_kernels: crate::gpu::inject::KernelsMode,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it

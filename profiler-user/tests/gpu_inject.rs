@@ -289,6 +289,71 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A process that loads CUDA after the attach (PyTorch initialises it lazily; vLLM's engine core is a child
+/// started later): the session looks at every process of the tree each second and injects the helper then.
+#[test]
+fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() {
+    if !preconditions() {
+        return;
+    }
+    let dir = fixtures("late");
+    let log = dir.join("cupti.log");
+    let lib = dir.join("libcuda.so.1");
+    let mut t = Testee::spawn(&[], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
+    let pid = t.pid();
+    let trace = dir.join("late.perfetto-trace");
+    let a = Attached::start(
+        pid,
+        &["--gpu-kernels", "auto", "--no-sample", "--no-http", "--no-cuda"],
+        &trace,
+    );
+    assert_eq!(helper_mappings(pid), (0, 0), "no CUDA yet: nothing injected");
+    assert_eq!(t.ask(&format!("cuda-load {}", lib.display())), "cuda loaded");
+    assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while log_count(&log, "subscribe") == 0 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let done = t.ask("cuda-loop-stop");
+    let stderr = a.log();
+    let _ = a.stop();
+    assert!(
+        stderr.contains(&format!(
+            "GPU kernels: loaded {} in pid {pid}",
+            helper().display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(helper_mappings(pid), (1, 1), "the helper is mapped once");
+    assert!(
+        done.starts_with("cuda-loop done") && done.ends_with(" 0"),
+        "{done}"
+    );
+    assert_eq!(
+        (log_count(&log, "subscribe"), log_count(&log, "unsubscribe")),
+        (1, 1)
+    );
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    let kernels = count(
+        &mut tp,
+        "select count(*) from slice where name in ('fake_gemm', 'fake_softmax')",
+    );
+    assert!(
+        kernels > 0,
+        "the kernels launched after the injection are in the trace"
+    );
+    assert_eq!(
+        kernels as u64 * 4,
+        records_produced(&log),
+        "every kernel CUPTI recorded"
+    );
+    drop(tp);
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Runs `llmprof attach --gpu-kernels on` on `pid`, expecting a refusal: its stderr.
 fn refused(pid: u32, dir: &Path) -> String {
     let out = Command::new(LLMPROF)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what tools/gpu/run_gpu_checks.sh needs on a GPU machine without Rust, into one folder:
-# llmserve (release, --features cuda), the cuda_backend test binary, llmprof (release), bench_engine.py and the
-# check script itself. Usage: tools/gpu/build_bundle.sh [OUT_DIR]   (default: target/gpu-bundle)
+# llmserve (release, --features cuda), the cuda_backend test binary, llmprof (release) with its CUPTI helper
+# (libllmprof_cupti.so), bench_engine.py and the check script itself. Usage: tools/gpu/build_bundle.sh [OUT_DIR]   (default: target/gpu-bundle)
 # WITH_LLMPROF=0 skips building llmprof (then the trace step of the checks is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +17,9 @@ strip --strip-debug -o "$OUT/llmserve" target/release/llmserve
 strip --strip-debug -o "$OUT/cuda_backend" "$TEST_BIN"
 if [ "${WITH_LLMPROF:-1}" = 1 ] && cargo build --release -p llmprof && [ -x target/release/llmprof ]; then
     strip --strip-debug -o "$OUT/llmprof" target/release/llmprof
+    # The CUPTI helper `llmprof attach --gpu-kernels` injects; found next to the llmprof binary.
+    cargo build --release -p llmprof-cupti --lib
+    strip --strip-debug -o "$OUT/libllmprof_cupti.so" target/release/libllmprof_cupti.so
 else
     echo "note: llmprof not built; the trace step will be skipped" >&2
 fi

@@ -41,5 +41,8 @@ echo "attach exit code $?" >> "$OUT/attach-lazy.txt"
 wait $LPID 2>/dev/null
 
 echo "== doctor (GPU lines)"; grep -E 'nvml|libcuda' "$OUT/doctor.txt"
+# The first attach ran with --gpu-kernels auto: with libllmprof_cupti.so next to llmprof, the kernels are there.
+echo "== kernels (report, CUDA before attach)"; grep 'GPU kernels' "$OUT/attach.err"
+"$LLMPROF" report "$OUT/torch.perfetto-trace" 2>&1 | sed -n '/[Kk]ernel/,+12p' | head -20
 echo "== attach (CUDA before attach)"; cat "$OUT/attach.txt"; tail -3 "$OUT/attach.err"
 echo "== attach (CUDA loaded after attach)"; cat "$OUT/attach-lazy.txt"; tail -3 "$OUT/attach-lazy.err"

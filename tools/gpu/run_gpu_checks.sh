@@ -151,6 +151,25 @@ EOF
         else
             record "llmprof trace with CUDA slices" FAIL "exit $rc, see 05-attach.log"
         fi
+        # Kernels through the injected CUPTI helper (issue 15): the report's top kernels must not be empty.
+        if [ -f "$BUNDLE/libllmprof_cupti.so" ]; then
+            timeout 60 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+                --concurrency 8 --max-tokens 64 --duration 12 >"$OUT/05b-load.log" 2>&1 &
+            LOAD=$!
+            sleep 1
+            timeout 90 "$BUNDLE/llmprof" attach --pid "$SERVER_PID" -d 8s --gpu-kernels on \
+                -o "$OUT/kernels.perfetto-trace" >"$OUT/05b-attach.log" 2>&1
+            rc=$?
+            wait $LOAD
+            "$BUNDLE/llmprof" report --json "$OUT/kernels.perfetto-trace" >"$OUT/05b-report.json" 2>&1
+            n=$(python3 -c 'import json,sys; k=json.load(open(sys.argv[1])).get("kernels") or {}; print(len(k.get("top") or []))' \
+                "$OUT/05b-report.json" 2>/dev/null || echo 0)
+            if [ $rc -eq 0 ] && [ "$n" -gt 0 ]; then
+                record "llmprof --gpu-kernels on: kernels in the report" ok "$n kernel names"
+            else
+                record "llmprof --gpu-kernels on: kernels in the report" FAIL "exit $rc, $n kernels, see 05b-attach.log"
+            fi
+        fi
     else
         record "llmprof trace with CUDA slices" skip "needs root and BUNDLE/llmprof"
     fi

@@ -482,12 +482,16 @@ impl Injected {
 /// longer probes with uprobes: [`crate::capture::Capture::cuda_launches_from_cupti`]).
 pub const START_FLAGS: u64 = llmprof_abi::gpu::GPU_FLAG_API_CALLS;
 
-/// `--gpu-kernels` in one session: the injected helper and whether it records.
+/// `--gpu-kernels` in one session: the helper injected into each process of the traced tree that uses CUDA
+/// (the `--pid` process and its children at attach, and any process of the tree that loads libcuda later, e.g.
+/// vLLM's engine core), and whether each records.
 #[derive(Debug, Default)]
 pub struct GpuKernels {
     mode: KernelsMode,
-    injected: Option<Injected>,
-    started: bool,
+    /// The processes the helper is loaded in, and whether `GPU_START` succeeded there.
+    procs: Vec<(Injected, bool)>,
+    /// Processes already looked at (injected, refused, or without CUDA when looked at).
+    tried: std::collections::HashSet<u32>,
 }
 
 /// One line on stderr, ignoring a closed stderr.
@@ -497,72 +501,122 @@ fn say(msg: &str) {
 }
 
 impl GpuKernels {
-    /// Step 1 (before capture): loads the helper into `pid` (`off`: nothing). `on` refuses with the reason;
-    /// `auto` says it in one line (nothing when the target is simply not a CUDA process) and goes on.
-    pub fn prepare(mode: KernelsMode, pid: u32) -> Result<Self, InjectError> {
+    /// Step 1 (before capture): loads the helper into each of `pids` that uses CUDA (`off`: nothing). `on`
+    /// refuses with the reason when a process with libcuda cannot be injected or when none has libcuda; `auto`
+    /// says it in one line (nothing for a process that simply does not use CUDA) and goes on.
+    pub fn prepare(mode: KernelsMode, pids: &[u32]) -> Result<Self, InjectError> {
         let mut k = Self {
             mode,
-            injected: None,
-            started: false,
+            procs: Vec::new(),
+            tried: std::collections::HashSet::new(),
         };
         if mode == KernelsMode::Off {
             return Ok(k);
         }
-        let t0 = std::time::Instant::now();
-        match inject(pid) {
-            Ok(i) => {
-                say(&format!(
-                    "{} {} in pid {pid} ({:.1} ms)",
-                    if i.reused { "reusing" } else { "loaded" },
-                    i.target_path,
-                    t0.elapsed().as_secs_f64() * 1e3
-                ));
-                k.injected = Some(i);
+        let mut no_cuda = None;
+        for &pid in pids {
+            // A process without libcuda yet is looked at again on later ticks ([`GpuKernels::adopt`]).
+            let r = k.load(pid);
+            if !matches!(r, Err(InjectError::NoLibcuda { .. })) {
+                k.tried.insert(pid);
             }
-            Err(e) if mode == KernelsMode::On => return Err(e),
-            Err(InjectError::NoLibcuda { .. } | InjectError::Static { .. }) => {}
-            Err(e) => say(&format!("not recorded: {e}")),
+            match r {
+                Ok(()) => {}
+                Err(e @ (InjectError::NoLibcuda { .. } | InjectError::Static { .. })) => {
+                    no_cuda.get_or_insert(e);
+                }
+                Err(e) if mode == KernelsMode::On => return Err(e),
+                Err(e) => say(&format!("not recorded in pid {pid}: {e}")),
+            }
         }
-        Ok(k)
+        match no_cuda {
+            Some(e) if mode == KernelsMode::On && k.procs.is_empty() => Err(e),
+            _ => Ok(k),
+        }
     }
 
-    /// The helper in the target, when loaded (the capture's handoff uprobe goes on its `host_path`).
-    pub fn injected(&self) -> Option<&Injected> {
-        self.injected.as_ref()
+    /// Loads the helper into `pid` (dlopen only).
+    fn load(&mut self, pid: u32) -> Result<(), InjectError> {
+        let t0 = std::time::Instant::now();
+        let i = inject(pid)?;
+        say(&format!(
+            "{} {} in pid {pid} ({:.1} ms)",
+            if i.reused { "reusing" } else { "loaded" },
+            i.target_path,
+            t0.elapsed().as_secs_f64() * 1e3
+        ));
+        self.procs.push((i, false));
+        Ok(())
     }
 
-    /// Step 2 (after the handoff uprobe is live): `GPU_START`. A subscriber already in the target is said in
-    /// one line and the session goes on without kernels; other refusals fail `on` sessions.
-    pub fn start(&mut self) -> Result<(), InjectError> {
-        let Some(inj) = &self.injected else { return Ok(()) };
+    /// The helpers loaded and not started yet (the capture's handoff uprobe goes on each `host_path`, then
+    /// [`GpuKernels::start`]).
+    pub fn pending(&self) -> Vec<Injected> {
+        self.procs
+            .iter()
+            .filter(|(_, s)| !s)
+            .map(|(i, _)| i.clone())
+            .collect()
+    }
+
+    /// A process of the tree seen on a later tick: when it has libcuda now and was not looked at with it, the
+    /// helper is loaded into it (`auto` and `on`; a failure is said in one line, the session goes on). True
+    /// when it was loaded: the caller attaches the handoff and calls [`GpuKernels::start`].
+    pub fn adopt(&mut self, pid: u32) -> bool {
+        if self.mode == KernelsMode::Off || self.tried.contains(&pid) {
+            return false;
+        }
+        if crate::gpu::libcuda::find_in_process(pid).is_none() {
+            // Looked at again on the next tick: CUDA may be initialised later (PyTorch does it lazily).
+            return false;
+        }
+        self.tried.insert(pid);
+        match self.load(pid) {
+            Ok(()) => true,
+            Err(InjectError::NoLibcuda { .. } | InjectError::Static { .. }) => false,
+            Err(e) => {
+                say(&format!("not recorded in pid {pid}: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Step 2 (after `pid`'s handoff uprobe is live): `GPU_START` there. A subscriber already in the target is
+    /// said in one line and the session goes on without its kernels; other refusals fail `on` sessions. True
+    /// when the helper records.
+    pub fn start(&mut self, pid: u32) -> Result<bool, InjectError> {
+        let mode = self.mode;
+        let Some((inj, started)) = self.procs.iter_mut().find(|(i, _)| i.pid == pid) else {
+            return Ok(false);
+        };
         let t0 = std::time::Instant::now();
         let status = match inj.start(START_FLAGS) {
             Ok(s) => s,
-            Err(e) if self.mode == KernelsMode::On => return Err(e),
+            Err(e) if mode == KernelsMode::On => return Err(e),
             Err(e) => {
-                say(&format!("not recorded: {e}"));
-                return Ok(());
+                say(&format!("not recorded in pid {pid}: {e}"));
+                return Ok(false);
             }
         };
         let why = match status {
             Some(GpuStartStatus::Started) => {
-                self.started = true;
+                *started = true;
                 say(&format!(
-                    "recording (started in {:.1} ms)",
+                    "recording in pid {pid} (started in {:.1} ms)",
                     t0.elapsed().as_secs_f64() * 1e3
                 ));
-                return Ok(());
+                return Ok(true);
             }
             Some(GpuStartStatus::AlreadyStarted) => {
                 // An earlier session ended without stopping it: it records; this session stops it.
-                self.started = true;
-                return Ok(());
+                *started = true;
+                return Ok(true);
             }
             Some(GpuStartStatus::SubscriberTaken) => {
-                say(
-                    "CUPTI already has a subscriber in the target (Kineto, Nsight or another tool): going on without kernels",
-                );
-                return Ok(());
+                say(&format!(
+                    "CUPTI already has a subscriber in pid {pid} (Kineto, Nsight or another tool): going on without its kernels"
+                ));
+                return Ok(false);
             }
             Some(GpuStartStatus::NoCupti) => {
                 "no CUPTI library (libcupti.so) found in or next to the target's CUDA libraries"
@@ -571,35 +625,38 @@ impl GpuKernels {
             Some(GpuStartStatus::CuptiError) => "CUPTI refused to record (see the target's stderr)",
             None => "the helper answered an unknown status",
         };
-        if self.mode == KernelsMode::On {
-            return Err(InjectError::Refused { pid: inj.pid, why });
+        if mode == KernelsMode::On {
+            return Err(InjectError::Refused { pid, why });
         }
-        say(&format!("not recorded: {why}"));
-        Ok(())
+        say(&format!("not recorded in pid {pid}: {why}"));
+        Ok(false)
     }
 
-    /// The process whose kernels the helper records, once `GPU_START` succeeded.
-    pub fn recording(&self) -> Option<u32> {
-        self.injected.as_ref().filter(|_| self.started).map(|i| i.pid)
-    }
-
-    /// The end (before the uprobes go): `GPU_STOP` (flush, disable, unsubscribe) and the helper's counters.
+    /// The end (before the uprobes go): `GPU_STOP` (flush, disable, unsubscribe) in every process that
+    /// records, and the helpers' counters summed.
     pub fn stop(&mut self) -> Option<GpuHelperStats> {
-        let inj = self.injected.as_ref()?;
-        if !std::mem::take(&mut self.started) {
-            return None;
+        let mut total: Option<GpuHelperStats> = None;
+        for (inj, started) in &mut self.procs {
+            if !std::mem::take(started) {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
+            if let Err(e) = inj.stop() {
+                say(&format!("stopping the helper in pid {} failed: {e}", inj.pid));
+            }
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            let Ok(s) = inj.stats() else { continue };
+            say(&format!(
+                "stopped in pid {} in {ms:.1} ms; the helper handed over {} chunks ({} records, {} names, {} dropped) since it was loaded",
+                inj.pid, s.chunks, s.records, s.names, s.dropped
+            ));
+            let t = total.get_or_insert_with(GpuHelperStats::default);
+            t.chunks += s.chunks;
+            t.records += s.records;
+            t.names += s.names;
+            t.dropped += s.dropped;
         }
-        let t0 = std::time::Instant::now();
-        if let Err(e) = inj.stop() {
-            say(&format!("stopping the helper failed: {e}"));
-        }
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let s = inj.stats().ok()?;
-        say(&format!(
-            "stopped in {ms:.1} ms; the helper handed over {} chunks ({} records, {} names, {} dropped) since it was loaded",
-            s.chunks, s.records, s.names, s.dropped
-        ));
-        Some(s)
+        total
     }
 }
 
