@@ -58,6 +58,7 @@ pub fn build_from(dist: &crate::release::Dist, check: bool) -> Result<()> {
     let rootfs = ctx.join("rootfs");
     for d in [
         "usr/bin",
+        "usr/lib/llmprof",
         "proc",
         "sys",
         "tmp",
@@ -67,6 +68,15 @@ pub fn build_from(dist: &crate::release::Dist, check: bool) -> Result<()> {
         std::fs::create_dir_all(rootfs.join(d))?;
     }
     run(Command::new("cp").arg(bin).arg(rootfs.join("usr/bin/llmprof")))?;
+    // The CUPTI helper `llmprof attach --gpu-kernels` injects, where llmprof looks for it (`../lib/llmprof/`).
+    let helper = bin
+        .parent()
+        .and_then(Path::parent)
+        .context("the shipped binary's folder")?
+        .join("lib/llmprof/libllmprof_cupti.so");
+    run(Command::new("cp")
+        .arg(&helper)
+        .arg(rootfs.join("usr/lib/llmprof/libllmprof_cupti.so")))?;
     for lib in ldd_paths(bin)? {
         let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
         std::fs::create_dir_all(to.parent().context("library path")?)?;
