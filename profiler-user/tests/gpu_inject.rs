@@ -498,16 +498,20 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     {
         return;
     }
-    // The stand-ins must stay reachable inside: not under /tmp, which the namespace replaces.
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("inject-ns-{}", std::process::id()));
+    // The stand-ins and the testee must stay reachable inside: not under /tmp, which the namespace replaces
+    // (nor under the build directory, which may itself be under /tmp, as in a CI clone there): /var/tmp.
+    let dir = Path::new("/var/tmp").join(format!("llmprof-inject-ns-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let testee = dir.join("llmprof-testee");
+    std::fs::copy(TESTEE, &testee).unwrap();
     let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
     gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
     gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
     let log = dir.join("cupti.log");
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && exec {TESTEE} --libcuda {}",
+        "mount -t tmpfs tmpfs /tmp && exec {} --libcuda {}",
+        testee.display(),
         dir.join("libcuda.so.1").display()
     );
     let mut t = {
