@@ -172,28 +172,11 @@ fn maps(pid: u32) -> Result<Vec<Mapped>, InjectError> {
         during: "the check of its libraries",
     })?;
     let mut out: Vec<Mapped> = Vec::new();
-    for line in text.lines() {
-        let mut f = line.splitn(6, char::is_whitespace);
-        let (Some(range), _, Some(off), _, _, Some(path)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path = path.trim_start();
-        if !path.starts_with('/') || u64::from_str_radix(off, 16).ok() != Some(0) {
-            continue;
-        }
-        let Some(start) = range
-            .split('-')
-            .next()
-            .and_then(|s| u64::from_str_radix(s, 16).ok())
-        else {
-            continue;
-        };
-        if !out.iter().any(|m| m.path == path) {
+    for m in text.lines().filter_map(crate::procfs::MapsLine::parse) {
+        if m.is_file() && m.offset == 0 && !out.iter().any(|o| o.path == m.path) {
             out.push(Mapped {
-                path: path.to_owned(),
-                start,
+                path: m.path.to_owned(),
+                start: m.start,
             });
         }
     }

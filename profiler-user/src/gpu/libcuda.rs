@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use llmprof_abi::{CudaFunc, CudaVariant};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
+use crate::procfs::MapsLine;
+
 /// Basename prefix of the CUDA driver library.
 pub const LIBCUDA_PREFIX: &str = "libcuda.so";
 
@@ -96,11 +98,9 @@ pub fn find_in_maps(maps: &str) -> Option<String> {
 /// The first mapped file of a `/proc/PID/maps` text whose basename `wanted` accepts.
 pub fn find_mapped_in_maps(maps: &str, wanted: impl Fn(&str) -> bool) -> Option<String> {
     maps.lines().find_map(|line| {
-        // address perms offset dev inode pathname (the path may contain spaces)
-        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
-        let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-        let base = path.rsplit('/').next()?;
-        (path.starts_with('/') && wanted(base)).then(|| path.to_owned())
+        let m = MapsLine::parse(line)?;
+        let base = m.path.rsplit('/').next()?;
+        (m.is_file() && wanted(base)).then(|| m.path.to_owned())
     })
 }
 
@@ -109,17 +109,9 @@ pub fn find_mapped_in_maps(maps: &str, wanted: impl Fn(&str) -> bool) -> Option<
 /// driver (an exported wrapper calling the implementation `cuGetProcAddress` hands out, both probed).
 pub fn text_range(maps: &str, mapped: &str) -> Option<(u64, u64)> {
     maps.lines()
-        .filter_map(|line| {
-            let mut f = line.splitn(6, char::is_whitespace);
-            let (range, perms) = (f.next()?, f.next()?);
-            let path = f.nth(3)?.trim_start();
-            let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-            if path != mapped || !perms.contains('x') {
-                return None;
-            }
-            let (a, b) = range.split_once('-')?;
-            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
-        })
+        .filter_map(MapsLine::parse)
+        .filter(|m| m.path == mapped && m.perms.contains('x'))
+        .map(|m| (m.start, m.end))
         .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
 }
 
