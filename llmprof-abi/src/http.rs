@@ -134,6 +134,10 @@ pub struct HttpHeadEvent {
     pub len: u32,
     /// Bytes the read returned.
     pub ret: i64,
+    /// [`HttpOp::RequestStart`]: when the request's first bytes arrived in the server's socket
+    /// (`sock:sk_data_ready`, CLOCK_BOOTTIME ns), before the server read them; 0 when not seen (the port was
+    /// not yet known to carry HTTP, a kernel without the tracepoints, a Unix socket).
+    pub arrival_ns: u64,
     /// The head bytes.
     pub data: [u8; HTTP_HEAD_MAX],
 }
@@ -164,9 +168,32 @@ pub struct HttpConnState {
     pub remaining: i64,
     /// Characters of `\r\n\r\n` matched at the end of the request head bytes read so far.
     pub head_match: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// Whether the connection's local port was put into the kernel's HTTP ports map (1) — once per connection.
+    pub port_noted: u32,
+    /// The connection's `struct sock` address (learned at its first read, `sock:sock_recv_length`; 0 before).
+    pub sk: u64,
+    /// When the bytes the current read consumes started arriving (see [`HttpHeadEvent::arrival_ns`]); 0: not
+    /// seen. Written by the read's `sock_recv_length`, consumed by its exit.
+    pub arrival_ns: u64,
 }
+
+/// Offsets into the kernel's `struct sock_common` (the first member of every `struct sock`; a layout unchanged
+/// since Linux 2.6.33) the arrival stamp reads: the local port (`skc_num`, host order), the address family
+/// (`skc_family`, compared with the tracepoint's own `family` field, so a different layout reads as a mismatch
+/// and records nothing) and the TCP state (`skc_state`).
+pub const SOCK_NUM_OFFSET: u64 = 14;
+/// See [`SOCK_NUM_OFFSET`].
+pub const SOCK_FAMILY_OFFSET: u64 = 16;
+/// See [`SOCK_NUM_OFFSET`].
+pub const SOCK_STATE_OFFSET: u64 = 18;
+/// `TCP_ESTABLISHED` (include/net/tcp_states.h).
+pub const TCP_STATE_ESTABLISHED: u8 = 1;
+/// Sockets whose first unread bytes' arrival is kept (an LRU map: a socket never read by a traced process
+/// and never destroyed is evicted, not counted).
+pub const HTTP_ARRIVALS_MAX: u32 = 8192;
+/// Local ports known to carry HTTP to a traced process (learned at a request's start on a followed
+/// connection; `--http-port`'s ports from the start).
+pub const HTTP_PORTS_MAX: u32 = 1024;
 
 #[cfg(test)]
 mod tests {

@@ -61,6 +61,13 @@ pub struct Calibration {
     /// Extra ns per followed response write of a typical SSE chat chunk (~230 bytes through the in-kernel
     /// scanner, and its record); what the wire probe costs per generated token. `None` when not measured.
     pub http_sse_write_ns: Option<f64>,
+    /// ns per run of the wire probe's arrival-stamp programs (sock:sk_data_ready, sock:sock_recv_length,
+    /// tcp:tcp_destroy_sock), from the kernel's BPF run-time statistics in the session's live window, and
+    /// their runs per second host-wide. Reported, not charged to the targets (most runs are in softirq or in
+    /// the process that sent the bytes). `None` when not measured.
+    pub http_arrival_ns: Option<f64>,
+    /// See [`Calibration::http_arrival_ns`].
+    pub http_arrival_runs_per_s: Option<f64>,
     /// Wall time the calibration took, ms.
     pub took_ms: f64,
 }

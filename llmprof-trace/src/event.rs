@@ -170,6 +170,9 @@ pub enum EventBody {
         method: String,
         /// Request target.
         path: String,
+        /// How long the request's first bytes waited in the server's socket before the server read them (the
+        /// request starts at their arrival); `None` when the arrival was not seen.
+        socket_wait_ns: Option<u64>,
     },
     /// A wire request's response status line was written.
     WireResponse {

@@ -129,7 +129,7 @@ pub mod slice {
     /// Instant on a wire request's track: its response's status line (args [`super::arg::HTTP_STATUS`]).
     pub const HTTP_RESPONSE: &str = "http response";
     /// Instant on a wire request's track: the request line (args [`super::arg::HTTP_METHOD`],
-    /// [`super::arg::HTTP_PATH`]).
+    /// [`super::arg::HTTP_PATH`], [`super::arg::SOCKET_WAIT_NS`] when the arrival was seen).
     pub const HTTP_REQUEST_LINE: &str = "http request line";
     /// Instant on a wire request's track: SSE events with generated content after the first (arg
     /// [`super::arg::COUNT`]: events in the write).
@@ -480,6 +480,9 @@ pub mod arg {
     pub const HTTP_METHOD: &str = "http_method";
     /// Request target (path) of a wire request.
     pub const HTTP_PATH: &str = "http_path";
+    /// How long a wire request's first bytes waited in the server's socket before the server read them, ns
+    /// (on its request line instant, which is at their arrival).
+    pub const SOCKET_WAIT_NS: &str = "socket_wait_ns";
     /// How many of something an instant stands for (SSE content events of one write).
     pub const COUNT: &str = "count";
     /// Value of [`ENDPOINT`]: a chat completion.
@@ -689,6 +692,10 @@ pub mod arg {
     pub const COST_NS_HTTP_REQUEST: &str = "cost_ns_http_request";
     /// Calibrated cost per followed SSE write of a typical chat chunk, ns.
     pub const COST_NS_HTTP_SSE_WRITE: &str = "cost_ns_http_sse_write";
+    /// [`crate::calibration::Calibration::http_arrival_ns`] (ns per run of the arrival-stamp programs).
+    pub const COST_NS_HTTP_ARRIVAL: &str = "cost_ns_http_arrival";
+    /// [`crate::calibration::Calibration::http_arrival_runs_per_s`].
+    pub const HTTP_ARRIVAL_RUNS_PER_S: &str = "http_arrival_runs_per_s";
     /// Syscalls per engine probe hit in the calibration.
     pub const SYSCALLS_PER_PROBE_HIT: &str = "syscalls_per_probe_hit";
     /// How the engine probe is entered.

@@ -59,6 +59,9 @@ pub struct WireRecord {
     pub content_events: u32,
     /// The syscall's result.
     pub ret: i64,
+    /// `RequestStart`: when the request's first bytes arrived in the server's socket (BOOTTIME ns, before
+    /// `ts_ns`), 0 when unknown.
+    pub arrival_ns: u64,
     /// Request head bytes (`RequestStart` / `RequestHead`), cut at the blank line by the kernel.
     pub head: Vec<u8>,
 }
@@ -133,7 +136,10 @@ pub fn parse_traceparent(v: &str) -> Option<([u8; 16], [u8; 8], u8)> {
 #[derive(Debug)]
 struct Req {
     id: u64,
+    /// When its bytes arrived in the server's socket (or, not known, when the server read them).
     start_ns: u64,
+    /// How long its first bytes waited in the socket before the server read them (`None`: arrival unknown).
+    socket_wait_ns: Option<u64>,
     head: Vec<u8>,
     arrived: bool,
     content: u32,
@@ -191,9 +197,11 @@ impl Reconstructor {
                 self.next += 1;
                 self.stats.requests += 1;
                 let conn = self.conns.entry(key).or_default();
+                let arrived = (r.arrival_ns != 0 && r.arrival_ns <= r.ts_ns).then_some(r.arrival_ns);
                 conn.req = Some(Req {
                     id: WIRE_REQ_BASE + self.next,
-                    start_ns: r.ts_ns,
+                    start_ns: arrived.unwrap_or(r.ts_ns),
+                    socket_wait_ns: arrived.map(|a| r.ts_ns - a),
                     head: r.head.clone(),
                     arrived: false,
                     content: 0,
@@ -326,6 +334,7 @@ impl Reconstructor {
                 req_id: req.id,
                 method: head.method,
                 path: head.path,
+                socket_wait_ns: req.socket_wait_ns,
             },
         });
     }

@@ -346,3 +346,48 @@ fn a_wire_request_becomes_an_otel_span_parented_on_the_callers_traceparent() {
     assert_eq!(req.parent_span_id, SpanId::from_bytes(p));
     assert!(req.parent_span_is_remote);
 }
+
+#[test]
+fn a_request_starts_when_its_bytes_arrived_and_says_how_long_they_waited() {
+    let ttft = |arrival_before_read: Option<u64>| {
+        let mut s = Sim::new();
+        s.ts = 100_000_000;
+        s.read(HEAD);
+        let read_ns = s.records[0].ts_ns;
+        s.records[0].arrival_ns = arrival_before_read.map_or(0, |d| read_ns - d);
+        s.write(SSE_HEAD);
+        s.write(&chunk(&token("Hi")));
+        let evs = s.events();
+        let wait = evs.iter().find_map(|e| match &e.body {
+            EventBody::WireRequest { socket_wait_ns, .. } => Some(*socket_wait_ns),
+            _ => None,
+        });
+        let at = |k: RequestEventKind| {
+            evs.iter()
+                .find(|e| matches!(&e.body, EventBody::Request(r) if RequestEventKind::from_raw(r.kind) == Some(k)))
+                .map(|e| e.ts_ns)
+                .unwrap()
+        };
+        (
+            at(RequestEventKind::FirstToken) - at(RequestEventKind::Arrived),
+            wait.unwrap(),
+        )
+    };
+    let (read_based, none) = ttft(None);
+    assert_eq!(none, None, "no arrival seen: the request starts at the read");
+    let (arrival_based, wait) = ttft(Some(4_000_000));
+    assert_eq!(wait, Some(4_000_000), "4 ms in the server's socket");
+    assert_eq!(arrival_based, read_based + 4_000_000, "the wait is part of TTFT");
+    // A stamp after the read (a clock oddity) is not believed.
+    let mut s = Sim::new();
+    s.read(HEAD);
+    s.records[0].arrival_ns = s.records[0].ts_ns + 1;
+    let evs = s.events();
+    assert!(evs.iter().any(|e| matches!(
+        &e.body,
+        EventBody::WireRequest {
+            socket_wait_ns: None,
+            ..
+        }
+    )));
+}

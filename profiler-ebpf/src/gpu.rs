@@ -35,7 +35,11 @@ pub fn llmprof_gpu(ctx: ProbeContext) -> u32 {
     let p = e.as_mut_ptr();
     // Bounded for the verifier: 1 ..= GPU_CHUNK_MAX (checked above; the mask keeps it so after codegen).
     let n = (len as u32) & (2 * GPU_CHUNK_MAX as u32 - 1);
-    let n = if n > GPU_CHUNK_MAX as u32 { GPU_CHUNK_MAX as u32 } else { n };
+    let n = if n > GPU_CHUNK_MAX as u32 {
+        GPU_CHUNK_MAX as u32
+    } else {
+        n
+    };
     // SAFETY: `p` is a reserved GpuChunkEvent; every write stays inside it (`n` ≤ the `data` array). The chunk
     // is read from user memory by the helper, which fails cleanly on a bad pointer.
     let rc = unsafe {

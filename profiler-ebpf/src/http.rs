@@ -15,24 +15,41 @@
 //!   not content. Ends: `Content-Length` bytes written, the chunk terminator `0\r\n\r\n`, `data: [DONE]`.
 //! - a read of 0 bytes (EOF) or a reset is the peer going away; close of the fd ends the connection.
 //!
+//! A request starts when its first bytes reached the server's socket, not when the server got round to reading
+//! them (a busy event loop, a full accept queue): `llmprof_skready` (sock:sk_data_ready, in whatever context
+//! queued the data) stamps the first unread bytes of established TCP sockets on ports known to carry HTTP to a
+//! traced process (`HTTP_PORTS`: learned at a followed connection's first request, or `--http-port`'s) into
+//! `HTTP_ARRIVALS`; `llmprof_skrecv` (sock:sock_recv_length, inside the traced thread's read) moves the stamp
+//! of the socket it read into the connection's state; the read's exit puts it into the request's start record.
+//! `llmprof_skgone` (tcp:tcp_destroy_sock) forgets a destroyed socket, so a reused address never inherits
+//! a stamp.
+//!
 //! Bytes are scanned with `bpf_loop` (one verified callback, any count up to the bound) from a per-CPU
 //! scratch copy: at most `SCAN_MAX` bytes per buffer and `MAX_IOV` buffers per call (more is flagged).
 //! Only counts and flags leave the kernel for responses; nothing of the body.
 
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
+    bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     cty::c_void,
-    helpers::generated::{bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user},
-    macros::map,
-    maps::{HashMap, PerCpuArray},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel as read_kernel,
+        generated::{bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user},
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::TracePointContext,
 };
 use llmprof_abi::{
-    EventKind, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE, HTTP_FLAG_SCAN_CUT,
-    HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp, Knob, ProbeId, Scan,
-    SockKey, counting_body, finish_write, is_http_request_start, scan_byte, start_response,
+    EventKind, HTTP_ARRIVALS_MAX, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE,
+    HTTP_FLAG_SCAN_CUT, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HTTP_PORTS_MAX, HttpConnState, HttpEvent,
+    HttpHeadEvent, HttpOp, Knob, ProbeId, SOCK_FAMILY_OFFSET, SOCK_NUM_OFFSET, SOCK_STATE_OFFSET, Scan,
+    SockKey, TCP_STATE_ESTABLISHED, counting_body, finish_write, is_http_request_start, scan_byte,
+    start_response,
 };
 
-use crate::{EVENTS, Inflight, count, header, knob, now};
+use crate::{
+    EVENTS, Inflight, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, count, header, knob, now, slot_of,
+};
 
 /// Bytes of one buffer the response scanner looks at (a power of two: indexes are masked).
 const SCAN_MAX: usize = 4096;
@@ -47,6 +64,112 @@ static HTTP_LISTEN: HashMap<SockKey, u8> = HashMap::with_max_entries(256, 0);
 /// Followed connections, by (tgid, fd); removed at close.
 #[map]
 static HTTP_CONNS: HashMap<SockKey, HttpConnState> = HashMap::with_max_entries(8192, 0);
+
+/// Local ports known to carry HTTP to a traced process (value unused); see the module docs.
+#[map]
+static HTTP_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(HTTP_PORTS_MAX, 0);
+
+/// `struct sock` address → when its first unread bytes arrived (BOOTTIME ns); see the module docs.
+#[map]
+static HTTP_ARRIVALS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(HTTP_ARRIVALS_MAX, 0);
+
+// Field offsets of the tracepoints' formats (/sys/kernel/tracing/events/{sock,tcp}/*/format, a stable ABI).
+const TP_SK: usize = 8;
+const TP_FAMILY: usize = 16;
+const TP_PROTOCOL: usize = 18;
+const TP_RECV_RET: usize = 20;
+const TP_RECV_FLAGS: usize = 24;
+const TP_DESTROY_SPORT: usize = 16;
+const IPPROTO_TCP: u16 = 6;
+const MSG_PEEK: i32 = 2;
+
+#[inline(always)]
+fn tp<T: Copy + Default>(ctx: &TracePointContext, off: usize) -> T {
+    // SAFETY: `off` is a field offset of this tracepoint's format (see the constants); a failed read
+    // leaves the default.
+    unsafe { ctx.read_at::<T>(off) }.unwrap_or_default()
+}
+
+/// A field of the kernel's `struct sock_common` at `sk + off` (0 when unreadable).
+#[inline(always)]
+fn sock_field<T: Copy + Default>(sk: u64, off: u64) -> T {
+    // SAFETY: a fault-checked kernel read of a plain integer field; a failed read leaves the default.
+    unsafe { read_kernel((sk + off) as *const T) }.unwrap_or_default()
+}
+
+/// sock:sk_data_ready — bytes were queued on a socket: stamp the first unread ones of an established TCP
+/// socket on an HTTP port of a traced process.
+#[tracepoint]
+pub fn llmprof_skready(ctx: TracePointContext) -> u32 {
+    if tp::<u16>(&ctx, TP_PROTOCOL) != IPPROTO_TCP {
+        return 0;
+    }
+    let sk: u64 = tp(&ctx, TP_SK);
+    let port: u16 = sock_field(sk, SOCK_NUM_OFFSET);
+    // SAFETY: presence test only.
+    if unsafe { HTTP_PORTS.get(&port) }.is_none() {
+        return 0;
+    }
+    // The layout check: the family the tracepoint names is the one at our offset (else nothing is stamped).
+    if sock_field::<u16>(sk, SOCK_FAMILY_OFFSET) != tp::<u16>(&ctx, TP_FAMILY)
+        || sock_field::<u8>(sk, SOCK_STATE_OFFSET) != TCP_STATE_ESTABLISHED
+    {
+        return 0;
+    }
+    // The first stamp since the last read stays.
+    let _ = HTTP_ARRIVALS.insert(&sk, &now(), BPF_NOEXIST as u64);
+    0
+}
+
+/// sock:sock_recv_length — inside a read of a traced thread: when the socket is a followed connection, its
+/// address is noted and the stamp of the bytes this read consumed moves into the connection's state.
+#[tracepoint]
+pub fn llmprof_skrecv(ctx: TracePointContext) -> u32 {
+    let ret: i32 = tp(&ctx, TP_RECV_RET);
+    if ret <= 0 || tp::<i32>(&ctx, TP_RECV_FLAGS) & MSG_PEEK != 0 {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(slot) = slot_of(pid_tgid as u32) else {
+        return 0;
+    };
+    // SAFETY: the current thread's own slot (see `slot_of`), read only.
+    let (nr, fd) = unsafe { ((*slot).nr, (*slot).args[0]) };
+    if !matches!(nr, NR_READ | NR_READV | NR_RECVFROM | NR_RECVMSG) {
+        return 0;
+    }
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: fd as i32,
+    };
+    let Some(st) = HTTP_CONNS.get_ptr_mut(&key) else {
+        return 0;
+    };
+    let sk: u64 = tp(&ctx, TP_SK);
+    // SAFETY: copied out at once.
+    let arrival = unsafe { HTTP_ARRIVALS.get(&sk) }.copied().unwrap_or(0);
+    if arrival != 0 {
+        let _ = HTTP_ARRIVALS.remove(&sk);
+    }
+    // SAFETY: a valid map value; the connection's reader is this thread.
+    unsafe {
+        (*st).sk = sk;
+        (*st).arrival_ns = arrival;
+    }
+    0
+}
+
+/// tcp:tcp_destroy_sock — a TCP socket on an HTTP port is gone: its stamp (if any) with it.
+#[tracepoint]
+pub fn llmprof_skgone(ctx: TracePointContext) -> u32 {
+    let port: u16 = tp(&ctx, TP_DESTROY_SPORT);
+    // SAFETY: presence test only.
+    if unsafe { HTTP_PORTS.get(&port) }.is_some() {
+        let sk: u64 = tp(&ctx, TP_SK);
+        let _ = HTTP_ARRIVALS.remove(&sk);
+    }
+    0
+}
 
 /// Per-CPU copy of the bytes being scanned, and the scan's state. The state lives in the map value, not on the
 /// stack, on purpose: the verifier then sees every load of it as an unknown scalar, so the `bpf_loop`
@@ -294,7 +417,11 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         return 0;
     };
     // SAFETY: a valid map value; one thread serves a connection at a time (a race only garbles one scan).
-    let (conn, phase) = unsafe { ((*st).conn, (*st).phase) };
+    let (conn, phase, arrival, sk) = unsafe {
+        let v = ((*st).conn, (*st).phase, (*st).arrival_ns, (*st).sk);
+        (*st).arrival_ns = 0;
+        v
+    };
     let probing = phase == HTTP_PHASE_PROBE;
     if probing && ret <= 0 {
         // Nothing read yet on a provisional connection: EAGAIN keeps it, an end or error drops it unseen.
@@ -363,6 +490,14 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
             let _ = HTTP_CONNS.remove(&key);
             return 0;
         }
+        // SAFETY: see above.
+        if sk != 0 && unsafe { (*st).port_noted } == 0 {
+            // A request on this port: its later connections' bytes are stamped on arrival.
+            let port: u16 = sock_field(sk, SOCK_NUM_OFFSET);
+            let _ = HTTP_PORTS.insert(&port, &1, 0);
+            // SAFETY: see above.
+            unsafe { (*st).port_noted = 1 };
+        }
     }
     // SAFETY: the scratch value is this CPU's; `st` a valid map value (see above). The callback is a verified
     // subprogram and gets the scratch value as its context.
@@ -413,6 +548,7 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         (&raw mut (*p).flags).write(flags);
         (&raw mut (*p).len).write(hx.n as u32);
         (&raw mut (*p).ret).write(ret);
+        (&raw mut (*p).arrival_ns).write(if start { arrival } else { 0 });
         bpf_probe_read_kernel(
             (&raw mut (*p).data).cast::<c_void>(),
             HTTP_HEAD_MAX as u32,

@@ -22,6 +22,8 @@
 //! - `llmprof_pysample` (perf_event, software CPU clock; module `python`): the sampled thread's CPython
 //!   frames, one `PyStackEvent` per sample.
 //!
+//! - `llmprof_skready` / `llmprof_skrecv` / `llmprof_skgone` (sock:sk_data_ready, sock:sock_recv_length,
+//!   tcp:tcp_destroy_sock; module `http`): when a request's bytes arrived in the server's socket.
 //! - `llmprof_tnew` / `llmprof_sswitch` / `llmprof_swaking` / `llmprof_swnew` (module `sched`): thread
 //!   states of the traced threads and the tid → tgid map they need.
 //! - `llmprof_sample` (perf_event, software CPU clock, one event per CPU; module `sample`): on-CPU stack
@@ -161,20 +163,20 @@ fn knob(k: Knob) -> u64 {
 type Inflight = SyscallSlot;
 
 // x86-64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl).
-const NR_READ: u64 = 0;
+pub(crate) const NR_READ: u64 = 0;
 const NR_WRITE: u64 = 1;
 const NR_OPEN: u64 = 2;
 const NR_CLOSE: u64 = 3;
 const NR_MMAP: u64 = 9;
 const NR_PREAD64: u64 = 17;
-const NR_READV: u64 = 19;
+pub(crate) const NR_READV: u64 = 19;
 const NR_WRITEV: u64 = 20;
 const NR_CONNECT: u64 = 42;
 const NR_ACCEPT: u64 = 43;
 const NR_SENDTO: u64 = 44;
-const NR_RECVFROM: u64 = 45;
+pub(crate) const NR_RECVFROM: u64 = 45;
 const NR_SENDMSG: u64 = 46;
-const NR_RECVMSG: u64 = 47;
+pub(crate) const NR_RECVMSG: u64 = 47;
 const NR_ACCEPT4: u64 = 288;
 const NR_EXIT: u64 = 60;
 const NR_EXIT_GROUP: u64 = 231;
@@ -289,7 +291,7 @@ fn in_array(tid: u32) -> bool {
 /// The syscall slot of a traced thread: its `SYSSLOTS` entry when the entry is claimed by it, else its
 /// `INFLIGHT` entry. `None` for a thread that has not made a traced syscall (or whose slot was freed).
 #[inline(always)]
-fn slot_of(tid: u32) -> Option<*mut Inflight> {
+pub(crate) fn slot_of(tid: u32) -> Option<*mut Inflight> {
     if in_array(tid) {
         let a = SYSSLOTS.get_ptr_mut(tid)?;
         // SAFETY: a valid array entry; only the thread `tid` (and its exit) writes an entry at index `tid`.

@@ -823,10 +823,11 @@ impl<'a> Session<'a> {
                 }
             }
             LiveCost::Measuring(c, t) if t.elapsed() >= LIVE_COST_FOR => {
-                if let Some(ns) = self.capture.live_sample_cost_finish(c) {
+                let f = self.capture.live_sample_cost_finish(c);
+                if let Some(ns) = f.sample_ns {
                     log::info!("stack sampler: {ns:.0} ns per sample of the targets (measured on them)");
-                    self.acct.set_live_sample_ns(ns);
                 }
+                self.acct.set_live(f);
                 LiveCost::Done
             }
             other => other,
@@ -977,10 +978,9 @@ impl<'a> Session<'a> {
             self.engine_probes = e;
         }
         // A session that ends inside the live-cost window still has a figure from what it measured.
-        if let LiveCost::Measuring(c, _) = std::mem::replace(&mut self.live_cost, LiveCost::Done)
-            && let Some(ns) = self.capture.live_sample_cost_finish(c)
-        {
-            self.acct.set_live_sample_ns(ns);
+        if let LiveCost::Measuring(c, _) = std::mem::replace(&mut self.live_cost, LiveCost::Done) {
+            let f = self.capture.live_sample_cost_finish(c);
+            self.acct.set_live(f);
         }
         let final_counters = self.capture.account_counters();
         let mut overhead = self.acct.summary(

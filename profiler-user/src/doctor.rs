@@ -197,6 +197,19 @@ pub fn run(opts: &DoctorOptions) -> Report {
     for (category, name, _) in capture::TRACEPOINTS {
         checks.push(tracepoint(category, name, tracefs_ok));
     }
+    for (category, name, _) in capture::http::ARRIVAL_TRACEPOINTS {
+        let mut c = tracepoint(category, name, tracefs_ok);
+        if c.status == Status::Fail {
+            // Optional: without it a wire request starts when the server reads it, not when it arrived.
+            c = Check::new(
+                c.check,
+                Status::Warn,
+                format!("{}: wire requests start when the server reads them (their wait in its socket is not seen)", c.detail),
+            )
+            .fix("Linux 6.6 or later has sock:sk_data_ready and sock:sock_recv_length");
+        }
+        checks.push(c);
+    }
     checks.push(uprobe_support());
     checks.push(ringbuf(root));
     checks.extend(uprobe_cost(root));

@@ -292,8 +292,14 @@ fn print_overhead(r: &attach::AttachReport) {
             c.entry_name()
         );
         if let (Some(r), Some(w)) = (c.http_request_ns, c.http_sse_write_ns) {
+            let arrival = match (c.http_arrival_ns, c.http_arrival_runs_per_s) {
+                (Some(ns), Some(per_s)) => format!(
+                    "; arrival stamps {ns:.0} ns per run, {per_s:.0} runs/s host-wide (not charged: softirq and senders)"
+                ),
+                _ => String::new(),
+            };
             println!(
-                "  wire probe: {r:.0} ns per followed request, {w:.0} ns per followed SSE write (a chat chunk)"
+                "  wire probe: {r:.0} ns per followed request, {w:.0} ns per followed SSE write (a chat chunk){arrival}"
             );
         }
         if let Some(ns) = c.sample_ns {

@@ -207,10 +207,18 @@ pub struct SelfAccount {
 }
 
 impl SelfAccount {
-    /// The sampler's cost per sample measured on the targets themselves: charged for every sample of the
-    /// session from now on, in place of the start-up figure.
-    pub fn set_live_sample_ns(&mut self, ns: f64) {
-        self.cal.sample_live_ns = Some(ns);
+    /// What the live window measured ([`crate::capture::sampling::LiveFigures`]): the sampler's cost per
+    /// sample on the targets themselves, charged for every sample of the session from now on in place of the
+    /// start-up figure (when measured), and the wire probe's arrival stamps (reported, not charged: they
+    /// run host-wide, mostly in softirq or in the sending process).
+    pub fn set_live(&mut self, f: crate::capture::sampling::LiveFigures) {
+        if let Some(ns) = f.sample_ns {
+            self.cal.sample_live_ns = Some(ns);
+        }
+        if let Some((ns, per_s)) = f.arrival {
+            self.cal.http_arrival_ns = Some(ns);
+            self.cal.http_arrival_runs_per_s = Some(per_s);
+        }
     }
 
     /// Starts accounting at `counters` (the capture's counters when tracing began).

@@ -1,7 +1,8 @@
 """OpenAI Python client load for the wire-probe tests: what a user's client measures, per request.
 
-Runs requests one after another on one client (keep-alive connection), each with its own `x-request-id`,
-streaming chat completions by default; records, per request, TTFT (request sent -> first chunk with content)
+Runs requests one after another on one client (its pool keeps the connection when the server does), each with its own `x-request-id`,
+streaming chat completions by default; records, per request, TTFT (the request's first byte sent -> first chunk
+with content; the client's own set-up before that, building the request or a new connection, is `client_setup_ms`)
 and the gaps between later content chunks, as the client sees them (the x-request-id is a fresh UUID). `--cancel I` closes request I's stream
 after 3 content chunks (the client goes away mid-stream). `--json-every K` makes every K-th request a
 non-streaming one. `--model NAME` names the served model. `--warmup N` first sends N streamed requests that are not recorded: the first call of a
@@ -18,6 +19,29 @@ import httpx
 import openai
 
 
+class SendMarks(httpx.HTTPTransport):
+    """A transport that notes when each request's first byte went out (httpcore's trace hook): the client's own
+    work before that (building the request, JSON, a new connection's handshake) is not the server's."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.sent = None
+
+    def handle_request(self, request):
+        request.extensions["trace"] = self._trace
+        return super().handle_request(request)
+
+    def _trace(self, name, _info):
+        if name == "http11.send_request_headers.started":
+            self.sent = time.perf_counter()
+
+
+def new_client(base_url):
+    marks = SendMarks()
+    client = openai.OpenAI(base_url=base_url, api_key="none", http_client=httpx.Client(timeout=120, transport=marks))
+    return client, marks
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
@@ -29,7 +53,7 @@ def main():
     ap.add_argument("--model", default="default")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    client = openai.OpenAI(base_url=a.base_url, api_key="none", http_client=httpx.Client(timeout=120))
+    client, marks = new_client(a.base_url)
     for _ in range(a.warmup):
         for _chunk in client.chat.completions.create(
             model=a.model,
@@ -53,6 +77,7 @@ def main():
         msgs = [{"role": "user", "content": prompts[i % len(prompts)]}]
         stream = not (a.json_every and (i + 1) % a.json_every == 0)
         t0 = time.perf_counter()
+        marks.sent = None
         times = []
         cancelled = False
         if stream:
@@ -82,20 +107,22 @@ def main():
                 extra_headers={"x-request-id": xid},
             )
         t1 = time.perf_counter()
+        sent = marks.sent if marks.sent is not None else t0
         rows.append(
             {
                 "x_request_id": xid,
                 "stream": stream,
                 "cancelled": cancelled,
-                "ttft_ms": (times[0] - t0) * 1e3 if times else None,
+                "ttft_ms": (times[0] - sent) * 1e3 if times else None,
+                "client_setup_ms": (sent - t0) * 1e3,
                 "itl_ms": [(b - a_) * 1e3 for a_, b in zip(times, times[1:])],
                 "chunks": len(times),
-                "e2e_ms": (t1 - t0) * 1e3,
+                "e2e_ms": (t1 - sent) * 1e3,
             }
         )
         if cancelled:
             # A new client: the cancelled stream's connection is gone.
-            client = openai.OpenAI(base_url=a.base_url, api_key="none", http_client=httpx.Client(timeout=120))
+            client, marks = new_client(a.base_url)
     with open(a.out, "w") as f:
         json.dump(rows, f)
 

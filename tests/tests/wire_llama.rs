@@ -1,8 +1,9 @@
 //! Requests seen on the wire, checked against the client: llama.cpp's OpenAI server (`llama_cpp.server`, a
 //! third-party Python server with no llmprof probes) started by a launcher process, driven by the OpenAI Python
-//! client (`tests/py/wire_client.py`: streaming chat completions on one keep-alive connection, one cancelled
-//! mid-stream, one non-streaming), traced by the real `llmprof attach`. Per request, `llmprof report`'s wire TTFT
-//! and inter-token latency must agree with what the client measured, the request count must be exact, the
+//! client (`tests/py/wire_client.py`: streaming chat completions, one cancelled mid-stream, one non-streaming),
+//! traced by the real `llmprof attach`. Per request, `llmprof report`'s wire TTFT (from the request's arrival in
+//! the server's socket) and inter-token latency must agree with what the client measured (from its first byte
+//! sent), each request must say how long it waited in the socket, the request count must be exact, the
 //! cancelled request must be marked so, and Perfetto's trace processor must load the trace cleanly.
 //!
 //! Needs `cargo xtask setup` (the servers venv with llama-cpp-python) and `cargo xtask fetch-model`.
@@ -56,7 +57,16 @@ fn llama_cpp_server_requests_match_the_openai_client() {
         REQUESTS + 1,
         "one wire request per client request (and the warm-up), no more: {wire:#?}"
     );
-    check_each(&client, &wire);
+    let matched = check_each(&client, &wire);
+    // The warm-up's request taught the kernel that the port carries HTTP: every later request starts when its
+    // bytes reached the server's socket, and says how long they waited there before the server read them.
+    for w in &matched {
+        let waited = w["socket_wait_ms"].as_f64();
+        assert!(
+            waited.is_some_and(|ms| (0.0..1000.0).contains(&ms)),
+            "a request on a known HTTP port has its wait in the server's socket: {w}"
+        );
+    }
 
     let mut tp = trace_processor::load(&trace_path).expect("trace processor loads the trace");
     let errors = tp.import_errors().expect("stats");

@@ -82,6 +82,9 @@ pub struct RequestRow {
     /// That wire TTFT minus the engine's own: the time before the first token spent outside the engine
     /// (HTTP, proxies, tokenization in the API tier, streaming back), ms.
     pub outside_engine_ttft_ms: Option<f64>,
+    /// A wire request: how long its first bytes waited in the server's socket before the server read them
+    /// (part of its TTFT; a busy event loop or a full accept queue), ms (`None`: arrival not seen).
+    pub socket_wait_ms: Option<f64>,
 }
 
 /// A step kind's or batch bucket's duration statistics.

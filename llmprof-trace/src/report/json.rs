@@ -135,6 +135,8 @@ struct Requests<'a> {
     e2e_ms: StatsJson,
     /// Engine requests also seen on the wire: their TTFT spent outside the engine.
     outside_engine_ttft_ms: StatsJson,
+    /// Wire requests: how long their first bytes waited in the server's socket.
+    socket_wait_ms: StatsJson,
     per_request: Vec<Request<'a>>,
 }
 
@@ -156,6 +158,7 @@ impl<'a> Requests<'a> {
             itl_ms: StatsJson::of(&Stats::of(&r.itl_ms)),
             e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms)),
             outside_engine_ttft_ms: StatsJson::of(&r.col(|q| q.outside_engine_ttft_ms)),
+            socket_wait_ms: StatsJson::of(&r.col(|q| q.socket_wait_ms)),
             per_request: r.requests.iter().map(Request::of).collect(),
         }
     }
@@ -180,6 +183,7 @@ struct Request<'a> {
     pid: u32,
     wire_ttft_ms: Option<Num>,
     outside_engine_ttft_ms: Option<Num>,
+    socket_wait_ms: Option<Num>,
 }
 
 impl<'a> Request<'a> {
@@ -201,6 +205,7 @@ impl<'a> Request<'a> {
             pid: q.pid,
             wire_ttft_ms: opt(q.wire_ttft_ms),
             outside_engine_ttft_ms: opt(q.outside_engine_ttft_ms),
+            socket_wait_ms: opt(q.socket_wait_ms),
         }
     }
 }

@@ -174,6 +174,12 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
             arrival_ns: outer.ts,
             wire_ttft_ms: None,
             outside_engine_ttft_ms: None,
+            socket_wait_ms: t
+                .instants
+                .iter()
+                .find(|i| i.name == slice::HTTP_REQUEST_LINE)
+                .and_then(|i| arg_f(&i.args, arg::SOCKET_WAIT_NS))
+                .map(|ns| ns / 1e6),
         });
     }
     rows.sort_by_key(|q| q.req_id);

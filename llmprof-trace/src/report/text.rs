@@ -83,6 +83,10 @@ impl Report {
         if outside.count > 0 {
             row(&mut o, "TTFT outside the engine", &outside);
         }
+        let waited = self.col(|q| q.socket_wait_ms);
+        if waited.count > 0 {
+            row(&mut o, "wait in server socket", &waited);
+        }
         header(&mut o, "Engine steps (host duration)");
         for (k, s) in &self.steps_by_kind {
             row(&mut o, k, s);

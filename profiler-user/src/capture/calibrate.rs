@@ -204,6 +204,8 @@ impl Raw {
             },
             sample_ns: None,
             sample_live_ns: None,
+            http_arrival_ns: None,
+            http_arrival_runs_per_s: None,
             offcpu_stack_ns: match (self.pingpong_traced, self.pingpong_offcpu) {
                 (Some(t), Some(o)) if self.offcpu_stacks_per_trip > 0.0 => {
                     Some(((o - t) / self.offcpu_stacks_per_trip).max(0.0))

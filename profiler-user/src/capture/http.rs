@@ -7,13 +7,15 @@
 //! written for `--http-port`); and decoding
 //! `HttpEvent` / `HttpHeadEvent` records into [`WireRecord`]s for [`llmprof_trace::wire::Reconstructor`].
 //! Head bytes go straight to the reconstructor, which keeps only method, path, `traceparent` and
-//! `x-request-id`.
+//! `x-request-id`. Also attaches the arrival stamps ([`attach_arrivals`]): a request starts when its bytes
+//! reached the server's socket, not when the server read them.
 
 use std::collections::HashMap as StdHashMap;
 use std::fs;
 
 use aya::Ebpf;
 use aya::maps::HashMap;
+use aya::programs::TracePoint;
 use llmprof_abi::{
     EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
     SockKey,
@@ -21,7 +23,58 @@ use llmprof_abi::{
 use llmprof_trace::wire::WireRecord;
 
 use super::decode::read;
-use super::{CaptureError, map_err};
+use super::{CaptureError, TRACEFS, map_err, program};
+
+/// The arrival-stamp programs (`profiler-ebpf/src/http.rs`): (category, name, program), the forgetting one
+/// first so no stamp outlives its socket.
+pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("tcp", "tcp_destroy_sock", "llmprof_skgone"),
+    ("sock", "sock_recv_length", "llmprof_skrecv"),
+    ("sock", "sk_data_ready", "llmprof_skready"),
+];
+
+/// Attaches [`ARRIVAL_TRACEPOINTS`] and puts `--http-port`'s ports into the kernel's HTTP ports map (with
+/// [`HttpPorts::All`] the kernel learns them at each port's first request). `Ok(Err(why))` when the kernel
+/// lacks one of the tracepoints (`sock:sk_data_ready` is Linux 6.6+): wire requests then start when the
+/// server reads them.
+pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), String>, CaptureError> {
+    let missing: Vec<String> = ARRIVAL_TRACEPOINTS
+        .iter()
+        .filter(|(c, n, _)| {
+            !std::path::Path::new(TRACEFS)
+                .join("events")
+                .join(c)
+                .join(n)
+                .exists()
+        })
+        .map(|(c, n, _)| format!("{c}:{n}"))
+        .collect();
+    if !missing.is_empty() {
+        return Ok(Err(format!(
+            "the kernel has no tracepoint {}",
+            missing.join(", ")
+        )));
+    }
+    if let HttpPorts::Only(only) = ports {
+        let map = ebpf
+            .map_mut("HTTP_PORTS")
+            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_PORTS".into()))?;
+        let mut known = HashMap::<_, u16, u8>::try_from(map).map_err(map_err("HTTP_PORTS"))?;
+        for &p in only {
+            known.insert(p, 1, 0).map_err(map_err("HTTP_PORTS"))?;
+        }
+    }
+    for (category, name, prog) in ARRIVAL_TRACEPOINTS {
+        let perr = |source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        };
+        let p: &mut TracePoint = program(ebpf, prog)?;
+        p.load().map_err(perr)?;
+        p.attach(category, name).map_err(perr)?;
+    }
+    Ok(Ok(()))
+}
 
 /// Which listening ports of the traced processes the wire probe follows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -220,6 +273,7 @@ pub fn decode(b: &[u8]) -> Option<WireRecord> {
                 op: HttpOp::from_raw(e.op),
                 flags: e.flags,
                 ret: e.ret,
+                arrival_ns: e.arrival_ns,
                 head: e.data[..n].to_vec(),
                 ..base
             })

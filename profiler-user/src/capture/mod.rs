@@ -110,7 +110,7 @@ pub const CUDA_PROGRAMS: (&str, &str) = ("llmprof_cuent", "llmprof_curet");
 /// The entry-only uprobe that counts launch-type CUDA calls ([`llmprof_abi::cudacount`]).
 pub const CUDA_COUNT_PROGRAM: &str = "llmprof_cucount";
 /// Every program name of the object (all start with `llmprof_`, which a kernel listing shows).
-pub const PROGRAM_NAMES: [&str; 19] = [
+pub const PROGRAM_NAMES: [&str; 22] = [
     "llmprof_tnew",
     "llmprof_sswitch",
     "llmprof_swaking",
@@ -130,6 +130,9 @@ pub const PROGRAM_NAMES: [&str; 19] = [
     "llmprof_pysample",
     sampling::SAMPLE_PROGRAM,
     gpu_activity::HANDOFF_PROGRAM,
+    http::ARRIVAL_TRACEPOINTS[0].2,
+    http::ARRIVAL_TRACEPOINTS[1].2,
+    http::ARRIVAL_TRACEPOINTS[2].2,
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -547,6 +550,11 @@ impl Capture {
         write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
+        }
+        if cfg.http != http::HttpPorts::Off
+            && let Err(why) = http::attach_arrivals(&mut ebpf, &cfg.http)?
+        {
+            log::warn!("wire probe: {why}: requests start when the server reads them, not when they arrive");
         }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
         let sampler = match cfg.sample_hz {
@@ -1083,8 +1091,9 @@ impl Capture {
         sampling::live_start(&mut self.ebpf, self.samples_decoded)
     }
 
-    /// Ends the measurement: ns per on-CPU sample of the targets (`None`: too few samples).
-    pub fn live_sample_cost_finish(&mut self, c: sampling::LiveCost) -> Option<f64> {
+    /// Ends the measurement: ns per on-CPU sample of the targets (`None`: too few samples), and the wire
+    /// probe's arrival stamps.
+    pub fn live_sample_cost_finish(&mut self, c: sampling::LiveCost) -> sampling::LiveFigures {
         sampling::live_finish(&mut self.ebpf, c, self.samples_decoded)
     }
 
@@ -1431,7 +1440,10 @@ mod tests {
         let value = |name: &str| -> u64 {
             let line = src
                 .lines()
-                .find(|l| l.starts_with(&format!("const {name}: u64 = ")))
+                .find(|l| {
+                    l.trim_start_matches("pub(crate) ")
+                        .starts_with(&format!("const {name}: u64 = "))
+                })
                 .unwrap_or_else(|| panic!("profiler-ebpf defines no {name}"));
             line.rsplit(' ')
                 .next()

@@ -179,10 +179,35 @@ pub struct LiveCost {
     runs: u64,
     run_ns: u128,
     samples: u64,
+    /// The wire probe's arrival-stamp programs (when attached): runs and run time at the start.
+    arrivals: Option<(u64, u128)>,
+    started: std::time::Instant,
+}
+
+/// What the live window measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveFigures {
+    /// The sampler's ns per on-CPU sample of the targets (`None` with too few samples).
+    pub sample_ns: Option<f64>,
+    /// The arrival-stamp programs (`capture::http::ARRIVAL_TRACEPOINTS`): mean ns per run and runs per
+    /// second, host-wide (`None`: not attached, or no run).
+    pub arrival: Option<(f64, f64)>,
 }
 
 /// Fewest on-CPU samples of the targets a live window must see to give a figure.
 const LIVE_MIN_SAMPLES: u64 = 20;
+
+/// Runs and run time (ns) of the arrival-stamp programs together (`None` when they are not loaded).
+fn arrival_runs(ebpf: &mut Ebpf) -> Option<(u64, u128)> {
+    let mut total = (0u64, 0u128);
+    for (_, _, prog) in super::http::ARRIVAL_TRACEPOINTS {
+        let p: &mut aya::programs::TracePoint = program(ebpf, prog).ok()?;
+        let info = p.info().ok()?;
+        total.0 += info.run_count();
+        total.1 += info.run_time().as_nanos();
+    }
+    Some(total)
+}
 
 /// Turns the statistics on and notes where the sampler program stands (`samples`: on-CPU samples of the targets
 /// decoded so far). `None` (logged) when the statistics are unavailable.
@@ -197,20 +222,41 @@ pub(super) fn live_start(ebpf: &mut Ebpf, samples: u64) -> Option<LiveCost> {
         runs: info.run_count(),
         run_ns: info.run_time().as_nanos(),
         samples,
+        arrivals: arrival_runs(ebpf),
+        started: std::time::Instant::now(),
     })
 }
 
 /// Ends the window: the sampler program's run time in it (every run: the targets' samples and the cheap
 /// early exits on other tasks) divided by the targets' on-CPU samples decoded in it, ns — all of the
-/// sampler's CPU charged to the samples it took. `None` with too few samples. The statistics go off.
-pub(super) fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> Option<f64> {
-    let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM).ok()?;
-    let info = p.info().ok()?;
+/// sampler's CPU charged to the samples it took — and the arrival-stamp programs' figures. The statistics go
+/// off.
+pub(super) fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> LiveFigures {
+    let arrival = match (c.arrivals, arrival_runs(ebpf)) {
+        (Some((r0, t0)), Some((r1, t1))) if r1 > r0 => {
+            let runs = r1 - r0;
+            let secs = c.started.elapsed().as_secs_f64().max(1e-3);
+            Some((t1.saturating_sub(t0) as f64 / runs as f64, runs as f64 / secs))
+        }
+        _ => None,
+    };
+    let Some(info) = program::<PerfEvent>(ebpf, SAMPLE_PROGRAM)
+        .ok()
+        .and_then(|p| p.info().ok())
+    else {
+        return LiveFigures {
+            sample_ns: None,
+            arrival,
+        };
+    };
     let taken = samples.saturating_sub(c.samples);
     let ns = info.run_time().as_nanos().saturating_sub(c.run_ns) as f64;
     log::debug!(
         "sampler live cost: {} runs, {taken} target samples, {ns:.0} ns",
         info.run_count().saturating_sub(c.runs)
     );
-    (taken >= LIVE_MIN_SAMPLES).then(|| ns / taken as f64)
+    LiveFigures {
+        sample_ns: (taken >= LIVE_MIN_SAMPLES).then(|| ns / taken as f64),
+        arrival,
+    }
 }

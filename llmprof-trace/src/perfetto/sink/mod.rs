@@ -297,9 +297,12 @@ impl<W: Write> TraceSink<W> {
             EventBody::Overhead(o) => self.overhead(ts, o),
             EventBody::Degraded(d) => self.degraded(ts, d),
             EventBody::PyStack(s) => self.py_stack(ev, s),
-            EventBody::WireRequest { req_id, method, path } => {
-                self.wire_request(ev.pid, ts, *req_id, method, path)
-            }
+            EventBody::WireRequest {
+                req_id,
+                method,
+                path,
+                socket_wait_ns,
+            } => self.wire_request(ev.pid, ts, *req_id, method, path, *socket_wait_ns),
             EventBody::WireResponse { req_id, status } => self.wire_response(ev.pid, ts, *req_id, *status),
             EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
             EventBody::SchedSwitch(s) => self.sched_switch(ev, s),

@@ -196,6 +196,10 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         if let Some(p) = c.http_sse_write_ns {
             args.push(arg_f(arg::COST_NS_HTTP_SSE_WRITE, p));
         }
+        if let (Some(ns), Some(per_s)) = (c.http_arrival_ns, c.http_arrival_runs_per_s) {
+            args.push(arg_f(arg::COST_NS_HTTP_ARRIVAL, ns));
+            args.push(arg_f(arg::HTTP_ARRIVAL_RUNS_PER_S, per_s));
+        }
         args.push(arg_f(arg::SYSCALLS_PER_PROBE_HIT, c.syscalls_per_probe_hit));
         args.push(arg_s(arg::PROBE_ENTRY, c.entry_name()));
         args.push(arg_f(arg::CALIBRATION_MS, c.took_ms));

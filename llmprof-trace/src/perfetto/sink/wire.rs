@@ -9,7 +9,7 @@ use crate::names::{arg, slice};
 use crate::perfetto::writer::{arg_s, arg_u};
 
 impl<W: Write> TraceSink<W> {
-    /// The request line of wire request `req`.
+    /// The request line of wire request `req` (and how long it waited in the server's socket, when known).
     pub(super) fn wire_request(
         &mut self,
         pid: u32,
@@ -17,12 +17,16 @@ impl<W: Write> TraceSink<W> {
         req: u64,
         method: &str,
         path: &str,
+        socket_wait_ns: Option<u64>,
     ) -> io::Result<()> {
         let track = self.request_track(pid, req, "")?;
-        let args = vec![
+        let mut args = vec![
             arg_s(arg::HTTP_METHOD, method.to_owned()),
             arg_s(arg::HTTP_PATH, path.to_owned()),
         ];
+        if let Some(w) = socket_wait_ns {
+            args.push(arg_u(arg::SOCKET_WAIT_NS, w));
+        }
         self.instant(ts, track, slice::HTTP_REQUEST_LINE, args, Vec::new())
     }
 
