@@ -141,9 +141,10 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     let ours = cap.program_ids();
     assert_eq!(
         ours.len(),
-        8 + llmprof::capture::sched::SCHED_TRACEPOINTS.len(),
-        "eight programs loaded (3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes) and the \
-         thread-state programs"
+        8 + llmprof::capture::sched::SCHED_TRACEPOINTS.len()
+            + llmprof::capture::http::ARRIVAL_TRACEPOINTS.len(),
+        "eight programs loaded (3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes), the \
+         thread-state programs and the wire probe's arrival stamps"
     );
 
     t.say("go");
