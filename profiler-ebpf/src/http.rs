@@ -82,6 +82,8 @@ const TP_RECV_FLAGS: usize = 24;
 const TP_DESTROY_SPORT: usize = 16;
 const IPPROTO_TCP: u16 = 6;
 const MSG_PEEK: i32 = 2;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 
 #[inline(always)]
 fn tp<T: Copy + Default>(ctx: &TracePointContext, off: usize) -> T {
@@ -494,7 +496,11 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         if sk != 0 && unsafe { (*st).port_noted } == 0 {
             // A request on this port: its later connections' bytes are stamped on arrival.
             let port: u16 = sock_field(sk, SOCK_NUM_OFFSET);
-            let _ = HTTP_PORTS.insert(&port, &1, 0);
+            let family: u16 = sock_field(sk, SOCK_FAMILY_OFFSET);
+            // A Unix socket has no port: nothing to learn.
+            if port != 0 && (family == AF_INET || family == AF_INET6) {
+                let _ = HTTP_PORTS.insert(&port, &1, 0);
+            }
             // SAFETY: see above.
             unsafe { (*st).port_noted = 1 };
         }
