@@ -218,11 +218,12 @@ pub struct GpuApiCall {
     pub end_ns: u64,
     /// 1: a runtime API call (`CUpti_runtime_api_trace_cbid`), 0: driver API.
     pub runtime: u32,
-    /// Always 0.
-    pub pad: u32,
+    /// Id of the function's name (`cuptiGetCallbackName`, sent once per process as a [`GpuName`] before the
+    /// first call that uses it, in the kernel names' id space); 0: not known (a CUPTI without that function).
+    pub name_id: u32,
 }
 
-/// A kernel name: this header, then `len` bytes (not NUL terminated), padded with zeros to a multiple of 8.
+/// A kernel's or a CUDA API function's name: this header, then `len` bytes (not NUL terminated), padded with zeros to a multiple of 8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuName {

@@ -2,7 +2,8 @@
 //!
 //! Owns the only reading of CUPTI's struct layouts in the workspace (so llmprof never depends on a CUPTI
 //! version) and the chunk packing. Pure: records come in as byte slices of a completed CUPTI buffer, chunks
-//! go out through a [`Sink`]; no CUPTI call, no allocation after [`Packer::new`] and [`Names::new`].
+//! go out through a [`Sink`]; no CUPTI call, no allocation after [`Packer::new`] and [`Names::new`] (but one
+//! per API function the first time it is seen: its name, asked of the [`Sink`]).
 //!
 //! Layouts (`cupti_activity.h`, `PACKED_ALIGNMENT`: packed, 8-byte aligned). The fields read here sit at the
 //! same offsets in every record version CUPTI has written since CUDA 11.0 (CUPTI API version 13:
@@ -249,7 +250,7 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
                 start_ns: u64_at(rec, api::START),
                 end_ns: u64_at(rec, api::END),
                 runtime: u32::from(k == KIND_RUNTIME),
-                pad: 0,
+                name_id: 0,
             }))
         }
         _ => Err(Skip::OtherKind),
@@ -259,11 +260,13 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
 /// Most distinct kernel names remembered per start (beyond: activities get name id 0, the name is not sent).
 pub const MAX_NAMES: usize = 1 << 16;
 
-/// Kernel names sent so far (by a 64-bit FNV-1a hash of the bytes, so CUPTI's pointers need not be stable).
+/// Kernel and API function names sent so far (by a 64-bit FNV-1a hash of the bytes, so CUPTI's pointers need
+/// not be stable), and the name id of each API function seen (by (runtime, callback id); 0: no name).
 #[derive(Debug)]
 pub struct Names {
     ids: HashMap<u64, u32>,
     next: u32,
+    api: HashMap<(bool, u32), u32>,
 }
 
 impl Default for Names {
@@ -278,6 +281,7 @@ impl Names {
         Self {
             ids: HashMap::with_capacity(1024),
             next: 1,
+            api: HashMap::with_capacity(256),
         }
     }
 
@@ -285,6 +289,7 @@ impl Names {
     pub fn clear(&mut self) {
         self.ids.clear();
         self.next = 1;
+        self.api.clear();
     }
 
     /// The id of `name`, and whether it is new (to be sent before the activity). `(0, false)` when full.
@@ -307,12 +312,32 @@ impl Names {
     }
 }
 
-/// Where chunks go, and the clock pair each chunk header carries.
+/// Where chunks go, the clock pair each chunk header carries, and the names of CUDA API functions.
 pub trait Sink {
     /// (CUPTI timestamp, CLOCK_BOOTTIME) read together.
     fn clock(&mut self) -> (u64, u64);
     /// One finished chunk.
     fn handoff(&mut self, chunk: &[u8]);
+    /// The name of the driver (`runtime` false) or runtime API function with callback id `cbid`
+    /// (`cuptiGetCallbackName`); asked once per function and session. `None`: not known.
+    fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>>;
+}
+
+/// What a timeline shows of CUPTI's name for an API function: runtime names lose CUPTI's version suffix
+/// (`cudaLaunchKernel_v7000` → `cudaLaunchKernel`); driver names are the exported symbols and stay
+/// (`cuMemcpyHtoDAsync_v2`).
+pub fn api_display_name(runtime: bool, raw: &[u8]) -> &[u8] {
+    if !runtime {
+        return raw;
+    }
+    match raw.iter().rposition(|&b| b == b'_') {
+        Some(i)
+            if raw.len() - i >= 6 && raw[i + 1] == b'v' && raw[i + 2..].iter().all(u8::is_ascii_digit) =>
+        {
+            &raw[..i]
+        }
+        _ => raw,
+    }
 }
 
 /// Types written into chunks as raw bytes.
@@ -386,10 +411,29 @@ impl Packer {
         self.records += 1;
     }
 
-    /// Adds a converted record (and, first, its kernel name when new).
+    /// Adds a converted record (and, first, its kernel's or API function's name when new).
     pub fn add(&mut self, conv: Converted, names: &mut Names, sink: &mut impl Sink) {
         match conv {
-            Converted::Api(call) => {
+            Converted::Api(mut call) => {
+                let runtime = call.runtime != 0;
+                call.name_id = match names.api.get(&(runtime, call.cbid)) {
+                    Some(&id) => id,
+                    None => {
+                        let id = match sink.api_name(runtime, call.cbid) {
+                            Some(raw) => {
+                                let shown = api_display_name(runtime, &raw);
+                                let (id, new) = names.id(shown);
+                                if new {
+                                    self.push_name(id, shown, sink);
+                                }
+                                id
+                            }
+                            None => 0,
+                        };
+                        names.api.insert((runtime, call.cbid), id);
+                        id
+                    }
+                };
                 self.push(bytes_of(&call), sink);
                 self.records_out += 1;
             }
@@ -500,6 +544,70 @@ mod tests {
         fn handoff(&mut self, chunk: &[u8]) {
             self.0.push(chunk.to_vec());
         }
+        fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
+            match (runtime, cbid) {
+                (false, 307) => Some(b"cuLaunchKernel".to_vec()),
+                (true, 211) => Some(b"cudaLaunchKernel_v7000".to_vec()),
+                _ => None,
+            }
+        }
+    }
+
+    /// An API record of CUPTI (driver or runtime) with callback id `cbid`.
+    fn api_rec(runtime: bool, cbid: u32) -> Vec<u8> {
+        let mut a = vec![0u8; 40];
+        let kind = if runtime { KIND_RUNTIME } else { KIND_DRIVER };
+        a[0..4].copy_from_slice(&kind.to_le_bytes());
+        a[4..8].copy_from_slice(&cbid.to_le_bytes());
+        a
+    }
+
+    #[test]
+    fn api_functions_are_named_once_per_session_and_runtime_suffixes_go() {
+        let (mut names, mut p, mut sink) = (Names::new(), Packer::new(), Collect::default());
+        for (runtime, cbid) in [(false, 307), (false, 307), (true, 211), (false, 99), (false, 307)] {
+            p.add(
+                convert(&api_rec(runtime, cbid), 28).unwrap(),
+                &mut names,
+                &mut sink,
+            );
+        }
+        p.flush(&mut sink);
+        let c = &sink.0[0];
+        let mut off = HDR;
+        let mut got = Vec::new();
+        while off < c.len() {
+            let size = u32_at(c, off + 4) as usize;
+            if u16_at(c, off) == GpuRecordKind::Name as u16 {
+                let n = usize::from(u16_at(c, off + 12));
+                got.push(format!(
+                    "name {} {}",
+                    u32_at(c, off + 8),
+                    String::from_utf8_lossy(&c[off + 16..off + 16 + n])
+                ));
+            } else {
+                got.push(format!("call {} -> {}", u32_at(c, off + 12), u32_at(c, off + 44)));
+            }
+            off += size;
+        }
+        assert_eq!(
+            got,
+            [
+                "name 1 cuLaunchKernel",
+                "call 307 -> 1",
+                "call 307 -> 1",
+                "name 2 cudaLaunchKernel",
+                "call 211 -> 2",
+                "call 99 -> 0",
+                "call 307 -> 1"
+            ]
+        );
+        assert_eq!(
+            api_display_name(false, b"cuMemcpyHtoDAsync_v2"),
+            b"cuMemcpyHtoDAsync_v2"
+        );
+        assert_eq!(api_display_name(true, b"cudaMemcpy_v3020"), b"cudaMemcpy");
+        assert_eq!(api_display_name(true, b"cudaFoo_v2"), b"cudaFoo_v2");
     }
 
     #[test]

@@ -43,6 +43,12 @@ type NextRecordFn = unsafe extern "C" fn(*mut u8, usize, *mut *mut u32) -> u32;
 type DroppedFn = unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> u32;
 /// `cuptiGetTimestamp`.
 type TimestampFn = unsafe extern "C" fn(*mut u64) -> u32;
+/// `cuptiGetCallbackName(CUpti_CallbackDomain, uint32_t cbid, const char **name)`.
+pub type CallbackNameFn = unsafe extern "C" fn(u32, u32, *mut *const c_char) -> u32;
+/// `CUPTI_CB_DOMAIN_DRIVER_API` (cupti_callbacks.h).
+pub const DOMAIN_DRIVER_API: u32 = 1;
+/// `CUPTI_CB_DOMAIN_RUNTIME_API`.
+pub const DOMAIN_RUNTIME_API: u32 = 2;
 
 /// The CUPTI functions the helper uses, with cupti_activity.h / cupti_callbacks.h signatures.
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +65,8 @@ pub struct Api {
     pub get_next_record: NextRecordFn,
     pub get_num_dropped: DroppedFn,
     pub get_timestamp: TimestampFn,
+    /// Optional: without it API calls are named by callback id.
+    pub get_callback_name: Option<CallbackNameFn>,
 }
 
 /// Mapped files of `/proc/self/maps` (absolute paths, in map order, deduplicated).
@@ -167,5 +175,8 @@ fn open(path: &Path) -> Option<Api> {
         get_next_record: f!(c"cuptiActivityGetNextRecord", NextRecordFn),
         get_num_dropped: f!(c"cuptiActivityGetNumDroppedRecords", DroppedFn),
         get_timestamp: f!(c"cuptiGetTimestamp", TimestampFn),
+        // SAFETY: as in `f!`: CUPTI's function of that name, with the field's C signature (cupti_callbacks.h).
+        get_callback_name: sym(c"cuptiGetCallbackName")
+            .map(|p| unsafe { std::mem::transmute::<*mut c_void, CallbackNameFn>(p) }),
     })
 }

@@ -139,6 +139,22 @@ impl Sink for Handoff<'_> {
     fn handoff(&mut self, chunk: &[u8]) {
         llmprof_gpu_activity(chunk.as_ptr(), chunk.len() as u64);
     }
+
+    fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
+        let f = self.0.get_callback_name?;
+        let domain = if runtime {
+            cupti::DOMAIN_RUNTIME_API
+        } else {
+            cupti::DOMAIN_DRIVER_API
+        };
+        let mut name: *const std::ffi::c_char = core::ptr::null();
+        // SAFETY: cuptiGetCallbackName writes a pointer to a NUL-terminated string CUPTI owns for its lifetime.
+        if unsafe { f(domain, cbid, &mut name) } != cupti::SUCCESS || name.is_null() {
+            return None;
+        }
+        // SAFETY: non-null and NUL-terminated (see above); copied at once.
+        Some(unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes().to_vec())
+    }
 }
 
 extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _size: usize, valid: usize) {

@@ -46,6 +46,8 @@ pub struct GpuWork {
 pub struct GpuApi {
     /// The record, `start_ns` / `end_ns` on CLOCK_BOOTTIME.
     pub rec: GpuApiCall,
+    /// The function's name (`cuLaunchKernel`), when the helper sent it.
+    pub name: Option<Arc<str>>,
 }
 
 /// What the chunks of a session held and lost (shown in the trace summary with the other losses).
@@ -167,7 +169,7 @@ fn api_call(b: &Bytes, hdr: GpuRecordHeader) -> GpuApiCall {
         start_ns: b.u64(24),
         end_ns: b.u64(32),
         runtime: b.u32(40),
-        pad: b.u32(44),
+        name_id: b.u32(44),
     }
 }
 
@@ -277,7 +279,8 @@ impl GpuDecoder {
                     c.start_ns = map(c.start_ns);
                     c.end_ns = map(c.end_ns).max(c.start_ns);
                     self.stats.api_calls += 1;
-                    out.push(ev(c.tid, EventBody::GpuApi(Box::new(GpuApi { rec: c }))));
+                    let name = proc.names.get(&c.name_id).map(|(n, _)| n.clone());
+                    out.push(ev(c.tid, EventBody::GpuApi(Box::new(GpuApi { rec: c, name }))));
                 }
                 k if k == GpuRecordKind::Name as u16 && size >= NAME_HDR => {
                     let id = rec.u32(8);

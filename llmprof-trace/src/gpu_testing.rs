@@ -66,7 +66,7 @@ pub fn api_call(pid: u32, tid: u32, correlation: u32, cbid: u32, start_ns: u64, 
         start_ns,
         end_ns,
         runtime: 0,
-        pad: 0,
+        name_id: 0,
     }
 }
 

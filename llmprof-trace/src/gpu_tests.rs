@@ -28,7 +28,11 @@ fn kernels_get_their_names_demangled_and_times_on_boottime() {
     let c = Chunk::new(0, CUPTI, BOOT)
         .name(1, mangled)
         .name(2, "plain_c_kernel")
-        .api(api_call(PID, 101, 7, 307, CUPTI + 100, CUPTI + 900))
+        .name(3, "cuLaunchKernel")
+        .api(GpuApiCall {
+            name_id: 3,
+            ..api_call(PID, 101, 7, 307, CUPTI + 100, CUPTI + 900)
+        })
         .activity(kernel(7, 7, 1, CUPTI + 1_000, CUPTI + 3_000))
         .activity(kernel(7, 8, 2, CUPTI - 500, CUPTI + 500));
     let out = decode(&mut d, &c.build());
@@ -39,6 +43,11 @@ fn kernels_get_their_names_demangled_and_times_on_boottime() {
     assert_eq!(
         (out[0].tid, a.rec.start_ns, a.rec.end_ns),
         (101, BOOT + 100, BOOT + 900)
+    );
+    assert_eq!(
+        a.name.as_deref(),
+        Some("cuLaunchKernel"),
+        "the function's name, as the helper sent it"
     );
     let k = work(&out[1]);
     assert_eq!(k.name.as_deref(), Some("vector_add"));

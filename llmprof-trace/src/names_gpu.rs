@@ -57,10 +57,13 @@ pub mod slice {
         format!("GPU wait ({what})")
     }
 
-    /// A CUDA API call CUPTI recorded, by its callback id: `CUDA driver call #307` / `CUDA runtime call #211`
-    /// (CUPTI's callback-id tables are per CUDA version; the number is what `cupti_driver_cbid.h` /
-    /// `cupti_runtime_cbid.h` of the target's CUPTI say).
-    pub fn api_call(cbid: u32, runtime: bool) -> String {
+    /// A CUDA API call CUPTI recorded: the function's name (`cuLaunchKernel`, from the target's CUPTI), or,
+    /// without one, its callback id: `CUDA driver call #307` / `CUDA runtime call #211` (the number is what
+    /// `cupti_driver_cbid.h` / `cupti_runtime_cbid.h` of the target's CUPTI say).
+    pub fn api_call(cbid: u32, runtime: bool, name: Option<&str>) -> String {
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            return n.to_owned();
+        }
         let api = if runtime { "runtime" } else { "driver" };
         format!("CUDA {api} call #{cbid}")
     }

@@ -211,7 +211,7 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
          join track t on a.track_id = t.id where t.name = '{}' and a.name = '{}' \
          and b.name in ('gemm<128>', 'vector_add') and a.ts < b.ts",
         track::API,
-        slice::api_call(307, false)
+        slice::api_call(307, false, None)
     );
     assert_eq!(q(&mut tp, &flows_by_name), 15);
     // The wait, on the waiting thread's wait track.

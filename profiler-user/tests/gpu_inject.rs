@@ -140,10 +140,29 @@ fn log_count(log: &Path, what: &str) -> usize {
 }
 
 fn records_produced(log: &Path) -> u64 {
+    logged_sum(log, "complete ")
+}
+
+/// The kernel records among them.
+fn kernels_produced(log: &Path) -> u64 {
+    logged_sum(log, "kernels ")
+}
+
+/// The kernel records among them whose launch's driver record was recorded too.
+fn linked_produced(log: &Path) -> u64 {
+    logged_sum(log, "linked ")
+}
+
+/// The driver records of copies among them.
+fn copy_calls_produced(log: &Path) -> u64 {
+    logged_sum(log, "copy-calls ")
+}
+
+fn logged_sum(log: &Path, prefix: &str) -> u64 {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| l.strip_prefix("complete ")?.parse::<u64>().ok())
+        .filter_map(|l| l.strip_prefix(prefix)?.parse::<u64>().ok())
         .sum()
 }
 
@@ -216,7 +235,8 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let s = inj.stats().unwrap();
     let produced = records_produced(&log);
     assert!(produced > 0, "the launches during the session produced records");
-    assert_eq!((s.records, s.dropped, s.names), (produced, 0, 2), "{s:?}");
+    // Names: the two kernels' and the two driver functions' (cuptiGetCallbackName), each once.
+    assert_eq!((s.records, s.dropped, s.names), (produced, 0, 4), "{s:?}");
     // Each chunk is at most GPU_CHUNK_MAX bytes: many records per chunk, never one hit per kernel.
     // (48 bytes is the smallest record, a driver call; kernels and copies are 112.)
     let min_chunks = (s.records * 48).div_ceil(llmprof_abi::gpu::GPU_CHUNK_MAX as u64);
@@ -224,8 +244,9 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     assert_eq!((s.starts, s.stops, s.active), (1, 1, 0));
 
     // The trace: every kernel the stand-in CUPTI recorded (one of its 4 records per launch: the driver calls
-    // of a copy and of the launch, the copy, the kernel) is a slice with its demangled name, each with a flow from the launching call on the
-    // testee's thread; Perfetto's own trace processor loads it without error.
+    // of a copy and of the launch, the copy, the kernel; fewer for a launch while the kinds are switched on or
+    // off) is a slice with its demangled name, each with a flow from the launching call on the testee's
+    // thread; Perfetto's own trace processor loads it without error.
     let mut tp = e2e::trace_processor::load(dir.join("one.perfetto-trace")).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     let kernels = count(
@@ -233,9 +254,9 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         "select count(*) from slice where name in ('fake_gemm', 'fake_softmax')",
     );
     assert_eq!(
-        kernels as u64 * 4,
-        produced,
-        "one kernel slice per launch recorded"
+        kernels as u64,
+        kernels_produced(&log),
+        "one kernel slice per kernel recorded"
     );
     assert_eq!(
         count(
@@ -247,12 +268,20 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let flows = format!(
         "select count(*) from flow f join slice a on f.slice_out = a.id join slice b on f.slice_in = b.id \
          where a.name = '{}' and b.name in ('fake_gemm', 'fake_softmax')",
-        llmprof_trace::names::gpu::slice::api_call(307, false)
+        llmprof_trace::names::gpu::slice::api_call(307, false, Some("cuLaunchKernel"))
     );
     assert_eq!(
-        count(&mut tp, &flows),
-        kernels,
-        "a flow from each launch to its kernel"
+        count(&mut tp, &flows) as u64,
+        linked_produced(&log),
+        "a flow from each recorded launch to its kernel"
+    );
+    assert_eq!(
+        count(
+            &mut tp,
+            "select count(*) from slice where name = 'cuMemcpyHtoDAsync_v2'"
+        ) as u64,
+        copy_calls_produced(&log),
+        "each launch's input copy, named as CUPTI names it"
     );
     drop(tp);
 
@@ -269,7 +298,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         (s.records, s.starts, s.stops, s.active),
         (records_produced(&log), 2, 2, 0)
     );
-    assert_eq!(s.names, 4, "names are sent again to each session");
+    assert_eq!(s.names, 8, "names are sent again to each session");
 
     // The target kept running and checking its results through both sessions; it still works.
     let done = t.ask("cuda-loop-stop");
@@ -345,8 +374,8 @@ fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() 
         "the kernels launched after the injection are in the trace"
     );
     assert_eq!(
-        kernels as u64 * 4,
-        records_produced(&log),
+        kernels as u64,
+        kernels_produced(&log),
         "every kernel CUPTI recorded"
     );
     drop(tp);

@@ -75,7 +75,7 @@ fn kernels_land_on_stream_tracks_with_their_step_and_launch_flow() {
         "select count(*) from flow f join slice a on f.slice_out = a.id join slice b on f.slice_in = b.id \
          join track t on a.track_id = t.id where t.name = '{}' and a.name = '{}'",
         track::API,
-        slice::api_call(307, false)
+        slice::api_call(307, false, None)
     );
     assert_eq!(tp.query_i64(&flows).unwrap(), 4);
     let _ = std::fs::remove_file(&path);

@@ -497,16 +497,8 @@ fn self_file_offset(addr: u64) -> Option<u64> {
 
 /// `addr - start + offset` when the maps line `l` maps `path` and contains `addr`.
 fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
-    let mut f = l.split_whitespace();
-    let (range, _perms, off) = (f.next()?, f.next()?, f.next()?);
-    let (_dev, _inode) = (f.next()?, f.next()?);
-    if f.next()? != path {
-        return None;
-    }
-    let (a, b) = range.split_once('-')?;
-    let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
-    let off = u64::from_str_radix(off, 16).ok()?;
-    (start..end).contains(&addr).then(|| addr - start + off)
+    let m = crate::procfs::MapsLine::parse(l)?;
+    (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
 }
 
 /// Puts `pid` in (or takes it out of) the `TRACED` map.

@@ -120,27 +120,11 @@ fn mapped_files(pid: u32) -> Result<Vec<(u64, String)>, PythonError> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(io_err(pid, format!("/proc/{pid}/maps")))?;
     let mut out: Vec<(u64, String)> = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
-            continue;
-        };
-        let path: String = it.collect::<Vec<_>>().join(" ");
-        if !path.starts_with('/') {
+    for m in maps.lines().filter_map(crate::procfs::MapsLine::parse) {
+        if !m.is_file() {
             continue;
         }
-        let Some(start) = range
-            .split('-')
-            .next()
-            .and_then(|s| u64::from_str_radix(s, 16).ok())
-        else {
-            continue;
-        };
-        let Ok(off) = u64::from_str_radix(off, 16) else {
-            continue;
-        };
+        let (start, off, path) = (m.start, m.offset, m.path.to_owned());
         match out.iter_mut().find(|(_, p)| *p == path) {
             Some(e) => e.0 = e.0.min(start.saturating_sub(off)),
             None => out.push((start.saturating_sub(off), path)),

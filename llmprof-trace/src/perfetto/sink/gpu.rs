@@ -62,7 +62,7 @@ impl<W: Write> TraceSink<W> {
             ..Default::default()
         };
         let args = vec![arg_u(arg::CBID, r.cbid), arg_u(arg::CORRELATION, r.correlation)];
-        let name = slice::api_call(r.cbid, r.runtime != 0);
+        let name = slice::api_call(r.cbid, r.runtime != 0, c.name.as_deref());
         self.w.write_event(r.start_ns, Some(&name), begin, args)?;
         self.end(r.end_ns, track, Vec::new())
     }
