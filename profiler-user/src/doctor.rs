@@ -339,10 +339,7 @@ fn tracepoint(category: &str, name: &str, tracefs_ok: bool) -> Check {
     if !tracefs_ok {
         return Check::new(id, Status::Warn, "not checked: tracefs unavailable").fix("see the tracefs check");
     }
-    let dir = Path::new(capture::TRACEFS)
-        .join("events")
-        .join(category)
-        .join(name);
+    let dir = capture::tracepoint_dir(category, name);
     if dir.exists() {
         Check::new(id, Status::Ok, "present")
     } else {

@@ -23,7 +23,7 @@ use llmprof_abi::{
 use llmprof_trace::wire::WireRecord;
 
 use super::decode::read;
-use super::{CaptureError, TRACEFS, map_err, program};
+use super::{CaptureError, map_err, program};
 
 /// The arrival-stamp programs (`profiler-ebpf/src/http.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
@@ -40,13 +40,7 @@ pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
 pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), String>, CaptureError> {
     let missing: Vec<String> = ARRIVAL_TRACEPOINTS
         .iter()
-        .filter(|(c, n, _)| {
-            !std::path::Path::new(TRACEFS)
-                .join("events")
-                .join(c)
-                .join(n)
-                .exists()
-        })
+        .filter(|(c, n, _)| !super::tracepoint_dir(c, n).exists())
         .map(|(c, n, _)| format!("{c}:{n}"))
         .collect();
     if !missing.is_empty() {

@@ -398,6 +398,11 @@ fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
     Ok(proc_dir.join("exe"))
 }
 
+/// The tracefs directory of tracepoint `category:name` (it exists when the kernel has the tracepoint).
+pub fn tracepoint_dir(category: &str, name: &str) -> std::path::PathBuf {
+    Path::new(TRACEFS).join("events").join(category).join(name)
+}
+
 /// Mounts tracefs at [`TRACEFS`] unless its `events` directory is already there (needs root).
 pub fn ensure_tracefs() -> Result<(), CaptureError> {
     let events = Path::new(TRACEFS).join("events");
@@ -478,12 +483,7 @@ impl Capture {
             &[]
         };
         for &(category, name, _) in TRACEPOINTS.iter().chain(sched_tps) {
-            if !Path::new(TRACEFS)
-                .join("events")
-                .join(category)
-                .join(name)
-                .exists()
-            {
+            if !tracepoint_dir(category, name).exists() {
                 return Err(CaptureError::MissingTracepoint {
                     category: category.to_string(),
                     name: name.to_string(),
