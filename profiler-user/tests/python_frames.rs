@@ -273,7 +273,9 @@ fn threads_running_different_functions_keep_their_own_stacks() {
 }
 
 /// While the thread runs native code (here hashlib's C SHA-256, GIL released; in a server `llama_decode` or a
-/// torch kernel), its samples still carry the Python frames that called it, down to the calling line.
+/// torch kernel), its samples still carry the Python frames that called it, down to the calling line. (A sample
+/// that lands on the loop's jump back between two calls, a few bytecodes every ~100 ms, is on the `while` line:
+/// right too, and rare; the calling line must be nearly all.)
 #[test]
 fn samples_in_native_code_keep_the_calling_python_frames() {
     let Some(py) = preconditions(12) else { return };
@@ -281,6 +283,7 @@ fn samples_in_native_code_keep_the_calling_python_frames() {
     let (samples, problems) = sample(target.pid());
     assert!(problems.is_empty(), "{problems:?}");
     let (call, module_call) = (marked("native-call")[0], marked("native-module-call")[0]);
+    let loop_line = marked("native-loop")[0];
     let complete: Vec<&PyStackSample> = samples
         .iter()
         .filter(|(tid, s)| *tid == target.pid() && s.status == PyStackStatus::Complete)
@@ -291,11 +294,22 @@ fn samples_in_native_code_keep_the_calling_python_frames() {
         "{} complete samples",
         complete.len()
     );
+    let mut at_call = 0;
     for s in &complete {
         assert_eq!(functions(s), ["native", "<module>"], "{}", s.render());
         let lines: Vec<Option<u32>> = s.frames.iter().map(|f| f.line).collect();
-        assert_eq!(lines, [Some(call), Some(module_call)], "{}", s.render());
+        assert!(
+            lines == [Some(call), Some(module_call)] || lines == [Some(loop_line), Some(module_call)],
+            "{}",
+            s.render()
+        );
+        at_call += usize::from(lines[0] == Some(call));
     }
+    assert!(
+        at_call * 10 >= complete.len() * 9,
+        "{at_call} of {} samples at the calling line",
+        complete.len()
+    );
 }
 
 #[test]
