@@ -22,10 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How long a waiting thread spins before it parks. Longer than the gap between two loops of a forward pass
-/// (a few µs of single-threaded norm/RoPE work, more when other processes share the cores), shorter than the
-/// engine's gap between steps at low load, so workers park between steps and an idle engine costs nothing.
-pub const SPIN: Duration = Duration::from_micros(50);
+/// How long a waiting thread spins before it parks. Longer than the gaps inside a forward pass (single-threaded
+/// norm/RoPE work and a step's attention bookkeeping, more when other processes share the cores), short next to
+/// a step, so workers park between steps and an idle engine costs nothing. Measured on a quiet machine
+/// (docs/performance.md): 50 µs parked ~7 times per token (13.5–15.5 system calls per token at concurrency 1,
+/// 5.3–10.3 at 8); 200 µs, 5.4–7.8 and 1.6–3.7, at the same tok/s.
+pub const SPIN: Duration = Duration::from_micros(200);
 
 /// Spin iterations between two clock reads (a clock read is a vDSO call, no syscall, but not free).
 const SPINS_PER_CLOCK_READ: u32 = 64;
