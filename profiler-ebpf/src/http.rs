@@ -49,6 +49,7 @@ use llmprof_abi::{
 
 use crate::{
     EVENTS, Inflight, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, count, header, knob, now, slot_of,
+    tp_field as tp,
 };
 
 /// Bytes of one buffer the response scanner looks at (a power of two: indexes are masked).
@@ -84,13 +85,6 @@ const IPPROTO_TCP: u16 = 6;
 const MSG_PEEK: i32 = 2;
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
-
-#[inline(always)]
-fn tp<T: Copy + Default>(ctx: &TracePointContext, off: usize) -> T {
-    // SAFETY: `off` is a field offset of this tracepoint's format (see the constants); a failed read
-    // leaves the default.
-    unsafe { ctx.read_at::<T>(off) }.unwrap_or_default()
-}
 
 /// A field of the kernel's `struct sock_common` at `sk + off` (0 when unreadable).
 #[inline(always)]

@@ -199,6 +199,15 @@ const REG_DX: usize = 12;
 const REG_SI: usize = 13;
 const REG_DI: usize = 14;
 
+/// A field of a classic tracepoint's record at byte `off` (an offset of its format file); the default when the
+/// read fails.
+#[inline(always)]
+pub(crate) fn tp_field<T: Copy + Default>(ctx: &TracePointContext, off: usize) -> T {
+    // SAFETY: `off` is a field offset of this tracepoint's format (the callers' constants); a failed read
+    // leaves the default.
+    unsafe { ctx.read_at::<T>(off) }.unwrap_or_default()
+}
+
 #[inline(always)]
 fn count(id: ProbeId, hits: u64, emitted: u64, dropped: u64) {
     if let Some(c) = COUNTERS.get_ptr_mut(id as u32) {
@@ -736,8 +745,7 @@ pub fn llmprof_pexit(ctx: TracePointContext) -> u32 {
     }
     // Every exiting thread frees its syscall slot.
     free_slot(pid_tgid as u32);
-    // SAFETY: offset from the tracepoint's format file.
-    let group_dead = unsafe { ctx.read_at::<u8>(SCHED_EXIT_GROUP_DEAD) }.unwrap_or(0);
+    let group_dead: u8 = tp_field(&ctx, SCHED_EXIT_GROUP_DEAD);
     if group_dead == 0 {
         return 0;
     }

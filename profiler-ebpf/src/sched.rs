@@ -56,12 +56,7 @@ const EXITED: i64 = 0x10 | 0x20;
 /// include/uapi/linux/sched.h
 const CLONE_THREAD: u64 = 0x0001_0000;
 
-#[inline(always)]
-fn read<T: Copy + Default>(ctx: &TracePointContext, off: usize) -> T {
-    // SAFETY: `off` is a field offset of this tracepoint's format (see the constants); a failed read
-    // leaves the default.
-    unsafe { ctx.read_at::<T>(off) }.unwrap_or_default()
-}
+use crate::tp_field as read;
 
 #[inline(always)]
 fn comm(ctx: &TracePointContext, off: usize) -> [u8; COMM_LEN] {

@@ -15,7 +15,6 @@ use std::fs;
 
 use aya::Ebpf;
 use aya::maps::HashMap;
-use aya::programs::TracePoint;
 use llmprof_abi::{
     EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
     SockKey,
@@ -23,7 +22,7 @@ use llmprof_abi::{
 use llmprof_trace::wire::WireRecord;
 
 use super::decode::read;
-use super::{CaptureError, map_err, program};
+use super::{CaptureError, map_err};
 
 /// The arrival-stamp programs (`profiler-ebpf/src/http.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
@@ -58,15 +57,7 @@ pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), 
             known.insert(p, 1, 0).map_err(map_err("HTTP_PORTS"))?;
         }
     }
-    for (category, name, prog) in ARRIVAL_TRACEPOINTS {
-        let perr = |source| CaptureError::Program {
-            program: prog.to_string(),
-            source,
-        };
-        let p: &mut TracePoint = program(ebpf, prog)?;
-        p.load().map_err(perr)?;
-        p.attach(category, name).map_err(perr)?;
-    }
+    super::attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
     Ok(Ok(()))
 }
 

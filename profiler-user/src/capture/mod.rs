@@ -398,6 +398,20 @@ fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
     Ok(proc_dir.join("exe"))
 }
 
+/// Loads and attaches classic tracepoint programs, `(category, name, program)` each, in order.
+pub(crate) fn attach_tracepoints(ebpf: &mut Ebpf, tps: &[(&str, &str, &str)]) -> Result<(), CaptureError> {
+    for &(category, name, prog) in tps {
+        let perr = |source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        };
+        let p: &mut TracePoint = program(ebpf, prog)?;
+        p.load().map_err(perr)?;
+        p.attach(category, name).map_err(perr)?;
+    }
+    Ok(())
+}
+
 /// The tracefs directory of tracepoint `category:name` (it exists when the kernel has the tracepoint).
 pub fn tracepoint_dir(category: &str, name: &str) -> std::path::PathBuf {
     Path::new(TRACEFS).join("events").join(category).join(name)

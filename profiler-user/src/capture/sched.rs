@@ -8,13 +8,12 @@
 
 use aya::Ebpf;
 use aya::maps::HashMap;
-use aya::programs::TracePoint;
 use llmprof_abi::EventHeader;
 use llmprof_abi::sched::{
     SchedSwitchEvent, SchedWakeEvent, TRACE_FLAG_HARDIRQ, TRACE_FLAG_SOFTIRQ, WAKE_NEW,
 };
 
-use super::{CaptureError, map_err, program};
+use super::{CaptureError, map_err};
 use llmprof_trace::event::{EventBody, SchedSwitch, SchedWake};
 use llmprof_trace::thread_state::comm_str;
 
@@ -29,16 +28,7 @@ pub const SCHED_TRACEPOINTS: [(&str, &str, &str); 4] = [
 
 /// Loads and attaches [`SCHED_TRACEPOINTS`].
 pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-    for (category, name, prog) in SCHED_TRACEPOINTS {
-        let perr = |source| CaptureError::Program {
-            program: prog.to_string(),
-            source,
-        };
-        let p: &mut TracePoint = program(ebpf, prog)?;
-        p.load().map_err(perr)?;
-        p.attach(category, name).map_err(perr)?;
-    }
-    Ok(())
+    super::attach_tracepoints(ebpf, &SCHED_TRACEPOINTS)
 }
 
 /// Puts every thread of `pids` now listed in `/proc/PID/task` into the kernel's `THREADS` map. Returns how
