@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::backend::device::DeviceChoice;
+use crate::backend::KvCacheDtype;
+use crate::backend::device::{BackendOptions, DeviceChoice};
 use crate::engine::EngineConfig;
 use crate::scheduler::SchedulerConfig;
 
@@ -83,6 +84,12 @@ pub struct Args {
     /// and NVRTC, and fails with the reason when one is missing); `auto` (CUDA when usable, else the CPU).
     #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
     pub device: DeviceChoice,
+    /// KV-cache element type: `auto` (f16 on the GPU, f32 on the CPU), `f16` (GPU only), `f32`.
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
+    /// GPU: launch every decode step's kernels one by one instead of replaying CUDA graphs (vLLM's flag).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 impl Args {
@@ -91,6 +98,18 @@ impl Args {
         self.threads
             .filter(|&t| t > 0)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// How to create the compute backend.
+    pub fn backend_options(&self) -> BackendOptions {
+        BackendOptions {
+            num_blocks: self.num_kv_blocks.max(1),
+            block_size: self.block_size.max(1),
+            threads: self.threads(),
+            kv_cache_dtype: self.kv_cache_dtype,
+            enforce_eager: self.enforce_eager,
+            max_num_seqs: self.max_num_seqs.max(1),
+        }
     }
 
     /// The engine configuration for a model named `model_name`.

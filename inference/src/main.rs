@@ -32,15 +32,8 @@ fn main() -> Result<()> {
     }
     let t0 = std::time::Instant::now();
     let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let threads = args.threads();
-    let selected = create_backend(
-        args.device,
-        model.clone(),
-        args.num_kv_blocks.max(1),
-        args.block_size.max(1),
-        threads,
-    )
-    .context("creating the compute backend")?;
+    let selected = create_backend(args.device, model.clone(), &args.backend_options())
+        .context("creating the compute backend")?;
     // Default served name: the file name without `.gguf` (like vLLM, which serves a model under its path), so
     // clients can name it without the spaces GGUF `general.name` values often have.
     let default_name = path

@@ -1,8 +1,10 @@
 //! The CUDA backend on a real GPU (every test is `#[ignore]`: run with `--ignored` where a GPU is present):
 //! CPU and GPU logits agree on tiny generated models of every tensor type through chunked prefill, mixed
-//! batches and decode over a scattered paged KV cache; the default model answers "Paris" on the GPU; step
-//! device times lie on the host BOOTTIME clock inside the host interval of the call; and (printing only) decode
-//! throughput at batch 1 and 32.
+//! batches and decode (replayed as CUDA graphs) over a scattered paged KV cache; graph replay computes exactly
+//! the eager launches' logits, padded batches and weight swaps included; the f16 KV cache stays within its
+//! tolerance of the f32 one; the default model answers "Paris" on the GPU; step device times lie on the host
+//! BOOTTIME clock inside the host interval of the call; and (printing only) decode throughput at batch 1 and 32
+//! with and without graphs.
 //!
 //! Build here, run on the GPU machine:
 //! `cargo test --release -p inference --features cuda --test cuda_backend --no-run`, then
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inference::backend::cpu::CpuBackend;
-use inference::backend::cuda::CudaBackend;
+use inference::backend::cuda::{CudaBackend, CudaOptions, KvDtype};
 use inference::backend::{Backend, BatchItem, DeviceClock};
 use inference::chat_template::ChatMessage;
 use inference::gguf::GgmlType;
@@ -78,6 +80,15 @@ fn compare(what: &str, cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> f32 {
     worst
 }
 
+fn cuda(model: &Arc<Model>, num_blocks: usize, bs: usize, kv_dtype: KvDtype, graphs: bool) -> CudaBackend {
+    let options = CudaOptions {
+        kv_dtype,
+        graphs,
+        ..CudaOptions::default()
+    };
+    CudaBackend::with_options(model.clone(), num_blocks, bs, options).unwrap()
+}
+
 fn item<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32], need_logits: bool) -> BatchItem<'a> {
     BatchItem {
         tokens,
@@ -92,7 +103,9 @@ fn cpu_vs_gpu(ty: GgmlType, tied: bool) {
     let model = tiny_model(ty, tied);
     let (num_blocks, bs) = (64, 4);
     let mut cpu = CpuBackend::new(model.clone(), num_blocks, bs, 2).unwrap();
-    let mut gpu = CudaBackend::new(model.clone(), num_blocks, bs, 0).unwrap();
+    // The CPU's precision (f32 KV); the decode steps below replay CUDA graphs.
+    let mut gpu = cuda(&model, num_blocks, bs, KvDtype::F32, true);
+    assert!(!gpu.graph_sizes().is_empty(), "{}", gpu.describe());
     let vocab = model.config.vocab_size as u32;
     let a: Vec<u32> = (0..23).map(|i| (i * 7 + 3) % vocab).collect();
     let b: Vec<u32> = (0..17).map(|i| (i * 13 + 5) % vocab).collect();
@@ -112,6 +125,12 @@ fn cpu_vs_gpu(ty: GgmlType, tied: bool) {
     for (i, s) in steps.iter().enumerate() {
         let c = cpu.forward(s).unwrap();
         let g = gpu.forward(s).unwrap();
+        let decode = s.iter().all(|it| it.tokens.len() == 1 && it.need_logits);
+        assert_eq!(
+            g.graph_batch > 0,
+            decode,
+            "step {i}: graph replay only for decode steps"
+        );
         worst = worst.max(compare(
             &format!("{ty:?} tied={tied} step {i}"),
             &c.logits,
@@ -135,6 +154,161 @@ fn cuda_logits_match_cpu_on_tiny_models_of_every_type() {
     }
     cpu_vs_gpu(GgmlType::Q4_1, true);
     cpu_vs_gpu(GgmlType::Q8_0, true);
+}
+
+/// Prefills `seqs` prompts, then decodes `steps` tokens for all of them and `steps` more for the first `tail`
+/// only (a smaller, differently padded batch), feeding each sequence the token the backend picked. Returns every
+/// step's logits and the graph batch each step replayed.
+fn decode_run(
+    b: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    tail: usize,
+) -> (Vec<Vec<Vec<f32>>>, Vec<u32>) {
+    let bs = 16;
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|s| (0..32u32).map(|k| s as u32 * 32 + k).collect())
+        .collect();
+    let prefill: Vec<BatchItem<'_>> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| item(p, 0, t, true))
+        .collect();
+    let out = b.forward(&prefill).unwrap();
+    let mut next: Vec<u32> = out.logits.iter().map(|l| argmax(l) as u32).collect();
+    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let (mut all, mut graphs) = (vec![out.logits], vec![out.graph_batch]);
+    for step in 0..2 * steps {
+        let live = if step < steps { prompts.len() } else { tail };
+        let toks = next.clone();
+        let batch: Vec<BatchItem<'_>> = (0..live)
+            .map(|s| item(&toks[s..s + 1], pos[s], &tables[s], true))
+            .collect();
+        assert!(pos[0] < 32 * bs, "tables too short");
+        let out = b.forward(&batch).unwrap();
+        for s in 0..live {
+            next[s] = argmax(&out.logits[s]) as u32;
+            pos[s] += 1;
+        }
+        all.push(out.logits);
+        graphs.push(out.graph_batch);
+    }
+    (all, graphs)
+}
+
+/// Graph replay against eager launches of the same kernels: bit-identical logits (the padding rows never touch
+/// a real row), before and after a weight swap (the graphs are recaptured on the new weights' buffers).
+fn graphs_match_eager(model: &Arc<Model>, kv: KvDtype, prompts: &[Vec<u32>]) {
+    let mut eager = cuda(model, 2048, 16, kv, false);
+    let mut graphed = cuda(model, 2048, 16, kv, true);
+    assert!(eager.graph_sizes().is_empty());
+    eprintln!("{}", graphed.describe());
+    for round in 0..2 {
+        let (le, ge) = decode_run(&mut eager, prompts, 12, 1);
+        let (lg, gg) = decode_run(&mut graphed, prompts, 12, 1);
+        assert!(ge.iter().all(|&g| g == 0), "the eager backend replayed a graph");
+        // Prefill eager; 3 sequences pad to 4, then 1 sequence replays the graph of 1.
+        let want: Vec<u32> = std::iter::once(0)
+            .chain(std::iter::repeat_n(prompts.len().next_power_of_two() as u32, 12))
+            .chain(std::iter::repeat_n(1, 12))
+            .collect();
+        assert_eq!(gg, want, "graph batch per step ({kv:?}, round {round})");
+        assert_eq!(le.len(), lg.len());
+        for (i, (a, b)) in le.iter().zip(&lg).enumerate() {
+            assert!(
+                a == b,
+                "{kv:?} round {round} step {i}: graph replay logits differ from eager launches"
+            );
+        }
+        // Same weights re-uploaded to new buffers: a graph still holding the old addresses would read freed
+        // memory.
+        eager.swap_weights(model.clone()).unwrap();
+        graphed.swap_weights(model.clone()).unwrap();
+    }
+    eprintln!(
+        "{kv:?}: graph replay bit-identical to eager over {} steps x 2 (batch 3 padded to 4, batch 1), weight swap included",
+        25
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_graph_replay_matches_eager_launches_exactly() {
+    let model = tiny_model(GgmlType::Q4_1, false);
+    let vocab = model.config.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|s| (0..5 + 3 * s).map(|i| (i * 11 + s * 7 + 1) % vocab).collect())
+        .collect();
+    for kv in [KvDtype::F32, KvDtype::F16] {
+        graphs_match_eager(&model, kv, &prompts);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and the default model (LLMSERVE_MODEL)"]
+fn cuda_graph_replay_matches_eager_launches_on_the_default_model() {
+    let model = load_default_model();
+    let prompts: Vec<Vec<u32>> = ["The capital of France is", "Once upon a time", "def fib(n):"]
+        .iter()
+        .map(|p| model.tokenizer.encode(p))
+        .collect();
+    graphs_match_eager(&model, KvDtype::F16, &prompts);
+}
+
+/// Largest |f16 KV − f32 KV| logit difference allowed, relative to the step's largest |f32 logit|. An f16 K or V
+/// element carries a relative rounding error of at most 2⁻¹¹ ≈ 4.9e-4; attention averages V (no growth) but the
+/// score q·k of a 64-dimension head sums 64 rounded products and 30 layers compound it through the residual
+/// stream, so a few ‰ of the largest logit is expected. 1e-2 leaves room for that and is still 20x below the gap
+/// between the top two logits of a confident greedy choice.
+const REL_TOL_F16: f32 = 1e-2;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and the default model (LLMSERVE_MODEL)"]
+fn cuda_f16_kv_cache_stays_within_tolerance_of_f32() {
+    let model = load_default_model();
+    let template = model.chat_template.as_ref().unwrap();
+    let question = [ChatMessage::new("user", "What is the capital of France?")];
+    let prompt = model.tokenizer.encode(&template.render(&question, true).unwrap());
+    let mut f32_kv = cuda(&model, 64, 16, KvDtype::F32, true);
+    let mut f16_kv = cuda(&model, 64, 16, KvDtype::F16, true);
+    // Teacher-forced: both caches are fed the f32 path's greedy tokens, so every step compares the same input.
+    let table: Vec<u32> = (0..8).collect();
+    let first = [item(&prompt, 0, &table, true)];
+    let (a, b) = (f32_kv.forward(&first).unwrap(), f16_kv.forward(&first).unwrap());
+    let mut worst = 0f32;
+    let mut rel = |what: &str, x: &[f32], y: &[f32]| {
+        let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let diff = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        let r = diff / scale;
+        assert!(
+            r <= REL_TOL_F16,
+            "{what}: f16 KV logits {r:.2e} of the largest logit from f32 KV"
+        );
+        worst = worst.max(r);
+    };
+    rel("prefill", &a.logits[0], &b.logits[0]);
+    let (mut next, mut next16) = (argmax(&a.logits[0]) as u32, argmax(&b.logits[0]) as u32);
+    let (mut ids, mut agree) = (vec![next], usize::from(next == next16));
+    for step in 0..40 {
+        let pos = prompt.len() + step;
+        let t = [next];
+        let batch = [item(&t, pos, &table, true)];
+        let (a, b) = (f32_kv.forward(&batch).unwrap(), f16_kv.forward(&batch).unwrap());
+        rel(&format!("decode step {step}"), &a.logits[0], &b.logits[0]);
+        next = argmax(&a.logits[0]) as u32;
+        next16 = argmax(&b.logits[0]) as u32;
+        agree += usize::from(next == next16);
+        ids.push(next);
+        if model.config.eos_token_ids.contains(&next) {
+            break;
+        }
+    }
+    eprintln!(
+        "f16 KV vs f32 KV: worst logit difference {worst:.2e} of the largest logit over {} steps; greedy choice \
+         agrees on {agree} of them; answer {:?}",
+        ids.len(),
+        model.tokenizer.decode(&ids)
+    );
 }
 
 fn load_default_model() -> Arc<Model> {
@@ -278,7 +452,13 @@ fn cuda_step_times_are_cuda_events_on_the_host_boottime_clock() {
 #[ignore = "needs an NVIDIA GPU and the default model; prints decode throughput"]
 fn cuda_decode_throughput_batch_1_and_32() {
     let model = load_default_model();
-    let mut gpu = CudaBackend::new(model.clone(), 1024, 16, 0).unwrap();
+    for (kv, graphs) in [(KvDtype::F16, true), (KvDtype::F32, false), (KvDtype::F16, false)] {
+        let mut gpu = cuda(&model, 1024, 16, kv, graphs);
+        decode_throughput(&mut gpu, &format!("KV {kv:?}, graphs {graphs}"));
+    }
+}
+
+fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
     for batch in [1usize, 32] {
         let prompt_len = 32;
         let steps = 128;
@@ -319,7 +499,7 @@ fn cuda_decode_throughput_batch_1_and_32() {
         }
         let wall = t0.elapsed().as_secs_f64();
         eprintln!(
-            "batch {batch}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
+            "{what}: batch {batch}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
             (batch * steps) as f64 / wall,
             wall * 1e3 / steps as f64,
             100.0 * device_ns as f64 / 1e9 / wall

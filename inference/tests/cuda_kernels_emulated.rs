@@ -27,7 +27,14 @@ fn kernels_match_references_under_the_cpu_emulator() {
     .unwrap();
     let exe = dir.join("kernels_test");
     let out = Command::new("g++")
-        .args(["-std=c++20", "-O1", "-pthread", "-w", "-I"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-w",
+            "-fno-strict-aliasing",
+            "-I",
+        ])
         .arg(&dir)
         .arg("-I")
         .arg(&emu)

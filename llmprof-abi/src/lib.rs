@@ -24,7 +24,7 @@ pub mod sched;
 pub use sample::{CpuSampleEvent, DEFAULT_SAMPLE_HZ, KERNEL_STACK_MAX, USER_STACK_MAX};
 
 /// Version of every layout in this crate. Bump on any change.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Name of the exported `u32` static holding the engine's [`ABI_VERSION`].
 pub const ABI_VERSION_SYMBOL: &str = "llmprof_abi_version";
@@ -142,6 +142,11 @@ pub struct StepRecord {
     /// Tokens computed for `req_ids[i]` in this step (its prompt or recompute chunk, or 1 for a decode); added in
     /// ABI version 2 so a request's share of a batched prefill is known.
     pub req_tokens: [u32; MAX_STEP_REQS],
+    /// The batch size of the CUDA graph the step replayed (its sequences padded up to it); 0: the step's kernels
+    /// were launched one by one (or it ran on the CPU). Added in ABI version 3.
+    pub graph_batch: u32,
+    /// Zero; keeps the record a multiple of 8 bytes.
+    pub reserved: u32,
 }
 
 impl StepRecord {
@@ -171,6 +176,8 @@ impl StepRecord {
             req_ids_truncated: u32::from(req_ids.len() > MAX_STEP_REQS),
             req_ids: ids,
             req_tokens: [0; MAX_STEP_REQS],
+            graph_batch: 0,
+            reserved: 0,
         }
     }
 
@@ -1222,7 +1229,7 @@ pub struct FilePattern {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<StepRecord>() == 88 + 12 * MAX_STEP_REQS);
+    assert!(core::mem::size_of::<StepRecord>() == 96 + 12 * MAX_STEP_REQS);
     assert!(core::mem::size_of::<RequestRecord>() == 80 + REQUEST_ID_LEN + MODEL_LEN);
     assert!(core::mem::size_of::<RangeRecord>() == 24 + RANGE_DOMAIN_LEN + RANGE_NAME_LEN);
     assert!(core::mem::size_of::<EventHeader>() == 24);

@@ -440,6 +440,8 @@ pub mod arg {
     pub const REQ_TOKENS: &str = "req_tokens";
     /// The step served more requests than its record lists.
     pub const REQ_IDS_TRUNCATED: &str = "req_ids_truncated";
+    /// The batch size of the CUDA graph the step replayed; absent when its kernels were launched one by one.
+    pub const GRAPH_BATCH: &str = "graph_batch";
 
     // Requests.
     /// Engine request id.

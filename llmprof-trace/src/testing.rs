@@ -102,6 +102,12 @@ impl Step {
         self
     }
 
+    /// The batch size of the CUDA graph the step replayed.
+    pub fn graph(mut self, batch: u32) -> Self {
+        self.rec.graph_batch = batch;
+        self
+    }
+
     /// Each request's share of the step's tokens, in the order of the request ids.
     pub fn req_tokens(mut self, tokens: impl IntoIterator<Item = u32>) -> Self {
         self.rec = self.rec.with_req_tokens(tokens);

@@ -30,11 +30,14 @@ fn at(ts: u64) -> u64 {
     T0 + ts * U
 }
 
-/// A step of the fixture on the scheduler thread: one decode token per request, 3 of 64 KV blocks.
+/// A step of the fixture on the scheduler thread: one decode token per request, 3 of 64 KV blocks; a decode
+/// step of one request replays the CUDA graph of batch size 1.
 fn step(id: u64, kind: StepKind, start: u64, end: u64, reqs: &[u64]) -> Event {
+    let graph = u32::from(kind == StepKind::Decode && reqs.len() == 1);
     testing::step(PID, SCHED, kind, id, at(start), at(end), reqs)
         .tokens(0, reqs.len() as u32)
         .kv_blocks(3, 64)
+        .graph(graph)
         .build()
 }
 
@@ -297,6 +300,9 @@ fn report_json_has_the_numbers_of_the_session() {
     assert_eq!(buckets[0]["stats"]["count"], 3);
     assert_eq!(buckets[1]["bucket"], "2");
     assert_eq!(buckets[1]["stats"]["count"], 3);
+    // Steps 5 and 6 replayed a graph (0.3 and 0.4 ms); step 2 (two requests) was launched eagerly.
+    assert_eq!(s["graph_replayed"]["count"], 2);
+    assert_ms(&s["graph_replayed"]["max"], 0.4);
 
     // KV cache and queue.
     let c = &j["counters"];

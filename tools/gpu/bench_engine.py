@@ -188,28 +188,54 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per level")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every level; medians and ranges reported")
     ap.add_argument("--json", help="also write the summary here")
     a = ap.parse_args()
 
     model = a.model or json.loads(get(a.url, "/v1/models"))["data"][0]["id"]
     # Warm-up: one short request (first-step costs such as buffer growth are not measured).
     one_request(a.url, model, PROMPTS[0], 8, a.timeout)
-    summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "levels": []}
-    for level in [int(x) for x in a.concurrency.split(",") if x.strip()]:
-        r = run_level(a.url, model, level, a.max_tokens, a.duration, a.timeout)
-        summary["levels"].append(r)
+    summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "rounds": a.rounds, "levels": []}
+    levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    for rnd in range(max(1, a.rounds)):
+        for level in levels:
+            r = run_level(a.url, model, level, a.max_tokens, a.duration, a.timeout)
+            r["round"] = rnd + 1
+            summary["levels"].append(r)
+            print(
+                f"round {rnd + 1} concurrency {level:3d}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
+                f"({r['requests']} requests, {r['mean_completion_tokens']} tokens each, "
+                f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
+                f"TTFT median {r['ttft_s_median']} s p95 {r['ttft_s_p95']} s; "
+                f"{r['engine_steps']:.0f} steps of {r['mean_step_ms']} ms, {r['mean_tokens_per_step']} tokens/step; "
+                f"device busy {r['device_busy_fraction_of_steps']} of step time, "
+                f"{r['device_busy_fraction_of_wall']} of wall time; errors {r['errors']}",
+                flush=True,
+            )
+            if r["errors"]:
+                print(f"  first error: {r['first_error']}", file=sys.stderr)
+    summary["medians"] = []
+    for level in levels:
+        runs = [lv for lv in summary["levels"] if lv["concurrency"] == level]
+        tps = [lv["decode_tokens_per_s"] for lv in runs]
+        steps = [lv["mean_step_ms"] for lv in runs if lv["mean_step_ms"] is not None]
+        ttft = [lv["ttft_s_median"] for lv in runs if lv["ttft_s_median"] is not None]
+        m = {
+            "concurrency": level,
+            "runs": len(runs),
+            "decode_tokens_per_s_median": statistics.median(tps),
+            "decode_tokens_per_s_min": min(tps),
+            "decode_tokens_per_s_max": max(tps),
+            "mean_step_ms_median": statistics.median(steps) if steps else None,
+            "ttft_s_median_of_medians": statistics.median(ttft) if ttft else None,
+        }
+        summary["medians"].append(m)
         print(
-            f"concurrency {level:3d}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
-            f"({r['requests']} requests, {r['mean_completion_tokens']} tokens each, "
-            f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
-            f"TTFT median {r['ttft_s_median']} s p95 {r['ttft_s_p95']} s; "
-            f"{r['engine_steps']:.0f} steps of {r['mean_step_ms']} ms, {r['mean_tokens_per_step']} tokens/step; "
-            f"device busy {r['device_busy_fraction_of_steps']} of step time, "
-            f"{r['device_busy_fraction_of_wall']} of wall time; errors {r['errors']}",
+            f"concurrency {level:3d}: median {m['decode_tokens_per_s_median']:.1f} tokens/s over {len(runs)} runs "
+            f"[{m['decode_tokens_per_s_min']:.1f}-{m['decode_tokens_per_s_max']:.1f}], step {m['mean_step_ms_median']} ms, "
+            f"TTFT {m['ttft_s_median_of_medians']} s",
             flush=True,
         )
-        if r["errors"]:
-            print(f"  first error: {r['first_error']}", file=sys.stderr)
     print(json.dumps(summary, indent=2))
     if a.json:
         with open(a.json, "w") as f:

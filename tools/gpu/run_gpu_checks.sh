@@ -13,7 +13,9 @@
 #   2. the ignored GPU tests of inference/tests/cuda_backend.rs (CPU vs GPU logits on tiny models of every
 #      type, "Paris" on the default model, CUDA-event step times on the host clock, decode throughput);
 #   3. llmserve --device cuda: startup log, a chat request answered with "Paris", /metrics;
-#   4. tools/gpu/bench_engine.py: decode tokens/s at concurrency 1 and 32, TTFT, device busy fraction;
+#   4. tools/gpu/bench_engine.py: decode tokens/s at concurrency 1 and 32 (BENCH_ROUNDS runs each, medians),
+#      TTFT, device busy fraction; then the same with --enforce-eager --kv-cache-dtype f32 (the engine before CUDA
+#      graphs and the f16 cache) for a side-by-side ratio;
 #   5. (root and llmprof present) llmprof attach during a short load: a trace with "device (CUDA)" slices,
 #      and llmprof report on it;
 #   6. llmserve --device auto picks CUDA.
@@ -23,6 +25,7 @@ BUNDLE=${1:?usage: run_gpu_checks.sh BUNDLE_DIR MODEL_GGUF [OUT_DIR]}
 MODEL=${2:?usage: run_gpu_checks.sh BUNDLE_DIR MODEL_GGUF [OUT_DIR]}
 OUT=${3:-./gpu-results}
 BENCH_DURATION=${BENCH_DURATION:-15}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 PORT=${PORT:-18231}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -124,15 +127,17 @@ EOF
     else record "HTTP chat on cuda (Paris)" FAIL "see 03-chat.log"; fi
     if grep -q "backend cuda on" "$OUT/03-llmserve-cuda.log"; then record "startup log names the GPU" ok "$(grep -o 'backend cuda on [^;]*' "$OUT/03-llmserve-cuda.log")"
     else record "startup log names the GPU" FAIL "see 03-llmserve-cuda.log"; fi
+    if grep -q "decode as CUDA graphs" "$OUT/03-llmserve-cuda.log"; then record "decode graphs captured" ok "$(grep -o 'decode as CUDA graphs[^)]*)' "$OUT/03-llmserve-cuda.log" | head -1)"
+    else record "decode graphs captured" FAIL "see 03-llmserve-cuda.log"; fi
 
-    step "4. benchmark (concurrency 1 and 32)"
+    step "4. benchmark (concurrency 1 and 32, $BENCH_ROUNDS rounds)"
     timeout 300 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
-        --concurrency 1,32 --max-tokens 128 --duration "$BENCH_DURATION" --json "$OUT/04-bench.json" \
-        >"$OUT/04-bench.log" 2>&1
+        --concurrency 1,32 --max-tokens 128 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
+        --json "$OUT/04-bench.json" >"$OUT/04-bench.log" 2>&1
     rc=$?
-    grep -E "^concurrency|error" "$OUT/04-bench.log"
-    if [ $rc -eq 0 ]; then record "benchmark" ok "see 04-bench.log"
-    else record "benchmark" FAIL "exit $rc, see 04-bench.log"; fi
+    grep -E "concurrency|error" "$OUT/04-bench.log"
+    if [ $rc -eq 0 ]; then record "benchmark (graphs, f16 KV)" ok "$(grep -E '^concurrency' "$OUT/04-bench.log" | sed 's/ over .*//' | tr '\n' ';')"
+    else record "benchmark (graphs, f16 KV)" FAIL "exit $rc, see 04-bench.log"; fi
 
     step "5. llmprof attach (root only)"
     if [ -x "$BUNDLE/llmprof" ] && [ "$(id -u)" = 0 ]; then
@@ -151,6 +156,12 @@ EOF
         else
             record "llmprof trace with CUDA slices" FAIL "exit $rc, see 05-attach.log"
         fi
+        # Steps that replayed a decode graph carry the graph_batch arg; the report counts them.
+        "$BUNDLE/llmprof" report --json "$OUT/cuda.perfetto-trace" >"$OUT/05-report.json" 2>&1
+        g=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"]; print(s["graph_replayed"]["count"], "of", s["count"])' \
+            "$OUT/05-report.json" 2>/dev/null || echo "0 of ?")
+        if [ "${g%% *}" -gt 0 ] 2>/dev/null; then record "trace marks graph-replayed steps" ok "$g steps"
+        else record "trace marks graph-replayed steps" FAIL "$g steps, see 05-report.json"; fi
         # Kernels through the injected CUPTI helper (issue 15): the report's top kernels must not be empty.
         if [ -f "$BUNDLE/libllmprof_cupti.so" ]; then
             timeout 60 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
@@ -164,6 +175,17 @@ EOF
             "$BUNDLE/llmprof" report --json "$OUT/kernels.perfetto-trace" >"$OUT/05b-report.json" 2>&1
             n=$(python3 -c 'import json,sys; k=json.load(open(sys.argv[1])).get("kernels") or {}; print(len(k.get("top") or []))' \
                 "$OUT/05b-report.json" 2>/dev/null || echo 0)
+            # Where the GPU time goes: the top kernels and how busy the GPU was inside the engine's steps.
+            python3 - "$OUT/05b-report.json" <<'PYEOF' 2>&1 | tee "$OUT/05b-kernels.txt"
+import json, sys
+k = json.load(open(sys.argv[1])).get("kernels") or {}
+print(f"kernels {k.get('kernels')} gpu_ms {k.get('gpu_ms')} copies {k.get('copies')} copy_ms {k.get('copy_ms')} lost {k.get('lost')}")
+for r in (k.get("top") or [])[:12]:
+    print(f"  {r['name'][:60]:<60} n {r['count']:>7} total {r['total_ms']:>9.1f} ms mean {1e3 * r['mean_ms']:>8.2f} us {r['share_pct']:>5.1f} %")
+s = dict(k.get("steps") or {})
+s.pop("per_step", None)
+print("steps:", s)
+PYEOF
             if [ $rc -eq 0 ] && [ "$n" -gt 0 ]; then
                 record "llmprof --gpu-kernels on: kernels in the report" ok "$n kernel names"
             else
@@ -176,6 +198,20 @@ EOF
 else
     cat "$OUT/03-llmserve-cuda.log"
     record "llmserve --device cuda starts" FAIL "see 03-llmserve-cuda.log"
+fi
+stop_server
+
+step "4b. benchmark of the eager engine (--enforce-eager --kv-cache-dtype f32)"
+if [ "$HAVE_MODEL" = 1 ] && start_server "$OUT/04b-llmserve-eager.log" --device cuda --enforce-eager --kv-cache-dtype f32; then
+    timeout 300 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+        --concurrency 1,32 --max-tokens 128 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
+        --json "$OUT/04b-bench-eager.json" >"$OUT/04b-bench-eager.log" 2>&1
+    rc=$?
+    grep -E "concurrency|error" "$OUT/04b-bench-eager.log"
+    if [ $rc -eq 0 ]; then record "benchmark (eager, f32 KV)" ok "$(grep -E '^concurrency' "$OUT/04b-bench-eager.log" | sed 's/ over .*//' | tr '\n' ';')"
+    else record "benchmark (eager, f32 KV)" FAIL "exit $rc, see 04b-bench-eager.log"; fi
+else
+    record "benchmark (eager, f32 KV)" skip "no model or the server did not start"
 fi
 stop_server
 

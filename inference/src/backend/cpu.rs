@@ -266,6 +266,7 @@ impl Backend for CpuBackend {
                 logits: Vec::new(),
                 device_start_ns: start,
                 device_end_ns: end,
+                graph_batch: 0,
             });
         }
         let logits = self.forward_inner(batch);
@@ -274,6 +275,7 @@ impl Backend for CpuBackend {
             logits,
             device_start_ns: start,
             device_end_ns: end,
+            graph_batch: 0,
         })
     }
 

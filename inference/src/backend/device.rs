@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::cpu::CpuBackend;
-use super::{Backend, BackendError};
+use super::{Backend, BackendError, KvCacheDtype};
 use crate::model::Model;
 
 /// What `--device` asked for.
@@ -68,39 +68,53 @@ impl std::fmt::Debug for Selected {
     }
 }
 
-/// Creates the backend `choice` asks for, with a KV cache of `num_blocks` × `block_size` token slots and
-/// `threads` CPU threads (0: all CPUs; used by the CPU backend).
+/// What the backend is created with (from `llmserve`'s flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// KV-cache blocks.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size: usize,
+    /// CPU compute threads (0: all CPUs; the CPU backend).
+    pub threads: usize,
+    /// `--kv-cache-dtype`.
+    pub kv_cache_dtype: KvCacheDtype,
+    /// `--enforce-eager`: no CUDA graphs.
+    pub enforce_eager: bool,
+    /// `--max-num-seqs`: the largest decode batch (the largest CUDA graph).
+    pub max_num_seqs: usize,
+}
+
+/// Creates the backend `choice` asks for, set up as `o` says.
 pub fn create_backend(
     choice: DeviceChoice,
     model: Arc<Model>,
-    num_blocks: usize,
-    block_size: usize,
-    threads: usize,
+    o: &BackendOptions,
 ) -> Result<Selected, DeviceError> {
     match choice {
-        DeviceChoice::Cpu => cpu(model, num_blocks, block_size, threads),
-        DeviceChoice::Cuda => cuda(model, num_blocks, block_size),
-        DeviceChoice::Auto => match cuda(model.clone(), num_blocks, block_size) {
+        DeviceChoice::Cpu => cpu(model, o),
+        DeviceChoice::Cuda => cuda(model, o),
+        DeviceChoice::Auto => match cuda(model.clone(), o) {
             Ok(s) => Ok(s),
             Err(e) => {
                 eprintln!(
                     "llmserve: --device auto: CUDA is not usable ({}); using the CPU",
                     e.reason()
                 );
-                cpu(model, num_blocks, block_size, threads)
+                cpu(model, o)
             }
         },
     }
 }
 
-fn cpu(
-    model: Arc<Model>,
-    num_blocks: usize,
-    block_size: usize,
-    threads: usize,
-) -> Result<Selected, DeviceError> {
-    let b = CpuBackend::new(model, num_blocks, block_size, threads)?;
-    let description = format!("cpu with {} threads", b.threads());
+fn cpu(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> {
+    if o.kv_cache_dtype == KvCacheDtype::F16 {
+        return Err(DeviceError::Backend(BackendError::Device(
+            "--kv-cache-dtype f16: the CPU backend keeps an f32 KV cache; use auto or f32".into(),
+        )));
+    }
+    let b = CpuBackend::new(model, o.num_blocks, o.block_size, o.threads)?;
+    let description = format!("cpu with {} threads, KV cache f32", b.threads());
     Ok(Selected {
         backend: Box::new(b),
         description,
@@ -108,10 +122,17 @@ fn cpu(
 }
 
 #[cfg(feature = "cuda")]
-fn cuda(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<Selected, DeviceError> {
+fn cuda(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> {
+    use super::cuda::{CudaBackend, CudaOptions, KvDtype};
     let libs = super::cuda::libs::load().map_err(|e| DeviceError::CudaUnavailable(e.to_string()))?;
     eprintln!("llmserve: CUDA libraries: {libs}");
-    let b = super::cuda::CudaBackend::new(model, num_blocks, block_size, 0)?;
+    let options = CudaOptions {
+        ordinal: 0,
+        kv_dtype: KvDtype::from_choice(o.kv_cache_dtype),
+        graphs: !o.enforce_eager,
+        max_graph_batch: o.max_num_seqs,
+    };
+    let b = CudaBackend::with_options(model, o.num_blocks, o.block_size, options)?;
     let description = b.describe();
     Ok(Selected {
         backend: Box::new(b),
@@ -120,6 +141,6 @@ fn cuda(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<Selec
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda(_model: Arc<Model>, _num_blocks: usize, _block_size: usize) -> Result<Selected, DeviceError> {
+fn cuda(_model: Arc<Model>, _o: &BackendOptions) -> Result<Selected, DeviceError> {
     Err(DeviceError::NotBuilt)
 }

@@ -42,6 +42,20 @@ pub struct StepOutput {
     pub device_start_ns: u64,
     /// Device end of the step, BOOTTIME ns.
     pub device_end_ns: u64,
+    /// The batch size of the CUDA graph the step replayed (its real rows padded up to it); 0: launched eagerly.
+    pub graph_batch: u32,
+}
+
+/// `--kv-cache-dtype`: the element type of the KV cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    /// f16 on the GPU, f32 on the CPU.
+    #[default]
+    Auto,
+    /// IEEE half precision (CUDA backend only).
+    F16,
+    /// 32-bit floats.
+    F32,
 }
 
 /// Errors of a backend.

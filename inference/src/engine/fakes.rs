@@ -68,6 +68,7 @@ impl Backend for FakeBackend {
             logits: vec![logits; n],
             device_start_ns: 1,
             device_end_ns: 2,
+            graph_batch: 0,
         })
     }
     fn swap_weights(&mut self, _model: Arc<crate::model::Model>) -> Result<(), BackendError> {

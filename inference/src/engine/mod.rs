@@ -510,6 +510,7 @@ impl EngineLoop {
             kv_blocks_total: self.sched.kv().num_blocks() as u32,
             num_waiting,
             num_preempted: out.preempted.len() as u32,
+            graph_batch: step_out.graph_batch,
             ..StepRecord::new(kind, step_id, &ids)
         }
         .with_req_tokens(out.seqs.iter().map(|sc| sc.num_tokens as u32));

@@ -33,8 +33,12 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     let steps = requests::steps(d);
     let mut by_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut by_bucket: Vec<Vec<f64>> = vec![Vec::new(); BATCH_BUCKETS.len()];
+    let mut replayed = Vec::new();
     for s in &steps {
         let dur = ms(s.info.host_ns());
+        if s.graph_batch > 0 {
+            replayed.push(dur);
+        }
         by_kind.entry(s.name.clone()).or_default().push(dur);
         let n = s.num_seqs;
         if let Some(i) = BATCH_BUCKETS.iter().position(|&(lo, hi)| n >= lo && n <= hi) {
@@ -42,6 +46,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         }
     }
     r.steps_by_kind = by_kind.into_iter().map(|(k, v)| (k, Stats::of(&v))).collect();
+    r.steps_graph_replayed = Stats::of(&replayed);
     for (i, v) in by_bucket.iter().enumerate() {
         if v.is_empty() {
             continue;

@@ -279,6 +279,8 @@ pub struct Report {
     pub steps_by_kind: BTreeMap<String, Stats>,
     /// Step durations by batch-size bucket (non-empty buckets).
     pub steps_by_batch: Vec<BucketRow>,
+    /// Step durations of the steps that replayed a CUDA graph, ms (the engine's `graph_batch` arg).
+    pub steps_graph_replayed: Stats,
     /// Counter summaries by JSON key.
     pub counters: BTreeMap<&'static str, CounterSummary>,
     /// Last `preemptions` counter value.

@@ -216,6 +216,8 @@ struct Steps<'a> {
     count: u64,
     by_kind: ByKind,
     by_batch_size: Vec<BatchBucket<'a>>,
+    /// The steps that replayed a CUDA graph.
+    graph_replayed: StatsJson,
 }
 
 /// `steps.by_kind`: always the three kinds, empty stats for a kind the trace has no step of.
@@ -246,6 +248,7 @@ impl<'a> Steps<'a> {
                     stats: StatsJson::of(&b.stats),
                 })
                 .collect(),
+            graph_replayed: StatsJson::of(&r.steps_graph_replayed),
         }
     }
 }

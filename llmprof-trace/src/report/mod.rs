@@ -22,7 +22,8 @@
 //!   ends of the `decode`/`mixed` steps that served it afterwards (one token per step per request); a request
 //!   no step names falls back to one sample, (finish − first token) / (output tokens − 1).
 //! - `steps`: `{count, by_kind: {prefill|decode|mixed: stats}, by_batch_size: [{bucket, min_seqs, max_seqs,
-//!   stats}]}`, step durations (host) by kind and by `num_seqs` bucket ([`BATCH_BUCKETS`]).
+//!   stats}], graph_replayed: stats}`, step durations (host) by kind, by `num_seqs` bucket ([`BATCH_BUCKETS`]),
+//!   and of the steps that replayed a CUDA graph (the step's `graph_batch` arg).
 //! - `counters`: `{kv_cache_usage, requests_waiting, requests_running}` each `{samples, max, mean, last}`
 //!   (mean of the samples, taken every scrape interval) and `preemptions_total` (last value).
 //! - `syscalls`: `{slow_syscall_slices: [{name, count, total_ms, max_ms}], kernel_aggregates: [{name, count,

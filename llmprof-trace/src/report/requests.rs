@@ -32,6 +32,8 @@ pub(super) struct Step {
     pub(super) num_seqs: u64,
     /// The step slice's name (the kind, or `step` for an unknown one).
     pub(super) name: String,
+    /// The batch size of the CUDA graph it replayed (0: launched eagerly; [`arg::GRAPH_BATCH`]).
+    pub(super) graph_batch: u64,
     /// The requests it served and each one's tokens ([`arg::REQ_IDS`], [`arg::REQ_TOKENS`]).
     reqs: Vec<u64>,
     tokens: Vec<u64>,
@@ -60,6 +62,7 @@ pub(super) fn steps(d: &Decoded) -> Vec<Step> {
                     request_tokens: None,
                 },
                 num_seqs: u(arg::NUM_SEQS),
+                graph_batch: u(arg::GRAPH_BATCH),
                 name: s.name.clone(),
                 reqs: arg_u_array(&s.args, arg::REQ_IDS),
                 tokens: arg_u_array(&s.args, arg::REQ_TOKENS),

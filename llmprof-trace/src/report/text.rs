@@ -94,6 +94,9 @@ impl Report {
         for b in &self.steps_by_batch {
             row(&mut o, &format!("batch {}", b.bucket), &b.stats);
         }
+        if self.steps_graph_replayed.count > 0 {
+            row(&mut o, "CUDA graph replays", &self.steps_graph_replayed);
+        }
         let _ = writeln!(o, "\nKV cache and queue (engine /metrics samples)");
         for (k, c) in &self.counters {
             let _ = writeln!(

@@ -1,31 +1,42 @@
 //! The forward pass on the device: the kernel launch sequence of one step and the activation buffers it uses.
 //!
-//! Per step: embedding → per layer (RMSNorm, Q/K/V matmuls, RoPE + KV-cache write, paged attention, output
-//! matmul added to the residual, RMSNorm, gate matmul, up matmul with the SiLU gate fused in its epilogue, down
-//! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head. Everything is queued on
-//! the backend's one stream; activations stay on the device, only the index arrays go up and the logits come
-//! back. Buffers grow on demand (doubling) and are reused across steps.
+//! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls in one launch, RoPE + KV-cache write, paged
+//! attention, output matmul added to the residual, RMSNorm and the gate and up matmuls in one launch with the
+//! SiLU gate applied, down matmul added to the residual) → final RMSNorm of the rows that need logits → LM head. Everything is queued on
+//! the backend's one stream; activations stay on the device, only the packed index arrays go up (one copy) and
+//! the logits come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
+//! call records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused
+//! across steps; a graph's buffers are sized once, before capture, and never move.
 
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 
+use super::KvDtype;
 use super::kernels::{self, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS};
-use super::layout::StepLayout;
+use super::layout::Packed;
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
+
+/// Most tokens a step may have for the fused RMSNorm + Q/K/V and RMSNorm + gate/up launches (one token tile). Each
+/// warp of a fused launch recomputes its tokens' norms, which pays at a few tokens, where a step is a chain of small
+/// launches (H100, SmolLM2-135M: batch 1 decode 1.85 ms/step fused against 2.10 unfused), and costs at many, where
+/// the extra reads dominate (batch 32: 5.07 ms fused against 4.67 unfused); docs/performance.md.
+pub const FUSE_MAX_TOKENS: usize = TOKEN_TILE;
 
 /// The loaded kernels.
 #[derive(Debug)]
 pub struct Kernels {
     matmul: Vec<CudaFunction>,
     embed: Vec<CudaFunction>,
+    qkv: Vec<CudaFunction>,
+    gate_up: Vec<CudaFunction>,
     rms_norm: CudaFunction,
-    rope_kv: CudaFunction,
-    attention: CudaFunction,
+    rope_kv: Vec<CudaFunction>,
+    attention: Vec<CudaFunction>,
 }
 
 impl Kernels {
@@ -42,12 +53,20 @@ impl Kernels {
                 .map(|t| get(&format!("{prefix}_{t}")))
                 .collect()
         };
+        let per_kv = |prefix: &str| -> Result<Vec<CudaFunction>, String> {
+            kernels::KV_TYPES
+                .iter()
+                .map(|t| get(&format!("{prefix}_{t}")))
+                .collect()
+        };
         Ok(Kernels {
             matmul: per_type("matmul")?,
             embed: per_type("embed")?,
+            qkv: per_type("qkv")?,
+            gate_up: per_type("gate_up")?,
             rms_norm: get("rms_norm")?,
-            rope_kv: get("rope_kv")?,
-            attention: get("attention")?,
+            rope_kv: per_kv("rope_kv")?,
+            attention: per_kv("attention")?,
         })
     }
 }
@@ -66,21 +85,13 @@ impl<T: DeviceRepr + ValidAsZeroBits> Buf<T> {
         })
     }
 
-    /// Makes room for `n` elements (contents are lost when it grows).
-    fn ensure(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<(), DriverError> {
+    /// Makes room for `n` elements (contents are lost when it grows); true when the buffer moved.
+    fn ensure(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<bool, DriverError> {
         if self.dev.len() < n {
             self.dev = stream.alloc_zeros::<T>(n.next_power_of_two())?;
+            return Ok(true);
         }
-        Ok(())
-    }
-
-    /// Grows to `src.len()` and copies `src` to the start.
-    fn upload(&mut self, stream: &Arc<CudaStream>, src: &[T]) -> Result<(), DriverError> {
-        self.ensure(stream, src.len().max(1))?;
-        if !src.is_empty() {
-            stream.memcpy_htod(src, &mut self.dev.slice_mut(0..src.len()))?;
-        }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -94,17 +105,10 @@ pub struct Scratch {
     v: Buf<f32>,
     att: Buf<f32>,
     gate: Buf<f32>,
-    logits: Buf<f32>,
-    tokens: Buf<i32>,
-    pos: Buf<i32>,
-    slot: Buf<i32>,
-    table_off: Buf<i32>,
-    tables: Buf<i32>,
-    logit_rows: Buf<i32>,
-    /// Host copy of the logits.
-    pub host_logits: Vec<f32>,
-    /// Host-side index arrays.
-    pub layout: StepLayout,
+    /// Logits of the step's logit rows, `[nl][vocab]`.
+    pub logits: Buf<f32>,
+    /// The packed index arrays ([`Packed`]).
+    pub idx: Buf<i32>,
 }
 
 impl Scratch {
@@ -119,16 +123,48 @@ impl Scratch {
             att: Buf::new(stream)?,
             gate: Buf::new(stream)?,
             logits: Buf::new(stream)?,
-            tokens: Buf::new(stream)?,
-            pos: Buf::new(stream)?,
-            slot: Buf::new(stream)?,
-            table_off: Buf::new(stream)?,
-            tables: Buf::new(stream)?,
-            logit_rows: Buf::new(stream)?,
-            host_logits: Vec::new(),
-            layout: StepLayout::default(),
+            idx: Buf::new(stream)?,
         })
     }
+
+    /// Makes room for a step laid out as `p` of a model `c` with `vocab` logits per row; true when a buffer
+    /// moved (a graph recorded on the old buffers must not be replayed).
+    pub fn ensure(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        c: &ModelConfig,
+        vocab: usize,
+        p: &Packed,
+    ) -> Result<bool, DriverError> {
+        let n = p.n;
+        let qd = c.n_heads * c.head_dim;
+        let mut moved = false;
+        for (buf, len) in [
+            (&mut self.x, n * c.dim),
+            (&mut self.xn, n * c.dim),
+            (&mut self.q, n * qd),
+            (&mut self.att, n * qd),
+            (&mut self.k, n * c.kv_dim()),
+            (&mut self.v, n * c.kv_dim()),
+            (&mut self.gate, n * c.ffn_dim),
+            (&mut self.logits, p.nl * vocab),
+        ] {
+            moved |= buf.ensure(stream, len)?;
+        }
+        moved |= self.idx.ensure(stream, p.len + 1)?;
+        Ok(moved)
+    }
+}
+
+/// The paged KV cache: per layer, `slots × kv_dim` elements of K and of V in `dtype`.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Element type.
+    pub dtype: KvDtype,
+    /// Per layer K cache (raw bytes of `dtype` elements).
+    pub k: Vec<CudaSlice<u8>>,
+    /// Per layer V cache.
+    pub v: Vec<CudaSlice<u8>>,
 }
 
 /// What a step needs besides its buffers.
@@ -143,10 +179,8 @@ pub struct Step<'a> {
     pub weights: &'a DeviceWeights,
     /// RoPE inverse frequencies on the device.
     pub inv_freq: &'a CudaSlice<f32>,
-    /// Per layer K cache.
-    pub k_cache: &'a mut [CudaSlice<f32>],
-    /// Per layer V cache.
-    pub v_cache: &'a mut [CudaSlice<f32>],
+    /// The KV cache.
+    pub kv: &'a mut KvCache,
     /// Token slots per KV block.
     pub block_size: usize,
 }
@@ -197,13 +231,105 @@ impl Step<'_> {
         unsafe { b.launch(cfg) }.map(|_| ())
     }
 
+    /// RMSNorm (weight `norm`) of the residual stream `x`, then Q, K and V of `n` tokens: one launch when the three
+    /// matrices share a type and width and `n` ≤ [`FUSE_MAX_TOKENS`] (else the norm into `xn` and three matmuls).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the norm, three matrices and their three outputs"
+    )]
+    fn qkv(
+        &self,
+        norm: &CudaSlice<f32>,
+        (wq, wk, wv): (&DeviceMatrix, &DeviceMatrix, &DeviceMatrix),
+        x: &CudaSlice<f32>,
+        xn: &mut CudaSlice<f32>,
+        n: usize,
+        (q, k, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    ) -> Result<(), DriverError> {
+        let same = wq.kind == wk.kind && wq.kind == wv.kind && wq.cols == wk.cols && wq.cols == wv.cols;
+        if !same || n > FUSE_MAX_TOKENS {
+            self.rms_norm(x, norm, xn, n, None)?;
+            self.matmul(wq, xn, n, q, MODE_STORE)?;
+            self.matmul(wk, xn, n, k, MODE_STORE)?;
+            return self.matmul(wv, xn, n, v, MODE_STORE);
+        }
+        let eps = self.config.rms_eps;
+        let (r0, r1, r2) = (wq.rows as i32, wk.rows as i32, wv.rows as i32);
+        let (cols, nt) = (wq.cols as i32, n as i32);
+        let blocks = grid(wq.rows, WARPS) + grid(wk.rows, WARPS) + grid(wv.rows, WARPS);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, grid(n, TOKEN_TILE), 1),
+            block_dim: (32 * WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.kernels.qkv[wq.kind.index()]);
+        for m in [wq, wk, wv] {
+            b.arg(&m.f).arg(&m.d).arg(&m.m).arg(&m.q);
+        }
+        b.arg(&r0)
+            .arg(&r1)
+            .arg(&r2)
+            .arg(&cols)
+            .arg(x)
+            .arg(norm)
+            .arg(&eps)
+            .arg(&nt)
+            .arg(q)
+            .arg(k)
+            .arg(v);
+        // SAFETY: the arguments match `qkv_*`'s parameters in order and type; the three matrices have this kernel's
+        // type and `cols` (= dim) columns (checked above); `x` holds n × cols floats, `norm` cols, and q/k/v n ×
+        // their rows (Scratch sized them for this step).
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
+    /// RMSNorm (weight `norm`) of the residual stream `x`, then `out = silu(Wg · x̂) * (Wu · x̂)` for `n` tokens:
+    /// one launch when gate and up share a type and shape and `n` ≤ [`FUSE_MAX_TOKENS`] (else the norm into `xn`
+    /// and two matmuls).
+    fn gate_up(
+        &self,
+        norm: &CudaSlice<f32>,
+        (wg, wu): (&DeviceMatrix, &DeviceMatrix),
+        x: &CudaSlice<f32>,
+        xn: &mut CudaSlice<f32>,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), DriverError> {
+        if wg.kind != wu.kind || wg.rows != wu.rows || wg.cols != wu.cols || n > FUSE_MAX_TOKENS {
+            self.rms_norm(x, norm, xn, n, None)?;
+            self.matmul(wg, xn, n, out, MODE_STORE)?;
+            return self.matmul(wu, xn, n, out, MODE_SILU_MUL);
+        }
+        let eps = self.config.rms_eps;
+        let (rows, cols, nt) = (wg.rows as i32, wg.cols as i32, n as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(wg.rows, WARPS), grid(n, TOKEN_TILE), 1),
+            block_dim: (32 * WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.kernels.gate_up[wg.kind.index()]);
+        for m in [wg, wu] {
+            b.arg(&m.f).arg(&m.d).arg(&m.m).arg(&m.q);
+        }
+        b.arg(&rows)
+            .arg(&cols)
+            .arg(x)
+            .arg(norm)
+            .arg(&eps)
+            .arg(&nt)
+            .arg(out);
+        // SAFETY: the arguments match `gate_up_*`'s parameters; both matrices have this kernel's type and shape
+        // (checked above); `x` holds n × cols floats, `norm` cols and `out` n × rows.
+        unsafe { b.launch(cfg) }.map(|_| ())
+    }
+
     fn rms_norm(
         &self,
         x: &CudaSlice<f32>,
         w: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
         n_rows: usize,
-        rows: Option<&CudaSlice<i32>>,
+        rows: Option<&CudaView<'_, i32>>,
     ) -> Result<(), DriverError> {
         let dim = self.config.dim as i32;
         let eps = self.config.rms_eps;
@@ -220,31 +346,23 @@ impl Step<'_> {
         unsafe { b.launch(rows_cfg(n_rows)) }.map(|_| ())
     }
 
-    /// Runs the step described by `s.layout`, leaving the logits of its `logit_rows` in `s.logits`.
-    pub fn run(&mut self, s: &mut Scratch) -> Result<(), DriverError> {
+    /// Queues the kernels of the step whose index arrays sit in `s.idx` as `p` says, leaving the logits of its
+    /// `p.nl` logit rows in `s.logits`. Kernels only: `s` must have been sized for `p` ([`Scratch::ensure`]) and
+    /// the index arrays uploaded (outside a capture) before the kernels run.
+    pub fn launch(&mut self, s: &mut Scratch, p: &Packed) -> Result<(), DriverError> {
         let c = self.config;
         let st = self.stream;
-        let n = s.layout.num_tokens();
-        let nl = s.layout.logit_rows.len();
-        let (dim, hd, nh, nkv) = (c.dim, c.head_dim, c.n_heads, c.n_kv_heads);
-        let (qd, kvd, ffn) = (nh * hd, c.kv_dim(), c.ffn_dim);
+        let (n, nl) = (p.n, p.nl);
+        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let weights = self.weights;
-        let vocab = weights.lm_head().rows;
-
-        s.tokens.upload(st, &s.layout.tokens)?;
-        s.pos.upload(st, &s.layout.pos)?;
-        s.slot.upload(st, &s.layout.slot)?;
-        s.table_off.upload(st, &s.layout.table_off)?;
-        s.tables.upload(st, &s.layout.tables)?;
-        s.logit_rows.upload(st, &s.layout.logit_rows)?;
-        s.x.ensure(st, n * dim)?;
-        s.xn.ensure(st, n * dim)?;
-        s.q.ensure(st, n * qd)?;
-        s.att.ensure(st, n * qd)?;
-        s.k.ensure(st, n * kvd)?;
-        s.v.ensure(st, n * kvd)?;
-        s.gate.ensure(st, n * ffn)?;
-        s.logits.ensure(st, nl * vocab)?;
+        let kv_kind = self.kv.dtype.index();
+        let idx = &s.idx.dev;
+        let tokens = idx.slice(p.tokens..p.tokens + n);
+        let pos = idx.slice(p.pos..p.pos + n);
+        let slot = idx.slice(p.slot..p.slot + n);
+        let table_off = idx.slice(p.table_off..p.table_off + n);
+        let logit_rows = idx.slice(p.logit_rows..p.logit_rows + nl);
+        let tables = idx.slice(p.tables..p.len.max(p.tables + 1));
 
         // Embedding.
         let e = &weights.token_embd;
@@ -255,7 +373,7 @@ impl Step<'_> {
             .arg(&e.m)
             .arg(&e.q)
             .arg(&cols)
-            .arg(&s.tokens.dev)
+            .arg(&tokens)
             .arg(&mut s.x.dev);
         // SAFETY: arguments match `embed_*`; tokens were validated against the vocabulary (the embedding's
         // rows) and `x` holds n × dim floats.
@@ -266,33 +384,38 @@ impl Step<'_> {
         let scale = 1.0 / (hd as f32).sqrt();
         for (l, lw) in weights.layers.iter().enumerate() {
             // Attention block.
-            self.rms_norm(&s.x.dev, &lw.attn_norm, &mut s.xn.dev, n, None)?;
-            self.matmul(&lw.wq, &s.xn.dev, n, &mut s.q.dev, MODE_STORE)?;
-            self.matmul(&lw.wk, &s.xn.dev, n, &mut s.k.dev, MODE_STORE)?;
-            self.matmul(&lw.wv, &s.xn.dev, n, &mut s.v.dev, MODE_STORE)?;
-            let mut b = st.launch_builder(&self.kernels.rope_kv);
+            self.qkv(
+                &lw.attn_norm,
+                (&lw.wq, &lw.wk, &lw.wv),
+                &s.x.dev,
+                &mut s.xn.dev,
+                n,
+                (&mut s.q.dev, &mut s.k.dev, &mut s.v.dev),
+            )?;
+            let mut b = st.launch_builder(&self.kernels.rope_kv[kv_kind]);
             b.arg(&mut s.q.dev)
                 .arg(&mut s.k.dev)
                 .arg(&s.v.dev)
-                .arg(&mut self.k_cache[l])
-                .arg(&mut self.v_cache[l])
-                .arg(&s.pos.dev)
-                .arg(&s.slot.dev)
+                .arg(&mut self.kv.k[l])
+                .arg(&mut self.kv.v[l])
+                .arg(&pos)
+                .arg(&slot)
                 .arg(self.inv_freq)
                 .arg(&nh_i)
                 .arg(&nkv_i)
                 .arg(&hd_i);
-            // SAFETY: arguments match `rope_kv`; slots come from validated block tables (inside the cache),
-            // q/k/v hold n tokens, inv_freq holds head_dim / 2 floats.
+            // SAFETY: arguments match `rope_kv_<dtype>` for the cache's element type; slots come from validated
+            // block tables (inside the cache, or its pad block), q/k/v hold n tokens, inv_freq holds
+            // head_dim / 2 floats.
             unsafe { b.launch(rows_cfg(n)) }?;
-            let mut b = st.launch_builder(&self.kernels.attention);
+            let mut b = st.launch_builder(&self.kernels.attention[kv_kind]);
             b.arg(&s.q.dev)
-                .arg(&self.k_cache[l])
-                .arg(&self.v_cache[l])
+                .arg(&self.kv.k[l])
+                .arg(&self.kv.v[l])
                 .arg(&mut s.att.dev)
-                .arg(&s.pos.dev)
-                .arg(&s.table_off.dev)
-                .arg(&s.tables.dev)
+                .arg(&pos)
+                .arg(&table_off)
+                .arg(&tables)
                 .arg(&n_i)
                 .arg(&nh_i)
                 .arg(&nkv_i)
@@ -300,20 +423,25 @@ impl Step<'_> {
                 .arg(&bs_i)
                 .arg(&scale);
             let cfg = LaunchConfig {
-                grid_dim: (grid(n * nh, WARPS), 1, 1),
+                grid_dim: ((n * nh).max(1) as u32, 1, 1),
                 block_dim: (32 * WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: arguments match `attention`; every position 0..=pos of each token's sequence is covered by
-            // its (validated) block table and was written by this or an earlier step; head_dim ≤ MAX_HEAD_DIM
-            // was checked at creation.
+            // SAFETY: arguments match `attention_<dtype>`; every position 0..=pos of each token's sequence is
+            // covered by its (validated) block table and was written by this or an earlier step; head_dim ≤
+            // MAX_HEAD_DIM was checked at creation.
             unsafe { b.launch(cfg) }?;
             self.matmul(&lw.wo, &s.att.dev, n, &mut s.x.dev, MODE_ADD)?;
 
             // Feed-forward block.
-            self.rms_norm(&s.x.dev, &lw.ffn_norm, &mut s.xn.dev, n, None)?;
-            self.matmul(&lw.w_gate, &s.xn.dev, n, &mut s.gate.dev, MODE_STORE)?;
-            self.matmul(&lw.w_up, &s.xn.dev, n, &mut s.gate.dev, MODE_SILU_MUL)?;
+            self.gate_up(
+                &lw.ffn_norm,
+                (&lw.w_gate, &lw.w_up),
+                &s.x.dev,
+                &mut s.xn.dev,
+                n,
+                &mut s.gate.dev,
+            )?;
             self.matmul(&lw.w_down, &s.gate.dev, n, &mut s.x.dev, MODE_ADD)?;
         }
 
@@ -323,26 +451,10 @@ impl Step<'_> {
                 &weights.output_norm,
                 &mut s.xn.dev,
                 nl,
-                Some(&s.logit_rows.dev),
+                Some(&logit_rows),
             )?;
             self.matmul(weights.lm_head(), &s.xn.dev, nl, &mut s.logits.dev, MODE_STORE)?;
         }
         Ok(())
     }
-}
-
-/// Copies the logits of the last step (`nl` rows of `vocab`) back to the host and splits them per row.
-pub fn fetch_logits(
-    stream: &Arc<CudaStream>,
-    s: &mut Scratch,
-    nl: usize,
-    vocab: usize,
-) -> Result<Vec<Vec<f32>>, DriverError> {
-    if nl == 0 {
-        return Ok(Vec::new());
-    }
-    s.host_logits.resize(nl * vocab, 0.0);
-    stream.memcpy_dtoh(&s.logits.dev.slice(0..nl * vocab), &mut s.host_logits[..])?;
-    stream.synchronize()?;
-    Ok(s.host_logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
 }

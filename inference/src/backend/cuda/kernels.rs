@@ -4,14 +4,16 @@
 //! Kernels (all f32 activations with f32 accumulation, like the CPU backend: activations are never quantized,
 //! see docs/architecture.md, Decisions):
 //! - `matmul_{f32,q8_0,q4_0,q4_1}`: `out[t][r] (=|+=|silu-gated) W[r]·x[t]` for a tile of [`TOKEN_TILE`]
-//!   tokens per block row; one warp per weight row, lane `l` takes element `l` of every 32-element quant block,
-//!   so a weight row is read once per token tile and dequantized in registers.
+//!   tokens per block row; one warp per weight row, 4 (Q4_x) or 8 (Q8_0, F32) lanes per 32-element quant block
+//!   reading 4 bytes of quants each, so a weight row is read once per token tile, in contiguous runs, and
+//!   dequantized in registers.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
-//! - `rope_kv`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the paged cache
-//!   at each token's slot.
-//! - `attention`: causal GQA attention for one (token, head) per warp with an online softmax, reading K/V through
-//!   the sequence's block table.
+//! - `rope_kv_{f32,f16}`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the
+//!   paged cache at each token's slot, as f32 or rounded to f16 (IEEE half, round to nearest even).
+//! - `attention_{f32,f16}`: causal GQA attention for one (token, head) per block, its warps splitting the keys
+//!   (online softmax per warp, combined at the end), reading K/V (f32, or f16 widened to f32) through the
+//!   sequence's block table; arithmetic in f32 either way.
 //!
 //! Compilation goes to a CUBIN for the device's exact `sm_XY` (loadable by an older driver of the same major
 //! version, unlike PTX from a newer NVRTC), falling back to PTX for `compute_XY` when NVRTC cannot target the
@@ -38,6 +40,9 @@ pub const ROW_THREADS: usize = 256;
 /// Weight types the kernels read, in the order of the `TY_*` constants of the source.
 pub const WEIGHT_TYPES: &[&str] = &["f32", "q8_0", "q4_0", "q4_1"];
 
+/// KV-cache element types the kernels read and write, in [`super::KvDtype`]'s order.
+pub const KV_TYPES: &[&str] = &["f32", "f16"];
+
 /// Matmul epilogue: store the product.
 pub const MODE_STORE: i32 = 0;
 /// Matmul epilogue: add the product to the output (residual connections).
@@ -51,8 +56,14 @@ pub fn kernel_names() -> Vec<String> {
     for ty in WEIGHT_TYPES {
         v.push(format!("matmul_{ty}"));
         v.push(format!("embed_{ty}"));
+        v.push(format!("qkv_{ty}"));
+        v.push(format!("gate_up_{ty}"));
     }
-    v.extend(["rms_norm", "rope_kv", "attention"].map(String::from));
+    for kv in KV_TYPES {
+        v.push(format!("rope_kv_{kv}"));
+        v.push(format!("attention_{kv}"));
+    }
+    v.push("rms_norm".into());
     v
 }
 
@@ -90,6 +101,42 @@ __device__ __forceinline__ float wval(const float* __restrict__ f, const float* 
     return (float)nib * d[b] + m[b];
 }
 
+// Lane part `sub` of quant block b (elements b*32 .. b*32+31 of the row-major matrix), dequantized into w: for
+// Q4_x the 4 bytes at 4*sub (elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]); for Q8_0 and F32 the 4 elements at
+// 4*sub (w[0..4]). The loads are aligned when the row length is a multiple of 32.
+template <int TY>
+__device__ __forceinline__ void wpart(const float* __restrict__ f, const float* __restrict__ d,
+                                      const float* __restrict__ m, const unsigned char* __restrict__ q, i64 b,
+                                      int sub, float* w) {
+    if (TY == TY_F32) {
+        float4 v = *(const float4*)(f + b * QBLOCK + 4 * sub);
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    } else if (TY == TY_Q8_0) {
+        int v = *(const int*)(q + b * QBLOCK + 4 * sub);
+        float s = d[b];
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(v >> (8 * k)) * s;
+    } else {
+        int v = *(const int*)(q + b * (QBLOCK / 2) + 4 * sub);
+        float s = d[b];
+        float mn = TY == TY_Q4_1 ? m[b] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int byte = (v >> (8 * k)) & 0xff;
+            if (TY == TY_Q4_0) {
+                w[k] = (float)((byte & 15) - 8) * s;
+                w[4 + k] = (float)((byte >> 4) - 8) * s;
+            } else {
+                w[k] = (float)(byte & 15) * s + mn;
+                w[4 + k] = (float)(byte >> 4) * s + mn;
+            }
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -98,6 +145,114 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// Adds to acc[t] this lane's part of row r of W (rows x cols) times token t of the tile xt ([nt][cols]) — with NORM,
+// times xt ⊙ nw (the RMSNorm weight; the caller scales by each token's 1/rms); the warp's lanes together cover the
+// row (their partial sums are added by the caller).
+template <int TY, bool NORM>
+__device__ __forceinline__ void row_dots(const float* __restrict__ f, const float* __restrict__ d,
+                                         const float* __restrict__ m, const unsigned char* __restrict__ q, int r,
+                                         int cols, const float* __restrict__ xt, const float* __restrict__ nw,
+                                         int nt, int lane, float* acc) {
+    if (cols % QBLOCK == 0) {
+        // LPB lanes share a quant block, each taking 4 consecutive bytes of its quants (Q4_x: elements
+        // 4s..4s+3 and 16+4s..16+4s+3; Q8_0 and F32: 4s..4s+3), so the warp reads the weights and the
+        // activations in contiguous runs (the activations once per row, from L1). All of a row's loads are
+        // independent: a decode matmul has few warps per SM, so latency is hidden inside the warp.
+        const int LPB = (TY == TY_Q4_0 || TY == TY_Q4_1) ? 4 : 8;
+        const int BPI = 32 / LPB;
+        int sub = lane % LPB;
+        int nb = cols / QBLOCK;
+        i64 rb = (i64)r * nb;
+#pragma unroll 4
+        for (int b = lane / LPB; b < nb; b += BPI) {
+            float w[8];
+            wpart<TY>(f, d, m, q, rb + b, sub, w);
+            if (NORM) {
+                // The norm weight folded into this lane's weights (it multiplies the same columns for every token).
+                float4 g = *(const float4*)(nw + (i64)b * QBLOCK + 4 * sub);
+                w[0] *= g.x;
+                w[1] *= g.y;
+                w[2] *= g.z;
+                w[3] *= g.w;
+                if (LPB == 4) {
+                    float4 h = *(const float4*)(nw + (i64)b * QBLOCK + 16 + 4 * sub);
+                    w[4] *= h.x;
+                    w[5] *= h.y;
+                    w[6] *= h.z;
+                    w[7] *= h.w;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TOKEN_TILE; t++) {
+                if (t < nt) {
+                    const float* xb = xt + (i64)t * cols + (i64)b * QBLOCK + 4 * sub;
+                    float4 v = *(const float4*)xb;
+                    float s = w[0] * v.x;
+                    s = fmaf(w[1], v.y, s);
+                    s = fmaf(w[2], v.z, s);
+                    s = fmaf(w[3], v.w, s);
+                    if (LPB == 4) {
+                        float4 u = *(const float4*)(xb + 16);
+                        s = fmaf(w[4], u.x, s);
+                        s = fmaf(w[5], u.y, s);
+                        s = fmaf(w[6], u.z, s);
+                        s = fmaf(w[7], u.w, s);
+                    }
+                    acc[t] += s;
+                }
+            }
+        }
+    } else {
+        // F32 rows of any length: lane l takes elements l, l + 32, ...
+        i64 base = (i64)r * cols;
+#pragma unroll 4
+        for (int k = lane; k < cols; k += 32) {
+            float w = wval<TY>(f, d, m, q, base + k);
+            if (NORM) w *= nw[k];
+#pragma unroll
+            for (int t = 0; t < TOKEN_TILE; t++)
+                if (t < nt) acc[t] = fmaf(w, xt[(i64)t * cols + k], acc[t]);
+        }
+    }
+}
+
+// 1/rms of each of the tile's tokens (RMSNorm's scale: 1 / sqrt(mean(x²) + eps)), computed by the whole warp.
+__device__ __forceinline__ void inv_rms(const float* __restrict__ xt, int cols, int nt, int lane, float eps,
+                                        float* inv) {
+#pragma unroll
+    for (int t = 0; t < TOKEN_TILE; t++) {
+        if (t < nt) {
+            float ss = 0.0f;
+            for (int k = lane; k < cols; k += 32) ss = fmaf(xt[(i64)t * cols + k], xt[(i64)t * cols + k], ss);
+            ss = warp_sum(ss);
+            inv[t] = 1.0f / sqrtf(ss / (float)cols + eps);
+        }
+    }
+}
+
+// out[t0 + t][r] (=|+=|silu-gated) the warp's sum of acc[t], for the tile's nt tokens (nt is the same in all lanes,
+// so only the live tokens' sums are reduced).
+__device__ __forceinline__ void store_row(const float* acc, int nt, int lane, float* __restrict__ out, int rows,
+                                          int r, int t0, int mode) {
+#pragma unroll
+    for (int t = 0; t < TOKEN_TILE; t++) {
+        if (t < nt) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) {
+                i64 o = (i64)(t0 + t) * rows + r;
+                if (mode == MODE_STORE) {
+                    out[o] = v;
+                } else if (mode == MODE_ADD) {
+                    out[o] += v;
+                } else {
+                    float g = out[o];
+                    out[o] = g / (1.0f + expf(-g)) * v;
+                }
+            }
+        }
+    }
 }
 
 // out[t][r] for rows r of W (rows x cols) and tokens t of x ([n_tok][cols]); out is [n_tok][rows].
@@ -114,27 +269,69 @@ __device__ void matmul_impl(const float* __restrict__ f, const float* __restrict
     float acc[TOKEN_TILE];
 #pragma unroll
     for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
-    i64 base = (i64)r * cols;
-    const float* xt = x + (i64)t0 * cols;
-    for (int k = lane; k < cols; k += 32) {
-        float w = wval<TY>(f, d, m, q, base + k);
+    row_dots<TY, false>(f, d, m, q, r, cols, x + (i64)t0 * cols, nullptr, nt, lane, acc);
+    store_row(acc, nt, lane, out, rows, r, t0, mode);
+}
+
+// The attention block's RMSNorm (weight nw) and Q, K and V projections (three matrices of one type) of the
+// residual stream x in one launch: the grid's first dimension covers the row blocks of Q, then of K, then of V;
+// each warp computes its tokens' norms itself.
+template <int TY>
+__device__ void qkv_impl(const float* f0, const float* d0, const float* m0, const unsigned char* q0,
+                         const float* f1, const float* d1, const float* m1, const unsigned char* q1,
+                         const float* f2, const float* d2, const float* m2, const unsigned char* q2, int rows0,
+                         int rows1, int rows2, int cols, const float* __restrict__ x, const float* __restrict__ nw,
+                         float eps, int n_tok, float* out0, float* out1, float* out2) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int b0 = (rows0 + WARPS - 1) / WARPS, b1 = (rows1 + WARPS - 1) / WARPS;
+    int bx = blockIdx.x;
+    int which = bx < b0 ? 0 : (bx < b0 + b1 ? 1 : 2);
+    int first = which == 0 ? 0 : (which == 1 ? b0 : b0 + b1);
+    int rows = which == 0 ? rows0 : (which == 1 ? rows1 : rows2);
+    int r = (bx - first) * WARPS + warp;
+    if (r >= rows) return;
+    int t0 = blockIdx.y * TOKEN_TILE;
+    int nt = min(TOKEN_TILE, n_tok - t0);
+    float acc[TOKEN_TILE];
 #pragma unroll
-        for (int t = 0; t < TOKEN_TILE; t++)
-            if (t < nt) acc[t] = fmaf(w, xt[(i64)t * cols + k], acc[t]);
-    }
+    for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
+    const float* xt = x + (i64)t0 * cols;
+    float inv[TOKEN_TILE];
+    inv_rms(xt, cols, nt, lane, eps, inv);
+    if (which == 0) row_dots<TY, true>(f0, d0, m0, q0, r, cols, xt, nw, nt, lane, acc);
+    else if (which == 1) row_dots<TY, true>(f1, d1, m1, q1, r, cols, xt, nw, nt, lane, acc);
+    else row_dots<TY, true>(f2, d2, m2, q2, r, cols, xt, nw, nt, lane, acc);
+#pragma unroll
+    for (int t = 0; t < TOKEN_TILE; t++)
+        if (t < nt) acc[t] *= inv[t];
+    store_row(acc, nt, lane, which == 0 ? out0 : (which == 1 ? out1 : out2), rows, r, t0, MODE_STORE);
+}
+
+// The feed-forward's RMSNorm (weight nw) and gate and up projections of the residual stream x in one launch:
+// out[t][r] = silu(Wg[r]·x̂[t]) * (Wu[r]·x̂[t]) with x̂ the normed x, one warp per row computing both.
+template <int TY>
+__device__ void gate_up_impl(const float* fg, const float* dg, const float* mg, const unsigned char* qg,
+                             const float* fu, const float* du, const float* mu, const unsigned char* qu, int rows,
+                             int cols, const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                             int n_tok, float* __restrict__ out) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r = blockIdx.x * WARPS + warp;
+    if (r >= rows) return;
+    int t0 = blockIdx.y * TOKEN_TILE;
+    int nt = min(TOKEN_TILE, n_tok - t0);
+    float g[TOKEN_TILE], u[TOKEN_TILE];
+#pragma unroll
+    for (int t = 0; t < TOKEN_TILE; t++) g[t] = u[t] = 0.0f;
+    const float* xt = x + (i64)t0 * cols;
+    float inv[TOKEN_TILE];
+    inv_rms(xt, cols, nt, lane, eps, inv);
+    row_dots<TY, true>(fg, dg, mg, qg, r, cols, xt, nw, nt, lane, g);
+    row_dots<TY, true>(fu, du, mu, qu, r, cols, xt, nw, nt, lane, u);
 #pragma unroll
     for (int t = 0; t < TOKEN_TILE; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) {
-            i64 o = (i64)(t0 + t) * rows + r;
-            if (mode == MODE_STORE) {
-                out[o] = v;
-            } else if (mode == MODE_ADD) {
-                out[o] += v;
-            } else {
-                float g = out[o];
-                out[o] = g / (1.0f + expf(-g)) * v;
-            }
+        if (t < nt) {
+            float gs = warp_sum(g[t] * inv[t]), us = warp_sum(u[t] * inv[t]);
+            if (lane == 0) out[(i64)(t0 + t) * rows + r] = gs / (1.0f + expf(-gs)) * us;
         }
     }
 }
@@ -158,6 +355,23 @@ __device__ void embed_impl(const float* __restrict__ f, const float* __restrict_
     extern "C" __global__ void embed_##NAME(const float* f, const float* d, const float* m,                    \
                                             const unsigned char* q, int cols, const int* tokens, float* out) { \
         embed_impl<TY>(f, d, m, q, cols, tokens, out);                                                          \
+    }                                                                                                           \
+    extern "C" __global__ void qkv_##NAME(const float* f0, const float* d0, const float* m0,                   \
+                                          const unsigned char* q0, const float* f1, const float* d1,           \
+                                          const float* m1, const unsigned char* q1, const float* f2,           \
+                                          const float* d2, const float* m2, const unsigned char* q2,           \
+                                          int rows0, int rows1, int rows2, int cols, const float* x,           \
+                                          const float* nw, float eps, int n_tok, float* out0, float* out1,     \
+                                          float* out2) {                                                        \
+        qkv_impl<TY>(f0, d0, m0, q0, f1, d1, m1, q1, f2, d2, m2, q2, rows0, rows1, rows2, cols, x, nw, eps,   \
+                     n_tok, out0, out1, out2);                                                                  \
+    }                                                                                                           \
+    extern "C" __global__ void gate_up_##NAME(const float* fg, const float* dg, const float* mg,               \
+                                              const unsigned char* qg, const float* fu, const float* du,       \
+                                              const float* mu, const unsigned char* qu, int rows, int cols,    \
+                                              const float* x, const float* nw, float eps, int n_tok,           \
+                                              float* out) {                                                     \
+        gate_up_impl<TY>(fg, dg, mg, qg, fu, du, mu, qu, rows, cols, x, nw, eps, n_tok, out);                   \
     }
 
 INSTANTIATE(f32, TY_F32)
@@ -190,12 +404,49 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int k = threadIdx.x; k < dim; k += blockDim.x) out[(i64)i * dim + k] = xr[k] * scale * w[k];
 }
 
+// KV-cache elements: f32 as is, or f16 as its 16 bits (IEEE half; converted with the PTX instructions, no
+// header needed; the CPU emulator supplies the same conversions in software).
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+#else
+#define f32_to_f16 emu_f32_to_f16
+#define f16_to_f32 emu_f16_to_f32
+#endif
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const unsigned short* p) { return f16_to_f32(*p); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_store(unsigned short* p, float v) { *p = f32_to_f16(v); }
+// Eight consecutive elements from a 16-byte-aligned address: two 16-byte loads (f32) or one (f16).
+__device__ __forceinline__ void kv_load8(const float* p, float* o) {
+    float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+__device__ __forceinline__ void kv_load8(const unsigned short* p, float* o) {
+    int4 v = *(const int4*)p;
+    int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = f16_to_f32((unsigned short)(words[i] & 0xffff));
+        o[2 * i + 1] = f16_to_f32((unsigned short)((unsigned)words[i] >> 16));
+    }
+}
+
 // RoPE (adjacent pairs) on q ([n_tok][n_heads*hd]) and k ([n_tok][n_kv*hd]) at each token's position, then
 // k and v ([n_tok][n_kv*hd]) stored at each token's cache slot. Grid: one block per token.
-extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
-                                   float* __restrict__ kc, float* __restrict__ vc, const int* __restrict__ pos,
-                                   const int* __restrict__ slot, const float* __restrict__ inv_freq, int n_heads,
-                                   int n_kv, int hd) {
+template <typename KV>
+__device__ void rope_kv_impl(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                             KV* __restrict__ kc, KV* __restrict__ vc, const int* __restrict__ pos,
+                             const int* __restrict__ slot, const float* __restrict__ inv_freq, int n_heads,
+                             int n_kv, int hd) {
     int t = blockIdx.x;
     int qd = n_heads * hd, kvd = n_kv * hd, half = hd / 2;
     float p = (float)pos[t];
@@ -211,28 +462,33 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, float* __restrict__ k,
     __syncthreads();
     i64 sl = slot[t];
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        kc[sl * kvd + i] = k[(i64)t * kvd + i];
-        vc[sl * kvd + i] = v[(i64)t * kvd + i];
+        kv_store(&kc[sl * kvd + i], k[(i64)t * kvd + i]);
+        kv_store(&vc[sl * kvd + i], v[(i64)t * kvd + i]);
     }
 }
 
 // Causal attention of token t, head h over positions 0..pos[t] of its sequence, K/V read through the block
-// table tables[table_off[t]..]. out is [n_tok][n_heads*hd]. Grid: ceil(n_tok*n_heads / WARPS); one warp per
-// (t, h); keys in chunks of 32 (one per lane), online softmax (running max and sum).
-extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
-                                     const float* __restrict__ vc, float* __restrict__ out,
-                                     const int* __restrict__ pos, const int* __restrict__ table_off,
-                                     const int* __restrict__ tables, int n_tok, int n_heads, int n_kv, int hd,
-                                     int bs, float scale) {
-    __shared__ float qsh[WARPS][MAX_HEAD_DIM];
+// table tables[table_off[t]..]. out is [n_tok][n_heads*hd]. Grid: n_tok*n_heads blocks of WARPS warps, one block
+// per (t, h); warp w takes the chunks of 32 keys w, w + WARPS, ... (one key per lane for the scores, then the
+// chunk's keys one after another for the values) with its own online softmax (running max and sum); the warps'
+// partial results are combined through shared memory at the end.
+template <typename KV>
+__device__ void attention_impl(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                               float* __restrict__ out, const int* __restrict__ pos,
+                               const int* __restrict__ table_off, const int* __restrict__ tables, int n_tok,
+                               int n_heads, int n_kv, int hd, int bs, float scale) {
+    __shared__ float qsh[MAX_HEAD_DIM];
+    __shared__ float part_max[WARPS];
+    __shared__ float part_sum[WARPS];
+    __shared__ float part_acc[WARPS][MAX_HEAD_DIM];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int idx = blockIdx.x * WARPS + warp;
+    int idx = blockIdx.x;
     if (idx >= n_tok * n_heads) return;
     int t = idx / n_heads, h = idx % n_heads;
     int qd = n_heads * hd, kvd = n_kv * hd;
     int koff = (h / (n_heads / n_kv)) * hd;
-    for (int d = lane; d < hd; d += 32) qsh[warp][d] = q[(i64)t * qd + h * hd + d];
-    __syncwarp();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qsh[d] = q[(i64)t * qd + h * hd + d];
+    __syncthreads();
     const int* tab = tables + table_off[t];
     int last = pos[t];
     float run_max = __int_as_float(0xff800000);  // -inf
@@ -240,14 +496,27 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     float acc[HD_PER_LANE];
 #pragma unroll
     for (int i = 0; i < HD_PER_LANE; i++) acc[i] = 0.0f;
-    for (int p0 = 0; p0 <= last; p0 += 32) {
+    for (int p0 = warp * 32; p0 <= last; p0 += 32 * WARPS) {
         int p = p0 + lane;
         float sc = __int_as_float(0xff800000);
+        int sl = 0;
         if (p <= last) {
-            i64 sl = (i64)tab[p / bs] * bs + p % bs;
-            const float* kr = kc + sl * kvd + koff;
+            sl = tab[p / bs] * bs + p % bs;
+            const KV* kr = kc + (i64)sl * kvd + koff;
             float s = 0.0f;
-            for (int d = 0; d < hd; d++) s = fmaf(qsh[warp][d], kr[d], s);
+            if (hd % 8 == 0) {
+                // Each lane reads its own key's row in 16-byte pieces (aligned: kv_dim and the head offset are
+                // multiples of 8 elements), issued together.
+#pragma unroll 4
+                for (int d0 = 0; d0 < hd; d0 += 8) {
+                    float kv[8];
+                    kv_load8(kr + d0, kv);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) s = fmaf(qsh[d0 + u], kv[u], s);
+                }
+            } else {
+                for (int d = 0; d < hd; d++) s = fmaf(qsh[d], kv_load(&kr[d]), s);
+            }
             sc = s * scale;
         }
         float new_max = fmaxf(run_max, warp_max(sc));
@@ -257,26 +526,68 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
 #pragma unroll
         for (int i = 0; i < HD_PER_LANE; i++) acc[i] *= r;
         int n = min(32, last - p0 + 1);
+        // The chunk's values, key by key; each key's weight and slot come from the lane that scored it.
+#pragma unroll 8
         for (int j = 0; j < n; j++) {
             float wj = __shfl_sync(0xffffffffu, w, j);
-            int pj = p0 + j;
-            i64 sl = (i64)tab[pj / bs] * bs + pj % bs;
-            const float* vr = vc + sl * kvd + koff;
+            int slj = __shfl_sync(0xffffffffu, sl, j);
+            const KV* vr = vc + (i64)slj * kvd + koff;
 #pragma unroll
             for (int i = 0; i < HD_PER_LANE; i++) {
                 int d = lane + 32 * i;
-                if (d < hd) acc[i] = fmaf(wj, vr[d], acc[i]);
+                if (d < hd) acc[i] = fmaf(wj, kv_load(&vr[d]), acc[i]);
             }
         }
         run_max = new_max;
     }
-    float inv = 1.0f / run_sum;
+    // Combine the warps: rescale each one's sums to the common maximum (a warp that saw no key has max -inf
+    // and contributes nothing; warp 0 always sees key 0).
+    if (lane == 0) {
+        part_max[warp] = run_max;
+        part_sum[warp] = run_sum;
+    }
 #pragma unroll
     for (int i = 0; i < HD_PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d < hd) out[(i64)t * qd + h * hd + d] = acc[i] * inv;
+        if (d < hd) part_acc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float mx = part_max[0];
+    for (int w = 1; w < WARPS; w++) mx = fmaxf(mx, part_max[w]);
+    float f[WARPS];
+    float sum = 0.0f;
+    for (int w = 0; w < WARPS; w++) {
+        f[w] = expf(part_max[w] - mx);
+        sum += part_sum[w] * f[w];
+    }
+    float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) {
+            float o = 0.0f;
+            for (int w = 0; w < WARPS; w++) o = fmaf(part_acc[w][d], f[w], o);
+            out[(i64)t * qd + h * hd + d] = o * inv;
+        }
     }
 }
+
+#define INSTANTIATE_KV(NAME, KV)                                                                                \
+    extern "C" __global__ void rope_kv_##NAME(float* q, float* k, const float* v, KV* kc, KV* vc,              \
+                                              const int* pos, const int* slot, const float* inv_freq,          \
+                                              int n_heads, int n_kv, int hd) {                                  \
+        rope_kv_impl<KV>(q, k, v, kc, vc, pos, slot, inv_freq, n_heads, n_kv, hd);                              \
+    }                                                                                                           \
+    extern "C" __global__ void attention_##NAME(const float* q, const KV* kc, const KV* vc, float* out,        \
+                                                const int* pos, const int* table_off, const int* tables,       \
+                                                int n_tok, int n_heads, int n_kv, int hd, int bs,              \
+                                                float scale) {                                                  \
+        attention_impl<KV>(q, kc, vc, out, pos, table_off, tables, n_tok, n_heads, n_kv, hd, bs, scale);        \
+    }
+
+INSTANTIATE_KV(f32, float)
+INSTANTIATE_KV(f16, unsigned short)
 "#;
 
 /// The CUDA C source of all kernels, with the engine's constants filled in.
@@ -399,15 +710,25 @@ mod tests {
     fn source_defines_every_kernel_the_backend_loads() {
         let src = kernel_source();
         for name in kernel_names() {
-            let (prefix, ty) = name.split_once('_').unwrap_or((&name, ""));
-            let defined = if WEIGHT_TYPES.contains(&ty) && (prefix == "matmul" || prefix == "embed") {
+            let of = |prefixes: &[&str], types: &[&'static str]| -> Option<&'static str> {
+                types
+                    .iter()
+                    .find(|ty| prefixes.iter().any(|p| name == format!("{p}_{ty}")))
+                    .copied()
+            };
+            let defined = if let Some(ty) = of(&["matmul", "embed", "qkv", "gate_up"], WEIGHT_TYPES) {
                 src.contains(&format!("INSTANTIATE({ty}, TY_{})", ty.to_uppercase()))
+            } else if let Some(ty) = of(&["rope_kv", "attention"], KV_TYPES) {
+                src.contains(&format!("INSTANTIATE_KV({ty}, "))
             } else {
                 src.contains(&format!("extern \"C\" __global__ void {name}("))
             };
             assert!(defined, "kernel {name} missing from the source");
         }
-        assert_eq!(kernel_names().len(), 2 * WEIGHT_TYPES.len() + 3);
+        assert_eq!(
+            kernel_names().len(),
+            4 * WEIGHT_TYPES.len() + 2 * KV_TYPES.len() + 1
+        );
     }
 
     #[test]

@@ -1,17 +1,24 @@
 //! The CUDA backend (feature `cuda`): the same Llama forward pass as the CPU backend, on an NVIDIA GPU, with a
-//! paged f32 KV cache in device memory and step times from CUDA events.
+//! paged KV cache (f16 by default, f32 selectable) in device memory, decode steps replayed as CUDA graphs, and
+//! step times from CUDA events.
 //!
 //! Modules: [`libs`] (finding and loading libcuda and NVRTC before cudarc may panic on them), [`kernels`]
 //! (CUDA C source, NVRTC compilation), [`weights`] (upload of the quantized weights), [`layout`] (per-step
-//! index arrays for the paged cache), [`forward`] (the launch sequence), [`clock`] (CUDA events on the host's
-//! BOOTTIME clock).
+//! index arrays for the paged cache, and the padded shape of a graph step), [`forward`] (the launch sequence),
+//! [`clock`] (CUDA events on the host's BOOTTIME clock).
 //!
 //! Owns one CUDA context on one device, one stream (everything of a step is queued on it in order), the device
 //! weights, the KV cache (`num_blocks × block_size` slots per layer for K and V, addressed through the same
-//! block tables the KV-cache manager hands the CPU backend) and the scratch buffers. Each step records a CUDA
-//! event before its first upload and after its last kernel; both are mapped onto BOOTTIME and returned as the
-//! step's device interval ([`DeviceClock::CudaEvents`]). Sampling stays on the host: the logits of the rows that
-//! need them are copied back. Never blocks on anything but its own stream.
+//! block tables the KV-cache manager hands the CPU backend, plus one pad block that only graph padding touches)
+//! and the scratch buffers. Decode steps (one token per sequence) run as CUDA graphs captured at start-up for
+//! the batch sizes of [`layout::capture_sizes`] (vLLM's way: a batch is padded up to the next captured size);
+//! before each replay only the packed index arrays (tokens, positions, slots, block tables) are copied into the
+//! graph's fixed device buffers. Prefill and mixed steps run eagerly. Each step records a CUDA event before its
+//! first upload and after its last kernel; both are mapped onto BOOTTIME and returned as the step's device
+//! interval ([`DeviceClock::CudaEvents`]), and the step says which graph it replayed
+//! ([`StepOutput::graph_batch`]). Sampling stays on the host: the logits of the rows that need them are copied
+//! into pinned host memory asynchronously, and the host waits on an event recorded after the copy. Never blocks
+//! on anything but its own stream.
 
 pub mod clock;
 pub mod forward;
@@ -23,34 +30,130 @@ pub mod weights;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice, sys,
+};
 use cudarc::nvrtc::Ptx;
 
-use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, KvCacheDtype, StepOutput};
 use crate::model::{Model, ModelConfig};
 
 use clock::EventClock;
-use forward::{Kernels, Scratch, Step};
+use forward::{Kernels, KvCache, Scratch, Step};
+use layout::{GraphShape, Packed, StepLayout};
 use weights::DeviceWeights;
+
+/// Element type of the KV cache on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 32-bit floats (the CPU backend's precision).
+    F32,
+    /// IEEE half precision: half the memory and bandwidth; attention still computes in f32.
+    F16,
+}
+
+impl KvDtype {
+    /// The CUDA backend's element type for `--kv-cache-dtype` (`auto`: f16).
+    pub fn from_choice(c: KvCacheDtype) -> Self {
+        match c {
+            KvCacheDtype::F32 => KvDtype::F32,
+            KvCacheDtype::Auto | KvCacheDtype::F16 => KvDtype::F16,
+        }
+    }
+
+    /// Index into [`kernels::KV_TYPES`].
+    pub fn index(self) -> usize {
+        match self {
+            KvDtype::F32 => 0,
+            KvDtype::F16 => 1,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    /// `f32` or `f16`.
+    pub fn name(self) -> &'static str {
+        kernels::KV_TYPES[self.index()]
+    }
+}
+
+/// How to set the backend up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// GPU ordinal.
+    pub ordinal: usize,
+    /// KV-cache element type.
+    pub kv_dtype: KvDtype,
+    /// Replay decode steps as CUDA graphs (`--enforce-eager` turns this off).
+    pub graphs: bool,
+    /// Largest decode batch captured as a graph (the engine's `--max-num-seqs`); larger batches run eagerly.
+    pub max_graph_batch: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            ordinal: 0,
+            kv_dtype: KvDtype::F16,
+            graphs: true,
+            max_graph_batch: crate::config::DEFAULT_MAX_NUM_SEQS,
+        }
+    }
+}
+
+/// A captured graph. CUDA graph objects are not internally synchronized; the backend owns them and uses them
+/// from one thread at a time (`&mut self`), which is what moving them between threads needs.
+struct OwnedGraph(CudaGraph);
+
+// SAFETY: the graph (and its executable) is only touched through `&mut CudaBackend` (replay, drop), so calls
+// on it are serialized, as the CUDA driver requires of graph objects used from several threads.
+unsafe impl Send for OwnedGraph {}
+
+/// The decode graphs: one per captured batch size, all recorded on one set of buffers that never moves.
+struct Graphs {
+    /// Captured batch sizes, ascending ([`layout::capture_sizes`]).
+    sizes: Vec<usize>,
+    /// Block-table entries per row ([`layout::table_stride`]).
+    stride: usize,
+    /// The buffers the graphs read and write (sized for the largest batch before capture).
+    scratch: Scratch,
+    /// `graphs[i]` replays a step of `sizes[i]` rows.
+    graphs: Vec<OwnedGraph>,
+}
 
 /// The CUDA backend.
 pub struct CudaBackend {
     model: Arc<Model>,
     num_blocks: usize,
     block_size: usize,
+    options: CudaOptions,
     stream: Arc<CudaStream>,
     kernels: Kernels,
     weights: DeviceWeights,
     inv_freq: CudaSlice<f32>,
-    k_cache: Vec<CudaSlice<f32>>,
-    v_cache: Vec<CudaSlice<f32>>,
+    kv: KvCache,
     scratch: Scratch,
+    graphs: Option<Graphs>,
+    layout: StepLayout,
+    packed: Vec<i32>,
+    /// Pinned staging of the packed index arrays (copied up asynchronously).
+    host_idx: PinnedHostSlice<i32>,
+    /// Pinned landing place of the logits (copied down asynchronously).
+    host_logits: PinnedHostSlice<f32>,
     clock: EventClock,
     ev_start: CudaEvent,
     ev_end: CudaEvent,
+    ev_copied: CudaEvent,
     device_name: String,
     compute_capability: (i32, i32),
     compiled: String,
+    graph_note: String,
     // Last: dropped after everything allocated in it.
     _ctx: Arc<CudaContext>,
 }
@@ -62,7 +165,16 @@ impl std::fmt::Debug for CudaBackend {
             .field("device", &self.device_name)
             .field("num_blocks", &self.num_blocks)
             .field("block_size", &self.block_size)
+            .field("options", &self.options)
             .finish()
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Copies from and into the pinned buffers may still be queued after a failed step: let them finish
+        // before the buffers are freed.
+        let _ = self.stream.synchronize();
     }
 }
 
@@ -71,7 +183,7 @@ fn dev(context: &str) -> impl FnOnce(DriverError) -> BackendError + '_ {
     move |e| BackendError::Device(format!("{context}: {e}"))
 }
 
-/// Checks that the kernels can run `c` with a cache of `num_blocks × block_size` slots.
+/// Checks that the kernels can run `c` with a cache of `num_blocks × block_size` slots (and the pad block).
 pub fn check_geometry(c: &ModelConfig, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
     if num_blocks == 0 || block_size == 0 {
         return Err(BackendError::InvalidBatch(
@@ -91,7 +203,7 @@ pub fn check_geometry(c: &ModelConfig, num_blocks: usize, block_size: usize) -> 
             c.n_heads, c.n_kv_heads
         )));
     }
-    let slots = num_blocks.checked_mul(block_size);
+    let slots = (num_blocks + 1).checked_mul(block_size);
     let elems = slots.and_then(|s| s.checked_mul(c.kv_dim()));
     if slots.is_none_or(|s| s > i32::MAX as usize) || elems.is_none() {
         return Err(BackendError::InvalidBatch(format!(
@@ -101,22 +213,55 @@ pub fn check_geometry(c: &ModelConfig, num_blocks: usize, block_size: usize) -> 
     Ok(())
 }
 
+/// Pinned host memory for `len` elements; `write_combined` for buffers the host only writes.
+fn pinned<T: cudarc::driver::DeviceRepr>(
+    ctx: &Arc<CudaContext>,
+    len: usize,
+    write_combined: bool,
+) -> Result<PinnedHostSlice<T>, DriverError> {
+    let flags = if write_combined {
+        sys::CU_MEMHOSTALLOC_WRITECOMBINED
+    } else {
+        0
+    };
+    // SAFETY: the contents start uninitialized; every reader reads only elements written before (the packed
+    // index arrays, the logits copied down), and `T` is a plain number type.
+    unsafe { ctx.alloc_pinned_with_flags::<T>(len.max(1), flags) }
+}
+
 impl CudaBackend {
-    /// A backend for `model` on GPU `ordinal` with a KV cache of `num_blocks` blocks of `block_size` tokens.
-    /// Loads the CUDA libraries first ([`libs::load`]), so a missing driver is an error, not a panic.
+    /// A backend for `model` on GPU `ordinal` with a KV cache of `num_blocks` blocks of `block_size` tokens and
+    /// the default options (f16 KV cache, decode graphs up to the default `--max-num-seqs`).
     pub fn new(
         model: Arc<Model>,
         num_blocks: usize,
         block_size: usize,
         ordinal: usize,
     ) -> Result<Self, BackendError> {
+        let options = CudaOptions {
+            ordinal,
+            ..CudaOptions::default()
+        };
+        Self::with_options(model, num_blocks, block_size, options)
+    }
+
+    /// A backend for `model` with a KV cache of `num_blocks` blocks of `block_size` tokens, set up as `options`
+    /// say. Loads the CUDA libraries first ([`libs::load`]), so a missing driver is an error, not a panic. When
+    /// graphs cannot be captured, decode runs eagerly and [`CudaBackend::describe`] says why.
+    pub fn with_options(
+        model: Arc<Model>,
+        num_blocks: usize,
+        block_size: usize,
+        options: CudaOptions,
+    ) -> Result<Self, BackendError> {
         libs::load().map_err(|e| BackendError::Device(e.to_string()))?;
         let c = &model.config;
         check_geometry(c, num_blocks, block_size)?;
         let t0 = Instant::now();
-        let ctx = CudaContext::new(ordinal).map_err(dev("creating the CUDA context"))?;
+        let ctx = CudaContext::new(options.ordinal).map_err(dev("creating the CUDA context"))?;
         // SAFETY: called right after creating the context, before any allocation or stream exists; this backend
-        // uses one stream, so cudarc's cross-stream event tracking is not needed.
+        // uses one stream, so cudarc's cross-stream event tracking is not needed (and a graph capture must not
+        // record cudarc's events).
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev("creating the CUDA stream"))?;
         let device_name = ctx.name().map_err(dev("reading the device name"))?;
@@ -142,26 +287,31 @@ impl CudaBackend {
         let inv_freq = stream
             .clone_htod(&super::cpu::rope_inv_freq(c))
             .map_err(dev("uploading RoPE frequencies"))?;
-        let per_layer = num_blocks * block_size * c.kv_dim();
+        // One more block than the pool: the pad block graph padding rows write into.
+        let per_layer = (num_blocks + 1) * block_size * c.kv_dim() * options.kv_dtype.bytes();
         let alloc = |what: &str| {
             (0..c.n_layers)
-                .map(|_| stream.alloc_zeros::<f32>(per_layer))
+                .map(|_| stream.alloc_zeros::<u8>(per_layer))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| {
                     BackendError::Device(format!(
                         "allocating the {what} cache ({} MiB per layer): {e}",
-                        (per_layer * 4) >> 20
+                        per_layer >> 20
                     ))
                 })
         };
-        let k_cache = alloc("K")?;
-        let v_cache = alloc("V")?;
+        let kv = KvCache {
+            dtype: options.kv_dtype,
+            k: alloc("K")?,
+            v: alloc("V")?,
+        };
         let scratch = Scratch::new(&stream).map_err(dev("allocating scratch buffers"))?;
         stream.synchronize().map_err(dev("uploading the weights"))?;
-        let kv_bytes = 2 * c.n_layers * per_layer * 4;
+        let kv_bytes = 2 * c.n_layers * per_layer;
         eprintln!(
-            "llmserve: CUDA device {ordinal}: {device_name} (sm_{}{}, {} MiB); weights {} MiB on the device ({}) \
-             in {:.2}s; KV cache {} MiB ({num_blocks} blocks x {block_size} tokens); setup {:.2}s",
+            "llmserve: CUDA device {}: {device_name} (sm_{}{}, {} MiB); weights {} MiB on the device ({}) \
+             in {:.2}s; KV cache {} MiB {} ({num_blocks} blocks x {block_size} tokens); setup {:.2}s",
+            options.ordinal,
             cc.0,
             cc.1,
             total_mem >> 20,
@@ -169,37 +319,149 @@ impl CudaBackend {
             weights.kinds_summary(),
             tw.elapsed().as_secs_f64(),
             kv_bytes >> 20,
+            options.kv_dtype.name(),
             t0.elapsed().as_secs_f64()
         );
         let clock = EventClock::new(&ctx).map_err(dev("creating the reference event"))?;
         let ev_start = clock::timing_event(&ctx).map_err(dev("creating step events"))?;
         let ev_end = clock::timing_event(&ctx).map_err(dev("creating step events"))?;
-        Ok(CudaBackend {
+        let ev_copied = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(dev("creating step events"))?;
+        let vocab = model.config.vocab_size;
+        let rows = options.max_graph_batch.max(1);
+        let host_logits = pinned(&ctx, rows * vocab, false).map_err(dev("allocating pinned logits"))?;
+        let host_idx = pinned(&ctx, 4096, true).map_err(dev("allocating pinned index arrays"))?;
+        let mut b = CudaBackend {
             model,
             num_blocks,
             block_size,
+            options,
             stream,
             kernels,
             weights,
             inv_freq,
-            k_cache,
-            v_cache,
+            kv,
             scratch,
+            graphs: None,
+            layout: StepLayout::default(),
+            packed: Vec::new(),
+            host_idx,
+            host_logits,
             clock,
             ev_start,
             ev_end,
+            ev_copied,
             device_name,
             compute_capability: cc,
             compiled: compiled.kind.clone(),
+            graph_note: "decode eager (--enforce-eager)".into(),
             _ctx: ctx,
+        };
+        if options.graphs {
+            b.recapture();
+        }
+        Ok(b)
+    }
+
+    /// (Re)captures the decode graphs on the current weights; on failure decode runs eagerly and
+    /// [`CudaBackend::describe`] says why.
+    fn recapture(&mut self) {
+        self.graphs = None;
+        let t = Instant::now();
+        match self.capture_graphs() {
+            Ok(g) => {
+                self.graph_note = format!(
+                    "decode as CUDA graphs for batch sizes {} (captured in {:.0} ms)",
+                    g.sizes
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                self.graphs = Some(g);
+            }
+            Err(e) => {
+                // A failed capture leaves the stream capturing: end it (the partial graph is discarded).
+                if self
+                    .stream
+                    .capture_status()
+                    .is_ok_and(|st| st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+                {
+                    let _ = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                }
+                self.graph_note = format!("decode eager: CUDA graph capture failed ({e})");
+            }
+        }
+        eprintln!("llmserve: {}", self.graph_note);
+    }
+
+    fn capture_graphs(&mut self) -> Result<Graphs, DriverError> {
+        let c = &self.model.config;
+        let sizes = layout::capture_sizes(self.options.max_graph_batch);
+        let stride = layout::table_stride(c.context_len, self.block_size, self.num_blocks);
+        let vocab = self.weights.lm_head().rows;
+        let mut scratch = Scratch::new(&self.stream)?;
+        let largest = sizes.last().copied().unwrap_or(1);
+        scratch.ensure(
+            &self.stream,
+            c,
+            vocab,
+            &Packed::of_graph(self.shape(largest, stride)),
+        )?;
+        self.stream.synchronize()?;
+        let mut graphs = Vec::with_capacity(sizes.len());
+        for &batch in &sizes {
+            let p = Packed::of_graph(self.shape(batch, stride));
+            self.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let mut step = Step {
+                stream: &self.stream,
+                kernels: &self.kernels,
+                config: &self.model.config,
+                weights: &self.weights,
+                inv_freq: &self.inv_freq,
+                kv: &mut self.kv,
+                block_size: self.block_size,
+            };
+            step.launch(&mut scratch, &p)?;
+            let graph = self
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))?
+                .ok_or(DriverError(
+                    sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                ))?;
+            graph.upload()?;
+            graphs.push(OwnedGraph(graph));
+        }
+        self.stream.synchronize()?;
+        Ok(Graphs {
+            sizes,
+            stride,
+            scratch,
+            graphs,
         })
+    }
+
+    fn shape(&self, batch: usize, stride: usize) -> GraphShape {
+        GraphShape {
+            batch,
+            stride,
+            pad_block: self.num_blocks as u32,
+        }
     }
 
     /// One line for the startup log.
     pub fn describe(&self) -> String {
         format!(
-            "cuda on {} (sm_{}{}, kernels {})",
-            self.device_name, self.compute_capability.0, self.compute_capability.1, self.compiled
+            "cuda on {} (sm_{}{}, kernels {}, KV cache {}, {})",
+            self.device_name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.compiled,
+            self.options.kv_dtype.name(),
+            self.graph_note
         )
     }
 
@@ -218,6 +480,11 @@ impl CudaBackend {
         self.block_size
     }
 
+    /// The batch sizes decode graphs were captured for (empty: decode runs eagerly).
+    pub fn graph_sizes(&self) -> &[usize] {
+        self.graphs.as_ref().map_or(&[], |g| &g.sizes)
+    }
+
     /// How many times the event clock was anchored to the host clock.
     pub fn clock_anchors(&self) -> u64 {
         self.clock.anchors_taken()
@@ -225,29 +492,81 @@ impl CudaBackend {
 
     fn forward_device(&mut self, batch: &[BatchItem<'_>]) -> Result<StepOutput, DriverError> {
         self.clock.maybe_reanchor(&self.stream)?;
-        self.scratch.layout.build(batch, self.block_size);
-        let nl = self.scratch.layout.logit_rows.len();
+        let bs = self.block_size;
         let vocab = self.weights.lm_head().rows;
-        self.ev_start.record(&self.stream)?;
-        let mut step = Step {
-            stream: &self.stream,
-            kernels: &self.kernels,
-            config: &self.model.config,
-            weights: &self.weights,
-            inv_freq: &self.inv_freq,
-            k_cache: &mut self.k_cache,
-            v_cache: &mut self.v_cache,
-            block_size: self.block_size,
+        let graph = self.graphs.as_ref().and_then(|g| {
+            let b = layout::graph_batch(batch, &g.sizes, bs, g.stride)?;
+            let i = g.sizes.iter().position(|&s| s == b)?;
+            Some((i, self.shape(b, g.stride)))
+        });
+        // The arrays of the step, packed into one upload; the logit rows wanted are the first `wanted`.
+        let (p, wanted) = match graph {
+            Some((_, shape)) => {
+                self.layout.build_graph(batch, bs, shape);
+                (self.layout.pack(&mut self.packed), batch.len())
+            }
+            None => {
+                self.layout.build(batch, bs);
+                let p = self.layout.pack(&mut self.packed);
+                (p, p.nl)
+            }
         };
-        step.run(&mut self.scratch)?;
+        if self.host_idx.len() < p.len {
+            self.host_idx = pinned(&self._ctx, p.len.next_power_of_two(), true)?;
+        }
+        if self.host_logits.len() < wanted * vocab {
+            self.host_logits = pinned(&self._ctx, wanted * vocab, false)?;
+        }
+        self.host_idx.as_mut_slice()?[..p.len].copy_from_slice(&self.packed);
+        let replay = graph.map(|(i, _)| i);
+        if replay.is_none() {
+            self.scratch.ensure(&self.stream, &self.model.config, vocab, &p)?;
+        }
+
+        self.ev_start.record(&self.stream)?;
+        let graphs = self.graphs.as_ref().filter(|_| replay.is_some());
+        {
+            let idx = graphs.map_or(&self.scratch.idx, |g| &g.scratch.idx);
+            let (dst, _sync) = idx.dev.device_ptr(&self.stream);
+            let src = &self.host_idx.as_slice()?[..p.len];
+            // SAFETY: `dst` holds at least p.len + 1 elements (Scratch::ensure; a graph's scratch was sized for
+            // its largest shape); `src` is pinned memory this backend owns and does not touch again until the
+            // step's last event has completed (below), so it outlives the asynchronous copy.
+            unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        }
+        match (graphs, replay) {
+            (Some(g), Some(i)) => g.graphs[i].0.launch()?,
+            _ => {
+                let mut step = Step {
+                    stream: &self.stream,
+                    kernels: &self.kernels,
+                    config: &self.model.config,
+                    weights: &self.weights,
+                    inv_freq: &self.inv_freq,
+                    kv: &mut self.kv,
+                    block_size: bs,
+                };
+                step.launch(&mut self.scratch, &p)?;
+            }
+        }
         self.ev_end.record(&self.stream)?;
-        let logits = forward::fetch_logits(&self.stream, &mut self.scratch, nl, vocab)?;
-        self.ev_end.synchronize()?;
+        if wanted > 0 {
+            let logits = graphs.map_or(&self.scratch.logits, |g| &g.scratch.logits);
+            let (src, _sync) = logits.dev.device_ptr(&self.stream);
+            let dst = &mut self.host_logits.as_mut_slice()?[..wanted * vocab];
+            // SAFETY: the logits buffer holds at least p.nl ≥ wanted rows of `vocab`; `dst` is pinned memory this
+            // backend owns, read only after `ev_copied` completed (below), and kept alive until then.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        }
+        self.ev_copied.record(&self.stream)?;
+        self.ev_copied.synchronize()?;
         let (device_start_ns, device_end_ns) = self.clock.host_interval(&self.ev_start, &self.ev_end)?;
+        let host = &self.host_logits.as_slice()?[..wanted * vocab];
         Ok(StepOutput {
-            logits,
+            logits: host.chunks_exact(vocab.max(1)).map(<[f32]>::to_vec).collect(),
             device_start_ns,
             device_end_ns,
+            graph_batch: graph.map_or(0, |(_, shape)| shape.batch as u32),
         })
     }
 }
@@ -273,6 +592,7 @@ impl Backend for CudaBackend {
                 logits: Vec::new(),
                 device_start_ns: now,
                 device_end_ns: now,
+                graph_batch: 0,
             });
         }
         self.forward_device(batch).map_err(dev("forward pass"))
@@ -296,9 +616,14 @@ impl Backend for CudaBackend {
         self.stream
             .synchronize()
             .map_err(dev("uploading the new weights"))?;
+        // The graphs hold the old weights' addresses: drop them before the weights, then capture anew.
+        self.graphs = None;
         self.weights = weights;
         self.inv_freq = inv_freq;
         self.model = model;
+        if self.options.graphs {
+            self.recapture();
+        }
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ impl<W: Write> TraceSink<W> {
         let steps = self.child_track(pid, uuid(NS_STEPS, u64::from(pid)), || track::STEPS.to_owned())?;
         let n = (r.num_req_ids as usize).min(r.req_ids.len());
         let flows: Vec<u64> = r.req_ids[..n].iter().map(|&q| pid_req(pid, q)).collect();
-        let args = vec![
+        let mut args = vec![
             arg_u(arg::STEP_ID, r.step_id),
             arg_u(arg::NUM_SEQS, r.num_seqs),
             arg_u(arg::PREFILL_TOKENS, r.prefill_tokens),
@@ -36,6 +36,9 @@ impl<W: Write> TraceSink<W> {
             arg_u_array(arg::REQ_TOKENS, r.req_tokens[..n].iter().map(|&t| u64::from(t))),
             arg_b(arg::REQ_IDS_TRUNCATED, r.req_ids_truncated != 0),
         ];
+        if r.graph_batch > 0 {
+            args.push(arg_u(arg::GRAPH_BATCH, r.graph_batch));
+        }
         let dur = r.host_end_ns.saturating_sub(r.host_start_ns);
         self.slice(r.host_start_ns, dur, steps, kind, args, flows)?;
         if r.device_end_ns > r.device_start_ns {
