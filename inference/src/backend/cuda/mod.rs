@@ -155,7 +155,7 @@ pub struct CudaBackend {
     compiled: String,
     graph_note: String,
     // Last: dropped after everything allocated in it.
-    _ctx: Arc<CudaContext>,
+    ctx: Arc<CudaContext>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -356,7 +356,7 @@ impl CudaBackend {
             compute_capability: cc,
             compiled: compiled.kind.clone(),
             graph_note: "decode eager (--enforce-eager)".into(),
-            _ctx: ctx,
+            ctx,
         };
         if options.graphs {
             b.recapture();
@@ -512,10 +512,10 @@ impl CudaBackend {
             }
         };
         if self.host_idx.len() < p.len {
-            self.host_idx = pinned(&self._ctx, p.len.next_power_of_two(), true)?;
+            self.host_idx = pinned(&self.ctx, p.len.next_power_of_two(), true)?;
         }
         if self.host_logits.len() < wanted * vocab {
-            self.host_logits = pinned(&self._ctx, wanted * vocab, false)?;
+            self.host_logits = pinned(&self.ctx, wanted * vocab, false)?;
         }
         self.host_idx.as_mut_slice()?[..p.len].copy_from_slice(&self.packed);
         let replay = graph.map(|(i, _)| i);
@@ -595,7 +595,11 @@ impl Backend for CudaBackend {
                 graph_batch: 0,
             });
         }
-        self.forward_device(batch).map_err(dev("forward pass"))
+        self.forward_device(batch).map_err(|e| {
+            // Copies of this step may still be queued on the pinned buffers the next step rewrites.
+            let _ = self.stream.synchronize();
+            BackendError::Device(format!("forward pass: {e}"))
+        })
     }
 
     fn swap_weights(&mut self, model: Arc<Model>) -> Result<(), BackendError> {
