@@ -1,10 +1,11 @@
 //! The forward pass on the device: the kernel launch sequence of one step and the activation buffers it uses.
 //!
-//! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls in one launch, RoPE + KV-cache write, paged
-//! attention, output matmul added to the residual, RMSNorm and the gate and up matmuls in one launch with the
-//! SiLU gate applied, down matmul added to the residual) → final RMSNorm of the rows that need logits → LM head. Everything is queued on
-//! the backend's one stream; activations stay on the device, only the packed index arrays go up (one copy) and
-//! the logits come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
+//! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls, RoPE + KV-cache write, paged attention,
+//! output matmul added to the residual, RMSNorm and the gate and up matmuls with the SiLU gate applied, down
+//! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head. Up to
+//! [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and the matmuls after it are one launch. Everything is queued on the
+//! backend's one stream; activations stay on the device, only the packed index arrays go up (one copy) and the
+//! logits come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
 //! call records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused
 //! across steps; a graph's buffers are sized once, before capture, and never move.
 

@@ -7,6 +7,10 @@
 //!   tokens per block row; one warp per weight row, 4 (Q4_x) or 8 (Q8_0, F32) lanes per 32-element quant block
 //!   reading 4 bytes of quants each, so a weight row is read once per token tile, in contiguous runs, and
 //!   dequantized in registers.
+//! - `qkv_{f32,q8_0,q4_0,q4_1}`: RMSNorm of the residual stream and the Q, K and V matmuls in one launch (each
+//!   warp recomputes its tokens' norms; the norm weight is folded into the weights it reads).
+//! - `gate_up_{f32,q8_0,q4_0,q4_1}`: RMSNorm and the feed-forward's gate and up matmuls in one launch, writing
+//!   `silu(gate) * up`.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
 //! - `rope_kv_{f32,f16}`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the
