@@ -26,10 +26,11 @@ fn model_kernel_speed() {
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32] {
         let m =
             QMatrix::from_ggml(ty, rows, cols, &quantize_ggml(ty, &w).expect("quantize")).expect("matrix");
-        for n_tok in [1, 4, 16] {
+        for n_tok in [1, 4, 8, 16] {
             let x: Vec<f32> = (0..n_tok * cols).map(|i| (i % 13) as f32 / 13.0).collect();
             let mut out = vec![0f32; rows * n_tok];
-            let iters = 200 / n_tok.min(4);
+            // Enough calls for tens of milliseconds of CPU: the thread CPU clock ticks coarsely on some VMs.
+            let iters = 2000 / n_tok.min(4);
             let t = Instant::now();
             let cpu0 = thread_cpu_ns();
             for _ in 0..iters {

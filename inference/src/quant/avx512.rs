@@ -8,7 +8,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Data, QMatrix, TOKEN_TILE};
+use super::{BLOCK, Data, QMatrix};
+
+/// Tokens per tile: 8 tokens × 2 accumulators + the block and two activations fit the 32 vector registers, so a
+/// batch of 8 decode tokens dequantizes each weight block once (AVX2's 16 registers hold [`super::TOKEN_TILE`]).
+const TILE: usize = 8;
 
 /// Whether this CPU runs these kernels.
 pub fn available() -> bool {
@@ -183,10 +187,14 @@ pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out
                 1 => tile::<1>(m, x, n_tok, t0, row0, out),
                 2 => tile::<2>(m, x, n_tok, t0, row0, out),
                 3 => tile::<3>(m, x, n_tok, t0, row0, out),
-                _ => tile::<TOKEN_TILE>(m, x, n_tok, t0, row0, out),
+                4 => tile::<4>(m, x, n_tok, t0, row0, out),
+                5 => tile::<5>(m, x, n_tok, t0, row0, out),
+                6 => tile::<6>(m, x, n_tok, t0, row0, out),
+                7 => tile::<7>(m, x, n_tok, t0, row0, out),
+                _ => tile::<TILE>(m, x, n_tok, t0, row0, out),
             }
         }
-        t0 += (n_tok - t0).min(TOKEN_TILE);
+        t0 += (n_tok - t0).min(TILE);
     }
 }
 
