@@ -144,3 +144,36 @@ fn cuda(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> 
 fn cuda(_model: Arc<Model>, _o: &BackendOptions) -> Result<Selected, DeviceError> {
     Err(DeviceError::NotBuilt)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
+mod tests {
+    use super::*;
+    use crate::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
+
+    fn options(kv_cache_dtype: KvCacheDtype) -> BackendOptions {
+        BackendOptions {
+            num_blocks: 8,
+            block_size: 4,
+            threads: 1,
+            kv_cache_dtype,
+            enforce_eager: false,
+            max_num_seqs: 4,
+        }
+    }
+
+    #[test]
+    fn the_cpu_refuses_an_f16_cache_and_names_the_flag() {
+        let path = std::env::temp_dir().join(format!("llmserve-device-{}.gguf", std::process::id()));
+        write_tiny_gguf(&path, &TinyModelSpec::default()).unwrap();
+        let model = Arc::new(Model::load(&path).unwrap());
+        std::fs::remove_file(&path).ok();
+        let err = create_backend(DeviceChoice::Cpu, model.clone(), &options(KvCacheDtype::F16)).unwrap_err();
+        assert!(err.to_string().contains("--kv-cache-dtype f16"), "{err}");
+        for dtype in [KvCacheDtype::Auto, KvCacheDtype::F32] {
+            let s = create_backend(DeviceChoice::Cpu, model.clone(), &options(dtype)).unwrap();
+            assert_eq!(s.backend.name(), "cpu");
+            assert!(s.description.contains("KV cache f32"), "{}", s.description);
+        }
+    }
+}
