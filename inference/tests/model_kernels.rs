@@ -49,3 +49,37 @@ fn model_kernel_speed() {
         }
     }
 }
+
+/// The same Q4_1 kernel over weights that are not in any cache: 160 distinct 1536×576 matrices (80 MB, the default
+/// model's size) taken in turn, as an engine step takes its layers. Against `model_kernel_speed`'s L2-resident
+/// matrix it shows how much of a step's matmul time is waiting for memory.
+#[test]
+#[ignore = "speed measurement; run in release with --ignored --nocapture"]
+fn model_kernel_speed_with_cold_weights() {
+    let (rows, cols, count) = (1536, 576, 160);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let q = quantize_ggml(GgmlType::Q4_1, &w).expect("quantize");
+    let mats: Vec<QMatrix> = (0..count)
+        .map(|_| QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &q).expect("matrix"))
+        .collect();
+    for n_tok in [1, 8] {
+        let x: Vec<f32> = (0..n_tok * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+        let mut out = vec![0f32; rows * n_tok];
+        let passes = 3;
+        let cpu0 = thread_cpu_ns();
+        for _ in 0..passes {
+            for m in &mats {
+                m.matmul_rows(&x, n_tok, 0, &mut out);
+            }
+        }
+        let s = (thread_cpu_ns() - cpu0) as f64 / 1e9;
+        let macs = (rows * cols * n_tok * count * passes) as f64;
+        println!(
+            "Q4_1 cold n_tok={n_tok}: {:.2} GMAC/s ({:.1} us per call)",
+            macs / s / 1e9,
+            s / (count * passes) as f64 * 1e6
+        );
+    }
+}
