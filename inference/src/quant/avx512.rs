@@ -37,16 +37,25 @@ unsafe fn nibbles(p: *const u8) -> (__m512i, __m512i) {
     (_mm512_cvtepu8_epi32(lo), _mm512_cvtepu8_epi32(hi))
 }
 
-/// Runs the rows of one token tile of `NT` tokens: `$deq(b)` yields block `b` (global index) dequantized as two
-/// vectors; each token keeps two accumulators (one per half-block).
+/// Runs the rows of one token tile of `NT` tokens, two rows per pass so each activation load serves both: `$deq(b)`
+/// yields block `b` (global index) dequantized as two vectors; each (row, token) keeps one accumulator (2 rows × 8
+/// tokens + 4 weight and 2 activation vectors fit the 32 registers). An odd last row runs alone.
 macro_rules! tile_rows {
     ($nt:ident, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $xp:expr, $out:expr, $n_tok:expr, $t0:expr, |$b:ident| $deq:expr) => {{
-        for i in 0..$nrows {
-            let r = $row0 + i;
-            let mut acc = [[_mm512_setzero_ps(); 2]; $nt];
+        let mut i = 0;
+        while i < $nrows {
+            let pair = i + 1 < $nrows;
+            let (ra, rb) = ($row0 + i, $row0 + i + usize::from(pair));
+            let mut acc = [[_mm512_setzero_ps(); $nt]; 2];
             for j in 0..$nb {
-                let $b = r * $nb + j;
-                let w: [__m512; 2] = $deq;
+                let wa: [__m512; 2] = {
+                    let $b = ra * $nb + j;
+                    $deq
+                };
+                let wb: [__m512; 2] = {
+                    let $b = rb * $nb + j;
+                    $deq
+                };
                 for t in 0..$nt {
                     // SAFETY: token `t0 + t < n_tok` and block `j < nb`, so these 32 f32 lie within `x`
                     // (`x.len() == n_tok * cols` was asserted); unaligned loads.
@@ -54,13 +63,17 @@ macro_rules! tile_rows {
                         let p = $xp.add(($t0 + t) * $c + j * BLOCK);
                         (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
                     };
-                    acc[t][0] = _mm512_fmadd_ps(w[0], x0, acc[t][0]);
-                    acc[t][1] = _mm512_fmadd_ps(w[1], x1, acc[t][1]);
+                    acc[0][t] = _mm512_fmadd_ps(wa[1], x1, _mm512_fmadd_ps(wa[0], x0, acc[0][t]));
+                    acc[1][t] = _mm512_fmadd_ps(wb[1], x1, _mm512_fmadd_ps(wb[0], x0, acc[1][t]));
                 }
             }
             for t in 0..$nt {
-                $out[i * $n_tok + $t0 + t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+                $out[i * $n_tok + $t0 + t] = _mm512_reduce_add_ps(acc[0][t]);
+                if pair {
+                    $out[(i + 1) * $n_tok + $t0 + t] = _mm512_reduce_add_ps(acc[1][t]);
+                }
             }
+            i += 1 + usize::from(pair);
         }
     }};
 }
