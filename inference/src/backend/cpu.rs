@@ -65,7 +65,6 @@ struct Scratch {
     v: Vec<f32>,
     att: Vec<f32>,
     gate: Vec<f32>,
-    up: Vec<f32>,
     tmp: Vec<f32>,
     /// Per token of the step: (item index, position).
     tok: Vec<(usize, usize)>,
@@ -322,7 +321,6 @@ impl CpuBackend {
         grow(&mut s.v, n * kvd);
         grow(&mut s.att, n * qd);
         grow(&mut s.gate, n * ffn);
-        grow(&mut s.up, n * ffn);
         let tmp_rows = (qd + 2 * kvd).max(2 * ffn).max(dim);
         grow(&mut s.tmp, tmp_rows * n);
 
@@ -428,11 +426,16 @@ impl CpuBackend {
                 xn,
                 n,
             );
-            transpose_into(&s.tmp[..ffn * n], ffn, n, &mut s.gate);
-            transpose_into(&s.tmp[ffn * n..2 * ffn * n], ffn, n, &mut s.up);
-            for (g, u) in s.gate[..n * ffn].iter_mut().zip(&s.up[..n * ffn]) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
+            // SiLU(gate) * up, read straight from the matmul's [row][token] layout into [token][row], one token's row
+            // per task: the `expf`s were the largest serial part of a batched step (one task, i.e. inline, at one
+            // token).
+            let gate_up = &s.tmp[..2 * ffn * n];
+            pool.chunks_mut(&mut s.gate[..n * ffn], ffn, |t, out| {
+                for (r, o) in out.iter_mut().enumerate() {
+                    let (g, u) = (gate_up[r * n + t], gate_up[(ffn + r) * n + t]);
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
             matmul_multi(
                 pool,
                 &mut s.bounds,
