@@ -166,6 +166,8 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-{}", std::process::id()));
+    // A leftover of an earlier run whose process had the same id would hold stale files.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
@@ -357,6 +359,8 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-cost-{}", std::process::id()));
+    // A leftover of an earlier run whose process had the same id would hold stale files.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
@@ -421,6 +425,8 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-budget-{}", std::process::id()));
+    // A leftover of an earlier run whose process had the same id would hold stale files.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
@@ -474,6 +480,8 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("llmprof-cuda-late-{}", std::process::id()));
+    // A leftover of an earlier run whose process had the same id would hold stale files.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&[]);
