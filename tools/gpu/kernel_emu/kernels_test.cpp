@@ -89,9 +89,9 @@ void test_matmul() {
         std::vector<float> x(n * cols); for (auto& v : x) v = rnd();
         std::vector<float> out(n * rows); for (auto& v : out) v = rnd();
         std::vector<float> want = out;
-        for (int t = 0; t < n; t++) for (int r = 0; r < rows; r++) {
-            double s = 0; for (int k = 0; k < cols; k++) s += (double)M.deq[r * cols + k] * x[t * cols + k];
-            float& o = want[t * rows + r];
+        auto prod = ref_mm(M, x, n);
+        for (int i = 0; i < n * rows; i++) {
+            float& o = want[i]; double s = prod[i];
             if (mode == 0) o = s; else if (mode == 1) o += s; else o = o / (1 + std::exp(-o)) * s;
         }
         launch({(unsigned)((rows + 3) / 4), (unsigned)((n + 7) / 8)}, {128}, [&] {

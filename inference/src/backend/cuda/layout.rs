@@ -170,11 +170,6 @@ impl StepLayout {
         }
     }
 
-    /// Tokens in the step.
-    pub fn num_tokens(&self) -> usize {
-        self.tokens.len()
-    }
-
     /// Writes the arrays one after another into `out` (cleared first) and says where each starts.
     pub fn pack(&self, out: &mut Vec<i32>) -> Packed {
         out.clear();
@@ -263,7 +258,7 @@ mod tests {
         assert_eq!(l.logit_rows, vec![3]);
         // Rebuilding reuses the arrays and forgets the old step.
         l.build(&batch[1..], 4);
-        assert_eq!((l.num_tokens(), l.table_off.clone()), (1, vec![0]));
+        assert_eq!((l.tokens.len(), l.table_off.clone()), (1, vec![0]));
         assert_eq!(l.logit_rows, vec![0]);
     }
 

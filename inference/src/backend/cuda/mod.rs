@@ -416,16 +416,7 @@ impl CudaBackend {
             let p = Packed::of_graph(self.shape(batch, stride));
             self.stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let mut step = Step {
-                stream: &self.stream,
-                kernels: &self.kernels,
-                config: &self.model.config,
-                weights: &self.weights,
-                inv_freq: &self.inv_freq,
-                kv: &mut self.kv,
-                block_size: self.block_size,
-            };
-            step.launch(&mut scratch, &p)?;
+            self.launch(Some(&mut scratch), &p)?;
             let graph = self
                 .stream
                 .end_capture(sys::CUgraphInstantiate_flags(0))?
@@ -442,6 +433,21 @@ impl CudaBackend {
             scratch,
             graphs,
         })
+    }
+
+    /// Queues the kernels of a step laid out as `p` on `scratch` (`None`: the eager buffers).
+    fn launch(&mut self, scratch: Option<&mut Scratch>, p: &Packed) -> Result<(), DriverError> {
+        let scratch = scratch.unwrap_or(&mut self.scratch);
+        let mut step = Step {
+            stream: &self.stream,
+            kernels: &self.kernels,
+            config: &self.model.config,
+            weights: &self.weights,
+            inv_freq: &self.inv_freq,
+            kv: &mut self.kv,
+            block_size: self.block_size,
+        };
+        step.launch(scratch, p)
     }
 
     fn shape(&self, batch: usize, stride: usize) -> GraphShape {
@@ -536,21 +542,11 @@ impl CudaBackend {
         }
         match (graphs, replay) {
             (Some(g), Some(i)) => g.graphs[i].0.launch()?,
-            _ => {
-                let mut step = Step {
-                    stream: &self.stream,
-                    kernels: &self.kernels,
-                    config: &self.model.config,
-                    weights: &self.weights,
-                    inv_freq: &self.inv_freq,
-                    kv: &mut self.kv,
-                    block_size: bs,
-                };
-                step.launch(&mut self.scratch, &p)?;
-            }
+            _ => self.launch(None, &p)?,
         }
         self.ev_end.record(&self.stream)?;
         if wanted > 0 {
+            let graphs = self.graphs.as_ref().filter(|_| replay.is_some());
             let logits = graphs.map_or(&self.scratch.logits, |g| &g.scratch.logits);
             let (src, _sync) = logits.dev.device_ptr(&self.stream);
             let dst = &mut self.host_logits.as_mut_slice()?[..wanted * vocab];
