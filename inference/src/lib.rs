@@ -1,14 +1,15 @@
 //! llmserve: a GGUF Llama-family inference engine with continuous batching after vLLM's design, a paged KV
 //! cache, vLLM-named Prometheus metrics and llmprof probe points.
 //!
-//! Model side: [`gguf`] (file format), [`quant`] (tensor types and SIMD kernels), [`tokenizer`],
-//! [`chat_template`], [`model`] (weights + config), [`backend`] (the compute trait; CPU backend),
-//! [`tiny_gguf`] (tiny generated models for tests).
+//! Model side: [`gguf`] (file format), [`quant`] (tensor types and SIMD kernels), [`attention`] (the CPU
+//! attention kernel), [`tokenizer`], [`chat_template`], [`model`] (weights + config), [`backend`] (the compute
+//! trait; CPU backend), [`tiny_gguf`] (tiny generated models for tests).
 //! Serving side: [`block_pool`], [`kv_cache_manager`], [`scheduler`], [`sampling`], [`engine`] (the step loop),
 //! [`api`] (OpenAI-compatible HTTP), [`metrics`], [`trace_context`] (W3C traceparent), [`config`],
 //! [`usage_stats`] (the optional outbound usage report).
 
 // Model side (owner: engine-model).
+pub mod attention;
 pub mod backend;
 pub mod chat_template;
 pub mod gguf;

@@ -17,7 +17,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use crate::gguf::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
+mod out;
+
+pub use out::{MatOut, SharedCols};
 
 /// The kernel family in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -359,9 +362,16 @@ impl QMatrix {
     ///
     /// `x` holds the tokens' activations, `[n_tok][cols]`; `out` is written `[row][token]`.
     pub fn matmul_rows(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
-        assert!(n_tok > 0 && x.len() == n_tok * self.cols && out.len().is_multiple_of(n_tok));
-        let nrows = out.len() / n_tok;
-        assert!(row0 + nrows <= self.rows);
+        self.matmul_into(x, n_tok, row0, &mut MatOut::row_major(out, n_tok));
+    }
+
+    /// Computes rows `row0 .. row0 + out.rows()` of `W · x_t` for `out.n_tok()` tokens into `out` (any layout,
+    /// stored or accumulated: [`MatOut`]).
+    ///
+    /// `x` holds the tokens' activations, `[n_tok][cols]`.
+    pub fn matmul_into(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
+        assert!(n_tok > 0 && x.len() == n_tok * self.cols && out.n_tok() == n_tok);
+        assert!(row0 + out.rows() <= self.rows);
         #[cfg(target_arch = "x86_64")]
         match simd_level() {
             // SAFETY: the CPU supports AVX-512 F/BW/VL (detected by `simd_level`); the kernel asserts bounds.
@@ -371,31 +381,33 @@ impl QMatrix {
             SimdLevel::Avx2 => return unsafe { avx2::matmul_rows(self, x, n_tok, row0, out) },
             SimdLevel::Scalar => {}
         }
-        self.matmul_rows_scalar(x, n_tok, row0, out);
+        self.matmul_scalar(x, n_tok, row0, out);
     }
 
-    /// Portable kernel: the same per-block sums as the SIMD kernels, in scalar code.
+    /// Portable kernel, `[row][token]` output: the same per-block sums as the SIMD kernels, in scalar code.
     pub fn matmul_rows_scalar(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
+        self.matmul_scalar(x, n_tok, row0, &mut MatOut::row_major(out, n_tok));
+    }
+
+    /// Portable kernel: per row and token, the sum over blocks (in order) of each block's dot product.
+    fn matmul_scalar(&self, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
         let c = self.cols;
-        let nrows = out.len() / n_tok;
-        for i in 0..nrows {
+        let mut blk = [0f32; BLOCK];
+        for i in 0..out.rows() {
             let r = row0 + i;
-            let o = &mut out[i * n_tok..(i + 1) * n_tok];
-            o.fill(0.0);
-            if let Data::F32(v) = &self.data {
-                let w = &v[r * c..(r + 1) * c];
-                for (t, ot) in o.iter_mut().enumerate() {
-                    *ot = w.iter().zip(&x[t * c..(t + 1) * c]).map(|(a, b)| a * b).sum();
-                }
-                continue;
-            }
-            let mut blk = [0f32; BLOCK];
-            for j in 0..c / BLOCK {
-                self.block(r * c / BLOCK + j, &mut blk);
-                for (t, ot) in o.iter_mut().enumerate() {
-                    let xs = &x[t * c + j * BLOCK..t * c + (j + 1) * BLOCK];
-                    *ot += blk.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
-                }
+            for t in 0..n_tok {
+                let xt = &x[t * c..(t + 1) * c];
+                let s = if let Data::F32(v) = &self.data {
+                    v[r * c..(r + 1) * c].iter().zip(xt).map(|(a, b)| a * b).sum()
+                } else {
+                    let mut s = 0f32;
+                    for (j, xs) in xt.chunks_exact(BLOCK).enumerate() {
+                        self.block(r * c / BLOCK + j, &mut blk);
+                        s += blk.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                    }
+                    s
+                };
+                out.put(i, t, s);
             }
         }
     }
@@ -440,6 +452,25 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
+    }
+}
+
+/// `out = SiLU(gate) · up` element-wise (`SiLU(g) = g / (1 + e^-g)`), the gated feed-forward's activation.
+///
+/// # Panics
+/// If the three slices differ in length.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == out.len() && up.len() == out.len(),
+        "SiLU operands differ in length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx512 {
+        // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
+        return unsafe { avx512::silu_mul(gate, up, out) };
+    }
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
@@ -618,8 +649,8 @@ mod tests {
                 m.matmul_rows_scalar(&x, n_tok, row0, &mut scalar);
                 // SAFETY: AVX-512 F/BW/VL and AVX2+FMA were detected above.
                 unsafe {
-                    avx512::matmul_rows(&m, &x, n_tok, row0, &mut wide);
-                    avx2::matmul_rows(&m, &x, n_tok, row0, &mut narrow);
+                    avx512::matmul_rows(&m, &x, n_tok, row0, &mut MatOut::row_major(&mut wide, n_tok));
+                    avx2::matmul_rows(&m, &x, n_tok, row0, &mut MatOut::row_major(&mut narrow, n_tok));
                 }
                 for (k, &s) in scalar.iter().enumerate() {
                     let tol = 1e-5 * (1.0 + s.abs()) * (cols as f32).sqrt();
@@ -683,5 +714,93 @@ mod tests {
         for k in 0..37 {
             assert!((y[k] - (b[k] + 0.5 * a[k])).abs() < 1e-6);
         }
+    }
+
+    /// Token-major output through column views, stored and accumulated, equals the `[row][token]` product.
+    #[test]
+    fn token_major_columns_match_row_major() {
+        let (rows, cols, n_tok) = (21, 64, 5);
+        let bytes = quantize_ggml(GgmlType::Q4_1, &pseudo_random(rows * cols, 9)).expect("quantize");
+        let m = QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &bytes).expect("matrix");
+        let x = pseudo_random(n_tok * cols, 10);
+        let mut want = vec![0f32; rows * n_tok];
+        m.matmul_rows(&x, n_tok, 0, &mut want);
+        for accumulate in [false, true] {
+            let base = if accumulate { 1.5 } else { f32::NAN };
+            let mut got = vec![base; n_tok * rows];
+            let shared = SharedCols::new(&mut got, n_tok, rows, accumulate);
+            for (row0, nr) in [(0, 8), (8, 13)] {
+                // SAFETY: columns 0-7 and 8-20: each view is the only one alive.
+                let mut view = unsafe { shared.columns(row0, nr) };
+                m.matmul_into(&x, n_tok, row0, &mut view);
+            }
+            for r in 0..rows {
+                for t in 0..n_tok {
+                    let want = want[r * n_tok + t] + if accumulate { 1.5 } else { 0.0 };
+                    assert_eq!(
+                        got[t * rows + r],
+                        want,
+                        "row {r} token {t} accumulate {accumulate}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `silu_mul` on this CPU's kernel against the scalar definition, over lengths with and without a tail and
+    /// gates from far negative (e^-g overflows) to far positive.
+    #[test]
+    fn silu_mul_matches_definition() {
+        for n in [1, 15, 16, 17, 100, 1536] {
+            let gate: Vec<f32> = pseudo_random(n, 21).iter().map(|g| g * 120.0).collect();
+            let up = pseudo_random(n, 22);
+            let mut got = vec![f32::NAN; n];
+            silu_mul(&gate, &up, &mut got);
+            for k in 0..n {
+                let (g, u) = (f64::from(gate[k]), f64::from(up[k]));
+                let want = g / (1.0 + (-g).exp()) * u;
+                assert!(
+                    (f64::from(got[k]) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "n {n} [{k}]: silu({g}) * {u} = {} vs {want}",
+                    got[k]
+                );
+            }
+        }
+    }
+
+    /// The AVX-512 vector `exp` (attention weights, SiLU) against `f32::exp`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_exp_matches_expf() {
+        use std::arch::x86_64::{_mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
+        if !avx512::available() {
+            eprintln!("skipped: this CPU lacks AVX-512 F/BW/VL");
+            return;
+        }
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x <= 88.0 {
+            let xs: [f32; 16] = std::array::from_fn(|i| x - i as f32 * 1e-3);
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512 F was detected above; `xs` and `got` hold 16 f32.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(_mm512_loadu_ps(xs.as_ptr()))) };
+            for (g, &xi) in got.iter().zip(&xs) {
+                let want = xi.exp();
+                if want > f32::MIN_POSITIVE {
+                    worst = worst.max(((g - want) / want).abs());
+                }
+            }
+            x += 0.0137;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        let at = |v: f32| {
+            let mut got = [1f32; 16];
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), avx512::exp(_mm512_set1_ps(v))) };
+            got[0]
+        };
+        assert_eq!(at(-200.0), 0.0, "far below the max: weight 0");
+        assert_eq!(at(0.0), 1.0, "the max itself: weight 1");
+        assert_eq!(at(200.0), f32::INFINITY);
     }
 }

@@ -14,12 +14,13 @@ use std::sync::Arc;
 
 use super::pool::{ComputePool, PoolStats};
 use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
+use crate::attention::{self, PagedKv};
 use crate::model::{Model, ModelConfig};
-use crate::quant::{self, QMatrix};
+use crate::quant::{self, QMatrix, SharedCols};
 
 /// Row-split granularity: each matrix product is cut into about this many tasks per thread, so work stealing
 /// evens out threads slowed by other processes.
-const TASKS_PER_THREAD: usize = 3;
+const TASKS_PER_THREAD: usize = 4;
 
 /// Attention with fewer multiply-adds than this (per step, Q·K over every cached position) runs on the calling
 /// thread: below it the pool's hand-off costs more than splitting saves (~30 µs of AVX-512 work).
@@ -55,24 +56,42 @@ impl std::fmt::Debug for CpuBackend {
     }
 }
 
-/// Reusable activation buffers (grown on demand, never shrunk).
+/// Reusable activation buffers (grown on demand, never shrunk), all token-major (`[token][feature]`).
 #[derive(Default)]
 struct Scratch {
+    /// The residual stream.
     x: Vec<f32>,
+    /// Normalized `x`.
     xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    /// Q, K and V side by side per token (`qd + 2 kvd`).
+    qkv: Vec<f32>,
+    /// Attention output per token (`qd`).
     att: Vec<f32>,
-    gate: Vec<f32>,
-    tmp: Vec<f32>,
+    /// Gate and up projections side by side per token (`2 ffn`).
+    gate_up: Vec<f32>,
+    /// SiLU(gate) · up per token (`ffn`).
+    act: Vec<f32>,
+    /// Logits of the rows that want them (`vocab` each).
+    logits: Vec<f32>,
     /// Per token of the step: (item index, position).
     tok: Vec<(usize, usize)>,
+    /// Per token of the step: its RoPE rotation (`head_dim / 2` interleaved cos, sin), computed once per step for
+    /// every layer.
+    rope_cs: Vec<f32>,
     /// Rows of `x` whose logits are wanted.
     logit_rows: Vec<usize>,
-    /// Matmul task list: output bounds (in `tmp`) and, per task, (matrix index, first row).
-    bounds: Vec<usize>,
-    tasks: Vec<(usize, usize)>,
+    /// Matmul task list: (matrix index, first row, rows, first output column).
+    tasks: Vec<MatTask>,
+}
+
+/// One task of a split matrix product: rows `row0 .. row0 + rows` of matrix `mat`, written from output column
+/// `col`.
+#[derive(Debug, Clone, Copy)]
+struct MatTask {
+    mat: usize,
+    row0: usize,
+    rows: usize,
+    col: usize,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -169,54 +188,42 @@ impl CpuBackend {
     }
 }
 
-/// Computes `W_i · x` for every matrix of `mats` over `n_tok` tokens on the pool, writing each result
-/// `[rows_i][n_tok]` consecutively into `tmp`: one flat loop over tasks of about `total rows / (threads ×
-/// TASKS_PER_THREAD)` rows (one hand-off per matrix group).
+/// Computes `W_i · x` for every matrix of `mats` over `n_tok` tokens on the pool, token-major: the matrices'
+/// rows side by side, token `t`'s result for row `r` of matrix `i` at `out[t * ld + cols_before_i + r]` with
+/// `ld` = the matrices' rows together. `accumulate` adds onto `out` (a residual connection) instead of storing.
+/// One flat loop over tasks of about `total rows / (threads × TASKS_PER_THREAD)` rows (one hand-off per matrix
+/// group); each task writes its own output columns.
 fn matmul_multi(
     pool: &mut ComputePool,
-    bounds: &mut Vec<usize>,
-    tasks: &mut Vec<(usize, usize)>,
-    tmp: &mut [f32],
+    tasks: &mut Vec<MatTask>,
+    out: &mut [f32],
     mats: &[&QMatrix],
     x: &[f32],
     n_tok: usize,
+    accumulate: bool,
 ) {
-    let total: usize = mats.iter().map(|m| m.rows()).sum();
-    let chunk = total
-        .div_ceil(pool.threads() * TASKS_PER_THREAD)
-        .max(MIN_TASK_ROWS);
-    bounds.clear();
+    let ld: usize = mats.iter().map(|m| m.rows()).sum();
+    let chunk = ld.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
     tasks.clear();
-    let mut off = 0;
-    bounds.push(0);
-    for (mi, m) in mats.iter().enumerate() {
-        let mut r = 0;
-        while r < m.rows() {
-            let nr = chunk.min(m.rows() - r);
-            tasks.push((mi, r));
-            off += nr * n_tok;
-            bounds.push(off);
-            r += nr;
+    let mut col = 0;
+    for (mat, m) in mats.iter().enumerate() {
+        let mut row0 = 0;
+        while row0 < m.rows() {
+            let rows = chunk.min(m.rows() - row0);
+            tasks.push(MatTask { mat, row0, rows, col });
+            row0 += rows;
+            col += rows;
         }
     }
     let tasks = &*tasks;
-    pool.segments_mut(&mut tmp[..off], bounds, |i, out| {
-        let (mi, row0) = tasks[i];
-        mats[mi].matmul_rows(x, n_tok, row0, out);
+    let cols = SharedCols::new(out, n_tok, ld, accumulate);
+    pool.run(tasks.len(), &|i| {
+        let t = tasks[i];
+        // SAFETY: the tasks' column ranges `col .. col + rows` tile `0 .. ld` without overlap, and the pool runs
+        // each task index exactly once, so no two live views share a column.
+        let mut view = unsafe { cols.columns(t.col, t.rows) };
+        mats[t.mat].matmul_into(x, n_tok, t.row0, &mut view);
     });
-}
-
-/// `src` is `[rows][n_tok]`; writes `dst[t * rows + r]`.
-fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
-    if n_tok == 1 {
-        dst[..rows].copy_from_slice(&src[..rows]);
-        return;
-    }
-    for r in 0..rows {
-        for t in 0..n_tok {
-            dst[t * rows + r] = src[r * n_tok + t];
-        }
-    }
 }
 
 /// `out = x / rms(x) * w` per row of `dim`.
@@ -231,11 +238,21 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// RoPE, NORM mode (adjacent pairs), on every head of a `[n_heads][head_dim]` vector at `pos`.
-fn rope(v: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32]) {
+/// The rotation of position `pos`: `(cos, sin)` of `pos · inv_freq[i]` for each pair `i`, interleaved into `cs`.
+fn rope_angles(pos: usize, inv_freq: &[f32], cs: &mut [f32]) {
+    for (f, out) in inv_freq.iter().zip(cs.chunks_exact_mut(2)) {
+        let (s, c) = (pos as f32 * f).sin_cos();
+        out[0] = c;
+        out[1] = s;
+    }
+}
+
+/// RoPE, NORM mode (adjacent pairs), on every head of a `[n_heads][head_dim]` vector, with the position's
+/// rotation `cs` from [`rope_angles`].
+fn rope(v: &mut [f32], head_dim: usize, cs: &[f32]) {
     for head in v.chunks_exact_mut(head_dim) {
-        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
-            let (s, c) = (pos as f32 * inv_freq[i]).sin_cos();
+        for (pair, r) in head.chunks_exact_mut(2).zip(cs.chunks_exact(2)) {
+            let (c, s) = (r[0], r[1]);
             let (a, b) = (pair[0], pair[1]);
             pair[0] = a * c - b * s;
             pair[1] = a * s + b * c;
@@ -300,6 +317,7 @@ impl CpuBackend {
         let w = &model.weights;
         let (dim, hd, nh, nkv) = (c.dim, c.head_dim, c.n_heads, c.n_kv_heads);
         let (qd, kvd, ffn) = (nh * hd, c.kv_dim(), c.ffn_dim);
+        let qkvd = qd + 2 * kvd;
         let n: usize = batch.iter().map(|b| b.tokens.len()).sum();
         let pool = &mut self.pool;
         let bs = self.block_size;
@@ -316,13 +334,14 @@ impl CpuBackend {
         }
         grow(&mut s.x, n * dim);
         grow(&mut s.xn, n * dim);
-        grow(&mut s.q, n * qd);
-        grow(&mut s.k, n * kvd);
-        grow(&mut s.v, n * kvd);
+        grow(&mut s.qkv, n * qkvd);
         grow(&mut s.att, n * qd);
-        grow(&mut s.gate, n * ffn);
-        let tmp_rows = (qd + 2 * kvd).max(2 * ffn).max(dim);
-        grow(&mut s.tmp, tmp_rows * n);
+        grow(&mut s.gate_up, n * 2 * ffn);
+        grow(&mut s.act, n * ffn);
+        grow(&mut s.rope_cs, n * hd);
+        for (&(_, pos), cs) in s.tok.iter().zip(s.rope_cs.chunks_exact_mut(hd)) {
+            rope_angles(pos, &self.inv_freq, cs);
+        }
 
         // Embedding.
         let mut t = 0;
@@ -341,114 +360,60 @@ impl CpuBackend {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block.
             rms_norm(x, &lw.attn_norm, c.rms_eps, xn);
-            matmul_multi(
-                pool,
-                &mut s.bounds,
-                &mut s.tasks,
-                &mut s.tmp,
-                &[&lw.wq, &lw.wk, &lw.wv],
-                xn,
-                n,
-            );
-            transpose_into(&s.tmp[..qd * n], qd, n, &mut s.q);
-            transpose_into(&s.tmp[qd * n..(qd + kvd) * n], kvd, n, &mut s.k);
-            transpose_into(&s.tmp[(qd + kvd) * n..(qd + 2 * kvd) * n], kvd, n, &mut s.v);
+            let qkv = &mut s.qkv[..n * qkvd];
+            matmul_multi(pool, &mut s.tasks, qkv, &[&lw.wq, &lw.wk, &lw.wv], xn, n, false);
             let kc = &mut self.k_cache[l];
             let vc = &mut self.v_cache[l];
-            for (ti, &(item, pos)) in s.tok.iter().enumerate() {
-                rope(&mut s.q[ti * qd..(ti + 1) * qd], hd, pos, &self.inv_freq);
-                rope(&mut s.k[ti * kvd..(ti + 1) * kvd], hd, pos, &self.inv_freq);
+            for (ti, (&(item, pos), row)) in s.tok.iter().zip(qkv.chunks_exact_mut(qkvd)).enumerate() {
+                let cs = &s.rope_cs[ti * hd..(ti + 1) * hd];
+                let (q, kv) = row.split_at_mut(qd);
+                rope(q, hd, cs);
+                rope(&mut kv[..kvd], hd, cs);
                 let slot = batch[item].block_table[pos / bs] as usize * bs + pos % bs;
-                kc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&s.k[ti * kvd..(ti + 1) * kvd]);
-                vc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&s.v[ti * kvd..(ti + 1) * kvd]);
+                kc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&kv[..kvd]);
+                vc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&kv[kvd..]);
             }
-            let (kc, vc) = (&*kc, &*vc);
-            let (q, tok) = (&s.q, &s.tok);
+            let kv = PagedKv {
+                k: &*kc,
+                v: &*vc,
+                stride: kvd,
+                block_size: bs,
+            };
+            let (qkv, tok) = (&*qkv, &s.tok);
+            // One task per (token, KV head): the group's query heads run one after another on the same thread, so
+            // the second and later read the keys and values from that core's cache.
             let attend = |idx: usize, out: &mut [f32]| {
-                let (ti, h) = (idx / nh, idx % nh);
+                let (ti, kvh) = (idx / nkv, idx % nkv);
                 let (item, pos) = tok[ti];
-                let table = batch[item].block_table;
-                let qh = &q[ti * qd + h * hd..ti * qd + (h + 1) * hd];
-                let koff = (h / group) * hd;
-                // One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018):
-                // no score buffer, each K/V slot read once.
-                out.fill(0.0);
-                let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for p in 0..=pos {
-                    let slot = table[p / bs] as usize * bs + p % bs;
-                    let base = slot * kvd + koff;
-                    let sc = quant::dot(qh, &kc[base..base + hd]) * scale;
-                    if sc > max {
-                        let r = (max - sc).exp();
-                        sum *= r;
-                        out.iter_mut().for_each(|o| *o *= r);
-                        max = sc;
-                    }
-                    let w = (sc - max).exp();
-                    sum += w;
-                    quant::axpy(w, &vc[base..base + hd], out);
+                for (g, o) in out.chunks_exact_mut(hd).enumerate() {
+                    let h = kvh * group + g;
+                    let qh = &qkv[ti * qkvd + h * hd..ti * qkvd + (h + 1) * hd];
+                    attention::attend(qh, &kv, batch[item].block_table, kvh * hd, pos + 1, scale, o);
                 }
-                let inv = 1.0 / sum;
-                out.iter_mut().for_each(|o| *o *= inv);
             };
             // Decode attention over a short context is a few µs: a hand-off would cost more than it saves.
             let work: usize = tok.iter().map(|&(_, pos)| (pos + 1) * qd).sum();
             if work < INLINE_ATTENTION_MACS {
                 s.att[..n * qd]
-                    .chunks_mut(hd)
+                    .chunks_mut(group * hd)
                     .enumerate()
                     .for_each(|(i, o)| attend(i, o));
             } else {
-                pool.chunks_mut(&mut s.att[..n * qd], hd, attend);
+                pool.chunks_mut(&mut s.att[..n * qd], group * hd, attend);
             }
-            matmul_multi(
-                pool,
-                &mut s.bounds,
-                &mut s.tasks,
-                &mut s.tmp,
-                &[&lw.wo],
-                &s.att[..n * qd],
-                n,
-            );
-            transpose_into(&s.tmp[..dim * n], dim, n, xn);
-            for (a, b) in x.iter_mut().zip(xn.iter()) {
-                *a += b;
-            }
+            // Output projection, added onto the residual stream.
+            matmul_multi(pool, &mut s.tasks, x, &[&lw.wo], &s.att[..n * qd], n, true);
 
             // Feed-forward block.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
-            matmul_multi(
-                pool,
-                &mut s.bounds,
-                &mut s.tasks,
-                &mut s.tmp,
-                &[&lw.w_gate, &lw.w_up],
-                xn,
-                n,
-            );
-            // SiLU(gate) * up, read straight from the matmul's [row][token] layout into [token][row], one token's row
-            // per task: the `expf`s were the largest serial part of a batched step (one task, i.e. inline, at one
-            // token).
-            let gate_up = &s.tmp[..2 * ffn * n];
-            pool.chunks_mut(&mut s.gate[..n * ffn], ffn, |t, out| {
-                for (r, o) in out.iter_mut().enumerate() {
-                    let (g, u) = (gate_up[r * n + t], gate_up[(ffn + r) * n + t]);
-                    *o = g / (1.0 + (-g).exp()) * u;
-                }
+            let gate_up = &mut s.gate_up[..n * 2 * ffn];
+            matmul_multi(pool, &mut s.tasks, gate_up, &[&lw.w_gate, &lw.w_up], xn, n, false);
+            let gate_up = &*gate_up;
+            pool.chunks_mut(&mut s.act[..n * ffn], ffn, |t, out| {
+                let (g, u) = gate_up[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
+                quant::silu_mul(g, u, out);
             });
-            matmul_multi(
-                pool,
-                &mut s.bounds,
-                &mut s.tasks,
-                &mut s.tmp,
-                &[&lw.w_down],
-                &s.gate[..n * ffn],
-                n,
-            );
-            transpose_into(&s.tmp[..dim * n], dim, n, xn);
-            for (a, b) in x.iter_mut().zip(xn.iter()) {
-                *a += b;
-            }
+            matmul_multi(pool, &mut s.tasks, x, &[&lw.w_down], &s.act[..n * ffn], n, true);
         }
 
         // Final norm and LM head for the rows that need logits.
@@ -456,25 +421,15 @@ impl CpuBackend {
         if nl == 0 {
             return Vec::new();
         }
-        grow(&mut s.q, nl * dim);
         for (j, &row) in s.logit_rows.iter().enumerate() {
-            let (src, dst) = (&x[row * dim..(row + 1) * dim], &mut s.q[j * dim..(j + 1) * dim]);
+            let (src, dst) = (&x[row * dim..(row + 1) * dim], &mut xn[j * dim..(j + 1) * dim]);
             rms_norm(src, &w.output_norm, c.rms_eps, dst);
         }
         let head = w.lm_head();
         let vocab = head.rows();
-        grow(&mut s.tmp, vocab * nl);
-        matmul_multi(
-            pool,
-            &mut s.bounds,
-            &mut s.tasks,
-            &mut s.tmp,
-            &[head],
-            &s.q[..nl * dim],
-            nl,
-        );
-        (0..nl)
-            .map(|j| (0..vocab).map(|r| s.tmp[r * nl + j]).collect())
-            .collect()
+        grow(&mut s.logits, vocab * nl);
+        let logits = &mut s.logits[..vocab * nl];
+        matmul_multi(pool, &mut s.tasks, logits, &[head], &xn[..nl * dim], nl, false);
+        logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
     }
 }

@@ -1,7 +1,7 @@
 //! AVX2+FMA kernels, 8 f32 lanes: the fallback of [`super::avx512`] and the choice on CPUs without AVX-512.
 //! Every function requires the `avx2` and `fma` target features at run time ([`super::simd_available`]).
 
-use super::{BLOCK, Data, QMatrix, TOKEN_TILE};
+use super::{BLOCK, Data, MatOut, QMatrix, TOKEN_TILE};
 use std::arch::x86_64::*;
 
 #[target_feature(enable = "avx2,fma")]
@@ -71,7 +71,7 @@ fn unpack_q8(qs: &[i8]) -> [__m256; 4] {
 /// Runs the row loop of a token tile of `NT` tokens: `$deq(b)` yields block `b` dequantized as 4 vectors;
 /// each token keeps two accumulators so consecutive FMAs are independent (FMA latency 4, throughput 2/cycle).
 macro_rules! tile_rows {
-    ($nt:ident, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $x:expr, $out:expr, $n_tok:expr, $t0:expr, |$b:ident| $deq:expr) => {{
+    ($nt:ident, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $x:expr, $out:expr, $t0:expr, |$b:ident| $deq:expr) => {{
         for i in 0..$nrows {
             let r = $row0 + i;
             let mut acc = [[_mm256_setzero_ps(); 2]; $nt];
@@ -97,7 +97,7 @@ macro_rules! tile_rows {
                 }
             }
             for t in 0..$nt {
-                $out[i * $n_tok + $t0 + t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+                $out.put(i, $t0 + t, hsum(_mm256_add_ps(acc[t][0], acc[t][1])));
             }
         }
     }};
@@ -109,10 +109,10 @@ macro_rules! tile_rows {
     clippy::needless_range_loop,
     reason = "indexing by a const-bounded token keeps accumulators in registers"
 )]
-fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: usize, out: &mut [f32]) {
+fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, out: &mut MatOut<'_>) {
     let c = m.cols;
     let nb = c / BLOCK;
-    let nrows = out.len() / n_tok;
+    let nrows = out.rows();
     match &m.data {
         Data::F32(v) => {
             for i in 0..nrows {
@@ -132,11 +132,11 @@ fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: 
                     for kk in k..c {
                         s += w[kk] * x[(t0 + t) * c + kk];
                     }
-                    out[i * n_tok + t0 + t] = s;
+                    out.put(i, t0 + t, s);
                 }
             }
         }
-        Data::Q8_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+        Data::Q8_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, t0, |b| {
             let q = unpack_q8(&qs[b * BLOCK..]);
             let dv = _mm256_set1_ps(d[b]);
             [
@@ -146,7 +146,7 @@ fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: 
                 _mm256_mul_ps(q[3], dv),
             ]
         }),
-        Data::Q4_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+        Data::Q4_0 { d, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, t0, |b| {
             let q = unpack_q4::<8>(&qs[b * 16..]);
             let dv = _mm256_set1_ps(d[b]);
             [
@@ -156,7 +156,7 @@ fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: 
                 _mm256_mul_ps(q[3], dv),
             ]
         }),
-        Data::Q4_1 { d, m: mins, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, n_tok, t0, |b| {
+        Data::Q4_1 { d, m: mins, qs } => tile_rows!(NT, c, nb, row0, nrows, x, out, t0, |b| {
             let q = unpack_q4::<0>(&qs[b * 16..]);
             let dv = _mm256_set1_ps(d[b]);
             let mv = _mm256_set1_ps(mins[b]);
@@ -172,14 +172,14 @@ fn tile<const NT: usize>(m: &QMatrix, x: &[f32], n_tok: usize, t0: usize, row0: 
 
 /// See [`QMatrix::matmul_rows`].
 #[target_feature(enable = "avx2,fma")]
-pub fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
+pub fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
     let mut t0 = 0;
     while t0 < n_tok {
         match n_tok - t0 {
-            1 => tile::<1>(m, x, n_tok, t0, row0, out),
-            2 => tile::<2>(m, x, n_tok, t0, row0, out),
-            3 => tile::<3>(m, x, n_tok, t0, row0, out),
-            _ => tile::<TOKEN_TILE>(m, x, n_tok, t0, row0, out),
+            1 => tile::<1>(m, x, t0, row0, out),
+            2 => tile::<2>(m, x, t0, row0, out),
+            3 => tile::<3>(m, x, t0, row0, out),
+            _ => tile::<TOKEN_TILE>(m, x, t0, row0, out),
         }
         t0 += (n_tok - t0).min(TOKEN_TILE);
     }

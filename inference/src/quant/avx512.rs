@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, Data, QMatrix};
+use super::{BLOCK, Data, MatOut, QMatrix};
 
 /// Tokens per tile: 8 tokens × 2 accumulators + the block and two activations fit the 32 vector registers, so a
 /// batch of 8 decode tokens dequantizes each weight block once (AVX2's 16 registers hold [`super::TOKEN_TILE`]).
@@ -21,31 +21,86 @@ pub fn available() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vl")
 }
 
-/// The 32 nibbles of a 4-bit block at `p` (16 bytes: element j low nibble of byte j, element j + 16 high) as two
-/// vectors of i32 (elements 0-15, 16-31).
+/// Row pairs ahead of the one being computed whose weights are prefetched: one pair takes about as long as a
+/// load from outside the core's caches (the weights of a step do not stay in L2 between steps).
+const PREFETCH_PAIRS: usize = 2;
+
+/// Asks for the storage of rows `r0 .. r0 + n` of `m` (clamped to the matrix) to be brought into L1: a hint, no
+/// effect on results.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn prefetch_rows(m: &QMatrix, r0: usize, n: usize) {
+    let end = (r0 + n).min(m.rows);
+    if r0 >= end {
+        return;
+    }
+    let nb = m.cols / BLOCK;
+    let (b0, b1) = (r0 * nb, end * nb);
+    match &m.data {
+        Data::F32(v) => prefetch_lines(&v[r0 * m.cols..end * m.cols]),
+        Data::Q8_0 { d, qs } => {
+            prefetch_lines(&qs[b0 * BLOCK..b1 * BLOCK]);
+            prefetch_lines(&d[b0..b1]);
+        }
+        Data::Q4_0 { d, qs } => {
+            prefetch_lines(&qs[b0 * 16..b1 * 16]);
+            prefetch_lines(&d[b0..b1]);
+        }
+        Data::Q4_1 { d, m: mins, qs } => {
+            prefetch_lines(&qs[b0 * 16..b1 * 16]);
+            prefetch_lines(&d[b0..b1]);
+            prefetch_lines(&mins[b0..b1]);
+        }
+    }
+}
+
+/// Prefetches every cache line of `s`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn prefetch_lines<T>(s: &[T]) {
+    let p = s.as_ptr().cast::<i8>();
+    let mut off = 0;
+    while off < std::mem::size_of_val(s) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// The 32 elements of a 4-bit block at `p` (16 bytes: element j is the low nibble of byte j, element j + 16 the
+/// high nibble) looked up in `table` (lane k: the value of nibble k), as two vectors. `vpermps` reads only the low
+/// 4 bits of each index lane, so the zero-extended bytes index the low nibbles as they are and, shifted right by 4,
+/// the high ones: one widening, one shift and two permutes per block, where a convert-and-scale took twice that.
 ///
 /// # Safety
 /// `p` must point at 16 readable bytes; AVX-512 F/BW/VL must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn nibbles(p: *const u8) -> (__m512i, __m512i) {
+unsafe fn lookup4(p: *const u8, table: __m512) -> [__m512; 2] {
     // SAFETY: the caller guarantees 16 readable bytes at `p`; unaligned load.
-    let q = unsafe { _mm_loadu_si128(p.cast()) };
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
-    (_mm512_cvtepu8_epi32(lo), _mm512_cvtepu8_epi32(hi))
+    let bytes = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) });
+    [
+        _mm512_permutexvar_ps(bytes, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table),
+    ]
 }
+
+/// Lanes 0, 1, …, 15 as f32: a 4-bit block's table is `IOTA · d + offset`.
+const IOTA: [f32; 16] = [
+    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+];
 
 /// Runs the rows of one token tile of `NT` tokens, two rows per pass so each activation load serves both: `$deq(b)`
 /// yields block `b` (global index) dequantized as two vectors; each (row, token) keeps one accumulator (2 rows × 8
 /// tokens + 4 weight and 2 activation vectors fit the 32 registers). An odd last row runs alone.
 macro_rules! tile_rows {
-    ($nt:ident, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $xp:expr, $out:expr, $n_tok:expr, $t0:expr, |$b:ident| $deq:expr) => {{
+    ($nt:ident, $m:expr, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $xp:expr, $out:expr, $t0:expr, |$b:ident| $deq:expr) => {{
+        // The first pairs' weights, before the loop below asks for each pair's successors.
+        prefetch_rows($m, $row0, 2 * PREFETCH_PAIRS);
         let mut i = 0;
         while i < $nrows {
             let pair = i + 1 < $nrows;
             let (ra, rb) = ($row0 + i, $row0 + i + usize::from(pair));
+            prefetch_rows($m, ra + 2 * PREFETCH_PAIRS, 2);
             let mut acc = [[_mm512_setzero_ps(); $nt]; 2];
             for j in 0..$nb {
                 let wa: [__m512; 2] = {
@@ -68,9 +123,9 @@ macro_rules! tile_rows {
                 }
             }
             for t in 0..$nt {
-                $out[i * $n_tok + $t0 + t] = _mm512_reduce_add_ps(acc[0][t]);
+                $out.put(i, $t0 + t, _mm512_reduce_add_ps(acc[0][t]));
                 if pair {
-                    $out[(i + 1) * $n_tok + $t0 + t] = _mm512_reduce_add_ps(acc[1][t]);
+                    $out.put(i + 1, $t0 + t, _mm512_reduce_add_ps(acc[1][t]));
                 }
             }
             i += 1 + usize::from(pair);
@@ -82,23 +137,16 @@ macro_rules! tile_rows {
 ///
 /// # Safety
 /// AVX-512 F/BW/VL must be available; `x.len() == n_tok * m.cols`, `t0 + NT <= n_tok` and rows
-/// `row0 .. row0 + out.len() / n_tok` within the matrix (checked by [`matmul_rows`]).
+/// `row0 .. row0 + out.rows()` within the matrix (checked by [`matmul_rows`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[expect(
     clippy::needless_range_loop,
     reason = "indexing by a const-bounded token keeps accumulators in registers"
 )]
-unsafe fn tile<const NT: usize>(
-    m: &QMatrix,
-    x: &[f32],
-    n_tok: usize,
-    t0: usize,
-    row0: usize,
-    out: &mut [f32],
-) {
+unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, out: &mut MatOut<'_>) {
     let c = m.cols;
     let nb = c / BLOCK;
-    let nrows = out.len() / n_tok;
+    let nrows = out.rows();
     let xp = x.as_ptr();
     match &m.data {
         Data::F32(v) => {
@@ -121,13 +169,13 @@ unsafe fn tile<const NT: usize>(
                     for kk in k..c {
                         s += w[kk] * x[(t0 + t) * c + kk];
                     }
-                    out[i * n_tok + t0 + t] = s;
+                    out.put(i, t0 + t, s);
                 }
             }
         }
         Data::Q8_0 { d, qs } => {
             let qp = qs.as_ptr();
-            tile_rows!(NT, c, nb, row0, nrows, xp, out, n_tok, t0, |b| {
+            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
                 // SAFETY: block `b` of a matrix whose rows were checked: 32 quants at `32 b`; unaligned loads.
                 let (q0, q1) = unsafe {
                     let p = qp.add(b * BLOCK);
@@ -145,29 +193,24 @@ unsafe fn tile<const NT: usize>(
         }
         Data::Q4_0 { d, qs } => {
             let qp = qs.as_ptr();
-            tile_rows!(NT, c, nb, row0, nrows, xp, out, n_tok, t0, |b| {
+            // SAFETY: `IOTA` holds 16 f32; unaligned load.
+            let iota = unsafe { _mm512_loadu_ps(IOTA.as_ptr()) };
+            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
+                // Nibble k is worth (k - 8) d = k d - 8 d (the same FMA the scalar definition rounds).
+                let table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[b]), _mm512_set1_ps(-8.0 * d[b]));
                 // SAFETY: block `b` of a matrix whose rows were checked: 16 bytes at `16 b`.
-                let (lo, hi) = unsafe { nibbles(qp.add(b * 16)) };
-                // (q - 8) * d = q * d - 8 d.
-                let dv = _mm512_set1_ps(d[b]);
-                let off = _mm512_set1_ps(-8.0 * d[b]);
-                [
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dv, off),
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dv, off),
-                ]
+                unsafe { lookup4(qp.add(b * 16), table) }
             })
         }
         Data::Q4_1 { d, m: mins, qs } => {
             let qp = qs.as_ptr();
-            tile_rows!(NT, c, nb, row0, nrows, xp, out, n_tok, t0, |b| {
+            // SAFETY: `IOTA` holds 16 f32; unaligned load.
+            let iota = unsafe { _mm512_loadu_ps(IOTA.as_ptr()) };
+            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
+                // Nibble k is worth k d + m.
+                let table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[b]), _mm512_set1_ps(mins[b]));
                 // SAFETY: block `b` of a matrix whose rows were checked: 16 bytes at `16 b`.
-                let (lo, hi) = unsafe { nibbles(qp.add(b * 16)) };
-                let dv = _mm512_set1_ps(d[b]);
-                let mv = _mm512_set1_ps(mins[b]);
-                [
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dv, mv),
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dv, mv),
-                ]
+                unsafe { lookup4(qp.add(b * 16), table) }
             })
         }
     }
@@ -178,9 +221,9 @@ unsafe fn tile<const NT: usize>(
 /// # Safety
 /// AVX-512 F/BW/VL must be available ([`available`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut [f32]) {
-    assert!(n_tok > 0 && x.len() == n_tok * m.cols && out.len().is_multiple_of(n_tok));
-    let nrows = out.len() / n_tok;
+pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
+    assert!(n_tok > 0 && x.len() == n_tok * m.cols && out.n_tok() == n_tok);
+    let nrows = out.rows();
     assert!(row0 + nrows <= m.rows);
     // The quantized stores hold whole rows (`from_ggml` checked their lengths): the raw block reads stay in them.
     let blocks = m.rows * m.cols / BLOCK;
@@ -197,14 +240,14 @@ pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out
         // SAFETY: features available (caller), bounds asserted above, `t0 + NT <= n_tok` in each arm.
         unsafe {
             match n_tok - t0 {
-                1 => tile::<1>(m, x, n_tok, t0, row0, out),
-                2 => tile::<2>(m, x, n_tok, t0, row0, out),
-                3 => tile::<3>(m, x, n_tok, t0, row0, out),
-                4 => tile::<4>(m, x, n_tok, t0, row0, out),
-                5 => tile::<5>(m, x, n_tok, t0, row0, out),
-                6 => tile::<6>(m, x, n_tok, t0, row0, out),
-                7 => tile::<7>(m, x, n_tok, t0, row0, out),
-                _ => tile::<TILE>(m, x, n_tok, t0, row0, out),
+                1 => tile::<1>(m, x, t0, row0, out),
+                2 => tile::<2>(m, x, t0, row0, out),
+                3 => tile::<3>(m, x, t0, row0, out),
+                4 => tile::<4>(m, x, t0, row0, out),
+                5 => tile::<5>(m, x, t0, row0, out),
+                6 => tile::<6>(m, x, t0, row0, out),
+                7 => tile::<7>(m, x, t0, row0, out),
+                _ => tile::<TILE>(m, x, t0, row0, out),
             }
         }
         t0 += (n_tok - t0).min(TILE);
@@ -279,5 +322,69 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
             );
             _mm512_mask_storeu_ps(y.as_mut_ptr().add(k), mask, r);
         }
+    }
+}
+
+/// `e^x` per lane, to within 2 ulp of `expf` over `[-87.3, 88.7]`: `x = n ln 2 + r` with `|r| <= ln 2 / 2`,
+/// Cephes' `expf` polynomial for `e^r`, and `2^n` applied by `vscalefps`. Lanes below -87.3 give 0 (the smallest
+/// normal's exponent: an attention weight that small is below f32 resolution against the max's 1), lanes above
+/// 88.7 give infinity.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn exp(x: __m512) -> __m512 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split so that n · LN2_HI is exact (Cephes).
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5, // Cephes: 5.0000001201e-1, which is 0.5 in f32
+    ];
+    let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.3));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(LOG2E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_set1_ps(P[0]);
+    for &c in &P[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    // e^r = 1 + r + r² p(r).
+    let e = _mm512_fmadd_ps(_mm512_mul_ps(r, r), p, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    _mm512_maskz_mov_ps(!tiny, _mm512_scalef_ps(e, n))
+}
+
+/// See [`super::silu_mul`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available ([`available`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    assert!(gate.len() == n && up.len() == n);
+    let one = _mm512_set1_ps(1.0);
+    let mut k = 0;
+    while k < n {
+        let mask: __mmask16 = if n - k >= 16 {
+            0xffff
+        } else {
+            ((1u32 << (n - k)) - 1) as u16
+        };
+        // SAFETY: the mask enables lanes `k .. min(k + 16, n)`, within all three slices (masked lanes are neither
+        // read nor written).
+        unsafe {
+            let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(k));
+            let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(k));
+            let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            let s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(k), mask, _mm512_mul_ps(s, u));
+        }
+        k += 16;
     }
 }

@@ -1,0 +1,237 @@
+//! The CPU backend's attention kernel: one query head over its sequence's cached keys and values, read through
+//! the paged cache's block table (causal: positions `0 .. len`).
+//!
+//! One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018): the positions go in runs of
+//! up to [`RUN`] consecutive cache slots (one block, or a piece of one); a run's scores are computed together, the
+//! running max and sum are rescaled once per run (not once per position), and every K/V slot is read once. The
+//! AVX-512 kernel ([`avx512`]) keeps the query and the output accumulator in registers for head sizes that are a
+//! multiple of 16 up to [`avx512::MAX_HEAD_DIM`], and computes a run's `exp`s as one vector; anything else runs the
+//! portable loop below (through [`crate::quant::dot`] / [`crate::quant::axpy`]). Never allocates.
+
+use crate::quant::{self, SimdLevel};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Most positions whose scores are computed together (one vector of 16 f32 scores).
+pub const RUN: usize = 16;
+
+/// One layer's paged K/V cache as the kernel reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedKv<'a> {
+    /// K cache, `[slot][stride]` with slot = block × `block_size` + offset in the block.
+    pub k: &'a [f32],
+    /// V cache, same layout.
+    pub v: &'a [f32],
+    /// f32 per slot (all KV heads).
+    pub stride: usize,
+    /// Slots per block.
+    pub block_size: usize,
+}
+
+impl<'a> PagedKv<'a> {
+    /// The runs of consecutive slots holding positions `0 .. len` of the sequence whose blocks are `table`, in
+    /// position order, as (first slot, count); runs never cross a block and hold at most [`RUN`] slots.
+    fn runs<'t>(&self, table: &'t [u32], len: usize) -> Runs<'t> {
+        Runs {
+            table,
+            block_size: self.block_size,
+            len,
+            pos: 0,
+        }
+    }
+}
+
+/// Iterator of [`PagedKv::runs`] (an iterator, not a callback, so the kernels' accumulators stay in registers).
+struct Runs<'t> {
+    table: &'t [u32],
+    block_size: usize,
+    len: usize,
+    pos: usize,
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (usize, usize);
+
+    /// # Panics
+    /// If the table has fewer than `len / block_size` (rounded up) blocks.
+    fn next(&mut self) -> Option<(usize, usize)> {
+        if self.pos >= self.len {
+            return None;
+        }
+        let (p, bs) = (self.pos, self.block_size);
+        let within = p % bs;
+        let cnt = RUN.min(bs - within).min(self.len - p);
+        self.pos += cnt;
+        Some((self.table[p / bs] as usize * bs + within, cnt))
+    }
+}
+
+/// Writes into `out` the attention of query head `q` (already unscaled; `scale` multiplies the scores) over
+/// positions `0 .. len` of the sequence whose cache blocks are `table`, reading the KV head that starts `offset`
+/// f32 into each slot. `q.len() == out.len()` is the head size. `len == 0` writes zeros.
+///
+/// # Panics
+/// If `q` and `out` differ in length, if `table` does not cover `len` positions, or if a slot's head lies outside
+/// the cache.
+pub fn attend(
+    q: &[f32],
+    kv: &PagedKv<'_>,
+    table: &[u32],
+    offset: usize,
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert_eq!(q.len(), out.len(), "query and output head sizes differ");
+    #[cfg(target_arch = "x86_64")]
+    if quant::simd_level() == SimdLevel::Avx512 && avx512::supports(q.len()) {
+        // SAFETY: AVX-512 F is available (`simd_level` detected it) and the head size is supported.
+        unsafe { avx512::attend(q, kv, table, offset, len, scale, out) };
+        return;
+    }
+    attend_portable(q, kv, table, offset, len, scale, out);
+}
+
+/// The portable kernel (any head size; any SIMD level through `quant::dot` / `quant::axpy`).
+fn attend_portable(
+    q: &[f32],
+    kv: &PagedKv<'_>,
+    table: &[u32],
+    offset: usize,
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    out.fill(0.0);
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let mut sc = [0f32; RUN];
+    for (slot0, cnt) in kv.runs(table, len) {
+        let mut run_max = f32::NEG_INFINITY;
+        for (j, s) in sc[..cnt].iter_mut().enumerate() {
+            let base = (slot0 + j) * kv.stride + offset;
+            *s = quant::dot(q, &kv.k[base..base + hd]) * scale;
+            run_max = run_max.max(*s);
+        }
+        if run_max > max {
+            let r = (max - run_max).exp();
+            sum *= r;
+            out.iter_mut().for_each(|o| *o *= r);
+            max = run_max;
+        }
+        for (j, &s) in sc[..cnt].iter().enumerate() {
+            let w = (s - max).exp();
+            sum += w;
+            let base = (slot0 + j) * kv.stride + offset;
+            quant::axpy(w, &kv.v[base..base + hd], out);
+        }
+    }
+    if sum > 0.0 {
+        let inv = 1.0 / sum;
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Softmax attention in f64, positions in order, straight from the definition.
+    fn reference(
+        q: &[f32],
+        kv: &PagedKv<'_>,
+        table: &[u32],
+        offset: usize,
+        len: usize,
+        scale: f32,
+    ) -> Vec<f64> {
+        let hd = q.len();
+        let slot = |p: usize| {
+            (table[p / kv.block_size] as usize * kv.block_size + p % kv.block_size) * kv.stride + offset
+        };
+        let scores: Vec<f64> = (0..len)
+            .map(|p| {
+                (0..hd)
+                    .map(|i| f64::from(q[i]) * f64::from(kv.k[slot(p) + i]))
+                    .sum::<f64>()
+                    * f64::from(scale)
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        (0..hd)
+            .map(|i| (0..len).map(|p| w[p] * f64::from(kv.v[slot(p) + i])).sum::<f64>() / total)
+            .collect()
+    }
+
+    /// Both kernels against the f64 definition: head sizes the AVX-512 kernel takes (64, 128) and one it leaves
+    /// to the portable loop (48), block sizes smaller and larger than a run, lengths that end mid-block, a
+    /// shuffled block table, KV heads at an offset in the slot, and scores large enough that the running max
+    /// moves.
+    #[test]
+    fn kernels_match_the_definition() {
+        for (hd, kv_heads, bs) in [(64, 3, 16), (128, 2, 32), (48, 2, 5), (64, 1, 7)] {
+            let stride = hd * kv_heads;
+            let blocks = 12usize;
+            let k = pseudo_random(blocks * bs * stride, 1 + hd as u32);
+            let v = pseudo_random(blocks * bs * stride, 2 + bs as u32);
+            let kv = PagedKv {
+                k: &k,
+                v: &v,
+                stride,
+                block_size: bs,
+            };
+            // Blocks out of order, as the pool hands them out.
+            let table: Vec<u32> = (0..blocks as u32).map(|b| (b * 5 + 3) % blocks as u32).collect();
+            for len in [1, 2, bs - 1, bs, bs + 1, 3 * bs + 2, blocks * bs] {
+                for head in 0..kv_heads {
+                    let q: Vec<f32> = pseudo_random(hd, (len * 31 + head) as u32)
+                        .iter()
+                        .map(|x| x * 4.0)
+                        .collect();
+                    let want = reference(&q, &kv, &table, head * hd, len, 0.125);
+                    let mut fast = vec![f32::NAN; hd];
+                    let mut portable = vec![f32::NAN; hd];
+                    attend(&q, &kv, &table, head * hd, len, 0.125, &mut fast);
+                    attend_portable(&q, &kv, &table, head * hd, len, 0.125, &mut portable);
+                    for i in 0..hd {
+                        for (name, got) in [("dispatched", fast[i]), ("portable", portable[i])] {
+                            assert!(
+                                (f64::from(got) - want[i]).abs() < 2e-6,
+                                "{name} hd {hd} bs {bs} len {len} head {head} [{i}]: {got} vs {}",
+                                want[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn runs_stay_inside_blocks() {
+        let (k, v) = (vec![0f32; 1], vec![0f32; 1]);
+        let kv = PagedKv {
+            k: &k,
+            v: &v,
+            stride: 1,
+            block_size: 20,
+        };
+        let got: Vec<_> = kv.runs(&[4, 1, 7], 45).collect();
+        assert_eq!(got, [(80, 16), (96, 4), (20, 16), (36, 4), (140, 5)]);
+    }
+}
