@@ -20,7 +20,7 @@ use crate::gguf::GgmlType;
 pub(crate) mod avx512;
 mod out;
 
-pub use out::{MatOut, SharedCols};
+pub use out::{AlignedVec, MatOut, SharedCols};
 
 /// The kernel family in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

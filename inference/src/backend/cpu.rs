@@ -3,12 +3,15 @@
 //! Owns the KV-cache memory (per layer, K and V, `num_blocks × block_size` token slots of `n_kv_heads ×
 //! head_dim` floats) and the compute: RMSNorm, Q/K/V projections, RoPE (llama.cpp NORM mode: adjacent pairs;
 //! GGUF converters permute Q/K rows for it), causal GQA attention that reads K/V through each sequence's block
-//! table, output projection, SiLU-gated FFN, final norm and LM head. All tokens of a step go through each weight
-//! matrix together (batched kernels, see [`crate::quant`]); matrices are split by output rows across the
-//! compute pool of `threads` threads ([`super::pool`]: spins briefly, then parks), and attention is split by
-//! (token, head). Scratch buffers are reused across steps
-//! (no per-token allocation of activations). The device interval of a step is the host compute interval
-//! (CLOCK_BOOTTIME). Never blocks on anything but its own compute.
+//! table ([`crate::attention`]), output projection, SiLU-gated FFN, final norm and LM head. All tokens of a step
+//! go through each weight matrix together (batched kernels, see [`crate::quant`]); matrices are split by output
+//! rows across the compute pool of `threads` threads ([`super::pool`]: spins briefly, then parks), and attention
+//! by (token, KV head). Activations are token-major (`[token][feature]`) throughout: each task of a split product
+//! writes its rows straight into its columns of the step's buffer ([`SharedCols`]), the output and down
+//! projections adding onto the residual stream as they store, so no transposes or separate residual passes run
+//! on the engine thread. Scratch buffers are reused across steps (no per-token allocation of activations). The
+//! device interval of a step is the host compute interval (CLOCK_BOOTTIME). Never blocks on anything but its own
+//! compute.
 
 use std::sync::Arc;
 
@@ -16,7 +19,7 @@ use super::pool::{ComputePool, PoolStats};
 use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
 use crate::attention::{self, PagedKv};
 use crate::model::{Model, ModelConfig};
-use crate::quant::{self, QMatrix, SharedCols};
+use crate::quant::{self, AlignedVec, QMatrix, SharedCols};
 
 /// Row-split granularity: each matrix product is cut into about this many tasks per thread, so work stealing
 /// evens out threads slowed by other processes.
@@ -37,9 +40,9 @@ pub struct CpuBackend {
     threads: usize,
     pool: ComputePool,
     /// Per layer: K cache, `[slot][kv_dim]` with slot = block × block_size + offset.
-    k_cache: Vec<Vec<f32>>,
+    k_cache: Vec<AlignedVec>,
     /// Per layer: V cache, same layout.
-    v_cache: Vec<Vec<f32>>,
+    v_cache: Vec<AlignedVec>,
     /// RoPE inverse frequencies, `[head_dim / 2]`.
     inv_freq: Vec<f32>,
     scratch: Scratch,
@@ -133,8 +136,8 @@ impl CpuBackend {
             .checked_mul(block_size)
             .and_then(|s| s.checked_mul(c.kv_dim()))
             .ok_or_else(|| BackendError::InvalidBatch("KV cache size overflows".into()))?;
-        let k_cache = (0..c.n_layers).map(|_| vec![0f32; per_layer]).collect();
-        let v_cache = (0..c.n_layers).map(|_| vec![0f32; per_layer]).collect();
+        let k_cache = (0..c.n_layers).map(|_| AlignedVec::zeroed(per_layer)).collect();
+        let v_cache = (0..c.n_layers).map(|_| AlignedVec::zeroed(per_layer)).collect();
         let inv_freq = rope_inv_freq(c);
         Ok(CpuBackend {
             model,

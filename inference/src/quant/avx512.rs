@@ -27,8 +27,7 @@ const PREFETCH_PAIRS: usize = 2;
 
 /// Asks for the storage of rows `r0 .. r0 + n` of `m` (clamped to the matrix) to be brought into L1: a hint, no
 /// effect on results.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
+#[inline(always)]
 fn prefetch_rows(m: &QMatrix, r0: usize, n: usize) {
     let end = (r0 + n).min(m.rows);
     if r0 >= end {
@@ -55,13 +54,13 @@ fn prefetch_rows(m: &QMatrix, r0: usize, n: usize) {
 }
 
 /// Prefetches every cache line of `s`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
+#[inline(always)]
 fn prefetch_lines<T>(s: &[T]) {
     let p = s.as_ptr().cast::<i8>();
     let mut off = 0;
     while off < std::mem::size_of_val(s) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        // SAFETY: SSE is part of the x86_64 baseline; a prefetch reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
         off += 64;
     }
 }
@@ -93,7 +92,7 @@ const IOTA: [f32; 16] = [
 /// yields block `b` (global index) dequantized as two vectors; each (row, token) keeps one accumulator (2 rows × 8
 /// tokens + 4 weight and 2 activation vectors fit the 32 registers). An odd last row runs alone.
 macro_rules! tile_rows {
-    ($nt:ident, $m:expr, $c:expr, $nb:expr, $row0:expr, $nrows:expr, $xp:expr, $out:expr, $t0:expr, |$b:ident| $deq:expr) => {{
+    ($nt:ident, $m:expr, $nb:expr, $row0:expr, $nrows:expr, $xp:expr, $out:expr, $t0:expr, |$b:ident| $deq:expr) => {{
         // The first pairs' weights, before the loop below asks for each pair's successors.
         prefetch_rows($m, $row0, 2 * PREFETCH_PAIRS);
         let mut i = 0;
@@ -111,11 +110,13 @@ macro_rules! tile_rows {
                     let $b = rb * $nb + j;
                     $deq
                 };
+                // SAFETY: `$xp` is the tile packed by `pack_tile`: block `j < nb` of token `t < NT` is the 32 f32
+                // at `(j NT + t) 32`, inside its `NT × cols` elements; unaligned loads.
+                let pj = unsafe { $xp.add(j * $nt * BLOCK) };
                 for t in 0..$nt {
-                    // SAFETY: token `t0 + t < n_tok` and block `j < nb`, so these 32 f32 lie within `x`
-                    // (`x.len() == n_tok * cols` was asserted); unaligned loads.
+                    // SAFETY: as above.
                     let (x0, x1) = unsafe {
-                        let p = $xp.add(($t0 + t) * $c + j * BLOCK);
+                        let p = pj.add(t * BLOCK);
                         (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
                     };
                     acc[0][t] = _mm512_fmadd_ps(wa[1], x1, _mm512_fmadd_ps(wa[0], x0, acc[0][t]));
@@ -147,35 +148,17 @@ unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, 
     let c = m.cols;
     let nb = c / BLOCK;
     let nrows = out.rows();
-    let xp = x.as_ptr();
+    if let Data::F32(v) = &m.data {
+        // SAFETY: this function's contract is `f32_rows`'s; `v` is the matrix's storage.
+        return unsafe { f32_rows::<NT>(v, c, x, t0, row0, nrows, out) };
+    }
+    // Taken out of the thread-local for the call (the loops below stay free of closure captures) and put back.
+    let mut packed = PACKED.with_borrow_mut(std::mem::take);
+    let xp = pack_tile::<NT>(x, c, t0, &mut packed).as_ptr();
     match &m.data {
-        Data::F32(v) => {
-            for i in 0..nrows {
-                let w = &v[(row0 + i) * c..(row0 + i + 1) * c];
-                let mut acc = [_mm512_setzero_ps(); NT];
-                let mut k = 0;
-                while k + 16 <= c {
-                    // SAFETY: `k + 16 <= c == w.len()`; unaligned load.
-                    let wv = unsafe { _mm512_loadu_ps(w.as_ptr().add(k)) };
-                    for t in 0..NT {
-                        // SAFETY: `(t0 + t) * c + k + 16 <= n_tok * c == x.len()`.
-                        let xv = unsafe { _mm512_loadu_ps(xp.add((t0 + t) * c + k)) };
-                        acc[t] = _mm512_fmadd_ps(wv, xv, acc[t]);
-                    }
-                    k += 16;
-                }
-                for t in 0..NT {
-                    let mut s = _mm512_reduce_add_ps(acc[t]);
-                    for kk in k..c {
-                        s += w[kk] * x[(t0 + t) * c + kk];
-                    }
-                    out.put(i, t0 + t, s);
-                }
-            }
-        }
         Data::Q8_0 { d, qs } => {
             let qp = qs.as_ptr();
-            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
+            tile_rows!(NT, m, nb, row0, nrows, xp, out, t0, |b| {
                 // SAFETY: block `b` of a matrix whose rows were checked: 32 quants at `32 b`; unaligned loads.
                 let (q0, q1) = unsafe {
                     let p = qp.add(b * BLOCK);
@@ -195,7 +178,7 @@ unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, 
             let qp = qs.as_ptr();
             // SAFETY: `IOTA` holds 16 f32; unaligned load.
             let iota = unsafe { _mm512_loadu_ps(IOTA.as_ptr()) };
-            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
+            tile_rows!(NT, m, nb, row0, nrows, xp, out, t0, |b| {
                 // Nibble k is worth (k - 8) d = k d - 8 d (the same FMA the scalar definition rounds).
                 let table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[b]), _mm512_set1_ps(-8.0 * d[b]));
                 // SAFETY: block `b` of a matrix whose rows were checked: 16 bytes at `16 b`.
@@ -206,14 +189,86 @@ unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, 
             let qp = qs.as_ptr();
             // SAFETY: `IOTA` holds 16 f32; unaligned load.
             let iota = unsafe { _mm512_loadu_ps(IOTA.as_ptr()) };
-            tile_rows!(NT, m, c, nb, row0, nrows, xp, out, t0, |b| {
+            tile_rows!(NT, m, nb, row0, nrows, xp, out, t0, |b| {
                 // Nibble k is worth k d + m.
                 let table = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[b]), _mm512_set1_ps(mins[b]));
                 // SAFETY: block `b` of a matrix whose rows were checked: 16 bytes at `16 b`.
                 unsafe { lookup4(qp.add(b * 16), table) }
             })
         }
+        Data::F32(_) => unreachable!("F32 matrices returned above"),
     }
+    PACKED.with_borrow_mut(|p| *p = packed);
+}
+
+/// The F32 arm of [`tile`]: rows of plain floats against the tile's tokens read in place.
+///
+/// # Safety
+/// As [`tile`]; `v` holds the matrix's `rows × c` floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[expect(
+    clippy::needless_range_loop,
+    reason = "indexing by a const-bounded token keeps accumulators in registers"
+)]
+unsafe fn f32_rows<const NT: usize>(
+    v: &[f32],
+    c: usize,
+    x: &[f32],
+    t0: usize,
+    row0: usize,
+    nrows: usize,
+    out: &mut MatOut<'_>,
+) {
+    let xp = x.as_ptr();
+    for i in 0..nrows {
+        let w = &v[(row0 + i) * c..(row0 + i + 1) * c];
+        let mut acc = [_mm512_setzero_ps(); NT];
+        let mut k = 0;
+        while k + 16 <= c {
+            // SAFETY: `k + 16 <= c == w.len()`; unaligned load.
+            let wv = unsafe { _mm512_loadu_ps(w.as_ptr().add(k)) };
+            for t in 0..NT {
+                // SAFETY: `(t0 + t) * c + k + 16 <= n_tok * c == x.len()`.
+                let xv = unsafe { _mm512_loadu_ps(xp.add((t0 + t) * c + k)) };
+                acc[t] = _mm512_fmadd_ps(wv, xv, acc[t]);
+            }
+            k += 16;
+        }
+        for t in 0..NT {
+            let mut s = _mm512_reduce_add_ps(acc[t]);
+            for kk in k..c {
+                s += w[kk] * x[(t0 + t) * c + kk];
+            }
+            out.put(i, t0 + t, s);
+        }
+    }
+}
+
+thread_local! {
+    /// The current tile's activations, interleaved by [`pack_tile`] (reused: grown, never shrunk).
+    static PACKED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Copies tokens `t0 .. t0 + NT` of `x` (`[n_tok][c]`) into `packed`, interleaved by block, and returns the
+/// packed tile: block `j` of token `t` at `(j · NT + t) · 32`, the tile starting on a 64-byte boundary. The tile's
+/// inner loop then reads every token's block from one pointer at constant offsets, each 64-byte load within one
+/// cache line (from the activations in place, `NT` row pointers did not fit the registers and, the buffers being
+/// 16-byte aligned, loads could straddle two lines).
+fn pack_tile<'p, const NT: usize>(x: &[f32], c: usize, t0: usize, packed: &'p mut Vec<f32>) -> &'p [f32] {
+    const LINE: usize = 64 / std::mem::size_of::<f32>();
+    let len = NT * (c / BLOCK) * BLOCK;
+    if packed.len() < len + LINE {
+        packed.resize(len + LINE, 0.0);
+    }
+    let skip = packed.as_ptr().align_offset(64).min(LINE);
+    let tile = &mut packed[skip..skip + len];
+    for t in 0..NT {
+        let row = &x[(t0 + t) * c..(t0 + t + 1) * c];
+        for (j, blk) in row.chunks_exact(BLOCK).enumerate() {
+            tile[(j * NT + t) * BLOCK..(j * NT + t + 1) * BLOCK].copy_from_slice(blk);
+        }
+    }
+    tile
 }
 
 /// See [`QMatrix::matmul_rows`]; same contract.

@@ -1,5 +1,6 @@
-//! Where a matrix product writes its sums ([`MatOut`]), and a token-major output matrix that tasks on several
-//! threads fill column range by column range ([`SharedCols`]).
+//! Where a matrix product writes its sums ([`MatOut`]), a token-major output matrix that tasks on several
+//! threads fill column range by column range ([`SharedCols`]), and f32 buffers that start on a cache line
+//! ([`AlignedVec`]).
 //!
 //! The CPU backend keeps activations token-major (`[token][feature]`), so each task of a split matrix product
 //! writes its rows of the product as *columns* of the step's output: the writes of different tasks interleave in
@@ -139,9 +140,57 @@ impl<'a> SharedCols<'a> {
     }
 }
 
+/// A zeroed f32 buffer whose first element sits on a 64-byte boundary, so 64-byte vector loads at multiples of 16
+/// elements never straddle two cache lines. (`Vec<f32>` only promises 4 bytes; glibc puts the large, mmap-backed
+/// ones 16 bytes past a page, where every such load of the KV cache crossed a line.)
+#[derive(Debug, Clone, Default)]
+pub struct AlignedVec {
+    buf: Vec<f32>,
+    skip: usize,
+    len: usize,
+}
+
+impl AlignedVec {
+    /// `len` zeros.
+    pub fn zeroed(len: usize) -> Self {
+        const LINE: usize = 64 / std::mem::size_of::<f32>();
+        let buf = vec![0f32; len + LINE];
+        let skip = buf.as_ptr().align_offset(64).min(LINE);
+        AlignedVec { buf, skip, len }
+    }
+}
+
+impl std::ops::Deref for AlignedVec {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.skip..self.skip + self.len]
+    }
+}
+
+impl std::ops::DerefMut for AlignedVec {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.skip..self.skip + self.len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aligned_vec_starts_on_a_line() {
+        for len in [0, 1, 17, 100_000] {
+            let mut v = AlignedVec::zeroed(len);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|&x| x == 0.0));
+            assert_eq!(v.as_ptr() as usize % 64, 0, "len {len}");
+            if len > 0 {
+                v[len - 1] = 2.0;
+                assert_eq!(v[len - 1], 2.0);
+            }
+        }
+    }
 
     #[test]
     fn views_write_their_own_columns() {
