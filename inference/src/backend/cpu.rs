@@ -229,6 +229,63 @@ fn matmul_multi(
     });
 }
 
+/// The gated feed-forward's first half on the pool: `act = SiLU(x · W_gateᵀ) ⊙ (x · W_upᵀ)`, token-major. Each task
+/// takes a range of the `ffn` rows, computes them for both matrices into its own columns of `gate_up` (`[n_tok][2
+/// ffn]`: gate then up) and applies the SiLU to them at once, so the activation costs no hand-off of its own and
+/// reads its inputs while they are in the core's cache.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pool, its task list, two outputs and the product's operands"
+)]
+fn gated_ffn(
+    pool: &mut ComputePool,
+    tasks: &mut Vec<MatTask>,
+    gate_up: &mut [f32],
+    act: &mut [f32],
+    gate: &QMatrix,
+    up: &QMatrix,
+    x: &[f32],
+    n_tok: usize,
+) {
+    let ffn = gate.rows();
+    assert_eq!(up.rows(), ffn, "gate and up projections differ in rows");
+    // Two matrices per task: half the rows of a plain product's task.
+    let chunk = ffn.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
+    tasks.clear();
+    let mut row0 = 0;
+    while row0 < ffn {
+        let rows = chunk.min(ffn - row0);
+        tasks.push(MatTask {
+            mat: 0,
+            row0,
+            rows,
+            col: row0,
+        });
+        row0 += rows;
+    }
+    let tasks = &*tasks;
+    let gu = SharedCols::new(gate_up, n_tok, 2 * ffn, false);
+    let out = SharedCols::new(act, n_tok, ffn, false);
+    pool.run(tasks.len(), &|i| {
+        let t = tasks[i];
+        // SAFETY: the tasks' row ranges tile `0 .. ffn` without overlap and each runs once, so the gate columns
+        // `row0 ..`, the up columns `ffn + row0 ..` and the output columns `row0 ..` of different tasks are
+        // disjoint.
+        let (mut g, mut u, mut a) = unsafe {
+            (
+                gu.columns(t.row0, t.rows),
+                gu.columns(ffn + t.row0, t.rows),
+                out.columns(t.row0, t.rows),
+            )
+        };
+        gate.matmul_into(x, n_tok, t.row0, &mut g);
+        up.matmul_into(x, n_tok, t.row0, &mut u);
+        for tok in 0..n_tok {
+            quant::silu_mul(g.token_row(tok), u.token_row(tok), a.token_row(tok));
+        }
+    });
+}
+
 /// `out = x / rms(x) * w` per row of `dim`.
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let dim = w.len();
@@ -409,13 +466,16 @@ impl CpuBackend {
 
             // Feed-forward block.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
-            let gate_up = &mut s.gate_up[..n * 2 * ffn];
-            matmul_multi(pool, &mut s.tasks, gate_up, &[&lw.w_gate, &lw.w_up], xn, n, false);
-            let gate_up = &*gate_up;
-            pool.chunks_mut(&mut s.act[..n * ffn], ffn, |t, out| {
-                let (g, u) = gate_up[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
-                quant::silu_mul(g, u, out);
-            });
+            gated_ffn(
+                pool,
+                &mut s.tasks,
+                &mut s.gate_up[..n * 2 * ffn],
+                &mut s.act[..n * ffn],
+                &lw.w_gate,
+                &lw.w_up,
+                xn,
+                n,
+            );
             matmul_multi(pool, &mut s.tasks, x, &[&lw.w_down], &s.act[..n * ffn], n, true);
         }
 

@@ -82,6 +82,25 @@ impl<'a> MatOut<'a> {
     }
 }
 
+impl MatOut<'_> {
+    /// Token `t`'s elements as one slice, for a view whose rows are consecutive in memory (a column view of a
+    /// [`SharedCols`]): the task that wrote them can read them back, or fill them in place.
+    ///
+    /// # Panics
+    /// If the view's rows are not consecutive, or `t >= n_tok`.
+    pub fn token_row(&mut self, t: usize) -> &mut [f32] {
+        assert!(
+            self.row_stride == 1 && t < self.n_tok,
+            "token {t} of a view with row stride {}",
+            self.row_stride
+        );
+        // SAFETY: with a row stride of 1, token `t`'s elements (i < rows) are the `rows` consecutive f32 from
+        // `t · tok_stride`, inside the buffer and written by no other live view (the constructors' guarantees);
+        // the returned borrow holds `self` mutably, so no `put` can alias it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(t * self.tok_stride), self.rows) }
+    }
+}
+
 /// A token-major output matrix, `[n_tok][ld]`, shared by the tasks of one split matrix product: each task takes a
 /// view of its own columns ([`SharedCols::columns`]).
 #[derive(Debug)]
@@ -206,6 +225,14 @@ mod tests {
         assert_eq!(buf[2 * 5 + 1], 11.0);
         assert_eq!(buf[2], 6.0);
         assert_eq!(buf[5 + 4], 8.0);
+        {
+            let cols = SharedCols::new(&mut buf, 3, 5, false);
+            // SAFETY: the only view.
+            let mut v = unsafe { cols.columns(1, 3) };
+            v.token_row(2).copy_from_slice(&[4.0, 5.0, 6.0]);
+            assert_eq!(v.token_row(2), [4.0, 5.0, 6.0]);
+        }
+        assert_eq!(buf[2 * 5..], [1.0, 4.0, 5.0, 6.0, 1.0]);
         let mut rm = vec![0f32; 6];
         let mut o = MatOut::row_major(&mut rm, 3);
         o.put(1, 2, 4.0);
