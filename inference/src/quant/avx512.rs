@@ -140,10 +140,6 @@ macro_rules! tile_rows {
 /// AVX-512 F/BW/VL must be available; `x.len() == n_tok * m.cols`, `t0 + NT <= n_tok` and rows
 /// `row0 .. row0 + out.rows()` within the matrix (checked by [`matmul_rows`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[expect(
-    clippy::needless_range_loop,
-    reason = "indexing by a const-bounded token keeps accumulators in registers"
-)]
 unsafe fn tile<const NT: usize>(m: &QMatrix, x: &[f32], t0: usize, row0: usize, out: &mut MatOut<'_>) {
     let c = m.cols;
     let nb = c / BLOCK;
