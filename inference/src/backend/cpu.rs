@@ -255,6 +255,7 @@ fn gated_ffn(
     let mut row0 = 0;
     while row0 < ffn {
         let rows = chunk.min(ffn - row0);
+        // Both matrices, rows `row0 ..`: `mat` and `col` are not read here.
         tasks.push(MatTask {
             mat: 0,
             row0,

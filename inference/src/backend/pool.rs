@@ -231,35 +231,11 @@ impl ComputePool {
             f(i, s);
         });
     }
-
-    /// Runs `f(i, &mut data[bounds[i]..bounds[i + 1]])` for every segment on the pool. Panics unless `bounds`
-    /// is non-decreasing and ends within `data`.
-    pub fn segments_mut<T: Send>(
-        &mut self,
-        data: &mut [T],
-        bounds: &[usize],
-        f: impl Fn(usize, &mut [T]) + Sync,
-    ) {
-        assert!(
-            bounds.windows(2).all(|w| w[0] <= w[1]) && bounds.last().is_none_or(|&e| e <= data.len()),
-            "segment bounds must be non-decreasing and within the data"
-        );
-        let n = bounds.len().saturating_sub(1);
-        let base = SendPtr(data.as_mut_ptr());
-        self.run(n, &|i| {
-            let (start, end) = (bounds[i], bounds[i + 1]);
-            let p = &base;
-            // SAFETY: the bounds were checked non-decreasing and within `data` above, so segments are in bounds
-            // and pairwise disjoint; each index runs once while `data` stays mutably borrowed.
-            let s = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), end - start) };
-            f(i, s);
-        });
-    }
 }
 
 /// A raw pointer shared across the pool's threads for disjoint writes.
 struct SendPtr<T>(*mut T);
-// SAFETY: used only to build disjoint sub-slices of one `&mut [T]` (see `chunks_mut`, `segments_mut`), with `T: Send`.
+// SAFETY: used only to build disjoint sub-slices of one `&mut [T]` (see `chunks_mut`), with `T: Send`.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 fn worker(s: &Shared) {
@@ -334,24 +310,13 @@ mod tests {
     }
 
     #[test]
-    fn chunks_and_segments_write_disjoint_parts() {
+    fn chunks_write_disjoint_parts() {
         let mut pool = ComputePool::new(2, "test-pool").expect("pool");
         let mut v = vec![0usize; 103];
         pool.chunks_mut(&mut v, 10, |i, c| c.iter_mut().for_each(|x| *x = i + 1));
         assert_eq!(v[0], 1);
         assert_eq!(v[99], 10);
         assert_eq!(v[102], 11);
-        let bounds = [0, 5, 5, 50, 103];
-        pool.segments_mut(&mut v, &bounds, |i, c| c.iter_mut().for_each(|x| *x = 100 + i));
-        assert_eq!((v[4], v[5], v[49], v[50], v[102]), (100, 102, 102, 103, 103));
-    }
-
-    #[test]
-    #[should_panic(expected = "non-decreasing")]
-    fn overlapping_segments_are_refused() {
-        let mut pool = ComputePool::new(2, "test-pool").expect("pool");
-        let mut v = vec![0u8; 10];
-        pool.segments_mut(&mut v, &[0, 6, 4, 10], |_, _| {});
     }
 
     #[test]
