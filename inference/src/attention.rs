@@ -67,15 +67,21 @@ impl Iterator for Runs<'_> {
     }
 }
 
-/// Writes into `out` the attention of query head `q` (already unscaled; `scale` multiplies the scores) over
-/// positions `0 .. len` of the sequence whose cache blocks are `table`, reading the KV head that starts `offset`
-/// f32 into each slot. `q.len() == out.len()` is the head size. `len == 0` writes zeros.
+/// Writes into `out` the attention of the query heads `q` (consecutive heads of `head_dim` f32 that all read one
+/// KV head; unscaled: `scale` multiplies the scores) over positions `0 .. len` of the sequence whose cache blocks
+/// are `table`, reading the KV head that starts `offset` f32 into each slot. `out` is laid out as `q`. `len == 0`
+/// writes zeros.
 ///
 /// # Panics
-/// If `q` and `out` differ in length, if `table` does not cover `len` positions, or if a slot's head lies outside
-/// the cache.
+/// If `q` and `out` differ in length or are not whole heads, if `table` does not cover `len` positions, or if a
+/// slot's head lies outside the cache.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the queries, their head size, the cache view and the output"
+)]
 pub fn attend(
     q: &[f32],
+    head_dim: usize,
     kv: &PagedKv<'_>,
     table: &[u32],
     offset: usize,
@@ -83,14 +89,20 @@ pub fn attend(
     scale: f32,
     out: &mut [f32],
 ) {
-    assert_eq!(q.len(), out.len(), "query and output head sizes differ");
+    assert!(
+        q.len() == out.len() && head_dim > 0 && q.len().is_multiple_of(head_dim),
+        "queries and output are not the same whole heads"
+    );
     #[cfg(target_arch = "x86_64")]
-    if quant::simd_level() == SimdLevel::Avx512 && avx512::supports(q.len()) {
-        // SAFETY: AVX-512 F is available (`simd_level` detected it) and the head size is supported.
-        unsafe { avx512::attend(q, kv, table, offset, len, scale, out) };
+    if quant::simd_level() == SimdLevel::Avx512 && avx512::supports(head_dim) {
+        // SAFETY: AVX-512 F is available (`simd_level` detected it), the head size is supported and the slices are
+        // whole heads (asserted above).
+        unsafe { avx512::attend(q, head_dim, kv, table, offset, len, scale, out) };
         return;
     }
-    attend_portable(q, kv, table, offset, len, scale, out);
+    for (qh, oh) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(head_dim)) {
+        attend_portable(qh, kv, table, offset, len, scale, oh);
+    }
 }
 
 /// The portable kernel (any head size; any SIMD level through `quant::dot` / `quant::axpy`).
@@ -178,8 +190,8 @@ mod tests {
             .collect()
     }
 
-    /// Both kernels against the f64 definition: head sizes the AVX-512 kernel takes (64, 128) and one it leaves
-    /// to the portable loop (48), block sizes smaller and larger than a run, lengths that end mid-block, a
+    /// Both kernels against the f64 definition: head sizes the AVX-512 kernel takes (64 — in passes of up to 3
+    /// query heads — and 128) and one it leaves to the portable loop (48), 1 to 7 query heads per KV head, block sizes smaller and larger than a run, lengths that end mid-block, a
     /// shuffled block table, KV heads at an offset in the slot, and scores large enough that the running max
     /// moves.
     #[test]
@@ -199,22 +211,26 @@ mod tests {
             let table: Vec<u32> = (0..blocks as u32).map(|b| (b * 5 + 3) % blocks as u32).collect();
             for len in [1, 2, bs - 1, bs, bs + 1, 3 * bs + 2, blocks * bs] {
                 for head in 0..kv_heads {
-                    let q: Vec<f32> = pseudo_random(hd, (len * 31 + head) as u32)
+                    // 1 to 7 query heads on this KV head: passes of 3 and 2 heads, and single ones.
+                    let group = 1 + (len + head) % 7;
+                    let q: Vec<f32> = pseudo_random(group * hd, (len * 31 + head) as u32)
                         .iter()
                         .map(|x| x * 4.0)
                         .collect();
-                    let want = reference(&q, &kv, &table, head * hd, len, 0.125);
-                    let mut fast = vec![f32::NAN; hd];
-                    let mut portable = vec![f32::NAN; hd];
-                    attend(&q, &kv, &table, head * hd, len, 0.125, &mut fast);
-                    attend_portable(&q, &kv, &table, head * hd, len, 0.125, &mut portable);
-                    for i in 0..hd {
-                        for (name, got) in [("dispatched", fast[i]), ("portable", portable[i])] {
-                            assert!(
-                                (f64::from(got) - want[i]).abs() < 2e-6,
-                                "{name} hd {hd} bs {bs} len {len} head {head} [{i}]: {got} vs {}",
-                                want[i]
-                            );
+                    let mut fast = vec![f32::NAN; group * hd];
+                    attend(&q, hd, &kv, &table, head * hd, len, 0.125, &mut fast);
+                    for (g, qh) in q.chunks_exact(hd).enumerate() {
+                        let want = reference(qh, &kv, &table, head * hd, len, 0.125);
+                        let mut portable = vec![f32::NAN; hd];
+                        attend_portable(qh, &kv, &table, head * hd, len, 0.125, &mut portable);
+                        for i in 0..hd {
+                            for (name, got) in [("dispatched", fast[g * hd + i]), ("portable", portable[i])] {
+                                assert!(
+                                    (f64::from(got) - want[i]).abs() < 2e-6,
+                                    "{name} hd {hd} bs {bs} len {len} head {head}.{g} of {group} [{i}]: {got} vs {}",
+                                    want[i]
+                                );
+                            }
                         }
                     }
                 }

@@ -1,7 +1,8 @@
-//! The AVX-512 attention kernel (`avx512f`): the query (pre-scaled) and the output accumulator live in registers
-//! (head size / 16 vectors each), a run's scores are one vector whose `exp`s are computed together (the kernels'
-//! vector `exp`), and
-//! each value row is added once with its weight broadcast.
+//! The AVX-512 attention kernel (`avx512f`): the queries (pre-scaled) and the output accumulators live in registers
+//! (head size / 16 vectors each), the query heads that share a KV head go through the cache together when they fit
+//! the registers (each key and value row loaded once for all), a run's scores are one vector per head whose `exp`s
+//! are computed together (the kernels' vector `exp`), and each value row is added once per head with its weight
+//! broadcast.
 
 use std::arch::x86_64::*;
 
@@ -16,13 +17,22 @@ pub fn supports(hd: usize) -> bool {
     hd > 0 && hd.is_multiple_of(16) && hd <= MAX_HEAD_DIM
 }
 
+/// Query heads of one KV head computed in one pass when their queries and accumulators fit the registers (`G × NV ≤
+/// 12` vectors each way): each key and value row is then loaded once for all of them.
+const GROUP_VECTORS: usize = 12;
+
 /// See [`super::attend`]; same contract.
 ///
 /// # Safety
-/// AVX-512 F must be available; `supports(q.len())`.
+/// AVX-512 F must be available; `supports(hd)`; `q.len() == out.len()`, a multiple of `hd`.
 #[target_feature(enable = "avx512f")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the queries, their head size, the cache view and the output"
+)]
 pub unsafe fn attend(
     q: &[f32],
+    hd: usize,
     kv: &PagedKv<'_>,
     table: &[u32],
     offset: usize,
@@ -30,84 +40,98 @@ pub unsafe fn attend(
     scale: f32,
     out: &mut [f32],
 ) {
-    // SAFETY (all arms): the caller guarantees AVX-512 F; `q.len() == 16 * NV` in each arm.
-    unsafe {
-        match q.len() / 16 {
-            1 => attend_nv::<1>(q, kv, table, offset, len, scale, out),
-            2 => attend_nv::<2>(q, kv, table, offset, len, scale, out),
-            3 => attend_nv::<3>(q, kv, table, offset, len, scale, out),
-            4 => attend_nv::<4>(q, kv, table, offset, len, scale, out),
-            5 => attend_nv::<5>(q, kv, table, offset, len, scale, out),
-            6 => attend_nv::<6>(q, kv, table, offset, len, scale, out),
-            7 => attend_nv::<7>(q, kv, table, offset, len, scale, out),
-            _ => attend_nv::<8>(q, kv, table, offset, len, scale, out),
+    let nv = hd / 16;
+    // Heads per pass: a group of heads at 64 f32 (4 vectors) shares each load; larger heads go one at a time.
+    let per_pass = if nv == 4 { GROUP_VECTORS / nv } else { 1 };
+    for (qs, os) in q.chunks(per_pass * hd).zip(out.chunks_mut(per_pass * hd)) {
+        let args = (kv, table, offset, len, scale);
+        // SAFETY (all arms): the caller guarantees AVX-512 F; `qs.len() == os.len() == 16 NV G` in each arm.
+        unsafe {
+            match (nv, qs.len() / hd) {
+                (4, 3) => attend_nv::<4, 3>(qs, args, os),
+                (4, 2) => attend_nv::<4, 2>(qs, args, os),
+                (1, _) => attend_nv::<1, 1>(qs, args, os),
+                (2, _) => attend_nv::<2, 1>(qs, args, os),
+                (3, _) => attend_nv::<3, 1>(qs, args, os),
+                (4, _) => attend_nv::<4, 1>(qs, args, os),
+                (5, _) => attend_nv::<5, 1>(qs, args, os),
+                (6, _) => attend_nv::<6, 1>(qs, args, os),
+                (7, _) => attend_nv::<7, 1>(qs, args, os),
+                _ => attend_nv::<8, 1>(qs, args, os),
+            }
         }
     }
 }
 
-/// The kernel for heads of `16 * NV` f32.
+/// The cache, block table, head offset, length and score scale of one call.
+type Args<'a, 'k> = (&'a PagedKv<'k>, &'a [u32], usize, usize, f32);
+
+/// The kernel for `G` query heads of `16 * NV` f32 that share one KV head.
 ///
 /// # Safety
-/// AVX-512 F must be available; `q.len() == out.len() == 16 * NV`.
+/// AVX-512 F must be available; `q.len() == out.len() == 16 * NV * G`.
 #[target_feature(enable = "avx512f")]
 #[expect(
     clippy::needless_range_loop,
-    reason = "indexing by a const-bounded vector number keeps the query and accumulator in registers"
+    reason = "indexing by const-bounded head and vector numbers keeps the queries and accumulators in registers"
 )]
-unsafe fn attend_nv<const NV: usize>(
-    q: &[f32],
-    kv: &PagedKv<'_>,
-    table: &[u32],
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+unsafe fn attend_nv<const NV: usize, const G: usize>(q: &[f32], args: Args<'_, '_>, out: &mut [f32]) {
+    let (kv, table, offset, len, scale) = args;
     let hd = 16 * NV;
-    assert!(q.len() == hd && out.len() == hd);
+    assert!(q.len() == hd * G && out.len() == hd * G);
     let sv = _mm512_set1_ps(scale);
-    let mut qv = [_mm512_setzero_ps(); NV];
-    for i in 0..NV {
-        // SAFETY: `16 i + 16 <= hd == q.len()`; unaligned load.
-        qv[i] = _mm512_mul_ps(unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * i)) }, sv);
+    let mut qv = [[_mm512_setzero_ps(); NV]; G];
+    for g in 0..G {
+        for i in 0..NV {
+            // SAFETY: `g hd + 16 i + 16 <= G hd == q.len()`; unaligned load.
+            qv[g][i] = _mm512_mul_ps(unsafe { _mm512_loadu_ps(q.as_ptr().add(g * hd + 16 * i)) }, sv);
+        }
     }
-    let mut acc = [_mm512_setzero_ps(); NV];
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-    let mut sc = [0f32; RUN];
+    let mut acc = [[_mm512_setzero_ps(); NV]; G];
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; G], [0f32; G]);
+    let mut sc = [[0f32; RUN]; G];
     let mut runs = kv.runs(table, len);
     let mut cur = runs.next();
     while let Some((slot0, cnt)) = cur {
         let next = runs.next();
-        for (j, s) in sc[..cnt].iter_mut().enumerate() {
+        for j in 0..cnt {
             let base = (slot0 + j) * kv.stride + offset;
             let kr = &kv.k[base..base + hd];
             // This slot's value row is read after the run's scores: fetch it now.
             prefetch(&kv.v[base..base + hd]);
-            let mut d = _mm512_setzero_ps();
+            let mut kvec = [_mm512_setzero_ps(); NV];
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == kr.len()`; unaligned load.
-                d = _mm512_fmadd_ps(qv[i], unsafe { _mm512_loadu_ps(kr.as_ptr().add(16 * i)) }, d);
+                kvec[i] = unsafe { _mm512_loadu_ps(kr.as_ptr().add(16 * i)) };
             }
-            *s = _mm512_reduce_add_ps(d);
+            for g in 0..G {
+                let mut d = _mm512_mul_ps(qv[g][0], kvec[0]);
+                for i in 1..NV {
+                    d = _mm512_fmadd_ps(qv[g][i], kvec[i], d);
+                }
+                sc[g][j] = _mm512_reduce_add_ps(d);
+            }
         }
         let mask: __mmask16 = ((1u32 << cnt) - 1) as u16;
-        // SAFETY: the mask enables lanes `0 .. cnt <= RUN == 16` of `sc`.
-        let s = unsafe { _mm512_maskz_loadu_ps(mask, sc.as_ptr()) };
-        let run_max = _mm512_mask_reduce_max_ps(mask, s);
-        if run_max > max {
-            let r = (max - run_max).exp();
-            sum *= r;
-            let rv = _mm512_set1_ps(r);
-            for a in &mut acc {
-                *a = _mm512_mul_ps(*a, rv);
+        for g in 0..G {
+            // SAFETY: the mask enables lanes `0 .. cnt <= RUN == 16` of `sc[g]`.
+            let s = unsafe { _mm512_maskz_loadu_ps(mask, sc[g].as_ptr()) };
+            let run_max = _mm512_mask_reduce_max_ps(mask, s);
+            if run_max > max[g] {
+                let r = (max[g] - run_max).exp();
+                sum[g] *= r;
+                let rv = _mm512_set1_ps(r);
+                for a in &mut acc[g] {
+                    *a = _mm512_mul_ps(*a, rv);
+                }
+                max[g] = run_max;
             }
-            max = run_max;
+            let w = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(s, _mm512_set1_ps(max[g]))));
+            sum[g] += _mm512_reduce_add_ps(w);
+            // SAFETY: `sc[g]` holds 16 f32; unaligned store.
+            unsafe { _mm512_storeu_ps(sc[g].as_mut_ptr(), w) };
         }
-        let w = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(s, _mm512_set1_ps(max))));
-        sum += _mm512_reduce_add_ps(w);
-        // SAFETY: `sc` holds 16 f32; unaligned store.
-        unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), w) };
-        for (j, &wj) in sc[..cnt].iter().enumerate() {
+        for j in 0..cnt {
             let base = (slot0 + j) * kv.stride + offset;
             let vr = &kv.v[base..base + hd];
             // The next run's key rows, while this run's values are added.
@@ -115,18 +139,27 @@ unsafe fn attend_nv<const NV: usize>(
                 let nb = (n0 + j) * kv.stride + offset;
                 prefetch(&kv.k[nb..nb + hd]);
             }
-            let wv = _mm512_set1_ps(wj);
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == vr.len()`; unaligned load.
-                acc[i] = _mm512_fmadd_ps(wv, unsafe { _mm512_loadu_ps(vr.as_ptr().add(16 * i)) }, acc[i]);
+                let v = unsafe { _mm512_loadu_ps(vr.as_ptr().add(16 * i)) };
+                for g in 0..G {
+                    acc[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[g][j]), v, acc[g][i]);
+                }
             }
         }
         cur = next;
     }
-    let inv = _mm512_set1_ps(if sum > 0.0 { 1.0 / sum } else { 0.0 });
-    for i in 0..NV {
-        // SAFETY: `16 i + 16 <= hd == out.len()`; unaligned store.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * i), _mm512_mul_ps(acc[i], inv)) };
+    for g in 0..G {
+        let inv = _mm512_set1_ps(if sum[g] > 0.0 { 1.0 / sum[g] } else { 0.0 });
+        for i in 0..NV {
+            // SAFETY: `g hd + 16 i + 16 <= G hd == out.len()`; unaligned store.
+            unsafe {
+                _mm512_storeu_ps(
+                    out.as_mut_ptr().add(g * hd + 16 * i),
+                    _mm512_mul_ps(acc[g][i], inv),
+                )
+            };
+        }
     }
 }
 

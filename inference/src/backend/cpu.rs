@@ -441,16 +441,22 @@ impl CpuBackend {
                 block_size: bs,
             };
             let (qkv, tok) = (&*qkv, &s.tok);
-            // One task per (token, KV head): the group's query heads run one after another on the same thread, so
-            // the second and later read the keys and values from that core's cache.
+            // One task per (token, KV head), all the query heads of its group at once (consecutive in `q`).
             let attend = |idx: usize, out: &mut [f32]| {
                 let (ti, kvh) = (idx / nkv, idx % nkv);
                 let (item, pos) = tok[ti];
-                for (g, o) in out.chunks_exact_mut(hd).enumerate() {
-                    let h = kvh * group + g;
-                    let qh = &qkv[ti * qkvd + h * hd..ti * qkvd + (h + 1) * hd];
-                    attention::attend(qh, &kv, batch[item].block_table, kvh * hd, pos + 1, scale, o);
-                }
+                let q0 = ti * qkvd + kvh * group * hd;
+                let qs = &qkv[q0..q0 + group * hd];
+                attention::attend(
+                    qs,
+                    hd,
+                    &kv,
+                    batch[item].block_table,
+                    kvh * hd,
+                    pos + 1,
+                    scale,
+                    out,
+                );
             };
             // Decode attention over a short context is a few µs: a hand-off would cost more than it saves.
             let work: usize = tok.iter().map(|&(_, pos)| (pos + 1) * qd).sum();
