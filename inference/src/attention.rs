@@ -1,14 +1,15 @@
-//! The CPU backend's attention kernel: one query head over its sequence's cached keys and values, read through
-//! the paged cache's block table (causal: positions `0 .. len`).
+//! The CPU backend's attention kernel: the query heads of one KV head over their sequence's cached keys and values,
+//! read through the paged cache's block table (causal: positions `0 .. len`).
 //!
 //! One pass with an online softmax (running max and sum, Milakov & Gimelshein 2018): the positions go in runs of
 //! up to [`RUN`] consecutive cache slots (one block, or a piece of one); a run's scores are computed together, the
 //! running max and sum are rescaled once per run (not once per position), and every K/V slot is read once. The
-//! AVX-512 kernel ([`avx512`]) keeps the query and the output accumulator in registers for head sizes that are a
-//! multiple of 16 up to [`avx512::MAX_HEAD_DIM`], and computes a run's `exp`s as one vector; anything else runs the
-//! portable loop below (through [`crate::quant::dot`] / [`crate::quant::axpy`]). Never allocates.
+//! AVX-512 kernel ([`avx512`]) keeps the queries and the output accumulators in registers for head sizes that are a
+//! multiple of 16 up to [`avx512::MAX_HEAD_DIM`] (several heads per pass where they fit, each key and value row then
+//! loaded once for all), and computes a run's `exp`s as one vector; anything else runs the portable loop below, a
+//! head at a time (through [`crate::quant::dot`] / [`crate::quant::axpy`]). Never allocates.
 
-use crate::quant::{self, SimdLevel};
+use crate::quant;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -94,7 +95,7 @@ pub fn attend(
         "queries and output are not the same whole heads"
     );
     #[cfg(target_arch = "x86_64")]
-    if quant::simd_level() == SimdLevel::Avx512 && avx512::supports(head_dim) {
+    if quant::simd_level() == quant::SimdLevel::Avx512 && avx512::supports(head_dim) {
         // SAFETY: AVX-512 F is available (`simd_level` detected it), the head size is supported and the slices are
         // whole heads (asserted above).
         unsafe { avx512::attend(q, head_dim, kv, table, offset, len, scale, out) };
