@@ -30,20 +30,52 @@ pub struct PagedKv<'a> {
     pub block_size: usize,
 }
 
-impl<'a> PagedKv<'a> {
-    /// The runs of consecutive slots holding positions `0 .. len` of the sequence whose blocks are `table`, in
-    /// position order, as (first slot, count); runs never cross a block and hold at most [`RUN`] slots.
-    fn runs<'t>(&self, table: &'t [u32], len: usize) -> Runs<'t> {
+/// What one sequence's query heads attend over: one KV head (`offset` f32 into each slot) of the cache slots
+/// holding positions `0 .. len`, found through the sequence's block `table`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvHead<'a> {
+    /// The layer's cache.
+    pub cache: PagedKv<'a>,
+    /// The sequence's blocks.
+    pub table: &'a [u32],
+    /// Where the KV head starts in a slot (f32).
+    pub offset: usize,
+    /// Positions attended.
+    pub len: usize,
+}
+
+impl<'a> KvHead<'a> {
+    /// The runs of consecutive slots holding positions `0 .. len`, in position order, as (first slot, count); runs
+    /// never cross a block and hold at most [`RUN`] slots.
+    fn runs(&self) -> Runs<'a> {
         Runs {
-            table,
-            block_size: self.block_size,
-            len,
+            table: self.table,
+            block_size: self.cache.block_size,
+            len: self.len,
             pos: 0,
         }
     }
+
+    /// The key of `slot`, `hd` f32.
+    ///
+    /// # Panics
+    /// If the head lies outside the cache.
+    fn key(&self, slot: usize, hd: usize) -> &'a [f32] {
+        let base = slot * self.cache.stride + self.offset;
+        &self.cache.k[base..base + hd]
+    }
+
+    /// The value of `slot`, `hd` f32.
+    ///
+    /// # Panics
+    /// If the head lies outside the cache.
+    fn value(&self, slot: usize, hd: usize) -> &'a [f32] {
+        let base = slot * self.cache.stride + self.offset;
+        &self.cache.v[base..base + hd]
+    }
 }
 
-/// Iterator of [`PagedKv::runs`] (an iterator, not a callback, so the kernels' accumulators stay in registers).
+/// Iterator of [`KvHead::runs`] (an iterator, not a callback, so the kernels' accumulators stay in registers).
 struct Runs<'t> {
     table: &'t [u32],
     block_size: usize,
@@ -68,28 +100,14 @@ impl Iterator for Runs<'_> {
     }
 }
 
-/// Writes into `out` the attention of the query heads `q` (consecutive heads of `head_dim` f32 that all read one
-/// KV head; unscaled: `scale` multiplies the scores) over positions `0 .. len` of the sequence whose cache blocks
-/// are `table`, reading the KV head that starts `offset` f32 into each slot. `out` is laid out as `q`. `len == 0`
+/// Writes into `out` the attention of the query heads `q` (consecutive heads of `head_dim` f32 that all read the
+/// KV head `head`; unscaled: `scale` multiplies the scores). `out` is laid out as `q`. A `head` of no positions
 /// writes zeros.
 ///
 /// # Panics
-/// If `q` and `out` differ in length or are not whole heads, if `table` does not cover `len` positions, or if a
-/// slot's head lies outside the cache.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the queries, their head size, the cache view and the output"
-)]
-pub fn attend(
-    q: &[f32],
-    head_dim: usize,
-    kv: &PagedKv<'_>,
-    table: &[u32],
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+/// If `q` and `out` differ in length or are not whole heads, if the block table does not cover the positions, or
+/// if a slot's head lies outside the cache.
+pub fn attend(q: &[f32], head_dim: usize, head: &KvHead<'_>, scale: f32, out: &mut [f32]) {
     assert!(
         q.len() == out.len() && head_dim > 0 && q.len().is_multiple_of(head_dim),
         "queries and output are not the same whole heads"
@@ -98,33 +116,24 @@ pub fn attend(
     if quant::simd_level() == quant::SimdLevel::Avx512 && avx512::supports(head_dim) {
         // SAFETY: AVX-512 F is available (`simd_level` detected it), the head size is supported and the slices are
         // whole heads (asserted above).
-        unsafe { avx512::attend(q, head_dim, kv, table, offset, len, scale, out) };
+        unsafe { avx512::attend(q, head_dim, head, scale, out) };
         return;
     }
     for (qh, oh) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(head_dim)) {
-        attend_portable(qh, kv, table, offset, len, scale, oh);
+        attend_portable(qh, head, scale, oh);
     }
 }
 
-/// The portable kernel (any head size; any SIMD level through `quant::dot` / `quant::axpy`).
-fn attend_portable(
-    q: &[f32],
-    kv: &PagedKv<'_>,
-    table: &[u32],
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+/// The portable kernel for one query head (any head size; any SIMD level through `quant::dot` / `quant::axpy`).
+fn attend_portable(q: &[f32], head: &KvHead<'_>, scale: f32, out: &mut [f32]) {
     let hd = q.len();
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
     let mut sc = [0f32; RUN];
-    for (slot0, cnt) in kv.runs(table, len) {
+    for (slot0, cnt) in head.runs() {
         let mut run_max = f32::NEG_INFINITY;
         for (j, s) in sc[..cnt].iter_mut().enumerate() {
-            let base = (slot0 + j) * kv.stride + offset;
-            *s = quant::dot(q, &kv.k[base..base + hd]) * scale;
+            *s = quant::dot(q, head.key(slot0 + j, hd)) * scale;
             run_max = run_max.max(*s);
         }
         if run_max > max {
@@ -136,8 +145,7 @@ fn attend_portable(
         for (j, &s) in sc[..cnt].iter().enumerate() {
             let w = (s - max).exp();
             sum += w;
-            let base = (slot0 + j) * kv.stride + offset;
-            quant::axpy(w, &kv.v[base..base + hd], out);
+            quant::axpy(w, head.value(slot0 + j, hd), out);
         }
     }
     if sum > 0.0 {
@@ -149,52 +157,35 @@ fn attend_portable(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::quant::tests::pseudo_random;
 
     /// Softmax attention in f64, positions in order, straight from the definition.
-    fn reference(
-        q: &[f32],
-        kv: &PagedKv<'_>,
-        table: &[u32],
-        offset: usize,
-        len: usize,
-        scale: f32,
-    ) -> Vec<f64> {
-        let hd = q.len();
-        let slot = |p: usize| {
-            (table[p / kv.block_size] as usize * kv.block_size + p % kv.block_size) * kv.stride + offset
-        };
-        let scores: Vec<f64> = (0..len)
+    fn reference(q: &[f32], head: &KvHead<'_>, scale: f32) -> Vec<f64> {
+        let (hd, bs) = (q.len(), head.cache.block_size);
+        let slot = |p: usize| head.table[p / bs] as usize * bs + p % bs;
+        let scores: Vec<f64> = (0..head.len)
             .map(|p| {
-                (0..hd)
-                    .map(|i| f64::from(q[i]) * f64::from(kv.k[slot(p) + i]))
-                    .sum::<f64>()
-                    * f64::from(scale)
+                let k = head.key(slot(p), hd);
+                (0..hd).map(|i| f64::from(q[i]) * f64::from(k[i])).sum::<f64>() * f64::from(scale)
             })
             .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
         let total: f64 = w.iter().sum();
         (0..hd)
-            .map(|i| (0..len).map(|p| w[p] * f64::from(kv.v[slot(p) + i])).sum::<f64>() / total)
+            .map(|i| {
+                (0..head.len)
+                    .map(|p| w[p] * f64::from(head.value(slot(p), hd)[i]))
+                    .sum::<f64>()
+                    / total
+            })
             .collect()
     }
 
     /// Both kernels against the f64 definition: head sizes the AVX-512 kernel takes (64 — in passes of up to 3
-    /// query heads — and 128) and one it leaves to the portable loop (48), 1 to 7 query heads per KV head, block sizes smaller and larger than a run, lengths that end mid-block, a
-    /// shuffled block table, KV heads at an offset in the slot, and scores large enough that the running max
-    /// moves.
+    /// query heads — and 128) and one it leaves to the portable loop (48), 1 to 7 query heads per KV head, block
+    /// sizes smaller and larger than a run, lengths that end mid-block, a shuffled block table, KV heads at an
+    /// offset in the slot, and scores large enough that the running max moves.
     #[test]
     fn kernels_match_the_definition() {
         for (hd, kv_heads, bs) in [(64, 3, 16), (128, 2, 32), (48, 2, 5), (64, 1, 7)] {
@@ -218,12 +209,18 @@ mod tests {
                         .iter()
                         .map(|x| x * 4.0)
                         .collect();
+                    let kvh = KvHead {
+                        cache: kv,
+                        table: &table,
+                        offset: head * hd,
+                        len,
+                    };
                     let mut fast = vec![f32::NAN; group * hd];
-                    attend(&q, hd, &kv, &table, head * hd, len, 0.125, &mut fast);
+                    attend(&q, hd, &kvh, 0.125, &mut fast);
                     for (g, qh) in q.chunks_exact(hd).enumerate() {
-                        let want = reference(qh, &kv, &table, head * hd, len, 0.125);
+                        let want = reference(qh, &kvh, 0.125);
                         let mut portable = vec![f32::NAN; hd];
-                        attend_portable(qh, &kv, &table, head * hd, len, 0.125, &mut portable);
+                        attend_portable(qh, &kvh, 0.125, &mut portable);
                         for i in 0..hd {
                             for (name, got) in [("dispatched", fast[g * hd + i]), ("portable", portable[i])] {
                                 assert!(
@@ -248,7 +245,13 @@ mod tests {
             stride: 1,
             block_size: 20,
         };
-        let got: Vec<_> = kv.runs(&[4, 1, 7], 45).collect();
+        let head = KvHead {
+            cache: kv,
+            table: &[4, 1, 7],
+            offset: 0,
+            len: 45,
+        };
+        let got: Vec<_> = head.runs().collect();
         assert_eq!(got, [(80, 16), (96, 4), (20, 16), (36, 4), (140, 5)]);
     }
 }

@@ -542,10 +542,11 @@ fn quantize_block(ty: GgmlType, b: &[f32], out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values in [-1, 1] (xorshift), the same for the same seed.
+    pub(crate) fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
         (0..n)
             .map(|_| {

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{PagedKv, RUN};
+use super::{KvHead, RUN};
 use crate::quant::avx512::exp;
 
 /// Largest head size the kernel keeps in registers (8 vectors of query + 8 of accumulator).
@@ -26,45 +26,28 @@ const GROUP_VECTORS: usize = 12;
 /// # Safety
 /// AVX-512 F must be available; `supports(hd)`; `q.len() == out.len()`, a multiple of `hd`.
 #[target_feature(enable = "avx512f")]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the queries, their head size, the cache view and the output"
-)]
-pub unsafe fn attend(
-    q: &[f32],
-    hd: usize,
-    kv: &PagedKv<'_>,
-    table: &[u32],
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
+pub unsafe fn attend(q: &[f32], hd: usize, head: &KvHead<'_>, scale: f32, out: &mut [f32]) {
     let nv = hd / 16;
     // Heads per pass: a group of heads at 64 f32 (4 vectors) shares each load; larger heads go one at a time.
     let per_pass = if nv == 4 { GROUP_VECTORS / nv } else { 1 };
     for (qs, os) in q.chunks(per_pass * hd).zip(out.chunks_mut(per_pass * hd)) {
-        let args = (kv, table, offset, len, scale);
         // SAFETY (all arms): the caller guarantees AVX-512 F; `qs.len() == os.len() == 16 NV G` in each arm.
         unsafe {
             match (nv, qs.len() / hd) {
-                (4, 3) => attend_nv::<4, 3>(qs, args, os),
-                (4, 2) => attend_nv::<4, 2>(qs, args, os),
-                (1, _) => attend_nv::<1, 1>(qs, args, os),
-                (2, _) => attend_nv::<2, 1>(qs, args, os),
-                (3, _) => attend_nv::<3, 1>(qs, args, os),
-                (4, _) => attend_nv::<4, 1>(qs, args, os),
-                (5, _) => attend_nv::<5, 1>(qs, args, os),
-                (6, _) => attend_nv::<6, 1>(qs, args, os),
-                (7, _) => attend_nv::<7, 1>(qs, args, os),
-                _ => attend_nv::<8, 1>(qs, args, os),
+                (4, 3) => attend_nv::<4, 3>(qs, head, scale, os),
+                (4, 2) => attend_nv::<4, 2>(qs, head, scale, os),
+                (1, _) => attend_nv::<1, 1>(qs, head, scale, os),
+                (2, _) => attend_nv::<2, 1>(qs, head, scale, os),
+                (3, _) => attend_nv::<3, 1>(qs, head, scale, os),
+                (4, _) => attend_nv::<4, 1>(qs, head, scale, os),
+                (5, _) => attend_nv::<5, 1>(qs, head, scale, os),
+                (6, _) => attend_nv::<6, 1>(qs, head, scale, os),
+                (7, _) => attend_nv::<7, 1>(qs, head, scale, os),
+                _ => attend_nv::<8, 1>(qs, head, scale, os),
             }
         }
     }
 }
-
-/// The cache, block table, head offset, length and score scale of one call.
-type Args<'a, 'k> = (&'a PagedKv<'k>, &'a [u32], usize, usize, f32);
 
 /// The kernel for `G` query heads of `16 * NV` f32 that share one KV head.
 ///
@@ -75,8 +58,12 @@ type Args<'a, 'k> = (&'a PagedKv<'k>, &'a [u32], usize, usize, f32);
     clippy::needless_range_loop,
     reason = "indexing by const-bounded head and vector numbers keeps the queries and accumulators in registers"
 )]
-unsafe fn attend_nv<const NV: usize, const G: usize>(q: &[f32], args: Args<'_, '_>, out: &mut [f32]) {
-    let (kv, table, offset, len, scale) = args;
+unsafe fn attend_nv<const NV: usize, const G: usize>(
+    q: &[f32],
+    head: &KvHead<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
     let hd = 16 * NV;
     assert!(q.len() == hd * G && out.len() == hd * G);
     let sv = _mm512_set1_ps(scale);
@@ -90,15 +77,14 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(q: &[f32], args: Args<'_, '
     let mut acc = [[_mm512_setzero_ps(); NV]; G];
     let (mut max, mut sum) = ([f32::NEG_INFINITY; G], [0f32; G]);
     let mut sc = [[0f32; RUN]; G];
-    let mut runs = kv.runs(table, len);
+    let mut runs = head.runs();
     let mut cur = runs.next();
     while let Some((slot0, cnt)) = cur {
         let next = runs.next();
         for j in 0..cnt {
-            let base = (slot0 + j) * kv.stride + offset;
-            let kr = &kv.k[base..base + hd];
+            let kr = head.key(slot0 + j, hd);
             // This slot's value row is read after the run's scores: fetch it now.
-            prefetch(&kv.v[base..base + hd]);
+            prefetch(head.value(slot0 + j, hd));
             let mut kvec = [_mm512_setzero_ps(); NV];
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == kr.len()`; unaligned load.
@@ -132,12 +118,10 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(q: &[f32], args: Args<'_, '
             unsafe { _mm512_storeu_ps(sc[g].as_mut_ptr(), w) };
         }
         for j in 0..cnt {
-            let base = (slot0 + j) * kv.stride + offset;
-            let vr = &kv.v[base..base + hd];
+            let vr = head.value(slot0 + j, hd);
             // The next run's key rows, while this run's values are added.
             if let Some((n0, _)) = next.filter(|&(_, c)| j < c) {
-                let nb = (n0 + j) * kv.stride + offset;
-                prefetch(&kv.k[nb..nb + hd]);
+                prefetch(head.key(n0 + j, hd));
             }
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == vr.len()`; unaligned load.

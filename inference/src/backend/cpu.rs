@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::pool::{ComputePool, PoolStats};
 use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
-use crate::attention::{self, PagedKv};
+use crate::attention::{self, KvHead, PagedKv};
 use crate::model::{Model, ModelConfig};
 use crate::quant::{self, AlignedVec, QMatrix, SharedCols};
 
@@ -447,16 +447,13 @@ impl CpuBackend {
                 let (item, pos) = tok[ti];
                 let q0 = ti * qkvd + kvh * group * hd;
                 let qs = &qkv[q0..q0 + group * hd];
-                attention::attend(
-                    qs,
-                    hd,
-                    &kv,
-                    batch[item].block_table,
-                    kvh * hd,
-                    pos + 1,
-                    scale,
-                    out,
-                );
+                let head = KvHead {
+                    cache: kv,
+                    table: batch[item].block_table,
+                    offset: kvh * hd,
+                    len: pos + 1,
+                };
+                attention::attend(qs, hd, &head, scale, out);
             };
             // Decode attention over a short context is a few µs: a hand-off would cost more than it saves.
             let work: usize = tok.iter().map(|&(_, pos)| (pos + 1) * qd).sum();
