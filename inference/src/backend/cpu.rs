@@ -26,7 +26,9 @@ use crate::quant::{self, AlignedVec, QMatrix, SharedCols};
 const TASKS_PER_THREAD: usize = 4;
 
 /// Attention with fewer multiply-adds than this (per step, Q·K over every cached position) runs on the calling
-/// thread: below it the pool's hand-off costs more than splitting saves (~30 µs of AVX-512 work).
+/// thread: below it the pool's hand-off costs more than splitting saves (sized at ~30 µs of work for the earlier,
+/// scalar-`exp` attention; the vector kernel does that much in a fraction of the time, so the threshold is
+/// conservative).
 const INLINE_ATTENTION_MACS: usize = 1 << 18;
 
 /// Fewest rows in one matmul task (smaller tasks cost more in scheduling than they save).
@@ -233,13 +235,8 @@ fn matmul_multi(
 /// takes a range of the `ffn` rows, computes them for both matrices into its own columns of `gate_up` (`[n_tok][2
 /// ffn]`: gate then up) and applies the SiLU to them at once, so the activation costs no hand-off of its own and
 /// reads its inputs while they are in the core's cache.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the pool, its task list, two outputs and the product's operands"
-)]
 fn gated_ffn(
     pool: &mut ComputePool,
-    tasks: &mut Vec<MatTask>,
     gate_up: &mut [f32],
     act: &mut [f32],
     gate: &QMatrix,
@@ -251,36 +248,22 @@ fn gated_ffn(
     assert_eq!(up.rows(), ffn, "gate and up projections differ in rows");
     // Two matrices per task: half the rows of a plain product's task.
     let chunk = ffn.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
-    tasks.clear();
-    let mut row0 = 0;
-    while row0 < ffn {
-        let rows = chunk.min(ffn - row0);
-        // Both matrices, rows `row0 ..`: `mat` and `col` are not read here.
-        tasks.push(MatTask {
-            mat: 0,
-            row0,
-            rows,
-            col: row0,
-        });
-        row0 += rows;
-    }
-    let tasks = &*tasks;
     let gu = SharedCols::new(gate_up, n_tok, 2 * ffn, false);
     let out = SharedCols::new(act, n_tok, ffn, false);
-    pool.run(tasks.len(), &|i| {
-        let t = tasks[i];
-        // SAFETY: the tasks' row ranges tile `0 .. ffn` without overlap and each runs once, so the gate columns
-        // `row0 ..`, the up columns `ffn + row0 ..` and the output columns `row0 ..` of different tasks are
-        // disjoint.
+    pool.run(ffn.div_ceil(chunk), &|i| {
+        let (row0, rows) = (i * chunk, chunk.min(ffn - i * chunk));
+        // SAFETY: task `i` has rows `i chunk ..` (the tasks tile `0 .. ffn` without overlap, each runs once), so the
+        // gate columns `row0 ..`, the up columns `ffn + row0 ..` and the output columns `row0 ..` of different tasks
+        // are disjoint.
         let (mut g, mut u, mut a) = unsafe {
             (
-                gu.columns(t.row0, t.rows),
-                gu.columns(ffn + t.row0, t.rows),
-                out.columns(t.row0, t.rows),
+                gu.columns(row0, rows),
+                gu.columns(ffn + row0, rows),
+                out.columns(row0, rows),
             )
         };
-        gate.matmul_into(x, n_tok, t.row0, &mut g);
-        up.matmul_into(x, n_tok, t.row0, &mut u);
+        gate.matmul_into(x, n_tok, row0, &mut g);
+        up.matmul_into(x, n_tok, row0, &mut u);
         for tok in 0..n_tok {
             quant::silu_mul(g.token_row(tok), u.token_row(tok), a.token_row(tok));
         }
@@ -472,7 +455,6 @@ impl CpuBackend {
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
             gated_ffn(
                 pool,
-                &mut s.tasks,
                 &mut s.gate_up[..n * 2 * ffn],
                 &mut s.act[..n * ffn],
                 &lw.w_gate,
