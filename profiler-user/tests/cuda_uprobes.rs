@@ -41,6 +41,15 @@ fn preconditions() -> bool {
         )
 }
 
+/// An empty folder `<tmp>/<tag>-<pid>`: a leftover of an earlier run whose process had the same id would hold stale
+/// files, so it is removed first.
+fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Compiles the stand-in libcuda into `dir/libcuda.so.1`.
 fn build_fake_libcuda(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_libcuda.c");
@@ -165,10 +174,7 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
     if !preconditions() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-cuda-{}", std::process::id()));
-    // A leftover of an earlier run whose process had the same id would hold stale files.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("llmprof-cuda");
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("cuda.perfetto-trace");
@@ -358,10 +364,7 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
     if !preconditions() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-cuda-cost-{}", std::process::id()));
-    // A leftover of an earlier run whose process had the same id would hold stale files.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("llmprof-cuda-cost");
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("cost.perfetto-trace");
@@ -424,10 +427,7 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
         return;
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = std::env::temp_dir().join(format!("llmprof-cuda-budget-{}", std::process::id()));
-    // A leftover of an earlier run whose process had the same id would hold stale files.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("llmprof-cuda-budget");
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("budget.perfetto-trace");
@@ -479,10 +479,7 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
         return;
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = std::env::temp_dir().join(format!("llmprof-cuda-late-{}", std::process::id()));
-    // A leftover of an earlier run whose process had the same id would hold stale files.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("llmprof-cuda-late");
     let lib = build_fake_libcuda(&dir);
     let mut t = Testee::spawn(&[]);
     let trace = dir.join("late.perfetto-trace");
