@@ -113,7 +113,7 @@ pub fn attend(q: &[f32], head_dim: usize, head: &KvHead<'_>, scale: f32, out: &m
         "queries and output are not the same whole heads"
     );
     #[cfg(target_arch = "x86_64")]
-    if quant::simd_level() == quant::SimdLevel::Avx512 && avx512::supports(head_dim) {
+    if quant::simd_level() >= quant::SimdLevel::Avx512 && avx512::supports(head_dim) {
         // SAFETY: AVX-512 F is available (`simd_level` detected it), the head size is supported and the slices are
         // whole heads (asserted above).
         unsafe { avx512::attend(q, head_dim, head, scale, out) };

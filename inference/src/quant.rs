@@ -6,9 +6,12 @@
 //! f32, quants contiguous) so the kernels do no f16 conversion. Kernels dequantize each 32-element block in
 //! registers and FMA it with **f32** activations: activations are never quantized (8-bit activations change
 //! the default model's answer: docs/architecture.md, Decisions). AVX-512 (F/BW/VL, [`avx512`]) or AVX2+FMA kernels
-//! are chosen at run time (`is_x86_feature_detected!`, once: [`simd_level`]; `LLMSERVE_SIMD=avx2|scalar` caps
-//! the choice for comparisons), with a scalar fallback computing the same sums. Batched variants load a weight
-//! block once and use it for up to [`TOKEN_TILE`] tokens (prefill).
+//! are chosen at run time (`is_x86_feature_detected!`, once: [`simd_level`]; `LLMSERVE_SIMD=avx512|avx2|scalar`
+//! caps the choice for comparisons), with a scalar fallback computing the same sums. Batched variants load a
+//! weight block once and use it for several tokens (decode batches, prefill). Where the CPU has AMX-BF16 (and the
+//! kernel permits it), products over two or more tokens whose activations were prepared once for the group
+//! ([`Prepared`]) run on the tile unit (`amx`): integer quants exact in bf16, activations as two bf16 halves,
+//! block scales in f32, so sums stay within about 1e-5 of the f32 kernels'.
 //!
 //! Never allocates in the kernels; never spawns threads (the backend splits rows across its pool).
 
@@ -16,6 +19,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::gguf::GgmlType;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod out;
@@ -31,12 +36,14 @@ pub enum SimdLevel {
     Avx2 = 2,
     /// AVX-512 F/BW/VL, 16 lanes.
     Avx512 = 3,
+    /// AVX-512, and AMX-BF16 tiles for products over [`AMX_MIN_TOKENS`] or more prepared tokens ([`Prepared`]).
+    Amx = 4,
 }
 
 /// The detected level (0: not yet detected).
 static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0);
 
-/// Environment variable capping the kernel family (`avx2` or `scalar`), for side-by-side comparisons.
+/// Environment variable capping the kernel family (`avx512`, `avx2` or `scalar`), for side-by-side comparisons.
 pub const SIMD_ENV: &str = "LLMSERVE_SIMD";
 
 /// The best kernel family this CPU runs (detected once), capped by [`SIMD_ENV`].
@@ -45,6 +52,7 @@ pub fn simd_level() -> SimdLevel {
         1 => SimdLevel::Scalar,
         2 => SimdLevel::Avx2,
         3 => SimdLevel::Avx512,
+        4 => SimdLevel::Amx,
         _ => {
             let l = detect_simd();
             SIMD_LEVEL.store(l as u8, Ordering::Relaxed);
@@ -54,6 +62,7 @@ pub fn simd_level() -> SimdLevel {
 }
 
 fn detect_simd() -> SimdLevel {
+    let cap = simd_cap();
     let mut best = SimdLevel::Scalar;
     #[cfg(target_arch = "x86_64")]
     {
@@ -63,13 +72,22 @@ fn detect_simd() -> SimdLevel {
         if best == SimdLevel::Avx2 && avx512::available() {
             best = SimdLevel::Avx512;
         }
+        // Only asked (it requests the kernel's permission for tile state) when the cap allows it.
+        if best == SimdLevel::Avx512 && cap == SimdLevel::Amx && amx::available() {
+            best = SimdLevel::Amx;
+        }
     }
-    let cap = match std::env::var(SIMD_ENV).as_deref() {
+    best.min(cap)
+}
+
+/// The cap [`SIMD_ENV`] sets (no cap when unset or unknown).
+fn simd_cap() -> SimdLevel {
+    match std::env::var(SIMD_ENV).as_deref() {
         Ok("scalar") => SimdLevel::Scalar,
         Ok("avx2") => SimdLevel::Avx2,
-        _ => SimdLevel::Avx512,
-    };
-    best.min(cap)
+        Ok("avx512") => SimdLevel::Avx512,
+        _ => SimdLevel::Amx,
+    }
 }
 
 /// Elements per quantization block (ggml-common.h: QK4_0 = QK4_1 = QK8_0 = 32).
@@ -375,13 +393,27 @@ impl QMatrix {
         #[cfg(target_arch = "x86_64")]
         match simd_level() {
             // SAFETY: the CPU supports AVX-512 F/BW/VL (detected by `simd_level`); the kernel asserts bounds.
-            SimdLevel::Avx512 => return unsafe { avx512::matmul_rows(self, x, n_tok, row0, out) },
+            SimdLevel::Avx512 | SimdLevel::Amx => {
+                return unsafe { avx512::matmul_rows(self, x, n_tok, row0, out) };
+            }
             // SAFETY: the CPU supports AVX2 and FMA (detected by `simd_level`); the slices' bounds were checked
             // by the asserts above and are re-checked by the kernel's indexing.
             SimdLevel::Avx2 => return unsafe { avx2::matmul_rows(self, x, n_tok, row0, out) },
             SimdLevel::Scalar => {}
         }
         self.matmul_scalar(x, n_tok, row0, out);
+    }
+
+    /// [`Self::matmul_into`] over activations prepared once for several products ([`Prepared::prepare`]): with
+    /// AMX, the tile kernels.
+    pub fn matmul_prepared(&self, a: &Acts<'_>, row0: usize, out: &mut MatOut<'_>) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tiles) = a.tiles {
+            // SAFETY: tiles exist only where `simd_level` selected AMX (`amx::available`); the kernel asserts the
+            // shapes and bounds.
+            return unsafe { amx::matmul_rows(self, a.x, tiles, row0, out) };
+        }
+        self.matmul_into(a.x, a.n_tok, row0, out);
     }
 
     /// Portable kernel, `[row][token]` output: the same per-block sums as the SIMD kernels, in scalar code.
@@ -413,6 +445,63 @@ impl QMatrix {
     }
 }
 
+/// Fewest tokens for which [`Prepared::prepare`] builds AMX tiles: one token's product reads each weight once
+/// and is bound by memory, not arithmetic.
+pub const AMX_MIN_TOKENS: usize = 2;
+
+/// Reusable storage for activations prepared once for several products over the same tokens (Q, K and V; gate
+/// and up): on CPUs where [`simd_level`] is [`SimdLevel::Amx`], their tile layout.
+#[derive(Default)]
+pub struct Prepared {
+    #[cfg(target_arch = "x86_64")]
+    tiles: amx::Tiles,
+}
+
+/// Activations ready for [`QMatrix::matmul_prepared`]: the f32 rows and, where AMX runs, their tiles.
+#[derive(Clone, Copy)]
+pub struct Acts<'a> {
+    x: &'a [f32],
+    n_tok: usize,
+    #[cfg(target_arch = "x86_64")]
+    tiles: Option<&'a amx::Tiles>,
+}
+
+impl<'a> Acts<'a> {
+    /// Tokens.
+    pub fn n_tok(&self) -> usize {
+        self.n_tok
+    }
+
+    /// The f32 rows, `[n_tok][cols]`.
+    pub fn x(&self) -> &'a [f32] {
+        self.x
+    }
+}
+
+impl Prepared {
+    /// Prepares `x` (`[n_tok][cols]`) for products with matrices of `cols` columns (runs on the calling thread).
+    ///
+    /// # Panics
+    /// If `x.len() != n_tok * cols`.
+    pub fn prepare<'a>(&'a mut self, x: &'a [f32], n_tok: usize, cols: usize) -> Acts<'a> {
+        assert_eq!(x.len(), n_tok * cols, "activations are not [n_tok][cols]");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let tiles =
+                if simd_level() == SimdLevel::Amx && n_tok >= AMX_MIN_TOKENS && cols.is_multiple_of(BLOCK) {
+                    // SAFETY: AMX is available (`simd_level` selected it); the shape was checked above.
+                    unsafe { self.tiles.prepare(x, n_tok, cols) };
+                    Some(&self.tiles)
+                } else {
+                    None
+                };
+            Acts { x, n_tok, tiles }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Acts { x, n_tok }
+    }
+}
+
 /// Whether the AVX2+FMA kernels run on this CPU.
 pub fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -431,7 +520,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     match simd_level() {
         // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
-        SimdLevel::Avx512 => return unsafe { avx512::dot(a, b) },
+        SimdLevel::Avx512 | SimdLevel::Amx => return unsafe { avx512::dot(a, b) },
         // SAFETY: AVX2 and FMA are available (detected by `simd_level`).
         SimdLevel::Avx2 => return unsafe { avx2::dot(a, b) },
         SimdLevel::Scalar => {}
@@ -445,7 +534,7 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match simd_level() {
         // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
-        SimdLevel::Avx512 => return unsafe { avx512::axpy(a, x, y) },
+        SimdLevel::Avx512 | SimdLevel::Amx => return unsafe { avx512::axpy(a, x, y) },
         // SAFETY: AVX2 and FMA are available (detected by `simd_level`).
         SimdLevel::Avx2 => return unsafe { avx2::axpy(a, x, y) },
         SimdLevel::Scalar => {}
@@ -465,7 +554,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         "SiLU operands differ in length"
     );
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx512 {
+    if simd_level() >= SimdLevel::Avx512 {
         // SAFETY: AVX-512 F/BW/VL are available (detected by `simd_level`).
         return unsafe { avx512::silu_mul(gate, up, out) };
     }
@@ -683,12 +772,71 @@ pub(crate) mod tests {
         }
         if std::env::var_os(SIMD_ENV).is_none() {
             // What `matmul_rows`, `dot` and `axpy` dispatch to on this CPU.
-            assert_eq!(
-                simd_level(),
-                SimdLevel::Avx512,
+            assert!(
+                simd_level() >= SimdLevel::Avx512,
                 "AVX-512 F/BW/VL detected but not selected"
             );
         }
+    }
+
+    /// The AMX kernels give the scalar kernel's sums to f32 accuracy (bf16 halves of the activations, exact
+    /// quants, scales in f32) on every quantized type, token counts around the 16-token tile, row ranges that
+    /// end mid-group, and a second preparation of fewer tokens into the same storage.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_kernels_match_scalar() {
+        if simd_level() != SimdLevel::Amx {
+            eprintln!("skipped: AMX-BF16 is not in use here ({:?})", simd_level());
+            return;
+        }
+        let mut prep = Prepared::default();
+        for (ty, cols) in [
+            (GgmlType::F32, 64),
+            (GgmlType::Q8_0, 576),
+            (GgmlType::Q4_0, 576),
+            (GgmlType::Q4_1, 1536),
+        ] {
+            let rows = 53;
+            let w = pseudo_random(rows * cols, 13);
+            let bytes = quantize_ggml(ty, &w).expect("quantize");
+            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            let deq = m.dequantize();
+            for n_tok in [17, 2, 3, 8, 15, 16, 33] {
+                // Activations of mixed magnitude: the `lo` half matters.
+                let x: Vec<f32> = pseudo_random(n_tok * cols, 5 + n_tok as u32)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * (1.0 + (i % 7) as f32 * 3.7))
+                    .collect();
+                let acts = prep.prepare(&x, n_tok, cols);
+                assert!(acts.tiles.is_some(), "no tiles for {n_tok} tokens");
+                for (row0, nrows) in [(0, rows), (5, 37), (50, 3)] {
+                    let mut scalar = vec![0f32; nrows * n_tok];
+                    let mut tiled = vec![0f32; nrows * n_tok];
+                    m.matmul_rows_scalar(&x, n_tok, row0, &mut scalar);
+                    m.matmul_prepared(&acts, row0, &mut MatOut::row_major(&mut tiled, n_tok));
+                    for (k, &s) in scalar.iter().enumerate() {
+                        // Each product carries x's relative error (≤ 2⁻¹⁷ from the two halves; plain bf16 would
+                        // be 2⁻⁹) plus f32 rounding of the sums: bounded by 2⁻¹⁵ Σ |w x|.
+                        let (r, t) = (row0 + k / n_tok, k % n_tok);
+                        let mag: f32 = (deq[r * cols..(r + 1) * cols].iter())
+                            .zip(&x[t * cols..(t + 1) * cols])
+                            .map(|(w, x)| (w * x).abs())
+                            .sum();
+                        let tol = mag / 32768.0 + 1e-6;
+                        assert!(
+                            (tiled[k] - s).abs() <= tol,
+                            "{ty:?} n_tok {n_tok} rows {row0}+{nrows} [{k}]: amx {} vs scalar {s}",
+                            tiled[k]
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            prep.prepare(&[0.0; 64], 1, 64).tiles.is_none(),
+            "one token takes the AVX-512 kernel"
+        );
     }
 
     #[test]

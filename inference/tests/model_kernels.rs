@@ -1,10 +1,10 @@
 //! Kernel throughput measurement (ignored; release): quantized matmul rows per second for the default model's
-//! shapes, single thread, with the kernel family this CPU selects (`LLMSERVE_SIMD=avx2` caps it). `cargo test --release -p inference --test model_kernels -- --ignored --nocapture`
+//! shapes, single thread, with the kernel family this CPU selects (`LLMSERVE_SIMD=avx512`, `avx2` cap it). `cargo test --release -p inference --test model_kernels -- --ignored --nocapture`
 
 use std::time::Instant;
 
 use inference::gguf::GgmlType;
-use inference::quant::{QMatrix, quantize_ggml, simd_level};
+use inference::quant::{MatOut, Prepared, QMatrix, quantize_ggml, simd_level};
 
 /// Nanoseconds this thread has run on a CPU (first field of /proc/thread-self/schedstat).
 fn thread_cpu_ns() -> u64 {
@@ -17,12 +17,13 @@ fn thread_cpu_ns() -> u64 {
 #[test]
 #[ignore = "speed measurement; run in release with --ignored --nocapture"]
 fn model_kernel_speed() {
-    // `LLMSERVE_SIMD=avx2` (or `scalar`) caps the kernel family for a side-by-side comparison.
+    // `LLMSERVE_SIMD=avx512` (or `avx2`, `scalar`) caps the kernel family for a side-by-side comparison.
     println!("kernels: {:?}", simd_level());
     let (rows, cols) = (1536, 576);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect();
+    let mut prep = Prepared::default();
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32] {
         let m =
             QMatrix::from_ggml(ty, rows, cols, &quantize_ggml(ty, &w).expect("quantize")).expect("matrix");
@@ -34,7 +35,9 @@ fn model_kernel_speed() {
             let t = Instant::now();
             let cpu0 = thread_cpu_ns();
             for _ in 0..iters {
-                m.matmul_rows(&x, n_tok, 0, &mut out);
+                // Preparation included: the engine prepares once per product group, here once per product.
+                let a = prep.prepare(&x, n_tok, cols);
+                m.matmul_prepared(&a, 0, &mut MatOut::row_major(&mut out, n_tok));
             }
             let wall = t.elapsed().as_secs_f64();
             // On a loaded machine wall time mostly measures other processes: report on-CPU time.
@@ -61,6 +64,7 @@ fn model_kernel_speed_with_cold_weights() {
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect();
     let q = quantize_ggml(GgmlType::Q4_1, &w).expect("quantize");
+    let mut prep = Prepared::default();
     let mats: Vec<QMatrix> = (0..count)
         .map(|_| QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &q).expect("matrix"))
         .collect();
@@ -71,7 +75,8 @@ fn model_kernel_speed_with_cold_weights() {
         let cpu0 = thread_cpu_ns();
         for _ in 0..passes {
             for m in &mats {
-                m.matmul_rows(&x, n_tok, 0, &mut out);
+                let a = prep.prepare(&x, n_tok, cols);
+                m.matmul_prepared(&a, 0, &mut MatOut::row_major(&mut out, n_tok));
             }
         }
         let s = (thread_cpu_ns() - cpu0) as f64 / 1e9;

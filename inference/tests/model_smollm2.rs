@@ -223,3 +223,92 @@ fn model_decode_speed() {
     );
     println!("text: {:?}", model.tokenizer.decode(&ids));
 }
+
+/// Batched decode without the server: 8 sequences prefilled together, then decode steps of 8 tokens (the
+/// engine's concurrency-8 step), greedy; step times as median and range, and the process's CPU time per token
+/// (steal time on a shared VM is not counted). Kernel families side by side: run once plain and once with
+/// `LLMSERVE_SIMD=avx512`.
+/// `cargo test --release -p inference --test model_smollm2 model_batch_decode_speed -- --ignored --nocapture`
+#[test]
+#[ignore = "speed measurement; run in release with --ignored --nocapture"]
+fn model_batch_decode_speed() {
+    let Some(model) = load_default_model() else { return };
+    const SEQS: usize = 8;
+    const STEPS: usize = 96;
+    let mut backend = CpuBackend::new(Arc::clone(&model), 64 * SEQS, BLOCK_SIZE, 2).expect("backend");
+    let prompts: Vec<Vec<u32>> = (0..SEQS)
+        .map(|i| {
+            model.tokenizer.encode(&format!(
+                "Story number {i}: once upon a time, in a land far away, there lived"
+            ))
+        })
+        .collect();
+    let per_seq = (prompts.iter().map(Vec::len).max().unwrap_or(0) + STEPS + 8).div_ceil(BLOCK_SIZE);
+    let tables: Vec<Vec<u32>> = (0..SEQS)
+        .map(|s| (0..per_seq).map(|b| (s * per_seq + b) as u32).collect())
+        .collect();
+    // The first pass warms up (first touch of the KV blocks and buffers); the second is measured.
+    let mut measured = None;
+    for _pass in 0..2 {
+        measured = Some(batch_decode(&mut backend, &prompts, &tables, STEPS));
+    }
+    let Some((prefill_s, mut steps, cpu_s)) = measured else {
+        unreachable!("two passes")
+    };
+    steps.sort_by(f64::total_cmp);
+    println!(
+        "kernels {:?}: prefill {} tokens in {:.1} ms; decode step of {SEQS}: median {:.2} ms [{:.2}–{:.2}], {:.0} tokens/s; \
+         CPU {:.2} ms per token",
+        inference::quant::simd_level(),
+        prompts.iter().map(Vec::len).sum::<usize>(),
+        prefill_s * 1e3,
+        steps[STEPS / 2],
+        steps[0],
+        steps[STEPS - 1],
+        SEQS as f64 * 1e3 / steps[STEPS / 2],
+        cpu_s * 1e3 / (STEPS * SEQS) as f64
+    );
+}
+
+/// One pass of [`model_batch_decode_speed`]: prefill all `prompts` together, then `steps` greedy decode steps
+/// of one token each. Returns (prefill seconds, step milliseconds, process CPU seconds of the steps).
+fn batch_decode(
+    backend: &mut CpuBackend,
+    prompts: &[Vec<u32>],
+    tables: &[Vec<u32>],
+    steps: usize,
+) -> (f64, Vec<f64>, f64) {
+    let seqs = prompts.len();
+    let items: Vec<BatchItem<'_>> = (0..seqs)
+        .map(|s| BatchItem {
+            tokens: &prompts[s],
+            start_pos: 0,
+            block_table: &tables[s],
+            need_logits: true,
+        })
+        .collect();
+    let t = Instant::now();
+    let out = backend.forward(&items).expect("prefill");
+    let prefill_s = t.elapsed().as_secs_f64();
+    let mut next: Vec<u32> = out.logits.iter().map(|l| argmax(l)).collect();
+    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut times = Vec::with_capacity(steps);
+    let cpu0 = process_cpu_seconds();
+    for _ in 0..steps {
+        let toks = next.clone();
+        let items: Vec<BatchItem<'_>> = (0..seqs)
+            .map(|s| BatchItem {
+                tokens: std::slice::from_ref(&toks[s]),
+                start_pos: pos[s],
+                block_table: &tables[s],
+                need_logits: true,
+            })
+            .collect();
+        let t = Instant::now();
+        let out = backend.forward(&items).expect("decode");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        next = out.logits.iter().map(|l| argmax(l)).collect();
+        pos.iter_mut().for_each(|p| *p += 1);
+    }
+    (prefill_s, times, process_cpu_seconds() - cpu0)
+}

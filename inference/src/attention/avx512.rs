@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::{KvHead, RUN};
-use crate::quant::avx512::exp;
+use crate::quant::avx512::{exp, sum16};
 
 /// Largest head size the kernel keeps in registers (8 vectors of query + 8 of accumulator).
 pub const MAX_HEAD_DIM: usize = 128;
@@ -77,6 +77,8 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(
     let mut acc = [[_mm512_setzero_ps(); NV]; G];
     let (mut max, mut sum) = ([f32::NEG_INFINITY; G], [0f32; G]);
     let mut sc = [[0f32; RUN]; G];
+    // Per head, each slot's 16 partial products of the run (summed 16 at a time by `sum16`).
+    let mut part = [[_mm512_setzero_ps(); RUN]; G];
     let mut runs = head.runs();
     let mut cur = runs.next();
     while let Some((slot0, cnt)) = cur {
@@ -95,13 +97,13 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(
                 for i in 1..NV {
                     d = _mm512_fmadd_ps(qv[g][i], kvec[i], d);
                 }
-                sc[g][j] = _mm512_reduce_add_ps(d);
+                part[g][j] = d;
             }
         }
         let mask: __mmask16 = ((1u32 << cnt) - 1) as u16;
         for g in 0..G {
-            // SAFETY: the mask enables lanes `0 .. cnt <= RUN == 16` of `sc[g]`.
-            let s = unsafe { _mm512_maskz_loadu_ps(mask, sc[g].as_ptr()) };
+            // Lanes past `cnt` sum stale partials of an earlier run: masked off.
+            let s = _mm512_maskz_mov_ps(mask, sum16(&part[g]));
             let run_max = _mm512_mask_reduce_max_ps(mask, s);
             if run_max > max[g] {
                 let r = (max[g] - run_max).exp();

@@ -19,7 +19,7 @@ use super::pool::{ComputePool, PoolStats};
 use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
 use crate::attention::{self, KvHead, PagedKv};
 use crate::model::{Model, ModelConfig};
-use crate::quant::{self, AlignedVec, QMatrix, SharedCols};
+use crate::quant::{self, Acts, AlignedVec, QMatrix, SharedCols};
 
 /// Row-split granularity: each matrix product is cut into about this many tasks per thread, so work stealing
 /// evens out threads slowed by other processes.
@@ -87,6 +87,8 @@ struct Scratch {
     logit_rows: Vec<usize>,
     /// Matmul task list: (matrix index, first row, rows, first output column).
     tasks: Vec<MatTask>,
+    /// The current product group's activations in the kernels' prepared form (AMX tiles where they run).
+    prep: quant::Prepared,
 }
 
 /// One task of a split matrix product: rows `row0 .. row0 + rows` of matrix `mat`, written from output column
@@ -203,10 +205,10 @@ fn matmul_multi(
     tasks: &mut Vec<MatTask>,
     out: &mut [f32],
     mats: &[&QMatrix],
-    x: &[f32],
-    n_tok: usize,
+    x: Acts<'_>,
     accumulate: bool,
 ) {
+    let n_tok = x.n_tok();
     let ld: usize = mats.iter().map(|m| m.rows()).sum();
     let chunk = ld.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
     tasks.clear();
@@ -227,7 +229,7 @@ fn matmul_multi(
         // SAFETY: the tasks' column ranges `col .. col + rows` tile `0 .. ld` without overlap, and the pool runs
         // each task index exactly once, so no two live views share a column.
         let mut view = unsafe { cols.columns(t.col, t.rows) };
-        mats[t.mat].matmul_into(x, n_tok, t.row0, &mut view);
+        mats[t.mat].matmul_prepared(&x, t.row0, &mut view);
     });
 }
 
@@ -241,9 +243,9 @@ fn gated_ffn(
     act: &mut [f32],
     gate: &QMatrix,
     up: &QMatrix,
-    x: &[f32],
-    n_tok: usize,
+    x: Acts<'_>,
 ) {
+    let n_tok = x.n_tok();
     let ffn = gate.rows();
     assert_eq!(up.rows(), ffn, "gate and up projections differ in rows");
     // Two matrices per task: half the rows of a plain product's task.
@@ -262,8 +264,8 @@ fn gated_ffn(
                 out.columns(row0, rows),
             )
         };
-        gate.matmul_into(x, n_tok, row0, &mut g);
-        up.matmul_into(x, n_tok, row0, &mut u);
+        gate.matmul_prepared(&x, row0, &mut g);
+        up.matmul_prepared(&x, row0, &mut u);
         for tok in 0..n_tok {
             quant::silu_mul(g.token_row(tok), u.token_row(tok), a.token_row(tok));
         }
@@ -405,7 +407,8 @@ impl CpuBackend {
             // Attention block.
             rms_norm(x, &lw.attn_norm, c.rms_eps, xn);
             let qkv = &mut s.qkv[..n * qkvd];
-            matmul_multi(pool, &mut s.tasks, qkv, &[&lw.wq, &lw.wk, &lw.wv], xn, n, false);
+            let acts = s.prep.prepare(xn, n, dim);
+            matmul_multi(pool, &mut s.tasks, qkv, &[&lw.wq, &lw.wk, &lw.wv], acts, false);
             let kc = &mut self.k_cache[l];
             let vc = &mut self.v_cache[l];
             for (ti, (&(item, pos), row)) in s.tok.iter().zip(qkv.chunks_exact_mut(qkvd)).enumerate() {
@@ -449,20 +452,22 @@ impl CpuBackend {
                 pool.chunks_mut(&mut s.att[..n * qd], group * hd, attend);
             }
             // Output projection, added onto the residual stream.
-            matmul_multi(pool, &mut s.tasks, x, &[&lw.wo], &s.att[..n * qd], n, true);
+            let acts = s.prep.prepare(&s.att[..n * qd], n, qd);
+            matmul_multi(pool, &mut s.tasks, x, &[&lw.wo], acts, true);
 
             // Feed-forward block.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, xn);
+            let acts = s.prep.prepare(xn, n, dim);
             gated_ffn(
                 pool,
                 &mut s.gate_up[..n * 2 * ffn],
                 &mut s.act[..n * ffn],
                 &lw.w_gate,
                 &lw.w_up,
-                xn,
-                n,
+                acts,
             );
-            matmul_multi(pool, &mut s.tasks, x, &[&lw.w_down], &s.act[..n * ffn], n, true);
+            let acts = s.prep.prepare(&s.act[..n * ffn], n, ffn);
+            matmul_multi(pool, &mut s.tasks, x, &[&lw.w_down], acts, true);
         }
 
         // Final norm and LM head for the rows that need logits.
@@ -478,7 +483,8 @@ impl CpuBackend {
         let vocab = head.rows();
         grow(&mut s.logits, vocab * nl);
         let logits = &mut s.logits[..vocab * nl];
-        matmul_multi(pool, &mut s.tasks, logits, &[head], &xn[..nl * dim], nl, false);
+        let acts = s.prep.prepare(&xn[..nl * dim], nl, dim);
+        matmul_multi(pool, &mut s.tasks, logits, &[head], acts, false);
         logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
     }
 }

@@ -29,6 +29,13 @@ const PREFETCH_PAIRS: usize = 2;
 /// effect on results.
 #[inline(always)]
 fn prefetch_rows(m: &QMatrix, r0: usize, n: usize) {
+    prefetch_rows_part(m, r0, n, 0, 1);
+}
+
+/// Part `part` of `parts` of [`prefetch_rows`]'s lines (each array of the storage split evenly): spread over a
+/// loop's iterations, a group's worth of prefetches does not fill the core's miss buffers at once.
+#[inline(always)]
+pub(super) fn prefetch_rows_part(m: &QMatrix, r0: usize, n: usize, part: usize, parts: usize) {
     let end = (r0 + n).min(m.rows);
     if r0 >= end {
         return;
@@ -36,21 +43,27 @@ fn prefetch_rows(m: &QMatrix, r0: usize, n: usize) {
     let nb = m.cols / BLOCK;
     let (b0, b1) = (r0 * nb, end * nb);
     match &m.data {
-        Data::F32(v) => prefetch_lines(&v[r0 * m.cols..end * m.cols]),
+        Data::F32(v) => prefetch_lines(part_of(&v[r0 * m.cols..end * m.cols], part, parts)),
         Data::Q8_0 { d, qs } => {
-            prefetch_lines(&qs[b0 * BLOCK..b1 * BLOCK]);
-            prefetch_lines(&d[b0..b1]);
+            prefetch_lines(part_of(&qs[b0 * BLOCK..b1 * BLOCK], part, parts));
+            prefetch_lines(part_of(&d[b0..b1], part, parts));
         }
         Data::Q4_0 { d, qs } => {
-            prefetch_lines(&qs[b0 * 16..b1 * 16]);
-            prefetch_lines(&d[b0..b1]);
+            prefetch_lines(part_of(&qs[b0 * 16..b1 * 16], part, parts));
+            prefetch_lines(part_of(&d[b0..b1], part, parts));
         }
         Data::Q4_1 { d, m: mins, qs } => {
-            prefetch_lines(&qs[b0 * 16..b1 * 16]);
-            prefetch_lines(&d[b0..b1]);
-            prefetch_lines(&mins[b0..b1]);
+            prefetch_lines(part_of(&qs[b0 * 16..b1 * 16], part, parts));
+            prefetch_lines(part_of(&d[b0..b1], part, parts));
+            prefetch_lines(part_of(&mins[b0..b1], part, parts));
         }
     }
+}
+
+/// Part `part` of `parts` of `s` (split evenly).
+#[inline(always)]
+fn part_of<T>(s: &[T], part: usize, parts: usize) -> &[T] {
+    &s[s.len() * part / parts..s.len() * (part + 1) / parts]
 }
 
 /// Prefetches every cache line of `s`.
@@ -267,16 +280,9 @@ fn pack_tile<'p, const NT: usize>(x: &[f32], c: usize, t0: usize, packed: &'p mu
     tile
 }
 
-/// See [`QMatrix::matmul_rows`]; same contract.
-///
-/// # Safety
-/// AVX-512 F/BW/VL must be available ([`available`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
-    assert!(n_tok > 0 && x.len() == n_tok * m.cols && out.n_tok() == n_tok);
-    let nrows = out.rows();
-    assert!(row0 + nrows <= m.rows);
-    // The quantized stores hold whole rows (`from_ggml` checked their lengths): the raw block reads stay in them.
+/// Asserts that `m`'s storage holds whole rows of whole blocks (`from_ggml` checked their lengths), so the
+/// kernels' raw block reads stay inside it.
+pub(super) fn assert_storage(m: &QMatrix) {
     let blocks = m.rows * m.cols / BLOCK;
     match &m.data {
         Data::F32(v) => assert_eq!(v.len(), m.rows * m.cols),
@@ -286,6 +292,17 @@ pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out
             assert!(d.len() == blocks && mins.len() == blocks && qs.len() == blocks * 16)
         }
     }
+}
+
+/// See [`QMatrix::matmul_rows`]; same contract.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available ([`available`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out: &mut MatOut<'_>) {
+    assert!(n_tok > 0 && x.len() == n_tok * m.cols && out.n_tok() == n_tok);
+    assert!(row0 + out.rows() <= m.rows);
+    assert_storage(m);
     let mut t0 = 0;
     while t0 < n_tok {
         // SAFETY: features available (caller), bounds asserted above, `t0 + NT <= n_tok` in each arm.
@@ -303,6 +320,42 @@ pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], n_tok: usize, row0: usize, out
         }
         t0 += (n_tok - t0).min(TILE);
     }
+}
+
+/// Lane `j` of the result is the sum of the 16 lanes of `v[j]`: 16 dot products (attention's scores of a run)
+/// or block sums reduced together in 46 instructions (pairs of vectors folded into one, halving the partial sums
+/// each level), where reducing each alone takes about 8.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn sum16(v: &[__m512; 16]) -> __m512 {
+    // Level 1: 128-bit chunks; w[i] = (v[2i]'s 8 partial sums, v[2i+1]'s 8).
+    let mut w = [_mm512_setzero_ps(); 8];
+    for (i, w) in w.iter_mut().enumerate() {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        *w = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b0100_0100>(a, b),
+            _mm512_shuffle_f32x4::<0b1110_1110>(a, b),
+        );
+    }
+    // Level 2: x[i] chunk c = 4 partial sums of v[4i + c].
+    let mut x = [_mm512_setzero_ps(); 4];
+    for (i, x) in x.iter_mut().enumerate() {
+        let (a, b) = (w[2 * i], w[2 * i + 1]);
+        *x = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b1000_1000>(a, b),
+            _mm512_shuffle_f32x4::<0b1101_1101>(a, b),
+        );
+    }
+    // Level 3: y[i] chunk c = 2 partial sums each of v[8i + c] (lanes 0, 2) and v[8i + 4 + c] (lanes 1, 3).
+    let y = [
+        _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1])),
+        _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3])),
+    ];
+    // Level 4: chunk c = the sums of v[c], v[8 + c], v[4 + c], v[12 + c].
+    let z = _mm512_add_ps(_mm512_unpacklo_ps(y[0], y[1]), _mm512_unpackhi_ps(y[0], y[1]));
+    // Lane 4c + k holds v[(c, 8 + c, 4 + c, 12 + c)[k]]: put v[j] in lane j.
+    let order = _mm512_set_epi32(15, 11, 7, 3, 13, 9, 5, 1, 14, 10, 6, 2, 12, 8, 4, 0);
+    _mm512_permutexvar_ps(order, z)
 }
 
 /// See [`super::dot`].
