@@ -84,7 +84,7 @@ pub struct Args {
     /// and NVRTC, and fails with the reason when one is missing); `auto` (CUDA when usable, else the CPU).
     #[arg(long, value_enum, default_value_t = DeviceChoice::Cpu)]
     pub device: DeviceChoice,
-    /// KV-cache element type: `auto` (f16 on the GPU, f32 on the CPU), `f16` (GPU only), `f32`.
+    /// KV-cache element type: `auto` (f16), `f16`, `f32`.
     #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
     pub kv_cache_dtype: KvCacheDtype,
     /// GPU: launch every decode step's kernels one by one instead of replaying CUDA graphs (vLLM's flag).

@@ -128,11 +128,15 @@ fn model_answers_capital_of_france() {
         "{prompt_text}"
     );
     let prompt = model.tokenizer.encode(&prompt_text);
-    let mut backend = CpuBackend::new(Arc::clone(&model), 64, BLOCK_SIZE, 0).expect("backend");
-    let (ids, _, _) = generate(&mut backend, &prompt, 7, 20, true);
-    let answer = model.tokenizer.decode(&ids);
-    eprintln!("answer: {answer:?}");
-    assert!(answer.contains("Paris"), "answer {answer:?} lacks Paris");
+    // Both KV-cache types: f16 is the server's default, f32 the reference's.
+    for kv_f16 in [true, false] {
+        let mut backend =
+            CpuBackend::with_kv_f16(Arc::clone(&model), 64, BLOCK_SIZE, 0, kv_f16).expect("backend");
+        let (ids, _, _) = generate(&mut backend, &prompt, 7, 20, true);
+        let answer = model.tokenizer.decode(&ids);
+        eprintln!("answer (KV cache {}): {answer:?}", backend.kv_cache_dtype());
+        assert!(answer.contains("Paris"), "answer {answer:?} lacks Paris");
+    }
 }
 
 #[test]
@@ -226,8 +230,8 @@ fn model_decode_speed() {
 
 /// Batched decode without the server: 8 sequences prefilled together, then decode steps of 8 tokens (the
 /// engine's concurrency-8 step), greedy; step times as median and range, and the process's CPU time per token
-/// (steal time on a shared VM is not counted). Kernel families side by side: run once plain and once with
-/// `LLMSERVE_SIMD=avx512`.
+/// (steal time on a shared VM is not counted). Side by side: run once plain and once with `LLMSERVE_SIMD=avx512`
+/// (kernel families) or `LLMSERVE_BENCH_KV=f32` (KV-cache types).
 /// `cargo test --release -p inference --test model_smollm2 model_batch_decode_speed -- --ignored --nocapture`
 #[test]
 #[ignore = "speed measurement; run in release with --ignored --nocapture"]
@@ -235,7 +239,10 @@ fn model_batch_decode_speed() {
     let Some(model) = load_default_model() else { return };
     const SEQS: usize = 8;
     const STEPS: usize = 96;
-    let mut backend = CpuBackend::new(Arc::clone(&model), 64 * SEQS, BLOCK_SIZE, 2).expect("backend");
+    // The server's default KV cache (f16); `LLMSERVE_BENCH_KV=f32` for the other.
+    let kv_f16 = std::env::var("LLMSERVE_BENCH_KV").as_deref() != Ok("f32");
+    let mut backend =
+        CpuBackend::with_kv_f16(Arc::clone(&model), 64 * SEQS, BLOCK_SIZE, 2, kv_f16).expect("backend");
     let prompts: Vec<Vec<u32>> = (0..SEQS)
         .map(|i| {
             model.tokenizer.encode(&format!(
@@ -257,9 +264,10 @@ fn model_batch_decode_speed() {
     };
     steps.sort_by(f64::total_cmp);
     println!(
-        "kernels {:?}: prefill {} tokens in {:.1} ms; decode step of {SEQS}: median {:.2} ms [{:.2}–{:.2}], {:.0} tokens/s; \
+        "kernels {:?}, KV cache {}: prefill {} tokens in {:.1} ms; decode step of {SEQS}: median {:.2} ms [{:.2}–{:.2}], {:.0} tokens/s; \
          CPU {:.2} ms per token",
         inference::quant::simd_level(),
+        backend.kv_cache_dtype(),
         prompts.iter().map(Vec::len).sum::<usize>(),
         prefill_s * 1e3,
         steps[STEPS / 2],

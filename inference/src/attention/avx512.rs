@@ -6,8 +6,56 @@
 
 use std::arch::x86_64::*;
 
-use super::{KvHead, RUN};
+use super::{F16, KvElem, KvHead, RUN};
 use crate::quant::avx512::{exp, sum16};
+
+/// A KV-cache element type the kernel loads 16 at a time as f32.
+pub trait Lanes: KvElem {
+    /// Elements `p .. p + 16` as f32.
+    ///
+    /// # Safety
+    /// 16 elements must be readable at `p`; AVX-512 F must be available.
+    unsafe fn load16(p: *const Self) -> __m512;
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        // SAFETY: the caller's contract; unaligned load.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+}
+
+impl Lanes for F16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const F16) -> __m512 {
+        // SAFETY: the caller's contract (16 halves: 32 bytes); unaligned load; `vcvtph2ps` is AVX-512 F.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+/// Writes `src` as halves into `dst` (round to nearest even, as [`crate::quant::f32_to_f16`]).
+///
+/// # Safety
+/// AVX-512 F must be available; `src.len() == dst.len()`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn store_f16(src: &[f32], dst: &mut [F16]) {
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 <= n` elements of both; unaligned load and store (`F16` is a transparent u16).
+        unsafe {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(
+                src.as_ptr().add(i),
+            ));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), h);
+        }
+        i += 16;
+    }
+    for (d, &v) in dst[i..n].iter_mut().zip(&src[i..n]) {
+        *d = F16(crate::quant::f32_to_f16(v));
+    }
+}
 
 /// Largest head size the kernel keeps in registers (8 vectors of query + 8 of accumulator).
 pub const MAX_HEAD_DIM: usize = 128;
@@ -26,7 +74,7 @@ const GROUP_VECTORS: usize = 12;
 /// # Safety
 /// AVX-512 F must be available; `supports(hd)`; `q.len() == out.len()`, a multiple of `hd`.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn attend(q: &[f32], hd: usize, head: &KvHead<'_>, scale: f32, out: &mut [f32]) {
+pub unsafe fn attend<T: Lanes>(q: &[f32], hd: usize, head: &KvHead<'_, T>, scale: f32, out: &mut [f32]) {
     let nv = hd / 16;
     // Heads per pass: a group of heads at 64 f32 (4 vectors) shares each load; larger heads go one at a time.
     let per_pass = if nv == 4 { GROUP_VECTORS / nv } else { 1 };
@@ -34,16 +82,16 @@ pub unsafe fn attend(q: &[f32], hd: usize, head: &KvHead<'_>, scale: f32, out: &
         // SAFETY (all arms): the caller guarantees AVX-512 F; `qs.len() == os.len() == 16 NV G` in each arm.
         unsafe {
             match (nv, qs.len() / hd) {
-                (4, 3) => attend_nv::<4, 3>(qs, head, scale, os),
-                (4, 2) => attend_nv::<4, 2>(qs, head, scale, os),
-                (1, _) => attend_nv::<1, 1>(qs, head, scale, os),
-                (2, _) => attend_nv::<2, 1>(qs, head, scale, os),
-                (3, _) => attend_nv::<3, 1>(qs, head, scale, os),
-                (4, _) => attend_nv::<4, 1>(qs, head, scale, os),
-                (5, _) => attend_nv::<5, 1>(qs, head, scale, os),
-                (6, _) => attend_nv::<6, 1>(qs, head, scale, os),
-                (7, _) => attend_nv::<7, 1>(qs, head, scale, os),
-                _ => attend_nv::<8, 1>(qs, head, scale, os),
+                (4, 3) => attend_nv::<T, 4, 3>(qs, head, scale, os),
+                (4, 2) => attend_nv::<T, 4, 2>(qs, head, scale, os),
+                (1, _) => attend_nv::<T, 1, 1>(qs, head, scale, os),
+                (2, _) => attend_nv::<T, 2, 1>(qs, head, scale, os),
+                (3, _) => attend_nv::<T, 3, 1>(qs, head, scale, os),
+                (4, _) => attend_nv::<T, 4, 1>(qs, head, scale, os),
+                (5, _) => attend_nv::<T, 5, 1>(qs, head, scale, os),
+                (6, _) => attend_nv::<T, 6, 1>(qs, head, scale, os),
+                (7, _) => attend_nv::<T, 7, 1>(qs, head, scale, os),
+                _ => attend_nv::<T, 8, 1>(qs, head, scale, os),
             }
         }
     }
@@ -58,9 +106,9 @@ pub unsafe fn attend(q: &[f32], hd: usize, head: &KvHead<'_>, scale: f32, out: &
     clippy::needless_range_loop,
     reason = "indexing by const-bounded head and vector numbers keeps the queries and accumulators in registers"
 )]
-unsafe fn attend_nv<const NV: usize, const G: usize>(
+unsafe fn attend_nv<T: Lanes, const NV: usize, const G: usize>(
     q: &[f32],
-    head: &KvHead<'_>,
+    head: &KvHead<'_, T>,
     scale: f32,
     out: &mut [f32],
 ) {
@@ -90,7 +138,7 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(
             let mut kvec = [_mm512_setzero_ps(); NV];
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == kr.len()`; unaligned load.
-                kvec[i] = unsafe { _mm512_loadu_ps(kr.as_ptr().add(16 * i)) };
+                kvec[i] = unsafe { T::load16(kr.as_ptr().add(16 * i)) };
             }
             for g in 0..G {
                 let mut d = _mm512_mul_ps(qv[g][0], kvec[0]);
@@ -127,7 +175,7 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(
             }
             for i in 0..NV {
                 // SAFETY: `16 i + 16 <= hd == vr.len()`; unaligned load.
-                let v = unsafe { _mm512_loadu_ps(vr.as_ptr().add(16 * i)) };
+                let v = unsafe { T::load16(vr.as_ptr().add(16 * i)) };
                 for g in 0..G {
                     acc[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[g][j]), v, acc[g][i]);
                 }
@@ -151,8 +199,11 @@ unsafe fn attend_nv<const NV: usize, const G: usize>(
 
 /// Asks for the cache lines of `row` (a hint: no fault, no effect on results).
 #[target_feature(enable = "avx512f")]
-fn prefetch(row: &[f32]) {
-    for line in row.chunks(16) {
-        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+fn prefetch<T>(row: &[T]) {
+    let p = row.as_ptr().cast::<i8>();
+    let mut off = 0;
+    while off < std::mem::size_of_val(row) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off));
+        off += 64;
     }
 }

@@ -108,13 +108,13 @@ pub fn create_backend(
 }
 
 fn cpu(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> {
-    if o.kv_cache_dtype == KvCacheDtype::F16 {
-        return Err(DeviceError::Backend(BackendError::Device(
-            "--kv-cache-dtype f16: the CPU backend keeps an f32 KV cache; use auto or f32".into(),
-        )));
-    }
-    let b = CpuBackend::new(model, o.num_blocks, o.block_size, o.threads)?;
-    let description = format!("cpu with {} threads, KV cache f32", b.threads());
+    let f16 = o.kv_cache_dtype != KvCacheDtype::F32;
+    let b = CpuBackend::with_kv_f16(model, o.num_blocks, o.block_size, o.threads, f16)?;
+    let description = format!(
+        "cpu with {} threads, KV cache {}",
+        b.threads(),
+        b.kv_cache_dtype()
+    );
     Ok(Selected {
         backend: Box::new(b),
         description,
@@ -163,17 +163,19 @@ mod tests {
     }
 
     #[test]
-    fn the_cpu_refuses_an_f16_cache_and_names_the_flag() {
+    fn the_cpu_cache_is_f16_unless_f32_is_asked_for() {
         let path = std::env::temp_dir().join(format!("llmserve-device-{}.gguf", std::process::id()));
         write_tiny_gguf(&path, &TinyModelSpec::default()).unwrap();
         let model = Arc::new(Model::load(&path).unwrap());
         std::fs::remove_file(&path).ok();
-        let err = create_backend(DeviceChoice::Cpu, model.clone(), &options(KvCacheDtype::F16)).unwrap_err();
-        assert!(err.to_string().contains("--kv-cache-dtype f16"), "{err}");
-        for dtype in [KvCacheDtype::Auto, KvCacheDtype::F32] {
+        for (dtype, want) in [
+            (KvCacheDtype::Auto, "KV cache f16"),
+            (KvCacheDtype::F16, "KV cache f16"),
+            (KvCacheDtype::F32, "KV cache f32"),
+        ] {
             let s = create_backend(DeviceChoice::Cpu, model.clone(), &options(dtype)).unwrap();
             assert_eq!(s.backend.name(), "cpu");
-            assert!(s.description.contains("KV cache f32"), "{}", s.description);
+            assert!(s.description.contains(want), "{dtype:?}: {}", s.description);
         }
     }
 }

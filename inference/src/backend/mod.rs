@@ -49,10 +49,10 @@ pub struct StepOutput {
 /// `--kv-cache-dtype`: the element type of the KV cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheDtype {
-    /// f16 on the GPU, f32 on the CPU.
+    /// f16 (on the GPU and the CPU).
     #[default]
     Auto,
-    /// IEEE half precision (CUDA backend only).
+    /// IEEE half precision.
     F16,
     /// 32-bit floats.
     F32,

@@ -159,36 +159,36 @@ impl<'a> SharedCols<'a> {
     }
 }
 
-/// A zeroed f32 buffer whose first element sits on a 64-byte boundary, so 64-byte vector loads at multiples of 16
-/// elements never straddle two cache lines. (`Vec<f32>` only promises 4 bytes; glibc puts the large, mmap-backed
-/// ones 16 bytes past a page, where every such load of the KV cache crossed a line.)
+/// A zeroed buffer (f32 unless said otherwise) whose first element sits on a 64-byte boundary, so 64-byte vector
+/// loads at multiples of 64 bytes never straddle two cache lines. (`Vec<f32>` only promises 4 bytes; glibc puts the
+/// large, mmap-backed ones 16 bytes past a page, where every such load of the KV cache crossed a line.)
 #[derive(Debug, Clone, Default)]
-pub struct AlignedVec {
-    buf: Vec<f32>,
+pub struct AlignedVec<T = f32> {
+    buf: Vec<T>,
     skip: usize,
     len: usize,
 }
 
-impl AlignedVec {
-    /// `len` zeros.
+impl<T: Copy + Default> AlignedVec<T> {
+    /// `len` zeros (`T::default()`).
     pub fn zeroed(len: usize) -> Self {
-        const LINE: usize = 64 / std::mem::size_of::<f32>();
-        let buf = vec![0f32; len + LINE];
-        let skip = buf.as_ptr().align_offset(64).min(LINE);
+        let line = 64 / std::mem::size_of::<T>().max(1);
+        let buf = vec![T::default(); len + line];
+        let skip = buf.as_ptr().align_offset(64).min(line);
         AlignedVec { buf, skip, len }
     }
 }
 
-impl std::ops::Deref for AlignedVec {
-    type Target = [f32];
+impl<T> std::ops::Deref for AlignedVec<T> {
+    type Target = [T];
 
-    fn deref(&self) -> &[f32] {
+    fn deref(&self) -> &[T] {
         &self.buf[self.skip..self.skip + self.len]
     }
 }
 
-impl std::ops::DerefMut for AlignedVec {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T> std::ops::DerefMut for AlignedVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         &mut self.buf[self.skip..self.skip + self.len]
     }
 }
@@ -200,6 +200,8 @@ mod tests {
     #[test]
     fn aligned_vec_starts_on_a_line() {
         for len in [0, 1, 17, 100_000] {
+            let h = AlignedVec::<u16>::zeroed(len);
+            assert_eq!((h.len(), h.as_ptr() as usize % 64), (len, 0), "u16 len {len}");
             let mut v = AlignedVec::zeroed(len);
             assert_eq!(v.len(), len);
             assert!(v.iter().all(|&x| x == 0.0));
