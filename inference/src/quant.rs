@@ -801,7 +801,7 @@ pub(crate) mod tests {
             let bytes = quantize_ggml(ty, &w).expect("quantize");
             let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
             let deq = m.dequantize();
-            for n_tok in [17, 2, 3, 8, 15, 16, 33] {
+            for n_tok in [17, 2, 3, 8, 15, 16, 33, 40, 64] {
                 // Activations of mixed magnitude: the `lo` half matters.
                 let x: Vec<f32> = pseudo_random(n_tok * cols, 5 + n_tok as u32)
                     .iter()

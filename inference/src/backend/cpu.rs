@@ -34,6 +34,9 @@ const INLINE_ATTENTION_MACS: usize = 1 << 18;
 /// Fewest rows in one matmul task (smaller tasks cost more in scheduling than they save).
 const MIN_TASK_ROWS: usize = 16;
 
+/// Task rows are a multiple of this: the AMX kernel takes rows 16 at a time (a partial group costs a whole one).
+const TASK_ROW_MULTIPLE: usize = 16;
+
 /// The CPU backend.
 pub struct CpuBackend {
     model: Arc<Model>,
@@ -355,7 +358,10 @@ fn matmul_multi(
 ) {
     let n_tok = x.n_tok();
     let ld: usize = mats.iter().map(|m| m.rows()).sum();
-    let chunk = ld.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
+    let chunk = ld
+        .div_ceil(pool.threads() * TASKS_PER_THREAD)
+        .max(MIN_TASK_ROWS)
+        .next_multiple_of(TASK_ROW_MULTIPLE);
     tasks.clear();
     let mut col = 0;
     for (mat, m) in mats.iter().enumerate() {
@@ -394,7 +400,10 @@ fn gated_ffn(
     let ffn = gate.rows();
     assert_eq!(up.rows(), ffn, "gate and up projections differ in rows");
     // Two matrices per task: half the rows of a plain product's task.
-    let chunk = ffn.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_TASK_ROWS);
+    let chunk = ffn
+        .div_ceil(pool.threads() * TASKS_PER_THREAD)
+        .max(MIN_TASK_ROWS)
+        .next_multiple_of(TASK_ROW_MULTIPLE);
     let gu = SharedCols::new(gate_up, n_tok, 2 * ffn, false);
     let out = SharedCols::new(act, n_tok, ffn, false);
     pool.run(ffn.div_ceil(chunk), &|i| {
