@@ -471,11 +471,6 @@ impl<'a> Acts<'a> {
     pub fn n_tok(&self) -> usize {
         self.n_tok
     }
-
-    /// The f32 rows, `[n_tok][cols]`.
-    pub fn x(&self) -> &'a [f32] {
-        self.x
-    }
 }
 
 impl Prepared {

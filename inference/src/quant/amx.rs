@@ -339,21 +339,15 @@ impl TileConfig {
 #[derive(Clone, Copy)]
 struct TilePair([u32; 512]);
 
-/// Loads the B tiles (`hi`, `lo`) of the records `$b0`, `$b1` (blocks `j`, `j + 1`) into tiles 4, 5 and 6, 7.
+/// Loads B tiles: tile `$t` from each `$p` (16 rows of `$bstride` bytes).
 macro_rules! load_b {
-    ($b0:expr, $b1:expr, $bstride:expr) => {
-        // SAFETY: the tiles are configured (`ldtilecfg` above); each record holds two B tiles of 16 rows of
-        // `$bstride` bytes, at words 0 and `LO`.
+    ($bstride:expr; $($t:literal <- $p:expr),+) => {
+        // SAFETY: the tiles are configured (`ldtilecfg` above); each pointer is a B tile inside a prepared record:
+        // 16 rows of `$bstride` bytes.
         unsafe {
             asm!(
-                "tileloadd tmm4, [{h0} + {bs}*1]",
-                "tileloadd tmm5, [{l0} + {bs}*1]",
-                "tileloadd tmm6, [{h1} + {bs}*1]",
-                "tileloadd tmm7, [{l1} + {bs}*1]",
-                h0 = in(reg) $b0,
-                l0 = in(reg) $b0.add(LO),
-                h1 = in(reg) $b1,
-                l1 = in(reg) $b1.add(LO),
+                $(concat!("tileloadd tmm", $t, ", [{} + {bs}*1]"),)+
+                $(in(reg) $p,)+
                 bs = in(reg) $bstride,
                 options(nostack, readonly),
             )
@@ -361,55 +355,12 @@ macro_rules! load_b {
     };
 }
 
-/// Loads the packed B tiles of the records `$b0`, `$b1` (blocks `j`, `j + 1`) into tiles 4 and 6.
-macro_rules! load_b_packed {
-    ($b0:expr, $b1:expr, $bstride:expr) => {
-        // SAFETY: the tiles are configured (`ldtilecfg` above); each record holds a B tile of 16 rows of
-        // `$bstride` bytes at word 0.
-        unsafe {
-            asm!(
-                "tileloadd tmm4, [{h0} + {bs}*1]",
-                "tileloadd tmm6, [{h1} + {bs}*1]",
-                h0 = in(reg) $b0,
-                h1 = in(reg) $b1,
-                bs = in(reg) $bstride,
-                options(nostack, readonly),
-            )
-        }
-    };
-}
-
-/// [`group_product!`] for packed B tiles: C tile 0 = A₀ · B₀ (tile 4), C tile 1 = A₁ · B₁ (tile 6).
-macro_rules! group_product_packed {
-    ($a:expr, $c:expr) => {
-        // SAFETY: as `group_product!`, tiles 4 and 6 loaded by `load_b_packed!`.
-        unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tileloadd tmm2, [{a0} + {s64}*1]",
-                "tileloadd tmm3, [{a1} + {s64}*1]",
-                "tdpbf16ps tmm0, tmm2, tmm4",
-                "tdpbf16ps tmm1, tmm3, tmm6",
-                "tilestored [{c0} + {s64}*1], tmm0",
-                "tilestored [{c1} + {s64}*1], tmm1",
-                a0 = in(reg) $a,
-                a1 = in(reg) $a.add(1024),
-                c0 = in(reg) $c,
-                c1 = in(reg) $c.add(1024),
-                s64 = in(reg) 64usize,
-                options(nostack),
-            )
-        }
-    };
-}
-
-/// One row group's products for blocks `j`, `j + 1`: C tile 0 = A₀ · hi₀ + A₀ · lo₀ (A₀ from `$a`, into tile
-/// 2), C tile 1 likewise from `$a + 1024` (tile 3) with tiles 6, 7; both stored to `$c` (C tile 1 at `$c +
-/// 1024`).
+/// One row group's products for blocks `j`, `j + 1`: C tile 0 = A₀ · B (tile 4), C tile 1 = A₁ · B (tile 6), with
+/// A₀ from `$a` (into tile 2) and A₁ from `$a + 1024` (tile 3), then the `$lo` products (unpacked B: `A · lo` from
+/// tiles 5 and 7), both C tiles stored to `$c` and `$c + 1024`.
 macro_rules! group_product {
-    ($a:expr, $c:expr) => {
-        // SAFETY: the tiles are configured (`ldtilecfg` above) and tiles 4–7 loaded (`load_b!`); `$a` holds two A
+    ($a:expr, $c:expr $(, $lo:literal)*) => {
+        // SAFETY: the tiles are configured (`ldtilecfg` above) and the B tiles loaded (`load_b!`); `$a` holds two A
         // tiles of 16 rows of 64 bytes, `$c` two C tiles' 16 × 64 writable bytes.
         unsafe {
             asm!(
@@ -419,8 +370,7 @@ macro_rules! group_product {
                 "tileloadd tmm3, [{a1} + {s64}*1]",
                 "tdpbf16ps tmm0, tmm2, tmm4",
                 "tdpbf16ps tmm1, tmm3, tmm6",
-                "tdpbf16ps tmm0, tmm2, tmm5",
-                "tdpbf16ps tmm1, tmm3, tmm7",
+                $($lo,)*
                 "tilestored [{c0} + {s64}*1], tmm0",
                 "tilestored [{c1} + {s64}*1], tmm1",
                 a0 = in(reg) $a,
@@ -575,12 +525,13 @@ pub unsafe fn matmul_rows(m: &QMatrix, x: &[f32], tiles: &Tiles, row0: usize, ou
                         a[p & 1].0.as_ptr().cast::<u8>(),
                         c[p & 1].0.as_mut_ptr().cast::<u8>(),
                     );
+                    // Packed, each block's one B tile holds both halves; else its `lo` tile is a second product.
                     if packed {
-                        load_b_packed!(rec(j), rec(j1), bstride);
-                        group_product_packed!(ap, cp);
-                    } else {
-                        load_b!(rec(j), rec(j1), bstride);
+                        load_b!(bstride; "4" <- rec(j), "6" <- rec(j1));
                         group_product!(ap, cp);
+                    } else {
+                        load_b!(bstride; "4" <- rec(j), "5" <- rec(j).add(LO), "6" <- rec(j1), "7" <- rec(j1).add(LO));
+                        group_product!(ap, cp, "tdpbf16ps tmm0, tmm2, tmm5", "tdpbf16ps tmm1, tmm3, tmm7");
                     }
                 }
                 if p > 0 {
