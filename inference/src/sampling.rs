@@ -13,6 +13,15 @@ pub struct SamplingParams {
     pub top_p: f32,
 }
 
+impl SamplingParams {
+    /// Whether the next token is simply the most likely one ([`argmax`]): temperature 0 (or not a finite
+    /// number). A backend may then compute only the argmax of the logits instead of returning them
+    /// ([`crate::backend::Logits::Argmax`]).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || !self.temperature.is_finite()
+    }
+}
+
 /// SplitMix64 RNG.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
@@ -38,22 +47,27 @@ impl Rng {
     }
 }
 
-/// Index of the largest logit (NaN ignored; ties: lowest index), 0 when every logit is NaN or -inf.
+/// Index of the largest logit (NaN ignored; ties: lowest index), 0 when every logit is NaN or -inf. The CUDA
+/// backend's `argmax` kernel follows the same rules.
 ///
-/// Two passes that the compiler vectorizes (the maximum in eight independent lanes, then the first index holding
-/// it) instead of one branchy scan: greedy decoding runs this once per sequence per step over the whole
-/// vocabulary (49,152 logits for SmolLM2), which at batch 32 was milliseconds of every step.
+/// Two passes that the compiler vectorizes (the maximum in sixteen independent lanes, a comparison that skips
+/// NaN, then the first index holding it) instead of one branchy scan: greedy decoding runs this once per
+/// sequence per step over the whole vocabulary (49,152 logits for SmolLM2).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = logits.chunks_exact(8);
+    // `v > m` is false for a NaN `v`: the select compiles to `maxps` without the NaN fix-ups `f32::max` needs.
+    let keep_larger = |m: f32, v: f32| if v > m { v } else { m };
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = logits.chunks_exact(16);
     let rest = chunks.remainder();
     for c in chunks {
         for (m, &v) in lanes.iter_mut().zip(c) {
-            // `f32::max` returns the other operand when one is NaN.
-            *m = m.max(v);
+            *m = keep_larger(*m, v);
         }
     }
-    let max = lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let max = lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |a, &b| keep_larger(a, b));
     if max == f32::NEG_INFINITY {
         return 0;
     }
@@ -77,7 +91,7 @@ fn nucleus_len(sorted: &[(u32, f32)], mass: f32) -> Option<usize> {
 
 /// Samples the next token.
 pub fn sample(logits: &[f32], p: SamplingParams, rng: &mut Rng) -> u32 {
-    if p.temperature <= 0.0 || !p.temperature.is_finite() || logits.is_empty() {
+    if p.is_greedy() || logits.is_empty() {
         return argmax(logits);
     }
     let max = logits[argmax(logits) as usize];

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use inference::backend::cpu::CpuBackend;
 use inference::backend::cuda::{CudaBackend, CudaOptions, KvDtype};
-use inference::backend::{Backend, BatchItem, DeviceClock};
+use inference::backend::{Backend, BatchItem, DeviceClock, Logits};
 use inference::chat_template::ChatMessage;
 use inference::gguf::GgmlType;
 use inference::model::{Model, default_model_path};
@@ -89,13 +89,27 @@ fn cuda(model: &Arc<Model>, num_blocks: usize, bs: usize, kv_dtype: KvDtype, gra
     CudaBackend::with_options(model.clone(), num_blocks, bs, options).unwrap()
 }
 
-fn item<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32], need_logits: bool) -> BatchItem<'a> {
+fn item<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: Logits) -> BatchItem<'a> {
     BatchItem {
         tokens,
         start_pos,
         block_table,
-        need_logits,
+        logits,
     }
+}
+
+/// The device's argmax of every logit row against the host's argmax of the logits it copied back (the same
+/// values, so exactly equal: NaN, ties and infinities are handled alike).
+fn check_argmax(what: &str, out: &inference::backend::StepOutput) {
+    let host: Vec<u32> = out
+        .logits
+        .iter()
+        .map(|l| inference::sampling::argmax(l))
+        .collect();
+    assert_eq!(
+        out.argmax, host,
+        "{what}: the device argmax differs from the host's"
+    );
 }
 
 /// Runs the same steps on both backends and compares every step's logits.
@@ -115,17 +129,27 @@ fn cpu_vs_gpu(ty: GgmlType, tied: bool) {
     let (a, b, ta, tb) = (&a[..], &b[..], &ta[..], &tb[..]);
     let steps: Vec<Vec<BatchItem<'_>>> = vec![
         // A's first prefill chunk alone (no logits), then A's rest with B's whole prompt (mixed prefill).
-        vec![item(&a[..9], 0, ta, false)],
-        vec![item(&a[9..20], 9, ta, true), item(&b[..17], 0, tb, true)],
+        vec![item(&a[..9], 0, ta, Logits::None)],
+        vec![
+            item(&a[9..20], 9, ta, Logits::Full),
+            item(&b[..17], 0, tb, Logits::Full),
+        ],
         // Decode-like single tokens and a chunk together.
-        vec![item(&a[20..21], 20, ta, true), item(&b[..1], 17, tb, true)],
-        vec![item(&a[21..23], 21, ta, true), item(&b[1..2], 18, tb, true)],
+        vec![
+            item(&a[20..21], 20, ta, Logits::Full),
+            item(&b[..1], 17, tb, Logits::Full),
+        ],
+        vec![
+            item(&a[21..23], 21, ta, Logits::Full),
+            item(&b[1..2], 18, tb, Logits::Full),
+        ],
     ];
     let mut worst = 0f32;
     for (i, s) in steps.iter().enumerate() {
         let c = cpu.forward(s).unwrap();
         let g = gpu.forward(s).unwrap();
-        let decode = s.iter().all(|it| it.tokens.len() == 1 && it.need_logits);
+        check_argmax(&format!("{ty:?} tied={tied} step {i}"), &g);
+        let decode = s.iter().all(|it| it.tokens.len() == 1 && it.logits.wanted());
         assert_eq!(
             g.graph_batch > 0,
             decode,
@@ -156,15 +180,21 @@ fn cuda_logits_match_cpu_on_tiny_models_of_every_type() {
     cpu_vs_gpu(GgmlType::Q8_0, true);
 }
 
+/// What [`decode_run`] saw, per step.
+struct DecodeRun {
+    /// Each step's logits (empty for argmax-only steps).
+    logits: Vec<Vec<Vec<f32>>>,
+    /// Each step's argmax per sequence.
+    argmax: Vec<Vec<u32>>,
+    /// The graph batch each step replayed (0: eager).
+    graphs: Vec<u32>,
+}
+
 /// Prefills `seqs` prompts, then decodes `steps` tokens for all of them and `steps` more for the first `tail`
-/// only (a smaller, differently padded batch), feeding each sequence the token the backend picked. Returns every
-/// step's logits and the graph batch each step replayed.
-fn decode_run(
-    b: &mut dyn Backend,
-    prompts: &[Vec<u32>],
-    steps: usize,
-    tail: usize,
-) -> (Vec<Vec<Vec<f32>>>, Vec<u32>) {
+/// only (a smaller, differently padded batch), feeding each sequence the token the backend picked. Odd decode
+/// steps ask for the argmax only (greedy decoding: no logits come back), even ones for the logits too. Returns
+/// every step's logits, argmax and the graph batch each step replayed.
+fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usize) -> DecodeRun {
     let bs = 16;
     let tables: Vec<Vec<u32>> = (0..prompts.len())
         .map(|s| (0..32u32).map(|k| s as u32 * 32 + k).collect())
@@ -172,28 +202,50 @@ fn decode_run(
     let prefill: Vec<BatchItem<'_>> = prompts
         .iter()
         .zip(&tables)
-        .map(|(p, t)| item(p, 0, t, true))
+        .map(|(p, t)| item(p, 0, t, Logits::Full))
         .collect();
     let out = b.forward(&prefill).unwrap();
-    let mut next: Vec<u32> = out.logits.iter().map(|l| argmax(l) as u32).collect();
+    check_argmax("prefill", &out);
+    let mut next = out.argmax.clone();
     let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (mut all, mut graphs) = (vec![out.logits], vec![out.graph_batch]);
+    let (mut all, mut best, mut graphs) = (vec![out.logits], vec![out.argmax], vec![out.graph_batch]);
     for step in 0..2 * steps {
         let live = if step < steps { prompts.len() } else { tail };
+        let want = if step % 2 == 1 {
+            Logits::Argmax
+        } else {
+            Logits::Full
+        };
         let toks = next.clone();
         let batch: Vec<BatchItem<'_>> = (0..live)
-            .map(|s| item(&toks[s..s + 1], pos[s], &tables[s], true))
+            .map(|s| item(&toks[s..s + 1], pos[s], &tables[s], want))
             .collect();
         assert!(pos[0] < 32 * bs, "tables too short");
         let out = b.forward(&batch).unwrap();
-        for s in 0..live {
-            next[s] = argmax(&out.logits[s]) as u32;
-            pos[s] += 1;
+        assert_eq!(
+            out.argmax.len(),
+            live,
+            "decode step {step}: one argmax per sequence"
+        );
+        if want == Logits::Argmax {
+            assert!(
+                out.logits.is_empty(),
+                "decode step {step}: argmax-only items got logits"
+            );
+        } else {
+            check_argmax(&format!("decode step {step}"), &out);
         }
+        next[..live].copy_from_slice(&out.argmax);
+        pos[..live].iter_mut().for_each(|p| *p += 1);
         all.push(out.logits);
+        best.push(out.argmax);
         graphs.push(out.graph_batch);
     }
-    (all, graphs)
+    DecodeRun {
+        logits: all,
+        argmax: best,
+        graphs,
+    }
 }
 
 /// Graph replay against eager launches of the same kernels: bit-identical logits (the padding rows never touch
@@ -204,8 +256,13 @@ fn graphs_match_eager(model: &Arc<Model>, kv: KvDtype, prompts: &[Vec<u32>]) {
     assert!(eager.graph_sizes().is_empty());
     eprintln!("{}", graphed.describe());
     for round in 0..2 {
-        let (le, ge) = decode_run(&mut eager, prompts, 12, 1);
-        let (lg, gg) = decode_run(&mut graphed, prompts, 12, 1);
+        let e = decode_run(&mut eager, prompts, 12, 1);
+        let g = decode_run(&mut graphed, prompts, 12, 1);
+        let (le, ge, lg, gg) = (e.logits, e.graphs, g.logits, g.graphs);
+        assert_eq!(
+            e.argmax, g.argmax,
+            "{kv:?} round {round}: graph replay picked other tokens than eager launches"
+        );
         assert!(ge.iter().all(|&g| g == 0), "the eager backend replayed a graph");
         // Prefill eager; 3 sequences pad to 4, then 1 sequence replays the graph of 1.
         let want: Vec<u32> = std::iter::once(0)
@@ -273,7 +330,7 @@ fn cuda_f16_kv_cache_stays_within_tolerance_of_f32() {
     let mut f16_kv = cuda(&model, 64, 16, KvDtype::F16, true);
     // Teacher-forced: both caches are fed the f32 path's greedy tokens, so every step compares the same input.
     let table: Vec<u32> = (0..8).collect();
-    let first = [item(&prompt, 0, &table, true)];
+    let first = [item(&prompt, 0, &table, Logits::Full)];
     let (a, b) = (f32_kv.forward(&first).unwrap(), f16_kv.forward(&first).unwrap());
     let mut worst = 0f32;
     let mut rel = |what: &str, x: &[f32], y: &[f32]| {
@@ -292,7 +349,7 @@ fn cuda_f16_kv_cache_stays_within_tolerance_of_f32() {
     for step in 0..40 {
         let pos = prompt.len() + step;
         let t = [next];
-        let batch = [item(&t, pos, &table, true)];
+        let batch = [item(&t, pos, &table, Logits::Full)];
         let (a, b) = (f32_kv.forward(&batch).unwrap(), f16_kv.forward(&batch).unwrap());
         rel(&format!("decode step {step}"), &a.logits[0], &b.logits[0]);
         next = argmax(&a.logits[0]) as u32;
@@ -321,7 +378,8 @@ fn load_default_model() -> Arc<Model> {
     Arc::new(Model::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display())))
 }
 
-/// Greedy generation on one backend: prefill in chunks of `chunk`, then up to `max_new` tokens (stops at EOS).
+/// Greedy generation on one backend: prefill in chunks of `chunk`, then up to `max_new` tokens (stops at EOS),
+/// each decode step asking for the argmax only, as the engine does for greedy requests.
 fn generate(backend: &mut dyn Backend, prompt: &[u32], chunk: usize, max_new: usize) -> Vec<u32> {
     let eos = backend.config().eos_token_ids.clone();
     let total = prompt.len() + max_new;
@@ -335,7 +393,11 @@ fn generate(backend: &mut dyn Backend, prompt: &[u32], chunk: usize, max_new: us
                 tokens: &prompt[pos..end],
                 start_pos: pos,
                 block_table: &table,
-                need_logits: end == prompt.len(),
+                logits: if end == prompt.len() {
+                    Logits::Full
+                } else {
+                    Logits::None
+                },
             }])
             .unwrap();
         if end == prompt.len() {
@@ -356,10 +418,10 @@ fn generate(backend: &mut dyn Backend, prompt: &[u32], chunk: usize, max_new: us
                 tokens: std::slice::from_ref(&next),
                 start_pos: p,
                 block_table: &table,
-                need_logits: true,
+                logits: Logits::Argmax,
             }])
             .unwrap();
-        next = argmax(&out.logits[0]) as u32;
+        next = out.argmax[0];
     }
     out_ids
 }
@@ -393,7 +455,7 @@ fn cuda_answers_capital_of_france_like_the_cpu() {
         tokens: &prompt,
         start_pos: 0,
         block_table: &table,
-        need_logits: true,
+        logits: Logits::Full,
     }];
     let worst = compare(
         "default model prefill",
@@ -421,7 +483,7 @@ fn cuda_step_times_are_cuda_events_on_the_host_boottime_clock() {
                 tokens: &toks,
                 start_pos: 0,
                 block_table: &table,
-                need_logits: true,
+                logits: Logits::Full,
             }])
             .unwrap();
         let after = llmprof_probes::boottime_ns();
@@ -476,7 +538,7 @@ fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
                 tokens: &prompt,
                 start_pos: 0,
                 block_table: t,
-                need_logits: true,
+                logits: Logits::Full,
             })
             .collect();
         gpu.forward(&items).unwrap();
@@ -491,7 +553,7 @@ fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
                     tokens: &toks[i..i + 1],
                     start_pos: prompt_len + s,
                     block_table: t,
-                    need_logits: true,
+                    logits: Logits::Full,
                 })
                 .collect();
             let out = gpu.forward(&items).unwrap();

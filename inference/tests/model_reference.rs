@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use inference::backend::cpu::CpuBackend;
-use inference::backend::{Backend, BatchItem};
+use inference::backend::{Backend, BatchItem, Logits};
 use inference::gguf::GgmlType;
 use inference::model::{Model, ModelConfig};
 use inference::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
@@ -246,7 +246,7 @@ fn run_backend_kv(
             tokens: &tokens[pos..end],
             start_pos: pos,
             block_table: &table,
-            need_logits: need,
+            logits: if need { Logits::Full } else { Logits::None },
         };
         let r = be.forward(&[item]).expect("prefill");
         assert_eq!(r.logits.len(), usize::from(need));
@@ -259,7 +259,7 @@ fn run_backend_kv(
             tokens: &tokens[p..p + 1],
             start_pos: p,
             block_table: &table,
-            need_logits: true,
+            logits: Logits::Full,
         };
         out.extend(be.forward(&[item]).expect("decode").logits);
     }
@@ -350,13 +350,13 @@ fn model_mixed_batch_equals_sequences_alone() {
                 tokens: &a,
                 start_pos: 0,
                 block_table: &ta,
-                need_logits: true,
+                logits: Logits::Full,
             },
             BatchItem {
                 tokens: &b[..9],
                 start_pos: 0,
                 block_table: &tb,
-                need_logits: false,
+                logits: Logits::None,
             },
         ])
         .expect("step 1");
@@ -368,7 +368,7 @@ fn model_mixed_batch_equals_sequences_alone() {
             tokens: &b[9..19],
             start_pos: 9,
             block_table: &tb,
-            need_logits: true,
+            logits: Logits::Full,
         }])
         .expect("step 2");
     assert_close(&r.logits[0], &want_b[18], "b after chunked prefill");
@@ -382,19 +382,56 @@ fn model_mixed_batch_equals_sequences_alone() {
                 tokens: &b[19..20],
                 start_pos: 19,
                 block_table: &tb,
-                need_logits: true,
+                logits: Logits::Full,
             },
             BatchItem {
                 tokens: &next_a,
                 start_pos: 12,
                 block_table: &ta,
-                need_logits: true,
+                logits: Logits::Full,
             },
         ])
         .expect("step 3");
     assert_eq!(r.logits.len(), 2);
     assert_close(&r.logits[0], &want_b[19], "b decode");
     assert_close(&r.logits[1], &want_a2[12], "a decode");
+}
+
+/// A batch mixing what its items want back: logits, the argmax only, nothing. The argmax of every item that wants
+/// output comes back in batch order, logits only for those that asked for them, all matching the reference.
+#[test]
+fn model_batch_returns_argmax_for_every_row_and_logits_only_where_asked() {
+    let m = tiny_model(GgmlType::Q8_0, false, "wants");
+    let mut be = CpuBackend::new(Arc::clone(&m), 16, 4, 1).expect("backend");
+    let reference = Reference::new(&m);
+    let prompts: [&[u32]; 4] = [&[5, 6, 7], &[9, 2], &[4, 4, 4, 4], &[11]];
+    let wants = [Logits::Full, Logits::Argmax, Logits::None, Logits::Argmax];
+    let tables: [&[u32]; 4] = [&[0], &[1], &[2], &[3]];
+    let batch: Vec<BatchItem<'_>> = (0..4)
+        .map(|i| BatchItem {
+            tokens: prompts[i],
+            start_pos: 0,
+            block_table: tables[i],
+            logits: wants[i],
+        })
+        .collect();
+    let out = be.forward(&batch).expect("forward");
+    let last: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| reference.forward(p).pop().expect("a row per token"))
+        .collect();
+    let ref_argmax = |i: usize| inference::sampling::argmax(&last[i]);
+    assert_eq!(
+        out.argmax,
+        [ref_argmax(0), ref_argmax(1), ref_argmax(3)],
+        "one argmax per item that wants output, in batch order"
+    );
+    assert_eq!(
+        out.logits.len(),
+        1,
+        "logits only for the item that asked for them"
+    );
+    assert_close(&out.logits[0], &last[0], "the Full item's logits");
 }
 
 #[test]
@@ -408,7 +445,7 @@ fn model_backend_rejects_bad_batches_and_swaps_weights() {
             tokens: &toks,
             start_pos: 0,
             block_table: &short_table,
-            need_logits: true
+            logits: Logits::Full
         }])
         .is_err()
     );
@@ -417,7 +454,7 @@ fn model_backend_rejects_bad_batches_and_swaps_weights() {
             tokens: &toks,
             start_pos: 0,
             block_table: &[0, 9],
-            need_logits: true
+            logits: Logits::Full
         }])
         .is_err()
     );
@@ -426,7 +463,7 @@ fn model_backend_rejects_bad_batches_and_swaps_weights() {
             tokens: &[100_000],
             start_pos: 0,
             block_table: &[0],
-            need_logits: true
+            logits: Logits::Full
         }])
         .is_err()
     );
@@ -435,7 +472,7 @@ fn model_backend_rejects_bad_batches_and_swaps_weights() {
             tokens: &[],
             start_pos: 0,
             block_table: &[0],
-            need_logits: true
+            logits: Logits::Full
         }])
         .is_err()
     );
@@ -447,7 +484,7 @@ fn model_backend_rejects_bad_batches_and_swaps_weights() {
             tokens: &toks,
             start_pos: 0,
             block_table: &[1, 2],
-            need_logits: true,
+            logits: Logits::Full,
         }])
         .expect("forward");
     assert_close(

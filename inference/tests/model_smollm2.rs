@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inference::backend::cpu::CpuBackend;
-use inference::backend::{Backend, BatchItem};
+use inference::backend::{Backend, BatchItem, Logits};
 use inference::chat_template::ChatMessage;
 use inference::model::{Model, default_model_path};
 
@@ -63,11 +63,20 @@ fn generate(
             tokens: &prompt[pos..end],
             start_pos: pos,
             block_table: &table,
-            need_logits: end == prompt.len(),
+            logits: if end == prompt.len() {
+                Logits::Full
+            } else {
+                Logits::None
+            },
         };
         let out = backend.forward(&[item]).expect("prefill");
         if end == prompt.len() {
             logits = out.logits.into_iter().next().expect("logits");
+            assert_eq!(
+                out.argmax,
+                [argmax(&logits)],
+                "the backend's argmax of the logits it returned"
+            );
         }
         pos = end;
     }
@@ -85,10 +94,12 @@ fn generate(
             tokens: std::slice::from_ref(&next),
             start_pos: p,
             block_table: &table,
-            need_logits: true,
+            logits: Logits::Argmax,
         };
+        // Greedy decoding as the engine does it: only the most likely token comes back.
         let out = backend.forward(&[item]).expect("decode");
-        next = argmax(&out.logits[0]);
+        assert!(out.logits.is_empty(), "an argmax-only item gets no logits");
+        next = out.argmax[0];
     }
     (out_ids, prefill_s, t1.elapsed().as_secs_f64())
 }
@@ -292,7 +303,7 @@ fn batch_decode(
             tokens: &prompts[s],
             start_pos: 0,
             block_table: &tables[s],
-            need_logits: true,
+            logits: Logits::Full,
         })
         .collect();
     let t = Instant::now();
@@ -309,13 +320,13 @@ fn batch_decode(
                 tokens: std::slice::from_ref(&toks[s]),
                 start_pos: pos[s],
                 block_table: &tables[s],
-                need_logits: true,
+                logits: Logits::Argmax,
             })
             .collect();
         let t = Instant::now();
         let out = backend.forward(&items).expect("decode");
         times.push(t.elapsed().as_secs_f64() * 1e3);
-        next = out.logits.iter().map(|l| argmax(l)).collect();
+        next = out.argmax;
         pos.iter_mut().for_each(|p| *p += 1);
     }
     (prefill_s, times, process_cpu_seconds() - cpu0)

@@ -16,10 +16,11 @@
 use std::sync::Arc;
 
 use super::pool::{ComputePool, PoolStats};
-use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, Logits, StepOutput};
 use crate::attention::{self, F16, KvElem, KvHead, PagedKv};
 use crate::model::{Model, ModelConfig};
 use crate::quant::{self, Acts, AlignedVec, QMatrix, SharedCols};
+use crate::sampling;
 
 /// Row-split granularity: each matrix product is cut into this many tasks per thread. One: every task start
 /// costs its first rows' weights from L3 (no prefetch has run yet) and the tile kernel's set-up, and with 4 per
@@ -482,15 +483,15 @@ impl Backend for CpuBackend {
         if batch.is_empty() {
             let end = llmprof_probes::boottime_ns();
             return Ok(StepOutput {
-                logits: Vec::new(),
                 device_start_ns: start,
                 device_end_ns: end,
-                graph_batch: 0,
+                ..StepOutput::default()
             });
         }
-        let logits = self.forward_inner(batch);
+        let (argmax, logits) = self.forward_inner(batch);
         let end = llmprof_probes::boottime_ns();
         Ok(StepOutput {
+            argmax,
             logits,
             device_start_ns: start,
             device_end_ns: end,
@@ -513,8 +514,9 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// The forward pass proper.
-    fn forward_inner(&mut self, batch: &[BatchItem<'_>]) -> Vec<Vec<f32>> {
+    /// The forward pass proper: the argmax of every row whose logits are wanted, and the logits of the rows
+    /// that want them in full (copied out of the scratch buffer only for those).
+    fn forward_inner(&mut self, batch: &[BatchItem<'_>]) -> (Vec<u32>, Vec<Vec<f32>>) {
         let model = Arc::clone(&self.model);
         let c = &model.config;
         let w = &model.weights;
@@ -531,7 +533,7 @@ impl CpuBackend {
             for j in 0..it.tokens.len() {
                 s.tok.push((i, it.start_pos + j));
             }
-            if it.need_logits {
+            if it.logits.wanted() {
                 s.logit_rows.push(s.tok.len() - 1);
             }
         }
@@ -606,7 +608,7 @@ impl CpuBackend {
         // Final norm and LM head for the rows that need logits.
         let nl = s.logit_rows.len();
         if nl == 0 {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         for (j, &row) in s.logit_rows.iter().enumerate() {
             let (src, dst) = (&x[row * dim..(row + 1) * dim], &mut xn[j * dim..(j + 1) * dim]);
@@ -618,6 +620,16 @@ impl CpuBackend {
         let logits = &mut s.logits[..vocab * nl];
         let acts = s.prep.prepare(&xn[..nl * dim], nl, dim);
         matmul_multi(pool, &mut s.tasks, logits, &[head], acts, false);
-        logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
+        let rows = logits.chunks_exact(vocab);
+        let argmax = rows.clone().map(sampling::argmax).collect();
+        // A fresh vocabulary-sized vector per row costs page faults (~60 µs per SmolLM2 row here): only the
+        // rows sampled with a temperature need one.
+        let wanted = batch.iter().filter(|it| it.logits.wanted());
+        let full = rows
+            .zip(wanted)
+            .filter(|(_, it)| it.logits == Logits::Full)
+            .map(|(row, _)| row.to_vec())
+            .collect();
+        (argmax, full)
     }
 }

@@ -26,8 +26,27 @@ pub struct BatchItem<'a> {
     pub start_pos: usize,
     /// KV-cache blocks of the sequence, in order; must cover positions `0..start_pos + tokens.len()`.
     pub block_table: &'a [u32],
-    /// Whether the logits of the last token are needed (false for non-final prefill chunks).
-    pub need_logits: bool,
+    /// What the step returns for the item's last token (nothing for non-final prefill chunks).
+    pub logits: Logits,
+}
+
+/// What a batch item needs from the logits of its last token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Nothing (a prefill chunk that is not the prompt's last).
+    None,
+    /// Only the most likely token ([`StepOutput::argmax`]): greedy sampling. The logits stay where they were
+    /// computed (on the GPU, the vocabulary-sized rows are never copied to the host).
+    Argmax,
+    /// The logits themselves ([`StepOutput::logits`], for sampling with a temperature), and the argmax.
+    Full,
+}
+
+impl Logits {
+    /// Whether the step computes logits for this item at all.
+    pub fn wanted(self) -> bool {
+        self != Logits::None
+    }
 }
 
 /// How the backend measured the device interval of a step.
@@ -36,7 +55,10 @@ pub use llmprof_abi::DeviceClock;
 /// Result of one forward pass.
 #[derive(Debug, Default)]
 pub struct StepOutput {
-    /// Logits (vocab-sized) of the last token of each item with `need_logits`, in batch order.
+    /// The most likely token of each item whose [`Logits`] are wanted ([`Logits::Argmax`] or [`Logits::Full`]),
+    /// in batch order, as [`crate::sampling::argmax`] defines it (NaN ignored, ties to the lowest index).
+    pub argmax: Vec<u32>,
+    /// Logits (vocab-sized) of the last token of each item with [`Logits::Full`], in batch order.
     pub logits: Vec<Vec<f32>>,
     /// Device start of the step, BOOTTIME ns.
     pub device_start_ns: u64,

@@ -63,9 +63,14 @@ impl Backend for FakeBackend {
         std::thread::sleep(Duration::from_millis(1));
         let mut logits = vec![0.0f32; 8];
         logits[3] = 10.0;
-        let n = batch.iter().filter(|b| b.need_logits).count();
+        let wanted = batch.iter().filter(|b| b.logits.wanted()).count();
+        let full = batch
+            .iter()
+            .filter(|b| b.logits == crate::backend::Logits::Full)
+            .count();
         Ok(crate::backend::StepOutput {
-            logits: vec![logits; n],
+            argmax: vec![3; wanted],
+            logits: vec![logits; full],
             device_start_ns: 1,
             device_end_ns: 2,
             graph_batch: 0,

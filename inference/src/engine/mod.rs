@@ -33,7 +33,7 @@ use llmprof_abi::{
 };
 use tokio::sync::mpsc as tmpsc;
 
-use crate::backend::{Backend, BatchItem};
+use crate::backend::{Backend, BatchItem, Logits};
 use crate::metrics::{FinishedRequestStats, Metrics};
 use crate::sampling::{self, Rng};
 use crate::scheduler::{Scheduler, Sequence};
@@ -384,17 +384,26 @@ impl EngineLoop {
         }
 
         // Forward.
+        // What each item wants back, in batch order: greedy sequences only the argmax (on a GPU the logits then
+        // stay on the device), sequences sampled with a temperature the logits.
+        let mut wants: Vec<(u64, Logits)> = Vec::with_capacity(out.seqs.len());
         let result = {
             let mut items = Vec::with_capacity(out.seqs.len());
             for sc in &out.seqs {
                 let Some(seq) = self.sched.get(sc.id) else {
                     continue;
                 };
+                let logits = match self.live.get(&sc.id) {
+                    _ if !sc.need_logits => Logits::None,
+                    Some(l) if !l.req.sampling.is_greedy() => Logits::Full,
+                    _ => Logits::Argmax,
+                };
+                wants.push((sc.id, logits));
                 items.push(BatchItem {
                     tokens: &seq.tokens[sc.start_pos..sc.start_pos + sc.num_tokens],
                     start_pos: sc.start_pos,
                     block_table: self.sched.kv().block_table(sc.id),
-                    need_logits: sc.need_logits,
+                    logits,
                 });
             }
             let _r = Range::push("forward", step_id);
@@ -416,14 +425,22 @@ impl EngineLoop {
         let mut sampled: Vec<(u64, u32)> = Vec::with_capacity(out.seqs.len());
         {
             let _r = Range::push("sample", step_id);
+            let mut argmax = step_out.argmax.iter();
             let mut logits = step_out.logits.iter();
-            for sc in out.seqs.iter().filter(|s| s.need_logits) {
-                let Some(lg) = logits.next() else { break };
-                let Some(l) = self.live.get_mut(&sc.id) else {
-                    continue;
+            for &(id, want) in wants.iter().filter(|(_, w)| w.wanted()) {
+                let Some(&best) = argmax.next() else { break };
+                let tok = if want == Logits::Full {
+                    let Some(lg) = logits.next() else { break };
+                    let Some(l) = self.live.get_mut(&id) else {
+                        continue;
+                    };
+                    sampling::sample(lg, l.req.sampling, &mut l.rng)
+                } else {
+                    best
                 };
-                let tok = sampling::sample(lg, l.req.sampling, &mut l.rng);
-                sampled.push((sc.id, tok));
+                if self.live.contains_key(&id) {
+                    sampled.push((id, tok));
+                }
             }
         }
 

@@ -35,6 +35,9 @@ static inline float __shfl_sync(unsigned, float v, int src) {
 static inline int __shfl_sync(unsigned mask, int v, int src) {
     float f; std::memcpy(&f, &v, 4); f = __shfl_sync(mask, f, src); int r; std::memcpy(&r, &f, 4); return r;
 }
+static inline int __shfl_xor_sync(unsigned mask, int v, int o) {
+    float f; std::memcpy(&f, &v, 4); f = __shfl_xor_sync(mask, f, o); int r; std::memcpy(&r, &f, 4); return r;
+}
 static inline void __syncwarp() { warp_bars[emu_warp]->arrive_and_wait(); }
 static inline void __syncthreads() { block_bar->arrive_and_wait(); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }

@@ -2,10 +2,11 @@
 //!
 //! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls, RoPE + KV-cache write, paged attention,
 //! output matmul added to the residual, RMSNorm and the gate and up matmuls with the SiLU gate applied, down
-//! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head. Up to
-//! [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and the matmuls after it are one launch. Everything is queued on the
-//! backend's one stream; activations stay on the device, only the packed index arrays go up (one copy) and the
-//! logits come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
+//! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head → each logit row's
+//! argmax. Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
+//! and the cache write; RMSNorm, gate and up): a batch-1 decode step is 5 launches per layer. Everything is
+//! queued on the backend's one stream; activations stay on the device, only the packed index arrays go up (one
+//! copy) and the argmax (and, for rows sampled with a temperature, the logits) come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
 //! call records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused
 //! across steps; a graph's buffers are sized once, before capture, and never move.
 
@@ -17,12 +18,14 @@ use cudarc::driver::{
 };
 
 use super::KvDtype;
-use super::kernels::{self, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS};
+use super::kernels::{
+    self, ARGMAX_THREADS, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS,
+};
 use super::layout::Packed;
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
 
-/// Most tokens a step may have for the fused RMSNorm + Q/K/V and RMSNorm + gate/up launches (one token tile). Each
+/// Most tokens a step may have for the fused RMSNorm + Q/K/V + RoPE and RMSNorm + gate/up launches (one token tile). Each
 /// warp of a fused launch recomputes its tokens' norms, which pays at a few tokens, where a step is a chain of small
 /// launches (H100, SmolLM2-135M: batch 1 decode 1.85 ms/step fused against 2.10 unfused), and costs at many, where
 /// the extra reads dominate (batch 32: 5.07 ms fused against 4.67 unfused); docs/performance.md.
@@ -33,11 +36,13 @@ pub const FUSE_MAX_TOKENS: usize = TOKEN_TILE;
 pub struct Kernels {
     matmul: Vec<CudaFunction>,
     embed: Vec<CudaFunction>,
-    qkv: Vec<CudaFunction>,
+    /// `qkv_rope[weight type][KV type]`, flattened: index `ty * KV_TYPES.len() + kv`.
+    qkv_rope: Vec<CudaFunction>,
     gate_up: Vec<CudaFunction>,
     rms_norm: CudaFunction,
     rope_kv: Vec<CudaFunction>,
     attention: Vec<CudaFunction>,
+    argmax: CudaFunction,
 }
 
 impl Kernels {
@@ -60,14 +65,24 @@ impl Kernels {
                 .map(|t| get(&format!("{prefix}_{t}")))
                 .collect()
         };
+        let qkv_rope = kernels::WEIGHT_TYPES
+            .iter()
+            .flat_map(|t| {
+                kernels::KV_TYPES
+                    .iter()
+                    .map(move |kv| format!("qkv_rope_{t}_{kv}"))
+            })
+            .map(|name| get(&name))
+            .collect::<Result<_, _>>()?;
         Ok(Kernels {
             matmul: per_type("matmul")?,
             embed: per_type("embed")?,
-            qkv: per_type("qkv")?,
+            qkv_rope,
             gate_up: per_type("gate_up")?,
             rms_norm: get("rms_norm")?,
             rope_kv: per_kv("rope_kv")?,
             attention: per_kv("attention")?,
+            argmax: get("argmax_rows")?,
         })
     }
 }
@@ -108,6 +123,8 @@ pub struct Scratch {
     gate: Buf<f32>,
     /// Logits of the step's logit rows, `[nl][vocab]`.
     pub logits: Buf<f32>,
+    /// The argmax of each logit row, `[nl]`.
+    pub argmax: Buf<i32>,
     /// The packed index arrays ([`Packed`]).
     pub idx: Buf<i32>,
 }
@@ -124,6 +141,7 @@ impl Scratch {
             att: Buf::new(stream)?,
             gate: Buf::new(stream)?,
             logits: Buf::new(stream)?,
+            argmax: Buf::new(stream)?,
             idx: Buf::new(stream)?,
         })
     }
@@ -152,6 +170,7 @@ impl Scratch {
         ] {
             moved |= buf.ensure(stream, len)?;
         }
+        moved |= self.argmax.ensure(stream, p.nl)?;
         moved |= self.idx.ensure(stream, p.len + 1)?;
         Ok(moved)
     }
@@ -232,29 +251,52 @@ impl Step<'_> {
         unsafe { b.launch(cfg) }.map(|_| ())
     }
 
-    /// RMSNorm (weight `norm`) of the residual stream `x`, then Q, K and V of `n` tokens: one launch when the three
-    /// matrices share a type and width and `n` ≤ [`FUSE_MAX_TOKENS`] (else the norm into `xn` and three matmuls).
+    /// The attention block's input for layer `l`: RMSNorm (weight `norm`) of the residual stream `x`, Q, K and V of
+    /// `n` tokens, RoPE on Q and K at each token's position, K and V stored at each token's cache slot; rotated Q
+    /// left in `q`. One launch when the three matrices share a type and width and `n` ≤ [`FUSE_MAX_TOKENS`] (else
+    /// the norm into `xn`, three matmuls into `q`/`k`/`v` and `rope_kv`).
     #[allow(
         clippy::too_many_arguments,
-        reason = "the norm, three matrices and their three outputs"
+        reason = "the norm, three matrices, their outputs and the token arrays"
     )]
-    fn qkv(
-        &self,
+    fn qkv_rope(
+        &mut self,
+        l: usize,
         norm: &CudaSlice<f32>,
         (wq, wk, wv): (&DeviceMatrix, &DeviceMatrix, &DeviceMatrix),
         x: &CudaSlice<f32>,
         xn: &mut CudaSlice<f32>,
         n: usize,
         (q, k, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        (pos, slot): (&CudaView<'_, i32>, &CudaView<'_, i32>),
     ) -> Result<(), DriverError> {
+        let c = self.config;
+        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let kv_kind = self.kv.dtype.index();
         let same = wq.kind == wk.kind && wq.kind == wv.kind && wq.cols == wk.cols && wq.cols == wv.cols;
         if !same || n > FUSE_MAX_TOKENS {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wq, xn, n, q, MODE_STORE)?;
             self.matmul(wk, xn, n, k, MODE_STORE)?;
-            return self.matmul(wv, xn, n, v, MODE_STORE);
+            self.matmul(wv, xn, n, v, MODE_STORE)?;
+            let mut b = self.stream.launch_builder(&self.kernels.rope_kv[kv_kind]);
+            b.arg(q)
+                .arg(k)
+                .arg(&*v)
+                .arg(&mut self.kv.k[l])
+                .arg(&mut self.kv.v[l])
+                .arg(pos)
+                .arg(slot)
+                .arg(self.inv_freq)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&hd);
+            // SAFETY: arguments match `rope_kv_<dtype>` for the cache's element type; slots come from validated
+            // block tables (inside the cache, or its pad block), q/k/v hold n tokens, inv_freq holds
+            // head_dim / 2 floats.
+            return unsafe { b.launch(rows_cfg(n)) }.map(|_| ());
         }
-        let eps = self.config.rms_eps;
+        let eps = c.rms_eps;
         let (r0, r1, r2) = (wq.rows as i32, wk.rows as i32, wv.rows as i32);
         let (cols, nt) = (wq.cols as i32, n as i32);
         let blocks = grid(wq.rows, WARPS) + grid(wk.rows, WARPS) + grid(wv.rows, WARPS);
@@ -263,7 +305,8 @@ impl Step<'_> {
             block_dim: (32 * WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.kernels.qkv[wq.kind.index()]);
+        let f = &self.kernels.qkv_rope[wq.kind.index() * kernels::KV_TYPES.len() + kv_kind];
+        let mut b = self.stream.launch_builder(f);
         for m in [wq, wk, wv] {
             b.arg(&m.f).arg(&m.d).arg(&m.m).arg(&m.q);
         }
@@ -276,11 +319,17 @@ impl Step<'_> {
             .arg(&eps)
             .arg(&nt)
             .arg(q)
-            .arg(k)
-            .arg(v);
-        // SAFETY: the arguments match `qkv_*`'s parameters in order and type; the three matrices have this kernel's
-        // type and `cols` (= dim) columns (checked above); `x` holds n × cols floats, `norm` cols, and q/k/v n ×
-        // their rows (Scratch sized them for this step).
+            .arg(&mut self.kv.k[l])
+            .arg(&mut self.kv.v[l])
+            .arg(pos)
+            .arg(slot)
+            .arg(self.inv_freq)
+            .arg(&hd);
+        // SAFETY: the arguments match `qkv_rope_<type>_<dtype>`'s parameters in order and type, for the matrices'
+        // type and the cache's element type; the three matrices have `cols` (= dim) columns (checked above) and
+        // n_heads × head_dim (Q) and n_kv × head_dim (K, V) rows, even (check_geometry), as the kernel's RoPE
+        // pairs need; `x` holds n × cols floats, `norm` cols, `q` n × Q rows (Scratch sized it for this step);
+        // slots come from validated block tables; inv_freq holds head_dim / 2 floats.
         unsafe { b.launch(cfg) }.map(|_| ())
     }
 
@@ -385,30 +434,16 @@ impl Step<'_> {
         let scale = 1.0 / (hd as f32).sqrt();
         for (l, lw) in weights.layers.iter().enumerate() {
             // Attention block.
-            self.qkv(
+            self.qkv_rope(
+                l,
                 &lw.attn_norm,
                 (&lw.wq, &lw.wk, &lw.wv),
                 &s.x.dev,
                 &mut s.xn.dev,
                 n,
                 (&mut s.q.dev, &mut s.k.dev, &mut s.v.dev),
+                (&pos, &slot),
             )?;
-            let mut b = st.launch_builder(&self.kernels.rope_kv[kv_kind]);
-            b.arg(&mut s.q.dev)
-                .arg(&mut s.k.dev)
-                .arg(&s.v.dev)
-                .arg(&mut self.kv.k[l])
-                .arg(&mut self.kv.v[l])
-                .arg(&pos)
-                .arg(&slot)
-                .arg(self.inv_freq)
-                .arg(&nh_i)
-                .arg(&nkv_i)
-                .arg(&hd_i);
-            // SAFETY: arguments match `rope_kv_<dtype>` for the cache's element type; slots come from validated
-            // block tables (inside the cache, or its pad block), q/k/v hold n tokens, inv_freq holds
-            // head_dim / 2 floats.
-            unsafe { b.launch(rows_cfg(n)) }?;
             let mut b = st.launch_builder(&self.kernels.attention[kv_kind]);
             b.arg(&s.q.dev)
                 .arg(&self.kv.k[l])
@@ -454,7 +489,19 @@ impl Step<'_> {
                 nl,
                 Some(&logit_rows),
             )?;
-            self.matmul(weights.lm_head(), &s.xn.dev, nl, &mut s.logits.dev, MODE_STORE)?;
+            let head = weights.lm_head();
+            self.matmul(head, &s.xn.dev, nl, &mut s.logits.dev, MODE_STORE)?;
+            let vocab = head.rows as i32;
+            let mut b = st.launch_builder(&self.kernels.argmax);
+            b.arg(&s.logits.dev).arg(&vocab).arg(&mut s.argmax.dev);
+            let cfg = LaunchConfig {
+                grid_dim: (nl as u32, 1, 1),
+                block_dim: (ARGMAX_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: arguments match `argmax_rows`; `logits` holds nl rows of `vocab` floats and `argmax` nl
+            // ints (Scratch sized both for this step).
+            unsafe { b.launch(cfg) }?;
         }
         Ok(())
     }

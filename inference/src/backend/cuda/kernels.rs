@@ -7,12 +7,16 @@
 //!   tokens per block row; one warp per weight row, 4 (Q4_x) or 8 (Q8_0, F32) lanes per 32-element quant block
 //!   reading 4 bytes of quants each, so a weight row is read once per token tile, in contiguous runs, and
 //!   dequantized in registers.
-//! - `qkv_{f32,q8_0,q4_0,q4_1}`: RMSNorm of the residual stream and the Q, K and V matmuls in one launch (each
-//!   warp recomputes its tokens' norms; the norm weight is folded into the weights it reads).
+//! - `qkv_rope_{f32,q8_0,q4_0,q4_1}_{f32,f16}`: for up to [`TOKEN_TILE`] tokens, the attention block's first half
+//!   in one launch: RMSNorm of the residual stream, the Q, K and V matmuls (each warp recomputes its tokens' norms;
+//!   the norm weight is folded into the weights it reads), RoPE on Q and K (the two warps of a rotation pair trade
+//!   sums through shared memory), K and V written into the paged cache.
 //! - `gate_up_{f32,q8_0,q4_0,q4_1}`: RMSNorm and the feed-forward's gate and up matmuls in one launch, writing
 //!   `silu(gate) * up`.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
+//! - `argmax_rows`: the most likely token of each logit row (the host's `sampling::argmax` rules), so greedy
+//!   decoding copies one index per sequence to the host instead of a vocabulary-sized row.
 //! - `rope_kv_{f32,f16}`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the
 //!   paged cache at each token's slot, as f32 or rounded to f16 (IEEE half, round to nearest even).
 //! - `attention_{f32,f16}`: causal GQA attention for one (token, head) per block, its warps splitting the keys
@@ -41,6 +45,9 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Threads per block of the row-wise kernels (embed, rms_norm, rope_kv).
 pub const ROW_THREADS: usize = 256;
 
+/// Threads per block of `argmax_rows` (one block per logit row: a vocabulary of 49,152 is 48 loads per thread).
+pub const ARGMAX_THREADS: usize = 1024;
+
 /// Weight types the kernels read, in the order of the `TY_*` constants of the source.
 pub const WEIGHT_TYPES: &[&str] = &["f32", "q8_0", "q4_0", "q4_1"];
 
@@ -60,14 +67,17 @@ pub fn kernel_names() -> Vec<String> {
     for ty in WEIGHT_TYPES {
         v.push(format!("matmul_{ty}"));
         v.push(format!("embed_{ty}"));
-        v.push(format!("qkv_{ty}"));
         v.push(format!("gate_up_{ty}"));
+        for kv in KV_TYPES {
+            v.push(format!("qkv_rope_{ty}_{kv}"));
+        }
     }
     for kv in KV_TYPES {
         v.push(format!("rope_kv_{kv}"));
         v.push(format!("attention_{kv}"));
     }
     v.push("rms_norm".into());
+    v.push("argmax_rows".into());
     v
 }
 
@@ -277,40 +287,6 @@ __device__ void matmul_impl(const float* __restrict__ f, const float* __restrict
     store_row(acc, nt, lane, out, rows, r, t0, mode);
 }
 
-// The attention block's RMSNorm (weight nw) and Q, K and V projections (three matrices of one type) of the
-// residual stream x in one launch: the grid's first dimension covers the row blocks of Q, then of K, then of V;
-// each warp computes its tokens' norms itself.
-template <int TY>
-__device__ void qkv_impl(const float* f0, const float* d0, const float* m0, const unsigned char* q0,
-                         const float* f1, const float* d1, const float* m1, const unsigned char* q1,
-                         const float* f2, const float* d2, const float* m2, const unsigned char* q2, int rows0,
-                         int rows1, int rows2, int cols, const float* __restrict__ x, const float* __restrict__ nw,
-                         float eps, int n_tok, float* out0, float* out1, float* out2) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int b0 = (rows0 + WARPS - 1) / WARPS, b1 = (rows1 + WARPS - 1) / WARPS;
-    int bx = blockIdx.x;
-    int which = bx < b0 ? 0 : (bx < b0 + b1 ? 1 : 2);
-    int first = which == 0 ? 0 : (which == 1 ? b0 : b0 + b1);
-    int rows = which == 0 ? rows0 : (which == 1 ? rows1 : rows2);
-    int r = (bx - first) * WARPS + warp;
-    if (r >= rows) return;
-    int t0 = blockIdx.y * TOKEN_TILE;
-    int nt = min(TOKEN_TILE, n_tok - t0);
-    float acc[TOKEN_TILE];
-#pragma unroll
-    for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
-    const float* xt = x + (i64)t0 * cols;
-    float inv[TOKEN_TILE];
-    inv_rms(xt, cols, nt, lane, eps, inv);
-    if (which == 0) row_dots<TY, true>(f0, d0, m0, q0, r, cols, xt, nw, nt, lane, acc);
-    else if (which == 1) row_dots<TY, true>(f1, d1, m1, q1, r, cols, xt, nw, nt, lane, acc);
-    else row_dots<TY, true>(f2, d2, m2, q2, r, cols, xt, nw, nt, lane, acc);
-#pragma unroll
-    for (int t = 0; t < TOKEN_TILE; t++)
-        if (t < nt) acc[t] *= inv[t];
-    store_row(acc, nt, lane, which == 0 ? out0 : (which == 1 ? out1 : out2), rows, r, t0, MODE_STORE);
-}
-
 // The feed-forward's RMSNorm (weight nw) and gate and up projections of the residual stream x in one launch:
 // out[t][r] = silu(Wg[r]·x̂[t]) * (Wu[r]·x̂[t]) with x̂ the normed x, one warp per row computing both.
 template <int TY>
@@ -359,16 +335,6 @@ __device__ void embed_impl(const float* __restrict__ f, const float* __restrict_
     extern "C" __global__ void embed_##NAME(const float* f, const float* d, const float* m,                    \
                                             const unsigned char* q, int cols, const int* tokens, float* out) { \
         embed_impl<TY>(f, d, m, q, cols, tokens, out);                                                          \
-    }                                                                                                           \
-    extern "C" __global__ void qkv_##NAME(const float* f0, const float* d0, const float* m0,                   \
-                                          const unsigned char* q0, const float* f1, const float* d1,           \
-                                          const float* m1, const unsigned char* q1, const float* f2,           \
-                                          const float* d2, const float* m2, const unsigned char* q2,           \
-                                          int rows0, int rows1, int rows2, int cols, const float* x,           \
-                                          const float* nw, float eps, int n_tok, float* out0, float* out1,     \
-                                          float* out2) {                                                        \
-        qkv_impl<TY>(f0, d0, m0, q0, f1, d1, m1, q1, f2, d2, m2, q2, rows0, rows1, rows2, cols, x, nw, eps,   \
-                     n_tok, out0, out1, out2);                                                                  \
     }                                                                                                           \
     extern "C" __global__ void gate_up_##NAME(const float* fg, const float* dg, const float* mg,               \
                                               const unsigned char* qg, const float* fu, const float* du,       \
@@ -469,6 +435,67 @@ __device__ void rope_kv_impl(float* __restrict__ q, float* __restrict__ k, const
         kv_store(&kc[sl * kvd + i], k[(i64)t * kvd + i]);
         kv_store(&vc[sl * kvd + i], v[(i64)t * kvd + i]);
     }
+}
+
+// The attention block's first half for up to TOKEN_TILE tokens per block row, in one launch: RMSNorm (weight nw) of
+// the residual stream x, the Q, K and V projections (three matrices of one type; the grid's first dimension covers
+// the row blocks of Q, then of K, then of V), RoPE on Q and K, and K and V stored at each token's cache slot —
+// what qkv (unfused: rms_norm and three matmuls) and rope_kv do in five launches, with the same arithmetic. Each
+// warp computes one row for the tile's tokens (and its tokens' norms itself); a RoPE pair is rows 2j and 2j + 1
+// of a head, computed by warps w and w ^ 1 of one block (WARPS is even and a block's first row even), which trade
+// their sums through shared memory. Q goes to q ([n_tok][rows0], rotated); K and V only into the cache.
+template <int TY, typename KV>
+__device__ void qkv_rope_impl(const float* f0, const float* d0, const float* m0, const unsigned char* q0,
+                              const float* f1, const float* d1, const float* m1, const unsigned char* q1,
+                              const float* f2, const float* d2, const float* m2, const unsigned char* q2, int rows0,
+                              int rows1, int rows2, int cols, const float* __restrict__ x,
+                              const float* __restrict__ nw, float eps, int n_tok, float* __restrict__ q,
+                              KV* __restrict__ kc, KV* __restrict__ vc, const int* __restrict__ pos,
+                              const int* __restrict__ slot, const float* __restrict__ inv_freq, int hd) {
+    __shared__ float sums[WARPS][TOKEN_TILE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int b0 = (rows0 + WARPS - 1) / WARPS, b1 = (rows1 + WARPS - 1) / WARPS;
+    int bx = blockIdx.x;
+    int which = bx < b0 ? 0 : (bx < b0 + b1 ? 1 : 2);
+    int first = which == 0 ? 0 : (which == 1 ? b0 : b0 + b1);
+    int rows = which == 0 ? rows0 : (which == 1 ? rows1 : rows2);
+    int r = (bx - first) * WARPS + warp;
+    bool live = r < rows;  // the same for the whole warp; a dead warp still meets the block barrier
+    int t0 = blockIdx.y * TOKEN_TILE;
+    int nt = min(TOKEN_TILE, n_tok - t0);
+    if (live) {
+        float acc[TOKEN_TILE];
+#pragma unroll
+        for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
+        const float* xt = x + (i64)t0 * cols;
+        float inv[TOKEN_TILE];
+        inv_rms(xt, cols, nt, lane, eps, inv);
+        if (which == 0) row_dots<TY, true>(f0, d0, m0, q0, r, cols, xt, nw, nt, lane, acc);
+        else if (which == 1) row_dots<TY, true>(f1, d1, m1, q1, r, cols, xt, nw, nt, lane, acc);
+        else row_dots<TY, true>(f2, d2, m2, q2, r, cols, xt, nw, nt, lane, acc);
+#pragma unroll
+        for (int t = 0; t < TOKEN_TILE; t++) {
+            if (t < nt) {
+                float v = warp_sum(acc[t] * inv[t]);
+                if (lane == 0) sums[warp][t] = v;
+            }
+        }
+    }
+    __syncthreads();
+    // Lane t finishes token t of the tile.
+    if (!live || lane >= nt) return;
+    int t = t0 + lane;
+    i64 sl = slot[t];
+    if (which == 2) {
+        kv_store(&vc[sl * rows2 + r], sums[warp][lane]);
+        return;
+    }
+    float a = sums[warp & ~1][lane], b = sums[warp | 1][lane];
+    float s, c;
+    sincosf((float)pos[t] * inv_freq[(r % hd) / 2], &s, &c);
+    float v = (r & 1) ? a * s + b * c : a * c - b * s;
+    if (which == 0) q[(i64)t * rows0 + r] = v;
+    else kv_store(&kc[sl * rows1 + r], v);
 }
 
 // Causal attention of token t, head h over positions 0..pos[t] of its sequence, K/V read through the block
@@ -592,6 +619,73 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
 
 INSTANTIATE_KV(f32, float)
 INSTANTIATE_KV(f16, unsigned short)
+
+#define INSTANTIATE_QKV(NAME, TY, KVNAME, KV)                                                                   \
+    extern "C" __global__ void qkv_rope_##NAME##_##KVNAME(                                                      \
+        const float* f0, const float* d0, const float* m0, const unsigned char* q0, const float* f1,            \
+        const float* d1, const float* m1, const unsigned char* q1, const float* f2, const float* d2,            \
+        const float* m2, const unsigned char* q2, int rows0, int rows1, int rows2, int cols, const float* x,   \
+        const float* nw, float eps, int n_tok, float* q, KV* kc, KV* vc, const int* pos, const int* slot,      \
+        const float* inv_freq, int hd) {                                                                        \
+        qkv_rope_impl<TY, KV>(f0, d0, m0, q0, f1, d1, m1, q1, f2, d2, m2, q2, rows0, rows1, rows2, cols, x, nw, \
+                              eps, n_tok, q, kc, vc, pos, slot, inv_freq, hd);                                 \
+    }
+
+INSTANTIATE_QKV(f32, TY_F32, f32, float)
+INSTANTIATE_QKV(f32, TY_F32, f16, unsigned short)
+INSTANTIATE_QKV(q8_0, TY_Q8_0, f32, float)
+INSTANTIATE_QKV(q8_0, TY_Q8_0, f16, unsigned short)
+INSTANTIATE_QKV(q4_0, TY_Q4_0, f32, float)
+INSTANTIATE_QKV(q4_0, TY_Q4_0, f16, unsigned short)
+INSTANTIATE_QKV(q4_1, TY_Q4_1, f32, float)
+INSTANTIATE_QKV(q4_1, TY_Q4_1, f16, unsigned short)
+
+// The index of each logit row's largest value, as the host's sampling::argmax defines it: NaN ignored, ties to the
+// lowest index, 0 when every value is NaN or -inf. Greedy decoding copies these to the host instead of the rows.
+// Grid: one block per row of logits ([rows][vocab]); block: ARGMAX_THREADS threads; out: [rows].
+__device__ __forceinline__ void keep_best(float& best, int& bi, float v, int i) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
+    __shared__ float red_v[32];
+    __shared__ int red_i[32];
+    const float* row = logits + (i64)blockIdx.x * vocab;
+    const int NONE = 0x7fffffff;
+    float best = __int_as_float(0xff800000);  // -inf: only larger values (never NaN) replace it
+    int bi = NONE;
+#pragma unroll 4
+    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
+        float v = row[k];
+        if (v > best) {
+            best = v;
+            bi = k;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        keep_best(best, bi, ov, oi);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        red_v[warp] = best;
+        red_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    int nw = (blockDim.x + 31) / 32;
+    best = lane < nw ? red_v[lane] : __int_as_float(0xff800000);
+    bi = lane < nw ? red_i[lane] : NONE;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        keep_best(best, bi, ov, oi);
+    }
+    if (lane == 0) out[blockIdx.x] = bi == NONE ? 0 : bi;
+}
 "#;
 
 /// The CUDA C source of all kernels, with the engine's constants filled in.
@@ -720,7 +814,15 @@ mod tests {
                     .find(|ty| prefixes.iter().any(|p| name == format!("{p}_{ty}")))
                     .copied()
             };
-            let defined = if let Some(ty) = of(&["matmul", "embed", "qkv", "gate_up"], WEIGHT_TYPES) {
+            let qkv = WEIGHT_TYPES.iter().find_map(|ty| {
+                KV_TYPES
+                    .iter()
+                    .find(|kv| name == format!("qkv_rope_{ty}_{kv}"))
+                    .map(|kv| (ty, kv))
+            });
+            let defined = if let Some((ty, kv)) = qkv {
+                src.contains(&format!("INSTANTIATE_QKV({ty}, TY_{}, {kv}, ", ty.to_uppercase()))
+            } else if let Some(ty) = of(&["matmul", "embed", "gate_up"], WEIGHT_TYPES) {
                 src.contains(&format!("INSTANTIATE({ty}, TY_{})", ty.to_uppercase()))
             } else if let Some(ty) = of(&["rope_kv", "attention"], KV_TYPES) {
                 src.contains(&format!("INSTANTIATE_KV({ty}, "))
@@ -731,7 +833,7 @@ mod tests {
         }
         assert_eq!(
             kernel_names().len(),
-            4 * WEIGHT_TYPES.len() + 2 * KV_TYPES.len() + 1
+            3 * WEIGHT_TYPES.len() + WEIGHT_TYPES.len() * KV_TYPES.len() + 2 * KV_TYPES.len() + 2
         );
     }
 

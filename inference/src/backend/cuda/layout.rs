@@ -82,7 +82,7 @@ pub fn graph_batch(
 ) -> Option<usize> {
     let decode_only = batch
         .iter()
-        .all(|it| it.tokens.len() == 1 && it.need_logits && it.start_pos / block_size.max(1) < stride);
+        .all(|it| it.tokens.len() == 1 && it.logits.wanted() && it.start_pos / block_size.max(1) < stride);
     if batch.is_empty() || !decode_only {
         return None;
     }
@@ -125,7 +125,7 @@ impl StepLayout {
                 self.slot.push(slot(it.block_table, p, block_size) as i32);
                 self.table_off.push(off);
             }
-            if it.need_logits {
+            if it.logits.wanted() {
                 self.logit_rows.push(self.tokens.len() as i32 - 1);
             }
         }
@@ -225,6 +225,7 @@ pub fn slot(table: &[u32], pos: usize, block_size: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Logits;
 
     #[test]
     fn a_mixed_batch_maps_every_token_to_its_slot_and_table() {
@@ -238,14 +239,14 @@ mod tests {
                 tokens: &a_tokens,
                 start_pos: 3,
                 block_table: &a_table,
-                need_logits: false,
+                logits: Logits::None,
             },
             // A decode token at position 9: block 3, offset 1.
             BatchItem {
                 tokens: &b_tokens,
                 start_pos: 9,
                 block_table: &b_table,
-                need_logits: true,
+                logits: Logits::Full,
             },
         ];
         let mut l = StepLayout::default();
@@ -287,7 +288,7 @@ mod tests {
             tokens: &t1,
             start_pos: pos,
             block_table: &table,
-            need_logits: true,
+            logits: Logits::Full,
         };
         let sizes = capture_sizes(32);
         assert_eq!(graph_batch(&[dec(3)], &sizes, 4, 3), Some(1));
@@ -308,7 +309,7 @@ mod tests {
             tokens: &t2,
             start_pos: 0,
             block_table: &table,
-            need_logits: true,
+            logits: Logits::Full,
         };
         assert_eq!(
             graph_batch(&[dec(3), chunk], &sizes, 4, 3),
@@ -316,7 +317,7 @@ mod tests {
             "a prefill chunk"
         );
         let no_logits = BatchItem {
-            need_logits: false,
+            logits: Logits::None,
             ..dec(3)
         };
         assert_eq!(graph_batch(&[no_logits], &sizes, 4, 3), None);
@@ -331,13 +332,13 @@ mod tests {
                 tokens: &a,
                 start_pos: 5,
                 block_table: &ta,
-                need_logits: true,
+                logits: Logits::Full,
             },
             BatchItem {
                 tokens: &b,
                 start_pos: 7,
                 block_table: &tb,
-                need_logits: true,
+                logits: Logits::Full,
             },
         ];
         let shape = GraphShape {
@@ -374,7 +375,7 @@ mod tests {
             tokens: &toks,
             start_pos: 0,
             block_table: &table,
-            need_logits: true,
+            logits: Logits::Full,
         }];
         let mut l = StepLayout::default();
         l.build(&batch, 4);

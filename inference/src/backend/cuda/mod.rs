@@ -16,9 +16,10 @@
 //! graph's fixed device buffers. Prefill and mixed steps run eagerly. Each step records a CUDA event before its
 //! first upload and after its last kernel; both are mapped onto BOOTTIME and returned as the step's device
 //! interval ([`DeviceClock::CudaEvents`]), and the step says which graph it replayed
-//! ([`StepOutput::graph_batch`]). Sampling stays on the host: the logits of the rows that need them are copied
-//! into pinned host memory asynchronously, and the host waits on an event recorded after the copy. Never blocks
-//! on anything but its own stream.
+//! ([`StepOutput::graph_batch`]). Every step ends with each logit row's argmax on the device (greedy decoding
+//! needs nothing else); the argmax, and the logits only when an item wants them ([`Logits::Full`]: sampling with
+//! a temperature stays on the host), are copied into pinned host memory asynchronously, and the host waits on an
+//! event recorded after the copy. Never blocks on anything but its own stream.
 
 pub mod clock;
 pub mod forward;
@@ -35,7 +36,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{Backend, BackendError, BatchItem, DeviceClock, KvCacheDtype, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, KvCacheDtype, Logits, StepOutput};
 use crate::model::{Model, ModelConfig};
 
 use clock::EventClock;
@@ -144,8 +145,10 @@ pub struct CudaBackend {
     packed: Vec<i32>,
     /// Pinned staging of the packed index arrays (copied up asynchronously).
     host_idx: PinnedHostSlice<i32>,
-    /// Pinned landing place of the logits (copied down asynchronously).
+    /// Pinned landing place of the logits (copied down asynchronously, for steps with a [`Logits::Full`] item).
     host_logits: PinnedHostSlice<f32>,
+    /// Pinned landing place of the logit rows' argmax.
+    host_argmax: PinnedHostSlice<i32>,
     clock: EventClock,
     ev_start: CudaEvent,
     ev_end: CudaEvent,
@@ -331,6 +334,7 @@ impl CudaBackend {
         let vocab = model.config.vocab_size;
         let rows = options.max_graph_batch.max(1);
         let host_logits = pinned(&ctx, rows * vocab, false).map_err(dev("allocating pinned logits"))?;
+        let host_argmax = pinned(&ctx, rows, false).map_err(dev("allocating pinned argmax"))?;
         let host_idx = pinned(&ctx, 4096, true).map_err(dev("allocating pinned index arrays"))?;
         let mut b = CudaBackend {
             model,
@@ -348,6 +352,7 @@ impl CudaBackend {
             packed: Vec::new(),
             host_idx,
             host_logits,
+            host_argmax,
             clock,
             ev_start,
             ev_end,
@@ -520,8 +525,13 @@ impl CudaBackend {
         if self.host_idx.len() < p.len {
             self.host_idx = pinned(&self.ctx, p.len.next_power_of_two(), true)?;
         }
-        if self.host_logits.len() < wanted * vocab {
+        // The logits come down only when an item samples with a temperature; the argmax always.
+        let full = batch.iter().any(|it| it.logits == Logits::Full);
+        if full && self.host_logits.len() < wanted * vocab {
             self.host_logits = pinned(&self.ctx, wanted * vocab, false)?;
+        }
+        if self.host_argmax.len() < wanted {
+            self.host_argmax = pinned(&self.ctx, wanted, false)?;
         }
         self.host_idx.as_mut_slice()?[..p.len].copy_from_slice(&self.packed);
         let replay = graph.map(|(i, _)| i);
@@ -545,10 +555,19 @@ impl CudaBackend {
             _ => self.launch(None, &p)?,
         }
         self.ev_end.record(&self.stream)?;
+        let scratch = match self.graphs.as_ref().filter(|_| replay.is_some()) {
+            Some(g) => &g.scratch,
+            None => &self.scratch,
+        };
         if wanted > 0 {
-            let graphs = self.graphs.as_ref().filter(|_| replay.is_some());
-            let logits = graphs.map_or(&self.scratch.logits, |g| &g.scratch.logits);
-            let (src, _sync) = logits.dev.device_ptr(&self.stream);
+            let (src, _sync) = scratch.argmax.dev.device_ptr(&self.stream);
+            let dst = &mut self.host_argmax.as_mut_slice()?[..wanted];
+            // SAFETY: the argmax buffer holds at least p.nl ≥ wanted ints; `dst` is pinned memory this backend
+            // owns, read only after `ev_copied` completed (below), and kept alive until then.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        }
+        if wanted > 0 && full {
+            let (src, _sync) = scratch.logits.dev.device_ptr(&self.stream);
             let dst = &mut self.host_logits.as_mut_slice()?[..wanted * vocab];
             // SAFETY: the logits buffer holds at least p.nl ≥ wanted rows of `vocab`; `dst` is pinned memory this
             // backend owns, read only after `ev_copied` completed (below), and kept alive until then.
@@ -557,9 +576,25 @@ impl CudaBackend {
         self.ev_copied.record(&self.stream)?;
         self.ev_copied.synchronize()?;
         let (device_start_ns, device_end_ns) = self.clock.host_interval(&self.ev_start, &self.ev_end)?;
-        let host = &self.host_logits.as_slice()?[..wanted * vocab];
+        // Row i of the copies is the i-th item that wants logits (graph steps: every item, padding rows after).
+        let argmax = self.host_argmax.as_slice()?[..wanted]
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        let mut logits = Vec::new();
+        if full {
+            let host = &self.host_logits.as_slice()?[..wanted * vocab];
+            let wanting = batch.iter().filter(|it| it.logits.wanted());
+            logits = host
+                .chunks_exact(vocab.max(1))
+                .zip(wanting)
+                .filter(|(_, it)| it.logits == Logits::Full)
+                .map(|(row, _)| row.to_vec())
+                .collect();
+        }
         Ok(StepOutput {
-            logits: host.chunks_exact(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+            argmax,
+            logits,
             device_start_ns,
             device_end_ns,
             graph_batch: graph.map_or(0, |(_, shape)| shape.batch as u32),
@@ -585,10 +620,9 @@ impl Backend for CudaBackend {
         if batch.is_empty() {
             let now = llmprof_probes::boottime_ns();
             return Ok(StepOutput {
-                logits: Vec::new(),
                 device_start_ns: now,
                 device_end_ns: now,
-                graph_batch: 0,
+                ..StepOutput::default()
             });
         }
         self.forward_device(batch).map_err(|e| {
