@@ -520,51 +520,43 @@ fn cuda_decode_throughput_batch_1_and_32() {
     }
 }
 
+/// Decode tokens/s at batch 1 and 32, greedy (argmax only, what the engine asks for greedy requests) and with the
+/// logits copied back (what sampling with a temperature needs), side by side.
 fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
     for batch in [1usize, 32] {
-        let prompt_len = 32;
-        let steps = 128;
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|s| {
-                (0..((prompt_len + steps) / 16 + 1) as u32)
-                    .map(|b| s as u32 * 16 + b)
-                    .collect()
-            })
-            .collect();
-        let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
-        let items: Vec<BatchItem<'_>> = tables
-            .iter()
-            .map(|t| BatchItem {
-                tokens: &prompt,
-                start_pos: 0,
-                block_table: t,
-                logits: Logits::Full,
-            })
-            .collect();
-        gpu.forward(&items).unwrap();
-        let toks: Vec<u32> = vec![200; batch];
-        let t0 = Instant::now();
-        let mut device_ns = 0u64;
-        for s in 0..steps {
-            let items: Vec<BatchItem<'_>> = tables
-                .iter()
-                .enumerate()
-                .map(|(i, t)| BatchItem {
-                    tokens: &toks[i..i + 1],
-                    start_pos: prompt_len + s,
-                    block_table: t,
-                    logits: Logits::Full,
+        for want in [Logits::Argmax, Logits::Full] {
+            let prompt_len = 32;
+            let steps = 128;
+            let tables: Vec<Vec<u32>> = (0..batch)
+                .map(|s| {
+                    (0..((prompt_len + steps) / 16 + 1) as u32)
+                        .map(|b| s as u32 * 16 + b)
+                        .collect()
                 })
                 .collect();
-            let out = gpu.forward(&items).unwrap();
-            device_ns += out.device_end_ns - out.device_start_ns;
+            let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
+            let items: Vec<BatchItem<'_>> =
+                tables.iter().map(|t| item(&prompt, 0, t, Logits::Full)).collect();
+            gpu.forward(&items).unwrap();
+            let toks: Vec<u32> = vec![200; batch];
+            let t0 = Instant::now();
+            let mut device_ns = 0u64;
+            for s in 0..steps {
+                let items: Vec<BatchItem<'_>> = tables
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| item(&toks[i..i + 1], prompt_len + s, t, want))
+                    .collect();
+                let out = gpu.forward(&items).unwrap();
+                device_ns += out.device_end_ns - out.device_start_ns;
+            }
+            let wall = t0.elapsed().as_secs_f64();
+            eprintln!(
+                "{what}: batch {batch}, {want:?}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
+                (batch * steps) as f64 / wall,
+                wall * 1e3 / steps as f64,
+                100.0 * device_ns as f64 / 1e9 / wall
+            );
         }
-        let wall = t0.elapsed().as_secs_f64();
-        eprintln!(
-            "{what}: batch {batch}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
-            (batch * steps) as f64 / wall,
-            wall * 1e3 / steps as f64,
-            100.0 * device_ns as f64 / 1e9 / wall
-        );
     }
 }
