@@ -21,7 +21,8 @@
 //!   paged cache at each token's slot, as f32 or rounded to f16 (IEEE half, round to nearest even).
 //! - `attention_{f32,f16}`: causal GQA attention for one (token, head) per block, its warps splitting the keys
 //!   (online softmax per warp, combined at the end), reading K/V (f32, or f16 widened to f32) through the
-//!   sequence's block table; arithmetic in f32 either way.
+//!   sequence's block table in 16-byte pieces (scores: a key per lane; values: several keys per pass, each lane a
+//!   piece of one); arithmetic in f32 either way.
 //!
 //! Compilation goes to a CUBIN for the device's exact `sm_XY` (loadable by an older driver of the same major
 //! version, unlike PTX from a newer NVRTC), falling back to PTX for `compute_XY` when NVRTC cannot target the
@@ -525,8 +526,8 @@ __device__ void qkv_rope_impl(const float* f0, const float* d0, const float* m0,
 
 // Causal attention of token t, head h over positions 0..pos[t] of its sequence, K/V read through the block
 // table tables[table_off[t]..]. out is [n_tok][n_heads*hd]. Grid: n_tok*n_heads blocks of WARPS warps, one block
-// per (t, h); warp w takes the chunks of 32 keys w, w + WARPS, ... (one key per lane for the scores, then the
-// chunk's keys one after another for the values) with its own online softmax (running max and sum); the warps'
+// per (t, h); warp w takes the chunks of 32 keys w, w + WARPS, ... (one key per lane for the scores, then for the
+// values 16-byte pieces of several keys per pass) with its own online softmax (running max and sum); the warps'
 // partial results are combined through shared memory at the end.
 template <typename KV>
 __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
@@ -549,6 +550,12 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
     int last = pos[t];
     float run_max = __int_as_float(0xff800000);  // -inf
     float run_sum = 0.0f;
+    // Values: with hd a multiple of 8, lane (kg, sub) = (lane / G, lane % G) accumulates elements 8 sub .. 8 sub + 7
+    // of keys kg, kg + KPP, ... (G = hd / 8 lanes cover a key's row, KPP = 32 / G keys per pass; acc[0..8]); else
+    // lane l accumulates elements l, l + 32, ... of every key (acc[i]: element l + 32 i).
+    static_assert(HD_PER_LANE >= 8, "acc holds a lane's 8-element piece");
+    const bool pieces = hd % 8 == 0;
+    const int G = pieces ? hd / 8 : 32, KPP = 32 / G, kg = lane / G, sub = lane % G;
     float acc[HD_PER_LANE];
 #pragma unroll
     for (int i = 0; i < HD_PER_LANE; i++) acc[i] = 0.0f;
@@ -563,7 +570,7 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
             if (hd % 8 == 0) {
                 // Each lane reads its own key's row in 16-byte pieces (aligned: kv_dim and the head offset are
                 // multiples of 8 elements), issued together.
-#pragma unroll 4
+#pragma unroll 8
                 for (int d0 = 0; d0 < hd; d0 += 8) {
                     float kv[8];
                     kv_load8(kr + d0, kv);
@@ -582,16 +589,33 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
 #pragma unroll
         for (int i = 0; i < HD_PER_LANE; i++) acc[i] *= r;
         int n = min(32, last - p0 + 1);
-        // The chunk's values, key by key; each key's weight and slot come from the lane that scored it.
+        // The chunk's values; each key's weight and slot come from the lane that scored it.
+        if (pieces) {
+            // KPP keys per pass, each lane one 16-byte piece (8 elements): the loads of a chunk are independent
+            // (hd 64: 8 passes) instead of 32 keys one after another.
 #pragma unroll 8
-        for (int j = 0; j < n; j++) {
-            float wj = __shfl_sync(0xffffffffu, w, j);
-            int slj = __shfl_sync(0xffffffffu, sl, j);
-            const KV* vr = vc + (i64)slj * kvd + koff;
+            for (int j0 = 0; j0 < n; j0 += KPP) {
+                int j = j0 + kg;
+                float wj = __shfl_sync(0xffffffffu, w, j & 31);
+                int slj = __shfl_sync(0xffffffffu, sl, j & 31);
+                if (kg < KPP && j < n) {
+                    float v8[8];
+                    kv_load8(vc + (i64)slj * kvd + koff + 8 * sub, v8);
 #pragma unroll
-            for (int i = 0; i < HD_PER_LANE; i++) {
-                int d = lane + 32 * i;
-                if (d < hd) acc[i] = fmaf(wj, kv_load(&vr[d]), acc[i]);
+                    for (int u = 0; u < 8; u++) acc[u] = fmaf(wj, v8[u], acc[u]);
+                }
+            }
+        } else {
+#pragma unroll 8
+            for (int j = 0; j < n; j++) {
+                float wj = __shfl_sync(0xffffffffu, w, j);
+                int slj = __shfl_sync(0xffffffffu, sl, j);
+                const KV* vr = vc + (i64)slj * kvd + koff;
+#pragma unroll
+                for (int i = 0; i < HD_PER_LANE; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hd) acc[i] = fmaf(wj, kv_load(&vr[d]), acc[i]);
+                }
             }
         }
         run_max = new_max;
@@ -602,10 +626,25 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
         part_max[warp] = run_max;
         part_sum[warp] = run_sum;
     }
+    if (pieces) {
+        // Add the key groups' sums into group 0 (lanes 0..G-1), which holds the warp's row.
+        for (int k = 1; k < KPP; k++) {
 #pragma unroll
-    for (int i = 0; i < HD_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        if (d < hd) part_acc[warp][d] = acc[i];
+            for (int u = 0; u < 8; u++) {
+                float o = __shfl_sync(0xffffffffu, acc[u], (lane + k * G) & 31);
+                if (kg == 0) acc[u] += o;
+            }
+        }
+        if (kg == 0) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) part_acc[warp][8 * sub + u] = acc[u];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < hd) part_acc[warp][d] = acc[i];
+        }
     }
     __syncthreads();
     if (warp != 0) return;
