@@ -48,7 +48,7 @@ impl Rng {
 }
 
 /// Index of the largest logit (NaN ignored; ties: lowest index), 0 when every logit is NaN or -inf. The CUDA
-/// backend's `argmax` kernel follows the same rules.
+/// backend's `argmax_rows` kernel follows the same rules.
 ///
 /// Two passes that the compiler vectorizes (the maximum in sixteen independent lanes, a comparison that skips
 /// NaN, then the first index holding it) instead of one branchy scan: greedy decoding runs this once per

@@ -622,8 +622,8 @@ impl CpuBackend {
         matmul_multi(pool, &mut s.tasks, logits, &[head], acts, false);
         let rows = logits.chunks_exact(vocab);
         let argmax = rows.clone().map(sampling::argmax).collect();
-        // A fresh vocabulary-sized vector per row costs page faults (~60 µs per SmolLM2 row here): only the
-        // rows sampled with a temperature need one.
+        // A fresh vocabulary-sized vector per row (196 KB for SmolLM2) is an allocation and its page faults: only
+        // the rows sampled with a temperature need one.
         let wanted = batch.iter().filter(|it| it.logits.wanted());
         let full = rows
             .zip(wanted)

@@ -393,10 +393,11 @@ impl EngineLoop {
                 let Some(seq) = self.sched.get(sc.id) else {
                     continue;
                 };
-                let logits = match self.live.get(&sc.id) {
-                    _ if !sc.need_logits => Logits::None,
-                    Some(l) if !l.req.sampling.is_greedy() => Logits::Full,
-                    _ => Logits::Argmax,
+                let greedy = self.live.get(&sc.id).is_none_or(|l| l.req.sampling.is_greedy());
+                let logits = match (sc.need_logits, greedy) {
+                    (false, _) => Logits::None,
+                    (true, true) => Logits::Argmax,
+                    (true, false) => Logits::Full,
                 };
                 wants.push((sc.id, logits));
                 items.push(BatchItem {
@@ -429,18 +430,18 @@ impl EngineLoop {
             let mut logits = step_out.logits.iter();
             for &(id, want) in wants.iter().filter(|(_, w)| w.wanted()) {
                 let Some(&best) = argmax.next() else { break };
-                let tok = if want == Logits::Full {
-                    let Some(lg) = logits.next() else { break };
-                    let Some(l) = self.live.get_mut(&id) else {
-                        continue;
-                    };
-                    sampling::sample(lg, l.req.sampling, &mut l.rng)
-                } else {
-                    best
+                let full = match want {
+                    Logits::Full => match logits.next() {
+                        Some(lg) => Some(lg),
+                        None => break,
+                    },
+                    _ => None,
                 };
-                if self.live.contains_key(&id) {
-                    sampled.push((id, tok));
-                }
+                let Some(l) = self.live.get_mut(&id) else {
+                    continue;
+                };
+                let tok = full.map_or(best, |lg| sampling::sample(lg, l.req.sampling, &mut l.rng));
+                sampled.push((id, tok));
             }
         }
 

@@ -44,15 +44,21 @@ static std::vector<double> ref_mm(const Mat& M, const std::vector<float>& x, int
     for (int t = 0; t < n; t++) for (int r = 0; r < M.rows; r++) { double s = 0; for (int k = 0; k < M.cols; k++) s += (double)M.deq[r * M.cols + k] * x[t * M.cols + k]; o[t * M.rows + r] = s; }
     return o;
 }
+// RMSNorm of n rows of xr (weight nw), in double precision: what the fused launches' products see.
+static std::vector<float> normed(const std::vector<float>& xr, const std::vector<float>& nw, int n, int cols) {
+    std::vector<float> x(n * cols);
+    for (int t = 0; t < n; t++) { double ss = 0; for (int k = 0; k < cols; k++) ss += (double)xr[t * cols + k] * xr[t * cols + k];
+        double sc = 1 / std::sqrt(ss / cols + 1e-5); for (int k = 0; k < cols; k++) x[t * cols + k] = xr[t * cols + k] * sc * nw[k]; }
+    return x;
+}
 // The fused feed-forward launch: RMSNorm + gate + up with the SiLU gate, against RMSNorm then the products in double
 // precision.
 void test_fused() {
     // 96 columns: 16-byte loads everywhere; 42 (F32 only): element loads for the norm and the products.
     for (int ty = 0; ty < 4; ty++) for (int cols : {96, 42}) for (int n : {1, 9}) {
         if (cols % 32 && ty) continue;
-        std::vector<float> xr(n * cols), nw(cols), x(n * cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
-        for (int t = 0; t < n; t++) { double ss = 0; for (int k = 0; k < cols; k++) ss += (double)xr[t * cols + k] * xr[t * cols + k];
-            double sc = 1 / std::sqrt(ss / cols + 1e-5); for (int k = 0; k < cols; k++) x[t * cols + k] = xr[t * cols + k] * sc * nw[k]; }
+        std::vector<float> xr(n * cols), nw(cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
+        auto x = normed(xr, nw, n, cols);
         Mat G = make(ty, 37, cols), U = make(ty, 37, cols);
         std::vector<float> out(n * 37, -9);
         launch({(unsigned)((37 + 3) / 4), (unsigned)((n + 7) / 8)}, {128}, [&] {
@@ -246,9 +252,8 @@ void test_qkv_rope() {
         if (cols % 32 && ty) continue;
         int qd = nh * hd, kvd = nkv * hd, nslots = 64;
         Mat A = make(ty, qd, cols), B = make(ty, kvd, cols), C = make(ty, kvd, cols);
-        std::vector<float> xr(n * cols), nw(cols), x(n * cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
-        for (int t = 0; t < n; t++) { double ss = 0; for (int k = 0; k < cols; k++) ss += (double)xr[t * cols + k] * xr[t * cols + k];
-            double sc = 1 / std::sqrt(ss / cols + 1e-5); for (int k = 0; k < cols; k++) x[t * cols + k] = xr[t * cols + k] * sc * nw[k]; }
+        std::vector<float> xr(n * cols), nw(cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
+        auto x = normed(xr, nw, n, cols);
         std::vector<int> pos(n), slot(n); for (int t = 0; t < n; t++) { pos[t] = 3 + 7 * t; slot[t] = (t * 13 + 5) % nslots; }
         std::vector<float> inv(hd / 2); for (int i = 0; i < hd / 2; i++) inv[i] = (float)std::pow(10000.0, -2.0 * i / hd);
         auto wq = ref_mm(A, x, n), wk = ref_mm(B, x, n), wv = ref_mm(C, x, n);

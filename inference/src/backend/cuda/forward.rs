@@ -6,8 +6,9 @@
 //! argmax. Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
 //! and the cache write; RMSNorm, gate and up): a batch-1 decode step is 5 launches per layer. Everything is
 //! queued on the backend's one stream; activations stay on the device, only the packed index arrays go up (one
-//! copy) and the argmax (and, for rows sampled with a temperature, the logits) come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same
-//! call records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused
+//! copy) and the argmax (and, for rows sampled with a temperature, the logits) come back. [`Step::launch`] queues
+//! kernels only (no copies, no events, no allocation), so the same call records a CUDA graph when the stream is
+//! capturing. Buffers grow on demand (doubling) and are reused
 //! across steps; a graph's buffers are sized once, before capture, and never move.
 
 use std::sync::Arc;
@@ -25,10 +26,12 @@ use super::layout::Packed;
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
 
-/// Most tokens a step may have for the fused RMSNorm + Q/K/V + RoPE and RMSNorm + gate/up launches (one token tile). Each
-/// warp of a fused launch recomputes its tokens' norms, which pays at a few tokens, where a step is a chain of small
-/// launches (H100, SmolLM2-135M: batch 1 decode 1.85 ms/step fused against 2.10 unfused), and costs at many, where
-/// the extra reads dominate (batch 32: 5.07 ms fused against 4.67 unfused); docs/performance.md.
+/// Most tokens a step may have for the fused RMSNorm + Q/K/V + RoPE and RMSNorm + gate/up launches (one token
+/// tile). Each warp of a fused launch recomputes its tokens' norms, which paid at a few tokens, where a step is a
+/// chain of small launches (H100, SmolLM2-135M: batch 1 decode 1.85 ms/step fused against 2.10 unfused), and cost
+/// at many (batch 32: 5.07 ms fused against 4.67 unfused); docs/performance.md. Those were measured while the norm
+/// summed its tokens one after another (a chain of dependent loads per token, side by side since stop 27): worth
+/// measuring again at 32 on a GPU.
 pub const FUSE_MAX_TOKENS: usize = TOKEN_TILE;
 
 /// The loaded kernels.
