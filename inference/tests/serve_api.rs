@@ -499,6 +499,59 @@ fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
         == 0.0));
 }
 
+/// Greedy requests (the backend returns only their argmax) and seeded sampled ones (the backend returns their
+/// logits) sharing decode steps: each gets the answer it gets alone, so every sequence's token came from its own
+/// row whatever the mix of argmax-only and full rows in the step.
+#[test]
+fn greedy_and_seeded_sampled_requests_in_one_batch_get_their_own_answers() {
+    const MAX: u64 = 16;
+    let bodies: Vec<Value> = vec![
+        completion_body("g0 x", json!({"max_tokens": MAX})),
+        completion_body("s0 x", json!({"max_tokens": MAX, "temperature": 0.9, "seed": 5})),
+        completion_body("g1 y", json!({"max_tokens": MAX})),
+        completion_body(
+            "s1 y",
+            json!({"max_tokens": MAX, "temperature": 1.3, "top_p": 0.8, "seed": 9}),
+        ),
+    ];
+    let text = |r: &http::Response| r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let s = start(&[]);
+    let alone: Vec<String> = bodies
+        .iter()
+        .map(|b| text(&s.post_json("/v1/completions", b)))
+        .collect();
+    let port = s.port;
+    let go = std::sync::Arc::new(std::sync::Barrier::new(bodies.len()));
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|body| {
+            let go = go.clone();
+            std::thread::spawn(move || {
+                go.wait();
+                http::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    Some(body.to_string().as_bytes()),
+                )
+                .expect("POST /v1/completions")
+            })
+        })
+        .collect();
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            &text(&r),
+            want,
+            "request {i}: batched answer differs from its answer alone"
+        );
+    }
+    assert_ne!(alone[0], alone[2], "distinct prompts, distinct answers");
+}
+
 #[test]
 fn trace_headers_are_kept_and_request_id_echoed() {
     let s = start(&[]);
