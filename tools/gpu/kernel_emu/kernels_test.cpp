@@ -74,8 +74,9 @@ void test_fused() {
 EmbedFn em[4] = {embed_f32, embed_q8_0, embed_q4_0, embed_q4_1};
 
 void test_matmul() {
-    // 96 columns: whole quant blocks per lane (16-byte loads); 40 (F32 only): the element-per-lane path.
-    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 40}) for (int n : {1, 9}) for (int mode = 0; mode < 3; mode++) {
+    // 96 columns: whole quant blocks per lane (16-byte loads); 1600: more blocks per lane than one group of prefetched
+    // loads (ROW_PREFETCH); 40 (F32 only): the element-per-lane path.
+    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 1600, 40}) for (int n : {1, 9}) for (int mode = 0; mode < 3; mode++) {
         if (cols % 32 && ty) continue;
         int rows = 37;
         Mat M = make(ty, rows, cols);

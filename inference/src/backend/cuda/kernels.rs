@@ -6,7 +6,7 @@
 //! - `matmul_{f32,q8_0,q4_0,q4_1}`: `out[t][r] (=|+=|silu-gated) W[r]·x[t]` for a tile of [`TOKEN_TILE`]
 //!   tokens per block row; one warp per weight row, 4 (Q4_x) or 8 (Q8_0, F32) lanes per 32-element quant block
 //!   reading 4 bytes of quants each, so a weight row is read once per token tile, in contiguous runs, and
-//!   dequantized in registers.
+//!   dequantized in registers; each lane issues the loads of [`ROW_PREFETCH`] blocks before using the first.
 //! - `qkv_rope_{f32,q8_0,q4_0,q4_1}_{f32,f16}`: for up to [`TOKEN_TILE`] tokens, the attention block's first half
 //!   in one launch: RMSNorm of the residual stream, the Q, K and V matmuls (each warp recomputes its tokens' norms;
 //!   the norm weight is folded into the weights it reads), RoPE on Q and K (the two warps of a rotation pair trade
@@ -36,6 +36,10 @@ pub const QBLOCK: usize = crate::quant::BLOCK;
 
 /// Tokens per matmul block (accumulators per lane); the grid's second dimension covers the rest.
 pub const TOKEN_TILE: usize = 8;
+
+/// Quant blocks per lane whose weight loads a matmul warp issues together, before using the first (a Q4 row of
+/// 1,536 columns, SmolLM2's widest, is 6 blocks per lane).
+pub const ROW_PREFETCH: usize = 6;
 
 /// Warps per block of the matmul and attention kernels.
 pub const WARPS: usize = 4;
@@ -89,6 +93,7 @@ const SOURCE_TEMPLATE: &str = r#"
 #define WARPS @WARPS@
 #define MAX_HEAD_DIM @MAX_HEAD_DIM@
 #define HD_PER_LANE (MAX_HEAD_DIM / 32)
+#define ROW_PREFETCH @ROW_PREFETCH@
 #define MODE_STORE @MODE_STORE@
 #define MODE_ADD @MODE_ADD@
 #define MODE_SILU_MUL @MODE_SILU_MUL@
@@ -116,37 +121,55 @@ __device__ __forceinline__ float wval(const float* __restrict__ f, const float* 
     return (float)nib * d[b] + m[b];
 }
 
-// Lane part `sub` of quant block b (elements b*32 .. b*32+31 of the row-major matrix), dequantized into w: for
-// Q4_x the 4 bytes at 4*sub (elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]); for Q8_0 and F32 the 4 elements at
-// 4*sub (w[0..4]). The loads are aligned when the row length is a multiple of 32.
+// Lane part `sub` of quant block b (elements b*32 .. b*32+31 of the row-major matrix) as loaded, before
+// dequantization (wdequant): for Q4_x the 4 bytes of nibbles at 4*sub and the block's scale (and minimum); for Q8_0
+// the 4 quants at 4*sub and the scale; for F32 the 4 elements at 4*sub. The loads are aligned when the row length
+// is a multiple of 32.
+struct WRaw {
+    float4 f;
+    int v;
+    float s, mn;
+};
 template <int TY>
-__device__ __forceinline__ void wpart(const float* __restrict__ f, const float* __restrict__ d,
+__device__ __forceinline__ WRaw wload(const float* __restrict__ f, const float* __restrict__ d,
                                       const float* __restrict__ m, const unsigned char* __restrict__ q, i64 b,
-                                      int sub, float* w) {
+                                      int sub) {
+    WRaw w;
     if (TY == TY_F32) {
-        float4 v = *(const float4*)(f + b * QBLOCK + 4 * sub);
-        w[0] = v.x;
-        w[1] = v.y;
-        w[2] = v.z;
-        w[3] = v.w;
+        w.f = *(const float4*)(f + b * QBLOCK + 4 * sub);
     } else if (TY == TY_Q8_0) {
-        int v = *(const int*)(q + b * QBLOCK + 4 * sub);
-        float s = d[b];
-#pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(v >> (8 * k)) * s;
+        w.v = *(const int*)(q + b * QBLOCK + 4 * sub);
+        w.s = d[b];
     } else {
-        int v = *(const int*)(q + b * (QBLOCK / 2) + 4 * sub);
-        float s = d[b];
-        float mn = TY == TY_Q4_1 ? m[b] : 0.0f;
+        w.v = *(const int*)(q + b * (QBLOCK / 2) + 4 * sub);
+        w.s = d[b];
+        w.mn = TY == TY_Q4_1 ? m[b] : 0.0f;
+    }
+    return w;
+}
+
+// wload's lane part dequantized into w: for Q4_x elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]; for Q8_0 and F32
+// the 4 elements at 4*sub in w[0..4].
+template <int TY>
+__device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
+    if (TY == TY_F32) {
+        w[0] = r.f.x;
+        w[1] = r.f.y;
+        w[2] = r.f.z;
+        w[3] = r.f.w;
+    } else if (TY == TY_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k)) * r.s;
+    } else {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            int byte = (v >> (8 * k)) & 0xff;
+            int byte = (r.v >> (8 * k)) & 0xff;
             if (TY == TY_Q4_0) {
-                w[k] = (float)((byte & 15) - 8) * s;
-                w[4 + k] = (float)((byte >> 4) - 8) * s;
+                w[k] = (float)((byte & 15) - 8) * r.s;
+                w[4 + k] = (float)((byte >> 4) - 8) * r.s;
             } else {
-                w[k] = (float)(byte & 15) * s + mn;
-                w[4 + k] = (float)(byte >> 4) * s + mn;
+                w[k] = (float)(byte & 15) * r.s + r.mn;
+                w[4 + k] = (float)(byte >> 4) * r.s + r.mn;
             }
         }
     }
@@ -174,48 +197,63 @@ __device__ __forceinline__ void row_dots(const float* __restrict__ f, const floa
         // LPB lanes share a quant block, each taking 4 consecutive bytes of its quants (Q4_x: elements
         // 4s..4s+3 and 16+4s..16+4s+3; Q8_0 and F32: 4s..4s+3), so the warp reads the weights and the
         // activations in contiguous runs (the activations once per row, from L1). All of a row's loads are
-        // independent: a decode matmul has few warps per SM, so latency is hidden inside the warp.
+        // independent and issued ahead (ROW_PREFETCH): a decode matmul has few warps per SM, so latency must be
+        // hidden inside the warp.
         const int LPB = (TY == TY_Q4_0 || TY == TY_Q4_1) ? 4 : 8;
         const int BPI = 32 / LPB;
         int sub = lane % LPB;
         int nb = cols / QBLOCK;
         i64 rb = (i64)r * nb;
-#pragma unroll 4
-        for (int b = lane / LPB; b < nb; b += BPI) {
-            float w[8];
-            wpart<TY>(f, d, m, q, rb + b, sub, w);
-            if (NORM) {
-                // The norm weight folded into this lane's weights (it multiplies the same columns for every token).
-                float4 g = *(const float4*)(nw + (i64)b * QBLOCK + 4 * sub);
-                w[0] *= g.x;
-                w[1] *= g.y;
-                w[2] *= g.z;
-                w[3] *= g.w;
-                if (LPB == 4) {
-                    float4 h = *(const float4*)(nw + (i64)b * QBLOCK + 16 + 4 * sub);
-                    w[4] *= h.x;
-                    w[5] *= h.y;
-                    w[6] *= h.z;
-                    w[7] *= h.w;
-                }
+        // The weight loads of ROW_PREFETCH blocks per lane are issued before the first is used: a warp issues in
+        // order and stalls at the first instruction whose operand is still loading, so loads placed after the use
+        // of an earlier one (the next trip of a loop the compiler does not unroll) wait a whole memory round each.
+        for (int g0 = lane / LPB; g0 < nb; g0 += BPI * ROW_PREFETCH) {
+            WRaw raw[ROW_PREFETCH];
+#pragma unroll
+            for (int i = 0; i < ROW_PREFETCH; i++) {
+                int b = g0 + i * BPI;
+                if (b < nb) raw[i] = wload<TY>(f, d, m, q, rb + b, sub);
             }
 #pragma unroll
-            for (int t = 0; t < TOKEN_TILE; t++) {
-                if (t < nt) {
-                    const float* xb = xt + (i64)t * cols + (i64)b * QBLOCK + 4 * sub;
-                    float4 v = *(const float4*)xb;
-                    float s = w[0] * v.x;
-                    s = fmaf(w[1], v.y, s);
-                    s = fmaf(w[2], v.z, s);
-                    s = fmaf(w[3], v.w, s);
+            for (int i = 0; i < ROW_PREFETCH; i++) {
+                int b = g0 + i * BPI;
+                if (b >= nb) break;
+                float w[8];
+                wdequant<TY>(raw[i], w);
+                if (NORM) {
+                    // The norm weight folded into this lane's weights (it multiplies the same columns for every
+                    // token).
+                    float4 g = *(const float4*)(nw + (i64)b * QBLOCK + 4 * sub);
+                    w[0] *= g.x;
+                    w[1] *= g.y;
+                    w[2] *= g.z;
+                    w[3] *= g.w;
                     if (LPB == 4) {
-                        float4 u = *(const float4*)(xb + 16);
-                        s = fmaf(w[4], u.x, s);
-                        s = fmaf(w[5], u.y, s);
-                        s = fmaf(w[6], u.z, s);
-                        s = fmaf(w[7], u.w, s);
+                        float4 h = *(const float4*)(nw + (i64)b * QBLOCK + 16 + 4 * sub);
+                        w[4] *= h.x;
+                        w[5] *= h.y;
+                        w[6] *= h.z;
+                        w[7] *= h.w;
                     }
-                    acc[t] += s;
+                }
+#pragma unroll
+                for (int t = 0; t < TOKEN_TILE; t++) {
+                    if (t < nt) {
+                        const float* xb = xt + (i64)t * cols + (i64)b * QBLOCK + 4 * sub;
+                        float4 v = *(const float4*)xb;
+                        float s = w[0] * v.x;
+                        s = fmaf(w[1], v.y, s);
+                        s = fmaf(w[2], v.z, s);
+                        s = fmaf(w[3], v.w, s);
+                        if (LPB == 4) {
+                            float4 u = *(const float4*)(xb + 16);
+                            s = fmaf(w[4], u.x, s);
+                            s = fmaf(w[5], u.y, s);
+                            s = fmaf(w[6], u.z, s);
+                            s = fmaf(w[7], u.w, s);
+                        }
+                        acc[t] += s;
+                    }
                 }
             }
         }
@@ -759,6 +797,7 @@ pub fn kernel_source() -> String {
         .replace("@TOKEN_TILE@", &TOKEN_TILE.to_string())
         .replace("@WARPS@", &WARPS.to_string())
         .replace("@MAX_HEAD_DIM@", &MAX_HEAD_DIM.to_string())
+        .replace("@ROW_PREFETCH@", &ROW_PREFETCH.to_string())
         .replace("@MODE_STORE@", &MODE_STORE.to_string())
         .replace("@MODE_ADD@", &MODE_ADD.to_string())
         .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string())
