@@ -516,6 +516,7 @@ __device__ void qkv_rope_impl(const float* f0, const float* d0, const float* m0,
                               const float* __restrict__ nw, float eps, int n_tok, float* __restrict__ q,
                               KV* __restrict__ kc, KV* __restrict__ vc, const int* __restrict__ pos,
                               const int* __restrict__ slot, const float* __restrict__ inv_freq, int hd) {
+    static_assert(WARPS % 2 == 0, "a RoPE pair's rows 2j, 2j + 1 are warps w, w ^ 1 of one block");
     __shared__ float sums[WARPS][TOKEN_TILE];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int b0 = (rows0 + WARPS - 1) / WARPS, b1 = (rows1 + WARPS - 1) / WARPS;
