@@ -54,8 +54,9 @@ static std::vector<float> normed(const std::vector<float>& xr, const std::vector
 // The fused feed-forward launch: RMSNorm + gate + up with the SiLU gate, against RMSNorm then the products in double
 // precision.
 void test_fused() {
-    // 96 columns: 16-byte loads everywhere; 42 (F32 only): element loads for the norm and the products.
-    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 42}) for (int n : {1, 9}) {
+    // 96 columns: 16-byte loads everywhere; 1600: several groups of prefetched weight loads; 42 (F32 only): element
+    // loads for the norm and the products.
+    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 1600, 42}) for (int n : {1, 9}) {
         if (cols % 32 && ty) continue;
         std::vector<float> xr(n * cols), nw(cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
         auto x = normed(xr, nw, n, cols);
@@ -249,7 +250,7 @@ QkvRopeF32 qkv32[4] = {qkv_rope_f32_f32, qkv_rope_q8_0_f32, qkv_rope_q4_0_f32, q
 QkvRopeF16 qkv16[4] = {qkv_rope_f32_f16, qkv_rope_q8_0_f16, qkv_rope_q4_0_f16, qkv_rope_q4_1_f16};
 template <typename KV>
 void test_qkv_rope() {
-    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 42}) for (auto [nh, nkv, hd] : {std::tuple{3, 1, 6}, std::tuple{4, 2, 8}}) for (int n : {1, 5, 9}) {
+    for (int ty = 0; ty < 4; ty++) for (int cols : {96, 1600, 42}) for (auto [nh, nkv, hd] : {std::tuple{3, 1, 6}, std::tuple{4, 2, 8}}) for (int n : {1, 5, 9}) {
         if (cols % 32 && ty) continue;
         int qd = nh * hd, kvd = nkv * hd, nslots = 64;
         Mat A = make(ty, qd, cols), B = make(ty, kvd, cols), C = make(ty, kvd, cols);

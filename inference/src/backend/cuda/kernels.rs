@@ -185,34 +185,59 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Lanes per quant block in row_dots (4 for Q4_x, whose lanes read 4 bytes holding 8 elements; 8 otherwise).
+template <int TY>
+__device__ __forceinline__ int lanes_per_block() {
+    return (TY == TY_Q4_0 || TY == TY_Q4_1) ? 4 : 8;
+}
+
+// Issues the weight loads of this lane's first ROW_PREFETCH blocks of row r into raw (what row_dots uses first), so
+// a caller can start them before other work (the fused launches' norms). Rows whose length is not a multiple of 32
+// load nothing here.
+template <int TY>
+__device__ __forceinline__ void row_prefetch(const float* __restrict__ f, const float* __restrict__ d,
+                                             const float* __restrict__ m, const unsigned char* __restrict__ q, int r,
+                                             int cols, int lane, WRaw* raw) {
+    if (cols % QBLOCK != 0) return;
+    const int LPB = lanes_per_block<TY>(), BPI = 32 / LPB;
+    int nb = cols / QBLOCK;
+#pragma unroll
+    for (int i = 0; i < ROW_PREFETCH; i++) {
+        int b = lane / LPB + i * BPI;
+        if (b < nb) raw[i] = wload<TY>(f, d, m, q, (i64)r * nb + b, lane % LPB);
+    }
+}
+
 // Adds to acc[t] this lane's part of row r of W (rows x cols) times token t of the tile xt ([nt][cols]) — with NORM,
 // times xt ⊙ nw (the RMSNorm weight; the caller scales by each token's 1/rms); the warp's lanes together cover the
-// row (their partial sums are added by the caller).
+// row (their partial sums are added by the caller). raw holds row_prefetch's loads for this row.
 template <int TY, bool NORM>
 __device__ __forceinline__ void row_dots(const float* __restrict__ f, const float* __restrict__ d,
                                          const float* __restrict__ m, const unsigned char* __restrict__ q, int r,
                                          int cols, const float* __restrict__ xt, const float* __restrict__ nw,
-                                         int nt, int lane, float* acc) {
+                                         int nt, int lane, WRaw* raw, float* acc) {
     if (cols % QBLOCK == 0) {
         // LPB lanes share a quant block, each taking 4 consecutive bytes of its quants (Q4_x: elements
         // 4s..4s+3 and 16+4s..16+4s+3; Q8_0 and F32: 4s..4s+3), so the warp reads the weights and the
         // activations in contiguous runs (the activations once per row, from L1). All of a row's loads are
         // independent and issued ahead (ROW_PREFETCH): a decode matmul has few warps per SM, so latency must be
         // hidden inside the warp.
-        const int LPB = (TY == TY_Q4_0 || TY == TY_Q4_1) ? 4 : 8;
+        const int LPB = lanes_per_block<TY>();
         const int BPI = 32 / LPB;
         int sub = lane % LPB;
         int nb = cols / QBLOCK;
         i64 rb = (i64)r * nb;
-        // The weight loads of ROW_PREFETCH blocks per lane are issued before the first is used: a warp issues in
-        // order and stalls at the first instruction whose operand is still loading, so loads placed after the use
-        // of an earlier one (the next trip of a loop the compiler does not unroll) wait a whole memory round each.
+        // The weight loads of ROW_PREFETCH blocks per lane are issued before the first is used (the first group's
+        // by row_prefetch): a warp issues in order and stalls at the first instruction whose operand is still
+        // loading, so loads placed after the use of an earlier one (the next trip of a loop the compiler does not
+        // unroll) wait a whole memory round each.
         for (int g0 = lane / LPB; g0 < nb; g0 += BPI * ROW_PREFETCH) {
-            WRaw raw[ROW_PREFETCH];
+            if (g0 != lane / LPB) {
 #pragma unroll
-            for (int i = 0; i < ROW_PREFETCH; i++) {
-                int b = g0 + i * BPI;
-                if (b < nb) raw[i] = wload<TY>(f, d, m, q, rb + b, sub);
+                for (int i = 0; i < ROW_PREFETCH; i++) {
+                    int b = g0 + i * BPI;
+                    if (b < nb) raw[i] = wload<TY>(f, d, m, q, rb + b, sub);
+                }
             }
 #pragma unroll
             for (int i = 0; i < ROW_PREFETCH; i++) {
@@ -347,7 +372,9 @@ __device__ void matmul_impl(const float* __restrict__ f, const float* __restrict
     float acc[TOKEN_TILE];
 #pragma unroll
     for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
-    row_dots<TY, false>(f, d, m, q, r, cols, x + (i64)t0 * cols, nullptr, nt, lane, acc);
+    WRaw raw[ROW_PREFETCH];
+    row_prefetch<TY>(f, d, m, q, r, cols, lane, raw);
+    row_dots<TY, false>(f, d, m, q, r, cols, x + (i64)t0 * cols, nullptr, nt, lane, raw, acc);
     store_row(acc, nt, lane, out, rows, r, t0, mode);
 }
 
@@ -367,10 +394,14 @@ __device__ void gate_up_impl(const float* fg, const float* dg, const float* mg, 
 #pragma unroll
     for (int t = 0; t < TOKEN_TILE; t++) g[t] = u[t] = 0.0f;
     const float* xt = x + (i64)t0 * cols;
+    // Both rows' first weight loads in flight while the norms are computed.
+    WRaw rg[ROW_PREFETCH], ru[ROW_PREFETCH];
+    row_prefetch<TY>(fg, dg, mg, qg, r, cols, lane, rg);
+    row_prefetch<TY>(fu, du, mu, qu, r, cols, lane, ru);
     float inv[TOKEN_TILE];
     inv_rms(xt, cols, nt, lane, eps, inv);
-    row_dots<TY, true>(fg, dg, mg, qg, r, cols, xt, nw, nt, lane, g);
-    row_dots<TY, true>(fu, du, mu, qu, r, cols, xt, nw, nt, lane, u);
+    row_dots<TY, true>(fg, dg, mg, qg, r, cols, xt, nw, nt, lane, rg, g);
+    row_dots<TY, true>(fu, du, mu, qu, r, cols, xt, nw, nt, lane, ru, u);
 #pragma unroll
     for (int t = 0; t < TOKEN_TILE; t++) {
         if (t < nt) {
@@ -533,11 +564,16 @@ __device__ void qkv_rope_impl(const float* f0, const float* d0, const float* m0,
 #pragma unroll
         for (int t = 0; t < TOKEN_TILE; t++) acc[t] = 0.0f;
         const float* xt = x + (i64)t0 * cols;
+        // The row's matrix; its first weight loads in flight while the norms are computed.
+        const float* f = which == 0 ? f0 : (which == 1 ? f1 : f2);
+        const float* d = which == 0 ? d0 : (which == 1 ? d1 : d2);
+        const float* m = which == 0 ? m0 : (which == 1 ? m1 : m2);
+        const unsigned char* wq = which == 0 ? q0 : (which == 1 ? q1 : q2);
+        WRaw raw[ROW_PREFETCH];
+        row_prefetch<TY>(f, d, m, wq, r, cols, lane, raw);
         float inv[TOKEN_TILE];
         inv_rms(xt, cols, nt, lane, eps, inv);
-        if (which == 0) row_dots<TY, true>(f0, d0, m0, q0, r, cols, xt, nw, nt, lane, acc);
-        else if (which == 1) row_dots<TY, true>(f1, d1, m1, q1, r, cols, xt, nw, nt, lane, acc);
-        else row_dots<TY, true>(f2, d2, m2, q2, r, cols, xt, nw, nt, lane, acc);
+        row_dots<TY, true>(f, d, m, wq, r, cols, xt, nw, nt, lane, raw, acc);
 #pragma unroll
         for (int t = 0; t < TOKEN_TILE; t++) {
             if (t < nt) {
