@@ -251,7 +251,7 @@ QkvRopeF16 qkv16[4] = {qkv_rope_f32_f16, qkv_rope_q8_0_f16, qkv_rope_q4_0_f16, q
 template <typename KV>
 void test_qkv_rope() {
     for (int ty = 0; ty < 4; ty++) for (int cols : {96, 1600, 42}) for (auto [nh, nkv, hd] : {std::tuple{3, 1, 6}, std::tuple{4, 2, 8}}) for (int n : {1, 5, 9}) {
-        if (cols % 32 && ty) continue;
+        if ((cols % 32 && ty) || (cols == 1600 && (hd == 6 || n == 5))) continue;  // 1600: the prefetch groups only
         int qd = nh * hd, kvd = nkv * hd, nslots = 64;
         Mat A = make(ty, qd, cols), B = make(ty, kvd, cols), C = make(ty, kvd, cols);
         std::vector<float> xr(n * cols), nw(cols); for (auto& v : xr) v = rnd() * 3; for (auto& v : nw) v = 1 + rnd() * 0.3f;
