@@ -518,6 +518,13 @@ fn cuda_decode_throughput_batch_1_and_32() {
         let mut gpu = cuda(&model, 1024, 16, kv, graphs);
         decode_throughput(&mut gpu, &format!("KV {kv:?}, graphs {graphs}"));
     }
+    // The fused RMSNorm launches at every batch size (the default fuses up to 8 tokens).
+    let options = CudaOptions {
+        fuse_max_tokens: 1024,
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaBackend::with_options(model.clone(), 1024, 16, options).unwrap();
+    decode_throughput(&mut gpu, "KV F16, graphs true, fused at every batch size");
 }
 
 /// Decode tokens/s at batch 1 and 32, greedy (argmax only, what the engine asks for greedy requests) and with the

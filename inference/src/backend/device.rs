@@ -131,7 +131,9 @@ fn cuda(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> 
         kv_dtype: KvDtype::from_choice(o.kv_cache_dtype),
         graphs: !o.enforce_eager,
         max_graph_batch: o.max_num_seqs,
-    };
+        ..CudaOptions::default()
+    }
+    .with_env()?;
     let b = CudaBackend::with_options(model, o.num_blocks, o.block_size, options)?;
     let description = b.describe();
     Ok(Selected {

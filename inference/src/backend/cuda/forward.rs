@@ -31,7 +31,7 @@ use crate::model::ModelConfig;
 /// chain of small launches (H100, SmolLM2-135M: batch 1 decode 1.85 ms/step fused against 2.10 unfused), and cost
 /// at many (batch 32: 5.07 ms fused against 4.67 unfused); docs/performance.md. Those were measured while the norm
 /// summed its tokens one after another (a chain of dependent loads per token, side by side since stop 27): worth
-/// measuring again at 32 on a GPU.
+/// measuring again at 32 on a GPU (`LLMSERVE_CUDA_FUSE_MAX_TOKENS`, [`super::FUSE_ENV`], sets it for a run).
 pub const FUSE_MAX_TOKENS: usize = TOKEN_TILE;
 
 /// The loaded kernels.
@@ -206,6 +206,8 @@ pub struct Step<'a> {
     pub kv: &'a mut KvCache,
     /// Token slots per KV block.
     pub block_size: usize,
+    /// Most tokens for the fused RMSNorm launches ([`FUSE_MAX_TOKENS`] unless the options say otherwise).
+    pub fuse_max_tokens: usize,
 }
 
 fn grid(n: usize, per: usize) -> u32 {
@@ -256,7 +258,7 @@ impl Step<'_> {
 
     /// The attention block's input for layer `l`: RMSNorm (weight `norm`) of the residual stream `x`, Q, K and V of
     /// `n` tokens, RoPE on Q and K at each token's position, K and V stored at each token's cache slot; rotated Q
-    /// left in `q`. One launch when the three matrices share a type and width and `n` ≤ [`FUSE_MAX_TOKENS`] (else
+    /// left in `q`. One launch when the three matrices share a type and width and `n` ≤ `fuse_max_tokens` (else
     /// the norm into `xn`, three matmuls into `q`/`k`/`v` and `rope_kv`).
     #[allow(
         clippy::too_many_arguments,
@@ -277,7 +279,7 @@ impl Step<'_> {
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let kv_kind = self.kv.dtype.index();
         let same = wq.kind == wk.kind && wq.kind == wv.kind && wq.cols == wk.cols && wq.cols == wv.cols;
-        if !same || n > FUSE_MAX_TOKENS {
+        if !same || n > self.fuse_max_tokens {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wq, xn, n, q, MODE_STORE)?;
             self.matmul(wk, xn, n, k, MODE_STORE)?;
@@ -337,7 +339,7 @@ impl Step<'_> {
     }
 
     /// RMSNorm (weight `norm`) of the residual stream `x`, then `out = silu(Wg · x̂) * (Wu · x̂)` for `n` tokens:
-    /// one launch when gate and up share a type and shape and `n` ≤ [`FUSE_MAX_TOKENS`] (else the norm into `xn`
+    /// one launch when gate and up share a type and shape and `n` ≤ `fuse_max_tokens` (else the norm into `xn`
     /// and two matmuls).
     fn gate_up(
         &self,
@@ -348,7 +350,7 @@ impl Step<'_> {
         n: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), DriverError> {
-        if wg.kind != wu.kind || wg.rows != wu.rows || wg.cols != wu.cols || n > FUSE_MAX_TOKENS {
+        if wg.kind != wu.kind || wg.rows != wu.rows || wg.cols != wu.cols || n > self.fuse_max_tokens {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wg, xn, n, out, MODE_STORE)?;
             return self.matmul(wu, xn, n, out, MODE_SILU_MUL);

@@ -95,7 +95,13 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Largest decode batch captured as a graph (the engine's `--max-num-seqs`); larger batches run eagerly.
     pub max_graph_batch: usize,
+    /// Most tokens a step may have for the fused RMSNorm launches ([`forward::FUSE_MAX_TOKENS`] by default;
+    /// [`FUSE_ENV`] overrides it, for measuring the choice on a GPU).
+    pub fuse_max_tokens: usize,
 }
+
+/// Environment variable that sets [`CudaOptions::fuse_max_tokens`] (a number of tokens).
+pub const FUSE_ENV: &str = "LLMSERVE_CUDA_FUSE_MAX_TOKENS";
 
 impl Default for CudaOptions {
     fn default() -> Self {
@@ -104,6 +110,31 @@ impl Default for CudaOptions {
             kv_dtype: KvDtype::F16,
             graphs: true,
             max_graph_batch: crate::config::DEFAULT_MAX_NUM_SEQS,
+            fuse_max_tokens: forward::FUSE_MAX_TOKENS,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// These options with [`FUSE_ENV`] applied when it is set; an error names a value that is not a number.
+    pub fn with_env(self) -> Result<Self, BackendError> {
+        match std::env::var(FUSE_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(self),
+            Ok(v) => self.with_fuse_setting(&v),
+            Err(e) => Err(BackendError::Device(format!("{FUSE_ENV}: {e}"))),
+        }
+    }
+
+    /// These options with `fuse_max_tokens` set from `value` (a [`FUSE_ENV`] setting).
+    pub fn with_fuse_setting(self, value: &str) -> Result<Self, BackendError> {
+        match value.trim().parse::<usize>() {
+            Ok(n) => Ok(CudaOptions {
+                fuse_max_tokens: n,
+                ..self
+            }),
+            Err(e) => Err(BackendError::Device(format!(
+                "{FUSE_ENV}={value:?} is not a number of tokens: {e}"
+            ))),
         }
     }
 }
@@ -451,6 +482,7 @@ impl CudaBackend {
             inv_freq: &self.inv_freq,
             kv: &mut self.kv,
             block_size: self.block_size,
+            fuse_max_tokens: self.options.fuse_max_tokens,
         };
         step.launch(scratch, p)
     }
@@ -466,12 +498,13 @@ impl CudaBackend {
     /// One line for the startup log.
     pub fn describe(&self) -> String {
         format!(
-            "cuda on {} (sm_{}{}, kernels {}, KV cache {}, {})",
+            "cuda on {} (sm_{}{}, kernels {}, KV cache {}, fused launches up to {} tokens, {})",
             self.device_name,
             self.compute_capability.0,
             self.compute_capability.1,
             self.compiled,
             self.options.kv_dtype.name(),
+            self.options.fuse_max_tokens,
             self.graph_note
         )
     }
@@ -681,6 +714,25 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![],
             name: "t".into(),
+        }
+    }
+
+    #[test]
+    fn the_fuse_setting_is_a_number_of_tokens() {
+        let o = CudaOptions::default();
+        assert_eq!(o.fuse_max_tokens, forward::FUSE_MAX_TOKENS);
+        assert_eq!(
+            o.with_fuse_setting(" 32 ").map(|o| o.fuse_max_tokens).ok(),
+            Some(32)
+        );
+        assert_eq!(o.with_fuse_setting("0").map(|o| o.fuse_max_tokens).ok(), Some(0));
+        for bad in ["", "eight", "-1", "8 tokens"] {
+            let e = o
+                .with_fuse_setting(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(FUSE_ENV), "{bad:?}: {e}");
         }
     }
 
