@@ -490,19 +490,44 @@ __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 __device__ __forceinline__ float kv_load(const unsigned short* p) { return f16_to_f32(*p); }
 __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void kv_store(unsigned short* p, float v) { *p = f32_to_f16(v); }
-// Eight consecutive elements from a 16-byte-aligned address: two 16-byte loads (f32) or one (f16).
-__device__ __forceinline__ void kv_load8(const float* p, float* o) {
-    float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
-    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+// Eight consecutive elements of the cache as loaded from a 16-byte-aligned address (two 16-byte loads for f32, one
+// for f16), and widened to f32 (piece_unpack). Loading a group of pieces before unpacking any keeps their loads in
+// flight together: a warp issues in order and stalls at the first use of a load still on its way, and the compiler
+// does not move loads above the uses of earlier ones across the exits of a loop with a run-time trip count.
+template <typename KV>
+struct Piece;
+template <>
+struct Piece<float> {
+    float4 a, b;
+};
+template <>
+struct Piece<unsigned short> {
+    int4 a;
+};
+__device__ __forceinline__ void piece_load(const float* p, Piece<float>& r) {
+    r.a = ((const float4*)p)[0];
+    r.b = ((const float4*)p)[1];
 }
-__device__ __forceinline__ void kv_load8(const unsigned short* p, float* o) {
-    int4 v = *(const int4*)p;
-    int words[4] = {v.x, v.y, v.z, v.w};
+__device__ __forceinline__ void piece_load(const unsigned short* p, Piece<unsigned short>& r) {
+    r.a = *(const int4*)p;
+}
+__device__ __forceinline__ void piece_unpack(const Piece<float>& r, float* o) {
+    o[0] = r.a.x; o[1] = r.a.y; o[2] = r.a.z; o[3] = r.a.w; o[4] = r.b.x; o[5] = r.b.y; o[6] = r.b.z; o[7] = r.b.w;
+}
+__device__ __forceinline__ void piece_unpack(const Piece<unsigned short>& r, float* o) {
+    int words[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         o[2 * i] = f16_to_f32((unsigned short)(words[i] & 0xffff));
         o[2 * i + 1] = f16_to_f32((unsigned short)((unsigned)words[i] >> 16));
     }
+}
+
+// Pieces loaded together per group in the attention kernel: 8 of f16 (a head of 64 is one group), 4 of f32 (twice
+// the registers per piece; 8 took the kernel to 247 registers).
+template <typename KV>
+__device__ __forceinline__ constexpr int pieces_per_group() {
+    return sizeof(KV) == 2 ? 8 : 4;
 }
 
 // RoPE (adjacent pairs) on q ([n_tok][n_heads*hd]) and k ([n_tok][n_kv*hd]) at each token's position, then
@@ -630,6 +655,7 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
     // lane l accumulates elements l, l + 32, ... of every key (acc[i]: element l + 32 i).
     static_assert(HD_PER_LANE >= 8, "acc holds a lane's 8-element piece");
     const bool pieces = hd % 8 == 0;
+    constexpr int PIECES = pieces_per_group<KV>();
     const int G = pieces ? hd / 8 : 32, KPP = 32 / G, kg = lane / G, sub = lane % G;
     float acc[HD_PER_LANE];
 #pragma unroll
@@ -644,13 +670,21 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
             float s = 0.0f;
             if (hd % 8 == 0) {
                 // Each lane reads its own key's row in 16-byte pieces (aligned: kv_dim and the head offset are
-                // multiples of 8 elements), issued together.
-#pragma unroll 8
-                for (int d0 = 0; d0 < hd; d0 += 8) {
-                    float kv[8];
-                    kv_load8(kr + d0, kv);
+                // multiples of 8 elements), PIECES loads issued before the first is used.
+                for (int d0 = 0; d0 < hd; d0 += 8 * PIECES) {
+                    Piece<KV> pk[PIECES];
 #pragma unroll
-                    for (int u = 0; u < 8; u++) s = fmaf(qsh[d0 + u], kv[u], s);
+                    for (int u = 0; u < PIECES; u++)
+                        if (d0 + 8 * u < hd) piece_load(kr + d0 + 8 * u, pk[u]);
+#pragma unroll
+                    for (int u = 0; u < PIECES; u++) {
+                        if (d0 + 8 * u < hd) {
+                            float kv[8];
+                            piece_unpack(pk[u], kv);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) s = fmaf(qsh[d0 + 8 * u + e], kv[e], s);
+                        }
+                    }
                 }
             } else {
                 for (int d = 0; d < hd; d++) s = fmaf(qsh[d], kv_load(&kr[d]), s);
@@ -666,18 +700,28 @@ __device__ void attention_impl(const float* __restrict__ q, const KV* __restrict
         int n = min(32, last - p0 + 1);
         // The chunk's values; each key's weight and slot come from the lane that scored it.
         if (pieces) {
-            // KPP keys per pass, each lane one 16-byte piece (8 elements): the loads of a chunk are independent
-            // (hd 64: 8 passes) instead of 32 keys one after another.
-#pragma unroll 8
-            for (int j0 = 0; j0 < n; j0 += KPP) {
-                int j = j0 + kg;
-                float wj = __shfl_sync(0xffffffffu, w, j & 31);
-                int slj = __shfl_sync(0xffffffffu, sl, j & 31);
-                if (kg < KPP && j < n) {
-                    float v8[8];
-                    kv_load8(vc + (i64)slj * kvd + koff + 8 * sub, v8);
+            // KPP keys per pass, each lane one 16-byte piece (8 elements) of one key; PIECES passes' loads issued
+            // before the first is used (hd 64: the chunk's 32 keys in one group of 8 passes).
+            for (int g0 = 0; g0 < n; g0 += KPP * PIECES) {
+                Piece<KV> pv[PIECES];
+                float wv[PIECES];
 #pragma unroll
-                    for (int u = 0; u < 8; u++) acc[u] = fmaf(wj, v8[u], acc[u]);
+                for (int u = 0; u < PIECES; u++) {
+                    int j = g0 + u * KPP + kg;
+                    float wj = __shfl_sync(0xffffffffu, w, j & 31);
+                    int slj = __shfl_sync(0xffffffffu, sl, j & 31);
+                    bool live_key = kg < KPP && j < n;
+                    wv[u] = live_key ? wj : 0.0f;
+                    if (live_key) piece_load(vc + (i64)slj * kvd + koff + 8 * sub, pv[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < PIECES; u++) {
+                    if (kg < KPP && g0 + u * KPP + kg < n) {
+                        float v8[8];
+                        piece_unpack(pv[u], v8);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[e] = fmaf(wv[u], v8[e], acc[e]);
+                    }
                 }
             }
         } else {
