@@ -191,6 +191,20 @@ __device__ __forceinline__ int lanes_per_block() {
     return (TY == TY_Q4_0 || TY == TY_Q4_1) ? 4 : 8;
 }
 
+// Issues the weight loads of a lane's ROW_PREFETCH blocks g0, g0 + BPI, ... (those below nb) of the row whose first
+// block is rb into raw, all before any is used.
+template <int TY>
+__device__ __forceinline__ void row_load_group(const float* __restrict__ f, const float* __restrict__ d,
+                                               const float* __restrict__ m, const unsigned char* __restrict__ q,
+                                               i64 rb, int nb, int g0, int sub, WRaw* raw) {
+    const int BPI = 32 / lanes_per_block<TY>();
+#pragma unroll
+    for (int i = 0; i < ROW_PREFETCH; i++) {
+        int b = g0 + i * BPI;
+        if (b < nb) raw[i] = wload<TY>(f, d, m, q, rb + b, sub);
+    }
+}
+
 // Issues the weight loads of this lane's first ROW_PREFETCH blocks of row r into raw (what row_dots uses first), so
 // a caller can start them before other work (the fused launches' norms). Rows whose length is not a multiple of 32
 // load nothing here.
@@ -199,13 +213,9 @@ __device__ __forceinline__ void row_prefetch(const float* __restrict__ f, const 
                                              const float* __restrict__ m, const unsigned char* __restrict__ q, int r,
                                              int cols, int lane, WRaw* raw) {
     if (cols % QBLOCK != 0) return;
-    const int LPB = lanes_per_block<TY>(), BPI = 32 / LPB;
+    const int LPB = lanes_per_block<TY>();
     int nb = cols / QBLOCK;
-#pragma unroll
-    for (int i = 0; i < ROW_PREFETCH; i++) {
-        int b = lane / LPB + i * BPI;
-        if (b < nb) raw[i] = wload<TY>(f, d, m, q, (i64)r * nb + b, lane % LPB);
-    }
+    row_load_group<TY>(f, d, m, q, (i64)r * nb, nb, lane / LPB, lane % LPB, raw);
 }
 
 // Adds to acc[t] this lane's part of row r of W (rows x cols) times token t of the tile xt ([nt][cols]) — with NORM,
@@ -232,13 +242,7 @@ __device__ __forceinline__ void row_dots(const float* __restrict__ f, const floa
         // loading, so loads placed after the use of an earlier one (the next trip of a loop the compiler does not
         // unroll) wait a whole memory round each.
         for (int g0 = lane / LPB; g0 < nb; g0 += BPI * ROW_PREFETCH) {
-            if (g0 != lane / LPB) {
-#pragma unroll
-                for (int i = 0; i < ROW_PREFETCH; i++) {
-                    int b = g0 + i * BPI;
-                    if (b < nb) raw[i] = wload<TY>(f, d, m, q, rb + b, sub);
-                }
-            }
+            if (g0 != lane / LPB) row_load_group<TY>(f, d, m, q, rb, nb, g0, sub, raw);
 #pragma unroll
             for (int i = 0; i < ROW_PREFETCH; i++) {
                 int b = g0 + i * BPI;
