@@ -26,5 +26,41 @@ fn nvrtc_compiles_the_kernels_for_hopper_and_ampere() {
         assert!(c.image.len() > 1000, "{} bytes", c.image.len());
         // An ELF image (CUBIN) for that architecture.
         assert_eq!(&c.image[..4], b"\x7fELF");
+        // The fallback for a device NVRTC cannot assemble for: PTX text for the virtual architecture.
+        let ptx = kernels::compile_ptx(cc).unwrap_or_else(|e| panic!("compute_{}{}: {e}", cc.0, cc.1));
+        let text = String::from_utf8_lossy(&ptx);
+        assert!(
+            text.contains(&format!(".target sm_{}{}", cc.0, cc.1)) && text.contains(".entry argmax_rows"),
+            "PTX for compute_{}{}: {}",
+            cc.0,
+            cc.1,
+            &text[..text.len().min(300)]
+        );
+    }
+}
+
+/// The assembler's report for Hopper: every kernel the backend loads is there, and none spills registers to local
+/// memory (a spill in a latency-bound decode kernel would cost a memory round where the code expects none). Prints
+/// each kernel's registers, the number that decides how many blocks share an SM.
+#[test]
+fn no_kernel_spills_registers_on_hopper() {
+    if !e2e::require(
+        libs::load_nvrtc().is_ok(),
+        "NVRTC not found; `cargo xtask setup-tools` installs the nvidia-cuda-nvrtc wheel",
+    ) {
+        return;
+    }
+    let report = kernels::resources((9, 0)).unwrap();
+    for name in kernels::kernel_names() {
+        let k = report
+            .iter()
+            .find(|k| k.name == name)
+            .unwrap_or_else(|| panic!("{name} missing from the assembler's report"));
+        eprintln!(
+            "{:<24} {:>3} registers, {:>2} bytes stack",
+            k.name, k.registers, k.stack_bytes
+        );
+        assert_eq!(k.spill_bytes, 0, "{name} spills registers: {k:?}");
+        assert!(k.registers > 0, "{name}: no register count in the report: {k:?}");
     }
 }

@@ -935,7 +935,7 @@ pub fn compile(cc: (i32, i32)) -> Result<Compiled, String> {
             image,
             kind: format!("cubin sm_{}{}", cc.0, cc.1),
         }),
-        Err(cubin_err) => match compile_with(&src, &nvrtc_options(cc, "compute"), false) {
+        Err(cubin_err) => match compile_ptx(cc) {
             Ok(image) => Ok(Compiled {
                 image,
                 kind: format!("ptx compute_{}{} (cubin failed: {cubin_err})", cc.0, cc.1),
@@ -948,39 +948,122 @@ pub fn compile(cc: (i32, i32)) -> Result<Compiled, String> {
     }
 }
 
+/// What the assembler allotted one kernel (from its `-v` report).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelResources {
+    /// Kernel (entry function) name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of stack frame per thread (local memory that is not spills, e.g. a library function's array).
+    pub stack_bytes: u32,
+    /// Bytes of register spill stores plus loads per thread (local-memory traffic the kernel was not written for).
+    pub spill_bytes: u32,
+}
+
+/// Compiles the kernels for `cc` (a CUBIN, as [`compile`] does) with the assembler's verbose report and returns
+/// each kernel's registers, stack and spills. Needs NVRTC, no GPU.
+pub fn resources(cc: (i32, i32)) -> Result<Vec<KernelResources>, String> {
+    let mut options = nvrtc_options(cc, "sm");
+    options.push("--ptxas-options=-v".into());
+    let log = compile_log(&kernel_source(), &options)?;
+    Ok(parse_ptxas_report(&log))
+}
+
+/// Parses ptxas's `-v` report: per entry function a "Compiling entry function 'NAME'" line, a "N bytes stack frame,
+/// N bytes spill stores, N bytes spill loads" line and a "Used N registers" line.
+pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
+    fn number_before(line: &str, what: &str) -> Option<u32> {
+        let head = &line[..line.find(what)?];
+        head.split_whitespace().last()?.parse().ok()
+    }
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default();
+            out.push(KernelResources {
+                name: name.to_string(),
+                registers: 0,
+                stack_bytes: 0,
+                spill_bytes: 0,
+            });
+        } else if let Some(k) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                k.spill_bytes = number_before(line, "bytes spill stores").unwrap_or(0)
+                    + number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if let Some(n) = line
+                .split("Used ")
+                .nth(1)
+                .and_then(|r| number_before(r, "registers"))
+            {
+                k.registers = n;
+            }
+        }
+    }
+    out
+}
+
+/// PTX for `compute_XY` ([`compile`]'s fallback when NVRTC cannot make a CUBIN for the device), NUL-terminated.
+pub fn compile_ptx(cc: (i32, i32)) -> Result<Vec<u8>, String> {
+    compile_with(&kernel_source(), &nvrtc_options(cc, "compute"), false)
+}
+
+/// One NVRTC compilation that only reports: NVRTC's log on success (with `--ptxas-options=-v`, the assembler's
+/// report), the error and log otherwise.
+fn compile_log(src: &str, options: &[String]) -> Result<String, String> {
+    nvrtc_compile(src, options, |_| Ok(())).map(|((), log)| log)
+}
+
 /// One NVRTC compilation; returns the CUBIN (`cubin`) or PTX image.
 fn compile_with(src: &str, options: &[String], cubin: bool) -> Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
+    let image = |prog: sys::nvrtcProgram| -> Result<Vec<u8>, String> {
+        if !cubin {
+            // SAFETY: `prog` is the live, compiled program nvrtc_compile hands over.
+            return unsafe { result::get_ptx(prog) }
+                .map(|p| p.iter().map(|&c| c as u8).collect())
+                .map_err(|e| format!("nvrtcGetPTX: {e:?}"));
+        }
+        let mut size = 0usize;
+        // SAFETY: as above; `size` is a valid out-pointer.
+        let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return Err(format!("nvrtcGetCUBINSize: {r:?} (size {size})"));
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: as above; `buf` holds the `size` bytes NVRTC reported.
+        let r = unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()) };
+        if r == sys::nvrtcResult::NVRTC_SUCCESS {
+            Ok(buf)
+        } else {
+            Err(format!("nvrtcGetCUBIN: {r:?}"))
+        }
+    };
+    nvrtc_compile(src, options, image).map(|(image, _)| image)
+}
+
+/// Creates an NVRTC program of `src`, compiles it with `options` and, when that succeeds, hands it to `read`;
+/// returns what `read` made and NVRTC's log, or the error with the log. The program is destroyed either way.
+fn nvrtc_compile<T>(
+    src: &str,
+    options: &[String],
+    read: impl FnOnce(cudarc::nvrtc::sys::nvrtcProgram) -> Result<T, String>,
+) -> Result<(T, String), String> {
+    use cudarc::nvrtc::result;
     let csrc = CString::new(src).map_err(|e| format!("kernel source: {e}"))?;
     let name = c"llmserve_kernels.cu";
     let prog = result::create_program(&csrc, Some(name)).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
-    // SAFETY: `prog` is a live program created just above; it is destroyed exactly once, at the end.
+    // SAFETY: `prog` is a live program created just above; it is destroyed exactly once, at the end, and `read`
+    // only sees it while it is live.
     let out = unsafe {
-        match result::compile_program(prog, options) {
-            Err(e) => {
-                let log = result::get_program_log(prog)
-                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(format!("{e:?} with {options:?}: {log}"))
-            }
-            Ok(()) if cubin => {
-                let mut size = 0usize;
-                let r = sys::nvrtcGetCUBINSize(prog, &mut size);
-                if r != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-                    Err(format!("nvrtcGetCUBINSize: {r:?} (size {size})"))
-                } else {
-                    let mut buf = vec![0u8; size];
-                    let r = sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast());
-                    if r == sys::nvrtcResult::NVRTC_SUCCESS {
-                        Ok(buf)
-                    } else {
-                        Err(format!("nvrtcGetCUBIN: {r:?}"))
-                    }
-                }
-            }
-            Ok(()) => result::get_ptx(prog)
-                .map(|p| p.iter().map(|&c| c as u8).collect())
-                .map_err(|e| format!("nvrtcGetPTX: {e:?}")),
+        let compiled = result::compile_program(prog, options);
+        let log = result::get_program_log(prog)
+            .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match compiled {
+            Ok(()) => read(prog).map(|v| (v, log)),
+            Err(e) => Err(format!("{e:?} with {options:?}: {log}")),
         }
     };
     // SAFETY: `prog` is live and not used after this.
@@ -1049,6 +1132,40 @@ mod tests {
             let c = src.matches(close).count();
             assert_eq!(o, c, "unbalanced {open}{close}");
         }
+    }
+
+    #[test]
+    fn ptxas_reports_parse_into_per_kernel_resources() {
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'argmax_rows' for 'sm_90'
+ptxas info    : Function properties for argmax_rows
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 16 registers, used 1 barriers, 256 bytes smem
+ptxas info    : Compile time = 19.313 ms
+ptxas info    : Compiling entry function 'qkv_rope_q4_1_f16' for 'sm_90'
+ptxas info    : Function properties for qkv_rope_q4_1_f16
+ptxas         .     32 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 112 registers, used 1 barriers, 32 bytes cumulative stack size, 128 bytes smem
+";
+        let r = parse_ptxas_report(log);
+        assert_eq!(
+            r,
+            vec![
+                KernelResources {
+                    name: "argmax_rows".into(),
+                    registers: 16,
+                    stack_bytes: 0,
+                    spill_bytes: 0
+                },
+                KernelResources {
+                    name: "qkv_rope_q4_1_f16".into(),
+                    registers: 112,
+                    stack_bytes: 32,
+                    spill_bytes: 20
+                },
+            ]
+        );
+        assert!(parse_ptxas_report("").is_empty());
     }
 
     #[test]
