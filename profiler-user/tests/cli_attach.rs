@@ -164,7 +164,7 @@ fn attach_to_a_non_engine_process_traces_syscalls_and_ends_when_it_exits() {
     ) {
         return;
     }
-    let mut target = Command::new("python3")
+    let mut target = Command::new(e2e::python3())
         .args(["-c", "import time\nfor _ in range(15): time.sleep(0.1)"])
         .spawn()
         .unwrap();

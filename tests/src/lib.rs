@@ -103,6 +103,22 @@ pub fn servers_python() -> PathBuf {
     cache.join("llmprof/venvs/servers/bin/python")
 }
 
+/// The `python3` interpreter itself (its `sys.executable`), not a version manager's shim: pyenv's `python3` is a
+/// bash script that runs helper processes before it execs the interpreter, so a test that attaches to a freshly
+/// spawned `python3` would trace those helpers as the target's descendants, some of the time. Falls back to
+/// `python3` when the interpreter cannot be asked.
+pub fn python3() -> PathBuf {
+    std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| PathBuf::from(s.trim()))
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("python3"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::ci_value_means_ci;

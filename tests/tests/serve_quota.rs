@@ -44,7 +44,7 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
     }
     // A busy target: ~500 sleeps of 2 ms per second, each a slow syscall in the trace.
     let target = Kill(
-        Command::new("python3")
+        Command::new(e2e::python3())
             .args(["-c", "import time\nwhile True: time.sleep(0.002)"])
             .stdout(Stdio::null())
             .spawn()
