@@ -656,6 +656,12 @@ pub(crate) mod tests {
         assert_eq!(f16_to_f32(0xc000), -2.0);
     }
 
+    /// `w` (rows × cols, row-major) quantized as `ty` the way a GGUF file stores it, loaded as a matrix.
+    pub(crate) fn quantized(ty: GgmlType, rows: usize, cols: usize, w: &[f32]) -> QMatrix {
+        let bytes = quantize_ggml(ty, w).expect("quantize");
+        QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix")
+    }
+
     #[test]
     fn quantized_matmul_matches_dequantized_reference() {
         let (rows, cols) = (13, 96);
@@ -667,8 +673,7 @@ pub(crate) mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
         ] {
-            let bytes = quantize_ggml(ty, &w).expect("quantize");
-            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            let m = quantized(ty, rows, cols, &w);
             let deq = m.dequantize();
             // Quantization error is bounded by the block's scale.
             let max_err = deq
@@ -723,8 +728,7 @@ pub(crate) mod tests {
         ] {
             let rows = 19;
             let w = pseudo_random(rows * cols, 11);
-            let bytes = quantize_ggml(ty, &w).expect("quantize");
-            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            let m = quantized(ty, rows, cols, &w);
             for n_tok in [1, 2, 3, 4, 5, 7, 8, 9, 13, 17] {
                 let x = pseudo_random(n_tok * cols, 3 + n_tok as u32);
                 let (row0, nrows) = (2, 15);
@@ -793,8 +797,7 @@ pub(crate) mod tests {
         ] {
             let rows = 53;
             let w = pseudo_random(rows * cols, 13);
-            let bytes = quantize_ggml(ty, &w).expect("quantize");
-            let m = QMatrix::from_ggml(ty, rows, cols, &bytes).expect("matrix");
+            let m = quantized(ty, rows, cols, &w);
             let deq = m.dequantize();
             for n_tok in [17, 2, 3, 8, 15, 16, 33, 40, 64] {
                 // Activations of mixed magnitude: the `lo` half matters.
@@ -864,8 +867,7 @@ pub(crate) mod tests {
     #[test]
     fn token_major_columns_match_row_major() {
         let (rows, cols, n_tok) = (21, 64, 5);
-        let bytes = quantize_ggml(GgmlType::Q4_1, &pseudo_random(rows * cols, 9)).expect("quantize");
-        let m = QMatrix::from_ggml(GgmlType::Q4_1, rows, cols, &bytes).expect("matrix");
+        let m = quantized(GgmlType::Q4_1, rows, cols, &pseudo_random(rows * cols, 9));
         let x = pseudo_random(n_tok * cols, 10);
         let mut want = vec![0f32; rows * n_tok];
         m.matmul_rows(&x, n_tok, 0, &mut want);

@@ -30,6 +30,24 @@ fn merge(b: &mut Value, extra: Value) {
     }
 }
 
+/// POSTs every body to `/v1/completions` from its own thread, released together (so the engine batches them);
+/// the responses in the order of `bodies`.
+fn post_completions_together(port: u16, bodies: &[Value]) -> Vec<http::Response> {
+    let go = std::sync::Arc::new(std::sync::Barrier::new(bodies.len()));
+    let handles: Vec<_> = bodies
+        .iter()
+        .map(|body| {
+            let (go, body) = (go.clone(), body.to_string());
+            std::thread::spawn(move || {
+                go.wait();
+                http::request(port, "POST", "/v1/completions", &[], Some(body.as_bytes()))
+                    .expect("POST /v1/completions")
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 fn start(args: &[&str]) -> Server {
     let model = serve_common::tiny_model();
     let mut a = vec!["--served-model-name", "tiny", "--threads", "1"];
@@ -459,29 +477,11 @@ fn tiny_kv_cache_preempts_and_every_request_still_gets_its_exact_answer() {
         "--max-num-seqs",
         "6",
     ]);
-    let port = s.port;
-    let go = std::sync::Arc::new(std::sync::Barrier::new(prompts.len()));
-    let handles: Vec<_> = prompts
+    let bodies: Vec<Value> = prompts
         .iter()
-        .cloned()
-        .map(|p| {
-            let go = go.clone();
-            std::thread::spawn(move || {
-                let body = completion_body(&p, json!({"max_tokens": MAX}));
-                go.wait();
-                http::request(
-                    port,
-                    "POST",
-                    "/v1/completions",
-                    &[],
-                    Some(body.to_string().as_bytes()),
-                )
-                .expect("POST /v1/completions")
-            })
-        })
+        .map(|p| completion_body(p, json!({"max_tokens": MAX})))
         .collect();
-    for (h, want) in handles.into_iter().zip(&reference) {
-        let r = h.join().unwrap();
+    for (r, want) in post_completions_together(s.port, &bodies).iter().zip(&reference) {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
             r.json()["choices"][0]["text"].as_str().unwrap(),
@@ -520,31 +520,11 @@ fn greedy_and_seeded_sampled_requests_in_one_batch_get_their_own_answers() {
         .iter()
         .map(|b| text(&s.post_json("/v1/completions", b)))
         .collect();
-    let port = s.port;
-    let go = std::sync::Arc::new(std::sync::Barrier::new(bodies.len()));
-    let handles: Vec<_> = bodies
-        .iter()
-        .cloned()
-        .map(|body| {
-            let go = go.clone();
-            std::thread::spawn(move || {
-                go.wait();
-                http::request(
-                    port,
-                    "POST",
-                    "/v1/completions",
-                    &[],
-                    Some(body.to_string().as_bytes()),
-                )
-                .expect("POST /v1/completions")
-            })
-        })
-        .collect();
-    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        let r = h.join().unwrap();
+    let together = post_completions_together(s.port, &bodies);
+    for (i, (r, want)) in together.iter().zip(&alone).enumerate() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
-            &text(&r),
+            &text(r),
             want,
             "request {i}: batched answer differs from its answer alone"
         );
