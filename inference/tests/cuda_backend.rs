@@ -518,17 +518,18 @@ fn cuda_decode_throughput_batch_1_and_32() {
         let mut gpu = cuda(&model, 1024, 16, kv, graphs);
         decode_throughput(&mut gpu, &format!("KV {kv:?}, graphs {graphs}"));
     }
-    // The fused RMSNorm launches at every batch size (the default fuses up to 8 tokens).
+    // Without the fused RMSNorm launches (separate norm, matmul and RoPE launches; the default fuses steps of up to 256 tokens).
     let options = CudaOptions {
-        fuse_max_tokens: 1024,
+        fuse_max_tokens: 0,
         ..CudaOptions::default()
     };
     let mut gpu = CudaBackend::with_options(model.clone(), 1024, 16, options).unwrap();
-    decode_throughput(&mut gpu, "KV F16, graphs true, fused at every batch size");
+    decode_throughput(&mut gpu, "KV F16, graphs true, no fused launches");
 }
 
 /// Decode tokens/s at batch 1 and 32, greedy (argmax only, what the engine asks for greedy requests) and with the
-/// logits copied back (what sampling with a temperature needs), side by side.
+/// logits copied back (what sampling with a temperature needs), side by side; then prefill tokens/s of one
+/// 512-token prompt (the engine's default step budget).
 fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
     for batch in [1usize, 32] {
         for want in [Logits::Argmax, Logits::Full] {
@@ -566,4 +567,17 @@ fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
             );
         }
     }
+    let prompt: Vec<u32> = (0..512u32).map(|i| 100 + i).collect();
+    let table: Vec<u32> = (0..33).collect();
+    let rounds = 8;
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        gpu.forward(&[item(&prompt, 0, &table, Logits::Argmax)]).unwrap();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{what}: prefill of 512 tokens: {:.0} tokens/s ({:.2} ms per prompt)",
+        (rounds * prompt.len()) as f64 / wall,
+        wall * 1e3 / rounds as f64
+    );
 }

@@ -11,7 +11,8 @@ For each concurrency level, N client threads each send streaming /v1/completions
   device intervals: CUDA events on the CUDA backend) divided by the change of llmserve:step_seconds_total (host
   time of the steps) -- "how much of each step the device is busy" -- and divided by wall time.
 
-Usage: bench_engine.py --url http://127.0.0.1:8000 [--concurrency 1,32] [--max-tokens 128] [--duration 20]
+Usage: bench_engine.py --url http://127.0.0.1:8000 [--concurrency 1,32] [--max-tokens 128] [--prompt-repeat 1]
+                       [--duration 20]
 Prints one line per level and a JSON summary (also written to --json PATH when given).
 """
 
@@ -74,7 +75,7 @@ def metrics(url):
 
 
 def one_request(url, model, prompt, max_tokens, timeout):
-    """Streams one completion; returns (ttft_s, first_to_last_s, completion_tokens) or raises."""
+    """Streams one completion; returns (ttft_s, first_to_last_s, completion_tokens, prompt_tokens) or raises."""
     u = urllib.parse.urlparse(url)
     body = json.dumps(
         {
@@ -93,7 +94,7 @@ def one_request(url, model, prompt, max_tokens, timeout):
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
     first = last = None
-    tokens = None
+    tokens = prompt_tokens = None
     buf = b""
     while True:
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(4096)
@@ -117,13 +118,14 @@ def one_request(url, model, prompt, max_tokens, timeout):
                     last = now
                 if msg.get("usage"):
                     tokens = msg["usage"].get("completion_tokens")
+                    prompt_tokens = msg["usage"].get("prompt_tokens")
     c.close()
     if first is None:
         first = last = time.perf_counter()
-    return first - t0, (last - first), tokens or 0
+    return first - t0, (last - first), tokens or 0, prompt_tokens or 0
 
 
-def run_level(url, model, concurrency, max_tokens, duration, timeout):
+def run_level(url, model, prompts, concurrency, max_tokens, duration, timeout):
     results, errors = [], []
     lock = threading.Lock()
     stop_at = time.perf_counter() + duration
@@ -132,7 +134,7 @@ def run_level(url, model, concurrency, max_tokens, duration, timeout):
         k = i
         while time.perf_counter() < stop_at:
             try:
-                res = one_request(url, model, PROMPTS[k % len(PROMPTS)], max_tokens, timeout)
+                res = one_request(url, model, prompts[k % len(prompts)], max_tokens, timeout)
                 with lock:
                     results.append(res)
             except Exception as e:  # noqa: BLE001 -- reported below
@@ -166,6 +168,7 @@ def run_level(url, model, concurrency, max_tokens, duration, timeout):
         "decode_tokens_per_s": round(tokens / wall, 1) if wall > 0 else 0.0,
         "engine_generation_tokens": d["vllm:generation_tokens_total"],
         "mean_completion_tokens": round(tokens / len(results), 1) if results else 0.0,
+        "mean_prompt_tokens": round(sum(r[3] for r in results) / len(results), 1) if results else 0.0,
         "per_request_decode_tokens_per_s_median": round(statistics.median(per_req), 1) if per_req else None,
         "ttft_s_median": round(statistics.median(ttfts), 4) if ttfts else None,
         "ttft_s_p95": round(ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], 4) if ttfts else None,
@@ -186,6 +189,8 @@ def main():
     ap.add_argument("--model", help="served model name (default: the first of /v1/models)")
     ap.add_argument("--concurrency", default="1,32", help="comma-separated levels")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-repeat", type=int, default=1,
+                    help="each prompt repeated this many times (about 17 tokens each): prefill-heavy loads")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per level")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every level; medians and ranges reported")
@@ -194,17 +199,19 @@ def main():
 
     model = a.model or json.loads(get(a.url, "/v1/models"))["data"][0]["id"]
     # Warm-up: one short request (first-step costs such as buffer growth are not measured).
-    one_request(a.url, model, PROMPTS[0], 8, a.timeout)
+    prompts = [" ".join([p] * max(1, a.prompt_repeat)) for p in PROMPTS]
+    one_request(a.url, model, prompts[0], 8, a.timeout)
     summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "rounds": a.rounds, "levels": []}
     levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
     for rnd in range(max(1, a.rounds)):
         for level in levels:
-            r = run_level(a.url, model, level, a.max_tokens, a.duration, a.timeout)
+            r = run_level(a.url, model, prompts, level, a.max_tokens, a.duration, a.timeout)
             r["round"] = rnd + 1
             summary["levels"].append(r)
             print(
                 f"round {rnd + 1} concurrency {level:3d}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
-                f"({r['requests']} requests, {r['mean_completion_tokens']} tokens each, "
+                f"({r['requests']} requests, {r['mean_prompt_tokens']} prompt and "
+                f"{r['mean_completion_tokens']} completion tokens each, "
                 f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
                 f"TTFT median {r['ttft_s_median']} s p95 {r['ttft_s_p95']} s; "
                 f"{r['engine_steps']:.0f} steps of {r['mean_step_ms']} ms, {r['mean_tokens_per_step']} tokens/step; "

@@ -45,7 +45,9 @@ run)
     else
         echo "model parts missing: the checks that need the model are skipped" | tee "$R/model.sha256"
     fi
-    BENCH_DURATION=${BENCH_DURATION:-6} bash "$STAGE/gpu-bundle/run_gpu_checks.sh" "$STAGE/gpu-bundle" "$MODEL" \
+    # Bounded so that the packing below always runs inside the device call's limit (600 s): CHECKS_TIMEOUT s.
+    BENCH_DURATION=${BENCH_DURATION:-6} timeout "${CHECKS_TIMEOUT:-480}" \
+        bash "$STAGE/gpu-bundle/run_gpu_checks.sh" "$STAGE/gpu-bundle" "$MODEL" \
         "$R/engine" 2>&1 | tee "$R/engine-console.log"
     [ "${SKIP_TORCH:-0}" = 1 ] || timeout 240 bash tools/gpu/check_torch.sh "$STAGE/gpu-bundle/llmprof" "$R/torch" \
         2>&1 | tee "$R/torch-console.log"

@@ -14,8 +14,8 @@
 #      type, "Paris" on the default model, CUDA-event step times on the host clock, decode throughput);
 #   3. llmserve --device cuda: startup log, a chat request answered with "Paris", /metrics;
 #   4. tools/gpu/bench_engine.py: decode tokens/s at concurrency 1 and 32 (BENCH_ROUNDS runs each, medians),
-#      TTFT, device busy fraction; then the same with --enforce-eager --kv-cache-dtype f32 (the engine before CUDA
-#      graphs and the f16 cache) for a side-by-side ratio;
+#      TTFT, device busy fraction; 4b: a prompt-heavy load (~510-token prompts, 16 tokens out) with the default
+#      fused-launch limit (256 tokens) and with fused launches at every step size, side by side;
 #   5. (root and llmprof present) llmprof attach during a short load: a trace with "device (CUDA)" slices,
 #      and llmprof report on it;
 #   6. llmserve --device auto picks CUDA.
@@ -201,21 +201,24 @@ else
 fi
 stop_server
 
-# The fused RMSNorm launches at every batch size (the default fuses up to 8 tokens): concurrency 32 against step 4's.
-# (The eager engine, --enforce-eager --kv-cache-dtype f32, was benchmarked in four sessions; docs/performance.md.)
-step "4b. benchmark with the fused launches at every batch size (LLMSERVE_CUDA_FUSE_MAX_TOKENS=1024)"
-if [ "$HAVE_MODEL" = 1 ] && LLMSERVE_CUDA_FUSE_MAX_TOKENS=1024 start_server "$OUT/04b-llmserve-fused.log" --device cuda; then
-    timeout 300 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
-        --concurrency 32 --max-tokens 128 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
-        --json "$OUT/04b-bench-fused.json" >"$OUT/04b-bench-fused.log" 2>&1
-    rc=$?
-    grep -E "concurrency|error" "$OUT/04b-bench-fused.log"
-    if [ $rc -eq 0 ]; then record "benchmark (fused at every batch size)" ok "$(grep -E '^concurrency' "$OUT/04b-bench-fused.log" | sed 's/ over .*//' | tr '\n' ';')"
-    else record "benchmark (fused at every batch size)" FAIL "exit $rc, see 04b-bench-fused.log"; fi
-else
-    record "benchmark (fused at every batch size)" skip "no model or the server did not start"
-fi
-stop_server
+# Long prompts: the default fuses the RMSNorm launches up to 256 tokens per step (forward::FUSE_MAX_TOKENS); the
+# same load with them fused at every step size (LLMSERVE_CUDA_FUSE_MAX_TOKENS=1024) shows whether that limit still holds.
+step "4b. prompt-heavy load: fused launches up to 256 tokens (default) and at every step size"
+for cfg in default:256 every:1024; do
+    name=${cfg%%:*}
+    if [ "$HAVE_MODEL" = 1 ] && LLMSERVE_CUDA_FUSE_MAX_TOKENS=${cfg#*:} start_server "$OUT/04b-llmserve-$name.log" --device cuda; then
+        timeout 200 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+            --concurrency 1,8 --prompt-repeat 30 --max-tokens 16 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
+            --json "$OUT/04b-bench-$name.json" >"$OUT/04b-bench-$name.log" 2>&1
+        rc=$?
+        grep -E "^concurrency|error" "$OUT/04b-bench-$name.log"
+        if [ $rc -eq 0 ]; then record "long prompts, fused up to ${cfg#*:}" ok "$(grep -E '^concurrency' "$OUT/04b-bench-$name.log" | sed 's/ over .*step/, step/' | tr '\n' ';')"
+        else record "long prompts, fused up to ${cfg#*:}" FAIL "exit $rc, see 04b-bench-$name.log"; fi
+    else
+        record "long prompts, fused up to ${cfg#*:}" skip "no model or the server did not start"
+    fi
+    stop_server
+done
 
 step "6. llmserve --device auto picks CUDA"
 if [ "$HAVE_MODEL" = 0 ]; then

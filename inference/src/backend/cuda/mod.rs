@@ -125,6 +125,14 @@ impl CudaOptions {
         }
     }
 
+    /// The start-up log's words for `fuse_max_tokens`.
+    fn fuse_note(&self) -> String {
+        match self.fuse_max_tokens {
+            0 => "no fused launches".to_string(),
+            n => format!("fused launches up to {n} tokens"),
+        }
+    }
+
     /// These options with `fuse_max_tokens` set from `value` (a [`FUSE_ENV`] setting).
     pub fn with_fuse_setting(self, value: &str) -> Result<Self, BackendError> {
         match value.trim().parse::<usize>() {
@@ -498,13 +506,13 @@ impl CudaBackend {
     /// One line for the startup log.
     pub fn describe(&self) -> String {
         format!(
-            "cuda on {} (sm_{}{}, kernels {}, KV cache {}, fused launches up to {} tokens, {})",
+            "cuda on {} (sm_{}{}, kernels {}, KV cache {}, {}, {})",
             self.device_name,
             self.compute_capability.0,
             self.compute_capability.1,
             self.compiled,
             self.options.kv_dtype.name(),
-            self.options.fuse_max_tokens,
+            self.options.fuse_note(),
             self.graph_note
         )
     }
@@ -726,6 +734,11 @@ mod tests {
             Some(32)
         );
         assert_eq!(o.with_fuse_setting("0").map(|o| o.fuse_max_tokens).ok(), Some(0));
+        assert_eq!(o.fuse_note(), "fused launches up to 256 tokens");
+        assert_eq!(
+            o.with_fuse_setting("0").map(|o| o.fuse_note()).ok().as_deref(),
+            Some("no fused launches")
+        );
         for bad in ["", "eight", "-1", "8 tokens"] {
             let e = o
                 .with_fuse_setting(bad)
