@@ -518,7 +518,8 @@ fn cuda_decode_throughput_batch_1_and_32() {
         let mut gpu = cuda(&model, 1024, 16, kv, graphs);
         decode_throughput(&mut gpu, &format!("KV {kv:?}, graphs {graphs}"));
     }
-    // Without the fused RMSNorm launches (separate norm, matmul and RoPE launches; the default fuses steps of up to 256 tokens).
+    // Without the fused RMSNorm launches (separate norm, matmul and RoPE launches; the default fuses steps of up
+    // to 256 tokens).
     let options = CudaOptions {
         fuse_max_tokens: 0,
         ..CudaOptions::default()
