@@ -7,14 +7,22 @@
 //!
 //! Needs `cargo xtask setup` (the servers venv) and `cargo xtask fetch-model`.
 
+use std::time::{Duration, Instant};
+
 use e2e::attach::Attached;
 use e2e::llama::start_server;
 use e2e::serve::free_port;
 use e2e::wire::{Load, run_client, third_party_ready};
 use e2e::{servers_python, trace_processor};
 
-/// Streamed requests the client sends (each up to the client's default 24 tokens).
+/// Streamed requests the client sends per round (each up to the client's default 24 tokens).
 const REQUESTS: usize = 6;
+
+/// Rounds of requests go on until llmprof's probes have been live this long: it measures the sampler's cost on
+/// the targets from 2 s into a session for 3 s (`LIVE_COST_FROM`, `LIVE_COST_FOR` in profiler-user/src/attach.rs,
+/// looked at once a second), and a window needs 20 on-CPU samples of the server to give a figure. One round took
+/// under 3 s on a fast machine: the session ended before the window had its samples.
+const LOAD_AT_LEAST: Duration = Duration::from_secs(6);
 
 /// Python functions of llama-cpp-python's generation loop (`llama_cpp/llama.py`), by qualified name as
 /// llmprof names Python frames.
@@ -39,7 +47,10 @@ fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
         cancel: usize::MAX,
         json_every: 0,
     };
-    run_client(&python, port, &load, &dir.join("client.json"));
+    let live = Instant::now();
+    while live.elapsed() < LOAD_AT_LEAST {
+        run_client(&python, port, &load, &dir.join("client.json"));
+    }
     // Ended while the server still runs: its stacks are symbolized from its live maps.
     let summary = llmprof.stop();
 
