@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::pool::{ComputePool, PoolStats};
-use super::{Backend, BackendError, BatchItem, DeviceClock, Logits, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
 use crate::attention::{self, F16, KvElem, KvHead, PagedKv};
 use crate::model::{Model, ModelConfig};
 use crate::quant::{self, Acts, AlignedVec, QMatrix, SharedCols};
@@ -620,16 +620,7 @@ impl CpuBackend {
         let logits = &mut s.logits[..vocab * nl];
         let acts = s.prep.prepare(&xn[..nl * dim], nl, dim);
         matmul_multi(pool, &mut s.tasks, logits, &[head], acts, false);
-        let rows = logits.chunks_exact(vocab);
-        let argmax = rows.clone().map(sampling::argmax).collect();
-        // A fresh vocabulary-sized vector per row (196 KB for SmolLM2) is an allocation and its page faults: only
-        // the rows sampled with a temperature need one.
-        let wanted = batch.iter().filter(|it| it.logits.wanted());
-        let full = rows
-            .zip(wanted)
-            .filter(|(_, it)| it.logits == Logits::Full)
-            .map(|(row, _)| row.to_vec())
-            .collect();
-        (argmax, full)
+        let argmax = logits.chunks_exact(vocab).map(sampling::argmax).collect();
+        (argmax, super::full_logits(logits, vocab, batch))
     }
 }

@@ -49,6 +49,19 @@ impl Logits {
     }
 }
 
+/// [`StepOutput::logits`] from a step's logit rows (`rows`: `vocab` floats for each item whose logits are wanted,
+/// in batch order; rows past the last such item, a graph's padding, are ignored): copies of the rows of the
+/// [`Logits::Full`] items only (a vocabulary-sized vector is an allocation and its page faults; greedy items need
+/// none).
+pub(crate) fn full_logits(rows: &[f32], vocab: usize, batch: &[BatchItem<'_>]) -> Vec<Vec<f32>> {
+    let wanting = batch.iter().filter(|it| it.logits.wanted());
+    rows.chunks_exact(vocab.max(1))
+        .zip(wanting)
+        .filter(|(_, it)| it.logits == Logits::Full)
+        .map(|(row, _)| row.to_vec())
+        .collect()
+}
+
 /// How the backend measured the device interval of a step.
 pub use llmprof_abi::DeviceClock;
 

@@ -7,8 +7,8 @@
 //!   tokens per block row; one warp per weight row, 4 (Q4_x) or 8 (Q8_0, F32) lanes per 32-element quant block
 //!   reading 4 bytes of quants each, so a weight row is read once per token tile, in contiguous runs, and
 //!   dequantized in registers; each lane issues the loads of [`ROW_PREFETCH`] blocks before using the first.
-//! - `qkv_rope_{f32,q8_0,q4_0,q4_1}_{f32,f16}`: for up to [`TOKEN_TILE`] tokens, the attention block's first half
-//!   in one launch: RMSNorm of the residual stream, the Q, K and V matmuls (each warp recomputes its tokens' norms;
+//! - `qkv_rope_{f32,q8_0,q4_0,q4_1}_{f32,f16}`: per tile of [`TOKEN_TILE`] tokens (a block row each), the attention
+//!   block's first half in one launch: RMSNorm of the residual stream, the Q, K and V matmuls (each warp recomputes its tokens' norms;
 //!   the norm weight is folded into the weights it reads), RoPE on Q and K (the two warps of a rotation pair trade
 //!   sums through shared memory), K and V written into the paged cache.
 //! - `gate_up_{f32,q8_0,q4_0,q4_1}`: RMSNorm and the feed-forward's gate and up matmuls in one launch, writing

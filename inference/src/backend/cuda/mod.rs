@@ -622,17 +622,11 @@ impl CudaBackend {
             .iter()
             .map(|&i| i as u32)
             .collect();
-        let mut logits = Vec::new();
-        if full {
-            let host = &self.host_logits.as_slice()?[..wanted * vocab];
-            let wanting = batch.iter().filter(|it| it.logits.wanted());
-            logits = host
-                .chunks_exact(vocab.max(1))
-                .zip(wanting)
-                .filter(|(_, it)| it.logits == Logits::Full)
-                .map(|(row, _)| row.to_vec())
-                .collect();
-        }
+        let logits = if full {
+            super::full_logits(&self.host_logits.as_slice()?[..wanted * vocab], vocab, batch)
+        } else {
+            Vec::new()
+        };
         Ok(StepOutput {
             argmax,
             logits,
@@ -734,7 +728,10 @@ mod tests {
             Some(32)
         );
         assert_eq!(o.with_fuse_setting("0").map(|o| o.fuse_max_tokens).ok(), Some(0));
-        assert_eq!(o.fuse_note(), "fused launches up to 256 tokens");
+        assert_eq!(
+            o.fuse_note(),
+            format!("fused launches up to {} tokens", forward::FUSE_MAX_TOKENS)
+        );
         assert_eq!(
             o.with_fuse_setting("0").map(|o| o.fuse_note()).ok().as_deref(),
             Some("no fused launches")
