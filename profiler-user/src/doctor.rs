@@ -445,7 +445,7 @@ fn target_libcuda(pid: u32) -> Check {
                 Status::Ok,
                 format!(
                     "{} mapped: {} CUDA driver entry points to probe",
-                    lib.display(),
+                    lib.path.display(),
                     entries.len()
                 ),
             ),

@@ -30,3 +30,4 @@ pub mod python;
 pub mod selfacct;
 pub mod serve;
 pub mod symbolize;
+pub mod sys;

@@ -1,11 +1,14 @@
 //! Reading an engine binary before attaching: its probe ABI version and which probe symbols it exports.
 //!
-//! Owns ELF inspection only (the `object` crate, read-only); never attaches anything.
+//! Owns ELF inspection only (the `object` crate over [`crate::sys::target_file`]'s bounded reads); never
+//! attaches anything.
 
 use std::path::Path;
 
 use llmprof_abi::{ABI_VERSION_SYMBOL, ENGINE_PROBES};
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
+
+use crate::sys::target_file::{self, Limits, Source, TargetFileError};
 
 /// What an engine binary offers to llmprof.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,52 +22,33 @@ pub struct EngineElf {
 /// Why an ELF file could not be inspected.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
-    /// The file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not a parsable ELF object.
-    #[error("{path} is not an ELF binary llmprof can read")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The parser's error.
-        #[source]
-        source: object::Error,
-    },
+    /// The file could not be read or parsed (see [`crate::sys::target_file`]).
+    #[error("cannot inspect the engine binary")]
+    File(#[source] TargetFileError),
 }
 
-/// Inspects the binary at `path` (for a running process: `/proc/PID/exe`).
+/// Inspects the binary at `path` (for a running process: `/proc/PID/exe`), through
+/// [`crate::sys::target_file`]: a traced process chose that file.
 pub fn inspect(path: &Path) -> Result<EngineElf, ElfError> {
-    let data = std::fs::read(path).map_err(|source| ElfError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let file = object::File::parse(&*data).map_err(|source| ElfError::Parse {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let mut out = EngineElf {
-        abi_version: None,
-        probes: [false; ENGINE_PROBES.len()],
-    };
-    for sym in file.dynamic_symbols().chain(file.symbols()) {
-        let Ok(name) = sym.name() else { continue };
-        if let Some(i) = ENGINE_PROBES.iter().position(|p| *p == name) {
-            out.probes[i] |= sym.is_definition();
-        } else if name == ABI_VERSION_SYMBOL && out.abi_version.is_none() {
-            out.abi_version = read_u32(&file, &sym);
+    target_file::with_elf(&Source::Path(path.to_owned()), Limits::ELF, |file| {
+        let mut out = EngineElf {
+            abi_version: None,
+            probes: [false; ENGINE_PROBES.len()],
+        };
+        for sym in file.dynamic_symbols().chain(file.symbols()) {
+            let Ok(name) = sym.name() else { continue };
+            if let Some(i) = ENGINE_PROBES.iter().position(|p| *p == name) {
+                out.probes[i] |= sym.is_definition();
+            } else if name == ABI_VERSION_SYMBOL && out.abi_version.is_none() {
+                out.abi_version = read_u32(file, &sym);
+            }
         }
-    }
-    Ok(out)
+        out
+    })
+    .map_err(ElfError::File)
 }
 
-fn read_u32(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u32> {
+fn read_u32<'d, R: ReadRef<'d>>(file: &object::File<'d, R>, sym: &object::Symbol<'d, '_, R>) -> Option<u32> {
     let index = sym.section_index()?;
     let section = file.section_by_index(index).ok()?;
     let bytes = section.data_range(sym.address(), 4).ok()??;
@@ -91,9 +75,9 @@ mod tests {
     #[test]
     fn non_elf_is_an_error() {
         let e = inspect(Path::new("/etc/hostname")).err();
-        assert!(matches!(
-            e,
-            Some(ElfError::Parse { .. }) | Some(ElfError::Read { .. })
-        ));
+        assert!(
+            matches!(e, Some(ElfError::File(TargetFileError::Parse { .. }))),
+            "{e:?}"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! GPU activity from the injected CUPTI helper (`llmprof_abi::gpu`): the uprobe at its handoff function and the
 //! decoding of the chunks it copies.
 //!
-//! Owns: the lookup of [`GPU_HANDOFF`] in the helper library's `.dynsym` (file offset, the `object` crate, as
-//! for libcuda), the attachment of `llmprof_gpu` there for one process ([`Capture::attach_handoff`], called by
+//! Owns: the lookup of [`GPU_HANDOFF`] in the helper library's `.dynsym` (file offset, the `object` crate over
+//! [`crate::sys::target_file`], as for libcuda), the attachment of `llmprof_gpu` there for one process ([`Capture::attach_handoff`], called by
 //! the injection once the helper is loaded, or by [`Capture::attach_loaded_helper`] for a process that mapped
 //! [`GPU_HELPER_LIB`] itself), and the hand-over of each `GpuChunkEvent` to the one reader of the chunk format
 //! (`llmprof_trace::gpu::GpuDecoder`: versions, clock mapping, names, losses).
@@ -20,6 +20,7 @@ use llmprof_trace::gpu::{GpuDecoder, GpuStats};
 use object::{Object, ObjectSymbol};
 
 use super::{Capture, CaptureError, decode, program};
+use crate::sys::target_file::{self, Limits, TargetFileError};
 
 /// The handoff uprobe program.
 pub const HANDOFF_PROGRAM: &str = "llmprof_gpu";
@@ -27,24 +28,15 @@ pub const HANDOFF_PROGRAM: &str = "llmprof_gpu";
 /// Why the helper library's handoff function cannot be probed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
-    /// The library file could not be read.
-    #[error("cannot read the GPU helper library {path}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+    /// The process maps no helper library (any more).
+    #[error("pid {pid} has no {GPU_HELPER_LIB} mapped")]
+    NotMapped {
+        /// The process.
+        pid: u32,
     },
-    /// The file is not an ELF object llmprof can parse.
-    #[error("{path} is not an ELF shared library llmprof can read")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The parser's error.
-        #[source]
-        source: object::Error,
-    },
+    /// The library file could not be read or parsed (see [`crate::sys::target_file`]).
+    #[error("cannot read the GPU helper library")]
+    Read(#[source] TargetFileError),
     /// The library does not export the handoff function.
     #[error("{path} does not export {GPU_HANDOFF}: not llmprof's GPU helper library")]
     NoHandoff {
@@ -65,22 +57,21 @@ pub(super) struct GpuCapture {
     links: Vec<UProbeLink>,
 }
 
-/// File offset of [`GPU_HANDOFF`] in the library at `path` (from its `.dynsym`).
-pub fn handoff_offset(path: &Path) -> Result<u64, HandoffError> {
-    let shown = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| HandoffError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    let file = object::File::parse(&*data).map_err(|source| HandoffError::Parse {
-        path: shown.clone(),
-        source,
-    })?;
-    file.dynamic_symbols()
-        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
-        .find(|s| s.name() == Ok(GPU_HANDOFF))
-        .and_then(|s| crate::gpu::libcuda::file_offset(&file, &s))
-        .ok_or(HandoffError::NoHandoff { path: shown })
+/// File offset of [`GPU_HANDOFF`] in the helper library `pid` maps (its `.dynsym`, read through
+/// [`crate::sys::target_file`]: the mapped inode, even if its file was removed since).
+pub fn handoff_offset(pid: u32) -> Result<u64, HandoffError> {
+    let lib = crate::gpu::libcuda::find_mapped(pid, |base| base == GPU_HELPER_LIB)
+        .ok_or(HandoffError::NotMapped { pid })?;
+    target_file::with_elf(&lib.source, Limits::ELF, |file| {
+        file.dynamic_symbols()
+            .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+            .find(|s| s.name() == Ok(GPU_HANDOFF))
+            .and_then(|s| crate::gpu::libcuda::file_offset(file, &s))
+    })
+    .map_err(HandoffError::Read)?
+    .ok_or_else(|| HandoffError::NoHandoff {
+        path: lib.path.display().to_string(),
+    })
 }
 
 impl Capture {
@@ -91,7 +82,7 @@ impl Capture {
             return Ok(());
         }
         let nz = NonZeroU32::new(pid).ok_or(CaptureError::PidNotFound(pid))?;
-        let offset = handoff_offset(lib)?;
+        let offset = handoff_offset(pid)?;
         let p: &mut UProbe = program(&mut self.ebpf, HANDOFF_PROGRAM)?;
         if !self.gpu.loaded {
             p.load().map_err(|source| CaptureError::Program {
@@ -127,7 +118,7 @@ impl Capture {
             return None;
         }
         let lib = crate::gpu::libcuda::find_mapped(pid, |base| base == GPU_HELPER_LIB)?;
-        let r = self.attach_handoff(pid, &lib).map(|()| lib);
+        let r = self.attach_handoff(pid, &lib.probe_path).map(|()| lib.path);
         if r.is_err() {
             self.gpu.failed.insert(pid);
         }

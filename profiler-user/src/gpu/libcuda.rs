@@ -10,12 +10,13 @@
 //! that are not exported symbols are added too ([`super::procaddr`]), so those calls are seen either way.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use llmprof_abi::{CudaFunc, CudaVariant};
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef};
 
 use crate::procfs::MapsLine;
+use crate::sys::target_file::{self, Limits, Source, TargetFileError};
 
 /// Basename prefix of the CUDA driver library.
 pub const LIBCUDA_PREFIX: &str = "libcuda.so";
@@ -43,24 +44,10 @@ impl CudaEntry {
 /// Why libcuda could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum LibcudaError {
-    /// The library file could not be read.
-    #[error("cannot read {path}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not an ELF object llmprof can parse.
-    #[error("{path} is not an ELF shared library llmprof can read")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The parser's error.
-        #[source]
-        source: object::Error,
-    },
+    /// The library file could not be read (see [`crate::sys::target_file`]: a FIFO, a device, a file over
+    /// the caps or on FUSE, a hung filesystem, or a file that is not ELF).
+    #[error("cannot use the CUDA driver library")]
+    Read(#[source] TargetFileError),
     /// None of the CUDA driver functions is exported.
     #[error(
         "{path} exports none of the CUDA driver functions llmprof probes (cuLaunchKernel, cuMemcpy*, ...)"
@@ -71,23 +58,40 @@ pub enum LibcudaError {
     },
 }
 
-/// The libcuda mapped into `pid`, as a path this process can open: the mapped path itself, or the same path
-/// under `/proc/PID/root` when the target lives in another mount namespace. `None` when none is mapped.
-pub fn find_in_process(pid: u32) -> Option<PathBuf> {
+/// A library mapped into a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedLib {
+    /// Its path as the process sees it (what llmprof shows).
+    pub path: PathBuf,
+    /// The same file from llmprof's side, whatever the process's mount namespace or root, even deleted:
+    /// `/proc/PID/map_files/START-END` (what a uprobe attaches to).
+    pub probe_path: PathBuf,
+    /// The mapping, for [`crate::sys::target_file`].
+    pub source: Source,
+}
+
+/// The libcuda mapped into `pid`. `None` when none is mapped.
+pub fn find_in_process(pid: u32) -> Option<MappedLib> {
     find_mapped(pid, |base| base.starts_with(LIBCUDA_PREFIX))
 }
 
-/// The first file mapped into `pid` whose basename `wanted` accepts, as a path this process can open (see
-/// [`find_in_process`]).
-pub fn find_mapped(pid: u32, wanted: impl Fn(&str) -> bool) -> Option<PathBuf> {
+/// The first file mapped into `pid` whose basename `wanted` accepts (see [`find_in_process`]).
+pub fn find_mapped(pid: u32, wanted: impl Fn(&str) -> bool) -> Option<MappedLib> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mapped = find_mapped_in_maps(&maps, wanted)?;
-    let direct = PathBuf::from(&mapped);
-    if direct.exists() {
-        return Some(direct);
-    }
-    let rooted = PathBuf::from(format!("/proc/{pid}/root{mapped}"));
-    rooted.exists().then_some(rooted)
+    let m = maps
+        .lines()
+        .filter_map(MapsLine::parse)
+        .find(|m| m.is_file() && m.path.rsplit('/').next().is_some_and(&wanted))?;
+    Some(MappedLib {
+        path: PathBuf::from(m.path),
+        probe_path: PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
+        source: Source::Mapping {
+            pid,
+            start: m.start,
+            end: m.end,
+            path: m.path.to_owned(),
+        },
+    })
 }
 
 /// The first mapped file of a `/proc/PID/maps` text whose basename starts with [`LIBCUDA_PREFIX`].
@@ -126,57 +130,57 @@ pub fn wanted_symbols() -> Vec<(String, CudaFunc, CudaVariant)> {
     out
 }
 
-/// Resolves the CUDA driver entry points exported by the library at `path`.
-pub fn resolve(path: &Path) -> Result<Vec<CudaEntry>, LibcudaError> {
-    let shown = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| LibcudaError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    let file = object::File::parse(&*data).map_err(|source| LibcudaError::Parse {
-        path: shown.clone(),
-        source,
-    })?;
+/// Resolves the CUDA driver entry points exported by `lib` (read through [`crate::sys::target_file`]), plus
+/// the ones only `cuGetProcAddress` hands out when the library may be loaded into llmprof ([`super::procaddr`]).
+pub fn resolve(lib: &MappedLib) -> Result<Vec<CudaEntry>, LibcudaError> {
+    let shown = lib.path.display().to_string();
+    // Asked first (it opens the library itself); an untrusted library gives none.
+    let via_proc = super::procaddr::entry_points(&lib.source);
     let wanted = wanted_symbols();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for sym in file.dynamic_symbols() {
-        if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let Some((_, func, variant)) = wanted.iter().find(|(n, _, _)| n == name) else {
-            continue;
-        };
-        let Some(offset) = file_offset(&file, &sym) else {
-            continue;
-        };
-        if seen.insert(offset) {
-            out.push(CudaEntry {
-                symbol: name.to_owned(),
-                func: *func,
-                variant: *variant,
-                file_offset: offset,
-            });
-        }
-    }
-    // Entry points cuGetProcAddress hands out that no exported symbol names (cudart's way to the driver).
-    if !out.is_empty() {
-        let first_load = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-        for (func, base_off) in super::procaddr::entry_points(path) {
-            let Some(offset) = vaddr_file_offset(&file, first_load + base_off) else {
+    let out = target_file::with_elf(&lib.source, Limits::ELF, move |file| {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for sym in file.dynamic_symbols() {
+            if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            let Some((_, func, variant)) = wanted.iter().find(|(n, _, _)| n == name) else {
+                continue;
+            };
+            let Some(offset) = file_offset(file, &sym) else {
                 continue;
             };
             if seen.insert(offset) {
                 out.push(CudaEntry {
-                    symbol: format!("{}{}", func.name(), CudaVariant::ProcAddress.suffix()),
-                    func,
-                    variant: CudaVariant::ProcAddress,
+                    symbol: name.to_owned(),
+                    func: *func,
+                    variant: *variant,
                     file_offset: offset,
                 });
             }
         }
-    }
+        // Entry points cuGetProcAddress hands out that no exported symbol names (cudart's way to the driver).
+        if !out.is_empty() {
+            let first_load = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+            for (func, base_off) in via_proc {
+                let Some(offset) = vaddr_file_offset(file, first_load + base_off) else {
+                    continue;
+                };
+                if seen.insert(offset) {
+                    out.push(CudaEntry {
+                        symbol: format!("{}{}", func.name(), CudaVariant::ProcAddress.suffix()),
+                        func,
+                        variant: CudaVariant::ProcAddress,
+                        file_offset: offset,
+                    });
+                }
+            }
+        }
+        out
+    })
+    .map_err(LibcudaError::Read)?;
+    let mut out = out;
     if out.is_empty() {
         return Err(LibcudaError::NoFunctions { path: shown });
     }
@@ -185,7 +189,7 @@ pub fn resolve(path: &Path) -> Result<Vec<CudaEntry>, LibcudaError> {
 }
 
 /// File offset of an ELF virtual address inside an executable section.
-fn vaddr_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
+fn vaddr_file_offset<'d, R: ReadRef<'d>>(file: &object::File<'d, R>, vaddr: u64) -> Option<u64> {
     file.sections().find_map(|s| {
         let (off, _) = s.file_range()?;
         let inside = vaddr >= s.address() && vaddr < s.address() + s.size();
@@ -195,7 +199,10 @@ fn vaddr_file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
 }
 
 /// File offset of a symbol's address: `st_value - sh_addr + sh_offset` of the section holding it.
-pub(crate) fn file_offset(file: &object::File<'_>, sym: &object::Symbol<'_, '_>) -> Option<u64> {
+pub(crate) fn file_offset<'d, R: ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    sym: &object::Symbol<'d, '_, R>,
+) -> Option<u64> {
     let section = file.section_by_index(sym.section_index()?).ok()?;
     let (sec_off, _) = section.file_range()?;
     sym.address().checked_sub(section.address())?.checked_add(sec_off)
@@ -261,25 +268,19 @@ mod tests {
 
     #[test]
     fn this_test_process_has_no_libcuda_and_libc_exports_no_cuda() {
-        assert_eq!(find_in_process(std::process::id()), None);
-        let libc = std::fs::read_to_string("/proc/self/maps")
-            .unwrap()
-            .lines()
-            .find_map(|l| {
-                l.split_whitespace()
-                    .nth(5)
-                    .filter(|p| p.contains("libc.so"))
-                    .map(String::from)
-            });
-        if let Some(libc) = libc {
-            assert!(matches!(
-                resolve(Path::new(&libc)),
-                Err(LibcudaError::NoFunctions { .. })
-            ));
-        }
+        let me = std::process::id();
+        assert_eq!(find_in_process(me), None);
+        let libc = find_mapped(me, |b| b.starts_with("libc.so")).unwrap();
+        assert!(libc.probe_path.starts_with(format!("/proc/{me}/map_files/")));
+        assert!(matches!(resolve(&libc), Err(LibcudaError::NoFunctions { .. })));
+        let hostname = MappedLib {
+            path: "/etc/hostname".into(),
+            probe_path: "/etc/hostname".into(),
+            source: Source::Path("/etc/hostname".into()),
+        };
         assert!(matches!(
-            resolve(Path::new("/etc/hostname")),
-            Err(LibcudaError::Parse { .. })
+            resolve(&hostname),
+            Err(LibcudaError::Read(TargetFileError::Parse { .. }))
         ));
     }
 

@@ -201,19 +201,23 @@ impl GpuSession {
                         .filter(|e| e.variant == llmprof_abi::CudaVariant::ProcAddress)
                         .count();
                     capture
-                        .attach_cuda(pid, &lib, &points)
+                        .attach_cuda(pid, &lib.probe_path, &points)
                         .map(|n| (n, via_proc))
                         .map_err(|e| causes::one_line(&e))
                 });
             let text = match result {
                 Ok((n, via_proc)) => {
-                    let text = names::marker::cuda_probes_attached(n, &lib.display().to_string(), via_proc);
+                    let text =
+                        names::marker::cuda_probes_attached(n, &lib.path.display().to_string(), via_proc);
                     self.cuda = match &self.cuda {
                         CudaState::Attached { lib, functions } => CudaState::Attached {
                             lib: lib.clone(),
                             functions: functions + n,
                         },
-                        _ => CudaState::Attached { lib, functions: n },
+                        _ => CudaState::Attached {
+                            lib: lib.path,
+                            functions: n,
+                        },
                     };
                     text
                 }

@@ -8,11 +8,19 @@
 //! `cuInit` on current drivers; if one answers `CUDA_ERROR_NOT_INITIALIZED`, `cuInit(0)` is called once, which
 //! creates no context), and turns each into an ELF virtual address of that file, which
 //! `libcuda::resolve` adds as extra probe points. It never calls into the target.
+//!
+//! Loading a library runs its code in llmprof, as root: only a file the target maps that root owns and nobody
+//! else may write ([`trusted`]) is loaded, through the descriptor [`crate::sys::target_file`] opened (the
+//! inode the target maps, never a path it could swap). Any other library, say one a user built and named
+//! `libcuda.so.1`, is read for its exported symbols only.
 
 use std::ffi::{CString, c_char, c_int, c_void};
-use std::path::Path;
+use std::os::fd::{AsFd, AsRawFd};
 
 use llmprof_abi::CudaFunc;
+
+use crate::sys::in_root;
+use crate::sys::target_file::{self, Limits, Source};
 
 /// `CU_GET_PROC_ADDRESS_DEFAULT`, `_LEGACY_STREAM`, `_PER_THREAD_DEFAULT_STREAM` (cuda.h).
 const FLAGS: [u64; 3] = [0, 1, 2];
@@ -25,11 +33,40 @@ type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 type GetProcAddressV1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int;
 
+/// Whether a library may be loaded into llmprof: owned by root, writable by nobody else.
+pub fn trusted(st: &libc::stat) -> bool {
+    st.st_uid == 0 && st.st_mode & 0o022 == 0
+}
+
 /// For each probed function, the distinct pointers the library's `cuGetProcAddress` returns, as
 /// offsets from the library's load base (`dladdr`'s `dli_fbase`): `(function, offset)`. Empty when the
-/// library cannot be loaded here or has no `cuGetProcAddress`.
-pub fn entry_points(lib: &Path) -> Vec<(CudaFunc, u64)> {
-    let Ok(path) = CString::new(lib.as_os_str().as_encoded_bytes()) else {
+/// library cannot be read, is not [`trusted`], cannot be loaded here or has no `cuGetProcAddress`.
+pub fn entry_points(lib: &Source) -> Vec<(CudaFunc, u64)> {
+    let file = match target_file::open(lib, Limits::ELF) {
+        Ok(f) => f,
+        Err(e) => {
+            log::debug!("gpu: {lib}: {e}");
+            return Vec::new();
+        }
+    };
+    match in_root::fstat(file.as_fd()) {
+        Ok(st) if trusted(&st) => {}
+        Ok(st) => {
+            log::warn!(
+                "gpu: {lib} belongs to uid {} (mode {:o}): not loaded into llmprof; entry points only \
+                 cuGetProcAddress hands out are not probed",
+                st.st_uid,
+                st.st_mode & 0o7777
+            );
+            return Vec::new();
+        }
+        Err(e) => {
+            log::debug!("gpu: {lib}: {e}");
+            return Vec::new();
+        }
+    }
+    // The descriptor's own path: the loader opens exactly the inode checked above.
+    let Ok(path) = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())) else {
         return Vec::new();
     };
     // SAFETY: a valid NUL-terminated path. RTLD_NODELETE: the driver library is never unloaded from llmprof
@@ -41,7 +78,7 @@ pub fn entry_points(lib: &Path) -> Vec<(CudaFunc, u64)> {
         )
     };
     if h.is_null() {
-        log::debug!("gpu: cannot dlopen {} for cuGetProcAddress", lib.display());
+        log::debug!("gpu: cannot dlopen {lib} for cuGetProcAddress");
         return Vec::new();
     }
     let sym = |name: &str| {

@@ -27,6 +27,8 @@ use object::{Object, ObjectKind, ObjectSegment, ObjectSymbol};
 
 use offsets::{Layout, UNICODE_LENGTH, UNICODE_STATE, VAR_OB_SIZE};
 
+use crate::sys::target_file::{self, Limits, Source};
+
 /// Code objects kept resolved per process before the cache starts over.
 pub const CODE_CACHE_MAX: usize = 65536;
 /// Most interpreters and thread states [`PyProcess::threads`] follows (a corrupt list cannot loop forever).
@@ -115,49 +117,70 @@ fn io_err(pid: u32, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> P
     move |source| PythonError::Read { pid, what, source }
 }
 
-/// `(lowest start address, path)` of each file mapped by `pid`, from /proc/PID/maps.
-fn mapped_files(pid: u32) -> Result<Vec<(u64, String)>, PythonError> {
+/// One file mapped by a process: its lowest start address minus its offset (its load base), its path, and
+/// one of its mappings (what [`crate::sys::target_file`] reads it through).
+struct MappedFile {
+    base: u64,
+    path: String,
+    source: Source,
+}
+
+/// Each file mapped by `pid`, from /proc/PID/maps.
+fn mapped_files(pid: u32) -> Result<Vec<MappedFile>, PythonError> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(io_err(pid, format!("/proc/{pid}/maps")))?;
-    let mut out: Vec<(u64, String)> = Vec::new();
+    let mut out: Vec<MappedFile> = Vec::new();
     for m in maps.lines().filter_map(crate::procfs::MapsLine::parse) {
         if !m.is_file() {
             continue;
         }
-        let (start, off, path) = (m.start, m.offset, m.path.to_owned());
-        match out.iter_mut().find(|(_, p)| *p == path) {
-            Some(e) => e.0 = e.0.min(start.saturating_sub(off)),
-            None => out.push((start.saturating_sub(off), path)),
+        let base = m.start.saturating_sub(m.offset);
+        match out.iter_mut().find(|f| f.path == m.path) {
+            Some(f) => f.base = f.base.min(base),
+            None => out.push(MappedFile {
+                base,
+                path: m.path.to_owned(),
+                source: Source::Mapping {
+                    pid,
+                    start: m.start,
+                    end: m.end,
+                    path: m.path.to_owned(),
+                },
+            }),
         }
     }
     Ok(out)
 }
 
-/// Looks for `_PyRuntime` (and `Py_Version`) in the ELF file `path` mapped at `base`.
-fn runtime_in(pid: u32, base: u64, path: &str) -> Option<RuntimeSym> {
-    let data = std::fs::read(format!("/proc/{pid}/root{path}")).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    let bias = if file.kind() == ObjectKind::Executable {
-        0
-    } else {
-        // Load address of the lowest segment, minus its link-time address (0 for libraries and PIEs).
-        let min_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-        base.wrapping_sub(min_vaddr)
-    };
-    let mut runtime = None;
-    let mut py_version = None;
-    for sym in file.dynamic_symbols().chain(file.symbols()) {
-        if !sym.is_definition() {
-            continue;
+/// Looks for `_PyRuntime` (and `Py_Version`) in the mapped ELF file `f`.
+fn runtime_in(f: &MappedFile) -> Option<RuntimeSym> {
+    let base = f.base;
+    let (runtime, py_version) = target_file::with_elf(&f.source, Limits::ELF, move |file| {
+        let bias = if file.kind() == ObjectKind::Executable {
+            0
+        } else {
+            // Load address of the lowest segment, minus its link-time address (0 for libraries and PIEs).
+            let min_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+            base.wrapping_sub(min_vaddr)
+        };
+        let mut runtime = None;
+        let mut py_version = None;
+        for sym in file.dynamic_symbols().chain(file.symbols()) {
+            if !sym.is_definition() {
+                continue;
+            }
+            match sym.name() {
+                Ok("_PyRuntime") => runtime = runtime.or(Some(bias.wrapping_add(sym.address()))),
+                Ok("Py_Version") => py_version = py_version.or(Some(bias.wrapping_add(sym.address()))),
+                _ => {}
+            }
         }
-        match sym.name() {
-            Ok("_PyRuntime") => runtime = runtime.or(Some(bias.wrapping_add(sym.address()))),
-            Ok("Py_Version") => py_version = py_version.or(Some(bias.wrapping_add(sym.address()))),
-            _ => {}
-        }
-    }
+        (runtime, py_version)
+    })
+    .map_err(|e| log::debug!("python: {e}"))
+    .ok()?;
     Some(RuntimeSym {
-        path: path.to_owned(),
+        path: f.path.clone(),
         runtime: runtime?,
         py_version,
     })
@@ -179,15 +202,16 @@ impl PyProcess {
             .map(|p| p.display().to_string())
             .unwrap_or_default();
         // The executable first, then libpython (a static build defines _PyRuntime in the executable).
-        let mut candidates: Vec<&(u64, String)> = files.iter().filter(|(_, p)| *p == exe).collect();
-        candidates.extend(
-            files
-                .iter()
-                .filter(|(_, p)| p.rsplit('/').next().is_some_and(|n| n.starts_with("libpython3"))),
-        );
+        let mut candidates: Vec<&MappedFile> = files.iter().filter(|f| f.path == exe).collect();
+        candidates.extend(files.iter().filter(|f| {
+            f.path
+                .rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libpython3"))
+        }));
         let sym = candidates
             .iter()
-            .find_map(|(base, path)| runtime_in(pid, *base, path))
+            .find_map(|f| runtime_in(f))
             .ok_or(PythonError::NotPython(pid))?;
         let mem = File::open(PathBuf::from(format!("/proc/{pid}/mem")))
             .map_err(io_err(pid, format!("/proc/{pid}/mem")))?;
