@@ -29,5 +29,6 @@ pub mod proctree;
 pub mod python;
 pub mod selfacct;
 pub mod serve;
+pub mod symbol_files;
 pub mod symbolize;
 pub mod sys;

@@ -3,9 +3,11 @@
 //!
 //! User addresses go through blazesym's process source: `/proc/PID/maps` (through `/proc/PID/map_files`, so
 //! a deleted or replaced binary still resolves), ELF symbols, DWARF line tables and inlined functions where
-//! present, perf map files of JITs (`/tmp/perf-PID.map`) and the vDSO; Rust and C++ names are demangled.
+//! present, and the vDSO; Rust and C++ names are demangled. Every file blazesym opens of a process is vetted
+//! by [`crate::symbol_files`] first, which also reads the perf map files of JITs (`/tmp/perf-PID.map`) for the
+//! addresses blazesym cannot name.
 //! Kernel addresses go through `/proc/kallsyms`. Every address is resolved once per process: a cache maps
-//! (pid, address) to its frames, blazesym itself keeps each ELF/DWARF file parsed once (by path, shared by
+//! (pid, address) to its frames (bounded in bytes: it starts over past [`USER_CACHE_BYTES`]), blazesym itself keeps each ELF/DWARF file parsed once (by path, shared by
 //! all processes mapping it), so a hot loop costs one hash lookup per frame. Samples are symbolized when
 //! capture drains the ring (every 20 ms), while the process is alive; [`Symbolizer::forget`] drops a
 //! process's cache at its exit.
@@ -22,6 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Kernel, Process, Source};
+
+use crate::symbol_files::{self, PerfMaps};
 use blazesym::symbolize::{Input, Reason, Symbolized, Symbolizer as Blaze};
 use blazesym::{MaybeDefault, Pid};
 use llmprof_abi::{CpuSampleEvent, USER_STACK_MAX};
@@ -30,6 +34,18 @@ use llmprof_trace::stack::{CpuSample, Frame, FrameKind, KERNEL_MODULE, UNKNOWN};
 /// Frames of one address: the function it is in, preceded by the functions inlined into it at that
 /// address (innermost first).
 type Frames = Arc<[Arc<Frame>]>;
+
+/// Memory the per-(pid, address) cache may hold (names and file paths come from the target's files); past
+/// it the cache starts over.
+pub const USER_CACHE_BYTES: usize = 64 << 20;
+
+/// Approximate bytes one cache entry holds.
+fn frames_bytes(f: &Frames) -> usize {
+    f.iter()
+        .map(|fr| 96 + fr.function.len() + fr.module.len() + fr.file.as_ref().map_or(0, |x| x.len()))
+        .sum::<usize>()
+        + 48
+}
 
 /// What symbolization did so far (shown in the exit summary and in docs/performance.md's figures).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -49,7 +65,12 @@ pub struct SymbolizeStats {
 /// Turns raw sample records into symbolized samples; see the module doc.
 pub struct Symbolizer {
     blaze: Blaze,
+    /// DWARF lines (a blazesym of its own: its file members are vetted differently, see `symbol_files`).
+    dwarf: Blaze,
+    perf_maps: PerfMaps,
     user: HashMap<(u32, u64), Frames>,
+    /// [`frames_bytes`] of `user`.
+    user_bytes: usize,
     kernel: HashMap<u64, Frames>,
     stats: SymbolizeStats,
 }
@@ -139,14 +160,22 @@ fn frames_of(res: Symbolized<'_>, kind: FrameKind, default_module: &str, addr: u
 impl Symbolizer {
     /// A symbolizer with code locations, inlined functions and demangling on.
     pub fn new() -> Self {
-        let blaze = Blaze::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
+        let builder = || {
+            Blaze::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
+        };
         Self {
-            blaze,
+            blaze: builder()
+                .set_process_dispatcher(symbol_files::elf_dispatcher)
+                .build(),
+            dwarf: builder()
+                .set_process_dispatcher(symbol_files::dwarf_dispatcher)
+                .build(),
+            perf_maps: PerfMaps::default(),
             user: HashMap::new(),
+            user_bytes: 0,
             kernel: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
@@ -160,6 +189,8 @@ impl Symbolizer {
     /// Drops the cache of an exited process (its addresses may be reused by the next one with its pid).
     pub fn forget(&mut self, pid: u32) {
         self.user.retain(|(p, _), _| *p != pid);
+        self.user_bytes = self.user.values().map(frames_bytes).sum();
+        self.perf_maps.forget(pid);
     }
 
     /// Symbolizes one sample record (kernel frames first, then user frames; innermost first).
@@ -244,12 +275,14 @@ impl Symbolizer {
         // file, line and inlined functions from DWARF, where present (DWARF names are short: `matmul_rows`).
         let mut proc = Process::new(Pid::Pid(nz));
         proc.debug_syms = false;
+        // Perf maps are read by `symbol_files` (bounded), never by blazesym.
+        proc.perf_map = false;
         let elf = self
             .blaze
             .symbolize(&Source::Process(proc.clone()), Input::AbsAddr(&missing));
         proc.debug_syms = true;
         let dwarf = self
-            .blaze
+            .dwarf
             .symbolize(&Source::Process(proc), Input::AbsAddr(&missing));
         let res = match (elf, dwarf) {
             (Ok(e), Ok(d)) => Ok(e
@@ -273,11 +306,32 @@ impl Symbolizer {
             (Err(_), d) => d,
         };
         for (a, f, ok) in convert(res, &missing, FrameKind::Native, UNKNOWN) {
+            let (f, ok) = match (ok, self.perf_maps.lookup(pid, a)) {
+                (false, Some((name, start))) => (jit_frame(pid, name, a - start), true),
+                _ => (f, ok),
+            };
             self.stats.resolved += 1;
             self.stats.unknown += u64::from(!ok);
+            if self.user_bytes > USER_CACHE_BYTES {
+                self.user.clear();
+                self.user_bytes = 0;
+            }
+            self.user_bytes += frames_bytes(&f);
             self.user.insert((pid, a), f);
         }
     }
+}
+
+/// The frame of a JIT function a perf map names.
+fn jit_frame(pid: u32, name: Arc<str>, rel_pc: u64) -> Frames {
+    Arc::from(vec![Arc::new(Frame {
+        function: name,
+        module: Arc::from(format!("perf-{pid}.map")),
+        file: None,
+        line: None,
+        kind: FrameKind::Jit,
+        rel_pc,
+    })])
 }
 
 /// blazesym's answers for `addrs` as frames, with whether each was named.
@@ -349,6 +403,11 @@ mod tests {
         let leaf = sample.leaf().unwrap();
         assert_eq!(&*leaf.function, "llmprof_symbolize_test_target", "{sample:?}");
         assert!(leaf.module.contains("llmprof"), "{}", leaf.module);
+        // DWARF of this test binary (checked by `symbol_files`, read through its descriptor): file and line.
+        assert!(
+            leaf.file.as_deref().is_some_and(|f| f.ends_with("symbolize.rs")) && leaf.line.is_some(),
+            "{leaf:?}"
+        );
         assert!(sample.frames[1].function.starts_with(UNKNOWN));
         // libc's getpid by its ELF name, and a Rust function by its full demangled path (not DWARF's short name).
         assert!(
@@ -362,5 +421,13 @@ mod tests {
         let resolved = s.stats().resolved;
         assert_eq!(s.sample(&e).frames, sample.frames);
         assert_eq!(s.stats().resolved, resolved);
+        // Past its byte bound the cache starts over at the next miss.
+        assert!(s.user_bytes > 0 && s.user_bytes == s.user.values().map(frames_bytes).sum::<usize>());
+        s.user_bytes = USER_CACHE_BYTES + 1;
+        let mut other = e;
+        other.user[0] = llmprof_symbolize_test_target as *const () as u64 + 2;
+        other.user_len = 1;
+        s.sample(&other);
+        assert_eq!(s.user.len(), 1, "only the new address is cached");
     }
 }

@@ -9,7 +9,8 @@
 //! ([`PyProcess::threads`]): the interpreter list, each interpreter's thread states, each with its kernel tid
 //! (`native_thread_id`, or in 3.10 glibc's `struct pthread.tid` behind `thread_id`). Code objects are read
 //! once and cached by address ([`PyProcess::resolve`]); a freed code object whose address is reused by
-//! another can be misnamed until the cache is cleared (it is, past [`CODE_CACHE_MAX`] entries).
+//! another can be misnamed until the cache is cleared (it is, past [`CODE_CACHE_MAX`] entries or
+//! [`CODE_CACHE_BYTES`]: names and line tables come from the target's memory, up to [`MAX_LINETABLE`] each).
 
 pub mod linetable;
 pub mod offsets;
@@ -31,6 +32,8 @@ use crate::sys::target_file::{self, Limits, Source};
 
 /// Code objects kept resolved per process before the cache starts over.
 pub const CODE_CACHE_MAX: usize = 65536;
+/// Memory the code cache of one process may hold (its names, file names and line tables).
+pub const CODE_CACHE_BYTES: usize = 64 << 20;
 /// Most interpreters and thread states [`PyProcess::threads`] follows (a corrupt list cannot loop forever).
 const MAX_LIST: usize = 4096;
 /// Longest name or file name read, characters.
@@ -94,6 +97,8 @@ pub struct PyProcess {
     pub layout: Layout,
     mem: File,
     code: HashMap<u64, Code>,
+    /// [`Code::bytes`] of `code`.
+    code_bytes: usize,
 }
 
 /// A code object, read once.
@@ -103,6 +108,13 @@ struct Code {
     file: String,
     firstlineno: i32,
     linetable: Vec<u8>,
+}
+
+impl Code {
+    /// Approximate memory it holds.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.function.len() + self.file.len() + self.linetable.len()
+    }
 }
 
 /// Where `_PyRuntime` lives: the ELF file defining it and its load address.
@@ -222,6 +234,7 @@ impl PyProcess {
             layout: offsets::table(10).ok_or(PythonError::NotPython(pid))?,
             mem,
             code: HashMap::new(),
+            code_bytes: 0,
         };
         // 3.13+: the debug offsets at the start of _PyRuntime say everything.
         let mut raw = vec![0u8; offsets::DEBUG_OFFSETS_LEN];
@@ -414,8 +427,9 @@ impl PyProcess {
     pub fn resolve(&mut self, raw: &PyStack) -> PyStackSample {
         let n = (raw.nframes as usize).min(raw.frames.len());
         let mut frames = Vec::with_capacity(n);
-        if self.code.len() > CODE_CACHE_MAX {
+        if self.code.len() > CODE_CACHE_MAX || self.code_bytes > CODE_CACHE_BYTES {
             self.code.clear();
+            self.code_bytes = 0;
         }
         for (i, f) in raw.frames[..n].iter().enumerate() {
             let code = match self.code.get(&f.code) {
@@ -423,6 +437,7 @@ impl PyProcess {
                 None => {
                     let c = self.read_code(f.code);
                     if let Some(c) = &c {
+                        self.code_bytes += c.bytes();
                         self.code.insert(f.code, c.clone());
                     }
                     c
@@ -457,6 +472,35 @@ impl PyProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_code_cache_is_bounded_in_bytes() {
+        let mut p = PyProcess {
+            pid: std::process::id(),
+            version: (3, 11),
+            runtime: 0,
+            layout: offsets::table(11).unwrap(),
+            mem: File::open("/proc/self/mem").unwrap(),
+            code: HashMap::new(),
+            code_bytes: 0,
+        };
+        // A few entries with line tables of the largest size read fill the byte bound long before the count.
+        let big = Code {
+            function: "f".into(),
+            file: "f.py".into(),
+            firstlineno: 1,
+            linetable: vec![0; MAX_LINETABLE as usize],
+        };
+        for i in 0..(CODE_CACHE_BYTES as u64 / MAX_LINETABLE + 1) {
+            p.code_bytes += big.bytes();
+            p.code.insert(i, big.clone());
+        }
+        assert!(p.code.len() < CODE_CACHE_MAX && p.code_bytes > CODE_CACHE_BYTES);
+        // SAFETY: an all-zero PyStack (no frames) is a valid value of this plain C struct.
+        let empty: PyStack = unsafe { std::mem::zeroed() };
+        let _ = p.resolve(&empty);
+        assert!(p.code.is_empty() && p.code_bytes == 0);
+    }
 
     #[test]
     fn versions_from_file_names() {

@@ -1,0 +1,227 @@
+//! A traced process is untrusted input: `llmprof attach` (the real binary, real eBPF) against targets that
+//! plant what a hostile process can, each of which hung llmprof or bloated it before `sys::target_file`:
+//! - the CUDA driver library it mapped, deleted and replaced by a FIFO at the same path;
+//! - a 2 GiB sparse file named `libcuda.so.1` that it maps (llmprof's peak RSS stays far below it);
+//! - a FIFO as its JIT perf map (`/tmp/perf-PID.map`), with Python 3.12's perf trampolines running so the
+//!   symbolizer looks for it.
+//!
+//! Each session must end on its own shortly after its duration, with its trace written. A session that is
+//! still running long after is killed and the test fails (a hang detector, not a timing assertion).
+//!
+//! Needs root (eBPF) and gcc; the perf-map case needs pyenv's Python 3.12: skips loudly without them, fails
+//! under `CI=true`.
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
+const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
+/// Far beyond any 2 s session on a loaded machine: past it the session is taken as hung.
+const HUNG: Duration = Duration::from_secs(120);
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("llmprof-hostile-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o666) },
+        0,
+        "mkfifo {}",
+        p.display()
+    );
+}
+
+/// Runs `llmprof attach --pid PID -d 2s EXTRA -o TRACE` to its end: (stdout + stderr, peak RSS in KiB). Fails
+/// the test when it is still running after [`HUNG`].
+#[allow(clippy::zombie_processes, reason = "reaped by wait4, which also gives its peak RSS")]
+fn attach(pid: u32, extra: &[&str], trace: &Path) -> (String, u64) {
+    let mut child = Command::new(LLMPROF)
+        .args(["attach", "--pid", &pid.to_string(), "-d", "2s"])
+        .args(extra)
+        .arg("-o")
+        .arg(trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let read = |r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(r).read_to_string(&mut s);
+            s
+        })
+    };
+    let (out, err) = (read(Box::new(out)), read(Box::new(err)));
+    let t0 = Instant::now();
+    let (status, maxrss) = loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on our own child writes one int and one rusage.
+        let r = unsafe { libc::wait4(child.id() as i32, &mut status, libc::WNOHANG, &mut ru) };
+        if r == child.id() as i32 {
+            break (status, ru.ru_maxrss as u64);
+        }
+        if t0.elapsed() > HUNG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "llmprof attach hung: still running {HUNG:?} after a 2 s session\n{}",
+                err.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = format!("{}{}", out.join().unwrap(), err.join().unwrap());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{text}"
+    );
+    assert!(
+        trace.metadata().is_ok_and(|m| m.len() > 0),
+        "no trace written\n{text}"
+    );
+    (text, maxrss)
+}
+
+fn preconditions() -> bool {
+    e2e::require(e2e::is_root(), "not root: cannot load eBPF programs")
+        && e2e::require(
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "gcc not installed (apt-get install gcc)",
+        )
+}
+
+struct Testee(Child);
+
+impl Drop for Testee {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_deleted_libcuda_replaced_by_a_fifo_is_read_from_the_mapping() {
+    if !preconditions() {
+        return;
+    }
+    let dir = tmp("fifo-libcuda");
+    let lib = dir.join("libcuda.so.1");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_libcuda.c");
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut child = Command::new(TESTEE)
+        .args(["--libcuda", lib.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready "), "{line}");
+    let t = Testee(child);
+    std::fs::remove_file(&lib).unwrap();
+    mkfifo(&lib);
+    let (text, _) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
+    // The CUDA driver probes went on the library the target maps (its symbols read from the mapping).
+    assert!(
+        text.contains("CUDA driver calls:") && text.contains("entry points of"),
+        "{text}"
+    );
+    drop(t);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_sparse_giant_named_libcuda_costs_llmprof_no_memory() {
+    if !preconditions() {
+        return;
+    }
+    let dir = tmp("sparse");
+    let giant = dir.join("libcuda.so.1");
+    std::fs::File::create(&giant).unwrap().set_len(2 << 30).unwrap();
+    let mut child = Command::new(e2e::python3())
+        .arg("-c")
+        .arg(format!(
+            "import mmap, time\nf = open({:?}, 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n\
+             print('ready', flush=True)\ntime.sleep(300)\n",
+            giant.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let t = Testee(child);
+    let (text, maxrss_kib) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
+    assert!(
+        maxrss_kib < 512 << 10,
+        "llmprof's peak RSS {maxrss_kib} KiB with a 2 GiB sparse libcuda.so.1 mapped by the target\n{text}"
+    );
+    drop(t);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_fifo_as_the_perf_map_does_not_hang_the_symbolizer() {
+    let python = PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+        .join(".pyenv/versions/3.12.1/bin/python3.12");
+    if !preconditions()
+        || !e2e::require(
+            python.exists(),
+            "pyenv's Python 3.12.1 is not installed (its -X perf writes a perf map)",
+        )
+    {
+        return;
+    }
+    let dir = tmp("perfmap");
+    // Python's perf trampolines run from anonymous memory: the symbolizer looks their addresses up in the
+    // perf map.
+    let mut child = Command::new(&python)
+        .args(["-X", "perf", "-c"])
+        .arg(
+            "import sys\nprint('ready', flush=True)\ndef f(n):\n    return n + 1\nx = 0\n\
+             while True:\n    x = f(x)\n",
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let t = Testee(child);
+    let map = PathBuf::from(format!("/tmp/perf-{}.map", t.0.id()));
+    let _ = std::fs::remove_file(&map);
+    mkfifo(&map);
+    let (text, _) = attach(t.0.id(), &[], &dir.join("t.perfetto-trace"));
+    assert!(text.contains("trace:"), "{text}");
+    drop(t);
+    let _ = std::fs::remove_file(&map);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::io::stdout().flush();
+}
