@@ -20,7 +20,8 @@ const AFTER_HELP: &str = "Examples:
   sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s   # for Alertmanager
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
-6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels.";
+6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels,
+9 the session did not end within its duration plus a grace (something it reads is stuck).";
 
 /// `llmprof`.
 #[derive(Debug, Parser)]
@@ -242,6 +243,12 @@ pub struct ServeArgs {
     /// the host's; default: serve's own, which is the host's under the DaemonSet's hostPID).
     #[arg(long, value_name = "NSFILE")]
     pub pid_namespace: Option<PathBuf>,
+    /// Where port:N targets (default target, --watch, --allow-target) look for their listener: `own` (serve's
+    /// network namespace, the host's for the unit and the DaemonSet's hostNetwork), `root` (also every
+    /// namespace root made: a container runtime's pods), or a namespace file (/run/netns/NAME). A namespace a
+    /// user made inside a user namespace of their own is never looked in.
+    #[arg(long, value_name = "own|root|NSFILE", default_value = "own")]
+    pub port_netns: crate::serve::target::PortNetns,
     /// Serve the API over HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, value_name = "PEM", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -328,6 +335,7 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
             allow_target: s.allow_target,
             tls: s.tls_cert.zip(s.tls_key),
             pid_namespace: s.pid_namespace,
+            port_netns: s.port_netns,
             duration: s.duration,
             max_duration: s.max_duration,
             max_sessions: s.max_sessions,

@@ -22,3 +22,5 @@ pub const OUTPUT: i32 = 7;
 /// `--gpu-kernels on`: GPU kernels cannot be recorded in the target (no libcuda, statically linked, ptrace
 /// refused, the target exited during the injection, CUPTI unavailable or taken).
 pub const GPU_KERNELS: i32 = 8;
+/// The session did not end within its duration plus the grace for start-up and end (`llmprof::watchdog`).
+pub const STUCK: i32 = 9;

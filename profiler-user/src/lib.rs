@@ -32,3 +32,4 @@ pub mod serve;
 pub mod symbol_files;
 pub mod symbolize;
 pub mod sys;
+pub mod watchdog;

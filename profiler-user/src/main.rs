@@ -103,6 +103,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         },
     };
     let opts_pid = opts.pid;
+    llmprof::watchdog::arm(opts.duration, &STOP, exit::STUCK);
     match attach::run(&opts, &STOP) {
         Ok(r) => {
             println!(

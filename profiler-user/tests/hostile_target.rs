@@ -42,7 +42,10 @@ fn mkfifo(p: &Path) {
 
 /// Runs `llmprof attach --pid PID -d 2s EXTRA -o TRACE` to its end: (stdout + stderr, peak RSS in KiB). Fails
 /// the test when it is still running after [`HUNG`].
-#[allow(clippy::zombie_processes, reason = "reaped by wait4, which also gives its peak RSS")]
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also gives its peak RSS"
+)]
 fn attach(pid: u32, extra: &[&str], trace: &Path) -> (String, u64) {
     let mut child = Command::new(LLMPROF)
         .args(["attach", "--pid", &pid.to_string(), "-d", "2s"])

@@ -66,6 +66,8 @@ pub struct Serve {
     pub token_file: PathBuf,
     /// With HTTPS (`spawn_tls`): the certificate, which is its own CA; requests then go through curl.
     pub tls_cert: Option<PathBuf>,
+    /// Its stderr so far, line by line (also echoed to the test's stderr).
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Serve {
@@ -86,9 +88,17 @@ impl Serve {
             .arg(&token_file)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn llmprof serve");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (err_pipe, lines) = (child.stderr.take().expect("stderr"), stderr.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -117,6 +127,7 @@ impl Serve {
             out_dir,
             token_file,
             tls_cert: None,
+            stderr,
         }
     }
 
@@ -217,6 +228,11 @@ impl Serve {
             headers,
             body,
         })
+    }
+
+    /// What serve wrote on stderr so far.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The serve process's pid.

@@ -3,11 +3,14 @@
 //! Owns the decision "may a session trace this process": an alert names a process (its `pid` or `instance`
 //! label, see [`super::target`]); serve traces it only when the operator allowed it, i.e. when it is the
 //! `--default-target` or a `--watch` target, or matches an `--allow-target` rule:
-//! - `exe:PATH` — the process's executable (`/proc/PID/exe`) is PATH, or lies under PATH when PATH ends with
-//!   `/` (`exe:/opt/vllm/bin/`);
+//! - `exe:PATH` — the process's executable is PATH, or lies under PATH when PATH ends with `/`
+//!   (`exe:/opt/vllm/bin/`), as serve's own mount namespace sees it: the path `/proc/PID/exe` names must be
+//!   that very file (same device and inode) in serve's namespace, so a user's own mount over `/opt` in a
+//!   namespace of theirs matches nothing;
 //! - `cgroup:PREFIX` — one of the process's cgroup paths (`/proc/PID/cgroup`) starts with PREFIX (a container
 //!   or pod: `cgroup:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice`);
-//! - `port:N` — the process listens on TCP port N (in any network namespace);
+//! - `port:N` — the process listens on TCP port N in the network namespaces `--port-netns` names (serve's own
+//!   by default; never one a user created, see [`super::netns::all`]);
 //! - `pid:N` — this process.
 //!
 //! Never allowed, whatever the rules say: pid 1 (init), llmprof serve itself, and kernel threads (no
@@ -16,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::target::{TargetSpec, pids_listening_on};
+use super::target::{Snapshot, TargetSpec};
 
 /// One `--allow-target` rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,12 +133,13 @@ impl AllowList {
         self.rules.len()
     }
 
-    /// Decides whether `pid` may be traced; reads `/proc` (run it off the async runtime).
-    pub fn check(&self, pid: u32) -> Result<(), Refusal> {
-        self.check_with(pid, std::process::id(), &ProcFacts)
+    /// Decides whether `pid` may be traced; reads `/proc` (run it off the async runtime), through the batch's
+    /// `snap` for listeners.
+    pub fn check(&self, pid: u32, snap: &mut Snapshot) -> Result<(), Refusal> {
+        self.check_with(pid, std::process::id(), &mut ProcFacts { snap })
     }
 
-    fn check_with(&self, pid: u32, own_pid: u32, facts: &dyn Facts) -> Result<(), Refusal> {
+    fn check_with(&self, pid: u32, own_pid: u32, facts: &mut dyn Facts) -> Result<(), Refusal> {
         if pid == 1 {
             return Err(Refusal::Init);
         }
@@ -147,7 +151,8 @@ impl AllowList {
         };
         let allowed = self.rules.iter().any(|r| match r {
             AllowRule::Pid(p) => *p == pid,
-            AllowRule::Exe(p) => exe_matches(p, &exe),
+            // The path in serve's namespace must be the running file itself.
+            AllowRule::Exe(p) => exe_matches(p, &exe) && facts.is_exe(pid, &exe),
             AllowRule::Cgroup(prefix) => facts.cgroups(pid).iter().any(|c| cgroup_matches(prefix, c)),
             AllowRule::Port(port) => facts.listeners(*port).contains(&pid),
         });
@@ -191,15 +196,42 @@ fn cgroup_matches(prefix: &str, cgroup: &str) -> bool {
 /// What the decision reads about processes (the real one reads /proc; tests pass their own).
 trait Facts {
     fn exe(&self, pid: u32) -> Option<PathBuf>;
+    /// Whether `path`, looked up in serve's own mount namespace, is the file `pid` runs.
+    fn is_exe(&self, pid: u32, path: &Path) -> bool;
     fn cgroups(&self, pid: u32) -> Vec<String>;
-    fn listeners(&self, port: u16) -> Vec<u32>;
+    fn listeners(&mut self, port: u16) -> Vec<u32>;
 }
 
-struct ProcFacts;
+struct ProcFacts<'a> {
+    snap: &'a mut Snapshot,
+}
 
-impl Facts for ProcFacts {
+/// (device, inode) of the file at `path` from its cached attributes (no round trip to a FUSE server).
+fn file_id(path: &str) -> Option<(u32, u32, u64)> {
+    let c = std::ffi::CString::new(path).ok()?;
+    // SAFETY: an all-zero `statx` is a valid value of this plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx writes one `statx` into valid memory; the path is NUL-terminated.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_INO,
+            &mut st,
+        )
+    };
+    (r == 0).then_some((st.stx_dev_major, st.stx_dev_minor, st.stx_ino))
+}
+
+impl Facts for ProcFacts<'_> {
     fn exe(&self, pid: u32) -> Option<PathBuf> {
         std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+    }
+
+    fn is_exe(&self, pid: u32, path: &Path) -> bool {
+        let running = file_id(&format!("/proc/{pid}/exe"));
+        running.is_some() && running == path.to_str().and_then(file_id)
     }
 
     fn cgroups(&self, pid: u32) -> Vec<String> {
@@ -208,8 +240,8 @@ impl Facts for ProcFacts {
             .unwrap_or_default()
     }
 
-    fn listeners(&self, port: u16) -> Vec<u32> {
-        pids_listening_on(port)
+    fn listeners(&mut self, port: u16) -> Vec<u32> {
+        self.snap.listening_on(port)
     }
 }
 
@@ -237,13 +269,16 @@ mod tests {
                 _ => Some("/usr/sbin/sshd".into()),
             }
         }
+        fn is_exe(&self, _pid: u32, _path: &Path) -> bool {
+            true
+        }
         fn cgroups(&self, pid: u32) -> Vec<String> {
             match pid {
                 12 => vec!["/kubepods.slice/pod-a.slice/cri-1.scope".into()],
                 _ => vec!["/system.slice/ssh.service".into()],
             }
         }
-        fn listeners(&self, port: u16) -> Vec<u32> {
+        fn listeners(&mut self, port: u16) -> Vec<u32> {
             if port == 8000 { vec![13] } else { vec![] }
         }
     }
@@ -292,9 +327,9 @@ mod tests {
     #[test]
     fn init_serve_and_kernel_threads_are_never_allowed() {
         let all = list(&["pid:1", "pid:99", "pid:2", "exe:/usr/"]);
-        assert_eq!(all.check_with(1, 99, &Fake), Err(Refusal::Init));
-        assert_eq!(all.check_with(99, 99, &Fake), Err(Refusal::Serve(99)));
-        assert_eq!(all.check_with(2, 99, &Fake), Err(Refusal::NoExe(2)));
+        assert_eq!(all.check_with(1, 99, &mut Fake), Err(Refusal::Init));
+        assert_eq!(all.check_with(99, 99, &mut Fake), Err(Refusal::Serve(99)));
+        assert_eq!(all.check_with(2, 99, &mut Fake), Err(Refusal::NoExe(2)));
     }
 
     #[test]
@@ -307,9 +342,9 @@ mod tests {
             "pid:14",
         ]);
         for ok in [10, 11, 12, 13, 14] {
-            assert_eq!(l.check_with(ok, 99, &Fake), Ok(()), "pid {ok}");
+            assert_eq!(l.check_with(ok, 99, &mut Fake), Ok(()), "pid {ok}");
         }
-        let e = l.check_with(15, 99, &Fake).unwrap_err();
+        let e = l.check_with(15, 99, &mut Fake).unwrap_err();
         assert!(matches!(e, Refusal::NotAllowed { pid: 15, .. }));
         let msg = e.to_string();
         assert!(
@@ -335,12 +370,110 @@ mod tests {
     fn without_rules_everything_is_refused_and_targets_are_implicit() {
         let none = AllowList::new(&[], None, &[]);
         assert!(none.is_empty());
-        let e = none.check_with(10, 99, &Fake).unwrap_err().to_string();
+        let e = none.check_with(10, 99, &mut Fake).unwrap_err().to_string();
         assert!(e.contains("none configured"), "{e}");
         let implicit = AllowList::new(&[], Some(TargetSpec::Pid(10)), &[TargetSpec::Port(8000)]);
-        assert_eq!(implicit.check_with(10, 99, &Fake), Ok(()));
-        assert_eq!(implicit.check_with(13, 99, &Fake), Ok(()));
-        assert!(implicit.check_with(11, 99, &Fake).is_err());
+        assert_eq!(implicit.check_with(10, 99, &mut Fake), Ok(()));
+        assert_eq!(implicit.check_with(13, 99, &mut Fake), Ok(()));
+        assert!(implicit.check_with(11, 99, &mut Fake).is_err());
+    }
+
+    /// `setpriv` as uid/gid 65534 (nobody) running `unshare ARGS sh -c SCRIPT`: a user's own namespaces.
+    fn as_nobody_in_own_namespaces(unshare: &str, script: &str) -> Option<std::process::Child> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "unshare",
+                unshare,
+                "sh",
+                "-c",
+                script,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .ok()
+    }
+
+    fn ready(child: &mut std::process::Child) -> bool {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let out = child.stdout.as_mut().map(std::io::BufReader::new);
+        out.is_some_and(|mut o| o.read_line(&mut line).is_ok() && line.trim() == "ready")
+    }
+
+    #[test]
+    fn a_users_mount_over_an_allowed_directory_matches_nothing() {
+        // A user mounts a tmpfs over /opt in a mount namespace of their own and runs "/opt/llm/bin/python"
+        // from it: /proc/PID/exe names a path under exe:/opt/llm/, but serve's /opt has no such file.
+        let Some(mut child) = as_nobody_in_own_namespaces(
+            "-Urm",
+            "mount -t tmpfs none /opt && mkdir -p /opt/llm/bin && cp /bin/sleep /opt/llm/bin/python && \
+             echo ready && exec /opt/llm/bin/python 600",
+        ) else {
+            return;
+        };
+        if !ready(&mut child) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        let pid = child.id();
+        // Until the exec happened.
+        for _ in 0..200 {
+            if std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e.ends_with("llm/bin/python")) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert_eq!(exe, Path::new("/opt/llm/bin/python"), "the path looks allowed");
+        let l = list(&["exe:/opt/llm/", "exe:/opt/llm/bin/python"]);
+        let mut snap = Snapshot::take(&super::super::target::PortNetns::Root);
+        let r = l.check(pid, &mut snap);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(matches!(r, Err(Refusal::NotAllowed { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_listener_in_a_users_own_network_namespace_is_never_found() {
+        // A user listens on a port in a network namespace of their own (any port, any address there).
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let Some(mut child) = as_nobody_in_own_namespaces(
+            "-Urn",
+            &format!(
+                "exec python3 -c \"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); \
+                 s.listen(); print('ready', flush=True); time.sleep(600)\""
+            ),
+        ) else {
+            return;
+        };
+        if !ready(&mut child) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        let pid = child.id();
+        let l = list(&[&format!("port:{port}")]);
+        for scope in [
+            super::super::target::PortNetns::Own,
+            super::super::target::PortNetns::Root,
+        ] {
+            let mut snap = Snapshot::take(&scope);
+            assert!(snap.listening_on(port).is_empty(), "{scope}");
+            assert!(l.check(pid, &mut snap).is_err(), "{scope}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]
@@ -354,7 +487,11 @@ mod tests {
             vec!["/docker/abc", "/docker/abc"]
         );
         // Our own process reads as something.
-        assert!(!ProcFacts.cgroups(std::process::id()).is_empty());
-        assert!(ProcFacts.exe(std::process::id()).is_some());
+        let mut snap = Snapshot::take(&super::super::target::PortNetns::Own);
+        let facts = ProcFacts { snap: &mut snap };
+        assert!(!facts.cgroups(std::process::id()).is_empty());
+        let exe = facts.exe(std::process::id()).unwrap();
+        assert!(facts.is_exe(std::process::id(), &exe));
+        assert!(!facts.is_exe(std::process::id(), Path::new("/bin/sh")));
     }
 }

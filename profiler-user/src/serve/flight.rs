@@ -190,7 +190,13 @@ pub struct FlightRecorder {
 
 impl FlightRecorder {
     /// Starts recording `spec` (resolved now and again whenever its process is gone).
-    pub fn spawn(spec: TargetSpec, window: Duration, max_bytes: usize) -> std::io::Result<FlightRecorder> {
+    pub fn spawn(
+        spec: TargetSpec,
+        window: Duration,
+        max_bytes: usize,
+        scope: &target::PortNetns,
+    ) -> std::io::Result<FlightRecorder> {
+        let scope = scope.clone();
         let shared = Arc::new(Shared {
             ring: Mutex::new(Ring::new(window, max_bytes)),
             stop: AtomicBool::new(false),
@@ -202,7 +208,7 @@ impl FlightRecorder {
         let s2 = shared.clone();
         let handle = std::thread::Builder::new()
             .name(format!("llmprof-flight-{spec}"))
-            .spawn(move || record(spec, &s2))?;
+            .spawn(move || record(spec, &scope, &s2))?;
         Ok(FlightRecorder {
             spec,
             window,
@@ -304,10 +310,10 @@ fn nap(shared: &Shared, d: Duration) -> bool {
 }
 
 /// The recorder thread: resolve, capture until the process is gone, repeat.
-fn record(spec: TargetSpec, shared: &Shared) {
+fn record(spec: TargetSpec, scope: &target::PortNetns, shared: &Shared) {
     let mut backoff = RETRY;
     while !shared.stop.load(Ordering::Relaxed) {
-        let pid = match target::resolve(spec, &format!("--watch {spec}")) {
+        let pid = match target::resolve(spec, &format!("--watch {spec}"), scope) {
             Ok(r) => r.pid,
             Err(e) => {
                 set_state(shared, None, format!("waiting: {e}"));

@@ -1,9 +1,10 @@
 //! The HTTP API of `llmprof serve` (axum on a small tokio runtime).
 //!
 //! Owns the routes, authentication and the mapping of every outcome to a status code with a JSON reason:
-//! - `POST /v1/alerts` (auth): an Alertmanager webhook; 200 with what became of each alert, 400 for malformed
-//!   JSON, an unknown payload version or an alert with an unusable annotation (the others are still handled),
-//!   401 without the bearer token, 413 over the body limit;
+//! - `POST /v1/alerts` (auth): an Alertmanager webhook; 200 with what became of each alert (at most
+//!   [`MAX_ALERTS_PER_BATCH`] are handled; `not_handled` counts the rest), 400 for malformed JSON, an unknown
+//!   payload version or an alert with an unusable annotation (the others are still handled), 401 without the
+//!   bearer token, 408 for a body not received within [`BODY_TIMEOUT`], 413 over the body limit;
 //! - `GET /v1/sessions`, `GET /v1/sessions/{id}` (auth): sessions as JSON;
 //! - `GET /v1/sessions/{id}/trace` (auth): the trace file (409 while running, 410 once the quota removed it);
 //! - `GET /healthz`: open, `{"status":"ok"}` only; with the token (or when serve has none) also the sessions
@@ -27,12 +28,15 @@ use tokio::io::AsyncReadExt;
 use tokio_util::io::ReaderStream;
 
 use super::auth::Token;
-use super::manager::{Manager, Outcome, TraceLookupError};
+use super::manager::{MAX_ALERTS_PER_BATCH, Manager, Outcome, TraceLookupError};
 use super::metrics::Metrics;
 use super::webhook;
 
 /// Bytes read from disk per chunk of a trace download.
 const DOWNLOAD_CHUNK: usize = 256 << 10;
+/// Longest a webhook's body may take to arrive (Alertmanager sends it at once; a client that trickles it
+/// holds a connection no longer).
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the handlers share.
 pub struct App {
@@ -114,12 +118,18 @@ async fn alerts_inner(app: &Arc<App>, req: Request) -> Response {
     if !authorized(app, &parts) {
         return unauthorized();
     }
-    let bytes = match axum::body::to_bytes(body, app.max_body).await {
-        Ok(b) => b,
-        Err(_) => {
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, app.max_body)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("body over the {} byte limit (--max-body)", app.max_body),
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
             );
         }
     };
@@ -139,26 +149,33 @@ pub async fn handle_body(app: &Arc<App>, bytes: &[u8]) -> Response {
         .first()
         .and_then(|(i, e)| payload.alerts.get(*i).map(|a| format!("{}: {e}", a.describe(*i))));
     let manager = app.manager.clone();
+    let not_handled = payload.alerts.len().saturating_sub(MAX_ALERTS_PER_BATCH);
     let outcomes = tokio::task::spawn_blocking(move || {
+        // One look at /proc for the whole webhook.
+        let mut snap = manager.snapshot();
         let mut rejected = rejected.into_iter().peekable();
-        let mut out = Vec::with_capacity(payload.alerts.len());
-        for (i, a) in payload.alerts.iter().enumerate() {
+        let mut out = Vec::with_capacity(payload.alerts.len().min(MAX_ALERTS_PER_BATCH));
+        for (i, a) in payload.alerts.iter().enumerate().take(MAX_ALERTS_PER_BATCH) {
             match rejected.next_if(|(r, _)| *r == i) {
                 Some((_, e)) => out.push(Outcome::Rejected {
                     fingerprint: a.fingerprint.clone(),
                     reason: e.to_string(),
                 }),
-                None => out.push(manager.handle(a)),
+                None => out.push(manager.handle_in(a, &mut snap)),
             }
         }
+        manager.over_cap("webhook", not_handled);
         out
     })
     .await;
     match (outcomes, first_error) {
-        (Ok(o), None) => json(StatusCode::OK, &serde_json::json!({ "alerts": o })),
+        (Ok(o), None) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "alerts": o, "not_handled": not_handled }),
+        ),
         (Ok(o), Some(e)) => json(
             StatusCode::BAD_REQUEST,
-            &serde_json::json!({ "error": e, "alerts": o }),
+            &serde_json::json!({ "error": e, "alerts": o, "not_handled": not_handled }),
         ),
         (Err(e), _) => error(
             StatusCode::INTERNAL_SERVER_ERROR,

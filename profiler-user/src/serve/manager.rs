@@ -13,7 +13,14 @@
 //!
 //! Each session runs `attach::run` on its own thread (the same capture as `llmprof attach`), with the alert in
 //! the trace's metadata and, when a flight recorder watches the target, its history as the trace's prelude.
-//! The HTTP layer never waits for a session.
+//! The HTTP layer never waits for a session. A session still running past its duration plus
+//! [`crate::watchdog`]'s grace is asked to stop, and past the end grace too it is abandoned: failed with the
+//! reason, its slot freed (its thread, stuck on something the target set up, is left behind).
+//!
+//! A batch of alerts (one webhook, one poll) is resolved against one look at `/proc`
+//! ([`target::Snapshot`]); at most [`MAX_ALERTS_PER_BATCH`] alerts of a batch are handled, the rest counted
+//! (`llmprof_serve_alerts_over_cap_total`) and reported; per-alert log lines are rate-limited
+//! ([`super::say`]).
 //!
 //! Size: ~870 lines, of which ~115 are unit tests beside the rules they test; the rules share one lock and one
 //! state, so they stay in one file where a reviewer reads them together.
@@ -35,7 +42,8 @@ use super::allow::AllowList;
 use super::flight::FlightRecorder;
 use super::metrics::{Gauges, Metrics};
 use super::quota;
-use super::target::{self, ResolveConfig};
+use super::say;
+use super::target::{self, ResolveConfig, Snapshot};
 use super::webhook::{Alert, AlertStatus};
 
 pub use super::webhook::DURATION_ANNOTATION;
@@ -45,6 +53,11 @@ pub const END_RESOLVED: &str = "alert resolved";
 pub const END_DISK_QUOTA: &str = "disk quota";
 /// `end_reason` of a session stopped by serve's own shutdown (SIGTERM/SIGHUP/Ctrl-C).
 pub const END_SHUTDOWN: &str = "llmprof serve stopped";
+/// `end_reason` of a session the watchdog gave up on.
+pub const END_ABANDONED: &str = "did not end within its duration and grace";
+/// Most alerts of one webhook or poll that are handled (Alertmanager's groups are far smaller; a larger batch
+/// is a storm or an attack, and each alert costs a look at `/proc`).
+pub const MAX_ALERTS_PER_BATCH: usize = 500;
 /// Sessions remembered for `GET /v1/sessions` (oldest finished ones are forgotten first; files stay).
 pub const MAX_HISTORY: usize = 1000;
 /// Memory the session history may hold (labels and annotations come from the network: up to `--max-body`
@@ -324,14 +337,38 @@ impl Manager {
             })
     }
 
-    /// Fleet mode ([`super::pull`]): whether this node would trace the alert — its target resolves here and
-    /// the allow-list lets it be traced — by the same rules as [`Manager::handle`], without a session.
-    pub fn is_local(&self, alert: &Alert) -> bool {
-        target::resolve_alert(alert, &self.cfg.resolve).is_ok_and(|t| self.cfg.allow.check(t.pid).is_ok())
+    /// One look at `/proc` for a batch of alerts ([`Manager::handle_in`], [`Manager::is_local`]).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::take(&self.cfg.resolve.port_netns)
     }
 
-    /// Handles one alert of a webhook.
+    /// Fleet mode ([`super::pull`]): whether this node would trace the alert — its target resolves here and
+    /// the allow-list lets it be traced — by the same rules as [`Manager::handle`], without a session.
+    pub fn is_local(&self, alert: &Alert, snap: &mut Snapshot) -> bool {
+        target::resolve_alert_in(alert, &self.cfg.resolve, snap)
+            .is_ok_and(|t| self.cfg.allow.check(t.pid, snap).is_ok())
+    }
+
+    /// Handles one alert (a batch of one).
     pub fn handle(self: &Arc<Self>, alert: &Alert) -> Outcome {
+        self.handle_in(alert, &mut self.snapshot())
+    }
+
+    /// Counts and says the alerts of a batch left out by [`MAX_ALERTS_PER_BATCH`].
+    pub fn over_cap(&self, what: &str, left_out: usize) {
+        if left_out == 0 {
+            return;
+        }
+        self.metrics
+            .alerts_over_cap
+            .fetch_add(left_out as u64, Ordering::Relaxed);
+        say::line(&format!(
+            "{what}: {left_out} alerts beyond the first {MAX_ALERTS_PER_BATCH} not handled"
+        ));
+    }
+
+    /// Handles one alert of a batch, with the batch's look at `/proc`.
+    pub fn handle_in(self: &Arc<Self>, alert: &Alert, snap: &mut Snapshot) -> Outcome {
         let fingerprint = alert.fingerprint.clone();
         let mut inner = lock(&self.inner);
         if alert.status == AlertStatus::Resolved {
@@ -361,8 +398,8 @@ impl Manager {
         }
         drop(inner);
         // /proc walks (and a host name lookup) without the lock: the API's handlers and gauges take it.
-        let resolved = match target::resolve_alert(alert, &self.cfg.resolve) {
-            Ok(t) => match self.cfg.allow.check(t.pid) {
+        let resolved = match target::resolve_alert_in(alert, &self.cfg.resolve, snap) {
+            Ok(t) => match self.cfg.allow.check(t.pid, snap) {
                 Ok(()) => Ok(t),
                 Err(refusal) => {
                     Metrics::inc(&self.metrics.sessions_refused);
@@ -482,13 +519,13 @@ impl Manager {
         Self::forget_old(&mut inner);
         drop(inner);
         Metrics::inc(&self.metrics.sessions_started);
-        eprintln!(
-            "llmprof serve: session {id}: {} ({fingerprint}) → {} for {:?} → {}",
+        say::line(&format!(
+            "session {id}: {} ({fingerprint}) → {} for {:?} → {}",
             alert.name(),
             target.how,
             duration,
             trace.display()
-        );
+        ));
         let me = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("llmprof-session-{id}"))
@@ -526,10 +563,10 @@ impl Manager {
         view.id = id;
         view.reason = Some(reason.clone());
         view.ended_at = Some(now_rfc3339());
-        eprintln!(
-            "llmprof serve: session {id}: {} ({}) failed: {reason}",
+        say::line(&format!(
+            "session {id}: {} ({}) failed: {reason}",
             view.alert, view.fingerprint
-        );
+        ));
         let fingerprint = view.fingerprint.clone();
         inner.sessions.insert(
             id,
@@ -624,6 +661,10 @@ impl Manager {
             let Some(s) = inner.sessions.get_mut(&id) else {
                 return;
             };
+            if s.view.state != State::Running {
+                // Abandoned by the watchdog: it already ended.
+                return;
+            }
             s.ended = Some(Instant::now());
             s.view.ended_at = Some(now_rfc3339());
             s.view.prelude_events = s.prelude_events.load(Ordering::Relaxed);
@@ -821,12 +862,50 @@ impl Manager {
 
     /// Joins the threads of sessions that have ended (keeps the handle list short).
     pub fn reap(&self) {
+        self.watchdog();
         let mut threads = lock(&self.threads);
         let (done, live): (Vec<_>, Vec<_>) = threads.drain(..).partition(|h| h.is_finished());
         *threads = live;
         drop(threads);
         for h in done {
             let _ = h.join();
+        }
+    }
+}
+
+impl Manager {
+    /// Sessions past their duration plus [`crate::watchdog::START_GRACE`] are asked to stop; past
+    /// [`crate::watchdog::END_GRACE`] more, they are abandoned (failed, slot freed).
+    fn watchdog(&self) {
+        use crate::watchdog::{END_GRACE, START_GRACE};
+        let mut inner = lock(&self.inner);
+        for s in inner.sessions.values_mut() {
+            if s.view.state != State::Running {
+                continue;
+            }
+            let due = START_GRACE + Duration::from_secs_f64(s.view.duration_s);
+            let age = s.created.elapsed();
+            if age >= due + END_GRACE {
+                s.view.state = State::Failed;
+                s.view.reason = Some(format!(
+                    "{END_ABANDONED} ({:.0} s after it started, {:?} + {:?} of grace): something the target set up \
+                     keeps it busy; its slot is freed, its thread left behind",
+                    age.as_secs_f64(),
+                    START_GRACE,
+                    END_GRACE
+                ));
+                s.view.end_reason = Some(END_ABANDONED.to_owned());
+                s.view.ended_at = Some(now_rfc3339());
+                s.ended = Some(Instant::now());
+                Metrics::inc(&self.metrics.sessions_abandoned);
+                eprintln!(
+                    "llmprof serve: session {} {END_ABANDONED}: abandoned, its slot freed",
+                    s.view.id
+                );
+            } else if age >= due && !s.stop.load(Ordering::Acquire) {
+                s.stop_reason.set(END_ABANDONED);
+                s.stop.store(true, Ordering::Release);
+            }
         }
     }
 }
@@ -889,6 +968,66 @@ mod tests {
             generator_url: String::new(),
             fingerprint: fp.into(),
         }
+    }
+
+    #[test]
+    fn a_session_past_its_duration_and_grace_is_stopped_then_abandoned() {
+        use crate::watchdog::{END_GRACE, START_GRACE};
+        let m = manager(Duration::from_secs(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut view = SessionView {
+            id: 7,
+            alert: "A".into(),
+            fingerprint: "fp".into(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            target_pid: Some(1234),
+            target: None,
+            state: State::Running,
+            reason: None,
+            end_reason: None,
+            trace: Some("/nowhere".into()),
+            trace_removed: false,
+            bytes: 0,
+            drops: 0,
+            prelude_events: 0,
+            duration_s: 2.0,
+            created_at: String::new(),
+            ended_at: None,
+        };
+        let started = |ago: Duration| Instant::now().checked_sub(ago).unwrap();
+        let insert = |view: SessionView, created: Instant| {
+            lock(&m.inner).sessions.insert(
+                view.id,
+                Session {
+                    view,
+                    stop: stop.clone(),
+                    prelude_events: Arc::new(AtomicU64::new(0)),
+                    created,
+                    ended: None,
+                    stop_reason: StopReason::default(),
+                },
+            );
+        };
+        // Within its duration and start-up grace: left alone.
+        insert(view.clone(), started(Duration::from_secs(1)));
+        m.reap();
+        assert!(!stop.load(Ordering::Acquire));
+        assert_eq!(m.running(), 1);
+        // Past them: asked to stop.
+        insert(view.clone(), started(START_GRACE + Duration::from_secs(3)));
+        m.reap();
+        assert!(stop.load(Ordering::Acquire));
+        assert_eq!(m.running(), 1);
+        // Past the end grace too: abandoned, the slot free.
+        view.id = 7;
+        insert(view, started(START_GRACE + END_GRACE + Duration::from_secs(3)));
+        m.reap();
+        assert_eq!(m.running(), 0);
+        let s = m.session(7).unwrap();
+        assert_eq!(s.state, State::Failed);
+        assert!(s.reason.unwrap().contains(END_ABANDONED));
+        assert_eq!(m.metrics.sessions_abandoned.load(Ordering::Relaxed), 1);
     }
 
     #[test]

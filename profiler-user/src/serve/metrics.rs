@@ -39,6 +39,14 @@ pub struct Metrics {
     pub bytes_written: AtomicU64,
     /// Traces removed by the disk quota.
     pub traces_removed: AtomicU64,
+    /// Connections closed at once: over the connection caps.
+    pub connections_refused: AtomicU64,
+    /// Connections closed for a handshake, request head or idle time over its deadline.
+    pub connections_timed_out: AtomicU64,
+    /// Alerts of a webhook or poll beyond the per-batch cap, not handled.
+    pub alerts_over_cap: AtomicU64,
+    /// Sessions the watchdog gave up on (not ended within their duration and grace).
+    pub sessions_abandoned: AtomicU64,
 }
 
 /// Values read at scrape time.
@@ -103,7 +111,7 @@ impl Metrics {
             v(&self.alerts_firing),
             v(&self.alerts_resolved)
         );
-        let counters: [(&str, &str, &AtomicU64); 8] = [
+        let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "sessions_started_total",
                 "Sessions started (a capture began).",
@@ -143,6 +151,26 @@ impl Metrics {
                 "traces_removed_total",
                 "Traces removed by the disk quota, oldest first.",
                 &self.traces_removed,
+            ),
+            (
+                "connections_refused_total",
+                "Connections closed at once because serve had too many open (in all or from that address).",
+                &self.connections_refused,
+            ),
+            (
+                "connections_timed_out_total",
+                "Connections closed for a TLS handshake, request head or idle time over its deadline.",
+                &self.connections_timed_out,
+            ),
+            (
+                "alerts_over_cap_total",
+                "Alerts of one webhook or poll beyond the per-batch cap, not handled.",
+                &self.alerts_over_cap,
+            ),
+            (
+                "sessions_abandoned_total",
+                "Sessions that did not end within their duration and grace: their slot was freed.",
+                &self.sessions_abandoned,
             ),
         ];
         for (name, help, c) in counters {

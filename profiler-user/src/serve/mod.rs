@@ -12,11 +12,13 @@ pub mod allow;
 pub mod auth;
 pub mod flight;
 pub mod http;
+pub mod listen;
 pub mod manager;
 pub mod metrics;
 pub mod netns;
 pub mod pull;
 pub mod quota;
+pub mod say;
 pub mod target;
 pub mod tls;
 pub mod webhook;
@@ -74,6 +76,8 @@ pub struct ServeConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// The pid namespace of `pid` labels, as a namespace file (None: serve's own).
     pub pid_namespace: Option<PathBuf>,
+    /// Where `port:N` targets look for their listener.
+    pub port_netns: target::PortNetns,
     /// Session length when the alert has no `llmprof_duration` annotation.
     pub duration: Duration,
     /// Longest session an annotation may ask for.
@@ -258,6 +262,7 @@ impl ServeOptions {
                 resolve: ResolveConfig {
                     default: s.default_target,
                     pid_ns: s.pid_namespace.as_deref().map(pid_namespace_id).transpose()?,
+                    port_netns: s.port_netns.clone(),
                 },
                 allow: AllowList::new(&s.allow_target, s.default_target, &s.watch),
                 default_duration: s.duration,
@@ -374,7 +379,10 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
     if let Some(window) = opts.flight_recorder {
         let per_target = opts.flight_recorder_memory / targets.len().max(1);
         for t in &targets {
-            recorders.push(FlightRecorder::spawn(*t, window, per_target).map_err(ServeError::Runtime)?);
+            recorders.push(
+                FlightRecorder::spawn(*t, window, per_target, &opts.manager.resolve.port_netns)
+                    .map_err(ServeError::Runtime)?,
+            );
             eprintln!(
                 "llmprof serve: flight recorder on {t}: last {window:?}, at most {} KiB",
                 per_target >> 10
@@ -431,7 +439,7 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
     };
     let app = Arc::new(http::App {
         manager: manager.clone(),
-        metrics,
+        metrics: metrics.clone(),
         token: opts.token.clone(),
         max_body: opts.max_body,
     });
@@ -442,19 +450,15 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         };
-        match tls {
-            Some(cfg) => {
-                let listener = tls::TlsListener::new(listener, cfg)?;
-                axum::serve(listener, http::router(app))
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-            None => {
-                axum::serve(listener, http::router(app))
-                    .with_graceful_shutdown(stopped)
-                    .await
-            }
-        }
+        listen::serve(
+            listener,
+            tls,
+            http::router(app),
+            listen::Limits::default(),
+            metrics,
+            stopped,
+        )
+        .await
     });
     eprintln!("llmprof serve: stopping; finishing the traces of running sessions");
     if let Some(p) = poller {
@@ -485,6 +489,7 @@ pub(crate) mod tests {
             allow_target: Vec::new(),
             tls: None,
             pid_namespace: None,
+            port_netns: target::PortNetns::Own,
             duration: Duration::from_secs(30),
             max_duration: Duration::from_secs(600),
             max_sessions: 2,

@@ -2,7 +2,9 @@
 //!
 //! Owns grouping processes by network namespace, the local addresses of each namespace (IPv4 from
 //! `/proc/PID/net/fib_trie`'s LOCAL host routes, IPv6 from `/proc/PID/net/if_inet6`) and translating a pid of
-//! another pid namespace to serve's own (`NSpid` of `/proc/PID/status`). Read-only.
+//! another pid namespace to serve's own (`NSpid` of `/proc/PID/status`). Only the network namespaces owned by
+//! serve's own user namespace count ([`all`]): any user may create a user namespace and a network namespace in
+//! it, give it any address and listen on any port there. Read-only.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -18,8 +20,26 @@ pub struct NetNs {
     pub addrs: Vec<IpAddr>,
 }
 
-/// Every network namespace that has a process, with its addresses.
+/// The user namespace owning the network namespace of `pid` (`user:[INODE]`'s inode), through
+/// `ioctl(NS_GET_USERNS)` on `/proc/PID/ns/net`.
+fn netns_owner(pid: u32) -> Option<u64> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor (or -1).
+    let fd = unsafe { libc::ioctl(f.as_raw_fd(), libc::NS_GET_USERNS) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just returned by the ioctl and is owned by nobody else.
+    let owner = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    owner.metadata().ok().map(|m| m.ino())
+}
+
+/// Every network namespace that has a process and that serve's own user namespace owns, with its addresses.
 pub fn all() -> Vec<NetNs> {
+    use std::os::unix::fs::MetadataExt;
+    let ours = std::fs::metadata("/proc/self/ns/user").ok().map(|m| m.ino());
     let mut by_id: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -38,6 +58,7 @@ pub fn all() -> Vec<NetNs> {
     }
     by_id
         .into_iter()
+        .filter(|(_, pids)| pids.iter().take(3).find_map(|&p| netns_owner(p)) == ours)
         .map(|(id, mut pids)| {
             pids.sort_unstable();
             let addrs = pids

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::manager::{Manager, Outcome};
+use super::manager::{MAX_ALERTS_PER_BATCH, Manager, Outcome};
+use super::say;
 use super::webhook::{Alert, AlertStatus};
 
 /// Shortest polling interval accepted.
@@ -285,10 +286,17 @@ impl Handled {
         self.write()
     }
 
+    /// A new file (created by [`crate::files::create_trace`]: `O_EXCL | O_NOFOLLOW`, 0600, never through a
+    /// planted link) renamed over the old one, synced. A name left at the temporary path (a crash, or a
+    /// link someone planted) is removed first: `unlink` removes a link, never what it points to.
     fn write(&self) -> std::io::Result<()> {
         let tmp = self.path.with_extension("tmp");
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = crate::files::create_trace(&tmp)?;
             for fp in &self.order {
                 if let Some(s) = self.map.get(fp) {
                     writeln!(f, "{fp} {s}")?;
@@ -365,7 +373,7 @@ fn poll_loop(
                 }
                 let outcomes = apply(&alerts, manager, &mut handled, &mut active_local, &mut remote);
                 for (fp, o) in outcomes {
-                    eprintln!("llmprof serve: pulled alert {fp}: {}", describe(&o));
+                    say::line(&format!("pulled alert {fp}: {}", describe(&o)));
                 }
             }
             Err(e) => {
@@ -410,6 +418,11 @@ fn apply(
         .filter(|a| a.status.state == "active")
         .map(|a| a.fingerprint.clone())
         .collect();
+    // One look at /proc per poll; at most MAX_ALERTS_PER_BATCH new alerts looked at (the rest, still active,
+    // on later polls).
+    let mut snap = manager.snapshot();
+    let mut looked_at = 0usize;
+    let mut left_out = 0usize;
     for a in alerts.iter().filter(|a| a.status.state == "active") {
         if handled.contains(&a.fingerprint, &a.starts_at) {
             active_local.insert(a.fingerprint.clone(), a.clone());
@@ -419,13 +432,18 @@ fn apply(
         if remote.contains(&key) {
             continue;
         }
+        if looked_at == MAX_ALERTS_PER_BATCH {
+            left_out += 1;
+            continue;
+        }
+        looked_at += 1;
         let alert = a.to_alert(AlertStatus::Firing);
-        if !manager.is_local(&alert) {
-            eprintln!(
-                "llmprof serve: pulled alert {} ({}): not on this node, ignored",
+        if !manager.is_local(&alert, &mut snap) {
+            say::line(&format!(
+                "pulled alert {} ({}): not on this node, ignored",
                 a.fingerprint,
                 alert.name()
-            );
+            ));
             remote.insert(key);
             continue;
         }
@@ -438,7 +456,7 @@ fn apply(
             );
             continue;
         }
-        let outcome = manager.handle(&alert);
+        let outcome = manager.handle_in(&alert, &mut snap);
         // Alerts over the session cap are not remembered (as with the webhook): a later poll may start them.
         if matches!(&outcome, Outcome::Skipped { reason, .. } if reason.contains("--max-sessions")) {
             if let Err(e) = handled.forget(&a.fingerprint) {
@@ -456,9 +474,13 @@ fn apply(
         .collect();
     for fp in gone {
         if let Some(a) = active_local.remove(&fp) {
-            out.push((fp, manager.handle(&a.to_alert(AlertStatus::Resolved))));
+            out.push((
+                fp,
+                manager.handle_in(&a.to_alert(AlertStatus::Resolved), &mut snap),
+            ));
         }
     }
+    manager.over_cap("poll", left_out);
     remote.retain(|(fp, _)| active.contains(fp));
     out
 }
@@ -510,6 +532,25 @@ mod tests {
             !h.contains("fp1", "t9"),
             "the same alert firing again is a new incident"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_planted_symlink_at_the_temporary_file_is_not_written_through() {
+        let dir = std::env::temp_dir().join(format!("llmprof-pull-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(".alertmanager-handled.tmp")).unwrap();
+        let mut h = Handled::load(&dir);
+        h.insert("fp1", "t1", &HashSet::new()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let written = dir.join(HANDLED_FILE);
+        assert!(!written.symlink_metadata().unwrap().file_type().is_symlink());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(written.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(Handled::load(&dir).contains("fp1", "t1"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -3,12 +3,16 @@
 //! Owns the resolution rules, in order: an explicit `pid` label (a pid of serve's pid namespace, or of the
 //! one `--pid-namespace` names); else the `instance` label, whose host must be this machine (one of its
 //! addresses, `localhost`, its host name) or a local network namespace (a pod IP), mapped to the process
-//! listening on its port in that namespace; else the configured default target. A port is mapped through
-//! the LISTEN sockets of `/proc/PID/net/tcp{,6}` (read once per network namespace) and the socket inodes of
-//! each process's fds (the same tables `metrics_scrape` reads for discovery). Whether the process found may
-//! be traced is [`super::allow`]'s decision. Read-only; never signals or touches a process.
+//! listening on its port in that namespace; else the configured default target. A `port:N` target (default
+//! target, `--watch`, `--allow-target`) is looked up only in the network namespaces `--port-netns` names
+//! ([`PortNetns`]: serve's own by default). A network namespace that a user created in a user namespace of
+//! their own is never looked in: there anyone may listen on any port and claim any address (see
+//! [`netns::all`]). A port is mapped through the LISTEN sockets of `/proc/PID/net/tcp{,6}` and the socket
+//! inodes of each process's fds (the same tables `metrics_scrape` reads for discovery), read once per batch of
+//! alerts ([`Snapshot`]). Whether the process found may be traced is [`super::allow`]'s decision. Read-only;
+//! never signals or touches a process.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::path::Path;
 use std::str::FromStr;
@@ -115,6 +119,53 @@ pub enum ResolveError {
     NoTarget,
 }
 
+/// Where `port:N` targets are looked for (`--port-netns`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PortNetns {
+    /// serve's own network namespace (the host's, for the shipped unit and the DaemonSet's `hostNetwork`).
+    #[default]
+    Own,
+    /// serve's own and every network namespace root made (a container runtime's pods, `ip netns`).
+    Root,
+    /// One namespace, `net:[INODE]` of the file the operator named (`/run/netns/NAME`, `/proc/PID/ns/net`).
+    Named(String),
+}
+
+impl FromStr for PortNetns {
+    type Err = String;
+
+    /// `own`, `root`, or the path of a network namespace file.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "own" => Ok(PortNetns::Own),
+            "root" => Ok(PortNetns::Root),
+            p if p.starts_with('/') => {
+                use std::os::unix::fs::MetadataExt;
+                let m = std::fs::metadata(p).map_err(|e| format!("--port-netns {p}: {e}"))?;
+                if m.is_file() && m.len() > 0 {
+                    return Err(format!(
+                        "--port-netns {p}: not a network namespace file (use /run/netns/NAME or /proc/PID/ns/net)"
+                    ));
+                }
+                Ok(PortNetns::Named(format!("net:[{}]", m.ino())))
+            }
+            _ => Err(format!(
+                "invalid --port-netns {s:?}: use own, root, or the path of a namespace file (/run/netns/NAME)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PortNetns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortNetns::Own => write!(f, "own"),
+            PortNetns::Root => write!(f, "root"),
+            PortNetns::Named(id) => write!(f, "{id}"),
+        }
+    }
+}
+
 /// How labels are read: where `pid` labels are pids, and the fallback target.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResolveConfig {
@@ -122,36 +173,127 @@ pub struct ResolveConfig {
     pub default: Option<TargetSpec>,
     /// The pid namespace `pid` labels are read in (`pid:[INODE]`, from `--pid-namespace`); None: serve's own.
     pub pid_ns: Option<String>,
+    /// Where `port:N` targets are looked for.
+    pub port_netns: PortNetns,
+}
+
+/// The LISTEN sockets of one network namespace and the processes holding them.
+#[derive(Debug, Default)]
+struct Listeners {
+    /// (port, socket inode).
+    sockets: Vec<(u16, u64)>,
+    /// socket inode → pids holding it.
+    owners: HashMap<u64, Vec<u32>>,
+}
+
+/// One look at `/proc` for a batch of alerts (a webhook, a poll): the network namespaces and their addresses,
+/// and each namespace's listeners on first use. A batch of thousands of alerts costs one walk, not one each.
+#[derive(Debug)]
+pub struct Snapshot {
+    scope: PortNetns,
+    all: Vec<netns::NetNs>,
+    own: String,
+    listeners: HashMap<String, Listeners>,
+}
+
+impl Snapshot {
+    /// Reads the namespaces now; `scope` is where `port:N` looks.
+    pub fn take(scope: &PortNetns) -> Snapshot {
+        Snapshot {
+            scope: scope.clone(),
+            all: netns::all(),
+            own: netns::netns_of(std::process::id()).unwrap_or_default(),
+            listeners: HashMap::new(),
+        }
+    }
+
+    /// The namespaces `port:N` looks in.
+    fn in_scope(&self, n: &netns::NetNs) -> bool {
+        match &self.scope {
+            PortNetns::Own => n.id == self.own,
+            PortNetns::Root => true,
+            PortNetns::Named(id) => &n.id == id,
+        }
+    }
+
+    /// Pids (sorted) with a LISTEN socket on `port` in the namespaces of `--port-netns`.
+    pub fn listening_on(&mut self, port: u16) -> Vec<u32> {
+        let ids: Vec<String> = self
+            .all
+            .iter()
+            .filter(|n| self.in_scope(n))
+            .map(|n| n.id.clone())
+            .collect();
+        self.listening_in(&ids, port)
+    }
+
+    /// Pids (sorted) with a LISTEN socket on `port` in the namespaces `ids`.
+    fn listening_in(&mut self, ids: &[String], port: u16) -> Vec<u32> {
+        let mut out = Vec::new();
+        for id in ids {
+            let Some(ns) = self.all.iter().find(|n| &n.id == id) else {
+                continue;
+            };
+            let l = self
+                .listeners
+                .entry(id.clone())
+                .or_insert_with(|| listeners_of(ns));
+            for (p, inode) in &l.sockets {
+                if *p == port
+                    && let Some(pids) = l.owners.get(inode)
+                {
+                    out.extend_from_slice(pids);
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 /// Resolves an alert to a process, falling back to the default only when the alert names none. Reads /proc and
 /// may resolve a host name: run it off the async runtime.
 pub fn resolve_alert(alert: &Alert, cfg: &ResolveConfig) -> Result<Resolved, ResolveError> {
+    resolve_alert_in(alert, cfg, &mut Snapshot::take(&cfg.port_netns))
+}
+
+/// [`resolve_alert`] with the `/proc` view of a batch.
+pub fn resolve_alert_in(
+    alert: &Alert,
+    cfg: &ResolveConfig,
+    snap: &mut Snapshot,
+) -> Result<Resolved, ResolveError> {
     if let Some(p) = alert.labels.get(PID_LABEL) {
         let pid: u32 = p.trim().parse().map_err(|_| ResolveError::BadPid(p.clone()))?;
         let Some(ns) = &cfg.pid_ns else {
-            return resolve(TargetSpec::Pid(pid), "label pid");
+            return resolve_in(TargetSpec::Pid(pid), "label pid", snap);
         };
         let host_pid =
             netns::translate_pid(ns, pid).ok_or(ResolveError::NoProcessInNs { pid, ns: ns.clone() })?;
-        return resolve(
+        return resolve_in(
             TargetSpec::Pid(host_pid),
             &format!("label pid={pid} in {ns} → pid {host_pid}"),
+            snap,
         );
     }
     if let Some(inst) = alert.labels.get(INSTANCE_LABEL) {
         let port = instance_port(inst).ok_or_else(|| ResolveError::BadInstance(inst.clone()))?;
         let host = instance_host(inst).ok_or_else(|| ResolveError::BadInstance(inst.clone()))?;
-        return resolve_instance(&host, port, &format!("label instance={inst}"));
+        return resolve_instance(&host, port, &format!("label instance={inst}"), snap);
     }
     match cfg.default {
-        Some(d) => resolve(d, &format!("default target {d}")),
+        Some(d) => resolve_in(d, &format!("default target {d}"), snap),
         None => Err(ResolveError::NoTarget),
     }
 }
 
 /// Resolves a spec now; `from` says where the spec came from.
-pub fn resolve(spec: TargetSpec, from: &str) -> Result<Resolved, ResolveError> {
+pub fn resolve(spec: TargetSpec, from: &str, scope: &PortNetns) -> Result<Resolved, ResolveError> {
+    resolve_in(spec, from, &mut Snapshot::take(scope))
+}
+
+fn resolve_in(spec: TargetSpec, from: &str, snap: &mut Snapshot) -> Result<Resolved, ResolveError> {
     match spec {
         TargetSpec::Pid(pid) => {
             if pid == 0 || !procfs::exists(pid) {
@@ -162,7 +304,7 @@ pub fn resolve(spec: TargetSpec, from: &str) -> Result<Resolved, ResolveError> {
                 how: from.to_owned(),
             })
         }
-        TargetSpec::Port(port) => pick(pids_listening_on(port), port, from),
+        TargetSpec::Port(port) => pick(snap.listening_on(port), port, from),
     }
 }
 
@@ -184,21 +326,26 @@ fn pick(pids: Vec<u32>, port: u16, from: &str) -> Result<Resolved, ResolveError>
 /// An `instance` is only ever this host: its host part must be one of this host's addresses (loopback and
 /// `localhost` mean serve's own network namespace) or the address of a local network namespace (a pod IP);
 /// the port is then looked up in that namespace only.
-fn resolve_instance(host: &str, port: u16, from: &str) -> Result<Resolved, ResolveError> {
-    let all = netns::all();
-    let own = netns::netns_of(std::process::id()).unwrap_or_default();
-    let addrs = host_addresses(host, &all, &own);
-    let chosen: Vec<&netns::NetNs> = all
+fn resolve_instance(
+    host: &str,
+    port: u16,
+    from: &str,
+    snap: &mut Snapshot,
+) -> Result<Resolved, ResolveError> {
+    let addrs = host_addresses(host, &snap.all, &snap.own);
+    let chosen: Vec<String> = snap
+        .all
         .iter()
         .filter(|n| {
             addrs.iter().any(|a| {
                 if a.is_loopback() || a.is_unspecified() {
-                    n.id == own
+                    n.id == snap.own
                 } else {
                     n.addrs.contains(a)
                 }
             })
         })
+        .map(|n| n.id.clone())
         .collect();
     if chosen.is_empty() {
         return Err(ResolveError::NotLocal {
@@ -206,12 +353,7 @@ fn resolve_instance(host: &str, port: u16, from: &str) -> Result<Resolved, Resol
             from: from.to_owned(),
         });
     }
-    let mut pids = Vec::new();
-    for n in chosen {
-        pids.extend(listeners_in(n, port));
-    }
-    pids.sort_unstable();
-    pids.dedup();
+    let pids = snap.listening_in(&chosen, port);
     pick(pids, port, &format!("{from} → {host}"))
 }
 
@@ -277,41 +419,32 @@ pub fn instance_port(instance: &str) -> Option<u16> {
     port.parse().ok().filter(|&p| p > 0)
 }
 
-/// Pids (sorted) of the processes with a LISTEN socket on `port`, in any network namespace.
-pub fn pids_listening_on(port: u16) -> Vec<u32> {
-    let mut out: Vec<u32> = netns::all().iter().flat_map(|n| listeners_in(n, port)).collect();
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-/// Processes of one network namespace with a LISTEN socket on `port`.
-fn listeners_in(ns: &netns::NetNs, port: u16) -> Vec<u32> {
-    // One representative process's /proc/PID/net/tcp{,6} is the namespace's table.
-    let mut wanted: HashSet<u64> = HashSet::new();
+/// The listeners of one network namespace: its LISTEN sockets (one representative process's
+/// `/proc/PID/net/tcp{,6}` is the namespace's table) and which of its processes hold them.
+fn listeners_of(ns: &netns::NetNs) -> Listeners {
+    let mut sockets = Vec::new();
     for &rep in ns.pids.iter().take(3) {
         for table in ["tcp", "tcp6"] {
             if let Ok(text) = std::fs::read_to_string(format!("/proc/{rep}/net/{table}")) {
-                wanted.extend(
-                    listening_sockets(&text)
-                        .into_iter()
-                        .filter(|&(p, _)| p == port)
-                        .map(|(_, inode)| inode),
-                );
+                sockets.extend(listening_sockets(&text));
             }
         }
-        if !wanted.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
+        if !sockets.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
             break;
         }
     }
-    if wanted.is_empty() {
-        return Vec::new();
+    let mut owners: HashMap<u64, Vec<u32>> = HashMap::new();
+    if !sockets.is_empty() {
+        let listening: std::collections::HashSet<u64> = sockets.iter().map(|(_, i)| *i).collect();
+        for &pid in &ns.pids {
+            for i in procfs::socket_inodes(pid) {
+                if listening.contains(&i) {
+                    owners.entry(i).or_default().push(pid);
+                }
+            }
+        }
     }
-    ns.pids
-        .iter()
-        .copied()
-        .filter(|&pid| procfs::socket_inodes(pid).iter().any(|i| wanted.contains(i)))
-        .collect()
+    Listeners { sockets, owners }
 }
 
 #[cfg(test)]
@@ -354,6 +487,7 @@ mod tests {
         ResolveConfig {
             default,
             pid_ns: None,
+            port_netns: PortNetns::Own,
         }
     }
 
@@ -435,12 +569,14 @@ mod tests {
         let c = ResolveConfig {
             default: None,
             pid_ns: Some(ns.to_string_lossy().into_owned()),
+            port_netns: PortNetns::Own,
         };
         let r = resolve_alert(&alert(&[("pid", &me.to_string())]), &c).unwrap();
         assert_eq!(r.pid, me, "{}", r.how);
         let c = ResolveConfig {
             default: None,
             pid_ns: Some("pid:[1]".into()),
+            port_netns: PortNetns::Own,
         };
         let e = resolve_alert(&alert(&[("pid", &me.to_string())]), &c).unwrap_err();
         assert!(matches!(e, ResolveError::NoProcessInNs { .. }), "{e}");

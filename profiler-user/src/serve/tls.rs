@@ -1,27 +1,14 @@
 //! HTTPS for serve's API (`--tls-cert`, `--tls-key`): rustls with the ring provider, the same TLS stack as
 //! the OTLP exporter, so nothing new is compiled.
 //!
-//! Owns loading the certificate chain and key (PEM) into a server config, and [`TlsListener`]: an
-//! `axum::serve` listener whose connections are TLS streams. Handshakes run in their own tasks with a
-//! deadline and a cap on how many run at once, so a client that never finishes its handshake holds up
-//! nobody; a failed handshake drops that connection only.
+//! Owns loading the certificate chain and key (PEM) into a server config. Connections (their handshakes,
+//! deadlines and caps) are [`super::listen`]'s.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-
-/// Longest a client may take to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most handshakes in progress at once (beyond it, new connections wait in the kernel's backlog).
-const MAX_HANDSHAKES: usize = 64;
 
 /// Why the certificate or key cannot be used. Messages name the file and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -78,65 +65,6 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .map_err(|e| TlsError::Config(e.to_string()))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
-}
-
-/// TLS connections accepted on a TCP listener, for `axum::serve`.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    /// Starts accepting on `tcp` (must be called inside the runtime that serves).
-    pub fn new(tcp: TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (tx, rx) = mpsc::channel(MAX_HANDSHAKES);
-        let acceptor = TlsAcceptor::from(cfg);
-        let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-        tokio::spawn(async move {
-            loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(x) => x,
-                    Err(_) => {
-                        // Out of fds or a transient error: back off like axum's own listener.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Ok(Ok(tls)) =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                    {
-                        let _ = tx.send((tls, peer)).await;
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task ended (its runtime is shutting down): accept nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]
