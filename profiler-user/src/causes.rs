@@ -122,6 +122,7 @@ mod tests {
             Box::new(AttachError::Capture(CaptureError::Tracefs(disk_full()))),
             Box::new(AttachError::Capture(CaptureError::Poll(disk_full()))),
             Box::new(ServeError::Token(TokenError::Read {
+                what: "the token file",
                 path: PathBuf::from("/etc/llmprof/token"),
                 source: disk_full(),
             })),

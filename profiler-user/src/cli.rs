@@ -17,7 +17,7 @@ syscalls, model-file I/O and network egress (eBPF, no restart of the server).";
 const AFTER_HELP: &str = "Examples:
   sudo llmprof attach --pid $(pgrep llmserve) -d 30s -o incident.perfetto-trace
   llmprof open incident.perfetto-trace
-  sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s   # for Alertmanager
+  sudo llmprof serve --out-dir traces --token-file /etc/llmprof/token --watch port:8000   # for Alertmanager
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
 6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels,
@@ -84,7 +84,7 @@ file is not one. The --json fields are listed at the top of profiler-user/src/re
     /// Alert-triggered tracing: receive Alertmanager webhooks and trace the alerting process (needs root).
     #[command(after_help = "Examples:
   sudo llmprof serve --out-dir /var/lib/llmprof/traces --token-file /etc/llmprof/token
-  sudo llmprof serve --out-dir traces --watch port:8000 --flight-recorder 30s --max-disk 2GiB
+  sudo llmprof serve --out-dir traces --token-file /etc/llmprof/token --watch port:8000 --flight-recorder 30s --max-disk 2GiB
   curl -H \"Authorization: Bearer $(cat /etc/llmprof/token)\" 127.0.0.1:9464/v1/sessions
 
 Each firing alert of POST /v1/alerts (Alertmanager webhook, payload version 4) is traced like `llmprof attach`:
@@ -213,13 +213,14 @@ pub struct AttachArgs {
 /// Options of `llmprof serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address of the API (loopback by default; any other address needs --token-file).
+    /// Address of the API (loopback by default; every address needs --token-file).
     #[arg(long, default_value = crate::serve::DEFAULT_LISTEN)]
     pub listen: std::net::SocketAddr,
     /// Directory for the traces (created if missing).
     #[arg(long)]
     pub out_dir: PathBuf,
-    /// File holding the bearer token every /v1 request must carry (Alertmanager: http_config.authorization).
+    /// File holding the bearer token every /v1 request must carry (Alertmanager: http_config.authorization);
+    /// required: on 127.0.0.1 too, every local user could otherwise use the API. Root's, mode 600.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Target of alerts without `pid` or `instance` labels: pid:N or port:N.
@@ -292,16 +293,20 @@ pub struct ServeArgs {
     /// OpenTelemetry export of each session's request spans (OTLP).
     #[command(flatten)]
     pub otel: crate::otel::OtelOptions,
-    /// Fleet mode: pull alerts from this Alertmanager (http://HOST:PORT[/PREFIX]; repeatable for an HA
+    /// Fleet mode: pull alerts from this Alertmanager (http[s]://HOST:PORT[/PREFIX]; repeatable for an HA
     /// cluster: the first that answers counts) and trace only those whose target is on this node and allowed.
     #[arg(long = "alertmanager-url", value_name = "URL")]
     pub alertmanager_urls: Vec<String>,
     /// How often to ask Alertmanager for its alerts (1s to 5m).
     #[arg(long, value_name = "DURATION", default_value = crate::serve::pull::DEFAULT_INTERVAL, value_parser = llmprof_units::parse_duration)]
     pub alertmanager_poll: Duration,
-    /// File holding the Authorization header value for Alertmanager (a lone token is sent as `Bearer TOKEN`).
+    /// File holding the Authorization header value for Alertmanager (a lone token is sent as `Bearer TOKEN`;
+    /// root's, mode 600).
     #[arg(long, value_name = "FILE")]
     pub alertmanager_auth_file: Option<PathBuf>,
+    /// PEM certificates trusted besides the system roots for https:// --alertmanager-url (a private CA).
+    #[arg(long, value_name = "PEM")]
+    pub alertmanager_ca_cert: Option<PathBuf>,
     /// Alertmanager matcher the pulled alerts must match (repeatable; default: llmprof="trace").
     #[arg(long = "alertmanager-filter", value_name = "MATCHER")]
     pub alertmanager_filters: Vec<String>,
@@ -352,6 +357,7 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
                 urls: s.alertmanager_urls,
                 interval: s.alertmanager_poll,
                 auth_file: s.alertmanager_auth_file,
+                ca_file: s.alertmanager_ca_cert,
                 filters: if s.alertmanager_filters.is_empty() {
                     vec![crate::serve::pull::DEFAULT_FILTER.to_owned()]
                 } else {

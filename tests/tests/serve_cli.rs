@@ -29,6 +29,17 @@ fn a_public_address_without_a_token_is_refused() {
 }
 
 #[test]
+fn loopback_without_a_token_is_refused_with_what_to_do() {
+    // Every local user can reach 127.0.0.1.
+    let (code, err) = serve(&["--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--token-file") && err.contains("openssl rand"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_flight_recorder_without_targets_is_refused() {
     let (code, err) = serve(&["--flight-recorder", "30s"]);
     assert_eq!(code, 2, "{err}");

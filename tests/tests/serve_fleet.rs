@@ -137,6 +137,15 @@ fn engine(ns: &Netns, addr: SocketAddr, model: &Path) -> Proc {
     panic!("llmserve did not answer on {addr} within 120 s");
 }
 
+/// A token file (root's, 0600) next to `out`: serve needs one even on loopback.
+fn token_file(out: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = out.with_extension("token");
+    std::fs::write(&p, e2e::serve::TOKEN).expect("token file");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    p
+}
+
 /// `llmprof serve` of a node, in its namespace, pulling from Alertmanager; stderr to `log`.
 fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &Path) -> Proc {
     let err = std::fs::OpenOptions::new()
@@ -150,6 +159,8 @@ fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &
         .arg("--out-dir")
         .arg(out)
         .args(["--listen", "127.0.0.1:9464"])
+        .arg("--token-file")
+        .arg(token_file(out))
         .args(["--allow-target", &format!("pid:{allow_pid}")])
         .args(am_urls.iter().flat_map(|u| ["--alertmanager-url", u.as_str()]))
         .args(["--alertmanager-poll", "1s"])
@@ -182,6 +193,8 @@ fn sessions(ns: &Netns) -> serde_json::Value {
             &ns.name,
             "curl",
             "-sf",
+            "-H",
+            &format!("Authorization: Bearer {}", e2e::serve::TOKEN),
             "http://127.0.0.1:9464/v1/sessions",
         ])
         .output()

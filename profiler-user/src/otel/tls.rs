@@ -107,6 +107,16 @@ impl TlsMaterial {
         &self,
     ) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, OtelError>
     {
+        Ok(hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.client_config()?)
+            .https_or_http()
+            .enable_http1()
+            .build())
+    }
+
+    /// A rustls client configuration with the system roots, the extra CA and the client identity (also what
+    /// `serve`'s Alertmanager poller speaks HTTPS with).
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, OtelError> {
         let mut roots = rustls::RootCertStore::empty();
         // Unreadable system certificates are skipped (rustls-native-certs reports them); the extra CA must load.
         let native = rustls_native_certs::load_native_certs();
@@ -134,11 +144,7 @@ impl TlsMaterial {
                     .map_err(|e| OtelError::TlsSetup(format!("client certificate and key: {e}")))?
             }
         };
-        Ok(hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .build())
+        Ok(config)
     }
 }
 

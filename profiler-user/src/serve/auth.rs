@@ -1,18 +1,22 @@
 //! Bearer-token authentication of the API (Alertmanager's `http_config.authorization`).
 //!
-//! Owns loading the token file (refused unless only root, or serve's own user, can read or change it) and checking an `Authorization` header against it in constant time (the time
-//! taken depends on the lengths only, never on where the first differing byte is). Never logs a token.
+//! Owns reading the files that hold serve's secrets ([`read_secret`]: the token, the Alertmanager
+//! credentials, the TLS private key — each refused unless only root, or serve's own user, can read or change
+//! it) and checking an `Authorization` header against the token in constant time (the time taken depends on
+//! the lengths only, never on where the first differing byte is). Never logs a secret.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Why the token file cannot be used.
+/// Why a secret's file (the token file, `--alertmanager-auth-file`, `--tls-key`) cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// The file could not be read.
-    #[error("cannot read the token file {path}")]
+    #[error("cannot read {what} {path}")]
     Read {
+        /// Which option.
+        what: &'static str,
         /// The file.
         path: PathBuf,
         /// Cause.
@@ -24,10 +28,12 @@ pub enum TokenError {
     Empty(PathBuf),
     /// Someone other than root (or serve's own user) owns the file, or its group or others may read it.
     #[error(
-        "the token file {path} is owned by uid {uid} with mode {mode:03o}: it must belong to root (or the user \
+        "{what} {path} is owned by uid {uid} with mode {mode:03o}: it must belong to root (or the user \
          llmprof serve runs as) and be readable by its owner only: run `chown root {path}; chmod 600 {path}`"
     )]
     Permissions {
+        /// Which option.
+        what: &'static str,
         /// The file.
         path: PathBuf,
         /// Its owner.
@@ -35,6 +41,37 @@ pub enum TokenError {
         /// Its permission bits.
         mode: u32,
     },
+}
+
+/// Largest secret file read (a token, a credentials line, a PEM key).
+const SECRET_MAX: u64 = 64 << 10;
+
+/// Reads the file holding a secret (`what` names the option in messages). The file (a symlink to it is
+/// followed, as Kubernetes mounts Secrets) must be owned by root or by the user serve runs as, with no
+/// permission for its group or others: a secret anyone can read or replace protects nothing. The checks are on
+/// the file read (fstat), not on a name that could change in between.
+pub fn read_secret(path: &Path, what: &'static str) -> Result<Vec<u8>, TokenError> {
+    let read_err = |source| TokenError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let mode = meta.mode() & 0o777;
+    if (meta.uid() != 0 && meta.uid() != euid) || mode & 0o077 != 0 {
+        return Err(TokenError::Permissions {
+            what,
+            path: path.to_owned(),
+            uid: meta.uid(),
+            mode,
+        });
+    }
+    let mut out = Vec::new();
+    file.take(SECRET_MAX).read_to_end(&mut out).map_err(read_err)?;
+    Ok(out)
 }
 
 /// The expected bearer token.
@@ -48,34 +85,15 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    /// Reads the token from `path` (surrounding whitespace, e.g. a final newline, is not part of it). The file
-    /// (a symlink to it is followed, as Kubernetes mounts Secrets) must be owned by root or by the user serve runs
-    /// as, with no permission for its group or others: a token anyone can read or replace authenticates anyone.
+    /// Reads the token from `path` ([`read_secret`]; surrounding whitespace, e.g. a final newline, is not part
+    /// of it).
     pub fn from_file(path: &Path) -> Result<Token, TokenError> {
-        let read_err = |source| TokenError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let mut file = std::fs::File::open(path).map_err(read_err)?;
-        // The checks are on the file that is read (fstat), not on a name that could change in between.
-        let meta = file.metadata().map_err(read_err)?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        let mode = meta.mode() & 0o777;
-        if (meta.uid() != 0 && meta.uid() != euid) || mode & 0o077 != 0 {
-            return Err(TokenError::Permissions {
-                path: path.to_owned(),
-                uid: meta.uid(),
-                mode,
-            });
-        }
-        let mut text = String::new();
-        file.read_to_string(&mut text).map_err(read_err)?;
-        let t = text.trim();
+        let text = read_secret(path, "the token file")?;
+        let t = trim_ascii(&text);
         if t.is_empty() {
             return Err(TokenError::Empty(path.to_owned()));
         }
-        Ok(Token(t.as_bytes().to_vec()))
+        Ok(Token(t.to_vec()))
     }
 
     /// A token from a string (tests).

@@ -60,7 +60,7 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Directory for the traces.
     pub out_dir: PathBuf,
-    /// File holding the bearer token (None: no authentication; only allowed on loopback).
+    /// File holding the bearer token (required: [`check`] refuses to run without one).
     pub token_file: Option<PathBuf>,
     /// Target of alerts without `pid` or `instance` labels.
     pub default_target: Option<TargetSpec>,
@@ -111,7 +111,7 @@ pub struct ServeConfig {
 pub struct ServeOptions {
     /// Listen address.
     pub listen: SocketAddr,
-    /// The bearer token (None: no authentication; only allowed on loopback).
+    /// The bearer token (None: [`check`] refuses to run).
     pub token: Option<Token>,
     /// HTTPS (None: plain HTTP).
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -125,8 +125,8 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// Session rules and capture options.
     pub manager: ManagerConfig,
-    /// Fleet mode: what to poll, the URLs checked, the `Authorization` value (None: off).
-    pub pull: Option<(pull::PullConfig, Vec<pull::AmUrl>, Option<String>)>,
+    /// Fleet mode: what to poll, checked (None: off).
+    pub pull: Option<pull::Checked>,
 }
 
 /// Why serve cannot start. Messages say what to do next.
@@ -149,8 +149,13 @@ pub enum ServeError {
     /// The token file is unusable.
     #[error(transparent)]
     Token(#[from] auth::TokenError),
-    /// Listening beyond loopback without a token.
-    #[error("refusing to listen on {0} without authentication: pass --token-file (or listen on 127.0.0.1)")]
+    /// No token: on 127.0.0.1 too, any local user could download traces and start sessions.
+    #[error(
+        "refusing to listen on {0} without authentication: every local user can reach it (127.0.0.1 \
+         included) and would download traces and start sessions. Create a token readable by root only \
+         (`umask 077; openssl rand -hex 32 > /etc/llmprof/token`), pass --token-file /etc/llmprof/token, and \
+         give Alertmanager the same token (http_config.authorization.credentials_file)"
+    )]
     Insecure(SocketAddr),
     /// The address is taken or not local.
     #[error("cannot listen on {addr}")]
@@ -198,13 +203,6 @@ impl ServeOptions {
         let pull = if s.pull.urls.is_empty() {
             None
         } else {
-            let urls = s
-                .pull
-                .urls
-                .iter()
-                .map(|u| pull::parse_url(u))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(ServeError::Usage)?;
             if !(pull::MIN_INTERVAL..=pull::MAX_INTERVAL).contains(&s.pull.interval) {
                 return Err(ServeError::Usage(format!(
                     "--alertmanager-poll {:?}: between {:?} and {:?}",
@@ -213,14 +211,7 @@ impl ServeOptions {
                     pull::MAX_INTERVAL
                 )));
             }
-            let auth = s
-                .pull
-                .auth_file
-                .as_deref()
-                .map(pull::read_auth)
-                .transpose()
-                .map_err(ServeError::Usage)?;
-            Some((s.pull.clone(), urls, auth))
+            Some(pull::Checked::new(&s.pull).map_err(ServeError::Usage)?)
         };
         let template = AttachOptions {
             pid: 0,
@@ -312,9 +303,6 @@ fn recorder_targets(opts: &ServeOptions) -> Vec<TargetSpec> {
 /// what `llmprof serve --check-config` reports after [`ServeOptions::from_config`] (token file, certificate,
 /// options) passed. Returns a one-line description of the configuration.
 pub fn check(opts: &ServeOptions) -> Result<String, ServeError> {
-    if !opts.listen.ip().is_loopback() && opts.token.is_none() {
-        return Err(ServeError::Insecure(opts.listen));
-    }
     let targets = recorder_targets(opts);
     if opts.flight_recorder.is_some() && targets.is_empty() {
         return Err(ServeError::Usage(
@@ -322,25 +310,24 @@ pub fn check(opts: &ServeOptions) -> Result<String, ServeError> {
                 .into(),
         ));
     }
+    if opts.token.is_none() {
+        return Err(ServeError::Insecure(opts.listen));
+    }
     Ok(format!(
         "listen {}://{} ({}), traces in {}, {} allow rule(s){}{}",
         if opts.tls.is_some() { "https" } else { "http" },
         opts.listen,
-        if opts.token.is_some() {
-            "bearer token"
-        } else {
-            "no authentication"
-        },
+        "bearer token",
         opts.manager.out_dir.display(),
         opts.manager.allow.len(),
         opts.flight_recorder.map_or(String::new(), |w| format!(
             ", flight recorder {w:?} on {} target(s)",
             targets.len()
         )),
-        opts.pull.as_ref().map_or(String::new(), |(c, _, _)| format!(
+        opts.pull.as_ref().map_or(String::new(), |p| format!(
             ", alerts pulled from {} every {:?}",
-            c.urls.join(", "),
-            c.interval
+            p.cfg.urls.join(", "),
+            p.cfg.interval
         ))
     ))
 }
@@ -408,19 +395,12 @@ pub fn run(opts: ServeOptions, stop: &'static AtomicBool) -> Result<(), ServeErr
         })?;
     let addr = listener.local_addr().map_err(ServeError::Runtime)?;
     println!(
-        "llmprof serve: listening on {}://{addr} (POST /v1/alerts{}); traces in {}",
+        "llmprof serve: listening on {}://{addr} (POST /v1/alerts, bearer token required); traces in {}",
         if opts.tls.is_some() { "https" } else { "http" },
-        if opts.token.is_some() {
-            ", bearer token required"
-        } else {
-            ", no authentication"
-        },
         out.display()
     );
     let poller = match opts.pull.clone() {
-        Some((cfg, urls, auth)) => {
-            Some(pull::Poller::spawn(cfg, urls, auth, manager.clone(), out).map_err(ServeError::Runtime)?)
-        }
+        Some(p) => Some(pull::Poller::spawn(p, manager.clone(), out).map_err(ServeError::Runtime)?),
         None => None,
     };
     let ticker_stop = Arc::new(AtomicBool::new(false));

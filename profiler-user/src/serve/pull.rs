@@ -3,7 +3,12 @@
 //!
 //! Every `--alertmanager-poll` (bounded: [`MIN_INTERVAL`]..=[`MAX_INTERVAL`]) one thread asks
 //! `GET URL/api/v2/alerts?active=true&silenced=false&inhibited=false&filter=...` of the URLs in turn (HA: the
-//! first that answers 200 counts), with the `Authorization` header of `--alertmanager-auth-file`. Each active
+//! first that answers 200 counts), with the `Authorization` header of `--alertmanager-auth-file` (a secret:
+//! root's, mode 600, like the token), over HTTPS for `https://` URLs (rustls with the system roots and
+//! `--alertmanager-ca-cert`, the OTLP exporter's stack). A poll has one deadline ([`POLL_DEADLINE`]) for all
+//! its URLs, name lookups, connections and reads together: an Alertmanager (or something pretending to be
+//! one) that trickles its answer a byte at a time ends the poll at the deadline, and a poll still stuck then
+//! is left to end on its own while the next ones are skipped. Each active
 //! alert not handled before is checked with the webhook's own rules ([`Manager::is_local`]: the target resolves
 //! on this node and the allow-list lets it be traced); anything else belongs to another node and is ignored
 //! (not a failed session). A local alert is recorded as handled in `OUT_DIR/.alertmanager-handled` (its
@@ -34,8 +39,8 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(300);
 pub const DEFAULT_INTERVAL: &str = "10s";
 /// Default filter: the alerts deploy/'s rules mark for llmprof.
 pub const DEFAULT_FILTER: &str = "llmprof=\"trace\"";
-/// Connect and read timeout of one request.
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// Everything one poll may take: every URL's name lookup, connection, TLS handshake and answer together.
+pub const POLL_DEADLINE: Duration = Duration::from_secs(10);
 /// Largest answer read (a few thousand alerts).
 const MAX_BODY: u64 = 16 << 20;
 /// The handled-alerts file in the output directory.
@@ -52,6 +57,8 @@ pub struct PullConfig {
     pub interval: Duration,
     /// File whose content is the `Authorization` header value (a lone token is sent as `Bearer TOKEN`).
     pub auth_file: Option<PathBuf>,
+    /// PEM certificates trusted besides the system roots for `https://` URLs (a private CA).
+    pub ca_file: Option<PathBuf>,
     /// Alertmanager matchers (`name="value"`, `name=~"re"`), all must match.
     pub filters: Vec<String>,
 }
@@ -59,31 +66,38 @@ pub struct PullConfig {
 /// One Alertmanager URL, checked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AmUrl {
+    /// `https://`.
+    pub tls: bool,
+    /// The host (for TLS: the name the certificate must carry).
+    pub host: String,
     /// `host:port`.
     pub authority: String,
     /// Path prefix without trailing `/` (empty for the root).
     pub prefix: String,
 }
 
-/// Parses `http://host[:port][/prefix]` (https is not supported here: run Alertmanager's API on the cluster
-/// network or behind a local TLS proxy).
+/// Parses `http[s]://host[:port][/prefix]`.
 pub fn parse_url(url: &str) -> Result<AmUrl, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("--alertmanager-url {url}: expected http://HOST:PORT[/PREFIX]"))?;
+    let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(r), _) => (true, r),
+        (None, Some(r)) => (false, r),
+        _ => {
+            return Err(format!(
+                "--alertmanager-url {url}: expected http[s]://HOST:PORT[/PREFIX]"
+            ));
+        }
+    };
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     if authority.is_empty() {
         return Err(format!("--alertmanager-url {url}: no host"));
     }
-    let authority = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-    {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
+    let (host, authority) = match authority.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() && !h.is_empty() => (h, authority.to_owned()),
+        _ => (authority, format!("{authority}:{}", if tls { 443 } else { 80 })),
     };
     Ok(AmUrl {
+        tls,
+        host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
         authority,
         prefix: match path.trim_matches('/') {
             "" => String::new(),
@@ -92,10 +106,10 @@ pub fn parse_url(url: &str) -> Result<AmUrl, String> {
     })
 }
 
-/// The `Authorization` value from the auth file.
+/// The `Authorization` value from the auth file (a secret: see [`super::auth::read_secret`]).
 pub fn read_auth(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--alertmanager-auth-file {}: {e}", path.display()))?;
+    let bytes = super::auth::read_secret(path, "--alertmanager-auth-file").map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&bytes);
     let v = text.trim();
     if v.is_empty() {
         return Err(format!("--alertmanager-auth-file {}: empty", path.display()));
@@ -111,6 +125,52 @@ pub fn read_auth(path: &Path) -> Result<String, String> {
     } else {
         format!("Bearer {v}")
     })
+}
+
+/// Fleet mode's options, checked: URLs parsed, credentials read, the TLS configuration built.
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// As asked.
+    pub cfg: PullConfig,
+    /// The URLs.
+    pub urls: Vec<AmUrl>,
+    /// The `Authorization` value.
+    pub auth: Option<String>,
+    /// For `https://` URLs.
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+impl Checked {
+    /// Checks `cfg` (what `serve --check-config` reports).
+    pub fn new(cfg: &PullConfig) -> Result<Checked, String> {
+        let urls = cfg
+            .urls
+            .iter()
+            .map(|u| parse_url(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        let auth = cfg.auth_file.as_deref().map(read_auth).transpose()?;
+        let tls = tls_config(cfg.ca_file.as_deref())?;
+        Ok(Checked {
+            cfg: cfg.clone(),
+            urls,
+            auth,
+            tls,
+        })
+    }
+}
+
+/// The rustls configuration `https://` URLs are polled with (system roots and `--alertmanager-ca-cert`).
+pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    let files = crate::otel::tls::TlsFiles {
+        ca: ca_file.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    let material = crate::otel::tls::TlsMaterial::load(&files)
+        .map_err(|e| format!("--alertmanager-ca-cert: {}", crate::causes::one_line(&e)))?;
+    material
+        .client_config()
+        .map(Arc::new)
+        .map_err(|e| crate::causes::one_line(&e))
 }
 
 /// Percent-encodes a query value.
@@ -188,26 +248,48 @@ impl AmAlert {
     }
 }
 
-/// A minimal HTTP/1.0 GET (no chunked encoding, the connection closes after the body); `Ok(body)` on 200.
-fn get(authority: &str, path: &str, auth: Option<&str>) -> Result<String, String> {
+/// A minimal HTTP/1.0 GET (no chunked encoding, the connection closes after the body), over TLS for an
+/// `https://` URL; `Ok(body)` on 200. Every step is bounded by `deadline`.
+fn get(
+    url: &AmUrl,
+    path: &str,
+    auth: Option<&str>,
+    tls: &Arc<rustls::ClientConfig>,
+    deadline: Instant,
+) -> Result<String, String> {
+    let authority = &url.authority;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{authority}: no answer within the poll's {POLL_DEADLINE:?}"))
+    };
     let addr = authority
         .to_socket_addrs()
         .map_err(|e| format!("{authority}: {e}"))?
         .next()
         .ok_or_else(|| format!("{authority}: no address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| format!("{authority}: {e}"))?;
-    s.set_read_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect_timeout(&addr, left()?).map_err(|e| format!("{authority}: {e}"))?;
     let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n{auth}\r\n"
-    )
-    .map_err(|e| format!("{authority}: {e}"))?;
+    let request =
+        format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n{auth}\r\n");
     let mut raw = Vec::new();
-    s.take(MAX_BODY)
-        .read_to_end(&mut raw)
-        .map_err(|e| format!("{authority}: {e}"))?;
+    let io = |e: std::io::Error| format!("{authority}: {e}");
+    if url.tls {
+        let name = rustls::pki_types::ServerName::try_from(url.host.clone())
+            .map_err(|e| format!("{authority}: {e}"))?;
+        let conn =
+            rustls::ClientConnection::new(tls.clone(), name).map_err(|e| format!("{authority}: {e}"))?;
+        let mut s = rustls::StreamOwned::new(conn, tcp);
+        s.sock.set_write_timeout(Some(left()?)).map_err(io)?;
+        s.write_all(request.as_bytes()).map_err(io)?;
+        read_until_deadline(&mut s, |s, d| s.sock.set_read_timeout(Some(d)), &mut raw, &left).map_err(io)?;
+    } else {
+        let mut s = tcp;
+        s.set_write_timeout(Some(left()?)).map_err(io)?;
+        s.write_all(request.as_bytes()).map_err(io)?;
+        read_until_deadline(&mut s, |s, d| s.set_read_timeout(Some(d)), &mut raw, &left).map_err(io)?;
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -220,6 +302,44 @@ fn get(authority: &str, path: &str, auth: Option<&str>) -> Result<String, String
         ));
     }
     Ok(body.to_owned())
+}
+
+/// Reads `s` to its end (at most [`MAX_BODY`] bytes) with each read's timeout what is left of the deadline.
+/// A TLS peer that closes without `close_notify` ends the answer too.
+fn read_until_deadline<S: Read>(
+    s: &mut S,
+    set_timeout: impl Fn(&S, Duration) -> std::io::Result<()>,
+    out: &mut Vec<u8>,
+    left: &dyn Fn() -> Result<Duration, String>,
+) -> std::io::Result<()> {
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        let d = left().map_err(|e| std::io::Error::new(std::io::ErrorKind::TimedOut, e))?;
+        set_timeout(s, d)?;
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if out.len() as u64 > MAX_BODY {
+                    return Err(std::io::Error::other(format!("answer over {MAX_BODY} bytes")));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within the poll's {POLL_DEADLINE:?}"),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The handled alerts (fingerprint → `startsAt`), kept in [`HANDLED_FILE`].
@@ -315,26 +435,20 @@ pub struct Poller {
 }
 
 impl Poller {
-    /// Starts polling (URLs and the auth file were checked by `ServeOptions::from_config`).
-    pub fn spawn(
-        cfg: PullConfig,
-        urls: Vec<AmUrl>,
-        auth: Option<String>,
-        manager: Arc<Manager>,
-        out_dir: &Path,
-    ) -> std::io::Result<Poller> {
+    /// Starts polling (URLs, the auth file and the CA were checked by `ServeOptions::from_config`).
+    pub fn spawn(checked: Checked, manager: Arc<Manager>, out_dir: &Path) -> std::io::Result<Poller> {
         let stop = Arc::new(AtomicBool::new(false));
         let handled = Handled::load(out_dir);
         eprintln!(
             "llmprof serve: pulling alerts from {} every {:?} ({} handled before)",
-            cfg.urls.join(", "),
-            cfg.interval,
+            checked.cfg.urls.join(", "),
+            checked.cfg.interval,
             handled.map.len()
         );
         let s = stop.clone();
         let handle = std::thread::Builder::new()
             .name("llmprof-serve-pull".into())
-            .spawn(move || poll_loop(&cfg, &urls, auth.as_deref(), &manager, handled, &s))?;
+            .spawn(move || poll_loop(&checked, &manager, handled, &s))?;
         Ok(Poller {
             handle: Some(handle),
             stop,
@@ -350,22 +464,16 @@ impl Poller {
     }
 }
 
-fn poll_loop(
-    cfg: &PullConfig,
-    urls: &[AmUrl],
-    auth: Option<&str>,
-    manager: &Arc<Manager>,
-    mut handled: Handled,
-    stop: &AtomicBool,
-) {
+fn poll_loop(checked: &Checked, manager: &Arc<Manager>, mut handled: Handled, stop: &AtomicBool) {
     // Alerts this node handled and that were active at the last poll (their resolution ends the session).
     let mut active_local: HashMap<String, AmAlert> = HashMap::new();
     // Firings that belong to another node: not resolved again every poll.
     let mut remote: HashSet<(String, String)> = HashSet::new();
     let mut failing = false;
+    let busy = Arc::new(AtomicBool::new(false));
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        match fetch(urls, &cfg.filters, auth) {
+        match fetch_bounded(checked, &busy) {
             Ok(alerts) => {
                 if failing {
                     eprintln!("llmprof serve: Alertmanager answers again");
@@ -383,17 +491,48 @@ fn poll_loop(
                 }
             }
         }
-        while !stop.load(Ordering::Relaxed) && started.elapsed() < cfg.interval {
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < checked.cfg.interval {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
 
-/// The first answer of the URLs in order.
-fn fetch(urls: &[AmUrl], filters: &[String], auth: Option<&str>) -> Result<Vec<AmAlert>, String> {
+/// [`fetch`] on a worker, given up at [`POLL_DEADLINE`] (a name lookup cannot be bounded otherwise); while a
+/// given-up poll is still stuck, polls are skipped.
+fn fetch_bounded(checked: &Checked, busy: &Arc<AtomicBool>) -> Result<Vec<AmAlert>, String> {
+    if busy.swap(true, Ordering::AcqRel) {
+        return Err(format!(
+            "a poll given up after {POLL_DEADLINE:?} is still stuck; skipped"
+        ));
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (c, b) = (checked.clone(), busy.clone());
+    let spawned = std::thread::Builder::new()
+        .name("llmprof-serve-poll".into())
+        .spawn(move || {
+            let r = fetch(&c, Instant::now() + POLL_DEADLINE);
+            b.store(false, Ordering::Release);
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        busy.store(false, Ordering::Release);
+        return Err(e.to_string());
+    }
+    rx.recv_timeout(POLL_DEADLINE + Duration::from_secs(1))
+        .unwrap_or_else(|_| Err(format!("no answer within {POLL_DEADLINE:?}")))
+}
+
+/// The first answer of the URLs in order, all of them within `deadline`.
+fn fetch(checked: &Checked, deadline: Instant) -> Result<Vec<AmAlert>, String> {
     let mut errors = Vec::new();
-    for u in urls {
-        match get(&u.authority, &alerts_path(u, filters), auth) {
+    for u in &checked.urls {
+        match get(
+            u,
+            &alerts_path(u, &checked.cfg.filters),
+            checked.auth.as_deref(),
+            &checked.tls,
+            deadline,
+        ) {
             Ok(body) => {
                 return serde_json::from_str(&body)
                     .map_err(|e| format!("{}: not an alert list: {e}", u.authority));
@@ -504,17 +643,173 @@ mod tests {
         );
         let u = parse_url("http://10.0.0.1/am/").unwrap();
         assert_eq!((u.authority.as_str(), u.prefix.as_str()), ("10.0.0.1:80", "/am"));
-        assert!(parse_url("https://am:9093").unwrap_err().contains("http://"));
+        let u = parse_url("https://am.monitoring").unwrap();
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.authority.as_str()),
+            (true, "am.monitoring", "am.monitoring:443")
+        );
+        assert!(parse_url("ftp://am:9093").unwrap_err().contains("http[s]://"));
         assert!(parse_url("http:///x").is_err());
         let dir = std::env::temp_dir().join(format!("llmprof-pull-auth-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("t"), "abc123\n").unwrap();
-        assert_eq!(read_auth(&dir.join("t")).unwrap(), "Bearer abc123");
-        std::fs::write(dir.join("t"), "Basic dXNlcjpwYXNz").unwrap();
-        assert_eq!(read_auth(&dir.join("t")).unwrap(), "Basic dXNlcjpwYXNz");
-        std::fs::write(dir.join("t"), "a\nb").unwrap();
-        assert!(read_auth(&dir.join("t")).is_err());
+        let t = dir.join("t");
+        let write = |text: &str, mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(&t, text).unwrap();
+            std::fs::set_permissions(&t, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("abc123\n", 0o600);
+        assert_eq!(read_auth(&t).unwrap(), "Bearer abc123");
+        write("Basic dXNlcjpwYXNz", 0o600);
+        assert_eq!(read_auth(&t).unwrap(), "Basic dXNlcjpwYXNz");
+        write("a\nb", 0o600);
+        assert!(read_auth(&t).is_err());
+        // Credentials others may read are refused, with the fix.
+        write("abc123\n", 0o644);
+        let e = read_auth(&t).unwrap_err();
+        assert!(
+            e.contains("--alertmanager-auth-file") && e.contains("chmod 600"),
+            "{e}"
+        );
         assert!(read_auth(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A listener on loopback that answers each connection with `answer`, `chunk` bytes every `gap`.
+    fn trickling_server(answer: Vec<u8>, chunk: usize, gap: Duration) -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let answer = answer.clone();
+                std::thread::spawn(move || {
+                    let mut c = c;
+                    let mut buf = [0u8; 4096];
+                    let _ = c.read(&mut buf);
+                    for part in answer.chunks(chunk) {
+                        if c.write_all(part).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(gap);
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn checked(url: &str) -> Checked {
+        Checked::new(&PullConfig {
+            urls: vec![url.to_owned()],
+            interval: Duration::from_secs(10),
+            filters: vec![DEFAULT_FILTER.into()],
+            ..PullConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_poll_has_one_deadline_however_slowly_the_answer_trickles() {
+        let body = "[]";
+        let answer = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        // Quick: answered.
+        let quick = trickling_server(answer.clone().into_bytes(), 4096, Duration::ZERO);
+        let c = checked(&format!("http://127.0.0.1:{quick}"));
+        assert_eq!(
+            fetch(&c, Instant::now() + Duration::from_secs(5)).unwrap().len(),
+            0
+        );
+        // One byte every 100 ms: each read is quick, the whole is not.
+        let slow = trickling_server(answer.into_bytes(), 1, Duration::from_millis(100));
+        let c = checked(&format!("http://127.0.0.1:{slow}"));
+        let t0 = Instant::now();
+        let e = fetch(&c, Instant::now() + Duration::from_millis(500)).unwrap_err();
+        assert!(e.contains("within"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn https_urls_are_polled_over_tls() {
+        let have_openssl = std::process::Command::new("openssl")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have_openssl {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("llmprof-pull-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
+        let o = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+            ])
+            .args([
+                "-days",
+                "2",
+                "-subj",
+                "/CN=am",
+                "-addext",
+                "subjectAltName=DNS:localhost",
+            ])
+            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let server = super::super::tls::server_config(&cert, &key).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for tcp in l.incoming().flatten() {
+                let conn = rustls::ServerConnection::new(server.clone()).unwrap();
+                let mut s = rustls::StreamOwned::new(conn, tcp);
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let body = r#"[{"fingerprint":"f1","startsAt":"t","status":{"state":"active"},"labels":{"alertname":"A"}}]"#;
+                let _ = write!(
+                    s,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.conn.send_close_notify();
+                let _ = s.flush();
+            }
+        });
+        let mut cfg = PullConfig {
+            urls: vec![format!("https://localhost:{port}")],
+            interval: Duration::from_secs(10),
+            ca_file: Some(cert),
+            ..PullConfig::default()
+        };
+        let alerts = fetch(
+            &Checked::new(&cfg).unwrap(),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(alerts[0].fingerprint, "f1");
+        // Without the CA the certificate is not trusted.
+        cfg.ca_file = None;
+        let e = fetch(
+            &Checked::new(&cfg).unwrap(),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .unwrap_err();
+        assert!(e.to_lowercase().contains("certificate"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

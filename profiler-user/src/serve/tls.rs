@@ -29,6 +29,9 @@ pub enum TlsError {
         /// What went wrong.
         why: String,
     },
+    /// The key file is unreadable, or others may read it (a private key others can read is no secret).
+    #[error(transparent)]
+    KeyFile(#[from] super::auth::TokenError),
     /// The key does not fit the certificate, or rustls refused the pair.
     #[error("--tls-cert/--tls-key: {0}")]
     Config(String),
@@ -52,7 +55,8 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
             why: "no certificate in the file".into(),
         });
     }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+    let pem = super::auth::read_secret(key, "--tls-key")?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Key {
         path: key.to_owned(),
         why: e.to_string(),
     })?;
@@ -83,6 +87,40 @@ mod tests {
         let missing = dir.join("missing.pem");
         let e = server_config(&missing, &empty).unwrap_err().to_string();
         assert!(e.contains("--tls-cert") && e.contains("missing.pem"), "{e}");
+        // A private key others may read is refused (what --check-config reports), with the fix.
+        let have_openssl = std::process::Command::new("openssl")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if have_openssl {
+            let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
+            let o = std::process::Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                ])
+                .args(["-days", "2", "-subj", "/CN=x", "-keyout"])
+                .arg(&key)
+                .arg("-out")
+                .arg(&cert)
+                .output()
+                .unwrap();
+            assert!(o.status.success());
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let e = server_config(&cert, &key).unwrap_err().to_string();
+            assert!(
+                e.contains("--tls-key") && e.contains("mode 644") && e.contains("chmod 600"),
+                "{e}"
+            );
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(server_config(&cert, &key).is_ok());
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

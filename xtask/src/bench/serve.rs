@@ -86,8 +86,15 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
     Ok(())
 }
 
+/// The bench's serve token (serve needs one; `http_get` sends it).
+const TOKEN: &str = "bench-0123456789abcdef";
+
 /// Starts `llmprof serve --watch pid:PID --flight-recorder 30s` and waits until its recorder records.
 fn start_serve(llmprof: &Path, pid: u32, out: &Path) -> Result<(Child, u16)> {
+    use std::os::unix::fs::PermissionsExt;
+    let token = std::env::temp_dir().join("llmprof-bench-serve.token");
+    std::fs::write(&token, TOKEN)?;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600))?;
     let mut child = Command::new(llmprof)
         .args([
             "serve",
@@ -98,6 +105,8 @@ fn start_serve(llmprof: &Path, pid: u32, out: &Path) -> Result<(Child, u16)> {
             "--watch",
         ])
         .arg(format!("pid:{pid}"))
+        .arg("--token-file")
+        .arg(&token)
         .arg("--out-dir")
         .arg(out)
         .stdout(Stdio::piped())
@@ -136,8 +145,10 @@ fn start_serve(llmprof: &Path, pid: u32, out: &Path) -> Result<(Child, u16)> {
 /// One GET on loopback; the body.
 fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
     let mut text = String::new();
     std::io::Read::read_to_string(&mut s, &mut text).ok()?;
     text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
