@@ -132,6 +132,9 @@ fn open_serves_the_trace_to_the_ui_origin_and_exits() {
         .trim_start_matches("http://127.0.0.1:")
         .split_once('/')
         .unwrap();
+    // The name alone (visible in `ps`) is not enough: the path's secret is only in the printed link.
+    let guess = e2e::http::request(port.parse().unwrap(), "GET", "/demo.perfetto-trace", &[], None).unwrap();
+    assert_eq!(guess.status, 404);
     let r = e2e::http::request(
         port.parse().unwrap(),
         "GET",
