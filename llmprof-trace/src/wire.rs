@@ -28,8 +28,77 @@ use crate::event::{Event, EventBody};
 /// First id of requests seen on the wire (engine ids are per-process counters far below it).
 pub const WIRE_REQ_BASE: u64 = 1 << 40;
 
-/// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`).
+/// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`): it names llmprof
+/// in a server's logs; it hides nothing from the wire view (any client can send it): [`OwnConns`] does.
 pub const LLMPROF_USER_AGENT: &str = "llmprof";
+
+/// Most of llmprof's own connections remembered (a scrape every 500 ms: many minutes of them).
+const OWN_MAX: usize = 1024;
+
+/// One of llmprof's own connections to a traced server, as the server holds it: its process, the fd of its
+/// end, and the span of time it was llmprof's (`until_ns` = `u64::MAX` while open).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnConn {
+    /// The server's process.
+    pub pid: u32,
+    /// The server's fd of the connection.
+    pub fd: i32,
+    /// From (BOOTTIME ns): before llmprof sent anything on it.
+    pub from_ns: u64,
+    /// Until (BOOTTIME ns): after llmprof closed it.
+    pub until_ns: u64,
+}
+
+/// llmprof's own connections to the traced servers (its /metrics scraper), told apart by what no client can
+/// forge: llmprof's scraper finds the server's end of the connection it opened, by its own socket's port
+/// (which no other process can hold meanwhile), before it sends its request, and registers it here. A
+/// request read on such an fd during that span is llmprof's ([`WireStats::own`]); a `User-Agent: llmprof`
+/// from anyone else is an ordinary request. Shared by the scraper and every [`Reconstructor`].
+#[derive(Debug, Default)]
+pub struct OwnConns {
+    entries: std::sync::Mutex<Vec<OwnConn>>,
+}
+
+impl OwnConns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnConn>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers the server's end `(pid, fd)` of a connection llmprof opened, from `from_ns` on.
+    pub fn open(&self, pid: u32, fd: i32, from_ns: u64) {
+        let mut e = self.lock();
+        if e.len() >= OWN_MAX {
+            e.remove(0);
+        }
+        e.push(OwnConn {
+            pid,
+            fd,
+            from_ns,
+            until_ns: u64::MAX,
+        });
+    }
+
+    /// llmprof closed its connection whose server end is `(pid, fd)`, at `until_ns`.
+    pub fn close(&self, pid: u32, fd: i32, until_ns: u64) {
+        if let Some(c) = self
+            .lock()
+            .iter_mut()
+            .rev()
+            .find(|c| c.pid == pid && c.fd == fd && c.until_ns == u64::MAX)
+        {
+            c.until_ns = until_ns;
+        }
+    }
+
+    /// Whether what `pid` read on `fd` at `ts_ns` came over one of llmprof's own connections.
+    pub fn is_own(&self, pid: u32, fd: i32, ts_ns: u64) -> bool {
+        self.lock()
+            .iter()
+            .any(|c| c.pid == pid && c.fd == fd && c.from_ns <= ts_ns && ts_ns <= c.until_ns)
+    }
+}
 
 /// Most head bytes kept per connection while a head spans several reads.
 const HEAD_KEEP: usize = 16 << 10;
@@ -77,8 +146,6 @@ pub struct Head {
     pub x_request_id: String,
     /// `traceparent`: trace id, parent span id, flags.
     pub traceparent: Option<([u8; 16], [u8; 8], u8)>,
-    /// Sent by llmprof itself (`User-Agent: llmprof`, its /metrics scraper): not one of the server's requests.
-    pub from_llmprof: bool,
 }
 
 /// Parses a request head (request line and headers); keeps only what [`Head`] holds. `None` when the first
@@ -106,8 +173,6 @@ pub fn parse_head(bytes: &[u8]) -> Option<Head> {
             head.x_request_id = value.chars().take(REQUEST_ID_LEN).collect();
         } else if name.eq_ignore_ascii_case("traceparent") {
             head.traceparent = parse_traceparent(value);
-        } else if name.eq_ignore_ascii_case("user-agent") {
-            head.from_llmprof = value == LLMPROF_USER_AGENT;
         }
     }
     Some(head)
@@ -158,6 +223,8 @@ pub struct Reconstructor {
     next: u64,
     /// (pid, op) already reported (TLS, HTTP/2).
     noted: HashSet<(u32, u32)>,
+    /// llmprof's own connections (none known: every request is the server's).
+    own: Option<std::sync::Arc<OwnConns>>,
     /// Requests started, finished, cancelled.
     pub stats: WireStats,
 }
@@ -179,6 +246,14 @@ impl Reconstructor {
     /// A reconstructor with no connection known.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A reconstructor that leaves out the requests of llmprof's own connections in `own`.
+    pub fn with_own(own: std::sync::Arc<OwnConns>) -> Self {
+        Self {
+            own: Some(own),
+            ..Self::default()
+        }
     }
 
     /// Applies one record; appends the events it produces to `out`.
@@ -306,7 +381,7 @@ impl Reconstructor {
             self.stats.not_http += 1;
             return;
         };
-        if head.from_llmprof {
+        if self.own.as_ref().is_some_and(|o| o.is_own(r.pid, r.fd, r.ts_ns)) {
             conn.req = None;
             self.stats.requests -= 1;
             self.stats.own += 1;

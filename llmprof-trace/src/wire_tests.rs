@@ -298,7 +298,8 @@ fn a_connection_closed_mid_stream_is_a_cancelled_request() {
 
 #[test]
 fn tls_is_reported_once_per_process_and_llmprofs_own_scrapes_are_left_out() {
-    let mut rc = Reconstructor::new();
+    let own = std::sync::Arc::new(OwnConns::default());
+    let mut rc = Reconstructor::with_own(own.clone());
     let mut out = Vec::new();
     for conn in [1, 2] {
         let r = WireRecord {
@@ -312,16 +313,28 @@ fn tls_is_reported_once_per_process_and_llmprofs_own_scrapes_are_left_out() {
     assert_eq!(out.len(), 1);
     assert!(matches!(&out[0].body, EventBody::Marker { text } if text.contains("TLS")));
     out.clear();
-    let r = WireRecord {
-        conn: 9,
+    // llmprof's scraper registered the server's end of its connection (fd 5 of pid 3) from t=100 to t=200.
+    own.open(3, 5, 100);
+    own.close(3, 5, 200);
+    let scrape = |conn: u64, fd: i32, ts_ns: u64| WireRecord {
+        pid: 3,
+        fd,
+        conn,
+        ts_ns,
         op: Some(HttpOp::RequestStart),
         flags: HTTP_FLAG_HEAD_DONE,
         head: b"GET /metrics HTTP/1.0\r\nHost: h\r\nUser-Agent: llmprof\r\n\r\n".to_vec(),
         ..WireRecord::default()
     };
-    rc.push(r, &mut out);
+    rc.push(scrape(9, 5, 150), &mut out);
     assert!(out.is_empty());
-    assert_eq!(rc.stats.requests, 0);
+    assert_eq!((rc.stats.requests, rc.stats.own), (0, 1));
+    // The same head from a client (another fd, or that fd reused after llmprof's connection ended) is a
+    // request like any other: the header hides nothing.
+    rc.push(scrape(10, 6, 150), &mut out);
+    rc.push(scrape(11, 5, 250), &mut out);
+    assert_eq!((rc.stats.requests, rc.stats.own), (2, 1));
+    assert!(!out.is_empty());
 }
 
 #[test]

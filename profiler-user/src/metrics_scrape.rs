@@ -2,6 +2,10 @@
 //!
 //! Owns: finding the target's listening TCP ports (LISTEN sockets of `/proc/net/tcp{,6}` whose inode is one of
 //! the target's socket fds), a minimal HTTP/1.0 GET over loopback, and parsing the four vLLM gauges we plot.
+//! Every GET to a traced server first finds the server's end of the connection (the socket whose peer port is
+//! this GET's own local port, and the fd of a traced process holding it) and registers it in [`own_conns`]
+//! before the request is sent, so the wire view leaves llmprof's own requests out by what no client can
+//! forge, not by a header.
 //! It runs on its own thread and only sends into a bounded channel (`try_send`, counting what it drops): it
 //! never blocks the session loop, and an absent endpoint is one warning, not an error.
 
@@ -16,6 +20,7 @@ use std::time::Duration;
 use crate::procfs;
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody, MetricsSample};
+use llmprof_trace::wire::OwnConns;
 
 /// Default scrape period (Prometheus scrapes far less often; 500 ms gives a useful counter track for a 30 s
 /// trace at negligible cost to the engine).
@@ -119,23 +124,119 @@ fn split_url(url: &str) -> Option<(SocketAddr, String)> {
     Some((addr, path))
 }
 
+/// llmprof's own connections to traced servers, one registry per llmprof process: every session's wire view
+/// reads it ([`llmprof_trace::wire::OwnConns`]).
+pub fn own_conns() -> Arc<OwnConns> {
+    static OWN: std::sync::OnceLock<Arc<OwnConns>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| Arc::new(OwnConns::default())).clone()
+}
+
+/// How long the server may take to accept llmprof's connection before the GET goes ahead unregistered.
+const ACCEPT_WAIT: Duration = Duration::from_millis(200);
+
+/// An address of a `/proc/net/tcp{,6}` row (`0100007F:1F90`, IPv6 as four little-endian words) as a
+/// socket address.
+fn table_addr(field: &str) -> Option<SocketAddr> {
+    let (ip, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let ip = match ip.len() {
+        8 => std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+            u32::from_str_radix(ip, 16).ok()?.swap_bytes(),
+        )),
+        32 => {
+            let mut b = [0u8; 16];
+            for (w, chunk) in b.chunks_mut(4).enumerate() {
+                let word = u32::from_str_radix(ip.get(w * 8..w * 8 + 8)?, 16)
+                    .ok()?
+                    .swap_bytes();
+                chunk.copy_from_slice(&word.to_be_bytes());
+            }
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(b))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// The socket inode of the server's end of the connection `client` → `server`, from the server's table
+/// (None until it accepted it).
+fn server_inode(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u64> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 10 {
+            return None;
+        }
+        let same = |a: Option<SocketAddr>, b: SocketAddr| {
+            a.is_some_and(|a| a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical())
+        };
+        let inode = f[9].parse::<u64>().ok().filter(|i| *i != 0)?;
+        (same(table_addr(f[1]), server) && same(table_addr(f[2]), client)).then_some(inode)
+    })
+}
+
+/// The server's end of `s` among `pids`: (pid, fd). Waits up to [`ACCEPT_WAIT`] for the server to accept.
+fn server_end(s: &TcpStream, pids: &[u32]) -> Option<(u32, i32)> {
+    let (client, server) = (s.local_addr().ok()?, s.peer_addr().ok()?);
+    let first = *pids.first()?;
+    let until = std::time::Instant::now() + ACCEPT_WAIT;
+    let inode = loop {
+        let found = ["tcp", "tcp6"].iter().find_map(|t| {
+            let text = std::fs::read_to_string(format!("/proc/{first}/net/{t}")).ok()?;
+            server_inode(&text, client, server)
+        });
+        match found {
+            Some(i) => break i,
+            None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
+            None => return None,
+        }
+    };
+    let want = format!("socket:[{inode}]");
+    pids.iter().find_map(|&pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()?
+            .flatten()
+            .find_map(|e| {
+                let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
+                (std::fs::read_link(e.path()).ok()?.as_os_str() == want.as_str()).then_some((pid, fd))
+            })
+    })
+}
+
 /// One HTTP GET; the body when the status is 200.
 pub fn get(url: &str) -> Option<String> {
+    get_from(url, &[])
+}
+
+/// One HTTP GET of a server run by `server_pids` (the listener first): the server's end of the connection is
+/// registered in [`own_conns`] for as long as the GET lasts. The body when the status is 200.
+pub fn get_from(url: &str, server_pids: &[u32]) -> Option<String> {
     let (addr, path) = split_url(url)?;
     let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).ok()?;
-    s.set_read_timeout(Some(TIMEOUT)).ok()?;
-    s.set_write_timeout(Some(TIMEOUT)).ok()?;
-    let req = format!(
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: {ua}\r\nAccept: text/plain\r\n\r\n",
-        ua = llmprof_trace::wire::LLMPROF_USER_AGENT
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut buf = Vec::new();
-    s.take(MAX_BODY).read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?;
-    (status == "200").then(|| body.to_owned())
+    let end = server_end(&s, server_pids);
+    let own = own_conns();
+    if let Some((pid, fd)) = end {
+        own.open(pid, fd, boottime_ns());
+    }
+    let body = (|| {
+        s.set_read_timeout(Some(TIMEOUT)).ok()?;
+        s.set_write_timeout(Some(TIMEOUT)).ok()?;
+        let req = format!(
+            "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: {ua}\r\nAccept: text/plain\r\n\r\n",
+            ua = llmprof_trace::wire::LLMPROF_USER_AGENT
+        );
+        s.write_all(req.as_bytes()).ok()?;
+        let mut buf = Vec::new();
+        (&mut s).take(MAX_BODY).read_to_end(&mut buf).ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?;
+        (status == "200").then(|| body.to_owned())
+    })();
+    drop(s);
+    if let Some((pid, fd)) = end {
+        own.close(pid, fd, boottime_ns());
+    }
+    body
 }
 
 /// Finds the target's /metrics URL: the first listening port that answers with a vLLM metric.
@@ -143,7 +244,7 @@ pub fn discover(pid: u32) -> Option<String> {
     listening_ports(pid)
         .into_iter()
         .map(|p| format!("http://127.0.0.1:{p}/metrics"))
-        .find(|u| get(u).map(|b| b.contains("vllm:")).unwrap_or(false))
+        .find(|u| get_from(u, &[pid]).map(|b| b.contains("vllm:")).unwrap_or(false))
 }
 
 /// Finds a /metrics URL among the listening ports of `pids` (a process tree) not in `tried` yet, which it
@@ -169,7 +270,7 @@ pub fn discover_in(pids: &[u32], tried: &mut std::collections::HashSet<(u32, u16
                 continue;
             }
             let url = format!("http://127.0.0.1:{port}/metrics");
-            if get(&url).map(|b| b.contains("vllm:")).unwrap_or(false) {
+            if get_from(&url, pids).map(|b| b.contains("vllm:")).unwrap_or(false) {
                 return Some((pid, url));
             }
         }
@@ -195,8 +296,16 @@ impl Scraper {
         let handle = std::thread::Builder::new()
             .name("llmprof-metrics".into())
             .spawn(move || {
+                // The listener and its descendants (workers sharing the socket may accept), looked up again
+                // now and then as the tree changes.
+                let mut servers: Vec<u32> = Vec::new();
+                let mut scrapes = 0u32;
                 while !stop2.load(Ordering::Relaxed) {
-                    if let Some(body) = get(&url2) {
+                    if scrapes.is_multiple_of(20) {
+                        servers = crate::proctree::descendants(&[pid]);
+                    }
+                    scrapes = scrapes.wrapping_add(1);
+                    if let Some(body) = get_from(&url2, &servers) {
                         let ev = Event {
                             ts_ns: boottime_ns(),
                             pid,
@@ -289,5 +398,41 @@ vllm:num_requests_running_other 99\n";
         server.join().unwrap();
         // Nothing listening: no body, no panic.
         assert!(get("http://127.0.0.1:1/metrics").is_none());
+    }
+
+    #[test]
+    fn a_get_registers_the_servers_end_of_its_connection_while_it_lasts() {
+        use std::os::fd::AsRawFd;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let me = std::process::id();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let fd = s.as_raw_fd();
+            let mut b = [0u8; 1024];
+            let _ = s.read(&mut b).unwrap();
+            let read_at = boottime_ns();
+            s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .unwrap();
+            (fd, read_at)
+        });
+        let body = get_from(&format!("http://127.0.0.1:{port}/metrics"), &[me]).unwrap();
+        assert_eq!(body, "ok");
+        let (fd, read_at) = server.join().unwrap();
+        let after = boottime_ns();
+        let own = own_conns();
+        assert!(own.is_own(me, fd, read_at), "the server's read was llmprof's");
+        assert!(!own.is_own(me, fd, after + 1_000_000), "not after the GET ended");
+        assert!(!own.is_own(me, fd + 1000, read_at));
+    }
+
+    #[test]
+    fn table_addresses_parse_in_both_families() {
+        assert_eq!(table_addr("0100007F:1F90"), "127.0.0.1:8080".parse().ok());
+        assert_eq!(
+            table_addr("00000000000000000000000001000000:0050"),
+            "[::1]:80".parse().ok()
+        );
+        assert_eq!(table_addr("zz:1"), None);
     }
 }

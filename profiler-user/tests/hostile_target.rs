@@ -228,3 +228,80 @@ fn a_fifo_as_the_perf_map_does_not_hang_the_symbolizer() {
     std::fs::remove_dir_all(&dir).unwrap();
     let _ = std::io::stdout().flush();
 }
+
+/// A client cannot hide its requests from the wire view by sending llmprof's `User-Agent`; llmprof's own
+/// /metrics scrapes (every 500 ms during the session) are left out by the connection they came on.
+#[test]
+fn a_client_with_llmprofs_user_agent_is_seen_and_llmprofs_scrapes_are_not() {
+    if !preconditions() {
+        return;
+    }
+    let dir = tmp("ua");
+    // A small HTTP/1.0 server with a vLLM-looking /metrics (so llmprof scrapes it).
+    let script = "import http.server, sys\n\
+        class H(http.server.BaseHTTPRequestHandler):\n\
+        \x20   def do_GET(self):\n\
+        \x20       body = b'vllm:num_requests_running 1\\n' if self.path == '/metrics' else b'hi'\n\
+        \x20       self.send_response(200)\n\
+        \x20       self.send_header('Content-Length', str(len(body)))\n\
+        \x20       self.end_headers()\n\
+        \x20       self.wfile.write(body)\n\
+        \x20   def log_message(self, *a):\n\
+        \x20       pass\n\
+        s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
+        print('ready', s.server_address[1], flush=True)\n\
+        s.serve_forever()\n";
+    let mut child = Command::new(e2e::python3())
+        .arg("-c")
+        .arg(script)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+    let t = Testee(child);
+    let trace = dir.join("ua.perfetto-trace");
+    let a = e2e::attach::Attached::start(t.0.id(), &["--no-sample"], &trace);
+    for i in 0..3 {
+        let xid = format!("ua-{i}");
+        let r = e2e::http::request(
+            port,
+            "GET",
+            "/x",
+            &[("User-Agent", "llmprof"), ("x-request-id", xid.as_str())],
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.status, 200);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // A few more scrapes.
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = a.stop();
+    assert!(
+        out.contains("metrics: http://127.0.0.1"),
+        "llmprof scraped the server: {out}"
+    );
+    let report = Command::new(LLMPROF)
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(report.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let rows = v["requests"]["per_request"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let ids: Vec<&str> = rows.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(
+        ids,
+        ["ua-0", "ua-1", "ua-2"],
+        "exactly the client's requests: {rows:#?}"
+    );
+    drop(t);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

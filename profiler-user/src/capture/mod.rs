@@ -683,7 +683,7 @@ impl Capture {
             syscall_links,
             range_links,
             python,
-            wire: llmprof_trace::wire::Reconstructor::new(),
+            wire: llmprof_trace::wire::Reconstructor::with_own(crate::metrics_scrape::own_conns()),
             http_ports: cfg.http.clone(),
             http_followed: StdHashMap::new(),
             http_seeded: u64::MAX,
