@@ -330,14 +330,16 @@ struct TargetLibc {
     dlopen: (u64, u64),
 }
 
+/// Whether a mapped file is a C library with a dynamic loader's entry points (glibc, musl).
+fn libc_like(m: &&Mapped) -> bool {
+    let b = basename(&m.path);
+    b.starts_with("libc.so")
+        || b.starts_with("libc-2.")
+        || b.starts_with("ld-musl")
+        || b.starts_with("libc.musl")
+}
+
 fn find_libc(pid: u32, mapped: &[Mapped]) -> Result<TargetLibc, InjectError> {
-    let libc_like = |m: &&Mapped| {
-        let b = basename(&m.path);
-        b.starts_with("libc.so")
-            || b.starts_with("libc-2.")
-            || b.starts_with("ld-musl")
-            || b.starts_with("libc.musl")
-    };
     for m in mapped.iter().filter(libc_like) {
         let Ok(f) = lookup(pid, m, &["dlopen", "__libc_dlopen_mode", "mmap", "munmap"], true) else {
             continue;
@@ -423,13 +425,17 @@ pub fn inject(pid: u32) -> Result<Injected, InjectError> {
     if let Some(m) = mapped.iter().find(|m| basename(&m.path) == GPU_HELPER_LIB) {
         return resolve(pid, m, true);
     }
-    let libc = find_libc(pid, &mapped)?;
+    // Cheap checks first: most processes of a tree are not CUDA processes.
+    if !mapped.iter().any(|m| libc_like(&m)) {
+        return Err(InjectError::Static { pid });
+    }
     if !mapped
         .iter()
         .any(|m| basename(&m.path).starts_with(super::libcuda::LIBCUDA_PREFIX))
     {
         return Err(InjectError::NoLibcuda { pid });
     }
+    let libc = find_libc(pid, &mapped)?;
     let helper = find_helper()?;
     if let Some(tracer) = ptrace::tracer_of(pid) {
         return Err(InjectError::AlreadyTraced { pid, tracer });
