@@ -173,15 +173,15 @@ pub enum InjectError {
     },
 }
 
-/// Whether `path` and every directory above it belong to root and nobody else may write them: what llmprof
-/// checks before it has a target load a file by that path.
-pub fn trusted_path(path: &Path) -> Result<(), String> {
+/// Whether `path` and every directory above it belong to root (or to one of `also`) and nobody else may write
+/// them: what llmprof checks before it has a target load a file by that path.
+pub fn trusted_path(path: &Path, also: &[u32]) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut p = Some(real.as_path());
     while let Some(cur) = p {
         let m = std::fs::symlink_metadata(cur).map_err(|e| format!("{}: {e}", cur.display()))?;
-        if m.uid() != 0 {
+        if m.uid() != 0 && !also.contains(&m.uid()) {
             return Err(format!("{} belongs to uid {}", cur.display(), m.uid()));
         }
         if m.mode() & 0o022 != 0 {
@@ -199,15 +199,18 @@ pub fn trusted_path(path: &Path) -> Result<(), String> {
 /// Where the helper library is: `$LLMPROF_CUPTI_LIB`, else next to the running `llmprof`, else in
 /// `../lib/llmprof/` from it (a packaged install). Tests find the `cargo build` output this way: cargo puts
 /// `libllmprof_cupti.so` in `target/<profile>/`, next to the `llmprof` binary. The file found must pass
-/// [`trusted_path`] (the environment of `sudo -E` is the invoking user's).
+/// [`trusted_path`]: root's, for `$LLMPROF_CUPTI_LIB` (the environment of `sudo -E` is the invoking user's);
+/// root's or the owner's of the running `llmprof` next to it (who can change llmprof itself gains nothing).
 pub fn find_helper() -> Result<PathBuf, InjectError> {
+    use std::os::unix::fs::MetadataExt;
     let mut looked = Vec::new();
+    let mut owners = Vec::new();
     if let Some(p) = std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()) {
         looked.push(PathBuf::from(p));
-    } else if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
+    } else if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
     {
+        owners.extend(std::fs::metadata(&exe).map(|m| m.uid()));
         looked.push(dir.join(GPU_HELPER_LIB));
         looked.push(dir.join("../lib/llmprof").join(GPU_HELPER_LIB));
     }
@@ -223,7 +226,7 @@ pub fn find_helper() -> Result<PathBuf, InjectError> {
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    trusted_path(&found).map_err(|why| InjectError::HelperUntrusted {
+    trusted_path(&found, &owners).map_err(|why| InjectError::HelperUntrusted {
         path: found.display().to_string(),
         why,
     })?;
@@ -1230,15 +1233,25 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).unwrap();
-        let e = trusted_path(&lib).unwrap_err();
+        let e = trusted_path(&lib, &[]).unwrap_err();
         assert!(e.contains("writable by its group or others"), "{e}");
         std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
         // The system's temporary directory is writable by everyone: nothing under it is trusted.
         let tmp_world_writable = std::env::temp_dir() == Path::new("/tmp");
         if is_root() && tmp_world_writable {
-            assert!(trusted_path(&lib).is_err());
+            assert!(trusted_path(&lib, &[]).is_err());
         }
-        assert!(trusted_path(Path::new("/usr/bin/env")).is_ok() || !is_root());
+        assert!(trusted_path(Path::new("/usr/bin/env"), &[]).is_ok() || !is_root());
+        // Another owner is trusted only when named (the owner of the running llmprof, for files next to it).
+        if is_root() {
+            let dir = base.join("user");
+            std::fs::create_dir_all(&dir).unwrap();
+            let lib = dir.join("lib.so");
+            std::fs::write(&lib, b"x").unwrap();
+            std::os::unix::fs::chown(&lib, Some(65534), None).unwrap();
+            let e = trusted_path(&lib, &[]).unwrap_err();
+            assert!(e.contains("uid 65534"), "{e}");
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 
