@@ -595,6 +595,26 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Root (ptrace) and gcc (the fixtures), or a loud skip.
+fn root_and_gcc() -> bool {
+    e2e::require(e2e::is_root(), "not root: cannot ptrace")
+        && e2e::require(
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "gcc not installed (apt-get install gcc)",
+        )
+}
+
+/// A fresh temporary directory for one test.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// `regs_testee.c` built, started, and its `ready` line: (child, its stdin, its stdout, whether it checks the
 /// AVX-512 registers too).
 fn regs_testee(dir: &Path) -> (Child, ChildStdin, BufReader<ChildStdout>, bool) {
@@ -649,20 +669,10 @@ fn libc_fn(pid: u32, name: &'static str) -> u64 {
 /// the call returns, crashes, or outlives its deadline and finishes on its own later.
 #[test]
 fn a_borrowed_thread_gets_every_register_back() {
-    if !e2e::require(e2e::is_root(), "not root: cannot ptrace")
-        || !e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "gcc not installed (apt-get install gcc)",
-        )
-    {
+    if !root_and_gcc() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-inject-regs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("regs");
     let (mut child, mut stdin, mut stdout, avx512) = regs_testee(&dir);
     let pid = child.id();
     let getpid = libc_fn(pid, "getpid");
@@ -724,20 +734,10 @@ fn a_borrowed_thread_gets_every_register_back() {
 /// thread returns to its read with its registers, and a later `dlopen` in the process works.
 #[test]
 fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usable() {
-    if !e2e::require(e2e::is_root(), "not root: cannot ptrace")
-        || !e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "gcc not installed (apt-get install gcc)",
-        )
-    {
+    if !root_and_gcc() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-inject-ctor-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("ctor");
     let slow = dir.join("libslow.so");
     let quick = dir.join("libquick.so");
     for (lib, body) in [
@@ -823,20 +823,10 @@ fn injector_killed_by_the_test() {
 /// registers.
 #[test]
 fn an_injector_killed_during_the_call_leaves_the_target_running() {
-    if !e2e::require(e2e::is_root(), "not root: cannot ptrace")
-        || !e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "gcc not installed (apt-get install gcc)",
-        )
-    {
+    if !root_and_gcc() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-inject-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("kill");
     let (mut child, mut stdin, mut stdout, _) = regs_testee(&dir);
     let pid = child.id();
     blocked_in_read(pid);

@@ -110,6 +110,24 @@ fn preconditions() -> bool {
 
 struct Testee(Child);
 
+impl Testee {
+    /// Starts `cmd` (stdin and stdout piped) and reads its first line, which must start with `ready`: the
+    /// target and the rest of that line.
+    fn spawn(cmd: &mut Command) -> (Testee, String) {
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let t = Testee(child);
+        let rest = line
+            .trim()
+            .strip_prefix("ready")
+            .unwrap_or_else(|| panic!("the target said {line:?}"));
+        (t, rest.trim().to_owned())
+    }
+}
+
 impl Drop for Testee {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -132,17 +150,7 @@ fn a_deleted_libcuda_replaced_by_a_fifo_is_read_from_the_mapping() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut child = Command::new(TESTEE)
-        .args(["--libcuda", lib.to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.starts_with("ready "), "{line}");
-    let t = Testee(child);
+    let (t, _) = Testee::spawn(Command::new(TESTEE).args(["--libcuda", lib.to_str().unwrap()]));
     std::fs::remove_file(&lib).unwrap();
     mkfifo(&lib);
     let (text, _) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
@@ -163,22 +171,11 @@ fn a_sparse_giant_named_libcuda_costs_llmprof_no_memory() {
     let dir = tmp("sparse");
     let giant = dir.join("libcuda.so.1");
     std::fs::File::create(&giant).unwrap().set_len(2 << 30).unwrap();
-    let mut child = Command::new(e2e::python3())
-        .arg("-c")
-        .arg(format!(
-            "import mmap, time\nf = open({:?}, 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n\
-             print('ready', flush=True)\ntime.sleep(300)\n",
-            giant.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    let t = Testee(child);
+    let (t, _) = Testee::spawn(Command::new(e2e::python3()).arg("-c").arg(format!(
+        "import mmap, time\nf = open({:?}, 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n\
+         print('ready', flush=True)\ntime.sleep(300)\n",
+        giant.display()
+    )));
     let (text, maxrss_kib) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
     assert!(
         maxrss_kib < 512 << 10,
@@ -203,21 +200,10 @@ fn a_fifo_as_the_perf_map_does_not_hang_the_symbolizer() {
     let dir = tmp("perfmap");
     // Python's perf trampolines run from anonymous memory: the symbolizer looks their addresses up in the
     // perf map.
-    let mut child = Command::new(&python)
-        .args(["-X", "perf", "-c"])
-        .arg(
-            "import sys\nprint('ready', flush=True)\ndef f(n):\n    return n + 1\nx = 0\n\
-             while True:\n    x = f(x)\n",
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    let t = Testee(child);
+    let (t, _) = Testee::spawn(Command::new(&python).args(["-X", "perf", "-c"]).arg(
+        "import sys\nprint('ready', flush=True)\ndef f(n):\n    return n + 1\nx = 0\n\
+         while True:\n    x = f(x)\n",
+    ));
     let map = PathBuf::from(format!("/tmp/perf-{}.map", t.0.id()));
     let _ = std::fs::remove_file(&map);
     mkfifo(&map);
@@ -251,18 +237,8 @@ fn a_client_with_llmprofs_user_agent_is_seen_and_llmprofs_scrapes_are_not() {
         s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
         print('ready', s.server_address[1], flush=True)\n\
         s.serve_forever()\n";
-    let mut child = Command::new(e2e::python3())
-        .arg("-c")
-        .arg(script)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
-    let t = Testee(child);
+    let (t, port) = Testee::spawn(Command::new(e2e::python3()).arg("-c").arg(script));
+    let port: u16 = port.parse().unwrap();
     let trace = dir.join("ua.perfetto-trace");
     let a = e2e::attach::Attached::start(t.0.id(), &["--no-sample"], &trace);
     for i in 0..3 {

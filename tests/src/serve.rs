@@ -37,6 +37,14 @@ pub fn have(prog: &str) -> bool {
     })
 }
 
+/// Whether the HTTPS tests can run: openssl (the certificate) and curl (the client); else a loud skip.
+pub fn tls_tools() -> bool {
+    crate::require(
+        have("openssl") && have("curl"),
+        "openssl and curl are needed (`cargo xtask setup-tools` installs them)",
+    )
+}
+
 /// A free loopback TCP port (bound and released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

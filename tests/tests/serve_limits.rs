@@ -12,7 +12,6 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::FromRawFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::serve::{Serve, TOKEN};
@@ -111,16 +110,7 @@ fn half_open_connections_and_unfinished_heads_cannot_starve_healthz() {
 
 #[test]
 fn tls_connections_that_never_handshake_cannot_starve_https() {
-    if !preconditions()
-        || !require(
-            Command::new("openssl")
-                .arg("version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-                && e2e::serve::have("curl"),
-            "openssl and curl are needed (`cargo xtask setup-tools` installs them)",
-        )
-    {
+    if !preconditions() || !e2e::serve::tls_tools() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("llmprof-serve-limits-tls-{}", std::process::id()));

@@ -32,16 +32,7 @@ fn curl(port: u16, path: &str, ca: Option<&str>, token: Option<&str>) -> (u16, S
 
 #[test]
 fn serve_speaks_https_with_the_operators_certificate() {
-    if !require(is_root(), "not root: llmprof serve needs root")
-        || !require(
-            Command::new("openssl")
-                .arg("version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-                && e2e::serve::have("curl"),
-            "openssl and curl are needed (`cargo xtask setup-tools` installs them)",
-        )
-    {
+    if !require(is_root(), "not root: llmprof serve needs root") || !e2e::serve::tls_tools() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("llmprof-serve-tls-{}", std::process::id()));

@@ -768,11 +768,7 @@ impl Tracer {
             self.resume(libc::PTRACE_SYSCALL, sig)?;
             sig = 0;
             let Some(stop) = self.wait(Some(until))? else {
-                return Err(PtraceError::Timeout {
-                    what: "mapping the return stub did not finish",
-                    after: STUB_DEADLINE,
-                    left: "the thread returns to its own code when it does",
-                });
+                return Err(stub_timeout());
             };
             match stop {
                 Stop::Signal(s) => sig = s,
@@ -803,11 +799,7 @@ impl Tracer {
         }
         // mmap returns through __restore_rt: the thread is back in its own state.
         if !self.until_sigreturn(layout, until, |_| {})? {
-            return Err(PtraceError::Timeout {
-                what: "mapping the return stub did not finish",
-                after: STUB_DEADLINE,
-                left: "the thread returns to its own code when it does",
-            });
+            return Err(stub_timeout());
         }
         if let Some(e) = mask_err {
             return Err(e);
@@ -956,6 +948,15 @@ impl Tracer {
                     .map_or_else(|| "it did not finish in time".to_owned(), |e| e.to_string())
             );
         }
+    }
+}
+
+/// Mapping the stub took longer than [`STUB_DEADLINE`].
+fn stub_timeout() -> PtraceError {
+    PtraceError::Timeout {
+        what: "mapping the return stub did not finish",
+        after: STUB_DEADLINE,
+        left: "the thread returns to its own code when it does",
     }
 }
 

@@ -378,13 +378,15 @@ mod tests {
         assert!(implicit.check_with(11, 99, &mut Fake).is_err());
     }
 
-    /// `setpriv` as uid/gid 65534 (nobody) running `unshare ARGS sh -c SCRIPT`: a user's own namespaces.
+    /// `setpriv` as uid/gid 65534 (nobody) running `unshare ARGS sh -c SCRIPT`: a user's own namespaces. None
+    /// when not root or the script did not print `ready` (no unprivileged user namespaces here).
     fn as_nobody_in_own_namespaces(unshare: &str, script: &str) -> Option<std::process::Child> {
+        use std::io::BufRead;
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return None;
         }
-        std::process::Command::new("setpriv")
+        let mut child = std::process::Command::new("setpriv")
             .args([
                 "--reuid=65534",
                 "--regid=65534",
@@ -397,14 +399,19 @@ mod tests {
             ])
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .ok()
-    }
-
-    fn ready(child: &mut std::process::Child) -> bool {
-        use std::io::BufRead;
+            .ok()?;
         let mut line = String::new();
-        let out = child.stdout.as_mut().map(std::io::BufReader::new);
-        out.is_some_and(|mut o| o.read_line(&mut line).is_ok() && line.trim() == "ready")
+        let ready = child
+            .stdout
+            .as_mut()
+            .map(std::io::BufReader::new)
+            .is_some_and(|mut o| o.read_line(&mut line).is_ok() && line.trim() == "ready");
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        Some(child)
     }
 
     #[test]
@@ -418,11 +425,6 @@ mod tests {
         ) else {
             return;
         };
-        if !ready(&mut child) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return;
-        }
         let pid = child.id();
         // Until the exec happened.
         for _ in 0..200 {
@@ -457,11 +459,6 @@ mod tests {
         ) else {
             return;
         };
-        if !ready(&mut child) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return;
-        }
         let pid = child.id();
         let l = list(&[&format!("port:{port}")]);
         for scope in [

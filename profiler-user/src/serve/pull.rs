@@ -730,47 +730,12 @@ mod tests {
 
     #[test]
     fn https_urls_are_polled_over_tls() {
-        let have_openssl = std::process::Command::new("openssl")
-            .arg("version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !have_openssl {
-            return;
-        }
         let dir = std::env::temp_dir().join(format!("llmprof-pull-tls-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
-        let o = std::process::Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-            ])
-            .args([
-                "-days",
-                "2",
-                "-subj",
-                "/CN=am",
-                "-addext",
-                "subjectAltName=DNS:localhost",
-            ])
-            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        }
+        let Some((cert, key)) = super::super::tls::self_signed(&dir) else {
+            return;
+        };
         let server = super::super::tls::server_config(&cert, &key).unwrap();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();

@@ -71,6 +71,42 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     Ok(Arc::new(cfg))
 }
 
+/// A self-signed certificate for `localhost` and its key (0600) made by openssl in `dir` (tests); None without
+/// openssl.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
+pub(super) fn self_signed(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let o = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args([
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .ok()?;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    Some((cert, key))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
@@ -88,29 +124,7 @@ mod tests {
         let e = server_config(&missing, &empty).unwrap_err().to_string();
         assert!(e.contains("--tls-cert") && e.contains("missing.pem"), "{e}");
         // A private key others may read is refused (what --check-config reports), with the fix.
-        let have_openssl = std::process::Command::new("openssl")
-            .arg("version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if have_openssl {
-            let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
-            let o = std::process::Command::new("openssl")
-                .args([
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                ])
-                .args(["-days", "2", "-subj", "/CN=x", "-keyout"])
-                .arg(&key)
-                .arg("-out")
-                .arg(&cert)
-                .output()
-                .unwrap();
-            assert!(o.status.success());
+        if let Some((cert, key)) = self_signed(&dir) {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
             let e = server_config(&cert, &key).unwrap_err().to_string();
