@@ -696,41 +696,38 @@ impl Tracer {
         r
     }
 
-    /// Runs the thread with `PTRACE_SYSCALL` until the `rt_sigreturn` of the frame at `layout` has put it back
-    /// (its exit stop), delivering the program's signals; `on_entry` sees every other syscall entry of the
-    /// thread (its number and arguments). False when `until` passed first.
-    fn until_sigreturn(
-        &self,
-        layout: &Layout,
-        until: Instant,
-        mut on_entry: impl FnMut(&libc::ptrace_syscall_info),
-    ) -> Result<bool, PtraceError> {
+    /// Resumes the thread with `PTRACE_SYSCALL` until its next syscall stop, delivering the program's signals on
+    /// the way; that stop's information. None when `until` passed first.
+    fn next_syscall(&self, until: Instant) -> Result<Option<libc::ptrace_syscall_info>, PtraceError> {
         let mut sig = 0;
-        let mut ours = false;
         loop {
             self.resume(libc::PTRACE_SYSCALL, sig)?;
             sig = 0;
             let Some(stop) = self.wait(Some(until))? else {
-                return Ok(false);
+                return Ok(None);
             };
             match stop {
                 Stop::Signal(s) => sig = s,
                 Stop::Event(_) => {}
-                Stop::Syscall => {
-                    let info = self.syscall_info()?;
-                    if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
-                        // SAFETY: `op` says the `entry` member is the one the kernel filled.
-                        let entry = unsafe { info.u.entry };
-                        ours = entry.nr == SYS_RT_SIGRETURN && info.stack_pointer == layout.frame + 8;
-                        if !ours {
-                            on_entry(&info);
-                        }
-                    } else if info.op == libc::PTRACE_SYSCALL_INFO_EXIT && ours {
-                        return Ok(true);
-                    }
-                }
+                Stop::Syscall => return self.syscall_info().map(Some),
             }
         }
+    }
+
+    /// Runs the thread until the `rt_sigreturn` of the frame at `layout` has put it back (its exit stop). False
+    /// when `until` passed first.
+    fn until_sigreturn(&self, layout: &Layout, until: Instant) -> Result<bool, PtraceError> {
+        let mut ours = false;
+        while let Some(info) = self.next_syscall(until)? {
+            if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
+                // SAFETY: `op` says the `entry` member is the one the kernel filled.
+                let nr = unsafe { info.u.entry.nr };
+                ours = nr == SYS_RT_SIGRETURN && info.stack_pointer == layout.frame + 8;
+            } else if info.op == libc::PTRACE_SYSCALL_INFO_EXIT && ours {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Steps 1-2: the frame of the thread's own state, `mmap` of the stub page returning through it, the stub
@@ -762,43 +759,33 @@ impl Tracer {
         let mut mapped: Option<i64> = None;
         let mut waiting_exit = false;
         let mut mask_err = None;
-        let mut sig = 0;
         // Up to mmap's exit: its result.
         while mapped.is_none() {
-            self.resume(libc::PTRACE_SYSCALL, sig)?;
-            sig = 0;
-            let Some(stop) = self.wait(Some(until))? else {
+            let Some(info) = self.next_syscall(until)? else {
                 return Err(stub_timeout());
             };
-            match stop {
-                Stop::Signal(s) => sig = s,
-                Stop::Event(_) => {}
-                Stop::Syscall => {
-                    let info = self.syscall_info()?;
-                    if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
-                        // SAFETY: `op` says the `entry` member is the one the kernel filled.
-                        let e = unsafe { info.u.entry };
-                        waiting_exit = e.nr == SYS_MMAP && e.args[1] == STUB_LEN && e.args[2] == prot;
-                        if waiting_exit {
-                            // The thread has left the stop: its real mask now.
-                            match self.blocked() {
-                                Ok(m) => self.write(
-                                    layout.frame + frame::SIGMASK,
-                                    &m.to_le_bytes(),
-                                    "write the signal mask",
-                                )?,
-                                Err(e) => mask_err = Some(e),
-                            }
-                        }
-                    } else if info.op == libc::PTRACE_SYSCALL_INFO_EXIT && waiting_exit {
-                        // SAFETY: `op` says the `exit` member is the one the kernel filled.
-                        mapped = Some(unsafe { info.u.exit.sval });
+            if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
+                // SAFETY: `op` says the `entry` member is the one the kernel filled.
+                let e = unsafe { info.u.entry };
+                waiting_exit = e.nr == SYS_MMAP && e.args[1] == STUB_LEN && e.args[2] == prot;
+                if waiting_exit {
+                    // The thread has left the stop: its real mask now.
+                    match self.blocked() {
+                        Ok(m) => self.write(
+                            layout.frame + frame::SIGMASK,
+                            &m.to_le_bytes(),
+                            "write the signal mask",
+                        )?,
+                        Err(e) => mask_err = Some(e),
                     }
                 }
+            } else if info.op == libc::PTRACE_SYSCALL_INFO_EXIT && waiting_exit {
+                // SAFETY: `op` says the `exit` member is the one the kernel filled.
+                mapped = Some(unsafe { info.u.exit.sval });
             }
         }
         // mmap returns through __restore_rt: the thread is back in its own state.
-        if !self.until_sigreturn(layout, until, |_| {})? {
+        if !self.until_sigreturn(layout, until)? {
             return Err(stub_timeout());
         }
         if let Some(e) = mask_err {
@@ -938,7 +925,7 @@ impl Tracer {
             )?;
             let regs = self.call_regs(&now, layout, fns.munmap, &[stub, STUB_LEN]);
             self.set_regs(&regs)?;
-            self.until_sigreturn(layout, Instant::now() + STUB_DEADLINE, |_| {})
+            self.until_sigreturn(layout, Instant::now() + STUB_DEADLINE)
         })();
         if !matches!(r, Ok(true)) {
             log::warn!(
