@@ -127,7 +127,13 @@ pub fn dwarf_dispatcher(info: ProcessMemberInfo<'_>) -> blazesym::Result<Option<
     let Some((src, module)) = member_source(&info) else {
         return Ok(None);
     };
-    let links = target_file::with_elf(&src, Limits::ELF, |elf| {
+    let file = match target_file::open(&src, Limits::ELF) {
+        Ok(f) => f,
+        Err(e) => return refused(&src, &e),
+    };
+    // Everything below reads this descriptor: the file checked is the file read.
+    let own = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let links = target_file::with_elf(&Source::Path(own.clone().into()), Limits::ELF, |elf| {
         elf.sections()
             .any(|s| s.name().is_ok_and(|n| LINK_SECTIONS.contains(&n)))
     });
@@ -136,11 +142,7 @@ pub fn dwarf_dispatcher(info: ProcessMemberInfo<'_>) -> blazesym::Result<Option<
         Ok(true) => return refused(&src, &"it names other files (debug link or supplementary file)"),
         Err(e) => return refused(&src, &e),
     }
-    let file = match target_file::open(&src, Limits::ELF) {
-        Ok(f) => f,
-        Err(e) => return refused(&src, &e),
-    };
-    let inner = ElfResolver::open(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    let inner = ElfResolver::open(own)?;
     Ok(Some(Box::new(Checked {
         _file: file,
         inner,
