@@ -1224,6 +1224,81 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_that_does_not_stop_in_time_is_let_go_when_it_does() {
+        // A parent waiting for its vfork child is in an uninterruptible wait: a ptrace stop waits for the child.
+        let have_gcc = std::process::Command::new("gcc")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !is_root() || !have_gcc {
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("llmprof-inject-vfork-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let src = base.join("vfork.c");
+        std::fs::write(
+            &src,
+            "#define _GNU_SOURCE\n#include <sched.h>\n#include <sys/syscall.h>\n#include <time.h>\n\
+             #include <unistd.h>\nint main(void) { sleep(1); if (vfork() == 0) { struct timespec t = {3, 0}; \
+             syscall(SYS_nanosleep, &t, 0); _exit(0); } return 7; }\n",
+        )
+        .unwrap();
+        let bin = base.join("vfork");
+        let o = std::process::Command::new("gcc")
+            .args(["-O1", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut child = std::process::Command::new(&bin).spawn().unwrap();
+        let pid = child.id();
+        let state = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(')').next()?.split_whitespace().next().map(str::to_owned))
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while state().as_deref() != Some("D") {
+            assert!(
+                std::time::Instant::now() < until,
+                "never waited for its vfork child"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let libc = find_libc(pid, &maps(pid).unwrap()).unwrap();
+        let getpid = lookup(
+            pid,
+            maps(pid).unwrap().iter().find(libc_like).unwrap(),
+            &["getpid"],
+            false,
+        )
+        .unwrap()
+        .symbols[0]
+            .unwrap();
+        let deadlines = Deadlines {
+            stop: Duration::from_millis(300),
+            call: Duration::from_secs(5),
+        };
+        let e = ptrace::call(pid, pid as i32, libc.fns, getpid, &[], &[], deadlines).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PtraceError::Timeout {
+                    what: "the thread did not stop",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // When its child exits, the parent stops for the tracer, is let go untouched, and exits as it would.
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(7));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
     fn a_helper_others_could_swap_is_not_trusted() {
         let base = std::env::temp_dir().join(format!("llmprof-inject-trust-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
