@@ -89,7 +89,12 @@ fn cuda(model: &Arc<Model>, num_blocks: usize, bs: usize, kv_dtype: KvDtype, gra
     CudaBackend::with_options(model.clone(), num_blocks, bs, options).unwrap()
 }
 
-fn item<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32], logits: Logits) -> BatchItem<'a> {
+fn item<'a>(
+    tokens: &'a [u32],
+    start_pos: usize,
+    block_table: &'a [u32],
+    logits: Logits<'a>,
+) -> BatchItem<'a> {
     BatchItem {
         tokens,
         start_pos,
@@ -107,7 +112,7 @@ fn check_argmax(what: &str, out: &inference::backend::StepOutput) {
         .map(|l| inference::sampling::argmax(l))
         .collect();
     assert_eq!(
-        out.argmax, host,
+        out.tokens, host,
         "{what}: the device argmax differs from the host's"
     );
 }
@@ -206,9 +211,9 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
         .collect();
     let out = b.forward(&prefill).unwrap();
     check_argmax("prefill", &out);
-    let mut next = out.argmax.clone();
+    let mut next = out.tokens.clone();
     let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let (mut all, mut best, mut graphs) = (vec![out.logits], vec![out.argmax], vec![out.graph_batch]);
+    let (mut all, mut best, mut graphs) = (vec![out.logits], vec![out.tokens], vec![out.graph_batch]);
     for step in 0..2 * steps {
         let live = if step < steps { prompts.len() } else { tail };
         let want = if step % 2 == 1 {
@@ -223,11 +228,11 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
         assert!(pos[0] < 32 * bs, "tables too short");
         let out = b.forward(&batch).unwrap();
         assert_eq!(
-            out.argmax.len(),
+            out.tokens.len(),
             live,
             "decode step {step}: one argmax per sequence"
         );
-        if want == Logits::Argmax {
+        if matches!(want, Logits::Argmax) {
             assert!(
                 out.logits.is_empty(),
                 "decode step {step}: argmax-only items got logits"
@@ -235,10 +240,10 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
         } else {
             check_argmax(&format!("decode step {step}"), &out);
         }
-        next[..live].copy_from_slice(&out.argmax);
+        next[..live].copy_from_slice(&out.tokens);
         pos[..live].iter_mut().for_each(|p| *p += 1);
         all.push(out.logits);
-        best.push(out.argmax);
+        best.push(out.tokens);
         graphs.push(out.graph_batch);
     }
     DecodeRun {
@@ -421,7 +426,7 @@ fn generate(backend: &mut dyn Backend, prompt: &[u32], chunk: usize, max_new: us
                 logits: Logits::Argmax,
             }])
             .unwrap();
-        next = out.argmax[0];
+        next = out.tokens[0];
     }
     out_ids
 }

@@ -2,7 +2,8 @@
 // straightforward double-precision references: matmul of every weight type and epilogue (alone, and fused as
 // RMSNorm + Q/K/V + RoPE + cache write and as RMSNorm + gate/up launches), the logit rows' argmax, embedding, RMSNorm with and
 // without gathered rows, RoPE + paged KV write and paged causal GQA attention over an f32 and an f16 cache (short and
-// multi-chunk contexts), the f16 conversions, and a CUDA-graph decode step's padding rows (never touching real rows).
+// multi-chunk contexts), the f16 conversions, a CUDA-graph decode step's padding rows (never touching real rows), and
+// sampling on the device (sample_test.h: the draws against sampling.rs's rule in double precision, chi-square).
 // Prints "ALL OK" and exits 0 when every check passes. Build: g++ -std=c++20 -O1 -pthread -fno-strict-aliasing -I DIR_OF_kernels.cu.
 #include "emu.h"  // (found through -I tools/gpu/kernel_emu)
 #include "kernels.cu"
@@ -286,9 +287,9 @@ void test_qkv_rope() {
     }
     printf("fused qkv_rope %s done\n", Kv<KV>::name());
 }
-// argmax_rows against the host's rule (sampling::argmax: NaN ignored, ties to the lowest index, 0 when every value is
-// NaN or -inf): random rows with few distinct values (ties everywhere), rows with NaN, infinities, all NaN, all -inf,
-// and a vocabulary smaller than the block (idle threads).
+// sample_rows' greedy rows (mode 0) against the host's rule (sampling::argmax: NaN ignored, ties to the lowest index,
+// 0 when every value is NaN or -inf): random rows with few distinct values (ties everywhere), rows with NaN,
+// infinities, all NaN, all -inf, and a vocabulary smaller than the block (idle threads).
 void test_argmax() {
     auto host = [](const float* v, int n) { int best = 0; float bv = -INFINITY; for (int i = 0; i < n; i++) if (v[i] > bv) { bv = v[i]; best = i; } return best; };
     for (int vocab : {3000, 100, 1}) {
@@ -304,12 +305,16 @@ void test_argmax() {
             if (r == 6) v = i % 2 ? NAN : -INFINITY;
         }
         l[7 * vocab + vocab - 1] = 1e30f;  // the largest value in the last element
-        std::vector<int> out(rows, -1);
-        launch({(unsigned)rows}, {1024}, [&] { argmax_rows(l.data(), vocab, out.data()); });
+        std::vector<int> out(rows, -1), params(rows * SAMPLE_WORDS, 0), lp(rows * LOGPROB_WORDS, 0), hist(2, 0);
+        for (int r = 0; r < rows; r++) params[r * SAMPLE_WORDS + SP_LOGPROBS] = -1;
+        std::vector<float> hist_raw(1);
+        launch({(unsigned)rows}, {1024}, [&] { sample_rows(l.data(), vocab, params.data(), hist.data(), hist_raw.data(), out.data(), lp.data()); });
         for (int r = 0; r < rows; r++) CHECK(out[r] == host(&l[r * vocab], vocab), "argmax vocab %d row %d: %d, want %d", vocab, r, out[r], host(&l[r * vocab], vocab));
     }
     printf("argmax done\n");
 }
+#include "sample_test.h"
 int main() { test_f16_conversions(); test_matmul(); test_fused(); test_qkv_rope<float>(); test_qkv_rope<unsigned short>(); test_argmax(); test_embed(); test_rms();
     for (auto [nh, nkv, hd] : {std::tuple{4, 2, 16}, std::tuple{9, 3, 64}, std::tuple{2, 2, 128}, std::tuple{2, 1, 96} /* 12 lanes per value row: 2 keys per pass, 8 lanes idle */, std::tuple{1, 1, 256}, std::tuple{2, 1, 6} /* not a multiple of 8: element loads */}) { test_attention<float>(nh, nkv, hd); test_attention<unsigned short>(nh, nkv, hd); }
-    test_graph_padding<float>(); test_graph_padding<unsigned short>(); test_attention_long(100); test_attention_long(300); printf("%s (%d failures)\n", fails ? "FAILED" : "ALL OK", fails); return fails != 0; }
+    test_graph_padding<float>(); test_graph_padding<unsigned short>(); test_attention_long(100); test_attention_long(300);
+    test_sampling(); printf("%s (%d failures)\n", fails ? "FAILED" : "ALL OK", fails); return fails != 0; }

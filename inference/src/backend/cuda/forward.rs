@@ -3,10 +3,11 @@
 //! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls, RoPE + KV-cache write, paged attention,
 //! output matmul added to the residual, RMSNorm and the gate and up matmuls with the SiLU gate applied, down
 //! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head → each logit row's
-//! argmax. Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
+//! next token (`sample_rows`: the argmax, or a draw with the row's sampling parameters). Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
 //! and the cache write; RMSNorm, gate and up): a batch-1 decode step is 5 launches per layer. Everything is
-//! queued on the backend's one stream; activations stay on the device, only the packed index arrays go up (one
-//! copy) and the argmax (and, for rows sampled with a temperature, the logits) come back. [`Step::launch`] queues
+//! queued on the backend's one stream; activations stay on the device, only the packed index arrays (with the
+//! sampling parameters) go up (one copy) and the tokens (with log-probabilities where asked, and the logits only
+//! for [`crate::backend::Logits::Full`] rows) come back. [`Step::launch`] queues
 //! kernels only (no copies, no events, no allocation), so the same call records a CUDA graph when the stream is
 //! capturing. Buffers grow on demand (doubling) and are reused
 //! across steps; a graph's buffers are sized once, before capture, and never move.
@@ -19,10 +20,9 @@ use cudarc::driver::{
 };
 
 use super::KvDtype;
-use super::kernels::{
-    self, ARGMAX_THREADS, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS,
-};
+use super::kernels::{self, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS};
 use super::layout::Packed;
+use super::sample::{LOGPROB_WORDS, SAMPLE_THREADS};
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
 
@@ -45,7 +45,7 @@ pub struct Kernels {
     rms_norm: CudaFunction,
     rope_kv: Vec<CudaFunction>,
     attention: Vec<CudaFunction>,
-    argmax: CudaFunction,
+    sample: CudaFunction,
 }
 
 impl Kernels {
@@ -85,7 +85,7 @@ impl Kernels {
             rms_norm: get("rms_norm")?,
             rope_kv: per_kv("rope_kv")?,
             attention: per_kv("attention")?,
-            argmax: get("argmax_rows")?,
+            sample: get("sample_rows")?,
         })
     }
 }
@@ -126,8 +126,12 @@ pub struct Scratch {
     gate: Buf<f32>,
     /// Logits of the step's logit rows, `[nl][vocab]`.
     pub logits: Buf<f32>,
-    /// The argmax of each logit row, `[nl]`.
-    pub argmax: Buf<i32>,
+    /// The next token of each logit row, `[nl]`.
+    pub tokens: Buf<i32>,
+    /// The log-probability words of each logit row, `[nl][LOGPROB_WORDS]`.
+    pub logprobs: Buf<i32>,
+    /// The raw logits under the sampling histories' entries (`sample_rows` restores them), one per entry.
+    pub hist_raw: Buf<f32>,
     /// The packed index arrays ([`Packed`]).
     pub idx: Buf<i32>,
 }
@@ -144,7 +148,9 @@ impl Scratch {
             att: Buf::new(stream)?,
             gate: Buf::new(stream)?,
             logits: Buf::new(stream)?,
-            argmax: Buf::new(stream)?,
+            tokens: Buf::new(stream)?,
+            logprobs: Buf::new(stream)?,
+            hist_raw: Buf::new(stream)?,
             idx: Buf::new(stream)?,
         })
     }
@@ -173,8 +179,23 @@ impl Scratch {
         ] {
             moved |= buf.ensure(stream, len)?;
         }
-        moved |= self.argmax.ensure(stream, p.nl)?;
+        moved |= self.tokens.ensure(stream, p.nl)?;
+        moved |= self.logprobs.ensure(stream, p.nl * LOGPROB_WORDS)?;
+        moved |= self.hist_raw.ensure(stream, p.history_entries() + 1)?;
         moved |= self.idx.ensure(stream, p.len + 1)?;
+        Ok(moved)
+    }
+
+    /// Makes room for `entries` sampling-history entries after a graph step's fixed arrays (`p`), so that the
+    /// histories of any batch up to that many fit without moving the buffers.
+    pub fn ensure_history(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        p: &Packed,
+        entries: usize,
+    ) -> Result<bool, DriverError> {
+        let mut moved = self.hist_raw.ensure(stream, entries + 1)?;
+        moved |= self.idx.ensure(stream, p.len + 2 * entries + 1)?;
         Ok(moved)
     }
 }
@@ -417,7 +438,10 @@ impl Step<'_> {
         let slot = idx.slice(p.slot..p.slot + n);
         let table_off = idx.slice(p.table_off..p.table_off + n);
         let logit_rows = idx.slice(p.logit_rows..p.logit_rows + nl);
-        let tables = idx.slice(p.tables..p.len.max(p.tables + 1));
+        let tables = idx.slice(p.tables..p.history.max(p.tables + 1));
+        let params = idx.slice(p.params..p.params + nl * super::sample::SAMPLE_WORDS);
+        // Histories vary in length (a graph's buffer has room for the longest); the kernel reads each row's entries.
+        let history = idx.slice(p.history..);
 
         // Embedding.
         let e = &weights.token_embd;
@@ -497,15 +521,24 @@ impl Step<'_> {
             let head = weights.lm_head();
             self.matmul(head, &s.xn.dev, nl, &mut s.logits.dev, MODE_STORE)?;
             let vocab = head.rows as i32;
-            let mut b = st.launch_builder(&self.kernels.argmax);
-            b.arg(&s.logits.dev).arg(&vocab).arg(&mut s.argmax.dev);
+            let mut b = st.launch_builder(&self.kernels.sample);
+            b.arg(&mut s.logits.dev)
+                .arg(&vocab)
+                .arg(&params)
+                .arg(&history)
+                .arg(&mut s.hist_raw.dev)
+                .arg(&mut s.tokens.dev)
+                .arg(&mut s.logprobs.dev);
             let cfg = LaunchConfig {
                 grid_dim: (nl as u32, 1, 1),
-                block_dim: (ARGMAX_THREADS as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: arguments match `argmax_rows`; `logits` holds nl rows of `vocab` floats and `argmax` nl
-            // ints (Scratch sized both for this step).
+            // SAFETY: arguments match `sample_rows`; `logits` holds nl rows of `vocab` floats, `tokens` nl ints and
+            // `logprobs` nl × LOGPROB_WORDS (Scratch sized them for this step); `params` holds nl rows of
+            // SAMPLE_WORDS, and every row's history entries (offset + length in its words) lie inside the
+            // histories after `p.history`, with `hist_raw` one float per entry (Scratch::ensure, or
+            // Scratch::ensure_history for a graph's buffers, checked against the step by the backend).
             unsafe { b.launch(cfg) }?;
         }
         Ok(())

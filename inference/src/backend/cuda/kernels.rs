@@ -15,8 +15,10 @@
 //!   `silu(gate) * up`.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
-//! - `argmax_rows`: the most likely token of each logit row (the host's `sampling::argmax` rules), so greedy
-//!   decoding copies one index per sequence to the host instead of a vocabulary-sized row.
+//! - `sample_rows` ([`super::sample`]): the next token of each logit row, the argmax (the host's
+//!   `sampling::argmax` rules) or drawn as `sampling`'s rule says (penalties, temperature, `min_p`, `top_k`,
+//!   `top_p`, a Philox draw), with log-probabilities when asked, so decoding copies one index per sequence to the
+//!   host instead of a vocabulary-sized row.
 //! - `rope_kv_{f32,f16}`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the
 //!   paged cache at each token's slot, as f32 or rounded to f16 (IEEE half, round to nearest even).
 //! - `attention_{f32,f16}`: causal GQA attention for one (token, head) per block, its warps splitting the keys
@@ -50,9 +52,6 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Threads per block of the row-wise kernels (embed, rms_norm, rope_kv).
 pub const ROW_THREADS: usize = 256;
 
-/// Threads per block of `argmax_rows` (one block per logit row: a vocabulary of 49,152 is 48 loads per thread).
-pub const ARGMAX_THREADS: usize = 1024;
-
 /// Weight types the kernels read, in the order of the `TY_*` constants of the source.
 pub const WEIGHT_TYPES: &[&str] = &["f32", "q8_0", "q4_0", "q4_1"];
 
@@ -82,7 +81,7 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("attention_{kv}"));
     }
     v.push("rms_norm".into());
-    v.push("argmax_rows".into());
+    v.push("sample_rows".into());
     v
 }
 
@@ -827,57 +826,11 @@ INSTANTIATE_QKV(q4_0, TY_Q4_0, f16, unsigned short)
 INSTANTIATE_QKV(q4_1, TY_Q4_1, f32, float)
 INSTANTIATE_QKV(q4_1, TY_Q4_1, f16, unsigned short)
 
-// The index of each logit row's largest value, as the host's sampling::argmax defines it: NaN ignored, ties to the
-// lowest index, 0 when every value is NaN or -inf. Greedy decoding copies these to the host instead of the rows.
-// Grid: one block per row of logits ([rows][vocab]); block: ARGMAX_THREADS threads; out: [rows].
-__device__ __forceinline__ void keep_best(float& best, int& bi, float v, int i) {
-    if (v > best || (v == best && i < bi)) {
-        best = v;
-        bi = i;
-    }
-}
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
-    __shared__ float red_v[32];
-    __shared__ int red_i[32];
-    const float* row = logits + (i64)blockIdx.x * vocab;
-    const int NONE = 0x7fffffff;
-    float best = __int_as_float(0xff800000);  // -inf: only larger values (never NaN) replace it
-    int bi = NONE;
-#pragma unroll 4
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
-        float v = row[k];
-        if (v > best) {
-            best = v;
-            bi = k;
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        keep_best(best, bi, ov, oi);
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        red_v[warp] = best;
-        red_i[warp] = bi;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    int nw = (blockDim.x + 31) / 32;
-    best = lane < nw ? red_v[lane] : __int_as_float(0xff800000);
-    bi = lane < nw ? red_i[lane] : NONE;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        keep_best(best, bi, ov, oi);
-    }
-    if (lane == 0) out[blockIdx.x] = bi == NONE ? 0 : bi;
-}
 "#;
 
 /// The CUDA C source of all kernels, with the engine's constants filled in.
 pub fn kernel_source() -> String {
-    SOURCE_TEMPLATE
+    let forward = SOURCE_TEMPLATE
         .replace("@QBLOCK@", &QBLOCK.to_string())
         .replace("@TOKEN_TILE@", &TOKEN_TILE.to_string())
         .replace("@WARPS@", &WARPS.to_string())
@@ -885,7 +838,8 @@ pub fn kernel_source() -> String {
         .replace("@ROW_PREFETCH@", &ROW_PREFETCH.to_string())
         .replace("@MODE_STORE@", &MODE_STORE.to_string())
         .replace("@MODE_ADD@", &MODE_ADD.to_string())
-        .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string())
+        .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string());
+    forward + &super::sample::source()
 }
 
 /// NVRTC options for a device of compute capability `(major, minor)`: `target` is `sm` (CUBIN) or `compute`
