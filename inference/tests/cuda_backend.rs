@@ -22,6 +22,7 @@ use inference::backend::{Backend, BatchItem, DeviceClock, Logits};
 use inference::chat_template::ChatMessage;
 use inference::gguf::GgmlType;
 use inference::model::{Model, default_model_path};
+use inference::sampling::{PenaltyEntry, SampleSpec, Sampler, SamplingParams};
 use inference::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
 
 /// Largest |GPU - CPU| logit difference allowed, relative to the largest |CPU logit| of the step. Both compute in
@@ -216,10 +217,17 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
     let (mut all, mut best, mut graphs) = (vec![out.logits], vec![out.tokens], vec![out.graph_batch]);
     for step in 0..2 * steps {
         let live = if step < steps { prompts.len() } else { tail };
-        let want = if step % 2 == 1 {
-            Logits::Argmax
-        } else {
-            Logits::Full
+        // Every third step draws with a temperature, a nucleus and penalties (on the device, inside the graphs).
+        let want = match step % 3 {
+            1 => Logits::Argmax,
+            2 => Logits::Sample(SampleSpec {
+                params: chat_sampling(),
+                seed: 1000 + step as u64,
+                index: step as u64,
+                history: &HISTORY,
+                logprobs: Some(2),
+            }),
+            _ => Logits::Full,
         };
         let toks = next.clone();
         let batch: Vec<BatchItem<'_>> = (0..live)
@@ -232,13 +240,19 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
             live,
             "decode step {step}: one argmax per sequence"
         );
-        if matches!(want, Logits::Argmax) {
-            assert!(
+        match want {
+            Logits::Full => check_argmax(&format!("decode step {step}"), &out),
+            _ => assert!(
                 out.logits.is_empty(),
-                "decode step {step}: argmax-only items got logits"
+                "decode step {step}: argmax-only and sampled items got logits"
+            ),
+        }
+        if let Logits::Sample(_) = want {
+            assert_eq!(
+                out.logprobs.len(),
+                live,
+                "decode step {step}: one logprobs entry per sampled item"
             );
-        } else {
-            check_argmax(&format!("decode step {step}"), &out);
         }
         next[..live].copy_from_slice(&out.tokens);
         pos[..live].iter_mut().for_each(|p| *p += 1);
@@ -252,6 +266,30 @@ fn decode_run(b: &mut dyn Backend, prompts: &[Vec<u32>], steps: usize, tail: usi
         graphs,
     }
 }
+
+/// What a chat client sends: temperature 0.8, nucleus 0.95, and (to exercise the histories) light penalties.
+fn chat_sampling() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        presence_penalty: 0.2,
+        frequency_penalty: 0.1,
+        ..SamplingParams::default()
+    }
+}
+
+/// A token history for the penalties (tokens of every tiny model's vocabulary).
+const HISTORY: [PenaltyEntry; 3] = [
+    PenaltyEntry {
+        token: 3,
+        word: PenaltyEntry::IN_PROMPT,
+    },
+    PenaltyEntry { token: 7, word: 2 },
+    PenaltyEntry {
+        token: 11,
+        word: PenaltyEntry::IN_PROMPT | 1,
+    },
+];
 
 /// Graph replay against eager launches of the same kernels: bit-identical logits (the padding rows never touch
 /// a real row), before and after a weight swap (the graphs are recaptured on the new weights' buffers).
@@ -515,6 +553,149 @@ fn cuda_step_times_are_cuda_events_on_the_host_boottime_clock() {
     eprintln!("{n} steps, {} clock anchors", gpu.clock_anchors());
 }
 
+/// The rule's probability of each token of `logits` (sampling.rs's rule, in f64 with a full sort).
+fn rule_probs(logits: &[f32], p: &SamplingParams, history: &[PenaltyEntry]) -> Vec<f64> {
+    let mut l = logits.to_vec();
+    if p.has_penalties() {
+        for e in history {
+            l[e.token as usize] = inference::sampling::penalize(l[e.token as usize], *e, p);
+        }
+    }
+    let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let mut w: Vec<f64> = l
+        .iter()
+        .map(|&x| {
+            let w = ((x as f64 - max) / p.temperature as f64).exp();
+            if w < p.min_p as f64 { 0.0 } else { w }
+        })
+        .collect();
+    let mut sorted: Vec<f64> = w.iter().copied().filter(|&x| x > 0.0).collect();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut tau = 0.0;
+    if p.top_k > 0 && (p.top_k as usize) < sorted.len() {
+        tau = sorted[p.top_k as usize - 1];
+    }
+    if p.top_p < 1.0 {
+        let kept: Vec<f64> = sorted.iter().copied().filter(|&x| x >= tau).collect();
+        let target = p.top_p as f64 * kept.iter().sum::<f64>();
+        let mut acc = 0.0;
+        for x in kept {
+            acc += x;
+            if acc >= target {
+                tau = tau.max(x);
+                break;
+            }
+        }
+    }
+    w.iter_mut().filter(|x| **x < tau).for_each(|x| *x = 0.0);
+    let total: f64 = w.iter().sum();
+    w.iter().map(|x| x / total).collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_sampling_follows_the_rule_and_the_host_sampler() {
+    let model = tiny_model(GgmlType::Q8_0, false);
+    let mut gpu = cuda(&model, 2048, 16, KvDtype::F16, true);
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 5 + 3) % 64).collect();
+    let rows = 32;
+    let tables: Vec<Vec<u32>> = (0..rows as u32).map(|r| vec![2 * r, 2 * r + 1]).collect();
+    let configs = [
+        SamplingParams::default(),
+        chat_sampling(),
+        SamplingParams {
+            top_k: 20,
+            temperature: 1.3,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            min_p: 0.05,
+            repetition_penalty: 1.3,
+            ..SamplingParams::default()
+        },
+    ];
+    let mut host = Sampler::new();
+    for p in configs {
+        let rounds = 100;
+        let mut counts: Vec<usize> = Vec::new();
+        let (mut agree, mut draws) = (0, 0);
+        let mut probs = Vec::new();
+        for round in 0..rounds {
+            // Row 0 brings the logits back; rows 1.. draw with seeds of their own from the same logits.
+            let specs: Vec<SampleSpec<'_>> = (1..rows)
+                .map(|r| SampleSpec {
+                    params: p,
+                    seed: (round * rows + r) as u64,
+                    index: 4,
+                    history: &HISTORY,
+                    logprobs: (r == 1).then_some(5),
+                })
+                .collect();
+            let batch: Vec<BatchItem<'_>> = (0..rows)
+                .map(|r| {
+                    let want = if r == 0 {
+                        Logits::Full
+                    } else {
+                        Logits::Sample(specs[r - 1])
+                    };
+                    item(&prompt, 0, &tables[r], want)
+                })
+                .collect();
+            let out = gpu.forward(&batch).unwrap();
+            let logits = &out.logits[0];
+            if round == 0 {
+                probs = rule_probs(logits, &p, &HISTORY);
+                counts = vec![0; probs.len()];
+                // The raw log-probabilities of row 1 against the host's.
+                let mut row = logits.clone();
+                let want = host.sample(&mut row, &specs[0]).logprobs.unwrap();
+                let got = &out.logprobs[0];
+                assert_eq!(
+                    got.top.iter().map(|x| x.0).collect::<Vec<_>>(),
+                    want.top.iter().map(|x| x.0).collect::<Vec<_>>()
+                );
+                assert!(
+                    (got.logprob - want.logprob).abs() < 1e-4,
+                    "{got:?} against {want:?}"
+                );
+            }
+            for (r, spec) in (1..rows).zip(&specs) {
+                let t = out.tokens[r] as usize;
+                assert!(probs[t] > 0.0, "{p:?}: token {t} outside the kept set");
+                counts[t] += 1;
+                let mut row = logits.clone();
+                agree += usize::from(host.sample(&mut row, spec).token as usize == t);
+                draws += 1;
+            }
+        }
+        // Chi-square over bins of consecutive kept tokens expecting at least 5 draws each.
+        let (mut chi2, mut df, mut e, mut c) = (0.0, -1i64, 0.0, 0.0);
+        for (q, &n) in probs.iter().zip(&counts) {
+            if *q > 0.0 {
+                e += q * draws as f64;
+                c += n as f64;
+                if e >= 5.0 {
+                    chi2 += (c - e) * (c - e) / e;
+                    df += 1;
+                    (e, c) = (0.0, 0.0);
+                }
+            }
+        }
+        let df = df.max(1) as f64;
+        let crit = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
+        eprintln!(
+            "{p:?}: {draws} draws on the GPU, chi-square {chi2:.1} over {df} degrees of freedom (critical {crit:.1}); \
+             the host sampler drew the same token {agree} times"
+        );
+        assert!(chi2 < crit, "{p:?}: the GPU's draws do not follow the rule");
+        assert!(
+            agree * 100 >= draws * 99,
+            "{p:?}: GPU and host disagree on {} of {draws}",
+            draws - agree
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU and the default model; prints decode throughput"]
 fn cuda_decode_throughput_batch_1_and_32() {
@@ -533,12 +714,34 @@ fn cuda_decode_throughput_batch_1_and_32() {
     decode_throughput(&mut gpu, "KV F16, graphs true, no fused launches");
 }
 
-/// Decode tokens/s at batch 1 and 32, greedy (argmax only, what the engine asks for greedy requests) and with the
-/// logits copied back (what sampling with a temperature needs), side by side; then prefill tokens/s of one
-/// 512-token prompt (the engine's default step budget).
+/// Decode tokens/s at batch 1 and 32: greedy (argmax only, what the engine asks for greedy requests), drawn on the
+/// device as a chat client asks (temperature 0.8, top_p 0.95; and OpenAI's default, temperature 1), and with the
+/// logits copied back, side by side, with the sampled/greedy ratio; then prefill tokens/s of one 512-token prompt
+/// (the engine's default step budget).
 fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
+    let chat = SampleSpec {
+        params: SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            ..SamplingParams::default()
+        },
+        seed: 1,
+        index: 0,
+        history: &[],
+        logprobs: None,
+    };
+    let openai_default = SampleSpec {
+        params: SamplingParams::default(),
+        ..chat
+    };
     for batch in [1usize, 32] {
-        for want in [Logits::Argmax, Logits::Full] {
+        let mut greedy_tps = 0.0;
+        for (name, want) in [
+            ("greedy", Logits::Argmax),
+            ("T 0.8 top_p 0.95", Logits::Sample(chat)),
+            ("T 1.0", Logits::Sample(openai_default)),
+            ("full logits", Logits::Full),
+        ] {
             let prompt_len = 32;
             let steps = 128;
             let tables: Vec<Vec<u32>> = (0..batch)
@@ -565,11 +768,16 @@ fn decode_throughput(gpu: &mut CudaBackend, what: &str) {
                 device_ns += out.device_end_ns - out.device_start_ns;
             }
             let wall = t0.elapsed().as_secs_f64();
+            let tps = (batch * steps) as f64 / wall;
+            if matches!(want, Logits::Argmax) {
+                greedy_tps = tps;
+            }
             eprintln!(
-                "{what}: batch {batch}, {want:?}: {:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the step)",
-                (batch * steps) as f64 / wall,
+                "{what}: batch {batch}, {name}: {tps:.0} tokens/s decode ({:.2} ms/step; device busy {:.0}% of the \
+                 step; {:.2}x greedy)",
                 wall * 1e3 / steps as f64,
-                100.0 * device_ns as f64 / 1e9 / wall
+                100.0 * device_ns as f64 / 1e9 / wall,
+                tps / greedy_tps.max(1e-9)
             );
         }
     }

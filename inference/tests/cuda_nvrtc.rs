@@ -30,7 +30,7 @@ fn nvrtc_compiles_the_kernels_for_hopper_and_ampere() {
         let ptx = kernels::compile_ptx(cc).unwrap_or_else(|e| panic!("compute_{}{}: {e}", cc.0, cc.1));
         let text = String::from_utf8_lossy(&ptx);
         assert!(
-            text.contains(&format!(".target sm_{}{}", cc.0, cc.1)) && text.contains(".entry argmax_rows"),
+            text.contains(&format!(".target sm_{}{}", cc.0, cc.1)) && text.contains(".entry sample_rows"),
             "PTX for compute_{}{}: {}",
             cc.0,
             cc.1,

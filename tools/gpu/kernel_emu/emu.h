@@ -115,6 +115,7 @@ static void* emu_fiber_stack(char* base) {
 static float shfl_buf[2][64][32];
 #define emu_phase (emu_fibers[emu_cur].phase)
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
@@ -141,6 +142,7 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
     return bits;
 }
 static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int __shfl_sync(unsigned mask, int v, int src) {

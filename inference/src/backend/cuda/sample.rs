@@ -108,6 +108,7 @@ pub fn read_logprobs(words: &[i32]) -> TokenLogprobs {
 pub fn source() -> String {
     SOURCE
         .replace("@SAMPLE_WORDS@", &SAMPLE_WORDS.to_string())
+        .replace("@SAMPLE_THREADS@", &SAMPLE_THREADS.to_string())
         .replace("@SAMPLE_CAND@", &SAMPLE_CAND.to_string())
         .replace("@SAMPLE_LEVELS@", &SAMPLE_LEVELS.to_string())
         .replace("@MAX_TOP_LOGPROBS@", &MAX_TOP_LOGPROBS.to_string())
@@ -132,6 +133,7 @@ pub fn source() -> String {
 const SOURCE: &str = r#"
 // ---- Sampling on the device (inference/src/backend/cuda/sample.rs): the rule of inference/src/sampling.rs ----
 #define SAMPLE_WORDS @SAMPLE_WORDS@
+#define SAMPLE_THREADS @SAMPLE_THREADS@
 #define SAMPLE_CAND @SAMPLE_CAND@
 #define SAMPLE_LEVELS @SAMPLE_LEVELS@
 #define MAX_TOP_LOGPROBS @MAX_TOP_LOGPROBS@
@@ -422,12 +424,19 @@ __device__ int gather_sorted(const float* l, int vocab, float mx, float inv_t, f
                              SampleShared& sh) {
     if (threadIdx.x == 0) sh.n_cand = 0;
     __syncthreads();
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
-        float w = weight_of(l[k], mx, inv_t, min_p);
-        if (w > 0.0f && key_of(w) >= floor && w >= tau) {
-            int at = atomicAdd(&sh.n_cand, 1);
-            if (at < SAMPLE_CAND) sh.cand[at] = w;
-        }
+    // One atomic per warp and pass: the warp's candidates take consecutive slots (their order does not matter,
+    // they are sorted next).
+    int lane = threadIdx.x % 32;
+    for (int k0 = 0; k0 < vocab; k0 += blockDim.x) {
+        int k = k0 + threadIdx.x;
+        float w = k < vocab ? weight_of(l[k], mx, inv_t, min_p) : 0.0f;
+        bool take = w > 0.0f && key_of(w) >= floor && w >= tau;
+        unsigned m = __ballot_sync(0xffffffffu, take);
+        int base = 0;
+        if (lane == 0 && m) base = atomicAdd(&sh.n_cand, __popc(m));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        int at = base + __popc(m & ((1u << lane) - 1u));
+        if (take && at < SAMPLE_CAND) sh.cand[at] = w;
     }
     __syncthreads();
     int n = min(sh.n_cand, SAMPLE_CAND);
@@ -648,7 +657,7 @@ __device__ float raw_logprobs(const float* l, int vocab, int n, int* out, Sample
 // hist_raw and put back at the end), temperature, min_p, top_k, top_p and the Philox draw, and with SP_LOGPROBS
 // >= 0 the raw log-probabilities into lp_out[row] (LOGPROB_WORDS words). Grid: one block per row; block: a
 // multiple of 32 threads (SAMPLE_THREADS on the GPU).
-extern "C" __global__ void sample_rows(float* __restrict__ logits, int vocab, const int* __restrict__ params,
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* __restrict__ logits, int vocab, const int* __restrict__ params,
                                        const int* __restrict__ hist, float* __restrict__ hist_raw,
                                        int* __restrict__ tokens, int* __restrict__ lp_out) {
     __shared__ SampleShared sh;
