@@ -1,8 +1,19 @@
 #!/usr/bin/env python3
 """Decode throughput, TTFT and device busy time of a running llmserve (python3 standard library only).
 
-For each concurrency level, N client threads each send streaming /v1/completions requests back to back
-(fixed max_tokens, temperature 0, prompts that make the model write on) for --duration seconds. Reported:
+For each concurrency level, N client threads each send streaming requests back to back (fixed max_tokens,
+prompts that make the model write on) for --duration seconds, as each sampling profile of --sampling says:
+
+- greedy: /v1/completions with temperature 0 (the default; what earlier runs measured);
+- chat-greedy: /v1/chat/completions with temperature 0 (the baseline of the chat profiles: same prompts and
+  template, so the answers end alike);
+- chat: /v1/chat/completions with temperature --chat-temperature (0.8) and top_p --chat-top-p (0.95), what a
+  chat client sends;
+- openai-default: /v1/chat/completions without temperature or top_p, so the server's default (OpenAI's: 1.0).
+
+With several profiles every level runs each of them in turn (interleaved, so they share the machine's state) and
+the summary puts them side by side with each profile's ratio to greedy (for the chat profiles, to chat-greedy when
+it runs too). Reported per level and profile:
 
 - decode tokens/s: completion tokens (from each response's usage) per wall-clock second;
 - per-request decode tokens/s: (completion_tokens - 1) / (last token time - first token time), median;
@@ -12,7 +23,7 @@ For each concurrency level, N client threads each send streaming /v1/completions
   time of the steps) -- "how much of each step the device is busy" -- and divided by wall time.
 
 Usage: bench_engine.py --url http://127.0.0.1:8000 [--concurrency 1,32] [--max-tokens 128] [--prompt-repeat 1]
-                       [--duration 20]
+                       [--duration 20] [--sampling greedy,chat,openai-default]
 Prints one line per level and a JSON summary (also written to --json PATH when given).
 """
 
@@ -74,22 +85,43 @@ def metrics(url):
     return want
 
 
-def one_request(url, model, prompt, max_tokens, timeout):
-    """Streams one completion; returns (ttft_s, first_to_last_s, completion_tokens, prompt_tokens) or raises."""
+# Sampling profiles: (endpoint, the request fields besides model, prompt/messages, max_tokens and streaming).
+PROFILES = ("greedy", "chat-greedy", "chat", "openai-default")
+
+
+def profile_request(profile, chat_temperature=0.8, chat_top_p=0.95):
+    """(path, extra body fields) of a sampling profile (see the module doc)."""
+    if profile == "greedy":
+        return "/v1/completions", {"temperature": 0}
+    if profile == "chat-greedy":
+        return "/v1/chat/completions", {"temperature": 0}
+    if profile == "chat":
+        return "/v1/chat/completions", {"temperature": chat_temperature, "top_p": chat_top_p}
+    if profile == "openai-default":
+        return "/v1/chat/completions", {}
+    raise ValueError(f"unknown sampling profile {profile!r} (known: {', '.join(PROFILES)})")
+
+
+def one_request(url, model, prompt, max_tokens, timeout, profile="greedy", request=None):
+    """Streams one request of a sampling profile; returns (ttft_s, first_to_last_s, completion_tokens,
+    prompt_tokens) or raises. `request`: (path, extra fields) from profile_request, default the profile's."""
     u = urllib.parse.urlparse(url)
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
+    path, extra = request or profile_request(profile)
+    fields = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if path == "/v1/chat/completions":
+        fields["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        fields["prompt"] = prompt
+    fields.update(extra)
+    body = json.dumps(fields)
     c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
     t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
+    c.request("POST", path, body=body, headers={"content-type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
@@ -112,7 +144,8 @@ def one_request(url, model, prompt, max_tokens, timeout):
                 msg = json.loads(data)
                 now = time.perf_counter()
                 choices = msg.get("choices") or []
-                if choices and choices[0].get("text"):
+                piece = (choices[0].get("text") or (choices[0].get("delta") or {}).get("content")) if choices else None
+                if piece:
                     if first is None:
                         first = now
                     last = now
@@ -125,7 +158,7 @@ def one_request(url, model, prompt, max_tokens, timeout):
     return first - t0, (last - first), tokens or 0, prompt_tokens or 0
 
 
-def run_level(url, model, prompts, concurrency, max_tokens, duration, timeout):
+def run_level(url, model, prompts, concurrency, max_tokens, duration, timeout, profile="greedy", request=None):
     results, errors = [], []
     lock = threading.Lock()
     stop_at = time.perf_counter() + duration
@@ -134,7 +167,7 @@ def run_level(url, model, prompts, concurrency, max_tokens, duration, timeout):
         k = i
         while time.perf_counter() < stop_at:
             try:
-                res = one_request(url, model, prompts[k % len(prompts)], max_tokens, timeout)
+                res = one_request(url, model, prompts[k % len(prompts)], max_tokens, timeout, profile, request)
                 with lock:
                     results.append(res)
             except Exception as e:  # noqa: BLE001 -- reported below
@@ -160,6 +193,7 @@ def run_level(url, model, prompts, concurrency, max_tokens, duration, timeout):
     dev_s = d["llmserve:device_busy_seconds_total"]
     out = {
         "concurrency": concurrency,
+        "profile": profile,
         "requests": len(results),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
@@ -195,21 +229,33 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, s")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every level; medians and ranges reported")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--sampling", default="greedy",
+                    help="comma-separated sampling profiles run at every level: greedy (completions, temperature 0), "
+                         "chat-greedy (chat endpoint, temperature 0), chat (chat endpoint, --chat-temperature, "
+                         "--chat-top-p), openai-default (chat endpoint, the server's default temperature)")
+    ap.add_argument("--chat-temperature", type=float, default=0.8)
+    ap.add_argument("--chat-top-p", type=float, default=0.95)
     a = ap.parse_args()
+    profiles = [x.strip() for x in a.sampling.split(",") if x.strip()]
+    requests = {p: profile_request(p, a.chat_temperature, a.chat_top_p) for p in profiles}
 
     model = a.model or json.loads(get(a.url, "/v1/models"))["data"][0]["id"]
     # Warm-up: one short request (first-step costs such as buffer growth are not measured).
     prompts = [" ".join([p] * max(1, a.prompt_repeat)) for p in PROMPTS]
-    one_request(a.url, model, prompts[0], 8, a.timeout)
-    summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "rounds": a.rounds, "levels": []}
+    for p in profiles:
+        one_request(a.url, model, prompts[0], 8, a.timeout, p, requests[p])
+    summary = {"url": a.url, "model": model, "max_tokens": a.max_tokens, "rounds": a.rounds,
+               "sampling": {p: {"path": requests[p][0], **requests[p][1]} for p in profiles}, "levels": []}
     levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
     for rnd in range(max(1, a.rounds)):
-        for level in levels:
-            r = run_level(a.url, model, prompts, level, a.max_tokens, a.duration, a.timeout)
+        for level, profile in [(lv, p) for lv in levels for p in profiles]:
+            r = run_level(a.url, model, prompts, level, a.max_tokens, a.duration, a.timeout, profile,
+                          requests[profile])
             r["round"] = rnd + 1
             summary["levels"].append(r)
+            tag = f" {profile}" if len(profiles) > 1 else ""
             print(
-                f"round {rnd + 1} concurrency {level:3d}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
+                f"round {rnd + 1} concurrency {level:3d}{tag}: {r['decode_tokens_per_s']:8.1f} tokens/s decode "
                 f"({r['requests']} requests, {r['mean_prompt_tokens']} prompt and "
                 f"{r['mean_completion_tokens']} completion tokens each, "
                 f"{r['per_request_decode_tokens_per_s_median']} tokens/s per request); "
@@ -222,13 +268,14 @@ def main():
             if r["errors"]:
                 print(f"  first error: {r['first_error']}", file=sys.stderr)
     summary["medians"] = []
-    for level in levels:
-        runs = [lv for lv in summary["levels"] if lv["concurrency"] == level]
+    for level, profile in [(lv, p) for lv in levels for p in profiles]:
+        runs = [lv for lv in summary["levels"] if lv["concurrency"] == level and lv["profile"] == profile]
         tps = [lv["decode_tokens_per_s"] for lv in runs]
         steps = [lv["mean_step_ms"] for lv in runs if lv["mean_step_ms"] is not None]
         ttft = [lv["ttft_s_median"] for lv in runs if lv["ttft_s_median"] is not None]
         m = {
             "concurrency": level,
+            "profile": profile,
             "runs": len(runs),
             "decode_tokens_per_s_median": statistics.median(tps),
             "decode_tokens_per_s_min": min(tps),
@@ -237,12 +284,30 @@ def main():
             "ttft_s_median_of_medians": statistics.median(ttft) if ttft else None,
         }
         summary["medians"].append(m)
+        tag = f" {profile}" if len(profiles) > 1 else ""
         print(
-            f"concurrency {level:3d}: median {m['decode_tokens_per_s_median']:.1f} tokens/s over {len(runs)} runs "
+            f"concurrency {level:3d}{tag}: median {m['decode_tokens_per_s_median']:.1f} tokens/s over {len(runs)} runs "
             f"[{m['decode_tokens_per_s_min']:.1f}-{m['decode_tokens_per_s_max']:.1f}], step {m['mean_step_ms_median']} ms, "
             f"TTFT {m['ttft_s_median_of_medians']} s",
             flush=True,
         )
+    if len(profiles) > 1:
+        # Side by side: each profile's median decode rate and TTFT, and its ratio to greedy at the same level.
+        summary["side_by_side"] = []
+        print("\nconcurrency " + " ".join(f"{p:>24}" for p in profiles) + "   (median tokens/s [ratio to greedy])")
+        for level in levels:
+            row = {m["profile"]: m for m in summary["medians"] if m["concurrency"] == level}
+            cells, entry = [], {"concurrency": level}
+            for p in profiles:
+                chat = requests[p][0] == "/v1/chat/completions" and "chat-greedy" in row
+                base = row.get("chat-greedy" if chat else "greedy", {}).get("decode_tokens_per_s_median")
+                tps = row[p]["decode_tokens_per_s_median"]
+                ratio = tps / base if base else None
+                entry[p] = {"decode_tokens_per_s_median": tps, "ratio_to_greedy": round(ratio, 3) if ratio else None,
+                            "ttft_s_median": row[p]["ttft_s_median_of_medians"]}
+                cells.append(f"{tps:>12.1f} [{ratio:.2f}x]" if ratio else f"{tps:>24.1f}")
+            summary["side_by_side"].append(entry)
+            print(f"{level:>11} " + " ".join(f"{c:>24}" for c in cells), flush=True)
     print(json.dumps(summary, indent=2))
     if a.json:
         with open(a.json, "w") as f:

@@ -155,6 +155,7 @@ static inline void __syncwarp() { emu_wait(emu_warp_bars[emu_warp]); }
 static inline void __syncthreads() { emu_wait(emu_block_bar); }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __int_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 using std::min;
 // IEEE half conversions (round to nearest even), as the PTX `cvt.rn.f16.f32` / `cvt.f32.f16` the kernels use on a GPU.
@@ -216,4 +217,42 @@ void launch(dim3 grid, dim3 block, F f) {
                 if (!progressed) { fprintf(stderr, "emulator: every thread waits at a barrier (deadlock)\n"); std::abort(); }
             }
         }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for the calling warp: every lane hands in its fragments (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16 with floating point type": groupID g = lane / 4, threadID_in_group t = lane % 4;
+// A (16x16): a0,a1 = A[g][2t, 2t+1], a2,a3 = A[g+8][2t, 2t+1], a4,a5 = A[g][2t+8, 2t+9], a6,a7 = A[g+8][2t+8, 2t+9],
+// two f16 per 32-bit register, the lower element in the lower half; B (16x8): b0,b1 = B[2t, 2t+1][g],
+// b2,b3 = B[2t+8, 2t+9][g]; C/D (16x8, f32): c0,c1 = C[g][2t, 2t+1], c2,c3 = C[g+8][2t, 2t+1]), and gets its part
+// of D = A B + C. The products are summed in double and rounded once (the hardware's f32 accumulation may differ in
+// the last bits).
+static unsigned emu_mma_a[2][64][32][4], emu_mma_b[2][64][32][2];
+static inline void emu_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b) {
+    int ph = emu_phase;
+    emu_phase ^= 1;
+    for (int i = 0; i < 4; i++) emu_mma_a[ph][emu_warp][emu_lane][i] = a[i];
+    for (int i = 0; i < 2; i++) emu_mma_b[ph][emu_warp][emu_lane][i] = b[i];
+    emu_wait(emu_warp_bars[emu_warp]);
+    float A[16][16], B[16][8];
+    auto half = [](unsigned r, int hi) { return emu_f16_to_f32((unsigned short)(hi ? r >> 16 : r & 0xffff)); };
+    for (int l = 0; l < 32; l++) {
+        int g = l / 4, t = l % 4;
+        const unsigned* ra = emu_mma_a[ph][emu_warp][l];
+        const unsigned* rb = emu_mma_b[ph][emu_warp][l];
+        for (int e = 0; e < 2; e++) {
+            A[g][2 * t + e] = half(ra[0], e);
+            A[g + 8][2 * t + e] = half(ra[1], e);
+            A[g][2 * t + 8 + e] = half(ra[2], e);
+            A[g + 8][2 * t + 8 + e] = half(ra[3], e);
+            B[2 * t + e][g] = half(rb[0], e);
+            B[2 * t + 8 + e][g] = half(rb[1], e);
+        }
+    }
+    int g = emu_lane / 4, t = emu_lane % 4;
+    for (int e = 0; e < 4; e++) {
+        int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        double s = d[e];
+        for (int k = 0; k < 16; k++) s += (double)A[row][k] * B[k][col];
+        d[e] = (float)s;
+    }
 }

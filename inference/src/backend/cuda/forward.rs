@@ -3,14 +3,16 @@
 //! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls, RoPE + KV-cache write, paged attention,
 //! output matmul added to the residual, RMSNorm and the gate and up matmuls with the SiLU gate applied, down
 //! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head → each logit row's
-//! next token (`sample_rows`: the argmax, or a draw with the row's sampling parameters). Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
-//! and the cache write; RMSNorm, gate and up): a batch-1 decode step is 5 launches per layer. Everything is
-//! queued on the backend's one stream; activations stay on the device, only the packed index arrays (with the
-//! sampling parameters) go up (one copy) and the tokens (with log-probabilities where asked, and the logits only
-//! for [`crate::backend::Logits::Full`] rows) come back. [`Step::launch`] queues
-//! kernels only (no copies, no events, no allocation), so the same call records a CUDA graph when the stream is
-//! capturing. Buffers grow on demand (doubling) and are reused
-//! across steps; a graph's buffers are sized once, before capture, and never move.
+//! next token (`sample_rows`: the argmax, or a draw with the row's sampling parameters). Steps of
+//! [`super::mma::MMA_MIN_TOKENS`] tokens or more (prefill chunks) run every product on tensor cores
+//! ([`super::mma`]) with separate norm and RoPE launches; below that, up to [`FUSE_MAX_TOKENS`] tokens, each
+//! RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE and the cache write; RMSNorm, gate and up): a
+//! batch-1 decode step is 5 launches per layer. Everything is queued on the backend's one stream; activations
+//! stay on the device, only the packed index arrays (with the sampling parameters) go up (one copy) and the
+//! tokens (with log-probabilities where asked, and the logits only for [`crate::backend::Logits::Full`] rows)
+//! come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same call
+//! records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused across
+//! steps; a graph's buffers are sized once, before capture, and never move.
 
 use std::sync::Arc;
 
@@ -22,6 +24,7 @@ use cudarc::driver::{
 use super::KvDtype;
 use super::kernels::{self, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS};
 use super::layout::Packed;
+use super::mma::{MMA_BM, MMA_BN, MMA_THREADS};
 use super::sample::{LOGPROB_WORDS, SAMPLE_THREADS};
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
@@ -38,6 +41,7 @@ pub const FUSE_MAX_TOKENS: usize = 256;
 #[derive(Debug)]
 pub struct Kernels {
     matmul: Vec<CudaFunction>,
+    matmul_mma: Vec<CudaFunction>,
     embed: Vec<CudaFunction>,
     /// `qkv_rope[weight type][KV type]`, flattened: index `ty * KV_TYPES.len() + kv`.
     qkv_rope: Vec<CudaFunction>,
@@ -79,6 +83,7 @@ impl Kernels {
             .collect::<Result<_, _>>()?;
         Ok(Kernels {
             matmul: per_type("matmul")?,
+            matmul_mma: per_type("matmul_mma")?,
             embed: per_type("embed")?,
             qkv_rope,
             gate_up: per_type("gate_up")?,
@@ -229,6 +234,8 @@ pub struct Step<'a> {
     pub block_size: usize,
     /// Most tokens for the fused RMSNorm launches ([`FUSE_MAX_TOKENS`] unless the options say otherwise).
     pub fuse_max_tokens: usize,
+    /// Fewest tokens for the tensor-core products ([`super::mma`]); 0: never.
+    pub mma_min_tokens: usize,
 }
 
 fn grid(n: usize, per: usize) -> u32 {
@@ -244,7 +251,13 @@ fn rows_cfg(n: usize) -> LaunchConfig {
 }
 
 impl Step<'_> {
-    /// `out (=|+=|silu-gated) W · x` for `n` tokens.
+    /// Whether a step of `n` tokens runs its products on tensor cores (then unfused: the fused launches' norms
+    /// live in the CUDA-core kernels).
+    fn tensor_cores(&self, n: usize) -> bool {
+        self.mma_min_tokens > 0 && n >= self.mma_min_tokens
+    }
+
+    /// `out (=|+=|silu-gated) W · x` for `n` tokens: on tensor cores for long steps (widths a multiple of 32).
     fn matmul(
         &self,
         m: &DeviceMatrix,
@@ -253,12 +266,21 @@ impl Step<'_> {
         out: &mut CudaSlice<f32>,
         mode: i32,
     ) -> Result<(), DriverError> {
-        let f = &self.kernels.matmul[m.kind.index()];
         let (rows, cols, nt) = (m.rows as i32, m.cols as i32, n as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (grid(m.rows, WARPS), grid(n, TOKEN_TILE), 1),
-            block_dim: (32 * WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
+        let (f, cfg) = if self.tensor_cores(n) && m.cols.is_multiple_of(kernels::QBLOCK) {
+            let cfg = LaunchConfig {
+                grid_dim: (grid(m.rows, MMA_BN), grid(n, MMA_BM), 1),
+                block_dim: (MMA_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.matmul_mma[m.kind.index()], cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (grid(m.rows, WARPS), grid(n, TOKEN_TILE), 1),
+                block_dim: (32 * WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.matmul[m.kind.index()], cfg)
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&m.f)
@@ -271,9 +293,10 @@ impl Step<'_> {
             .arg(&nt)
             .arg(out)
             .arg(&mode);
-        // SAFETY: the arguments match `matmul_*`'s parameters in kernels.rs in order and type; `x` holds at
-        // least n × cols and `out` n × rows floats (Scratch sized them for this step); the matrix arrays are
-        // the uploaded ones for its type.
+        // SAFETY: the arguments match `matmul_*`'s and `matmul_mma_*`'s parameters (the same list) in order and
+        // type; `x` holds at least n × cols and `out` n × rows floats (Scratch sized them for this step); the
+        // matrix arrays are the uploaded ones for its type; the tensor-core kernel only for widths a multiple of
+        // 32 (its 16-byte loads and whole quant blocks), on a device that has it (the backend's options).
         unsafe { b.launch(cfg) }.map(|_| ())
     }
 
@@ -300,7 +323,7 @@ impl Step<'_> {
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let kv_kind = self.kv.dtype.index();
         let same = wq.kind == wk.kind && wq.kind == wv.kind && wq.cols == wk.cols && wq.cols == wv.cols;
-        if !same || n > self.fuse_max_tokens {
+        if !same || n > self.fuse_max_tokens || self.tensor_cores(n) {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wq, xn, n, q, MODE_STORE)?;
             self.matmul(wk, xn, n, k, MODE_STORE)?;
@@ -371,7 +394,12 @@ impl Step<'_> {
         n: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), DriverError> {
-        if wg.kind != wu.kind || wg.rows != wu.rows || wg.cols != wu.cols || n > self.fuse_max_tokens {
+        if wg.kind != wu.kind
+            || wg.rows != wu.rows
+            || wg.cols != wu.cols
+            || n > self.fuse_max_tokens
+            || self.tensor_cores(n)
+        {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wg, xn, n, out, MODE_STORE)?;
             return self.matmul(wu, xn, n, out, MODE_SILU_MUL);

@@ -13,6 +13,8 @@
 //!   sums through shared memory), K and V written into the paged cache.
 //! - `gate_up_{f32,q8_0,q4_0,q4_1}`: RMSNorm and the feed-forward's gate and up matmuls in one launch, writing
 //!   `silu(gate) * up`.
+//! - `matmul_mma_{f32,q8_0,q4_0,q4_1}` ([`super::mma`]): the same products on tensor cores (f16 inputs, f32
+//!   accumulation) for steps of at least [`super::mma::MMA_MIN_TOKENS`] tokens, on sm_80 and later.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
 //! - `sample_rows` ([`super::sample`]): the next token of each logit row, the argmax (the host's
@@ -70,6 +72,7 @@ pub fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
     for ty in WEIGHT_TYPES {
         v.push(format!("matmul_{ty}"));
+        v.push(format!("matmul_mma_{ty}"));
         v.push(format!("embed_{ty}"));
         v.push(format!("gate_up_{ty}"));
         for kv in KV_TYPES {
@@ -839,7 +842,7 @@ pub fn kernel_source() -> String {
         .replace("@MODE_STORE@", &MODE_STORE.to_string())
         .replace("@MODE_ADD@", &MODE_ADD.to_string())
         .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string());
-    forward + &super::sample::source()
+    forward + &super::mma::source() + &super::sample::source()
 }
 
 /// NVRTC options for a device of compute capability `(major, minor)`: `target` is `sm` (CUBIN) or `compute`
@@ -1047,6 +1050,8 @@ mod tests {
             });
             let defined = if let Some((ty, kv)) = qkv {
                 src.contains(&format!("INSTANTIATE_QKV({ty}, TY_{}, {kv}, ", ty.to_uppercase()))
+            } else if let Some(ty) = of(&["matmul_mma"], WEIGHT_TYPES) {
+                src.contains(&format!("INSTANTIATE_MMA({ty}, TY_{})", ty.to_uppercase()))
             } else if let Some(ty) = of(&["matmul", "embed", "gate_up"], WEIGHT_TYPES) {
                 src.contains(&format!("INSTANTIATE({ty}, TY_{})", ty.to_uppercase()))
             } else if let Some(ty) = of(&["rope_kv", "attention"], KV_TYPES) {
@@ -1058,7 +1063,7 @@ mod tests {
         }
         assert_eq!(
             kernel_names().len(),
-            3 * WEIGHT_TYPES.len() + WEIGHT_TYPES.len() * KV_TYPES.len() + 2 * KV_TYPES.len() + 2
+            4 * WEIGHT_TYPES.len() + WEIGHT_TYPES.len() * KV_TYPES.len() + 2 * KV_TYPES.len() + 2
         );
     }
 

@@ -27,6 +27,7 @@ pub mod forward;
 pub mod kernels;
 pub mod layout;
 pub mod libs;
+pub mod mma;
 pub mod sample;
 pub mod weights;
 
@@ -100,6 +101,9 @@ pub struct CudaOptions {
     /// Most tokens a step may have for the fused RMSNorm launches ([`forward::FUSE_MAX_TOKENS`] by default;
     /// [`FUSE_ENV`] overrides it, for measuring the choice on a GPU).
     pub fuse_max_tokens: usize,
+    /// Fewest tokens in a step for the tensor-core products ([`mma::MMA_MIN_TOKENS`] by default; 0: never;
+    /// [`mma::MMA_ENV`] overrides it). Devices before sm_80 never use them.
+    pub mma_min_tokens: usize,
 }
 
 /// Environment variable that sets [`CudaOptions::fuse_max_tokens`] (a number of tokens).
@@ -113,40 +117,60 @@ impl Default for CudaOptions {
             graphs: true,
             max_graph_batch: crate::config::DEFAULT_MAX_NUM_SEQS,
             fuse_max_tokens: forward::FUSE_MAX_TOKENS,
+            mma_min_tokens: mma::MMA_MIN_TOKENS,
         }
     }
 }
 
 impl CudaOptions {
-    /// These options with [`FUSE_ENV`] applied when it is set; an error names a value that is not a number.
+    /// These options with [`FUSE_ENV`] and [`mma::MMA_ENV`] applied when they are set; an error names a value
+    /// that is not a number.
     pub fn with_env(self) -> Result<Self, BackendError> {
-        match std::env::var(FUSE_ENV) {
-            Err(std::env::VarError::NotPresent) => Ok(self),
-            Ok(v) => self.with_fuse_setting(&v),
-            Err(e) => Err(BackendError::Device(format!("{FUSE_ENV}: {e}"))),
+        let env = |name: &str| match std::env::var(name) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Ok(v) => Ok(Some(v)),
+            Err(e) => Err(BackendError::Device(format!("{name}: {e}"))),
+        };
+        let mut o = self;
+        if let Some(v) = env(FUSE_ENV)? {
+            o = o.with_fuse_setting(&v)?;
         }
+        if let Some(v) = env(mma::MMA_ENV)? {
+            o.mma_min_tokens = tokens_setting(mma::MMA_ENV, &v)?;
+        }
+        Ok(o)
     }
 
-    /// The start-up log's words for `fuse_max_tokens`.
-    fn fuse_note(&self) -> String {
-        match self.fuse_max_tokens {
+    /// The start-up log's words for `fuse_max_tokens` and `mma_min_tokens` (`tensor_cores`: whether the device
+    /// has them).
+    fn fuse_note(&self, tensor_cores: bool) -> String {
+        let fused = match self.fuse_max_tokens {
             0 => "no fused launches".to_string(),
             n => format!("fused launches up to {n} tokens"),
-        }
+        };
+        let mma = match (tensor_cores, self.mma_min_tokens) {
+            (false, _) => "no tensor cores (before sm_80)".to_string(),
+            (true, 0) => "tensor cores off".to_string(),
+            (true, n) => format!("tensor-core products from {n} tokens"),
+        };
+        format!("{fused}, {mma}")
     }
 
     /// These options with `fuse_max_tokens` set from `value` (a [`FUSE_ENV`] setting).
     pub fn with_fuse_setting(self, value: &str) -> Result<Self, BackendError> {
-        match value.trim().parse::<usize>() {
-            Ok(n) => Ok(CudaOptions {
-                fuse_max_tokens: n,
-                ..self
-            }),
-            Err(e) => Err(BackendError::Device(format!(
-                "{FUSE_ENV}={value:?} is not a number of tokens: {e}"
-            ))),
-        }
+        Ok(CudaOptions {
+            fuse_max_tokens: tokens_setting(FUSE_ENV, value)?,
+            ..self
+        })
     }
+}
+
+/// The number of tokens an environment variable `name` sets to `value`.
+fn tokens_setting(name: &str, value: &str) -> Result<usize, BackendError> {
+    value
+        .trim()
+        .parse::<usize>()
+        .map_err(|e| BackendError::Device(format!("{name}={value:?} is not a number of tokens: {e}")))
 }
 
 /// A captured graph. CUDA graph objects are not internally synchronized; the backend owns them and uses them
@@ -501,6 +525,11 @@ impl CudaBackend {
             kv: &mut self.kv,
             block_size: self.block_size,
             fuse_max_tokens: self.options.fuse_max_tokens,
+            mma_min_tokens: if mma::supported(self.compute_capability) {
+                self.options.mma_min_tokens
+            } else {
+                0
+            },
         };
         step.launch(scratch, p)
     }
@@ -522,7 +551,7 @@ impl CudaBackend {
             self.compute_capability.1,
             self.compiled,
             self.options.kv_dtype.name(),
-            self.options.fuse_note(),
+            self.options.fuse_note(mma::supported(self.compute_capability)),
             self.graph_note
         )
     }
@@ -771,12 +800,30 @@ mod tests {
         );
         assert_eq!(o.with_fuse_setting("0").map(|o| o.fuse_max_tokens).ok(), Some(0));
         assert_eq!(
-            o.fuse_note(),
-            format!("fused launches up to {} tokens", forward::FUSE_MAX_TOKENS)
+            o.fuse_note(true),
+            format!(
+                "fused launches up to {} tokens, tensor-core products from {} tokens",
+                forward::FUSE_MAX_TOKENS,
+                mma::MMA_MIN_TOKENS
+            )
         );
         assert_eq!(
-            o.with_fuse_setting("0").map(|o| o.fuse_note()).ok().as_deref(),
-            Some("no fused launches")
+            o.with_fuse_setting("0")
+                .map(|o| o.fuse_note(false))
+                .ok()
+                .as_deref(),
+            Some("no fused launches, no tensor cores (before sm_80)")
+        );
+        let off = CudaOptions {
+            mma_min_tokens: 0,
+            ..o
+        };
+        assert!(off.fuse_note(true).ends_with("tensor cores off"));
+        assert_eq!(tokens_setting(mma::MMA_ENV, " 128").ok(), Some(128));
+        assert!(
+            tokens_setting(mma::MMA_ENV, "on")
+                .err()
+                .is_some_and(|e| e.to_string().contains(mma::MMA_ENV))
         );
         for bad in ["", "eight", "-1", "8 tokens"] {
             let e = o
