@@ -29,13 +29,7 @@ fn kernels_match_references_under_the_cpu_emulator() {
     .unwrap();
     let exe = dir.join("kernels_test");
     let out = Command::new("g++")
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-w",
-            "-fno-strict-aliasing",
-            "-I",
-        ])
+        .args(["-std=c++20", "-O1", "-w", "-fno-strict-aliasing", "-I"])
         .arg(&dir)
         .arg("-I")
         .arg(&emu)

@@ -2,10 +2,11 @@
 //! `matmul_mma_{f32,q8_0,q4_0,q4_1}` kernels (CUDA source, part of [`super::kernels::kernel_source`]).
 //!
 //! Owns the tiled product `out[t][r] (=|+=|silu-gated) W[r]·x[t]` for a tile of [`MMA_BM`] tokens × [`MMA_BN`]
-//! weight rows per block of 4 warps: per quant block of 32 columns the block's threads load the activations
-//! (f32, rounded to f16) and the weights (dequantized in registers as the CUDA-core kernels do, then rounded to
-//! f16) into shared memory, and each warp multiplies its 32 × 16 part with `mma.sync.aligned.m16n8k16` (f16
-//! inputs, f32 accumulation), the next block's loads issued before the current one's products. The operands are
+//! weight rows per block of 4 warps: per step of [`MMA_KB`] quant blocks (64 columns) the block's threads load the
+//! activations (f32, rounded to f16) and the weights (dequantized in registers as the CUDA-core kernels do, then
+//! rounded to f16) into shared memory, and each warp multiplies its 32 × 16 part with
+//! `mma.sync.aligned.m16n8k16` (f16 inputs, f32 accumulation), the next step's loads issued before the current
+//! one's products (a step is a memory round trip: two quant blocks per step halve them). The operands are
 //! read from shared memory by the fragment layout of the PTX ISA (no `ldmatrix`), rows padded so that a fragment
 //! load touches 32 distinct banks. Needs sm_80 (the instruction's f16 form with f32 accumulators); the backend
 //! launches these only there, and only where every product's width is a multiple of 32.
@@ -23,6 +24,9 @@ pub const MMA_BN: usize = 32;
 
 /// Threads per block (4 warps).
 pub const MMA_THREADS: usize = 128;
+
+/// Quant blocks (32 columns each) per step of the product loop.
+pub const MMA_KB: usize = 2;
 
 /// Fewest tokens in a step for the tensor-core products: below it the tiles would be mostly padding, and decode
 /// batches (up to the default `--max-num-seqs` of 32) keep the f32 kernels tuned for them.
@@ -43,13 +47,16 @@ pub fn source() -> String {
         .replace("@MMA_BM@", &MMA_BM.to_string())
         .replace("@MMA_BN@", &MMA_BN.to_string())
         .replace("@MMA_THREADS@", &MMA_THREADS.to_string())
+        .replace("@MMA_KB@", &MMA_KB.to_string())
 }
 
 const SOURCE: &str = r#"
 // ---- Tensor-core products for long steps (inference/src/backend/cuda/mma.rs) ----
 #define MMA_BM @MMA_BM@
 #define MMA_BN @MMA_BN@
-#define MMA_LD 40  // halves per shared-memory row: 32 and 8 of padding, so fragment loads hit 32 distinct banks
+#define MMA_KB @MMA_KB@  // quant blocks per step
+#define MMA_KC (MMA_KB * QBLOCK)  // columns per step
+#define MMA_LD (MMA_KC + 8)  // halves per shared-memory row: 8 of padding, so fragment loads hit 32 distinct banks
 #define MMA_THREADS @MMA_THREADS@
 
 // Two floats rounded to f16 (round to nearest even), packed low then high as the mma operands want them.
@@ -72,58 +79,71 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
-// One thread's share of a K-step's loads (columns kb*32 .. kb*32+31): 16 activations of one token, and the raw
-// weights of its weight rows (one wload part for Q4_x, two for Q8_0 and F32).
-template <int TY>
+// One thread's share of a step's loads (quant blocks kb .. kb + MMA_KB - 1; blocks past the row's end load as
+// zeros): 16 activations of one token per block (half the block), and the raw weights of its weight rows (per
+// block one wload part for Q4_x, two for Q8_0 and F32).
 struct MmaLoads {
-    float4 x[4];
-    WRaw w[2];
+    float4 x[4 * MMA_KB];
+    WRaw w[2 * MMA_KB];
 };
 
 template <int TY>
 __device__ __forceinline__ void mma_load(const float* __restrict__ f, const float* __restrict__ d,
                                          const float* __restrict__ m, const unsigned char* __restrict__ q, int rows,
                                          int cols, const float* __restrict__ x, int n_tok, int t0, int r0, int kb,
-                                         MmaLoads<TY>& ld) {
-    int tid = threadIdx.x;
+                                         MmaLoads& ld) {
+    int tid = threadIdx.x, nb = cols / QBLOCK;
     int tok = t0 + tid / 2;
-    const float* xp = x + (i64)tok * cols + kb * QBLOCK + (tid % 2) * 16;
-#pragma unroll
-    for (int i = 0; i < 4; i++) ld.x[i] = tok < n_tok ? ((const float4*)xp)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int LPB = lanes_per_block<TY>();
     const int PER_PASS = MMA_THREADS / LPB;  // weight rows loaded per pass
+    const int PASSES = MMA_BN / PER_PASS;
 #pragma unroll
-    for (int p = 0; p < MMA_BN / PER_PASS; p++) {
-        int r = r0 + p * PER_PASS + tid / LPB;
-        if (r < rows) ld.w[p] = wload<TY>(f, d, m, q, (i64)r * (cols / QBLOCK) + kb, tid % LPB);
-        else ld.w[p] = WRaw{make_float4(0.0f, 0.0f, 0.0f, 0.0f), 0, 0.0f, 0.0f};
+    for (int kk = 0; kk < MMA_KB; kk++) {
+        int b = kb + kk;
+        const float* xp = x + (i64)tok * cols + (i64)b * QBLOCK + (tid % 2) * 16;
+        bool live = tok < n_tok && b < nb;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            ld.x[4 * kk + i] = live ? ((const float4*)xp)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            int r = r0 + p * PER_PASS + tid / LPB;
+            WRaw& w = ld.w[kk * 2 + p];
+            if (r < rows && b < nb) w = wload<TY>(f, d, m, q, (i64)r * nb + b, tid % LPB);
+            else w = WRaw{make_float4(0.0f, 0.0f, 0.0f, 0.0f), 0, 0.0f, 0.0f};
+        }
     }
 }
 
-// The loads rounded to f16 into the shared tiles xs[token][col] and ws[row][col].
+// The loads rounded to f16 into the shared tiles xs[token][col] and ws[row][col] (col within the step).
 template <int TY>
-__device__ __forceinline__ void mma_store(const MmaLoads<TY>& ld, unsigned short (*xs)[MMA_LD],
+__device__ __forceinline__ void mma_store(const MmaLoads& ld, unsigned short (*xs)[MMA_LD],
                                           unsigned short (*ws)[MMA_LD]) {
     int tid = threadIdx.x;
-    unsigned* xrow = (unsigned*)&xs[tid / 2][(tid % 2) * 16];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        xrow[2 * i] = pack_f16x2(ld.x[i].x, ld.x[i].y);
-        xrow[2 * i + 1] = pack_f16x2(ld.x[i].z, ld.x[i].w);
-    }
     const int LPB = lanes_per_block<TY>();
     const int PER_PASS = MMA_THREADS / LPB;
+    const int PASSES = MMA_BN / PER_PASS;
     int sub = tid % LPB;
 #pragma unroll
-    for (int p = 0; p < MMA_BN / PER_PASS; p++) {
-        float w[8];
-        wdequant<TY>(ld.w[p], w);
-        unsigned* wrow = (unsigned*)&ws[p * PER_PASS + tid / LPB][0];
-        wrow[2 * sub] = pack_f16x2(w[0], w[1]);
-        wrow[2 * sub + 1] = pack_f16x2(w[2], w[3]);
-        if (LPB == 4) {
-            wrow[8 + 2 * sub] = pack_f16x2(w[4], w[5]);
-            wrow[8 + 2 * sub + 1] = pack_f16x2(w[6], w[7]);
+    for (int kk = 0; kk < MMA_KB; kk++) {
+        unsigned* xrow = (unsigned*)&xs[tid / 2][kk * QBLOCK + (tid % 2) * 16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4& v = ld.x[4 * kk + i];
+            xrow[2 * i] = pack_f16x2(v.x, v.y);
+            xrow[2 * i + 1] = pack_f16x2(v.z, v.w);
+        }
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            float w[8];
+            wdequant<TY>(ld.w[kk * 2 + p], w);
+            unsigned* wrow = (unsigned*)&ws[p * PER_PASS + tid / LPB][kk * QBLOCK];
+            wrow[2 * sub] = pack_f16x2(w[0], w[1]);
+            wrow[2 * sub + 1] = pack_f16x2(w[2], w[3]);
+            if (LPB == 4) {
+                wrow[8 + 2 * sub] = pack_f16x2(w[4], w[5]);
+                wrow[8 + 2 * sub + 1] = pack_f16x2(w[6], w[7]);
+            }
         }
     }
 }
@@ -149,15 +169,15 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
     int nb = cols / QBLOCK;
-    MmaLoads<TY> ld;
+    MmaLoads ld;
     mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, 0, ld);
-    for (int kb = 0; kb < nb; kb++) {
-        __syncthreads();  // the previous block's products are done with the tiles
+    for (int kb = 0; kb < nb; kb += MMA_KB) {
+        __syncthreads();  // the previous step's products are done with the tiles
         mma_store<TY>(ld, xs, ws);
         __syncthreads();
-        if (kb + 1 < nb) mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, kb + 1, ld);
+        if (kb + MMA_KB < nb) mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, kb + MMA_KB, ld);
 #pragma unroll
-        for (int ks = 0; ks < QBLOCK; ks += 16) {
+        for (int ks = 0; ks < MMA_KC; ks += 16) {
             unsigned a[2][4], b[2][2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
