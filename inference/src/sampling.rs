@@ -25,6 +25,8 @@
 
 use std::collections::HashMap;
 
+mod simd;
+
 /// Most alternatives `top_logprobs` may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -156,28 +158,6 @@ fn max_value(logits: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |a, &b| keep_larger(a, b))
 }
 
-/// `exp(x)` for `x ≤ 0` (0 below -87, for NaN and for -∞), within 2 ulp: Cody-Waite reduction and the Cephes
-/// `expf` polynomial, branch-free so that a loop over a vocabulary vectorizes (`f32::exp` is a libm call per
-/// element: ~0.3 ms for a 49,152-token row, where this is ~20 µs).
-#[inline(always)]
-fn exp_nonpos(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // Adding and subtracting 1.5 × 2^23 rounds to the nearest integer (|x log2 e| < 2^22 here).
-    const ROUND: f32 = 12_582_912.0;
-    let xc = if x >= -87.0 { x } else { -87.0 };
-    let n = (xc * LOG2E + ROUND) - ROUND;
-    let r = (xc - n * 0.693_359_4) + n * 2.121_944_4e-4;
-    let z = r * r;
-    let poly = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 0.166_666_65)
-        * r
-        + 0.5;
-    let y = poly * z + r + 1.0;
-    // n is in [-126, 0]: 2^n is a normal float.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    if x >= -87.0 { y * scale } else { 0.0 }
-}
-
 /// One entry of a request's token history ([`TokenHistory`]): a token and how it occurred. The CUDA backend
 /// uploads these as two 32-bit words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,10 +276,6 @@ pub fn penalize(l: f32, e: PenaltyEntry, p: &SamplingParams) -> f32 {
     l
 }
 
-/// Weights looked for above each of these thresholds in turn before all are sorted (a nucleus or top-k set is
-/// usually a few tokens of weight near 1, rarely thousands).
-const CANDIDATE_FLOORS: [f32; 4] = [1.0 / 64.0, 1.0 / 4096.0, 1e-9, 0.0];
-
 /// Elements per block of the sampling walk's running sums (the block holding the draw is walked one by one).
 const WALK_BLOCK: usize = 1024;
 
@@ -354,24 +330,19 @@ impl Sampler {
         if !p.samples() || !max.is_finite() {
             return best;
         }
-        let inv_t = 1.0 / p.temperature;
         let min_p = if p.min_p > 0.0 { p.min_p } else { 0.0 };
-        self.weights.clear();
-        self.weights.extend(logits.iter().map(|&l| {
-            let w = exp_nonpos((l - max) * inv_t);
-            if w >= min_p { w } else { 0.0 }
-        }));
-        let tau = self.threshold(p);
-        // Walk: running sums per block of WALK_BLOCK weights (vectorized), then the block holding the draw one
-        // by one; the total is the sum of the block sums, so the walk always ends inside it.
+        let inv_t = 1.0 / p.temperature;
+        let truncates = p.top_k > 0 || (p.top_p > 0.0 && p.top_p < 1.0);
+        let stats = if truncates {
+            simd::weights_and_ladder(logits, max, inv_t, min_p, &mut self.weights)
+        } else {
+            simd::weights(logits, max, inv_t, min_p, &mut self.weights)
+        };
+        let tau = self.threshold(p, &stats);
+        // Walk: the kept weights' sums per block of WALK_BLOCK (vectorized), then the block holding the draw one
+        // by one; the total is the sum of the block sums, so the walk ends inside it.
         let kept = |w: f32| if w >= tau && w > 0.0 { w } else { 0.0 };
-        self.block_sums.clear();
-        self.block_sums.extend(
-            self.weights
-                .chunks(WALK_BLOCK)
-                .map(|b| sum_lanes(b.iter().map(|&w| kept(w)))),
-        );
-        let total: f32 = self.block_sums.iter().sum();
+        let total = simd::kept_block_sums(&self.weights, tau, WALK_BLOCK, &mut self.block_sums);
         if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return best;
         }
@@ -409,65 +380,98 @@ impl Sampler {
             .map_or(best, |i| i as u32)
     }
 
-    /// The weight below which tokens are dropped by `top_k` and `top_p` (steps 5 and 6; 0: none).
-    fn threshold(&mut self, p: &SamplingParams) -> f32 {
-        let n_pos = self.weights.iter().filter(|&&w| w > 0.0).count();
+    /// The weight below which tokens are dropped by `top_k` and `top_p` (steps 5 and 6; 0: none), from the
+    /// weights and what their pass found.
+    fn threshold(&mut self, p: &SamplingParams, stats: &simd::WeightStats) -> f32 {
         let k = p.top_k as usize;
-        let top_k = k > 0 && k < n_pos;
+        let top_k = k > 0 && k < stats.positive;
         let top_p = p.top_p > 0.0 && p.top_p < 1.0;
         if !top_k && !top_p {
             return 0.0;
         }
-        let total = sum_lanes(self.weights.iter().copied());
+        let total = stats.total;
+        // The candidates: every weight above the highest ladder floor that holds the top-k set (k of them) or, for
+        // top-p alone, the nucleus (their sum reaches the target); all positive weights when none does.
         let target = p.top_p * total;
-        // The candidates: every weight above a floor, the floor low enough for the top-k set (k of them) or, for
-        // top-p alone, the nucleus (their sum reaches the target). Sorted, heaviest first.
-        for floor in CANDIDATE_FLOORS {
-            self.candidates.clear();
-            self.candidates
-                .extend(self.weights.iter().copied().filter(|&w| w > 0.0 && w >= floor));
-            let enough = if top_k {
-                self.candidates.len() >= k
-            } else {
-                self.candidates.iter().sum::<f32>() >= target
-            };
-            if enough || floor == 0.0 {
-                break;
-            }
-        }
-        self.candidates.sort_unstable_by(|a, b| b.total_cmp(a));
-        let c = &self.candidates;
+        let floor = (0..simd::LADDER.len())
+            .find(|&j| {
+                if top_k {
+                    stats.ladder_count[j] >= k
+                } else {
+                    stats.ladder_mass[j] >= target
+                }
+            })
+            .map_or(0.0, |j| simd::LADDER[j]);
+        simd::collect_at_least(&self.weights, floor.max(f32::MIN_POSITIVE), &mut self.candidates);
+        let c = &mut self.candidates[..];
         let mut tau = 0.0f32;
-        let mut end = c.len();
+        let mut set = c.len();
         if top_k {
-            tau = c[k - 1];
-            end = c.partition_point(|&w| w >= tau);
-        }
-        if top_p {
-            let mass = if top_k { c[..end].iter().sum() } else { total };
-            let target = p.top_p * mass;
-            let mut acc = 0.0f32;
-            let mut cut = c.get(end.saturating_sub(1)).copied().unwrap_or(tau);
-            for &w in &c[..end] {
-                acc += w;
-                if acc >= target {
-                    cut = w;
-                    break;
+            // The k-th largest, and the candidates at or above it moved to the front.
+            let desc = |a: &f32, b: &f32| b.total_cmp(a);
+            tau = *c.select_nth_unstable_by(k - 1, desc).1;
+            set = k;
+            for i in k..c.len() {
+                if c[i] >= tau {
+                    c.swap(i, set);
+                    set += 1;
                 }
             }
-            tau = tau.max(cut);
+        }
+        if top_p {
+            let mass = if top_k { c[..set].iter().sum() } else { total };
+            tau = tau.max(nucleus_cut(&mut c[..set], p.top_p * mass));
         }
         tau
     }
 }
 
-/// Sum in sixteen lanes (vectorizes; the order is fixed, so the result is too).
-fn sum_lanes(it: impl Iterator<Item = f32>) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    for (i, w) in it.enumerate() {
-        lanes[i % 16] += w;
+/// The weight at which the heaviest of `c` (in descending order) first reach `target` together: the largest `v`
+/// with `Σ {x ∈ c : x ≥ v} ≥ target`, or the smallest weight when rounding keeps the whole sum below it. A
+/// quickselect on mass (three-way partitions around a median of three), so a nucleus of thousands of tokens costs
+/// linear time, not a sort.
+fn nucleus_cut(c: &mut [f32], target: f32) -> f32 {
+    let (mut lo, mut hi) = (0, c.len());
+    let mut above = 0.0f32;
+    while hi - lo > 32 {
+        let s = &mut c[lo..hi];
+        let (a, b, m) = (s[0], s[s.len() / 2], s[s.len() - 1]);
+        let pivot = a.max(b).min(a.min(b).max(m));
+        // Three-way partition, descending: [> pivot | == pivot | < pivot].
+        let (mut gt, mut i, mut lt) = (0, 0, s.len());
+        while i < lt {
+            if s[i] > pivot {
+                s.swap(i, gt);
+                gt += 1;
+                i += 1;
+            } else if s[i] < pivot {
+                lt -= 1;
+                s.swap(i, lt);
+            } else {
+                i += 1;
+            }
+        }
+        let heavier: f32 = s[..gt].iter().sum();
+        if above + heavier >= target {
+            hi = lo + gt;
+            continue;
+        }
+        let equal = pivot * (lt - gt) as f32;
+        if above + heavier + equal >= target {
+            return pivot;
+        }
+        above += heavier + equal;
+        lo += lt;
     }
-    lanes.iter().sum()
+    let rest = &mut c[lo..hi];
+    rest.sort_unstable_by(|a, b| b.total_cmp(a));
+    for &w in rest.iter() {
+        above += w;
+        if above >= target {
+            return w;
+        }
+    }
+    c.iter().copied().fold(f32::INFINITY, f32::min)
 }
 
 /// What log-probabilities need of the raw logits: their log-sum-exp and the `n` most likely tokens.
@@ -485,8 +489,7 @@ impl RawStats {
                 top: Vec::new(),
             };
         }
-        let sum = sum_lanes(logits.iter().map(|&l| exp_nonpos(l - max)));
-        let lse = max + sum.ln();
+        let lse = max + simd::sum_exp(logits, max).ln();
         // The n largest (value descending, id ascending), by insertion into a short sorted list.
         let n = n.min(MAX_TOP_LOGPROBS);
         let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
@@ -549,27 +552,6 @@ mod tests {
         assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
         let mean = u.iter().sum::<f32>() / 1000.0;
         assert!((mean - 0.5).abs() < 0.03, "{mean}");
-    }
-
-    #[test]
-    fn the_fast_exp_is_within_two_ulp() {
-        let mut x = 0.0f32;
-        while x > -90.0 {
-            let want = (x as f64).exp();
-            let got = exp_nonpos(x) as f64;
-            if x >= -87.0 {
-                assert!(
-                    ((got - want) / want).abs() < 2.5e-7,
-                    "exp({x}) = {got}, want {want}"
-                );
-            } else {
-                assert_eq!(got, 0.0);
-            }
-            x -= 0.001_37;
-        }
-        assert_eq!(exp_nonpos(0.0), 1.0);
-        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_nonpos(f32::NAN), 0.0);
     }
 
     #[test]
@@ -813,6 +795,51 @@ mod tests {
         for seed in 0..2000 {
             let t = s.sample(&mut row, &spec(with(|p| p.top_p = 0.9), seed, 0)).token;
             assert!(want[t as usize] > 0.0, "token {t} outside the nucleus");
+        }
+    }
+
+    #[test]
+    fn the_nucleus_cut_equals_a_sorted_walk() {
+        let sorted_cut = |c: &[f32], target: f32| {
+            let mut s = c.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let mut acc = 0.0f32;
+            s.iter()
+                .copied()
+                .find(|&w| {
+                    acc += w;
+                    acc >= target
+                })
+                .unwrap_or(s[s.len() - 1])
+        };
+        for n in [1usize, 5, 33, 200, 5000] {
+            for case in 0..4u32 {
+                // Distinct weights, and (cases 2, 3) few distinct values: ties at the cut.
+                let c: Vec<f32> = (0..n as u32)
+                    .map(|i| {
+                        let r = philox4x32_10([i, case, 0, 0], [n as u32, 1])[0];
+                        if case >= 2 {
+                            (r % 7 + 1) as f32 / 8.0
+                        } else {
+                            (r >> 8) as f32 / (1 << 24) as f32
+                        }
+                    })
+                    .collect();
+                let sum: f32 = c.iter().sum();
+                for frac in [0.1f32, 0.5, 0.9, 0.999] {
+                    let want = sorted_cut(&c, frac * sum);
+                    let got = nucleus_cut(&mut c.clone(), frac * sum);
+                    // Sums in another order may round across a boundary of distinct weights: then the neighbour.
+                    let mut s = c.clone();
+                    s.sort_by(|a, b| b.total_cmp(a));
+                    let at = s.iter().position(|&w| w == want).unwrap();
+                    let near = s[at.saturating_sub(1)..(at + 2).min(n)].contains(&got);
+                    assert!(
+                        got == want || near,
+                        "n {n} case {case} frac {frac}: {got} against {want}"
+                    );
+                }
+            }
         }
     }
 

@@ -92,8 +92,8 @@ struct Scratch {
     logit_rows: Vec<usize>,
     /// Matmul task list: (matrix index, first row, rows, first output column).
     tasks: Vec<MatTask>,
-    /// The sampler of the [`Logits::Sample`] rows and its buffers.
-    sampler: sampling::Sampler,
+    /// One sampler (and its buffers) per [`Logits::Sample`] row of a step, so the rows are sampled in parallel.
+    samplers: Vec<sampling::Sampler>,
     /// The current product group's activations in the kernels' prepared form (AMX tiles where they run).
     prep: quant::Prepared,
 }
@@ -625,17 +625,52 @@ impl CpuBackend {
             logits: full,
             ..StepOutput::default()
         };
+        // Greedy rows take the argmax here; sampled rows are drawn on the pool, one task per row (each its own
+        // sampler), then collected in batch order.
+        let mut jobs: Vec<SampleJob<'_>> = Vec::new();
         let wanting = batch.iter().filter(|it| it.logits.wanted());
-        for (row, it) in logits.chunks_exact_mut(vocab).zip(wanting) {
+        for (i, (row, it)) in logits.chunks_exact_mut(vocab).zip(wanting).enumerate() {
             match &it.logits {
                 Logits::Sample(spec) => {
-                    let picked = s.sampler.sample(row, spec);
-                    out.tokens.push(picked.token);
-                    out.logprobs.extend(picked.logprobs);
+                    out.tokens.push(0);
+                    jobs.push(SampleJob {
+                        row,
+                        spec,
+                        at: i,
+                        picked: None,
+                    });
                 }
                 _ => out.tokens.push(sampling::argmax(row)),
             }
         }
+        if s.samplers.len() < jobs.len() {
+            s.samplers.resize_with(jobs.len(), sampling::Sampler::new);
+        }
+        let mut tasks: Vec<(&mut SampleJob<'_>, &mut sampling::Sampler)> =
+            jobs.iter_mut().zip(s.samplers.iter_mut()).collect();
+        let draw = |t: &mut (&mut SampleJob<'_>, &mut sampling::Sampler)| {
+            t.0.picked = Some(t.1.sample(t.0.row, t.0.spec));
+        };
+        match tasks.len() {
+            0 => {}
+            1 => tasks.iter_mut().for_each(draw),
+            _ => pool.chunks_mut(&mut tasks, 1, |_, t| t.iter_mut().for_each(draw)),
+        }
+        for j in jobs {
+            if let Some(picked) = j.picked {
+                out.tokens[j.at] = picked.token;
+                out.logprobs.extend(picked.logprobs);
+            }
+        }
         out
     }
+}
+
+/// One [`Logits::Sample`] row of a step: its logits, its spec, its place among the step's output rows, and the
+/// token drawn.
+struct SampleJob<'a> {
+    row: &'a mut [f32],
+    spec: &'a sampling::SampleSpec<'a>,
+    at: usize,
+    picked: Option<sampling::Sampled>,
 }
