@@ -510,10 +510,11 @@ fn cuda_answers_capital_of_france_like_the_cpu() {
     eprintln!("default model: prefill logits agree, worst relative difference {worst:.2e}");
 }
 
-/// Prefill of a long prompt on tensor cores (f16 inputs, f32 sums; the default from 64 tokens on sm_80+) against
-/// the same prompt on CUDA cores (`mma_min_tokens` 0) and on the CPU: the logits stay within [`REL_TOL_F16`] of the
-/// largest (the CPU simulation of these numerics, model_reference.rs, measured 7e-4), the greedy token is the same,
-/// in one step and in chunks; and (printing only) the time of a 512-token prompt both ways, the goal being 5 ms.
+/// Prefill of a long prompt on tensor cores (the default from 64 tokens on sm_80+: exact quants, activations as f16
+/// hi + lo, f32 sums and scales) against the same prompt on CUDA cores (`mma_min_tokens` 0) and on the CPU: the
+/// logits agree within [`REL_TOL`] (f32 results both ways; the bound is the f16 cache's [`REL_TOL_F16`]), the
+/// greedy token is the same, in one step and in chunks; and (printing only) the time of a 512-token prompt both
+/// ways, the goal being 5 ms.
 #[test]
 #[ignore = "needs an NVIDIA GPU of sm_80 or later and the default model (LLMSERVE_MODEL)"]
 fn cuda_tensor_core_prefill_stays_within_the_f16_tolerance() {
@@ -548,7 +549,7 @@ fn cuda_tensor_core_prefill_stays_within_the_f16_tolerance() {
             "512-token prefill on {what}: logits {:.2e} of the largest from the CPU's",
             diff / scale
         );
-        assert!(diff / scale <= REL_TOL_F16, "{what}: {:.2e}", diff / scale);
+        assert!(diff / scale <= REL_TOL, "{what}: {:.2e}", diff / scale);
         assert_eq!(argmax(&got[0]), argmax(&want[0]), "{what}: the greedy token");
     }
     // In chunks (the scheduler's way): 300 tokens, then 212 with the logits.

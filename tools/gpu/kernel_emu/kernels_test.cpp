@@ -98,14 +98,13 @@ void test_matmul() {
     }
     printf("matmul done\n");
 }
-// The tensor-core product (matmul_mma_*, mma.sync under emu.h) of every weight type and epilogue, against the same
-// product in double precision of the f16-rounded inputs (exact up to f32 accumulation: checks the fragment layout,
-// tiling and bounds), and against the f32 inputs (the error that rounding to f16 costs, reported). Token counts on
-// both sides of the 64-token tile; rows not a multiple of the 32-row tile.
+// The tensor-core product (matmul_mma_*, mma.sync under emu.h) of every weight type and epilogue against the same
+// product in double precision: the quants enter exact, the activations as f16 hi + lo, so the result is f32-accurate
+// like the CUDA-core kernels' (checks the fragment layout, tiling, bounds and the per-block scales). Token counts on
+// both sides of the 64-token tile; rows not a multiple of the 32-row tile; 96 columns end in half a step.
 MatmulFn mmm[4] = {matmul_mma_f32, matmul_mma_q8_0, matmul_mma_q4_0, matmul_mma_q4_1};
-static float f16r(float v) { return emu_f16_to_f32(emu_f32_to_f16(v)); }
 void test_matmul_mma() {
-    double worst_f32 = 0;
+    double worst = 0;
     for (int ty = 0; ty < 4; ty++) for (int cols : {96, 1600}) for (int n : {1, 9, 70, 130}) for (int rows : {37, 100}) for (int mode = 0; mode < 3; mode++) {
         if (mode && (n != 70 || rows != 37 || cols != 96)) continue;  // the epilogues once per type
         Mat M = make(ty, rows, cols);
@@ -115,24 +114,18 @@ void test_matmul_mma() {
         launch({(unsigned)((rows + 31) / 32), (unsigned)((n + 63) / 64)}, {128}, [&] {
             mmm[ty](M.f.data(), M.d.data(), M.m.data(), M.q.data(), rows, cols, x.data(), n, out.data(), mode);
         });
-        double err16 = 0, err32 = 0, scale = 1e-30;
+        double err = 0, scale = 1e-30;
         for (int t = 0; t < n; t++) for (int r = 0; r < rows; r++) {
-            double s16 = 0, s32 = 0;
-            for (int k = 0; k < cols; k++) {
-                s16 += (double)f16r(M.deq[r * cols + k]) * f16r(x[t * cols + k]);
-                s32 += (double)M.deq[r * cols + k] * x[t * cols + k];
-            }
-            auto epi = [&](double v) { double o = init[t * rows + r]; return mode == 0 ? v : mode == 1 ? o + v : o / (1 + std::exp(-o)) * v; };
-            double got = out[t * rows + r];
-            err16 = std::max(err16, std::fabs(got - epi(s16)));
-            err32 = std::max(err32, std::fabs(got - epi(s32)));
-            scale = std::max(scale, std::fabs(epi(s32)));
+            double s = 0;
+            for (int k = 0; k < cols; k++) s += (double)M.deq[r * cols + k] * x[t * cols + k];
+            double o = init[t * rows + r], want = mode == 0 ? s : mode == 1 ? o + s : o / (1 + std::exp(-o)) * s;
+            err = std::max(err, std::fabs(out[t * rows + r] - want));
+            scale = std::max(scale, std::fabs(want));
         }
-        CHECK(err16 / scale < 2e-6, "matmul_mma ty %d cols %d n %d rows %d mode %d: error %g against the f16-rounded product (scale %g)", ty, cols, n, rows, mode, err16, scale);
-        worst_f32 = std::max(worst_f32, err32 / scale);
+        CHECK(err / scale < 1e-5, "matmul_mma ty %d cols %d n %d rows %d mode %d: error %g of the largest output %g", ty, cols, n, rows, mode, err / scale, scale);
+        worst = std::max(worst, err / scale);
     }
-    CHECK(worst_f32 < 5e-3, "matmul_mma: f16 rounding costs %g of the largest output", worst_f32);
-    printf("matmul_mma done: worst error against the f32 product %.2e of the largest output (f16 inputs)\n", worst_f32);
+    printf("matmul_mma done: worst error %.2e of the largest output\n", worst);
 }
 void test_embed() {
     for (int ty = 0; ty < 4; ty++) {

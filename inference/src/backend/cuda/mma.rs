@@ -1,20 +1,24 @@
 //! Matrix products on tensor cores for steps with many tokens (prefill chunks, large batches): the
 //! `matmul_mma_{f32,q8_0,q4_0,q4_1}` kernels (CUDA source, part of [`super::kernels::kernel_source`]).
 //!
+//!
 //! Owns the tiled product `out[t][r] (=|+=|silu-gated) W[r]·x[t]` for a tile of [`MMA_BM`] tokens × [`MMA_BN`]
 //! weight rows per block of 4 warps: per step of [`MMA_KB`] quant blocks (64 columns) the block's threads load the
-//! activations (f32, rounded to f16) and the weights (dequantized in registers as the CUDA-core kernels do, then
-//! rounded to f16) into shared memory, and each warp multiplies its 32 × 16 part with
+//! activations and the weights into shared memory, and each warp multiplies its 32 × 16 part with
 //! `mma.sync.aligned.m16n8k16` (f16 inputs, f32 accumulation), the next step's loads issued before the current
-//! one's products (a step is a memory round trip: two quant blocks per step halve them). The operands are
-//! read from shared memory by the fragment layout of the PTX ISA (no `ldmatrix`), rows padded so that a fragment
-//! load touches 32 distinct banks. Needs sm_80 (the instruction's f16 form with f32 accumulators); the backend
-//! launches these only there, and only where every product's width is a multiple of 32.
+//! one's products (a step is a memory round trip: two quant blocks per step halve them). The operands are read from
+//! shared memory by the fragment layout of the PTX ISA (no `ldmatrix`), rows padded so that a fragment load touches
+//! 32 distinct banks. Needs sm_80 (the instruction's f16 form with f32 accumulators); the backend launches these only
+//! there, and only where every product's width is a multiple of 32.
 //!
-//! Numerics: each input is rounded to f16 (relative error ≤ 2⁻¹¹, the f16 KV cache's); products of f16 are exact
-//! in f32 and summed in f32. The f32 CUDA-core kernels stay for steps below [`MMA_MIN_TOKENS`] (every decode
-//! batch by default), so greedy decoding is unchanged; [`MMA_ENV`] moves or disables the threshold. Never
-//! launched by this module (that is [`super::forward`]).
+//! Numerics, the CPU's AMX kernels' (docs/architecture.md, Decisions): **f32 results**, not f16 ones. The weights
+//! enter the tensor cores as their integer quants (exact in f16), each quant block's product is scaled (and Q4_1's
+//! minimum times the activations' sum added) in f32, and the activations enter as two f16 halves `hi + lo` (relative
+//! error ≤ 2⁻²², two products per block; F32 weights are split too, three products). So a token's logits do not
+//! depend on whether its step ran on tensor cores (a decode token beside a long prefill chunk, a batch of 64) or on
+//! the CUDA-core kernels, to f32 rounding; plain f16 inputs would move them by ~7e-4 of the largest logit
+//! (model_reference.rs simulates that on the CPU). The CUDA-core kernels stay for steps below [`MMA_MIN_TOKENS`];
+//! [`MMA_ENV`] moves or disables the threshold. Never launched by this module (that is [`super::forward`]).
 
 /// Tokens per block tile.
 pub const MMA_BM: usize = 64;
@@ -59,9 +63,9 @@ const SOURCE: &str = r#"
 #define MMA_LD (MMA_KC + 8)  // halves per shared-memory row: 8 of padding, so fragment loads hit 32 distinct banks
 #define MMA_THREADS @MMA_THREADS@
 
-// Two floats rounded to f16 (round to nearest even), packed low then high as the mma operands want them.
-__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
-    return (unsigned)f32_to_f16(lo) | ((unsigned)f32_to_f16(hi) << 16);
+// Two f16 bit patterns packed low then high, as the mma operands want them.
+__device__ __forceinline__ unsigned pack_bits(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
 }
 
 // d (4 f32, this lane's part of the 16x8 tile) += A (16x16 f16, a: 4 registers of 2) x B (16x8 f16, b: 2 registers)
@@ -79,12 +83,45 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
+// A lane's part of a quant block as the tensor cores take it: the quants as small integers (exact in f16: Q8_0's
+// -127..127, Q4_0's nibble - 8, Q4_1's nibble), the scale and minimum applied to the block's product afterwards in
+// f32; F32 weights as they are (split into two halves at the store). Layout as wdequant's.
+template <int TY>
+__device__ __forceinline__ void wquant(const WRaw& r, float* w) {
+    if (TY == TY_F32) {
+        w[0] = r.f.x;
+        w[1] = r.f.y;
+        w[2] = r.f.z;
+        w[3] = r.f.w;
+    } else if (TY == TY_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k));
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int byte = (r.v >> (8 * k)) & 0xff;
+            int off = TY == TY_Q4_0 ? 8 : 0;
+            w[k] = (float)((byte & 15) - off);
+            w[4 + k] = (float)((byte >> 4) - off);
+        }
+    }
+}
+
 // One thread's share of a step's loads (quant blocks kb .. kb + MMA_KB - 1; blocks past the row's end load as
 // zeros): 16 activations of one token per block (half the block), and the raw weights of its weight rows (per
 // block one wload part for Q4_x, two for Q8_0 and F32).
 struct MmaLoads {
     float4 x[4 * MMA_KB];
     WRaw w[2 * MMA_KB];
+};
+
+// The step's tiles in shared memory: the activations as f16 hi + lo (x = hi + lo to 2^-22), the weights as f16 (the
+// quants; F32 weights hi + lo), each (row, block)'s scale and minimum, and each (token, block)'s activation sum (the
+// Q4_1 minimum's term).
+struct MmaTiles {
+    unsigned short x_hi[MMA_BM][MMA_LD], x_lo[MMA_BM][MMA_LD];
+    unsigned short w_hi[MMA_BN][MMA_LD], w_lo[MMA_BN][MMA_LD];
+    float scale[MMA_BN][MMA_KB], minimum[MMA_BN][MMA_KB], x_sum[MMA_BM][MMA_KB];
 };
 
 template <int TY>
@@ -115,10 +152,9 @@ __device__ __forceinline__ void mma_load(const float* __restrict__ f, const floa
     }
 }
 
-// The loads rounded to f16 into the shared tiles xs[token][col] and ws[row][col] (col within the step).
+// The loads into the shared tiles.
 template <int TY>
-__device__ __forceinline__ void mma_store(const MmaLoads& ld, unsigned short (*xs)[MMA_LD],
-                                          unsigned short (*ws)[MMA_LD]) {
+__device__ __forceinline__ void mma_store(const MmaLoads& ld, MmaTiles& tl) {
     int tid = threadIdx.x;
     const int LPB = lanes_per_block<TY>();
     const int PER_PASS = MMA_THREADS / LPB;
@@ -126,37 +162,64 @@ __device__ __forceinline__ void mma_store(const MmaLoads& ld, unsigned short (*x
     int sub = tid % LPB;
 #pragma unroll
     for (int kk = 0; kk < MMA_KB; kk++) {
-        unsigned* xrow = (unsigned*)&xs[tid / 2][kk * QBLOCK + (tid % 2) * 16];
+        int col = kk * QBLOCK + (tid % 2) * 16;
+        unsigned* hi = (unsigned*)&tl.x_hi[tid / 2][col];
+        unsigned* lo = (unsigned*)&tl.x_lo[tid / 2][col];
+        float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float4& v = ld.x[4 * kk + i];
-            xrow[2 * i] = pack_f16x2(v.x, v.y);
-            xrow[2 * i + 1] = pack_f16x2(v.z, v.w);
+            float v[4] = {ld.x[4 * kk + i].x, ld.x[4 * kk + i].y, ld.x[4 * kk + i].z, ld.x[4 * kk + i].w};
+            unsigned short h[4], l[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                h[e] = f32_to_f16(v[e]);
+                l[e] = f32_to_f16(v[e] - f16_to_f32(h[e]));
+                sum += v[e];
+            }
+            hi[2 * i] = pack_bits(h[0], h[1]);
+            hi[2 * i + 1] = pack_bits(h[2], h[3]);
+            lo[2 * i] = pack_bits(l[0], l[1]);
+            lo[2 * i + 1] = pack_bits(l[2], l[3]);
         }
+        // The token's two threads are adjacent lanes.
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        if (tid % 2 == 0) tl.x_sum[tid / 2][kk] = sum;
 #pragma unroll
         for (int p = 0; p < PASSES; p++) {
             float w[8];
-            wdequant<TY>(ld.w[kk * 2 + p], w);
-            unsigned* wrow = (unsigned*)&ws[p * PER_PASS + tid / LPB][kk * QBLOCK];
-            wrow[2 * sub] = pack_f16x2(w[0], w[1]);
-            wrow[2 * sub + 1] = pack_f16x2(w[2], w[3]);
-            if (LPB == 4) {
-                wrow[8 + 2 * sub] = pack_f16x2(w[4], w[5]);
-                wrow[8 + 2 * sub + 1] = pack_f16x2(w[6], w[7]);
+            wquant<TY>(ld.w[kk * 2 + p], w);
+            int row = p * PER_PASS + tid / LPB;
+            unsigned* whi = (unsigned*)&tl.w_hi[row][kk * QBLOCK];
+            unsigned* wlo = (unsigned*)&tl.w_lo[row][kk * QBLOCK];
+            const int NW = LPB == 4 ? 8 : 4;
+#pragma unroll
+            for (int e = 0; e < NW; e += 2) {
+                // Elements 4 sub + e (and for Q4_x, 16 + 4 sub + e - 4): word index of the pair.
+                int word = e < 4 ? 2 * sub + e / 2 : 8 + 2 * sub + (e - 4) / 2;
+                unsigned short a = f32_to_f16(w[e]), b = f32_to_f16(w[e + 1]);
+                whi[word] = pack_bits(a, b);
+                if (TY == TY_F32)
+                    wlo[word] = pack_bits(f32_to_f16(w[e] - f16_to_f32(a)), f32_to_f16(w[e + 1] - f16_to_f32(b)));
+            }
+            if (sub == 0) {
+                tl.scale[row][kk] = TY == TY_F32 ? 1.0f : ld.w[kk * 2 + p].s;
+                tl.minimum[row][kk] = TY == TY_Q4_1 ? ld.w[kk * 2 + p].mn : 0.0f;
             }
         }
     }
 }
 
 // out[t][r] (=|+=|silu-gated) W[r]·x[t] for rows r of W (rows x cols, cols a multiple of 32) and tokens t of x
-// ([n_tok][cols]); out is [n_tok][rows]. Grid: (ceil(rows / MMA_BN), ceil(n_tok / MMA_BM)); block: 128 threads,
-// warp w computing tokens 32 (w / 2) .. +31 and rows 16 (w % 2) .. +15 of the block's tile.
+// ([n_tok][cols]); out is [n_tok][rows]. Per quant block the tensor cores multiply the quants (exact) by the
+// activations' f16 hi and lo halves (F32 weights: hi and lo too, three products), summing in f32; the block's scale
+// (and Q4_1's minimum times the activations' sum) is then applied in f32, as the CUDA-core kernels do. Grid:
+// (ceil(rows / MMA_BN), ceil(n_tok / MMA_BM)); block: 128 threads, warp w computing tokens 32 (w / 2) .. +31 and
+// rows 16 (w % 2) .. +15 of the block's tile.
 template <int TY>
 __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __restrict__ d, const float* __restrict__ m,
                                 const unsigned char* __restrict__ q, int rows, int cols, const float* __restrict__ x,
                                 int n_tok, float* __restrict__ out, int mode) {
-    __shared__ unsigned short xs[MMA_BM][MMA_LD];
-    __shared__ unsigned short ws[MMA_BN][MMA_LD];
+    __shared__ MmaTiles tl;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int g = lane / 4, tq = lane % 4;
     int r0 = blockIdx.x * MMA_BN, t0 = blockIdx.y * MMA_BM;
@@ -173,30 +236,65 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
     mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, 0, ld);
     for (int kb = 0; kb < nb; kb += MMA_KB) {
         __syncthreads();  // the previous step's products are done with the tiles
-        mma_store<TY>(ld, xs, ws);
+        mma_store<TY>(ld, tl);
         __syncthreads();
         if (kb + MMA_KB < nb) mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, kb + MMA_KB, ld);
 #pragma unroll
-        for (int ks = 0; ks < MMA_KC; ks += 16) {
-            unsigned a[2][4], b[2][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int tm = wm + 16 * i;
-                a[i][0] = *(const unsigned*)&xs[tm + g][ks + 2 * tq];
-                a[i][1] = *(const unsigned*)&xs[tm + g + 8][ks + 2 * tq];
-                a[i][2] = *(const unsigned*)&xs[tm + g][ks + 8 + 2 * tq];
-                a[i][3] = *(const unsigned*)&xs[tm + g + 8][ks + 8 + 2 * tq];
-            }
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                int rn = wn + 8 * j;
-                b[j][0] = *(const unsigned*)&ws[rn + g][ks + 2 * tq];
-                b[j][1] = *(const unsigned*)&ws[rn + g][ks + 8 + 2 * tq];
-            }
+        for (int kk = 0; kk < MMA_KB; kk++) {
+            float blk[2][2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) mma_16816(acc[i][j], a[i], b[j]);
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) blk[i][j][e] = 0.0f;
+#pragma unroll
+            for (int ks = kk * QBLOCK; ks < (kk + 1) * QBLOCK; ks += 16) {
+                unsigned ah[2][4], al[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    int tm = wm + 16 * i;
+                    ah[i][0] = *(const unsigned*)&tl.x_hi[tm + g][ks + 2 * tq];
+                    ah[i][1] = *(const unsigned*)&tl.x_hi[tm + g + 8][ks + 2 * tq];
+                    ah[i][2] = *(const unsigned*)&tl.x_hi[tm + g][ks + 8 + 2 * tq];
+                    ah[i][3] = *(const unsigned*)&tl.x_hi[tm + g + 8][ks + 8 + 2 * tq];
+                    al[i][0] = *(const unsigned*)&tl.x_lo[tm + g][ks + 2 * tq];
+                    al[i][1] = *(const unsigned*)&tl.x_lo[tm + g + 8][ks + 2 * tq];
+                    al[i][2] = *(const unsigned*)&tl.x_lo[tm + g][ks + 8 + 2 * tq];
+                    al[i][3] = *(const unsigned*)&tl.x_lo[tm + g + 8][ks + 8 + 2 * tq];
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int rn = wn + 8 * j;
+                    bh[j][0] = *(const unsigned*)&tl.w_hi[rn + g][ks + 2 * tq];
+                    bh[j][1] = *(const unsigned*)&tl.w_hi[rn + g][ks + 8 + 2 * tq];
+                    if (TY == TY_F32) {
+                        bl[j][0] = *(const unsigned*)&tl.w_lo[rn + g][ks + 2 * tq];
+                        bl[j][1] = *(const unsigned*)&tl.w_lo[rn + g][ks + 8 + 2 * tq];
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        mma_16816(blk[i][j], ah[i], bh[j]);
+                        mma_16816(blk[i][j], al[i], bh[j]);
+                        if (TY == TY_F32) mma_16816(blk[i][j], ah[i], bl[j]);
+                    }
+            }
+            // The block's scale (and Q4_1's minimum times the activations' sum), in f32.
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int tl_row = wm + 16 * i + g + (e >= 2 ? 8 : 0);
+                        int wl_row = wn + 8 * j + 2 * tq + (e & 1);
+                        float v = blk[i][j][e] * tl.scale[wl_row][kk];
+                        if (TY == TY_Q4_1) v = fmaf(tl.minimum[wl_row][kk], tl.x_sum[tl_row][kk], v);
+                        acc[i][j][e] += v;
+                    }
         }
     }
     // acc[i][j]: (token wm + 16 i + g (+8 for e >= 2), row wn + 8 j + 2 tq (+1 for odd e)).
