@@ -40,8 +40,9 @@ except Exception as e:
 print("OPENAI-CLIENT-OK", len(models := c.models.list().data))
 "#;
 
-#[test]
-fn official_openai_python_client_streaming_and_not() {
+/// Runs a Python script with the official OpenAI client against `llmserve` on the tiny model (served as `m`); the
+/// script gets the base URL and must print `marker`.
+fn run_openai_client(script: &str, marker: &str) {
     let have = std::process::Command::new("python3")
         .args(["-c", "import openai"])
         .output()
@@ -55,16 +56,21 @@ fn official_openai_python_client_streaming_and_not() {
     let model = serve_common::tiny_model();
     let s = Server::start(&model, &["--served-model-name", "m"]);
     let out = std::process::Command::new("python3")
-        .args(["-c", OPENAI_SCRIPT, &format!("http://127.0.0.1:{}/v1", s.port)])
+        .args(["-c", script, &format!("http://127.0.0.1:{}/v1", s.port)])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("OPENAI-CLIENT-OK 1"),
+        out.status.success() && stdout.contains(marker),
         "openai client failed:\n{stdout}\n{}\nserver:\n{}",
         String::from_utf8_lossy(&out.stderr),
         s.stderr()
     );
+}
+
+#[test]
+fn official_openai_python_client_streaming_and_not() {
+    run_openai_client(OPENAI_SCRIPT, "OPENAI-CLIENT-OK 1");
 }
 
 /// What OpenAI-style clients send besides the basics: a seed, `n`, log-probabilities, penalties, vLLM's
@@ -118,33 +124,7 @@ print("OPENAI-FIELDS-OK")
 
 #[test]
 fn official_openai_python_client_sends_seed_n_logprobs_and_penalties() {
-    let have = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !require(
-        have,
-        "the OpenAI Python client is not installed (pip install openai)",
-    ) {
-        return;
-    }
-    let model = serve_common::tiny_model();
-    let s = Server::start(&model, &["--served-model-name", "m"]);
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            OPENAI_FIELDS_SCRIPT,
-            &format!("http://127.0.0.1:{}/v1", s.port),
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("OPENAI-FIELDS-OK"),
-        "openai client failed:\n{stdout}\n{}\nserver:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        s.stderr()
-    );
+    run_openai_client(OPENAI_FIELDS_SCRIPT, "OPENAI-FIELDS-OK");
 }
 
 #[test]

@@ -150,10 +150,11 @@ __device__ __forceinline__ WRaw wload(const float* __restrict__ f, const float* 
     return w;
 }
 
-// wload's lane part dequantized into w: for Q4_x elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]; for Q8_0 and F32
-// the 4 elements at 4*sub in w[0..4].
+// wload's lane part as the quants' values, before the block's scale (and minimum): small integers (exact in f16:
+// Q8_0's -127..127, Q4_0's nibble - 8, Q4_1's nibble; the tensor-core products take them so), F32 weights as they
+// are. For Q4_x elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]; for Q8_0 and F32 the 4 elements at 4*sub in w[0..4].
 template <int TY>
-__device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
+__device__ __forceinline__ void wquant(const WRaw& r, float* w) {
     if (TY == TY_F32) {
         w[0] = r.f.x;
         w[1] = r.f.y;
@@ -161,19 +162,28 @@ __device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
         w[3] = r.f.w;
     } else if (TY == TY_Q8_0) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k)) * r.s;
+        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k));
     } else {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int byte = (r.v >> (8 * k)) & 0xff;
-            if (TY == TY_Q4_0) {
-                w[k] = (float)((byte & 15) - 8) * r.s;
-                w[4 + k] = (float)((byte >> 4) - 8) * r.s;
-            } else {
-                w[k] = (float)(byte & 15) * r.s + r.mn;
-                w[4 + k] = (float)(byte >> 4) * r.s + r.mn;
-            }
+            int off = TY == TY_Q4_0 ? 8 : 0;
+            w[k] = (float)((byte & 15) - off);
+            w[4 + k] = (float)((byte >> 4) - off);
         }
+    }
+}
+
+// wload's lane part dequantized into w (wquant's layout): the quants times the block's scale (plus Q4_1's minimum).
+template <int TY>
+__device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
+    wquant<TY>(r, w);
+    if (TY == TY_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] *= r.s;
+    } else if (TY != TY_F32) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = TY == TY_Q4_0 ? w[k] * r.s : w[k] * r.s + r.mn;
     }
 }
 

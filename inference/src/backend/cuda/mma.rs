@@ -83,28 +83,17 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
 #endif
 }
 
-// A lane's part of a quant block as the tensor cores take it: the quants as small integers (exact in f16: Q8_0's
-// -127..127, Q4_0's nibble - 8, Q4_1's nibble), the scale and minimum applied to the block's product afterwards in
-// f32; F32 weights as they are (split into two halves at the store). Layout as wdequant's.
-template <int TY>
-__device__ __forceinline__ void wquant(const WRaw& r, float* w) {
-    if (TY == TY_F32) {
-        w[0] = r.f.x;
-        w[1] = r.f.y;
-        w[2] = r.f.z;
-        w[3] = r.f.w;
-    } else if (TY == TY_Q8_0) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k));
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int byte = (r.v >> (8 * k)) & 0xff;
-            int off = TY == TY_Q4_0 ? 8 : 0;
-            w[k] = (float)((byte & 15) - off);
-            w[4 + k] = (float)((byte >> 4) - off);
-        }
-    }
+// A fragment of A (16 rows from tm, 16 columns from ks, row-major tile t) and of B (8 rows of t from rn — the tile
+// holds B transposed —, 16 columns from ks), as the PTX ISA lays them out for lane (g, tq) = (lane / 4, lane % 4).
+__device__ __forceinline__ void frag_a(const unsigned short (*t)[MMA_LD], int tm, int ks, int g, int tq, unsigned* a) {
+    a[0] = *(const unsigned*)&t[tm + g][ks + 2 * tq];
+    a[1] = *(const unsigned*)&t[tm + g + 8][ks + 2 * tq];
+    a[2] = *(const unsigned*)&t[tm + g][ks + 8 + 2 * tq];
+    a[3] = *(const unsigned*)&t[tm + g + 8][ks + 8 + 2 * tq];
+}
+__device__ __forceinline__ void frag_b(const unsigned short (*t)[MMA_LD], int rn, int ks, int g, int tq, unsigned* b) {
+    b[0] = *(const unsigned*)&t[rn + g][ks + 2 * tq];
+    b[1] = *(const unsigned*)&t[rn + g][ks + 8 + 2 * tq];
 }
 
 // One thread's share of a step's loads (quant blocks kb .. kb + MMA_KB - 1; blocks past the row's end load as
@@ -253,25 +242,13 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
                 unsigned ah[2][4], al[2][4], bh[2][2], bl[2][2];
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    int tm = wm + 16 * i;
-                    ah[i][0] = *(const unsigned*)&tl.x_hi[tm + g][ks + 2 * tq];
-                    ah[i][1] = *(const unsigned*)&tl.x_hi[tm + g + 8][ks + 2 * tq];
-                    ah[i][2] = *(const unsigned*)&tl.x_hi[tm + g][ks + 8 + 2 * tq];
-                    ah[i][3] = *(const unsigned*)&tl.x_hi[tm + g + 8][ks + 8 + 2 * tq];
-                    al[i][0] = *(const unsigned*)&tl.x_lo[tm + g][ks + 2 * tq];
-                    al[i][1] = *(const unsigned*)&tl.x_lo[tm + g + 8][ks + 2 * tq];
-                    al[i][2] = *(const unsigned*)&tl.x_lo[tm + g][ks + 8 + 2 * tq];
-                    al[i][3] = *(const unsigned*)&tl.x_lo[tm + g + 8][ks + 8 + 2 * tq];
+                    frag_a(tl.x_hi, wm + 16 * i, ks, g, tq, ah[i]);
+                    frag_a(tl.x_lo, wm + 16 * i, ks, g, tq, al[i]);
                 }
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    int rn = wn + 8 * j;
-                    bh[j][0] = *(const unsigned*)&tl.w_hi[rn + g][ks + 2 * tq];
-                    bh[j][1] = *(const unsigned*)&tl.w_hi[rn + g][ks + 8 + 2 * tq];
-                    if (TY == TY_F32) {
-                        bl[j][0] = *(const unsigned*)&tl.w_lo[rn + g][ks + 2 * tq];
-                        bl[j][1] = *(const unsigned*)&tl.w_lo[rn + g][ks + 8 + 2 * tq];
-                    }
+                    frag_b(tl.w_hi, wn + 8 * j, ks, g, tq, bh[j]);
+                    if (TY == TY_F32) frag_b(tl.w_lo, wn + 8 * j, ks, g, tq, bl[j]);
                 }
 #pragma unroll
                 for (int i = 0; i < 2; i++)

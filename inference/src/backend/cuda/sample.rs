@@ -201,30 +201,22 @@ __device__ __forceinline__ float weight_of(float l, float mx, float inv_t, float
     return w >= min_p && w > 0.0f ? w : 0.0f;
 }
 
-__device__ __forceinline__ int warp_sum_i(int v) {
+template <typename T>
+__device__ __forceinline__ T warp_total(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
 // Block-wide results every thread gets, in an order fixed by the block's shape: each warp's butterfly, then the
 // warps' results one after another. red: shared scratch of 32 entries (free again when these return).
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* red) {
+    v = warp_total(v);
     int nw = blockDim.x / 32;
     __syncthreads();
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
     __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < nw; w++) s += red[w];
-    return s;
-}
-__device__ __forceinline__ int block_sum_int(int v, int* red) {
-    v = warp_sum_i(v);
-    int nw = blockDim.x / 32;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    int s = 0;
+    T s = 0;
     for (int w = 0; w < nw; w++) s += red[w];
     return s;
 }
@@ -334,7 +326,7 @@ __device__ void level_stats(const float* l, int vocab, float mx, float inv_t, fl
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
 #pragma unroll
     for (int j = 0; j <= SAMPLE_LEVELS; j++) {
-        c[j] = warp_sum_i(c[j]);
+        c[j] = warp_total(c[j]);
         m[j] = warp_sum(m[j]);
     }
     __syncthreads();
@@ -574,7 +566,7 @@ __device__ int draw(const float* l, int vocab, float mx, int best, float temp, f
                 tau_k = sh.cand[top_k - 1];
                 int c = 0;
                 for (int i = threadIdx.x; i < n; i += blockDim.x) c += sh.cand[i] >= tau_k;
-                int end = block_sum_int(c, sh.red_i);
+                int end = block_sum(c, sh.red_i);
                 if (on_p) {
                     mass_s = cand_sum(sh, end);
                     float tau_p = nucleus_cut(sh, end, top_p * mass_s);
