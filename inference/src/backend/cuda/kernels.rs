@@ -351,6 +351,18 @@ __device__ __forceinline__ void inv_rms(const float* __restrict__ xt, int cols, 
     }
 }
 
+// out[o] = v, += v, or (the gate already in out[o]) silu(out[o]) * v: the matmul epilogues.
+__device__ __forceinline__ void store_mode(float* __restrict__ out, i64 o, float v, int mode) {
+    if (mode == MODE_STORE) {
+        out[o] = v;
+    } else if (mode == MODE_ADD) {
+        out[o] += v;
+    } else {
+        float g = out[o];
+        out[o] = g / (1.0f + expf(-g)) * v;
+    }
+}
+
 // out[t0 + t][r] (=|+=|silu-gated) the warp's sum of acc[t], for the tile's nt tokens (nt is the same in all lanes,
 // so only the live tokens' sums are reduced).
 __device__ __forceinline__ void store_row(const float* acc, int nt, int lane, float* __restrict__ out, int rows,
@@ -359,17 +371,7 @@ __device__ __forceinline__ void store_row(const float* acc, int nt, int lane, fl
     for (int t = 0; t < TOKEN_TILE; t++) {
         if (t < nt) {
             float v = warp_sum(acc[t]);
-            if (lane == 0) {
-                i64 o = (i64)(t0 + t) * rows + r;
-                if (mode == MODE_STORE) {
-                    out[o] = v;
-                } else if (mode == MODE_ADD) {
-                    out[o] += v;
-                } else {
-                    float g = out[o];
-                    out[o] = g / (1.0f + expf(-g)) * v;
-                }
-            }
+            if (lane == 0) store_mode(out, (i64)(t0 + t) * rows + r, v, mode);
         }
     }
 }

@@ -96,6 +96,16 @@ __device__ __forceinline__ void frag_b(const unsigned short (*t)[MMA_LD], int rn
     b[1] = *(const unsigned*)&t[rn + g][ks + 8 + 2 * tq];
 }
 
+// A warp's accumulators (2 x 2 tiles of 16 x 8, 4 per lane) set to 0.
+__device__ __forceinline__ void zero_tiles(float (&a)[2][2][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) a[i][j][e] = 0.0f;
+}
+
 // One thread's share of a step's loads (quant blocks kb .. kb + MMA_KB - 1; blocks past the row's end load as
 // zeros): 16 activations of one token per block (half the block), and the raw weights of its weight rows (per
 // block one wload part for Q4_x, two for Q8_0 and F32).
@@ -214,12 +224,7 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
     int r0 = blockIdx.x * MMA_BN, t0 = blockIdx.y * MMA_BM;
     int wm = (warp / 2) * 32, wn = (warp % 2) * 16;
     float acc[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    zero_tiles(acc);
     int nb = cols / QBLOCK;
     MmaLoads ld;
     mma_load<TY>(f, d, m, q, rows, cols, x, n_tok, t0, r0, 0, ld);
@@ -231,12 +236,7 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
 #pragma unroll
         for (int kk = 0; kk < MMA_KB; kk++) {
             float blk[2][2][4];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) blk[i][j][e] = 0.0f;
+            zero_tiles(blk);
 #pragma unroll
             for (int ks = kk * QBLOCK; ks < (kk + 1) * QBLOCK; ks += 16) {
                 unsigned ah[2][4], al[2][4], bh[2][2], bl[2][2];
@@ -283,18 +283,7 @@ __device__ void matmul_mma_impl(const float* __restrict__ f, const float* __rest
             for (int e = 0; e < 4; e++) {
                 int t = t0 + wm + 16 * i + g + (e >= 2 ? 8 : 0);
                 int r = r0 + wn + 8 * j + 2 * tq + (e & 1);
-                if (t < n_tok && r < rows) {
-                    i64 o = (i64)t * rows + r;
-                    float v = acc[i][j][e];
-                    if (mode == MODE_STORE) {
-                        out[o] = v;
-                    } else if (mode == MODE_ADD) {
-                        out[o] += v;
-                    } else {
-                        float gt = out[o];
-                        out[o] = gt / (1.0f + expf(-gt)) * v;
-                    }
-                }
+                if (t < n_tok && r < rows) store_mode(out, (i64)t * rows + r, acc[i][j][e], mode);
             }
 }
 

@@ -208,38 +208,32 @@ __device__ __forceinline__ T warp_total(T v) {
 }
 
 // Block-wide results every thread gets, in an order fixed by the block's shape: each warp's butterfly, then the
-// warps' results one after another. red: shared scratch of 32 entries (free again when these return).
+// warps' results one after another, combined by op. red: shared scratch of 32 entries (free again when these return).
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* red, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int nw = blockDim.x / 32;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    T r = red[0];
+    for (int w = 1; w < nw; w++) r = op(r, red[w]);
+    return r;
+}
+struct OpAdd {
+    template <typename T>
+    __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct OpMin {
+    __device__ int operator()(int a, int b) const { return min(a, b); }
+};
+struct OpMax {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 template <typename T>
-__device__ __forceinline__ T block_sum(T v, T* red) {
-    v = warp_total(v);
-    int nw = blockDim.x / 32;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    T s = 0;
-    for (int w = 0; w < nw; w++) s += red[w];
-    return s;
-}
-__device__ __forceinline__ int block_min_int(int v, int* red) {
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int nw = blockDim.x / 32;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    int m = red[0];
-    for (int w = 1; w < nw; w++) m = min(m, red[w]);
-    return m;
-}
-__device__ __forceinline__ float block_max(float v, float* red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int nw = blockDim.x / 32;
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int w = 1; w < nw; w++) m = fmaxf(m, red[w]);
-    return m;
-}
+__device__ __forceinline__ T block_sum(T v, T* red) { return block_reduce(v, red, OpAdd()); }
+__device__ __forceinline__ int block_min_int(int v, int* red) { return block_reduce(v, red, OpMin()); }
+__device__ __forceinline__ float block_max(float v, float* red) { return block_reduce(v, red, OpMax()); }
 // The best (value, index) of the block: larger value first, then lower index; NO_INDEX marks "none".
 __device__ __forceinline__ void keep_better(float& best, int& bi, float v, int i) {
     if (i != NO_INDEX && (bi == NO_INDEX || v > best || (v == best && i < bi))) {
