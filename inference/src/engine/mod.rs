@@ -1,7 +1,10 @@
-//! The engine step loop: scheduler → backend forward → sampling → detokenization → streaming, on its own thread.
+//! The engine step loop: scheduler → backend forward (which picks each sequence's next token) → detokenization →
+//! streaming, on its own thread.
 //!
 //! Owns the lifecycle of every request after the HTTP layer accepted it: queueing (the [`Scheduler`]), the
-//! per-step batch handed to the [`Backend`], sampling, incremental UTF-8-safe detokenization with stop strings,
+//! per-step batch handed to the [`Backend`] with what each sequence's token needs (the argmax, or a
+//! [`SampleSpec`]: the request's parameters and seed, the token's output index, the token history its penalties
+//! need, kept here per request), incremental UTF-8-safe detokenization with stop strings,
 //! finish conditions (EOS, stop string → `stop`; `max_tokens`, context or KV capacity → `length`), delivery of
 //! output through a bounded channel per request, cancellation when the client goes away, weight swaps between
 //! steps, metrics and the llmprof probe records (one [`StepRecord`] per step, one [`RequestRecord`] per lifecycle
@@ -396,6 +399,7 @@ impl EngineLoop {
         // Forward.
         // What each item wants back, in batch order: greedy sequences only the argmax, the others a token drawn
         // by the backend (on a GPU the logits stay on the device either way), with log-probabilities if asked.
+        // (sequence, whether it gets a token, whether with log-probabilities)
         let mut wants: Vec<(u64, bool, bool)> = Vec::with_capacity(out.seqs.len());
         let result = {
             let mut items = Vec::with_capacity(out.seqs.len());
