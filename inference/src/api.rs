@@ -463,6 +463,7 @@ fn logprobs_of(c: &Common, is_chat: bool) -> Result<Option<u8>, ApiError> {
     };
     match (on, top) {
         (false, None) => Ok(None),
+        (false, Some(v)) if v.as_u64() == Some(0) => Ok(None),
         (false, Some(_)) => Err(ApiError::bad(
             "top_logprobs needs logprobs: true",
             Some("top_logprobs"),

@@ -386,7 +386,7 @@ fn bad_requests_get_openai_style_errors() {
     );
     let defaults = json!({"max_tokens": 2, "n": 1, "response_format": {"type": "text"}, "logit_bias": {},
         "tools": null, "tool_choice": "none", "presence_penalty": 0, "frequency_penalty": 0, "top_k": -1,
-        "user": "u1", "logprobs": false});
+        "user": "u1", "logprobs": false, "top_logprobs": 0});
     let r = s.post_json("/v1/chat/completions", &chat_body("ok", defaults));
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.json()["choices"][0]["logprobs"].is_null());
