@@ -1069,7 +1069,9 @@ mod tests {
             } else if let Some(ty) = of(&["rope_kv", "attention"], KV_TYPES) {
                 src.contains(&format!("INSTANTIATE_KV({ty}, "))
             } else {
-                src.contains(&format!("extern \"C\" __global__ void {name}("))
+                // `extern "C" __global__ void [__launch_bounds__(N)] name(`
+                src.lines()
+                    .any(|l| l.contains("extern \"C\" __global__ void") && l.contains(&format!(" {name}(")))
             };
             assert!(defined, "kernel {name} missing from the source");
         }

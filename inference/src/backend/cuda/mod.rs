@@ -596,6 +596,8 @@ impl CudaBackend {
         if let (Some((_, shape)), Some(g)) = (graph, self.graphs.as_ref()) {
             self.layout.build_graph(batch, bs, shape);
             let p = self.layout.pack(&mut self.packed);
+            // The graph reads its arrays at the offsets it was captured with.
+            debug_assert!(p.same_offsets(&Packed::of_graph(shape)));
             if p.history_entries() <= g.hist_cap {
                 packed = Some((p, batch.len()));
             } else {
