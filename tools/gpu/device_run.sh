@@ -46,7 +46,7 @@ run)
         echo "model parts missing: the checks that need the model are skipped" | tee "$R/model.sha256"
     fi
     # Bounded so that the packing below always runs inside the device call's limit (600 s): CHECKS_TIMEOUT s.
-    BENCH_DURATION=${BENCH_DURATION:-6} timeout "${CHECKS_TIMEOUT:-480}" \
+    BENCH_DURATION=${BENCH_DURATION:-6} BENCH_ROUNDS=${BENCH_ROUNDS:-2} timeout "${CHECKS_TIMEOUT:-500}" \
         bash "$STAGE/gpu-bundle/run_gpu_checks.sh" "$STAGE/gpu-bundle" "$MODEL" \
         "$R/engine" 2>&1 | tee "$R/engine-console.log"
     [ "${SKIP_TORCH:-0}" = 1 ] || timeout 240 bash tools/gpu/check_torch.sh "$STAGE/gpu-bundle/llmprof" "$R/torch" \
