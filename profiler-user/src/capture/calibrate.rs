@@ -501,8 +501,21 @@ fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
     (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
 }
 
-/// Puts `pid` in (or takes it out of) the `TRACED` map.
+/// Puts `pid` in (or takes it out of) the `TRACED` map. For llmprof itself this also lifts (or restores) the
+/// kernel's refusal of its own process (`Knob::SelfTraced`): outside these windows nothing llmprof does is
+/// traced, whatever is left in the maps.
 pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
+    if pid == std::process::id() && on {
+        super::write_knob(ebpf, Knob::SelfTraced, 1)?;
+    }
+    let done = set_traced_entry(ebpf, pid, on);
+    if pid == std::process::id() && !on {
+        super::write_knob(ebpf, Knob::SelfTraced, 0)?;
+    }
+    done
+}
+
+fn set_traced_entry(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("TRACED")
         .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
@@ -517,7 +530,7 @@ pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(),
 /// Deletes the syscall slots of every thread (only this process's threads have one: no target is in
 /// `TRACED` yet), then the syscall aggregates of `pid` (this process after calibrating). A thread with a
 /// slot counts as traced at syscall entry, so the slots must go once `pid` has left `TRACED`.
-fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
+pub(super) fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("INFLIGHT")
         .ok_or_else(|| CaptureError::MissingInObject("map INFLIGHT".into()))?;
