@@ -9,9 +9,12 @@
 //! token, and the response's end (or the connection's close or reset before it: a cancelled request) the
 //! finish. Each request becomes:
 //! - `EventBody::Request` records: `Arrived` at its first byte, `FirstToken` at its first content event,
-//!   `Finished` (`stop`, or `abort` when the client went away first) with the content events as output tokens;
+//!   `Finished` with the content events as output tokens: `stop`, `error` when the status is 4xx or 5xx (a
+//!   failed request is never a finished one), or `abort` when the client went away first;
 //! - `EventBody::WireToken` for every content event after the first (the outside view of each token or chunk:
-//!   `llmprof report`'s wire inter-token latencies) and `EventBody::WireResponse` at the response's status line.
+//!   `llmprof report`'s wire inter-token latencies), `EventBody::WireResponse` at the response's status line
+//!   and `EventBody::WireEnd` at its end (status, bytes, whether it streamed, and the engine request it
+//!   carried: [`join`]).
 //!
 //! Wire requests get ids from [`WIRE_REQ_BASE`] up, apart from any engine's own ids in the same process.
 //! TLS and HTTP/2 connections are reported once per process as a marker and not followed.
@@ -24,6 +27,8 @@ use llmprof_abi::{
 };
 
 use crate::event::{Event, EventBody};
+
+pub mod join;
 
 /// First id of requests seen on the wire (engine ids are per-process counters far below it).
 pub const WIRE_REQ_BASE: u64 = 1 << 40;
@@ -64,6 +69,8 @@ pub struct WireRecord {
     pub arrival_ns: u64,
     /// Request head bytes (`RequestStart` / `RequestHead`), cut at the blank line by the kernel.
     pub head: Vec<u8>,
+    /// `ResponseEnd`: the response's bytes.
+    pub bytes: u64,
 }
 
 /// What a request head says that llmprof keeps.
@@ -144,6 +151,12 @@ struct Req {
     arrived: bool,
     content: u32,
     last_ns: u64,
+    /// Its `x-request-id` (for the join).
+    x_request_id: String,
+    /// The response's status (0: no status line seen).
+    status: u32,
+    /// SSE events the response carried (a streamed response has some).
+    sse_events: u32,
 }
 
 #[derive(Debug, Default)]
@@ -158,6 +171,8 @@ pub struct Reconstructor {
     next: u64,
     /// (pid, op) already reported (TLS, HTTP/2).
     noted: HashSet<(u32, u32)>,
+    /// The engine requests a wire request may have carried.
+    engine: join::Joiner,
     /// Requests started, finished, cancelled.
     pub stats: WireStats,
 }
@@ -173,12 +188,37 @@ pub struct WireStats {
     pub not_http: u64,
     /// llmprof's own requests (its /metrics scraper), left out.
     pub own: u64,
+    /// Requests answered with a 4xx or 5xx status.
+    pub failed: u64,
+    /// Requests joined to the engine request they carried (one request, two views).
+    pub joined: u64,
 }
 
 impl Reconstructor {
     /// A reconstructor with no connection known.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sees an event of the engine's own probes: its request records are what a wire request may carry
+    /// ([`join`]); a process's exit forgets them.
+    pub fn engine(&mut self, ev: &Event) {
+        match &ev.body {
+            EventBody::Request(rec) if !crate::names::slice::is_wire_request(rec.req_id) => {
+                match RequestEventKind::from_raw(rec.kind) {
+                    Some(RequestEventKind::Arrived) => self.engine.arrived(
+                        ev.pid,
+                        rec.req_id,
+                        ev.ts_ns,
+                        llmprof_abi::read_str(&rec.x_request_id),
+                    ),
+                    Some(RequestEventKind::Finished) => self.engine.finished(ev.pid, rec.req_id, ev.ts_ns),
+                    _ => {}
+                }
+            }
+            EventBody::ProcessExit { .. } => self.engine.forget(ev.pid),
+            _ => {}
+        }
     }
 
     /// Applies one record; appends the events it produces to `out`.
@@ -192,7 +232,7 @@ impl Reconstructor {
                 if let Some(prev) = prev {
                     // The previous exchange's end was not seen: it ended with its last write.
                     let at = prev.last_ns;
-                    finish(&r, prev, at, FinishReason::Stop, out);
+                    self.finish(&r, prev, at, false, None, out);
                 }
                 self.next += 1;
                 self.stats.requests += 1;
@@ -206,6 +246,9 @@ impl Reconstructor {
                     arrived: false,
                     content: 0,
                     last_ns: r.ts_ns,
+                    x_request_id: String::new(),
+                    status: 0,
+                    sse_events: 0,
                 });
                 if r.flags & (HTTP_FLAG_HEAD_DONE | HTTP_FLAG_HEAD_CUT) != 0 {
                     self.arrive(key, &r, out);
@@ -224,6 +267,7 @@ impl Reconstructor {
                 self.arrive(key, &r, out);
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
+                req.status = r.status;
                 let id = req.id;
                 out.push(ev(
                     &r,
@@ -237,6 +281,7 @@ impl Reconstructor {
                 self.arrive(key, &r, out);
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
+                req.sse_events = req.sse_events.saturating_add(r.events);
                 let mut n = r.content_events;
                 if n == 0 {
                     return;
@@ -254,8 +299,19 @@ impl Reconstructor {
             }
             HttpOp::ResponseEnd => {
                 self.arrive(key, &r, out);
-                if let Some(req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
-                    finish(&r, req, r.ts_ns, FinishReason::Stop, out);
+                if let Some(mut req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
+                    if req.status == 0 && r.status != 0 {
+                        // Its status line's record was lost: the end carries the status too.
+                        req.status = r.status;
+                        if req.arrived {
+                            let body = EventBody::WireResponse {
+                                req_id: req.id,
+                                status: r.status,
+                            };
+                            out.push(ev(&r, body));
+                        }
+                    }
+                    self.finish(&r, req, r.ts_ns, false, Some(r.bytes), out);
                 }
             }
             HttpOp::Close | HttpOp::Reset => {
@@ -269,7 +325,7 @@ impl Reconstructor {
                         return;
                     }
                     self.stats.cancelled += 1;
-                    finish(&r, req, r.ts_ns, FinishReason::Abort, out);
+                    self.finish(&r, req, r.ts_ns, true, None, out);
                 }
             }
             HttpOp::Tls | HttpOp::Http2 => {
@@ -314,6 +370,7 @@ impl Reconstructor {
         }
         req.arrived = true;
         req.head = Vec::new();
+        req.x_request_id.clone_from(&head.x_request_id);
         let mut rec = RequestRecord::new(RequestEventKind::Arrived, req.id, req.start_ns);
         rec.is_chat = u8::from(head.path.contains("/chat/completions"));
         rec.x_request_id = fill_str::<REQUEST_ID_LEN>(&head.x_request_id);
@@ -349,16 +406,60 @@ fn ev(r: &WireRecord, body: EventBody) -> Event {
     }
 }
 
-fn finish(r: &WireRecord, req: Req, at: u64, reason: FinishReason, out: &mut Vec<Event>) {
-    if !req.arrived {
-        return;
+impl Reconstructor {
+    /// The exchange `req` ended at `at` (`cancelled`: the client went away first; `bytes`: the response's, when
+    /// its end was seen): its end (status, bytes, whether it streamed, the engine request it carried) and its
+    /// `Finished` record.
+    fn finish(
+        &mut self,
+        r: &WireRecord,
+        req: Req,
+        at: u64,
+        cancelled: bool,
+        bytes: Option<u64>,
+        out: &mut Vec<Event>,
+    ) {
+        if !req.arrived {
+            return;
+        }
+        let failed = req.status >= 400;
+        self.stats.failed += u64::from(failed);
+        let engine_req = self.engine.take(
+            r.pid,
+            &join::Exchange {
+                start_ns: req.start_ns,
+                end_ns: at,
+                cancelled,
+                x_request_id: &req.x_request_id,
+            },
+        );
+        self.stats.joined += u64::from(engine_req.is_some());
+        let mut end = ev(
+            r,
+            EventBody::WireEnd {
+                req_id: req.id,
+                status: req.status,
+                bytes,
+                streamed: req.sse_events > 0,
+                engine_req,
+            },
+        );
+        end.ts_ns = at;
+        out.push(end);
+        let reason = if cancelled {
+            FinishReason::Abort
+        } else if failed {
+            FinishReason::Error
+        } else {
+            FinishReason::Stop
+        };
+        let mut rec = RequestRecord::new(RequestEventKind::Finished, req.id, at);
+        rec.finish_reason = reason as u32;
+        rec.output_tokens = req.content;
+        let mut e = ev(r, EventBody::Request(Box::new(rec)));
+        e.ts_ns = at;
+        out.push(e);
     }
-    let mut rec = RequestRecord::new(RequestEventKind::Finished, req.id, at);
-    rec.finish_reason = reason as u32;
-    rec.output_tokens = req.content;
-    let mut e = ev(r, EventBody::Request(Box::new(rec)));
-    e.ts_ns = at;
-    out.push(e);
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_abi::{EventKind, ProbeId};
+use llmprof_abi::EventKind;
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
@@ -508,7 +508,7 @@ impl Capture {
         let config = Config {
             slow_syscall_ns: u64::try_from(cfg.slow_syscall.as_nanos()).unwrap_or(u64::MAX),
             slot_tids: cfg.syscall_slot_tids.min(llmprof_abi::SYSCALL_SLOTS),
-            pad: 0,
+            self_tgid: std::process::id(),
         };
         let mut ebpf = EbpfLoader::new()
             .override_global("LLMPROF_CONFIG", &config, true)
@@ -630,11 +630,12 @@ impl Capture {
                 let t = Instant::now();
                 c.sample_ns = sampling::calibrate(&mut ebpf)?;
                 c.took_ms += t.elapsed().as_secs_f64() * 1e3;
-                // The sampler's own calibration samples are llmprof's, not the target's.
-                let mut base = counter_base;
-                let now = read_counters(&ebpf);
-                base[ProbeId::CpuSample as usize] = now[ProbeId::CpuSample as usize];
-                (Some(c), base)
+                // What llmprof's threads did while it was traced is undone as after the start-up calibration
+                // (no target is traced yet: every slot, aggregate and record is llmprof's), and everything
+                // the counters moved so far is its own: the sampler's calibration samples and those syscalls.
+                calibrate::forget_pid(&mut ebpf, std::process::id())?;
+                while ring.next().is_some() {}
+                (Some(c), read_counters(&ebpf))
             }
             other => (other.0, counter_base),
         };
@@ -1018,6 +1019,8 @@ impl Capture {
                     None => self.decoder.count_undecodable(),
                 }
             } else if let Some(ev) = self.decoder.decode(&item) {
+                // The engine's own request records: what a wire request of its process may have carried.
+                self.wire.engine(&ev);
                 if let EventBody::ProcessExit { .. } = &ev.body {
                     if let Some(s) = self.sampler.as_mut() {
                         s.forget(ev.pid);
@@ -1091,6 +1094,14 @@ impl Capture {
             c.dropped = c.dropped.saturating_sub(b.dropped);
         }
         out
+    }
+
+    /// Off-CPU stacks the kernel's rate bound did not take (by design, not a loss); 0 without stack sampling.
+    pub fn offcpu_not_taken(&self) -> u64 {
+        if self.sampler.is_none() {
+            return 0;
+        }
+        sampling::offcpu_not_taken(&self.ebpf)
     }
 
     /// The per-hit costs measured at start (None unless [`CaptureConfig::calibrate`]).
