@@ -66,8 +66,32 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         });
     }
 
-    // Requests: each one's timeline, rebuilt from its track and the steps that name it.
-    (r.requests, r.itl_ms) = requests::requests(d, &steps);
+    // Requests: each one's timeline, rebuilt from its track and the steps that name it, each request once.
+    (r.requests, r.requests_joined, r.itl_ms) = requests::requests(d, &steps);
+    r.trace_start_ns = d
+        .tracks
+        .values()
+        .flat_map(|t| {
+            t.slices
+                .iter()
+                .map(|s| s.ts)
+                .chain(t.instants.iter().map(|i| i.ts))
+        })
+        .min()
+        .unwrap_or(0);
+    // A request that arrived before the trace's view began was in flight when llmprof attached.
+    let started = d
+        .tracks
+        .values()
+        .filter(|t| t.name.as_deref() == Some(track::LLMPROF))
+        .flat_map(|t| t.instants.iter())
+        .find(|i| i.name == marker::TRACING_STARTED)
+        .map(|i| i.ts);
+    if let Some(started) = started {
+        for q in r.requests.iter_mut().filter(|q| q.arrival_ns < started) {
+            q.attached_mid_request = true;
+        }
+    }
 
     // Counters (pooled over processes).
     let pooled = |name: &str| -> Vec<f64> {
@@ -166,6 +190,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         r.total_dropped = arg_f(&s.args, arg::TOTAL_DROPPED).unwrap_or(0.0) as u64;
         r.user_drops = arg_f(&s.args, arg::USER_DROPS).unwrap_or(0.0) as u64;
         r.decode_errors = arg_f(&s.args, arg::DECODE_ERRORS).unwrap_or(0.0) as u64;
+        r.offcpu_not_taken = arg_f(&s.args, arg::OFFCPU_NOT_TAKEN).map(|v| v as u64);
         for probe in llmprof_abi::PROBE_NAMES {
             let Some(v) = arg_s(&s.args, probe) else { continue };
             r.probes.push(ProbeRow {
@@ -218,6 +243,12 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 cost_ns_http_sse_write: f(arg::COST_NS_HTTP_SSE_WRITE),
                 symbolized_stacks: f(arg::SYMBOLIZED_STACKS).map(|v| v as u64),
                 symbolize_ms: f(arg::SYMBOLIZE_MS),
+                symbolize_addresses: f(arg::SYMBOLIZE_ADDRESSES).map(|v| v as u64),
+                symbolize_unknown: f(arg::SYMBOLIZE_UNKNOWN).map(|v| v as u64),
+                symbolize_unmapped: f(arg::SYMBOLIZE_UNMAPPED).map(|v| v as u64),
+                llmprof_cpu_charged_ms: f(arg::LLMPROF_CPU_CHARGED_MS),
+                shared_cpus: f(arg::SHARED_CPUS).map(|v| v as u64),
+                shared_idle_pct: f(arg::SHARED_IDLE_PCT),
                 probe_entry: arg_s(&s.args, arg::PROBE_ENTRY).map(str::to_owned),
                 budget_pct: f(arg::OVERHEAD_BUDGET_PCT),
                 size_limit_bytes: f(arg::TRACE_SIZE_LIMIT_BYTES).map(|v| v as u64),
