@@ -111,6 +111,11 @@ impl TargetCpu {
         self.state().live.insert(pid);
     }
 
+    /// The first live process of the set (the `--pid` target, first given).
+    pub fn first(&self) -> Option<u32> {
+        self.state().live.iter().next().copied()
+    }
+
     /// A process exited: its last reading stays in the sum.
     pub fn remove(&self, pid: u32) {
         self.state().live.remove(&pid);
@@ -204,6 +209,8 @@ pub struct SelfAccount {
     start: Snapshot,
     last: Snapshot,
     max_rss: u64,
+    /// The CPUs llmprof shares with the target and their idle time at the start.
+    share: Option<crate::cpushare::Window>,
 }
 
 impl SelfAccount {
@@ -224,12 +231,14 @@ impl SelfAccount {
     /// Starts accounting at `counters` (the capture's counters when tracing began).
     pub fn new(targets: TargetCpu, cal: Calibration, counters: Counters) -> Self {
         let s = Snapshot::take(&targets, counters);
+        let share = targets.first().and_then(crate::cpushare::Window::start);
         SelfAccount {
             targets,
             cal,
             start: s,
             last: s,
             max_rss: rss_bytes(),
+            share,
         }
     }
 
@@ -284,7 +293,7 @@ impl SelfAccount {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
         };
-        OverheadSummary {
+        let mut summary = OverheadSummary {
             elapsed_ns: now.at.duration_since(self.start.at).as_nanos() as u64,
             est_added_ns: added,
             est_added_by_probe_ns: by_probe.to_vec(),
@@ -299,7 +308,29 @@ impl SelfAccount {
             events_not_written: 0,
             symbolized_stacks: 0,
             symbolize_ns: 0.0,
-        }
+            ..OverheadSummary::default()
+        };
+        self.charge_shared_cpus(&mut summary);
+        summary
+    }
+
+    /// Adds to the session's estimate llmprof's own CPU that the target lost on the CPUs they share
+    /// ([`crate::cpushare`]: the part idle time could not absorb, in the target's share of the busy time).
+    fn charge_shared_cpus(&self, s: &mut OverheadSummary) {
+        let (Some(w), Some(target)) = (&self.share, s.target_cpu_ns) else {
+            return;
+        };
+        let Some(c) = w.contention(s.elapsed_ns as f64, target, s.llmprof_cpu_ns) else {
+            return;
+        };
+        let probes = s.est_added_ns;
+        s.contention_ns = Some(c.charged_ns);
+        s.shared_cpus = u32::try_from(c.shared_cpus).unwrap_or(u32::MAX);
+        s.shared_idle_pct = Some(c.idle_pct);
+        s.est_added_ns = probes + c.charged_ns;
+        // The probes run in the target's context (its CPU time includes them); llmprof's own CPU does not.
+        let own = (target - probes.min(target)).max(1.0);
+        s.est_overhead_pct = (target > 0.0).then(|| (s.est_added_ns / own * 100.0).min(MAX_OVERHEAD_PCT));
     }
 }
 
@@ -337,7 +368,8 @@ pub fn stat_cpu_ns(stat: &str) -> Option<u64> {
     Some((utime + stime) * (1_000_000_000 / clock_ticks()))
 }
 
-fn clock_ticks() -> u64 {
+/// Clock ticks per second (`USER_HZ`: the unit of /proc's CPU times).
+pub(crate) fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
