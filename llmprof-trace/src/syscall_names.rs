@@ -350,6 +350,8 @@ const X86_64: &[(u64, &str)] = &[
     (332, "statx"),
     (333, "io_pgetevents"),
     (334, "rseq"),
+    (335, "uretprobe"),
+    (336, "uprobe"),
     (424, "pidfd_send_signal"),
     (425, "io_uring_setup"),
     (426, "io_uring_enter"),
@@ -800,6 +802,7 @@ mod tests {
         assert_eq!(lookup(X86_64, 321), "bpf");
         assert_eq!(lookup(X86_64, 232), "epoll_wait");
         assert_eq!(lookup(X86_64, 469), "file_setattr");
+        assert_eq!(lookup(X86_64, 336), "uprobe");
         assert_eq!(lookup(AARCH64, 63), "read");
         assert_eq!(lookup(AARCH64, 79), "newfstatat");
         assert_eq!(lookup(AARCH64, 280), "bpf");
@@ -809,8 +812,9 @@ mod tests {
 
     #[test]
     fn every_number_of_both_tables_has_a_name() {
-        // x86-64: 0..=334 and the common numbers from 424 on; aarch64: 0..=243, 260..=294 and 424 on.
-        let x86: Vec<u64> = (0..=334).chain(424..=469).collect();
+        // x86-64: 0..=336 (335/336: the uretprobe and uprobe calls of 6.11/6.16) and the common numbers from
+        // 424 on; aarch64: 0..=243, 260..=294 and 424 on.
+        let x86: Vec<u64> = (0..=336).chain(424..=469).collect();
         for nr in x86 {
             assert!(!lookup(X86_64, nr).starts_with("syscall_"), "x86-64 {nr}");
         }

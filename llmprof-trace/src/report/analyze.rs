@@ -67,7 +67,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     }
 
     // Requests: each one's timeline, rebuilt from its track and the steps that name it, each request once.
-    (r.requests, r.requests_joined, r.itl_ms) = requests::requests(d, &steps);
+    (r.requests, r.joined_views, r.itl_ms) = requests::requests(d, &steps);
     r.trace_start_ns = d
         .tracks
         .values()
@@ -88,7 +88,12 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         .find(|i| i.name == marker::TRACING_STARTED)
         .map(|i| i.ts);
     if let Some(started) = started {
-        for q in r.requests.iter_mut().filter(|q| q.arrival_ns < started) {
+        for q in r
+            .requests
+            .iter_mut()
+            .chain(r.joined_views.iter_mut())
+            .filter(|q| q.arrival_ns < started)
+        {
             q.attached_mid_request = true;
         }
     }

@@ -97,6 +97,8 @@ pub struct RequestRow {
     pub wire_req_id: Option<u64>,
     /// Its own inter-token gaps, ms (the engine's when it has them, else the wire's).
     pub itl_ms: Vec<f64>,
+    /// A wire view folded into an engine request ([`Report::joined_views`]): that request's id.
+    pub joined_to: Option<u64>,
 }
 
 impl RequestRow {
@@ -300,8 +302,8 @@ pub struct Report {
     /// Per request, in request id order (a request seen by the engine and on the wire is one row).
     pub requests: Vec<RequestRow>,
     /// Wire views folded into the engine request they carried (same process, by timing or `x-request-id`;
-    /// or an outer tier's view with the engine request's `x-request-id`).
-    pub requests_joined: u64,
+    /// or an outer tier's view with the engine request's `x-request-id`), each with `joined_to` set.
+    pub joined_views: Vec<RequestRow>,
     /// The first timestamp of the trace (ns): request start offsets count from it.
     pub trace_start_ns: u64,
     /// Inter-token latencies of the successful requests, ms (each request counted once: a request seen by

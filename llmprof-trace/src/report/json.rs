@@ -133,7 +133,7 @@ struct Requests<'a> {
     /// Ended by the client going away (part of `finished`).
     cancelled: usize,
     /// Wire views folded into the engine request they carried.
-    joined: u64,
+    joined: usize,
     /// Responses by HTTP status (`{"200": n}`).
     status_counts: BTreeMap<String, u64>,
     /// `failed` / (`finished` − `cancelled` + `failed`), %; `null` without any.
@@ -151,6 +151,8 @@ struct Requests<'a> {
     /// End-to-end time of the failed requests.
     failed_e2e_ms: StatsJson,
     per_request: Vec<Request<'a>>,
+    /// The wire views folded into `per_request` entries (`joined_to`: that entry's `req_id`).
+    joined_views: Vec<Request<'a>>,
 }
 
 impl<'a> Requests<'a> {
@@ -162,7 +164,7 @@ impl<'a> Requests<'a> {
             unfinished: running,
             failed,
             cancelled,
-            joined: r.requests_joined,
+            joined: r.joined_views.len(),
             status_counts: r
                 .status_counts()
                 .into_iter()
@@ -180,6 +182,11 @@ impl<'a> Requests<'a> {
             failed_e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms.filter(|_| q.failed()))),
             per_request: r
                 .requests
+                .iter()
+                .map(|q| Request::of(q, r.trace_start_ns))
+                .collect(),
+            joined_views: r
+                .joined_views
                 .iter()
                 .map(|q| Request::of(q, r.trace_start_ns))
                 .collect(),
@@ -215,6 +222,7 @@ struct Request<'a> {
     response_bytes: Option<u64>,
     wire_req_id: Option<u64>,
     perfetto_slice: String,
+    joined_to: Option<u64>,
 }
 
 impl<'a> Request<'a> {
@@ -245,6 +253,7 @@ impl<'a> Request<'a> {
             response_bytes: q.response_bytes,
             wire_req_id: q.wire_req_id,
             perfetto_slice: q.slice_name(),
+            joined_to: q.joined_to,
         }
     }
 }

@@ -15,11 +15,13 @@
 //!   socket_wait_ms, failed_e2e_ms, per_request: [{req_id, x_request_id, queue_ms, prefill_ms, ttft_ms,
 //!   first_decode_step_ms, output_tokens, finish_reason, preemptions, attached_mid_request, e2e_ms, itl_p50_ms,
 //!   wire, pid, wire_ttft_ms, outside_engine_ttft_ms, socket_wait_ms, start_s, path, http_status, failed,
-//!   streamed, response_bytes, wire_req_id, perfetto_slice}]}`. One request is one entry: an engine request
+//!   streamed, response_bytes, wire_req_id, perfetto_slice, joined_to}], joined_views: [same]}`. One request
+//!   is one `per_request` entry (`joined_to` `null`); the wire views folded into one are kept whole in
+//!   `joined_views`, each with `joined_to` = its engine entry's `req_id`. An engine request
 //!   seen on the wire too (by llmserve's own HTTP server, joined by the capture by timing or `x-request-id`;
 //!   or by a gateway in another process with its `x-request-id`) is its engine entry, with the wire's
 //!   `http_status`, `path`, `streamed`, `response_bytes`, `wire_req_id` and `wire_ttft_ms`; `joined` counts
-//!   the wire views folded so. `wire`: a request seen only by the HTTP wire probe (`http request N` tracks;
+//!   the wire views folded so (`joined_views`). `wire`: a request seen only by the HTTP wire probe (`http request N` tracks;
 //!   queue and prefill `null`). `failed`: a 4xx/5xx status or an engine `error` — never counted in `finished`
 //!   (which counts the requests that ended otherwise, `cancelled` ones included: the client went away), and
 //!   left out of every latency percentile here but `failed_e2e_ms`; `error_rate_pct` = failed / (finished −

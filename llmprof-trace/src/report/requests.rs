@@ -118,8 +118,8 @@ fn wire_view(t: &Track) -> WireView {
 }
 
 /// Every request with a track, in request id order, each once (an engine request's wire views folded into
-/// it), the number of wire views folded, and the inter-token latencies of the successful requests (ms).
-pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, u64, Vec<f64>) {
+/// it), the wire views folded, and the inter-token latencies of the successful requests (ms).
+pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<RequestRow>, Vec<f64>) {
     // The steps naming each (process, request), with the request's share.
     let mut served = Served::new();
     for s in steps {
@@ -235,6 +235,7 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, u64, Ve
             response_bytes: w.bytes,
             wire_req_id: None,
             itl_ms: own,
+            joined_to: None,
         });
     }
     rows.sort_by_key(|q| q.req_id);
@@ -252,8 +253,8 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, u64, Ve
 /// front of the engine) with the engine request's `x-request-id`. The outermost view (the first to arrive:
 /// what the client sees) gives the wire TTFT, and its difference to the engine's TTFT is the time spent
 /// outside the engine; the view in the engine's own process gives the status, path, bytes and whether it
-/// streamed. Returns how many wire views were folded.
-fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -> u64 {
+/// streamed. Returns the wire views folded (each with the engine request it joined).
+fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -> Vec<RequestRow> {
     let engine: HashMap<(u32, u64), usize> = rows
         .iter()
         .enumerate()
@@ -315,14 +316,19 @@ fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -
             r.outside_engine_ttft_ms = r.ttft_ms.map(|t| w - t);
         }
     }
-    let before = rows.len();
-    let mut i = 0;
-    rows.retain(|_| {
-        let keep = target[i].is_none();
-        i += 1;
-        keep
-    });
-    (before - rows.len()) as u64
+    let ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
+    let all = std::mem::take(rows);
+    let mut views = Vec::new();
+    for (mut r, t) in all.into_iter().zip(&target) {
+        match t {
+            None => rows.push(r),
+            Some((e, _)) => {
+                r.joined_to = Some(ids[*e]);
+                views.push(r);
+            }
+        }
+    }
+    views
 }
 
 /// The inter-token gaps (ms) of a wire request: its first token, then every SSE content event (an instant
@@ -476,7 +482,9 @@ mod tests {
             },
         ];
         let engine_of = [((1, 101), 5), ((1, 103), 6)].into_iter().collect();
-        assert_eq!(join_wire(&mut rows, &engine_of), 3);
+        let views = join_wire(&mut rows, &engine_of);
+        let joined: Vec<(u64, Option<u64>)> = views.iter().map(|v| (v.req_id, v.joined_to)).collect();
+        assert_eq!(joined, [(101, Some(5)), (102, Some(5)), (103, Some(6))]);
         let ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
         assert_eq!(ids, [5, 6, 104, 105], "each request once");
         assert_eq!(

@@ -168,19 +168,29 @@ impl Report {
             return;
         }
         let (ok, failed, cancelled, running) = self.outcomes();
-        let joined = if self.requests_joined > 0 {
+        let joined = if !self.joined_views.is_empty() {
             format!(
-                "; {} seen both by the engine's probes and on the wire, joined (counted once)",
-                self.requests_joined
+                "; {} wire views of engine requests joined to them (counted once)",
+                self.joined_views.len()
             )
         } else {
             String::new()
         };
+        let parts: Vec<String> = [
+            (ok, "finished"),
+            (failed, "failed"),
+            (cancelled, "cancelled by the client"),
+            (running, "still running at the end"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
         let _ = writeln!(
             o,
-            "\nRequests: {} ({ok} finished, {failed} failed, {cancelled} cancelled by the client, {running} still \
-             running at the end){joined}",
-            self.requests.len()
+            "\nRequests: {} ({}){joined}",
+            self.requests.len(),
+            parts.join(", ")
         );
         let statuses = self.status_counts();
         if !statuses.is_empty() {
@@ -317,14 +327,25 @@ impl Report {
         for s in idle.iter().take(TEXT_ROWS) {
             line(o, s, false);
         }
-        if !self.slow_syscalls.is_empty() {
+        let (slow_idle, slow): (Vec<_>, Vec<_>) = self
+            .slow_syscalls
+            .iter()
+            .partition(|s| crate::syscall_names::is_idle_wait(&s.name));
+        if !slow.is_empty() {
             let _ = writeln!(
                 o,
-                "  slower than --slow-syscall (individual slices in the trace):"
+                "  work slower than --slow-syscall (individual slices in the trace):"
             );
         }
-        for s in self.slow_syscalls.iter().take(TEXT_ROWS) {
+        for s in slow.iter().take(TEXT_ROWS) {
             line(o, s, true);
+        }
+        if !slow_idle.is_empty() {
+            let n: u64 = slow_idle.iter().map(|s| s.count).sum();
+            let _ = writeln!(
+                o,
+                "  (and {n} idle waits slower than --slow-syscall, as slices in the trace)"
+            );
         }
     }
 }
