@@ -90,6 +90,10 @@ pub struct TargetCpu(Arc<Mutex<TargetCpuState>>);
 struct TargetCpuState {
     live: BTreeSet<u32>,
     last: BTreeMap<u32, u64>,
+    /// Per process, each live thread's last `schedstat` reading, and what the threads seen to exit had used:
+    /// a thread that ends between two readings keeps its time in the sum (summing only the threads alive at
+    /// each reading made a server that runs a thread per request look idle, or even go backwards).
+    threads: BTreeMap<u32, (BTreeMap<u32, u64>, u64)>,
 }
 
 impl TargetCpu {
@@ -126,7 +130,11 @@ impl TargetCpu {
         let mut st = self.state();
         let live: Vec<u32> = st.live.iter().copied().collect();
         for pid in live {
-            match process_cpu_ns(pid) {
+            let reading = match threads_cpu_ns(pid) {
+                Some(now) => Some(st.fold_threads(pid, now)),
+                None => process_cpu_ns(pid),
+            };
+            match reading {
                 Some(ns) => {
                     st.last.insert(pid, ns);
                 }
@@ -137,6 +145,41 @@ impl TargetCpu {
         }
         (!st.last.is_empty()).then(|| st.last.values().sum())
     }
+}
+
+impl TargetCpuState {
+    /// Takes one reading of `pid`'s live threads (`(tid, ns)`): threads no longer there keep what they had
+    /// used; the process's CPU so far.
+    fn fold_threads(&mut self, pid: u32, now: Vec<(u32, u64)>) -> u64 {
+        let (live, gone) = self.threads.entry(pid).or_default();
+        let seen: BTreeMap<u32, u64> = now.into_iter().collect();
+        for (tid, ns) in std::mem::take(live) {
+            if !seen.contains_key(&tid) {
+                *gone += ns;
+            }
+        }
+        *live = seen;
+        *gone + live.values().sum::<u64>()
+    }
+}
+
+/// Each live thread of `pid` and its CPU time so far, ns (`/proc/PID/task/*/schedstat`, first field); None
+/// when the process is gone or has no schedstats.
+fn threads_cpu_ns(pid: u32) -> Option<Vec<(u32, u64)>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
+            out.push((tid, ns));
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Estimated ns the traced syscalls added between two readings: decoded hits at the decoded cost, the
@@ -338,21 +381,8 @@ impl SelfAccount {
 /// ns on CPU), falling back to `utime + stime` of `/proc/PID/stat` (clock ticks) without schedstats.
 /// Threads that exited are missed by schedstat; the fallback counts them. None when the process is gone.
 pub fn process_cpu_ns(pid: u32) -> Option<u64> {
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        let mut sum = 0u64;
-        let mut any = false;
-        for e in dir.flatten() {
-            let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
-                continue;
-            };
-            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
-                sum += ns;
-                any = true;
-            }
-        }
-        if any {
-            return Some(sum);
-        }
+    if let Some(threads) = threads_cpu_ns(pid) {
+        return Some(threads.iter().map(|(_, ns)| ns).sum());
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_cpu_ns(&stat)
@@ -424,6 +454,15 @@ mod tests {
             http_sse_write_ns: Some(1_300.0),
             ..Calibration::default()
         }
+    }
+
+    #[test]
+    fn a_thread_that_ends_keeps_its_time_in_the_process_sum() {
+        let mut st = TargetCpuState::default();
+        assert_eq!(st.fold_threads(7, vec![(7, 100), (8, 50)]), 150);
+        // Thread 8 ended, 9 started: 8's 50 ns stay.
+        assert_eq!(st.fold_threads(7, vec![(7, 120), (9, 10)]), 180);
+        assert_eq!(st.fold_threads(7, vec![(7, 130)]), 190);
     }
 
     #[test]
