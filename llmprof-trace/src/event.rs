@@ -342,6 +342,9 @@ pub struct OverheadSummary {
     pub symbolize_unknown: u64,
     /// See [`OverheadSummary::symbolize_addresses`].
     pub symbolize_unmapped: u64,
+    /// Of `symbolize_ns`, the time resolving addresses not seen before (each library's symbols read once):
+    /// the rest is the per-stack cost of the cache.
+    pub symbolize_resolve_ns: f64,
     /// llmprof's own CPU charged to the target because they share CPUs the target keeps busy, ns (part of
     /// `est_added_ns`; `llmprof::cpushare`). `None`: not measured.
     pub contention_ns: Option<f64>,

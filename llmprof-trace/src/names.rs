@@ -712,6 +712,8 @@ pub mod arg {
     pub const SYMBOLIZE_UNKNOWN: &str = "symbolize_unknown";
     /// Of those, addresses in no mapping (a frame-pointer walk gone astray).
     pub const SYMBOLIZE_UNMAPPED: &str = "symbolize_unmapped";
+    /// Of `llmprof_symbolize_ms`, the time resolving addresses not seen before, ms.
+    pub const SYMBOLIZE_RESOLVE_MS: &str = "llmprof_symbolize_resolve_ms";
     /// llmprof's own CPU charged to the target on the CPUs they share (part of the estimate), ms.
     pub const LLMPROF_CPU_CHARGED_MS: &str = "llmprof_cpu_charged_ms";
     /// CPUs the target and llmprof share.

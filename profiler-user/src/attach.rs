@@ -1030,6 +1030,7 @@ impl<'a> Session<'a> {
             overhead.symbolize_addresses = s.resolved;
             overhead.symbolize_unknown = s.unknown;
             overhead.symbolize_unmapped = s.unmapped;
+            overhead.symbolize_resolve_ns = s.resolve_time.as_nanos() as f64;
         }
         let stats = SessionStats {
             overhead: Some(overhead),

@@ -163,7 +163,7 @@ pub struct AttachArgs {
     /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
     #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
     pub ring_size: usize,
-    /// More output (eBPF program logs, per-second details).
+    /// A longer exit summary: per-probe counters, the calibrated costs, the GPU layer, symbolization.
     #[arg(short, long)]
     pub verbose: bool,
     /// GPU counter sampling period through NVML (utilization, memory, power, SM clock, temperature, PCIe,

@@ -55,6 +55,9 @@ pub struct SymbolizeStats {
     pub maps_reads: u64,
     /// Wall time spent symbolizing (llmprof's own CPU, not the target's).
     pub time: Duration,
+    /// Of it, the time blazesym spent resolving addresses not seen before (reading each library's symbols and
+    /// line tables once, the process's memory map): the rest is the per-stack cost of the cache.
+    pub resolve_time: Duration,
 }
 
 /// Turns raw sample records into symbolized samples; see the module doc.
@@ -256,7 +259,9 @@ impl Symbolizer {
             debug_syms: false,
             ..Kernel::default()
         });
+        let t0 = Instant::now();
         let res = self.blaze.symbolize(&src, Input::AbsAddr(&missing));
+        self.stats.resolve_time += t0.elapsed();
         for (a, f, why) in convert(res, &missing, FrameKind::Kernel, KERNEL_MODULE) {
             self.stats.resolved += 1;
             self.stats.unknown += u64::from(why.is_some());
@@ -291,6 +296,7 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
         let Some(nz) = NonZeroU32::new(pid) else { return };
+        let t0 = Instant::now();
         if !self.maps_read.contains_key(&pid) {
             self.read_maps(pid, nz);
         }
@@ -309,6 +315,7 @@ impl Symbolizer {
             found.retain(|(_, _, why)| *why != Some(Reason::Unmapped));
             found.extend(self.lookup_user(pid, nz, &again));
         }
+        self.stats.resolve_time += t0.elapsed();
         for (a, f, why) in found {
             self.stats.resolved += 1;
             self.stats.unknown += u64::from(why.is_some());

@@ -251,6 +251,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 symbolize_addresses: f(arg::SYMBOLIZE_ADDRESSES).map(|v| v as u64),
                 symbolize_unknown: f(arg::SYMBOLIZE_UNKNOWN).map(|v| v as u64),
                 symbolize_unmapped: f(arg::SYMBOLIZE_UNMAPPED).map(|v| v as u64),
+                symbolize_resolve_ms: f(arg::SYMBOLIZE_RESOLVE_MS),
                 llmprof_cpu_charged_ms: f(arg::LLMPROF_CPU_CHARGED_MS),
                 shared_cpus: f(arg::SHARED_CPUS).map(|v| v as u64),
                 shared_idle_pct: f(arg::SHARED_IDLE_PCT),

@@ -417,6 +417,8 @@ pub struct OverheadReport {
     pub symbolize_unknown: Option<u64>,
     /// See [`OverheadReport::symbolize_addresses`].
     pub symbolize_unmapped: Option<u64>,
+    /// Of `symbolize_ms`, the time resolving addresses not seen before, ms.
+    pub symbolize_resolve_ms: Option<f64>,
     /// llmprof's own CPU charged to the target on the CPUs they share, ms (part of `est_target_cpu_ms`).
     pub llmprof_cpu_charged_ms: Option<f64>,
     /// CPUs the target and llmprof share.

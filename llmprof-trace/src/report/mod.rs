@@ -59,13 +59,15 @@
 //!   cuda_call}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
 //!   syscalls_counted}],
 //!   size_limit_bytes, size_limit_reached, events_not_written, symbolize_addresses, symbolize_unknown,
-//!   symbolize_unmapped, llmprof_cpu_charged_ms, shared_cpus, shared_idle_pct}`; `est_target_pct` is the
+//!   symbolize_unmapped, symbolize_resolve_ms, llmprof_cpu_charged_ms, shared_cpus, shared_idle_pct}`; `est_target_pct` is the
 //!   estimated CPU llmprof added as a % of the target's own CPU time (the `--overhead-budget` measure):
 //!   the probes' cost per hit, plus `llmprof_cpu_charged_ms`, llmprof's own CPU that the target lost because
 //!   they share CPUs it keeps busy (`shared_idle_pct`: idle share of those `shared_cpus`), `at_s` seconds
 //!   from the first slice or instant of the trace. `symbolize_*`: distinct addresses llmprof symbolized,
 //!   those no symbol named, and of those the ones in no mapping (a frame-pointer walk gone astray in code
-//!   without frame pointers). Missing values are `null`.
+//!   without frame pointers); `symbolize_resolve_ms`: the part of `symbolize_ms` spent on addresses not seen
+//!   before (each library's symbols read once), the rest is the per-stack cost of the cache. Missing values
+//!   are `null`.
 //! - `gpu`: the GPU layer, `null` when the trace has none of it (no NVML counter, no CUDA driver call slice,
 //!   no GPU marker): `{gpus: [{index, name, counters: [{metric, unit, samples, mean, max, last}],
 //!   process_memory_mib: [{pid, samples, mean, max, last}]}], cuda: {functions: [{function, calls, total_ms,

@@ -252,8 +252,8 @@ impl Report {
         slow.sort_by(|a, b| b.e2e_ms.unwrap_or(0.0).total_cmp(&a.e2e_ms.unwrap_or(0.0)));
         let _ = writeln!(
             o,
-            "\nSlowest requests (by end-to-end; search the last column in Perfetto UI to find each)\n  {:>9} {:<24} {:>6} {:>6} {:>9} {:>9} {:>10}  {}",
-            "start s", "path", "status", "stream", "bytes", "TTFT ms", "e2e ms", "find in Perfetto"
+            "\nSlowest requests (by end-to-end; search the last column in Perfetto UI to find each)\n  {:>9} {:<24} {:>6} {:>6} {:>9} {:>9} {:>10}  find in Perfetto",
+            "start s", "path", "status", "stream", "bytes", "TTFT ms", "e2e ms"
         );
         let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
         for q in slow.iter().take(TEXT_ROWS) {
@@ -492,9 +492,10 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         let ms = o.symbolize_ms.unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each); eBPF per stack sample: {} ns \
-             (measured on the targets: {} ns), per off-CPU stack: {} ns",
-            ms * 1e3 / n as f64,
+            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each from the cache, {:.1} ms resolving new \
+             addresses); eBPF per stack sample: {} ns (measured on the targets: {} ns), per off-CPU stack: {} ns",
+            (ms - o.symbolize_resolve_ms.unwrap_or(0.0)).max(0.0) * 1e3 / n as f64,
+            o.symbolize_resolve_ms.unwrap_or(0.0),
             f(o.cost_ns_sample, 0),
             f(o.cost_ns_sample_live, 0),
             f(o.cost_ns_offcpu_stack, 0)

@@ -140,8 +140,10 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
     let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0);
     let per_stack = symbolize.filter(|s| s.samples > 0).map_or(String::new(), |s| {
         format!(
-            ", {:.0} µs per stack symbolized",
-            s.time.as_secs_f64() * 1e6 / s.samples as f64
+            ", symbolizing {:.0} µs per stack (+ {:.0} ms reading {} new addresses' symbols)",
+            s.time.saturating_sub(s.resolve_time).as_secs_f64() * 1e6 / s.samples as f64,
+            s.resolve_time.as_secs_f64() * 1e3,
+            s.resolved
         )
     });
     [
@@ -272,11 +274,12 @@ fn details(o: &mut String, r: &AttachReport) {
     if let Some(s) = r.symbolize.as_ref().filter(|s| s.samples > 0) {
         let _ = writeln!(
             o,
-            "    stacks: {} symbolized in {:.1} ms ({:.1} µs each); {} addresses resolved, {} unknown ({} in no \
-             mapping), memory maps read {} times",
+            "    stacks: {} symbolized in {:.1} ms ({:.1} µs each from the cache; {:.1} ms resolving new addresses); \
+             {} addresses resolved, {} unknown ({} in no mapping), memory maps read {} times",
             s.samples,
             s.time.as_secs_f64() * 1e3,
-            s.time.as_secs_f64() * 1e6 / s.samples as f64,
+            s.time.saturating_sub(s.resolve_time).as_secs_f64() * 1e6 / s.samples as f64,
+            s.resolve_time.as_secs_f64() * 1e3,
             s.resolved,
             s.unknown,
             s.unmapped,

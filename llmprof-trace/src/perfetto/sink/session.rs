@@ -165,6 +165,7 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
         args.push(arg_u(arg::SYMBOLIZE_ADDRESSES, o.symbolize_addresses));
         args.push(arg_u(arg::SYMBOLIZE_UNKNOWN, o.symbolize_unknown));
         args.push(arg_u(arg::SYMBOLIZE_UNMAPPED, o.symbolize_unmapped));
+        args.push(arg_f(arg::SYMBOLIZE_RESOLVE_MS, o.symbolize_resolve_ns / 1e6));
     }
     if let Some(c) = o.contention_ns {
         args.push(arg_f(arg::LLMPROF_CPU_CHARGED_MS, c / 1e6));
