@@ -456,3 +456,45 @@ fn overhead_events(d: &Decoded, r: &mut Report) {
     o.degradations = steps;
     o.size_limit_reached = size_reached;
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly")]
+mod tests {
+    use llmprof_abi::{FinishReason, RequestEventKind};
+
+    use crate::event::SessionStats;
+    use crate::names::marker;
+    use crate::perfetto::sink::TraceSink;
+    use crate::testing;
+
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 5_000 * MS;
+
+    #[test]
+    fn a_request_that_arrived_before_tracing_started_was_in_flight_at_attach() {
+        let procs = [testing::process(10, "llmserve", "llmserve", [(11, "engine")])];
+        let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 0))).unwrap();
+        // Request 1 arrived 5 ms before the probes were live (its arrival is in its record), request 2 after.
+        let req = |k, id, ts| testing::request(10, k, id, ts).chat("m", "");
+        sink.push(&req(RequestEventKind::Arrived, 1, T0).build()).unwrap();
+        sink.marker(T0 + 5 * MS, marker::TRACING_STARTED).unwrap();
+        sink.push(&req(RequestEventKind::Arrived, 2, T0 + 6 * MS).build())
+            .unwrap();
+        for (id, at) in [(1, 20), (2, 25)] {
+            sink.push(&req(RequestEventKind::Scheduled, id, T0 + at * MS).build())
+                .unwrap();
+            sink.push(&req(RequestEventKind::FirstToken, id, T0 + (at + 5) * MS).build())
+                .unwrap();
+            let fin = req(RequestEventKind::Finished, id, T0 + (at + 10) * MS).output(3, FinishReason::Stop);
+            sink.push(&fin.build()).unwrap();
+        }
+        let bytes = sink.finish(&SessionStats::default(), Some(T0 + 50 * MS)).unwrap();
+        let r = crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap();
+        let mid: Vec<(u64, bool)> = r
+            .requests
+            .iter()
+            .map(|q| (q.req_id, q.attached_mid_request))
+            .collect();
+        assert_eq!(mid, [(1, true), (2, false)]);
+    }
+}
