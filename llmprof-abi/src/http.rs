@@ -104,8 +104,7 @@ pub struct HttpEvent {
     pub conn: u64,
     /// `HTTP_END_*` / `HTTP_FLAG_*` bits.
     pub flags: u32,
-    /// The response's status code (`ResponseStart`, and again at `ResponseEnd`: a lost start record loses no
-    /// status), 0 otherwise.
+    /// The response's status code (`ResponseStart`), 0 otherwise.
     pub status: u32,
     /// SSE events the write ended (`Sse`).
     pub events: u32,
@@ -115,9 +114,6 @@ pub struct HttpEvent {
     pub content_events: u32,
     /// The syscall's result (bytes written, or -errno for `Reset`).
     pub ret: i64,
-    /// [`HttpOp::ResponseEnd`]: the response's bytes (status line, headers and body as written, chunk framing
-    /// included); 0 otherwise.
-    pub bytes: u64,
 }
 
 /// A request's head bytes, as read.
@@ -179,8 +175,6 @@ pub struct HttpConnState {
     /// When the bytes the current read consumes started arriving (see [`HttpHeadEvent::arrival_ns`]); 0: not
     /// seen. Written by the read's `sock_recv_length`, consumed by its exit.
     pub arrival_ns: u64,
-    /// Bytes of the current response written so far ([`HttpEvent::bytes`] at its end).
-    pub resp_bytes: u64,
 }
 
 /// Offsets into the kernel's `struct sock_common` (the first member of every `struct sock`; a layout unchanged

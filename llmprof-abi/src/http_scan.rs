@@ -246,7 +246,6 @@ pub fn start_response(st: &mut HttpConnState) {
     st.status = 0;
     st.content_length = 0;
     st.remaining = -1;
-    st.resp_bytes = 0;
 }
 
 /// Whether the rest of the response is a `Content-Length` body still being counted (not scanned).
@@ -280,7 +279,6 @@ pub fn finish_write(x: &mut Scan, ret: u64, scanned: bool) -> WriteOutcome {
         end: x.end,
         ..WriteOutcome::default()
     };
-    x.st.resp_bytes = x.st.resp_bytes.saturating_add(ret);
     if !scanned {
         x.st.remaining -= ret as i64;
         if x.st.remaining <= 0 {

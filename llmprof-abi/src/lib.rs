@@ -1254,9 +1254,9 @@ const _: () = {
     assert!(core::mem::size_of::<SyscallSlot>() == 72);
     assert!(core::mem::size_of::<ProbeCounters>() == 24);
     assert!(core::mem::size_of::<FilePattern>() == 8 + PATTERN_LEN);
-    assert!(core::mem::size_of::<HttpEvent>() == 72);
+    assert!(core::mem::size_of::<HttpEvent>() == 64);
     assert!(core::mem::size_of::<HttpHeadEvent>() == 64 + HTTP_HEAD_MAX);
-    assert!(core::mem::size_of::<HttpConnState>() == 80);
+    assert!(core::mem::size_of::<HttpConnState>() == 72);
 };
 
 #[cfg(feature = "user")]

@@ -188,7 +188,8 @@ pub enum EventBody {
         req_id: u64,
         /// HTTP status code of its response (0: no status line was written: the client went away first).
         status: u32,
-        /// Bytes of the response (status line, headers, body); `None` when its end was not seen.
+        /// Bytes of the response's writes that left a record (its status line, its SSE events, its end: all of
+        /// a response sent whole, or streamed an event per write); `None` when its end was not seen.
         bytes: Option<u64>,
         /// The response was a stream of server-sent events.
         streamed: bool,

@@ -69,8 +69,6 @@ pub struct WireRecord {
     pub arrival_ns: u64,
     /// Request head bytes (`RequestStart` / `RequestHead`), cut at the blank line by the kernel.
     pub head: Vec<u8>,
-    /// `ResponseEnd`: the response's bytes.
-    pub bytes: u64,
 }
 
 /// What a request head says that llmprof keeps.
@@ -157,6 +155,30 @@ struct Req {
     status: u32,
     /// SSE events the response carried (a streamed response has some).
     sse_events: u32,
+    /// Bytes of the response's writes that left a record (its status line, its SSE events, its end).
+    resp_bytes: u64,
+    /// The last response record counted (op and the write's result): one write leaves up to three records.
+    last_write: Option<(HttpOp, i64)>,
+}
+
+impl Req {
+    /// Adds a response write's bytes, once per write: the kernel writes a write's records back to back, in the
+    /// order status line, SSE events, end, each with the write's result.
+    fn count_write(&mut self, r: &WireRecord) {
+        let Some(op) = r.op else { return };
+        let rank = |o: HttpOp| match o {
+            HttpOp::ResponseStart => 0,
+            HttpOp::Sse => 1,
+            _ => 2,
+        };
+        let same_write = self
+            .last_write
+            .is_some_and(|(prev, ret)| ret == r.ret && rank(prev) < rank(op));
+        if !same_write {
+            self.resp_bytes += u64::try_from(r.ret).unwrap_or(0);
+        }
+        self.last_write = Some((op, r.ret));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -249,6 +271,8 @@ impl Reconstructor {
                     x_request_id: String::new(),
                     status: 0,
                     sse_events: 0,
+                    resp_bytes: 0,
+                    last_write: None,
                 });
                 if r.flags & (HTTP_FLAG_HEAD_DONE | HTTP_FLAG_HEAD_CUT) != 0 {
                     self.arrive(key, &r, out);
@@ -268,6 +292,7 @@ impl Reconstructor {
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
                 req.status = r.status;
+                req.count_write(&r);
                 let id = req.id;
                 out.push(ev(
                     &r,
@@ -282,6 +307,7 @@ impl Reconstructor {
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
                 req.sse_events = req.sse_events.saturating_add(r.events);
+                req.count_write(&r);
                 let mut n = r.content_events;
                 if n == 0 {
                     return;
@@ -300,18 +326,9 @@ impl Reconstructor {
             HttpOp::ResponseEnd => {
                 self.arrive(key, &r, out);
                 if let Some(mut req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
-                    if req.status == 0 && r.status != 0 {
-                        // Its status line's record was lost: the end carries the status too.
-                        req.status = r.status;
-                        if req.arrived {
-                            let body = EventBody::WireResponse {
-                                req_id: req.id,
-                                status: r.status,
-                            };
-                            out.push(ev(&r, body));
-                        }
-                    }
-                    self.finish(&r, req, r.ts_ns, false, Some(r.bytes), out);
+                    req.count_write(&r);
+                    let bytes = req.resp_bytes;
+                    self.finish(&r, req, r.ts_ns, false, Some(bytes), out);
                 }
             }
             HttpOp::Close | HttpOp::Reset => {

@@ -366,7 +366,7 @@ pub(crate) fn on_close(pid_tgid: u64, fd: u64) -> u32 {
     if phase == HTTP_PHASE_PROBE {
         return 0;
     }
-    emit(pid_tgid, key.fd, conn, HttpOp::Close, 0, 0, 0, 0, 0, 0);
+    emit(pid_tgid, key.fd, conn, HttpOp::Close, 0, 0, 0, 0, 0);
     0
 }
 
@@ -382,7 +382,6 @@ fn emit(
     events: u32,
     content: u32,
     ret: i64,
-    bytes: u64,
 ) {
     let Some(mut e) = EVENTS.reserve::<HttpEvent>(0) else {
         count(ProbeId::Http, 0, 0, 1);
@@ -398,7 +397,6 @@ fn emit(
         events,
         content_events: content,
         ret,
-        bytes,
     });
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::Http, 0, 1, 0);
@@ -433,7 +431,7 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         if phase != PH_GONE {
             // SAFETY: see above.
             unsafe { (*st).phase = PH_GONE };
-            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret, 0);
+            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret);
         }
         return 0;
     }
@@ -480,7 +478,7 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
         };
         if let Some(op) = other {
             let _ = HTTP_CONNS.remove(&key);
-            emit(pid_tgid, key.fd, conn, op, 0, 0, 0, 0, ret, 0);
+            emit(pid_tgid, key.fd, conn, op, 0, 0, 0, 0, ret);
             return 0;
         }
         if probing && (n < 4 || !is_http_request_start(&first)) {
@@ -584,7 +582,7 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
         if phase != PH_GONE {
             // SAFETY: see above.
             unsafe { (*st).phase = PH_GONE };
-            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret, 0);
+            emit(pid_tgid, key.fd, conn, HttpOp::Reset, 0, 0, 0, 0, ret);
         }
         return 0;
     }
@@ -653,7 +651,6 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
             0,
             0,
             ret,
-            0,
         );
     }
     if o.events > 0 {
@@ -669,23 +666,11 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
                 o.events,
                 o.content,
                 ret,
-                0,
             );
         }
     }
     x.scan.st.phase = if o.end != 0 {
-        emit(
-            pid_tgid,
-            key.fd,
-            conn,
-            HttpOp::ResponseEnd,
-            o.end,
-            x.scan.st.status,
-            0,
-            0,
-            ret,
-            x.scan.st.resp_bytes,
-        );
+        emit(pid_tgid, key.fd, conn, HttpOp::ResponseEnd, o.end, 0, 0, 0, ret);
         PH_RESP_DONE
     } else {
         PH_RESP

@@ -411,10 +411,6 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
     // SAFETY: see above.
     unsafe { (*slot).nr = NO_SYSCALL };
     let tgid = (pid_tgid >> 32) as u32;
-    if is_self(tgid) {
-        // A call llmprof entered while its calibration traced it.
-        return 0;
-    }
     let end = now();
     let dur = end.saturating_sub(ts_ns);
     aggregate(tgid, tid, nr, dur);

@@ -246,7 +246,6 @@ pub fn decode(b: &[u8]) -> Option<WireRecord> {
                 events: e.events,
                 content_events: e.content_events,
                 ret: e.ret,
-                bytes: e.bytes,
                 ..base
             })
         }
