@@ -64,7 +64,7 @@ use llmprof_abi::{
     EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NO_SYSCALL,
     NUM_KNOBS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent,
     RangeEvent, RangeRecord, RequestEvent, SYSCALL_SLOTS, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
-    SyscallSlot, SyscallStats,
+    SyscallSlot, SyscallStats, WIRE_DECODE_READ, WIRE_DECODE_WRITE,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -318,8 +318,8 @@ pub(crate) fn slot_of(tid: u32) -> Option<*mut Inflight> {
 }
 
 /// The slot a syscall entry writes: the thread's own (a thread with a slot is traced: slots are only
-/// claimed here, and user space frees them when it stops tracing a process, e.g. llmprof itself after the
-/// calibration), or a fresh one when the thread's process is traced.
+/// claimed here, and freed when the thread exits or user space stops tracing its process), or a fresh one
+/// when the thread's process is traced.
 #[inline(always)]
 fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
     if is_self(tgid) {
@@ -444,15 +444,15 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         }
         NR_READ => {
             file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur);
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_PREAD64 => file_io(pid_tgid, &inf, FileOp::Pread, inf.args[2], ret, dur),
         NR_READV => {
             file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur);
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_RECVFROM | NR_RECVMSG => {
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_MMAP => mmap(pid_tgid, &inf, ret, dur),
         NR_CLOSE => {
@@ -465,7 +465,7 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         }
         NR_WRITE | NR_WRITEV | NR_SENDTO | NR_SENDMSG => {
             sent(tgid, &inf, ret);
-            http::on_write(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_WRITE, pid_tgid, &inf, ret);
         }
         _ => {}
     }

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 pub mod summary;
 
 use crate::budget::{self, Budget, Verdict};
-use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
+use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
 use crate::gpu::inject::{GpuKernels, KernelsMode};
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
@@ -69,6 +69,51 @@ enum LiveCost {
     Measuring(crate::capture::sampling::LiveCost, Instant),
     Done,
 }
+/// Longest a session's end waits for its calibration child (it takes ~0.1–0.3 s on an idle 2-core machine,
+/// seconds when that machine is saturated).
+const CALIBRATION_WAIT: Duration = Duration::from_secs(10);
+
+/// Where the measurement of the per-hit costs stands ([`crate::capture::calibrate::Background`]).
+enum Calibrating {
+    /// Not started yet, or never (no calibrator binary).
+    NotStarted,
+    /// The child runs.
+    Running(Box<crate::capture::calibrate::Background>),
+    /// The costs are in the self-accounting and the budget.
+    Done,
+    /// No costs (said once).
+    Failed,
+}
+
+impl Calibrating {
+    /// Starts the child for the probes this session attached, with the untraced references the capture
+    /// took before attaching them.
+    fn start(opts: &AttachOptions, capture: &Capture) -> Self {
+        use crate::capture::calibrate::{Background, CalibrationConfig};
+        let Some(exe) = &opts.calibrator else {
+            return Calibrating::NotStarted;
+        };
+        let cfg = CalibrationConfig {
+            engine: capture.engine_programs_loaded(),
+            cuda: opts.gpu.cuda,
+            thread_states: opts.thread_states,
+            sample: opts.sample_hz > 0,
+            http: opts.http != crate::capture::http::HttpPorts::Off,
+            untraced: capture.untraced(),
+        };
+        match Background::spawn(exe, &cfg) {
+            Ok(bg) => Calibrating::Running(Box::new(bg)),
+            Err(e) => {
+                note!(
+                    "warning: cannot start the probe-cost calibration ({}): the overhead estimate charges nothing",
+                    crate::causes::one_line(&e)
+                );
+                Calibrating::Failed
+            }
+        }
+    }
+}
+
 /// Period of the /proc walk that catches processes of the tree the kernel could not report.
 const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
@@ -124,6 +169,10 @@ pub struct AttachOptions {
     /// Why `stop` was set, when its setter says so (`llmprof serve`: alert resolved, disk quota, shutdown); the
     /// trace's `end_reason` then names it instead of [`END_INTERRUPTED`].
     pub stop_reason: StopReason,
+    /// The `llmprof` binary, run as a child (`calibrate-probes`) once the probes are live to measure what a
+    /// probe hit costs here ([`crate::capture::calibrate::Background`]); None: no calibration, the overhead
+    /// estimate stays at 0 (a library user without the binary).
+    pub calibrator: Option<PathBuf>,
 }
 
 /// Why a session's stop flag was set, shared between whoever stops it and the session. The first reason set
@@ -394,8 +443,7 @@ fn start_capture(
         slow_syscall: opts.slow_syscall,
         ring_bytes: opts.ring_bytes,
         capture_content,
-        calibrate: true,
-        calibrate_cuda: opts.gpu.cuda,
+        measure_untraced: opts.calibrator.is_some(),
         cuda_counted: opts.gpu.cuda_calls == crate::gpu::CudaCalls::Counted,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
@@ -418,7 +466,9 @@ fn start_capture(
     inputs.gpu_markers.extend(cuda_markers);
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
-    let cal = capture.calibration().unwrap_or_default();
+    // The costs per hit come later, from the calibration child ([`Calibrating`]); until then nothing is
+    // charged and the budget cannot be exceeded.
+    let cal = Calibration::default();
     let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
     let targets = TargetCpu::new(&pids);
     let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
@@ -577,6 +627,8 @@ struct Session<'a> {
     /// The last /proc walk for processes of the tree the kernel did not report.
     last_rescan: Instant,
     acct: SelfAccount,
+    /// The per-hit costs, measured by a child process beside the session.
+    calibrating: Calibrating,
     /// The sampler's cost measured on the targets.
     live_cost: LiveCost,
     budget: Option<Budget>,
@@ -616,12 +668,16 @@ impl<'a> Session<'a> {
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
         let t0 = Instant::now();
         let (cap, mut infos) = preflight(opts)?;
+        log::debug!("attach: preflight done at {:?}", t0.elapsed());
         // `--gpu-kernels`: the helper is loaded before anything else (an `on` refusal loads nothing).
         let tree: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let mut gpu_kernels =
             GpuKernels::prepare(opts.gpu.kernels, &tree).map_err(AttachError::GpuKernels)?;
+        log::debug!("attach: GPU kernels prepared at {:?}", t0.elapsed());
         let mut inputs = open_inputs(opts)?;
+        log::debug!("attach: inputs open at {:?}", t0.elapsed());
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
+        log::debug!("attach: capture started at {:?}", t0.elapsed());
         let strict = opts.gpu.kernels == KernelsMode::On;
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
@@ -649,6 +705,7 @@ impl<'a> Session<'a> {
             targets: started.targets.clone(),
             last_rescan: Instant::now(),
             acct: started.acct,
+            calibrating: Calibrating::NotStarted,
             live_cost: LiveCost::Waiting,
             budget: started.budget,
             engine_probes: started.engine_probes,
@@ -679,6 +736,13 @@ impl<'a> Session<'a> {
         // Children forked between the /proc walk and the moment the targets entered the traced set.
         let late = session.tree.rescan(started.live_ns);
         session.join(late)?;
+        session.calibrating = Calibrating::start(opts, &session.capture);
+        if opts.overhead_budget.is_some() {
+            // The budget judges by the costs per hit: it holds from the first window only once they are
+            // measured, so a budgeted session has them before it says it is live (the probes already record
+            // into the ring meanwhile).
+            session.calibration_step(Some(CALIBRATION_WAIT));
+        }
         note!(
             "llmprof: probes live after {:.1} ms; writing {}",
             session.attach_latency.as_secs_f64() * 1e3,
@@ -737,6 +801,10 @@ impl<'a> Session<'a> {
         loop {
             if let Some(reason) = self.end_condition(stop) {
                 return Ok(reason);
+            }
+            if self.calibration_step(None) {
+                // The costs per hit on the timeline now, not at the next tick (a short session has none).
+                self.overhead_sample();
             }
             self.budget_step()?;
             self.capture.poll(&mut self.polled, POLL_TIMEOUT)?;
@@ -827,6 +895,55 @@ impl<'a> Session<'a> {
         self.target_exited.then_some(END_TARGET_EXITED)
     }
 
+    /// The self-accounting's sample since the last one, onto the timeline (its counter tracks); the
+    /// estimated overhead %.
+    fn overhead_sample(&mut self) -> Option<f64> {
+        let level = self.budget.as_ref().map_or(0, Budget::level);
+        let sample = self.acct.sample(self.capture.account_counters(), level);
+        let est_pct = sample.est_overhead_pct;
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: 0,
+            tid: 0,
+            body: EventBody::Overhead(Box::new(sample)),
+        });
+        est_pct
+    }
+
+    /// Takes the calibration child's result once it came (waiting at most `wait` for it): the self-accounting
+    /// and the budget charge its costs from then on, over the whole session. A failure is said once. True
+    /// when the costs came now.
+    fn calibration_step(&mut self, wait: Option<Duration>) -> bool {
+        let Calibrating::Running(bg) = &mut self.calibrating else {
+            return false;
+        };
+        let got = match wait {
+            Some(limit) => bg.wait(limit).cloned(),
+            None => bg.poll().cloned(),
+        };
+        match got {
+            Some(Ok(cal)) => {
+                log::debug!("attach: calibrated in {:.1} ms", cal.took_ms);
+                self.acct.set_calibration(cal);
+                if let Some(b) = self.budget.as_mut() {
+                    b.set_calibration(cal);
+                }
+                self.calibrating = Calibrating::Done;
+                return true;
+            }
+            Some(Err(why)) => {
+                note!("warning: probe costs not measured: {why}; the overhead estimate charges nothing");
+                self.calibrating = Calibrating::Failed;
+            }
+            None if wait.is_some() => {
+                note!("warning: probe costs not measured in time; the overhead estimate charges nothing");
+                self.calibrating = Calibrating::Failed;
+            }
+            None => {}
+        }
+        false
+    }
+
     /// Judges the overhead budget when its interval has passed, and records the step it takes.
     fn budget_step(&mut self) -> Result<(), AttachError> {
         if let Some(b) = self.budget.as_mut()
@@ -878,15 +995,7 @@ impl<'a> Session<'a> {
             body: EventBody::SyscallRate { per_sec },
         });
         self.live_cost_step();
-        let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.capture.account_counters(), level);
-        let est_pct = sample.est_overhead_pct;
-        self.merger.push(Event {
-            ts_ns: boottime_ns(),
-            pid: 0,
-            tid: 0,
-            body: EventBody::Overhead(Box::new(sample)),
-        });
+        let est_pct = self.overhead_sample();
         // The kernel picks new processes up itself; the /proc walk (every process's stat) only catches what it
         // could not report (a full map or ring), so it runs every few ticks.
         if self.last_rescan.elapsed() >= RESCAN {
@@ -964,6 +1073,11 @@ impl<'a> Session<'a> {
     fn finish(mut self, end_reason: &'static str) -> Result<AttachReport, AttachError> {
         if self.tty {
             note!();
+        }
+        // A session shorter than its calibration waits for it: the summary charges the measured costs, and
+        // the trace's cost counters have a value.
+        if self.calibration_step(Some(CALIBRATION_WAIT)) {
+            self.overhead_sample();
         }
         // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
         self.gpu_kernels.stop();

@@ -119,6 +119,36 @@ systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
         /// Directory to write the pages into (created if missing).
         dir: PathBuf,
     },
+    /// Time llmprof's probes on this process with an instance of the programs of its own and print the
+    /// costs as one JSON line (what `attach` runs beside a session once its probes are live; needs root).
+    #[command(name = "calibrate-probes", hide = true)]
+    CalibrateProbes(CalibrateArgs),
+}
+
+/// `llmprof calibrate-probes`: which probes to time (those the session attaches).
+#[derive(Args, Debug, Clone, Default)]
+pub struct CalibrateArgs {
+    /// The engine's range probe.
+    #[arg(long)]
+    pub engine: bool,
+    /// The CUDA driver probes.
+    #[arg(long)]
+    pub cuda: bool,
+    /// Thread-state records.
+    #[arg(long)]
+    pub thread_states: bool,
+    /// The stack sampler and off-CPU stacks.
+    #[arg(long)]
+    pub sample: bool,
+    /// The HTTP wire probe.
+    #[arg(long)]
+    pub http: bool,
+    /// `getppid` untraced, ns, as the session measured it before its programs were attached.
+    #[arg(long, requires = "untraced_decoded_ns")]
+    pub untraced_ns: Option<f64>,
+    /// `close(-1)` untraced, ns (with --untraced-ns).
+    #[arg(long, requires = "untraced_ns")]
+    pub untraced_decoded_ns: Option<f64>,
 }
 
 /// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
@@ -352,6 +382,7 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
             ring_size: s.ring_size,
             max_trace_size: s.max_trace_size,
             otel: s.otel,
+            calibrator: None,
             pull: crate::serve::pull::PullConfig {
                 urls: s.alertmanager_urls,
                 interval: s.alertmanager_poll,

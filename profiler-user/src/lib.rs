@@ -21,6 +21,7 @@ pub mod doctor;
 pub mod exit;
 pub mod files;
 pub mod gpu;
+pub mod logging;
 pub mod metrics_scrape;
 pub mod open;
 pub mod otel;

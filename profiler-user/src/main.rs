@@ -9,7 +9,7 @@ use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::http::HttpPorts;
 use llmprof::capture::{CaptureError, Cidr};
 use llmprof::causes;
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
+use llmprof::cli::{AttachArgs, CalibrateArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
 use llmprof::doctor::{self, DoctorOptions};
 use llmprof::exit;
 use llmprof::open::TraceServer;
@@ -37,6 +37,7 @@ fn install_signal_handlers() {
 }
 
 fn main() {
+    llmprof::logging::init_from_env();
     let cli = Cli::parse();
     install_signal_handlers();
     let code = match cli.command {
@@ -47,8 +48,45 @@ fn main() {
         Command::Serve(s) => run_serve(*s),
         Command::Completions { shell } => llmprof::packaging::completions(shell),
         Command::Manpages { dir } => llmprof::packaging::manpages(&dir),
+        Command::CalibrateProbes(c) => run_calibrate(&c),
     };
     std::process::exit(code);
+}
+
+/// `calibrate-probes`: one JSON line on stdout, the costs or the error (exit code as `attach`'s).
+fn run_calibrate(c: &CalibrateArgs) -> i32 {
+    use llmprof::capture::calibrate::{self, CalibrationConfig, ChildReport, Untraced};
+    let cfg = CalibrationConfig {
+        engine: c.engine,
+        cuda: c.cuda,
+        thread_states: c.thread_states,
+        sample: c.sample,
+        http: c.http,
+        untraced: c
+            .untraced_ns
+            .zip(c.untraced_decoded_ns)
+            .map(|(plain_ns, decoded_ns)| Untraced { plain_ns, decoded_ns }),
+    };
+    let mut code = exit::OK;
+    calibrate::run_reporting(&cfg, |r| {
+        println!("{}", ChildReport::line(r));
+        if let Err(e) = r {
+            code = calibrate_exit_code(e);
+        }
+    });
+    code
+}
+
+/// The exit code of a failed `calibrate-probes` (as `attach`'s for the same causes).
+fn calibrate_exit_code(e: &CaptureError) -> i32 {
+    match e {
+        CaptureError::NotRoot => exit::NOT_ROOT,
+        CaptureError::MissingTracepoint { .. }
+        | CaptureError::Tracefs(_)
+        | CaptureError::Load(_)
+        | CaptureError::Program { .. } => exit::KERNEL,
+        _ => exit::FAILURE,
+    }
 }
 
 fn run_attach(a: AttachArgs) -> i32 {
@@ -89,6 +127,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         metadata: None,
         prelude: None,
         stop_reason: attach::StopReason::default(),
+        calibrator: std::env::current_exe().ok(),
         sample_hz: if a.no_sample { 0 } else { a.sample_rate },
         overhead_budget: a.overhead_budget,
         thread_states: !a.no_thread_states,
@@ -135,7 +174,9 @@ fn run_attach(a: AttachArgs) -> i32 {
 fn run_serve(s: ServeArgs) -> i32 {
     use llmprof::serve::{self, ServeError, ServeOptions};
     let check_only = s.check_config;
-    let opts = match ServeOptions::from_config(s.into()) {
+    let mut cfg: serve::ServeConfig = s.into();
+    cfg.calibrator = std::env::current_exe().ok();
+    let opts = match ServeOptions::from_config(cfg) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {}", causes::lines(&e));

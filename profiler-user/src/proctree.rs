@@ -176,7 +176,7 @@ impl Tree {
 
     /// Forgets processes that are gone from /proc without an exit record (one `stat` per live process).
     pub fn prune(&mut self) {
-        self.live.retain(|&p| procfs::exists(p));
+        self.live.retain(|&p| procfs::alive(p));
     }
 
     /// Processes of the tree that /proc shows and the kernel did not report (started between the /proc walk
@@ -310,7 +310,7 @@ mod tests {
         assert_eq!(found[0], me, "the root comes first");
         assert!(found.contains(&cpid), "{found:?}");
         assert!(
-            found.iter().any(|&p| parent_of(p) == Some(cpid)) || !procfs::exists(cpid),
+            found.iter().any(|&p| parent_of(p) == Some(cpid)) || !procfs::alive(cpid),
             "the shell's child is a descendant: {found:?}"
         );
     }

@@ -1,7 +1,7 @@
 //! Self-accounting: what llmprof costs, measured while it runs.
 //!
 //! Owns the arithmetic of llmprof's overhead and the /proc reads it needs: the estimated CPU time the probes
-//! add to the target (per probe: hits × the cost per hit calibrated at start-up, see
+//! add to the target (per probe: hits × the cost per hit calibrated beside the session, see
 //! [`crate::capture::calibrate`]), the target's own CPU time (all its threads' `schedstat`, ns), llmprof's
 //! CPU (`getrusage`) and resident memory (`/proc/self/statm`). [`SelfAccount::sample`] turns two
 //! [`Snapshot`]s into an [`OverheadSample`] (counter tracks every tick); [`SelfAccount::summary`] the whole
@@ -269,6 +269,23 @@ impl SelfAccount {
             self.cal.http_arrival_ns = Some(ns);
             self.cal.http_arrival_runs_per_s = Some(per_s);
         }
+    }
+
+    /// The costs per hit measured by the calibration, charged over the whole session from now on (the
+    /// session starts with none: its calibration runs beside it). Figures measured on the targets during
+    /// the session ([`SelfAccount::set_live`]) are kept.
+    pub fn set_calibration(&mut self, cal: Calibration) {
+        let live = (
+            self.cal.sample_live_ns,
+            self.cal.http_arrival_ns,
+            self.cal.http_arrival_runs_per_s,
+        );
+        self.cal = Calibration {
+            sample_live_ns: live.0.or(cal.sample_live_ns),
+            http_arrival_ns: live.1.or(cal.http_arrival_ns),
+            http_arrival_runs_per_s: live.2.or(cal.http_arrival_runs_per_s),
+            ..cal
+        };
     }
 
     /// Starts accounting at `counters` (the capture's counters when tracing began).

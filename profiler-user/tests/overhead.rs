@@ -136,7 +136,7 @@ fn every_trace_accounts_for_llmprof_itself() {
     });
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     for want in [
-        "cost per hit (measured at start-up",
+        "cost per hit (measured beside the session",
         "overhead: est.",
         "peak RSS",
         "probe syscalls: hits",

@@ -319,7 +319,7 @@ fn costs(o: &mut String, c: &llmprof_trace::calibration::Calibration) {
         });
     let _ = writeln!(
         o,
-        "    cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, \
+        "    cost per hit (measured beside the session in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, \
          probe entry {}",
         c.took_ms,
         c.syscall_ns,

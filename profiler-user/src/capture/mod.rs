@@ -155,11 +155,9 @@ pub struct CaptureConfig {
     pub ring_bytes: usize,
     /// Attach the engine's content probe: prompt and completion text leave the engine (opt-in).
     pub capture_content: bool,
-    /// Measure the per-hit cost on llmprof itself before tracing the targets ([`calibrate`], ~40 ms).
-    pub calibrate: bool,
-    /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
-    /// attached, see [`Capture::attach_cuda`]).
-    pub calibrate_cuda: bool,
+    /// Time two cheap syscalls before any program is attached (~2 ms): the untraced reference a later
+    /// [`calibrate::run`] measures the probes' cost against ([`Capture::untraced`]).
+    pub measure_untraced: bool,
     /// Launch-type CUDA calls ([`llmprof_abi::cudacount::COUNTED`]) get the entry-only counting uprobe
     /// instead of the timed entry + return pair (`--cuda-calls counted`, the default; off: `--cuda-calls all`).
     pub cuda_counted: bool,
@@ -188,8 +186,7 @@ impl Default for CaptureConfig {
             egress_allow: Cidr::default_allow(),
             ring_bytes: DEFAULT_RING_BYTES,
             capture_content: false,
-            calibrate: false,
-            calibrate_cuda: false,
+            measure_untraced: false,
             cuda_counted: true,
             python_hz: pysample::DEFAULT_HZ,
             http: http::HttpPorts::All,
@@ -335,9 +332,8 @@ pub struct Capture {
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
     /// Processes whose launch-type calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
-    calibration: Option<Calibration>,
-    /// Counter values left by the calibration, subtracted by [`Capture::counters`].
-    counter_base: [ProbeCounters; NUM_PROBES],
+    /// The untraced syscall references ([`CaptureConfig::measure_untraced`]).
+    untraced: Option<calibrate::Untraced>,
     /// raw_syscalls attachments (enter, exit), detachable by [`Capture::detach_syscalls`].
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
@@ -396,6 +392,57 @@ fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
         return Err(CaptureError::PidNotFound(pid));
     }
     Ok(proc_dir.join("exe"))
+}
+
+/// Loads the embedded eBPF object: maps created (the ring at `ring_bytes`), nothing loaded into the kernel's
+/// verifier yet.
+fn load_object(config: &Config, ring_bytes: usize) -> Result<Ebpf, CaptureError> {
+    EbpfLoader::new()
+        .override_global("LLMPROF_CONFIG", config, true)
+        .map_max_entries("EVENTS", ring_size(ring_bytes))
+        .load(EBPF_OBJECT)
+        .map_err(CaptureError::Load)
+}
+
+/// Takes the record ring out of a loaded object.
+fn take_ring(ebpf: &mut Ebpf) -> Result<RingBuf<aya::maps::MapData>, CaptureError> {
+    let ring_map = ebpf
+        .take_map("EVENTS")
+        .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
+    RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))
+}
+
+/// Loads and attaches `tps` (of [`TRACEPOINTS`]), the `raw_syscalls` pair as raw tracepoints; returns those
+/// links (detachable by the budget).
+fn attach_syscall_tracepoints(
+    ebpf: &mut Ebpf,
+    tps: &[(&'static str, &'static str, &'static str)],
+) -> Result<Vec<(&'static str, RawTracePointLinkId)>, CaptureError> {
+    let mut syscall_links = Vec::new();
+    for &(category, name, prog) in tps {
+        let perr = |source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        };
+        let t = Instant::now();
+        let loaded;
+        if category == "raw_syscalls" {
+            let p: &mut RawTracePoint = program(ebpf, prog)?;
+            p.load().map_err(perr)?;
+            loaded = t.elapsed();
+            syscall_links.push((prog, p.attach(name).map_err(perr)?));
+        } else {
+            let p: &mut TracePoint = program(ebpf, prog)?;
+            p.load().map_err(perr)?;
+            loaded = t.elapsed();
+            p.attach(category, name).map_err(perr)?;
+        }
+        log::debug!(
+            "capture: {prog}: verified in {loaded:?}, attached in {:?}",
+            t.elapsed() - loaded
+        );
+    }
+    Ok(syscall_links)
 }
 
 /// Loads and attaches classic tracepoint programs, `(category, name, program)` each, in order.
@@ -510,11 +557,7 @@ impl Capture {
             slot_tids: cfg.syscall_slot_tids.min(llmprof_abi::SYSCALL_SLOTS),
             self_tgid: std::process::id(),
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global("LLMPROF_CONFIG", &config, true)
-            .map_max_entries("EVENTS", ring_size(cfg.ring_bytes))
-            .load(EBPF_OBJECT)
-            .map_err(CaptureError::Load)?;
+        let mut ebpf = load_object(&config, cfg.ring_bytes)?;
         log::debug!("capture: object loaded (maps created) at {:?}", t0.elapsed());
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
@@ -524,43 +567,22 @@ impl Capture {
             }
         };
 
-        // Targets enter TRACED last, after the calibration (which traces llmprof itself).
+        // Targets enter TRACED last, once every program is attached.
         fill_patterns(&mut ebpf, &patterns)?;
         // The untraced syscall reference is taken before any tracepoint is attached: an attached
         // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
         // and that is part of what a target pays.
         let untraced = cfg
-            .calibrate
+            .measure_untraced
             .then(|| calibrate::Untraced::measure(calibrate::STARTUP_CALLS_PER_ROUND));
-        let mut syscall_links = Vec::new();
         let mut range_links = Vec::new();
-
-        for (category, name, prog) in TRACEPOINTS {
-            let perr = |source| CaptureError::Program {
-                program: prog.to_string(),
-                source,
-            };
-            let t = Instant::now();
-            let loaded;
-            if category == "raw_syscalls" {
-                let p: &mut RawTracePoint = program(&mut ebpf, prog)?;
-                p.load().map_err(perr)?;
-                loaded = t.elapsed();
-                syscall_links.push((prog, p.attach(name).map_err(perr)?));
-            } else {
-                let p: &mut TracePoint = program(&mut ebpf, prog)?;
-                p.load().map_err(perr)?;
-                loaded = t.elapsed();
-                p.attach(category, name).map_err(perr)?;
-            }
-            log::debug!(
-                "capture: {prog}: verified in {loaded:?}, attached in {:?}",
-                t.elapsed() - loaded
-            );
+        // Before the exit program runs: it hands followed connections' reads and writes to these.
+        if cfg.http != http::HttpPorts::Off {
+            http::load_decoders(&mut ebpf)?;
         }
+        let syscall_links = attach_syscall_tracepoints(&mut ebpf, &TRACEPOINTS)?;
 
-        // Off-CPU stacks wait for the sampler and for the end of the calibration (whose ping-pong blocks
-        // llmprof's own threads while they are traced).
+        // Off-CPU stacks wait until the sampler is attached.
         write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
@@ -605,40 +627,7 @@ impl Capture {
             }
         }
 
-        let ring_map = ebpf
-            .take_map("EVENTS")
-            .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
-        let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
-        let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) = calibrate::startup(
-                &mut ebpf,
-                &mut ring,
-                engine_loaded,
-                cfg.calibrate_cuda,
-                cfg.thread_states,
-                sampler.is_some(),
-                cfg.http != http::HttpPorts::Off,
-                untraced,
-            )?;
-            log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
-            (Some(c), base)
-        } else {
-            (None, [ProbeCounters::default(); NUM_PROBES])
-        };
-        let (calibration, counter_base) = match (calibration, sampler.is_some()) {
-            (Some(mut c), true) => {
-                let t = Instant::now();
-                c.sample_ns = sampling::calibrate(&mut ebpf)?;
-                c.took_ms += t.elapsed().as_secs_f64() * 1e3;
-                // What llmprof's threads did while it was traced is undone as after the start-up calibration
-                // (no target is traced yet: every slot, aggregate and record is llmprof's), and everything
-                // the counters moved so far is its own: the sampler's calibration samples and those syscalls.
-                calibrate::forget_pid(&mut ebpf, std::process::id())?;
-                while ring.next().is_some() {}
-                (Some(c), read_counters(&ebpf))
-            }
-            other => (other.0, counter_base),
-        };
+        let ring = take_ring(&mut ebpf)?;
         if sampler.is_some() {
             write_knob(&mut ebpf, Knob::OffCpuStacksOff, 0)?;
         }
@@ -679,8 +668,7 @@ impl Capture {
             cuda_links: Vec::new(),
             cuda_count_links: Vec::new(),
             launches_from_cupti: HashSet::new(),
-            calibration,
-            counter_base,
+            untraced,
             syscall_links,
             range_links,
             python,
@@ -1087,13 +1075,7 @@ impl Capture {
 
     /// Per-probe counters summed over CPUs, indexed by `llmprof_abi::ProbeId`.
     pub fn counters(&self) -> [ProbeCounters; NUM_PROBES] {
-        let mut out = read_counters(&self.ebpf);
-        for (c, b) in out.iter_mut().zip(&self.counter_base) {
-            c.hits = c.hits.saturating_sub(b.hits);
-            c.emitted = c.emitted.saturating_sub(b.emitted);
-            c.dropped = c.dropped.saturating_sub(b.dropped);
-        }
-        out
+        read_counters(&self.ebpf)
     }
 
     /// Off-CPU stacks the kernel's rate bound did not take (by design, not a loss); 0 without stack sampling.
@@ -1104,9 +1086,15 @@ impl Capture {
         sampling::offcpu_not_taken(&self.ebpf)
     }
 
-    /// The per-hit costs measured at start (None unless [`CaptureConfig::calibrate`]).
-    pub fn calibration(&self) -> Option<Calibration> {
-        self.calibration
+    /// Whether the engine uprobe programs are loaded (a target or a tree that may gain an engine).
+    pub fn engine_programs_loaded(&self) -> bool {
+        self.engine_loaded
+    }
+
+    /// The untraced syscall references taken before anything was attached (None unless
+    /// [`CaptureConfig::measure_untraced`]); what [`calibrate::run`] measures against.
+    pub fn untraced(&self) -> Option<calibrate::Untraced> {
+        self.untraced
     }
 
     /// Starts measuring the sampler's cost on the targets ([`sampling::LiveCost`]); `None` when not sampling or

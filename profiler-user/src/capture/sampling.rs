@@ -31,6 +31,15 @@ pub struct Sampler {
     symbolizer: Symbolizer,
 }
 
+/// Loads the sampler's program into the kernel (verifies it) without attaching it.
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+    p.load().map_err(|source| CaptureError::Program {
+        program: SAMPLE_PROGRAM.to_string(),
+        source,
+    })
+}
+
 impl Sampler {
     /// Loads the program and attaches it to a CPU clock at `hz` on every online CPU.
     pub(super) fn attach(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
@@ -42,8 +51,8 @@ impl Sampler {
             program: format!("{SAMPLE_PROGRAM} (reading {path})"),
             source: aya::programs::ProgramError::IOError(source),
         })?;
+        load(ebpf)?;
         let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
-        p.load().map_err(perr)?;
         let mut links = Vec::with_capacity(cpus.len());
         for cpu in cpus {
             let link = p

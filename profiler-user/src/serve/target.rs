@@ -154,7 +154,7 @@ pub fn resolve_alert(alert: &Alert, cfg: &ResolveConfig) -> Result<Resolved, Res
 pub fn resolve(spec: TargetSpec, from: &str) -> Result<Resolved, ResolveError> {
     match spec {
         TargetSpec::Pid(pid) => {
-            if pid == 0 || !procfs::exists(pid) {
+            if pid == 0 || !procfs::alive(pid) {
                 return Err(ResolveError::NoProcess(pid));
             }
             Ok(Resolved {
