@@ -80,11 +80,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         .min()
         .unwrap_or(0);
     // A request that arrived before the trace's view began was in flight when llmprof attached.
-    let started = d
-        .tracks
-        .values()
-        .filter(|t| t.name.as_deref() == Some(track::LLMPROF))
-        .flat_map(|t| t.instants.iter())
+    let started = llmprof_instants(d)
         .find(|i| i.name == marker::TRACING_STARTED)
         .map(|i| i.ts);
     if let Some(started) = started {
@@ -415,24 +411,18 @@ fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
     (!g.gpus.is_empty() || has_cuda || !g.markers.is_empty()).then_some(g)
 }
 
-/// The budget's instants and the size marker on the llmprof track (present even without a summary).
-fn overhead_events(d: &Decoded, r: &mut Report) {
-    let first = d
-        .tracks
-        .values()
-        .flat_map(|t| {
-            t.slices
-                .iter()
-                .map(|s| s.ts)
-                .chain(t.instants.iter().map(|i| i.ts))
-        })
-        .min()
-        .unwrap_or(0);
-    let llmprof = d
-        .tracks
+/// The instants of the llmprof track (markers, the budget's steps, the summary).
+fn llmprof_instants(d: &Decoded) -> impl Iterator<Item = &super::read::Instant> {
+    d.tracks
         .values()
         .filter(|t| t.name.as_deref() == Some(track::LLMPROF))
-        .flat_map(|t| t.instants.iter());
+        .flat_map(|t| t.instants.iter())
+}
+
+/// The budget's instants and the size marker on the llmprof track (present even without a summary).
+fn overhead_events(d: &Decoded, r: &mut Report) {
+    let first = r.trace_start_ns;
+    let llmprof = llmprof_instants(d);
     let mut steps = Vec::new();
     let mut size_reached = false;
     for i in llmprof {
