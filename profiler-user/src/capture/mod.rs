@@ -639,6 +639,11 @@ impl Capture {
             Knob::HttpAcceptAll,
             u64::from(cfg.http == http::HttpPorts::All),
         )?;
+        // The kernel refuses llmprof's own process; a capture asked to trace it (`llmprof doctor` timing its own
+        // probes) lifts that for this instance. `attach` never asks (`--pid` of llmprof is refused).
+        if cfg.pids.contains(&std::process::id()) {
+            write_knob(&mut ebpf, Knob::SelfTraced, 1)?;
+        }
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
         if cfg.thread_states {
