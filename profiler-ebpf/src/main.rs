@@ -2,7 +2,8 @@
 //!
 //! Owns the programs, their maps and the records they write (layouts from `llmprof_abi`, never redefined
 //! here). Everything is filtered first by the `TRACED` map of tgids, so untraced processes cost one hash
-//! lookup. Programs (kernel names are at most 15 bytes; all start with `llmprof_` so a listing finds them):
+//! lookup; llmprof's own process (`Config::self_tgid`) is refused by every program whatever that map says
+//! ([`is_self`]), except while its start-up calibration sets `Knob::SelfTraced`. Programs (kernel names are at most 15 bytes; all start with `llmprof_` so a listing finds them):
 //! - `llmprof_sysent` / `llmprof_sysexit` (raw_syscalls:sys_enter/sys_exit): per-thread syscall aggregates,
 //!   slow syscalls, and, dispatched on the syscall number at exit, model-file opens/reads/mmaps/closes,
 //!   connects and bytes sent on connected sockets. One pair of tracepoints instead of one per syscall:
@@ -71,7 +72,7 @@ use llmprof_abi::{
 static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
     slow_syscall_ns: 1_000_000,
     slot_tids: SYSCALL_SLOTS,
-    pad: 0,
+    self_tgid: 0,
 });
 
 /// Default ring size; user space resizes it at load (`--ring-size`). 64 MiB dropped nothing in a
@@ -232,10 +233,17 @@ fn header(kind: EventKind, ts_ns: u64, pid_tgid: u64) -> EventHeader {
     }
 }
 
+/// Whether `tgid` is llmprof itself outside its start-up calibration: never traced, whatever `TRACED` or a
+/// thread's syscall slot says (one compare for every other process; the knob is read only for llmprof).
+#[inline(always)]
+pub(crate) fn is_self(tgid: u32) -> bool {
+    tgid == LLMPROF_CONFIG.load().self_tgid && knob(Knob::SelfTraced) == 0
+}
+
 #[inline(always)]
 fn traced(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { TRACED.get(&tgid) }.is_some()
+    !is_self(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
 }
 
 #[inline(always)]
@@ -314,6 +322,9 @@ pub(crate) fn slot_of(tid: u32) -> Option<*mut Inflight> {
 /// when the thread's process is traced.
 #[inline(always)]
 fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
+    if is_self(tgid) {
+        return None;
+    }
     if let Some(s) = slot_of(tid) {
         return Some(s);
     }

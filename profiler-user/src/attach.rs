@@ -33,6 +33,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod summary;
+
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
 use crate::gpu::inject::{GpuKernels, KernelsMode};
@@ -281,6 +283,14 @@ pub struct AttachReport {
     pub gpu: GpuReport,
     /// CUDA driver calls seen and how they were shown.
     pub cuda: llmprof_trace::cuda_agg::AggStats,
+    /// The first target: its pid and name.
+    pub target: (u32, String),
+    /// Requests the wire probe saw (and how many carried an engine request).
+    pub wire: llmprof_trace::wire::WireStats,
+    /// Stack symbolization, when stacks were sampled.
+    pub symbolize: Option<crate::symbolize::SymbolizeStats>,
+    /// Python processes whose frames were sampled.
+    pub python_processes: usize,
 }
 
 /// The trace's BOOTTIME/REALTIME snapshot, with the session's one offset ([`WallClock`]); `None` (no snapshot: the
@@ -341,6 +351,12 @@ fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, Vec<ProcessInfo>)
         if !roots.contains(&p) {
             roots.push(p);
         }
+    }
+    let own = proctree::own_processes(&roots);
+    if let Some(p) = roots.iter().find(|p| own.contains(p)) {
+        return Err(AttachError::InvalidOption(format!(
+            "--pid {p} is llmprof itself: llmprof never traces its own process; give the server's pid"
+        )));
     }
     let mut infos = Vec::new();
     for &p in &roots {
@@ -469,16 +485,15 @@ fn start_capture(
         .find(|e| matches!(e, EngineProbes::Attached { .. }))
         .unwrap_or_else(|| capture.engine_probes(opts.pid));
     if !matches!(engine_probes, EngineProbes::Attached { .. }) {
-        let later = if opts.follow_children {
-            " (a child that starts an instrumented engine later gets them)"
-        } else {
-            ""
-        };
         note!(
-            "warning: pid {} ({}) exports no llmprof probe points{later}: engine steps and requests will be missing; \
-             syscalls, model files and egress are still traced",
-            opts.pid,
-            infos[0].name
+            "{}",
+            without_engine_probes(
+                opts.pid,
+                &infos[0].name,
+                opts.http != crate::capture::http::HttpPorts::Off,
+                !capture.python().targets().is_empty(),
+                opts.sample_hz > 0,
+            )
         );
     }
     // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
@@ -643,6 +658,8 @@ struct Session<'a> {
     exit_event_seen: bool,
     /// Show the live status line.
     tty: bool,
+    /// The first target's name (for the summary).
+    target_name: String,
 }
 
 impl<'a> Session<'a> {
@@ -708,6 +725,7 @@ impl<'a> Session<'a> {
             target_exited: false,
             exit_event_seen: false,
             tty: opts.live_status && io::stderr().is_terminal(),
+            target_name: infos.first().map(|i| i.name.clone()).unwrap_or_default(),
         };
         session.write_prelude(started.live_ns)?;
         (session.metrics_url, session.scraper) =
@@ -745,8 +763,15 @@ impl<'a> Session<'a> {
     /// interleave. Then the metadata instant, at `live_ns`.
     fn write_prelude(&mut self, live_ns: u64) -> Result<(), AttachError> {
         let out_err = output_error(&self.opts.output);
+        let mut started = live_ns;
         if let Some(p) = &self.opts.prelude {
             let mut history = (p.0)(live_ns);
+            started = history
+                .iter()
+                .map(|e| e.ts_ns)
+                .min()
+                .unwrap_or(live_ns)
+                .min(live_ns);
             write_all(
                 &mut self.sink,
                 &mut self.otel,
@@ -758,6 +783,10 @@ impl<'a> Session<'a> {
             .map_err(&out_err)?;
             self.floor_ns = live_ns;
         }
+        // Where the trace's view begins: a request that arrived before it was in flight at attach.
+        self.sink
+            .marker(started, marker::TRACING_STARTED)
+            .map_err(&out_err)?;
         if let Some(m) = &self.opts.metadata {
             self.sink
                 .annotation(live_ns, &m.event, &m.args)
@@ -1112,15 +1141,10 @@ impl<'a> Session<'a> {
         {
             overhead.symbolized_stacks = s.samples;
             overhead.symbolize_ns = s.time.as_nanos() as f64;
-            // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
-            note!(
-                "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",
-                s.samples,
-                s.time.as_secs_f64() * 1e3,
-                s.time.as_secs_f64() * 1e6 / s.samples as f64,
-                s.resolved,
-                s.unknown
-            );
+            overhead.symbolize_addresses = s.resolved;
+            overhead.symbolize_unknown = s.unknown;
+            overhead.symbolize_unmapped = s.unmapped;
+            overhead.symbolize_resolve_ns = s.resolve_time.as_nanos() as f64;
         }
         let stats = SessionStats {
             overhead: Some(overhead),
@@ -1131,6 +1155,7 @@ impl<'a> Session<'a> {
             end_reason: end_reason.to_owned(),
             syscalls: self.capture.syscall_aggregates(),
             gpu: self.capture.gpu_stats(),
+            offcpu_not_taken: self.capture.offcpu_not_taken(),
         };
         let mut sink = self.sink;
         sink.flush_cuda().map_err(&out_err)?;
@@ -1147,6 +1172,9 @@ impl<'a> Session<'a> {
                 self.capture.cuda_links()
             );
         }
+        let wire = self.capture.wire_stats();
+        let symbolize = self.capture.sampler().map(|s| s.stats());
+        let python_processes = self.capture.python().targets().len();
         drop(self.capture);
         let otel = self.otel.map(OtelSink::finish);
         Ok(AttachReport {
@@ -1163,8 +1191,34 @@ impl<'a> Session<'a> {
             otel,
             gpu,
             cuda,
+            target: (self.opts.pid, self.target_name),
+            wire,
+            symbolize,
+            python_processes,
         })
     }
+}
+
+/// What a session of a server without llmprof's probe points records (llama.cpp's server, vLLM, ...): said
+/// once at start, fitted to what this session has on.
+fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples: bool) -> String {
+    let mut gets = Vec::new();
+    if wire {
+        gets.push(
+            "its requests from the wire (HTTP/1.1: status, TTFT and inter-token time as clients see them)",
+        );
+    }
+    if python {
+        gets.push("its Python frames in the stack samples");
+    } else if samples {
+        gets.push("stack samples");
+    }
+    gets.push("syscalls, thread states, model-file reads and egress");
+    format!(
+        "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
+         prefill inside the engine) come only from an engine built with llmprof-probes, such as llmserve.",
+        gets.join(", ")
+    )
 }
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.

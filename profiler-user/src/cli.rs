@@ -22,6 +22,18 @@ const AFTER_HELP: &str = "Examples:
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
 6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels.";
 
+/// A session length: a duration of more than zero (a zero-length session would record nothing and report an
+/// overhead measured over no time).
+fn parse_session_length(s: &str) -> Result<Duration, String> {
+    let d = llmprof_units::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err(
+            "a session must last more than zero (e.g. 30s); leave -d out to trace until Ctrl-C".into(),
+        );
+    }
+    Ok(d)
+}
+
 /// `llmprof`.
 #[derive(Debug, Parser)]
 #[command(name = "llmprof", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -160,8 +172,8 @@ pub struct AttachArgs {
     /// Trace only the --pid processes themselves, not the processes they start.
     #[arg(long)]
     pub no_children: bool,
-    /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
-    #[arg(short, long, value_parser = llmprof_units::parse_duration)]
+    /// Stop after this long (e.g. 30s, 500ms, 2m; more than zero); default: until Ctrl-C or the target exits.
+    #[arg(short, long, value_parser = parse_session_length)]
     pub duration: Option<Duration>,
     /// Trace file to write (default: llmprof-<pid>-<timestamp>.perfetto-trace).
     #[arg(short, long)]
@@ -181,7 +193,7 @@ pub struct AttachArgs {
     /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
     #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
     pub ring_size: usize,
-    /// More output (eBPF program logs, per-second details).
+    /// A longer exit summary: per-probe counters, the calibrated costs, the GPU layer, symbolization.
     #[arg(short, long)]
     pub verbose: bool,
     /// GPU counter sampling period through NVML (utilization, memory, power, SM clock, temperature, PCIe,
@@ -429,6 +441,15 @@ mod tests {
         assert_eq!(a.ring_size, 64 << 20);
         assert_eq!(a.gpu_sample_interval, Duration::from_millis(100));
         assert!(!a.no_cuda);
+    }
+
+    #[test]
+    fn a_zero_length_session_is_a_usage_error() {
+        for d in ["0s", "0ms"] {
+            let e = Cli::try_parse_from(["llmprof", "attach", "--pid", "12", "-d", d]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{d}");
+            assert!(e.to_string().contains("more than zero"), "{e}");
+        }
     }
 
     #[test]

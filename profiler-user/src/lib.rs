@@ -16,6 +16,7 @@ pub mod budget;
 pub mod capture;
 pub mod causes;
 pub mod cli;
+pub mod cpushare;
 pub mod doctor;
 pub mod exit;
 pub mod files;

@@ -7,12 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::http::HttpPorts;
-use llmprof::capture::{CaptureError, Cidr, EngineProbes};
+use llmprof::capture::{CaptureError, Cidr};
 use llmprof::causes;
 use llmprof::cli::{AttachArgs, CalibrateArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
 use llmprof::doctor::{self, DoctorOptions};
 use llmprof::exit;
-use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
 /// Set by the SIGINT/SIGTERM/SIGHUP handler; polled by the session loops.
@@ -141,94 +140,10 @@ fn run_attach(a: AttachArgs) -> i32 {
             HttpPorts::Only(a.http_ports)
         },
     };
-    let opts_pid = opts.pid;
+    let verbose = opts.verbose;
     match attach::run(&opts, &STOP) {
         Ok(r) => {
-            println!(
-                "llmprof: {} after {:.1} s",
-                r.stats.end_reason,
-                r.elapsed.as_secs_f64()
-            );
-            if r.processes > 1 {
-                println!("  processes traced: {}", r.processes);
-            }
-            match &r.engine_probes {
-                EngineProbes::Attached { abi_version } => {
-                    println!("  engine probes: attached (ABI {abi_version})")
-                }
-                other => println!("  engine probes: {other:?}"),
-            }
-            println!(
-                "  probes live after {:.1} ms",
-                r.attach_latency.as_secs_f64() * 1e3
-            );
-            if let Some(u) = &r.metrics_url {
-                println!("  metrics: {u}");
-            }
-            println!("  GPU counters: {}", r.gpu.counters);
-            match &r.gpu.cuda {
-                CudaState::Disabled => println!("  CUDA driver calls: off (--no-cuda)"),
-                CudaState::Waiting => println!(
-                    "  CUDA driver calls: none (libcuda was never loaded in pid {})",
-                    opts_pid
-                ),
-                CudaState::Failed(e) => println!("  CUDA driver calls: probes failed: {e}"),
-                CudaState::Attached { lib, functions } => println!(
-                    "  CUDA driver calls: {} calls ({} shown individually, {} in {} batches) from {functions} entry points of {}",
-                    r.cuda.calls,
-                    r.cuda.individual,
-                    r.cuda.batched_calls,
-                    r.cuda.batches,
-                    lib.display()
-                ),
-            }
-            let events: Vec<String> = r.counts.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            println!(
-                "  events: {}",
-                if events.is_empty() {
-                    "none".to_owned()
-                } else {
-                    events.join(", ")
-                }
-            );
-            let g = &r.stats.gpu;
-            if g.chunks + g.bad_chunks > 0 {
-                println!(
-                    "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} \
-                     (CUPTI/helper dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
-                    g.chunks,
-                    g.activities,
-                    g.api_calls,
-                    g.lost(),
-                    g.helper_dropped,
-                    g.bad_chunks,
-                    g.skipped_records,
-                    g.skipped_names,
-                    g.missed_chunks
-                );
-            }
-            println!(
-                "  dropped: {} (kernel {}, user {}, GPU activity {}), decode errors {}, written out of order {} (the trace processor sorts them)",
-                r.stats.total_dropped(),
-                r.stats.total_dropped() - r.stats.user_drops - g.lost(),
-                r.stats.user_drops,
-                g.lost(),
-                r.stats.decode_errors,
-                r.late_events
-            );
-            print_overhead(&r);
-            if let Some(o) = &r.otel {
-                println!(
-                    "  otel: {} spans built, {} exported, {} dropped, {} export errors, {} unsampled requests",
-                    o.spans_built, o.spans_exported, o.spans_dropped, o.export_errors, o.requests_unsampled
-                );
-            }
-            println!(
-                "  trace: {} ({:.1} KiB)",
-                r.trace.display(),
-                r.trace_bytes as f64 / 1024.0
-            );
-            println!("\nopen it in Perfetto UI:  llmprof open {}", r.trace.display());
+            print!("{}", attach::summary::render(&r, verbose));
             exit::OK
         }
         Err(e) => {
@@ -294,97 +209,6 @@ fn run_serve(s: ServeArgs) -> i32 {
                 ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }
         }
-    }
-}
-
-/// The self-accounting part of attach's exit summary.
-fn print_overhead(r: &attach::AttachReport) {
-    for (name, c) in llmprof_abi::PROBE_NAMES.iter().zip(&r.stats.probes) {
-        if c.hits + c.dropped > 0 {
-            println!(
-                "  probe {name}: hits {}, emitted {}, dropped {}",
-                c.hits, c.emitted, c.dropped
-            );
-        }
-    }
-    let Some(o) = &r.stats.overhead else { return };
-    if let Some(c) = &o.calibration {
-        let probe = c.probe_ns.map_or("no engine probe attached".to_owned(), |p| {
-            format!(
-                "{p:.0} ns per engine probe hit (+ {:.2} traced syscalls each)",
-                c.syscalls_per_probe_hit
-            )
-        });
-        let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
-            let counted = c.cuda_count_ns.map_or(String::new(), |n| {
-                format!(", {n:.0} ns per counted launch (entry probe only)")
-            });
-            format!("{p:.0} ns per timed CUDA driver call (entry + return probe){counted}")
-        });
-        let sched = c
-            .sched_event_ns
-            .map_or("thread states not measured".to_owned(), |p| {
-                format!("{p:.0} ns per thread-state record")
-            });
-        println!(
-            "  cost per hit (measured beside the session in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, probe entry {}",
-            c.took_ms,
-            c.syscall_ns,
-            c.entry_name()
-        );
-        if let (Some(r), Some(w)) = (c.http_request_ns, c.http_sse_write_ns) {
-            let arrival = match (c.http_arrival_ns, c.http_arrival_runs_per_s) {
-                (Some(ns), Some(per_s)) => format!(
-                    "; arrival stamps {ns:.0} ns per run, {per_s:.0} runs/s host-wide (not charged: softirq and senders)"
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "  wire probe: {r:.0} ns per followed request, {w:.0} ns per followed SSE write (a chat chunk){arrival}"
-            );
-        }
-        if let Some(ns) = c.sample_ns {
-            let offcpu = c.offcpu_stack_ns.map_or(String::new(), |o| {
-                format!(", {o:.0} ns per off-CPU stack (ping-pong)")
-            });
-            let live = c.sample_live_ns.map_or(String::new(), |l| {
-                format!("; {l:.0} ns per sample measured on the targets (charged)")
-            });
-            println!(
-                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics){offcpu}{live}"
-            );
-        }
-    }
-    let pct = o
-        .est_overhead_pct
-        .map_or(String::new(), |p| format!(" = {p:.2}% of its CPU"));
-    println!(
-        "  overhead: est. {:.1} ms CPU added to the target{pct}; llmprof itself {:.1} ms CPU ({:.1}% of one core), peak RSS {:.1} MiB",
-        o.est_added_ns / 1e6,
-        o.llmprof_cpu_ns / 1e6,
-        o.llmprof_cpu_ns / o.elapsed_ns.max(1) as f64 * 100.0,
-        o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64
-    );
-    if let Some(b) = o.budget_pct {
-        if o.degradations.is_empty() {
-            println!("  overhead budget {b}%: met, nothing degraded");
-        } else {
-            let steps: Vec<String> = o
-                .degradations
-                .iter()
-                .map(|d| format!("{} (at est. {:.1}%)", d.name, d.overhead_pct))
-                .collect();
-            println!("  overhead budget {b}%: degraded: {}", steps.join(", "));
-        }
-    }
-    if let Some(l) = o.size_limit
-        && r.stats.end_reason == attach::END_SIZE_LIMIT
-    {
-        println!(
-            "  trace size limit {:.1} MiB reached: the trace ended early and cleanly; {} events not written",
-            l as f64 / (1u64 << 20) as f64,
-            o.events_not_written
-        );
     }
 }
 

@@ -90,6 +90,10 @@ pub struct TargetCpu(Arc<Mutex<TargetCpuState>>);
 struct TargetCpuState {
     live: BTreeSet<u32>,
     last: BTreeMap<u32, u64>,
+    /// Per process, each live thread's last `schedstat` reading, and what the threads seen to exit had used:
+    /// a thread that ends between two readings keeps its time in the sum (summing only the threads alive at
+    /// each reading made a server that runs a thread per request look idle, or even go backwards).
+    threads: BTreeMap<u32, (BTreeMap<u32, u64>, u64)>,
 }
 
 impl TargetCpu {
@@ -111,6 +115,11 @@ impl TargetCpu {
         self.state().live.insert(pid);
     }
 
+    /// The first live process of the set (the `--pid` target, first given).
+    pub fn first(&self) -> Option<u32> {
+        self.state().live.iter().next().copied()
+    }
+
     /// A process exited: its last reading stays in the sum.
     pub fn remove(&self, pid: u32) {
         self.state().live.remove(&pid);
@@ -121,7 +130,11 @@ impl TargetCpu {
         let mut st = self.state();
         let live: Vec<u32> = st.live.iter().copied().collect();
         for pid in live {
-            match process_cpu_ns(pid) {
+            let reading = match threads_cpu_ns(pid) {
+                Some(now) => Some(st.fold_threads(pid, now)),
+                None => process_cpu_ns(pid),
+            };
+            match reading {
                 Some(ns) => {
                     st.last.insert(pid, ns);
                 }
@@ -132,6 +145,41 @@ impl TargetCpu {
         }
         (!st.last.is_empty()).then(|| st.last.values().sum())
     }
+}
+
+impl TargetCpuState {
+    /// Takes one reading of `pid`'s live threads (`(tid, ns)`): threads no longer there keep what they had
+    /// used; the process's CPU so far.
+    fn fold_threads(&mut self, pid: u32, now: Vec<(u32, u64)>) -> u64 {
+        let (live, gone) = self.threads.entry(pid).or_default();
+        let seen: BTreeMap<u32, u64> = now.into_iter().collect();
+        for (tid, ns) in std::mem::take(live) {
+            if !seen.contains_key(&tid) {
+                *gone += ns;
+            }
+        }
+        *live = seen;
+        *gone + live.values().sum::<u64>()
+    }
+}
+
+/// Each live thread of `pid` and its CPU time so far, ns (`/proc/PID/task/*/schedstat`, first field); None
+/// when the process is gone or has no schedstats.
+fn threads_cpu_ns(pid: u32) -> Option<Vec<(u32, u64)>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
+            out.push((tid, ns));
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Estimated ns the traced syscalls added between two readings: decoded hits at the decoded cost, the
@@ -204,6 +252,8 @@ pub struct SelfAccount {
     start: Snapshot,
     last: Snapshot,
     max_rss: u64,
+    /// The CPUs llmprof shares with the target and their idle time at the start.
+    share: Option<crate::cpushare::Window>,
 }
 
 impl SelfAccount {
@@ -241,12 +291,14 @@ impl SelfAccount {
     /// Starts accounting at `counters` (the capture's counters when tracing began).
     pub fn new(targets: TargetCpu, cal: Calibration, counters: Counters) -> Self {
         let s = Snapshot::take(&targets, counters);
+        let share = targets.first().and_then(crate::cpushare::Window::start);
         SelfAccount {
             targets,
             cal,
             start: s,
             last: s,
             max_rss: rss_bytes(),
+            share,
         }
     }
 
@@ -301,7 +353,7 @@ impl SelfAccount {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
         };
-        OverheadSummary {
+        let mut summary = OverheadSummary {
             elapsed_ns: now.at.duration_since(self.start.at).as_nanos() as u64,
             est_added_ns: added,
             est_added_by_probe_ns: by_probe.to_vec(),
@@ -316,7 +368,29 @@ impl SelfAccount {
             events_not_written: 0,
             symbolized_stacks: 0,
             symbolize_ns: 0.0,
-        }
+            ..OverheadSummary::default()
+        };
+        self.charge_shared_cpus(&mut summary);
+        summary
+    }
+
+    /// Adds to the session's estimate llmprof's own CPU that the target lost on the CPUs they share
+    /// ([`crate::cpushare`]: the part idle time could not absorb, in the target's share of the busy time).
+    fn charge_shared_cpus(&self, s: &mut OverheadSummary) {
+        let (Some(w), Some(target)) = (&self.share, s.target_cpu_ns) else {
+            return;
+        };
+        let Some(c) = w.contention(s.elapsed_ns as f64, target, s.llmprof_cpu_ns) else {
+            return;
+        };
+        let probes = s.est_added_ns;
+        s.contention_ns = Some(c.charged_ns);
+        s.shared_cpus = u32::try_from(c.shared_cpus).unwrap_or(u32::MAX);
+        s.shared_idle_pct = Some(c.idle_pct);
+        s.est_added_ns = probes + c.charged_ns;
+        // The probes run in the target's context (its CPU time includes them); llmprof's own CPU does not.
+        let own = (target - probes.min(target)).max(1.0);
+        s.est_overhead_pct = (target > 0.0).then(|| (s.est_added_ns / own * 100.0).min(MAX_OVERHEAD_PCT));
     }
 }
 
@@ -324,21 +398,8 @@ impl SelfAccount {
 /// ns on CPU), falling back to `utime + stime` of `/proc/PID/stat` (clock ticks) without schedstats.
 /// Threads that exited are missed by schedstat; the fallback counts them. None when the process is gone.
 pub fn process_cpu_ns(pid: u32) -> Option<u64> {
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        let mut sum = 0u64;
-        let mut any = false;
-        for e in dir.flatten() {
-            let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
-                continue;
-            };
-            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
-                sum += ns;
-                any = true;
-            }
-        }
-        if any {
-            return Some(sum);
-        }
+    if let Some(threads) = threads_cpu_ns(pid) {
+        return Some(threads.iter().map(|(_, ns)| ns).sum());
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_cpu_ns(&stat)
@@ -354,7 +415,8 @@ pub fn stat_cpu_ns(stat: &str) -> Option<u64> {
     Some((utime + stime) * (1_000_000_000 / clock_ticks()))
 }
 
-fn clock_ticks() -> u64 {
+/// Clock ticks per second (`USER_HZ`: the unit of /proc's CPU times).
+pub(crate) fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
@@ -409,6 +471,15 @@ mod tests {
             http_sse_write_ns: Some(1_300.0),
             ..Calibration::default()
         }
+    }
+
+    #[test]
+    fn a_thread_that_ends_keeps_its_time_in_the_process_sum() {
+        let mut st = TargetCpuState::default();
+        assert_eq!(st.fold_threads(7, vec![(7, 100), (8, 50)]), 150);
+        // Thread 8 ended, 9 started: 8's 50 ns stay.
+        assert_eq!(st.fold_threads(7, vec![(7, 120), (9, 10)]), 180);
+        assert_eq!(st.fold_threads(7, vec![(7, 130)]), 190);
     }
 
     #[test]

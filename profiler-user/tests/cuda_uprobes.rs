@@ -114,6 +114,8 @@ fn attach_with(pid: u32, secs: u32, trace: &Path, args: &[&str]) -> mpsc::Receiv
             &pid.to_string(),
             "-d",
             &format!("{secs}s"),
+            // The summary's internals (CUDA probe points, NVML, costs) that these tests read.
+            "-v",
             "-o",
         ])
         .arg(trace)

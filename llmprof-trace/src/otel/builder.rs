@@ -233,6 +233,15 @@ impl SpanBuilder {
                 }
             }
             EventBody::Overhead(o) => self.overhead = Some((**o).clone()),
+            EventBody::WireEnd {
+                req_id,
+                engine_req: Some(_),
+                ..
+            } => {
+                // The wire view of a request the engine's probes reported: one request, one span (the
+                // engine's, with its phases), not a second one for its HTTP exchange.
+                self.open.remove(&(ev.pid, *req_id));
+            }
             _ => {}
         }
     }

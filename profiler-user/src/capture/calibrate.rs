@@ -309,7 +309,8 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     let config = llmprof_abi::Config {
         slow_syscall_ns: u64::try_from(super::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
         slot_tids: llmprof_abi::SYSCALL_SLOTS,
-        pad: 0,
+        // This instance times this process traced: the kernel's refusal is lifted while it does (set_traced).
+        self_tgid: std::process::id(),
     };
     let mut ebpf = super::load_object(&config, CALIBRATION_RING_BYTES)?;
     if cfg.http {
@@ -750,8 +751,21 @@ fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
     (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
 }
 
-/// Puts `pid` in (or takes it out of) the `TRACED` map.
+/// Puts `pid` in (or takes it out of) the `TRACED` map. For llmprof itself this also lifts (or restores) the
+/// kernel's refusal of its own process (`Knob::SelfTraced`): outside these windows nothing llmprof does is
+/// traced, whatever is left in the maps.
 pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
+    if pid == std::process::id() && on {
+        super::write_knob(ebpf, Knob::SelfTraced, 1)?;
+    }
+    let done = set_traced_entry(ebpf, pid, on);
+    if pid == std::process::id() && !on {
+        super::write_knob(ebpf, Knob::SelfTraced, 0)?;
+    }
+    done
+}
+
+fn set_traced_entry(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("TRACED")
         .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;

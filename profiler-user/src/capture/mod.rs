@@ -555,7 +555,7 @@ impl Capture {
         let config = Config {
             slow_syscall_ns: u64::try_from(cfg.slow_syscall.as_nanos()).unwrap_or(u64::MAX),
             slot_tids: cfg.syscall_slot_tids.min(llmprof_abi::SYSCALL_SLOTS),
-            pad: 0,
+            self_tgid: std::process::id(),
         };
         let mut ebpf = load_object(&config, cfg.ring_bytes)?;
         log::debug!("capture: object loaded (maps created) at {:?}", t0.elapsed());
@@ -639,6 +639,11 @@ impl Capture {
             Knob::HttpAcceptAll,
             u64::from(cfg.http == http::HttpPorts::All),
         )?;
+        // The kernel refuses llmprof's own process; a capture asked to trace it (`llmprof doctor` timing its own
+        // probes) lifts that for this instance. `attach` never asks (`--pid` of llmprof is refused).
+        if cfg.pids.contains(&std::process::id()) {
+            write_knob(&mut ebpf, Knob::SelfTraced, 1)?;
+        }
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
         if cfg.thread_states {
@@ -1007,6 +1012,8 @@ impl Capture {
                     None => self.decoder.count_undecodable(),
                 }
             } else if let Some(ev) = self.decoder.decode(&item) {
+                // The engine's own request records: what a wire request of its process may have carried.
+                self.wire.engine(&ev);
                 if let EventBody::ProcessExit { .. } = &ev.body {
                     if let Some(s) = self.sampler.as_mut() {
                         s.forget(ev.pid);
@@ -1074,6 +1081,14 @@ impl Capture {
     /// Per-probe counters summed over CPUs, indexed by `llmprof_abi::ProbeId`.
     pub fn counters(&self) -> [ProbeCounters; NUM_PROBES] {
         read_counters(&self.ebpf)
+    }
+
+    /// Off-CPU stacks the kernel's rate bound did not take (by design, not a loss); 0 without stack sampling.
+    pub fn offcpu_not_taken(&self) -> u64 {
+        if self.sampler.is_none() {
+            return 0;
+        }
+        sampling::offcpu_not_taken(&self.ebpf)
     }
 
     /// Whether the engine uprobe programs are loaded (a target or a tree that may gain an engine).

@@ -123,6 +123,22 @@ impl Sampler {
     }
 }
 
+/// Off-CPU stacks the kernel's per-CPU rate bound did not take so far (all CPUs): not taken by design, not a
+/// loss (`llmprof_abi::offcpu`). 0 when the map cannot be read.
+pub(super) fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
+    let Some(m) = ebpf.map("OFFCPU_RATE") else {
+        return 0;
+    };
+    let Ok(a) = aya::maps::PerCpuArray::<_, [u64; 3]>::try_from(m) else {
+        return 0;
+    };
+    a.get(&0, 0).map_or(0, |v| {
+        v.iter()
+            .map(|w| w[llmprof_abi::offcpu::OFFCPU_RATE_NOT_TAKEN])
+            .sum()
+    })
+}
+
 /// Perf-event frequency of the start-up calibration: ~100 samples of llmprof's own thread in
 /// [`CALIBRATION_BURN`].
 const CALIBRATION_HZ: u64 = 4000;

@@ -48,7 +48,15 @@ pub(super) fn run(o: &Args) -> Result<()> {
     for round in 0..o.rounds {
         let _ = std::fs::remove_file(&trace);
         let out = Command::new(&llmprof)
-            .args(["attach", "--pid", &target.id().to_string(), "-d", "1s", "-o"])
+            .args([
+                "attach",
+                "--pid",
+                &target.id().to_string(),
+                "-d",
+                "1s",
+                "-v",
+                "-o",
+            ])
             .arg(&trace)
             .stdin(Stdio::null())
             .output()
