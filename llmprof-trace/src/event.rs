@@ -204,6 +204,12 @@ pub enum EventBody {
     /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
     /// for [`EventBody::GpuWork`].
     GpuApi(Box<crate::gpu::GpuApi>),
+    /// A window's summary of GPU work (the helper's default mode): per kernel name, copy kind and wait type,
+    /// count and GPU time; event time as for [`EventBody::GpuWork`].
+    GpuSummary(Box<crate::gpu::GpuWindow>),
+    /// A compacted interval of GPU work on one device (the helper's default mode); event time as for
+    /// [`EventBody::GpuWork`].
+    GpuBusy(Box<crate::gpu::GpuBusyInterval>),
 }
 
 impl EventBody {
@@ -239,6 +245,8 @@ impl EventBody {
             Self::OffCpuStack(_) => "offcpu_stack",
             Self::GpuWork(_) => "gpu_work",
             Self::GpuApi(_) => "gpu_api",
+            Self::GpuSummary(_) => "gpu_summary",
+            Self::GpuBusy(_) => "gpu_busy",
         }
     }
 }

@@ -2,8 +2,8 @@
 //! helper hands over, so the reader ([`crate::gpu`]), the sink and the report are tested from real layouts.
 
 use llmprof_abi::gpu::{
-    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GpuActivity, GpuActivityKind, GpuApiCall, GpuChunkHeader, GpuName,
-    GpuRecordHeader, GpuRecordKind, NO_GRAPH,
+    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy, GpuChunkHeader,
+    GpuName, GpuRecordHeader, GpuRecordKind, GpuSummary, NO_GRAPH,
 };
 
 /// The bytes of a `#[repr(C)]` layout of `llmprof_abi::gpu` (integers only, no implicit padding).
@@ -101,6 +101,18 @@ impl Chunk {
         self.raw(bytes(&a))
     }
 
+    /// Appends a summary row.
+    pub fn summary(mut self, r: GpuSummary) -> Self {
+        self.records += 1;
+        self.raw(bytes(&r))
+    }
+
+    /// Appends a busy interval.
+    pub fn busy(mut self, b: GpuBusy) -> Self {
+        self.records += 1;
+        self.raw(bytes(&b))
+    }
+
     /// Appends an API call record.
     pub fn api(mut self, c: GpuApiCall) -> Self {
         self.records += 1;
@@ -174,6 +186,137 @@ pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>,
         .activity(g2)
         .activity(kernel(7, 4, 2, cupti(140), cupti(150)))
         .activity(copy);
+    let mut events = vec![
+        crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
+        crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
+    ];
+    let mut d = crate::gpu::GpuDecoder::default();
+    d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);
+    (events, d.stats().clone())
+}
+
+/// A summary row of `window` (times on the CUPTI clock).
+#[allow(clippy::too_many_arguments, reason = "a record's fields")]
+pub fn summary_row(
+    window: u32,
+    kind: GpuActivityKind,
+    name_id: u32,
+    detail: u32,
+    count: u64,
+    (total_ns, min_ns, max_ns): (u64, u64, u64),
+    (first_ns, last_ns): (u64, u64),
+    bytes: u64,
+) -> GpuSummary {
+    GpuSummary {
+        hdr: GpuRecordHeader {
+            kind: GpuRecordKind::Summary as u16,
+            flags: 0,
+            size: std::mem::size_of::<GpuSummary>() as u32,
+        },
+        window,
+        kind: kind as u32,
+        device: 0,
+        name_id,
+        detail,
+        pad: 0,
+        count,
+        total_ns,
+        min_ns,
+        max_ns,
+        first_ns,
+        last_ns,
+        bytes,
+    }
+}
+
+/// A busy interval of device 0 (times on the CUPTI clock): (start, end, busy), kernels, (top name, count, ns).
+pub fn busy_interval(
+    (start_ns, end_ns, busy_ns): (u64, u64, u64),
+    kernels: u32,
+    (top_name_id, top_count, top_ns): (u32, u32, u64),
+) -> GpuBusy {
+    GpuBusy {
+        hdr: GpuRecordHeader {
+            kind: GpuRecordKind::Busy as u16,
+            flags: 0,
+            size: std::mem::size_of::<GpuBusy>() as u32,
+        },
+        device: 0,
+        kernels,
+        start_ns,
+        end_ns,
+        busy_ns,
+        top_name_id,
+        top_count,
+        top_ns,
+    }
+}
+
+/// The default mode's view of an engine with two steps (CUPTI clock = BOOTTIME − 1 s), one chunk handed over
+/// at 30 ms. Times from `t0`, ms:
+/// - step 1 (decode) host 0–10, step 2 (decode) host 10–20 (thread `tid`);
+/// - step 1's eager kernels, summed: `gemm<128>` 2–4, `softmax` 5–6 → a busy interval 2–6, 3 ms busy (1 ms
+///   idle), 2 kernels, top `gemm<128>` (1 launch, 2 ms);
+/// - step 2 replays CUDA graph 5 on stream 7, 12–15 (one graph record, correlation 9) → a busy interval 12–15,
+///   3 ms busy, 1 kernel, no top name;
+/// - window 0's rows: `gemm<128>` 1 × 2 ms, `softmax` 1 × 1 ms, a 4096-byte HtoD copy 0.5 ms, an event
+///   synchronize wait of 1 ms.
+///
+/// So: 3 kernels (the graph counts one) with 6 ms GPU time, the graph first; step 1 3 ms busy and 1 ms idle,
+/// step 2 3 ms busy.
+pub fn summary_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+    use llmprof_abi::StepKind;
+    const MS: u64 = 1_000_000;
+    let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
+    let mut graph = kernel(7, 9, 0, cupti(120), cupti(150));
+    graph.kind = GpuActivityKind::Graph as u32;
+    graph.graph_id = 5;
+    let chunk = Chunk::new(0, cupti(0), t0)
+        .name(1, "_Z4gemmILi128EEvPKfPfi")
+        .name(2, "_Z7softmaxPf")
+        .activity(graph)
+        .busy(busy_interval((cupti(20), cupti(60), 3 * MS), 2, (1, 1, 2 * MS)))
+        .busy(busy_interval((cupti(120), cupti(150), 3 * MS), 1, (0, 1, 3 * MS)))
+        .summary(summary_row(
+            0,
+            GpuActivityKind::Kernel,
+            1,
+            0,
+            1,
+            (2 * MS, 2 * MS, 2 * MS),
+            (cupti(20), cupti(40)),
+            0,
+        ))
+        .summary(summary_row(
+            0,
+            GpuActivityKind::Kernel,
+            2,
+            0,
+            1,
+            (MS, MS, MS),
+            (cupti(50), cupti(60)),
+            0,
+        ))
+        .summary(summary_row(
+            0,
+            GpuActivityKind::Memcpy,
+            0,
+            1,
+            1,
+            (MS / 2, MS / 2, MS / 2),
+            (cupti(160), cupti(165)),
+            4096,
+        ))
+        .summary(summary_row(
+            0,
+            GpuActivityKind::Sync,
+            0,
+            1,
+            1,
+            (MS, MS, MS),
+            (cupti(150), cupti(160)),
+            0,
+        ));
     let mut events = vec![
         crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
         crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
