@@ -296,9 +296,24 @@ pub struct Degradation {
     pub syscalls_counted: u64,
 }
 
+/// What the injected CUPTI helper added to the target over a session (part of [`OverheadSummary`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CuptiEstimate {
+    /// Estimated CPU added, ns: `thread_cpu_ns` + `records` × `per_record_ns`.
+    pub added_ns: f64,
+    /// CPU of CUPTI's buffer thread and the helper's callbacks, measured in the target, ns.
+    pub thread_cpu_ns: f64,
+    /// CUPTI records written.
+    pub records: u64,
+    /// Assumed CUPTI work per record in the launching threads, ns.
+    pub per_record_ns: f64,
+}
+
 /// Self-accounting of a whole session (the trace's summary and attach's exit summary).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverheadSummary {
+    /// The injected CUPTI helper's part of `est_added_ns` (None: no helper recorded).
+    pub cupti: Option<CuptiEstimate>,
     /// Session length, ns.
     pub elapsed_ns: u64,
     /// Estimated CPU time the probes added to the target, ns, and per probe (indexed by `ProbeId`).

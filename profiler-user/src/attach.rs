@@ -594,6 +594,14 @@ struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
+    /// The counters the self-accounting charges: the capture's and the CUPTI helpers'.
+    fn counters(&self) -> crate::selfacct::Counters {
+        crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        }
+    }
+
     /// Steps 1 to 6: checks, inputs, capture, trace file, prelude, scraper; then the probes are live and
     /// the trace is being written.
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
@@ -605,7 +613,7 @@ impl<'a> Session<'a> {
             GpuKernels::prepare(opts.gpu.kernels, &tree).map_err(AttachError::GpuKernels)?;
         let mut inputs = open_inputs(opts)?;
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
-        let strict = opts.gpu.kernels == KernelsMode::On;
+        let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
@@ -850,7 +858,7 @@ impl<'a> Session<'a> {
         });
         self.live_cost_step();
         let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.capture.account_counters(), level);
+        let sample = self.acct.sample(self.counters(), level);
         let est_pct = sample.est_overhead_pct;
         self.merger.push(Event {
             ts_ns: boottime_ns(),
@@ -982,7 +990,7 @@ impl<'a> Session<'a> {
             let f = self.capture.live_sample_cost_finish(c);
             self.acct.set_live(f);
         }
-        let final_counters = self.capture.account_counters();
+        let final_counters = self.counters();
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),

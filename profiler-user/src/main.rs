@@ -324,6 +324,15 @@ fn print_overhead(r: &attach::AttachReport) {
         o.llmprof_cpu_ns / o.elapsed_ns.max(1) as f64 * 100.0,
         o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64
     );
+    if let Some(c) = &o.cupti {
+        println!(
+            "  CUPTI helper in the target: est. {:.1} ms CPU of it = CUPTI's buffer thread and the helper's callbacks, {:.1} ms (measured there) + {} CUPTI records × {:.0} ns in the launching threads (an assumed figure: not measurable from outside the CUDA calls)",
+            c.added_ns / 1e6,
+            c.thread_cpu_ns / 1e6,
+            c.records,
+            c.per_record_ns
+        );
+    }
     if let Some(b) = o.budget_pct {
         if o.degradations.is_empty() {
             println!("  overhead budget {b}%: met, nothing degraded");

@@ -543,6 +543,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         events_not_written: 0,
         symbolized_stacks: 120,
         symbolize_ns: 6e6,
+        cupti: None,
     });
     let trace = write_trace_with("overhead.perfetto-trace", &extra, &st);
     let j = report_json(&trace);

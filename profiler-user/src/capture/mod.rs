@@ -331,9 +331,10 @@ pub struct Capture {
     cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
-    /// The counting uprobes' links, by process (detached when CUPTI delivers that process's launches).
+    /// The links of the calls CUPTI also records (launch-type calls, counted or timed, and the synchronize
+    /// calls), by process: detached when the injected helper records that process.
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
-    /// Processes whose launch-type calls come from the injected CUPTI helper: not probed.
+    /// Processes whose launch-type and synchronize calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
     calibration: Option<Calibration>,
     /// Counter values left by the calibration, subtracted by [`Capture::counters`].
@@ -780,7 +781,10 @@ impl Capture {
         let mut first_err = None;
         for &(offset, cookie) in points {
             let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
-            if launch_type && self.launches_from_cupti.contains(&pid) {
+            let sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32)
+                .is_some_and(|f| f.class() == llmprof_abi::CudaClass::Sync);
+            let cupti_records_it = launch_type || sync;
+            if cupti_records_it && self.launches_from_cupti.contains(&pid) {
                 continue;
             }
             let counted = self.cuda_counted && launch_type;
@@ -798,7 +802,7 @@ impl Capture {
                 };
                 match p.attach(point, lib, UProbeScope::OneProcess(nz)) {
                     Ok(id) => match p.take_link(id) {
-                        Ok(link) if counted => self.cuda_count_links.push((pid, link)),
+                        Ok(link) if cupti_records_it => self.cuda_count_links.push((pid, link)),
                         Ok(link) => self.cuda_links.push(link),
                         Err(_) => {}
                     },
@@ -847,9 +851,9 @@ impl Capture {
         }
     }
 
-    /// The injected CUPTI helper records `pid`'s driver calls and kernels: its launch-type calls are no
-    /// longer probed at all (the counting uprobes of `pid` go; none is attached later). Returns how many
-    /// links went.
+    /// The injected CUPTI helper records `pid`'s kernels, graph launches and waits: its launch-type and
+    /// synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
+    /// attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.launches_from_cupti.insert(pid);
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cuda_count_links)
@@ -1192,6 +1196,7 @@ impl Capture {
             probes: self.counters(),
             syscalls_decoded: self.syscalls_decoded(),
             cuda_counted: self.cuda_counted_calls(),
+            cupti: Default::default(),
         }
     }
 
