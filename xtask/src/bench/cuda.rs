@@ -11,6 +11,14 @@
 //! per launch over the same round's detached run, median and range over the rounds, and the ratio of the two
 //! modes. The stand-in's launch is a few ns of work, so what is added is the probe path alone; on a GPU the
 //! driver's own launch cost (µs) comes on top in every mode.
+//!
+//! `--cupti`: the CPU twin of `tools/gpu/bench_attach.py`. The stand-in CUPTI
+//! (`profiler-user/tests/fixtures/fake_libcupti.c`) sits next to the stand-in libcuda, so llmprof injects its
+//! helper and each launch produces CUPTI's records (a kernel and its input copy; their driver calls in the
+//! deep mode) at the loop's rate, hundreds of thousands per second. Modes: detached, the default (kernel
+//! summaries), `--gpu-kernels all`, `--gpu-kernels off`; besides the target's CPU per launch, the trace
+//! MB per minute and llmprof's own CPU and peak RSS (from its exit summary). The stand-in CUPTI's work per
+//! record is a memcpy, not CUPTI's: what this measures is the helper's and llmprof's side.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -35,7 +43,19 @@ pub struct Args {
     /// Launches per mode and round.
     #[arg(long, value_name = "N", default_value_t = LAUNCHES)]
     launches: u64,
+    /// The CUPTI modes with the stand-in CUPTI (default summaries, --gpu-kernels all, off) instead of the
+    /// driver-probe modes.
+    #[arg(long)]
+    cupti: bool,
 }
+
+/// The `--cupti` modes.
+const CUPTI_MODES: [(&str, Option<&[&str]>); 4] = [
+    ("detached", None),
+    ("default (kernel summaries)", Some(&["--gpu-kernels", "on"])),
+    ("--gpu-kernels all", Some(&["--gpu-kernels", "all"])),
+    ("--gpu-kernels off", Some(&["--gpu-kernels", "off"])),
+];
 
 /// The modes: name and llmprof's options (None: detached).
 const MODES: [(&str, Option<&[&str]>); 3] = [
@@ -79,10 +99,14 @@ impl Testee {
 }
 
 fn build_stand_in(dir: &Path) -> Result<PathBuf> {
-    let src = crate::util::repo_root().join("profiler-user/tests/fixtures/fake_libcuda.c");
-    let out = dir.join("libcuda.so.1");
+    gcc(dir, "fake_libcuda.c", "libcuda.so.1")
+}
+
+fn gcc(dir: &Path, src: &str, lib: &str) -> Result<PathBuf> {
+    let src = crate::util::repo_root().join("profiler-user/tests/fixtures").join(src);
+    let out = dir.join(lib);
     let st = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -93,15 +117,34 @@ fn build_stand_in(dir: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// From an exit summary: (llmprof's CPU ms, peak RSS MiB).
+fn own_cost(summary: &str) -> Option<(f64, f64)> {
+    let l = summary.lines().find(|l| l.contains("llmprof itself"))?;
+    let num_before = |marker: &str| -> Option<f64> {
+        let i = l.find(marker)?;
+        l[..i].split_whitespace().last()?.parse().ok()
+    };
+    Some((num_before(" ms CPU (")?, num_before(" MiB")?))
+}
+
 /// `cargo xtask bench cuda`.
 pub fn run(o: &Args) -> Result<()> {
-    let release = build_release(&["llmprof"])?;
+    let modes: &[(&str, Option<&[&str]>)] = if o.cupti { &CUPTI_MODES } else { &MODES };
+    let release = if o.cupti {
+        build_release(&["llmprof", "llmprof-cupti"])?
+    } else {
+        build_release(&["llmprof"])?
+    };
     let dir = std::env::temp_dir().join(format!("llmprof-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
+    if o.cupti {
+        gcc(&dir, "fake_libcupti.c", "libcupti.so")?;
+    }
     let mut child = Command::new(release.join("llmprof-testee"))
         .arg("--libcuda")
         .arg(&lib)
+        .env("FAKE_CUDA_SYNC_US", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -113,15 +156,16 @@ pub fn run(o: &Args) -> Result<()> {
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");
     let launches = o.launches.max(1);
-    // ns per launch: [mode][round].
-    let mut per_call: Vec<Vec<f64>> = MODES.iter().map(|_| Vec::new()).collect();
+    // ns per launch: [mode][round]; trace MB/min, llmprof CPU % of a core and peak RSS MiB per round.
+    let mut per_call: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
+    let mut own: Vec<Vec<(f64, f64, f64)>> = modes.iter().map(|_| Vec::new()).collect();
     // Warm-up: page in the stand-in and the testee's loop.
     t.cmd(&format!("launches {launches}"), "launches done")?;
     for round in 0..o.rounds.max(1) {
-        let n = MODES.len();
+        let n = modes.len();
         for k in 0..n {
             let m = (k + round) % n;
-            let (name, extra) = MODES[m];
+            let (name, extra) = modes[m];
             let session = match extra {
                 Some(args) => {
                     let args: Vec<&str> = args.iter().chain(QUIET.iter()).copied().collect();
@@ -130,14 +174,22 @@ pub fn run(o: &Args) -> Result<()> {
                 None => None,
             };
             let cpu0 = meter.cpu_s()?;
+            let t0 = std::time::Instant::now();
             t.cmd(&format!("launches {launches}"), "launches done")?;
+            let secs = t0.elapsed().as_secs_f64();
             let ns = (meter.cpu_s()? - cpu0) * 1e9 / launches as f64;
             eprintln!("bench: round {round} {name}: {ns:.0} ns target CPU per launch");
             per_call[m].push(ns);
             if let Some(s) = session {
                 let summary = stop_llmprof(s)?;
-                for l in summary.lines().filter(|l| l.contains("CUDA driver calls:")) {
+                for l in summary.lines().filter(|l| {
+                    l.contains("CUDA driver calls:") || l.contains("CUPTI helper") || l.contains("gpu_activity")
+                }) {
                     eprintln!("bench:   {}", l.trim());
+                }
+                let mb = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
+                if let Some((cpu_ms, rss)) = own_cost(&summary) {
+                    own[m].push((mb / (secs / 60.0), cpu_ms / 10.0 / secs, rss));
                 }
             }
         }
@@ -147,14 +199,16 @@ pub fn run(o: &Args) -> Result<()> {
     drop(meter);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "bench cuda: {launches} launches per mode and round, {} rounds, target CPU per launch (stand-in libcuda)",
-        o.rounds.max(1)
+        "bench cuda{}: {launches} launches per mode and round, {} rounds, target CPU per launch (stand-in libcuda{})",
+        if o.cupti { " --cupti" } else { "" },
+        o.rounds.max(1),
+        if o.cupti { " and CUPTI" } else { "" }
     );
     let added: Vec<Vec<f64>> = per_call
         .iter()
         .map(|v| v.iter().zip(&per_call[0]).map(|(a, d)| a - d).collect())
         .collect();
-    for (m, (name, _)) in MODES.iter().enumerate() {
+    for (m, (name, _)) in modes.iter().enumerate() {
         let (cm, cl, ch) = median_range(&mut per_call[m].clone());
         let extra = if m == 0 {
             String::new()
@@ -162,7 +216,18 @@ pub fn run(o: &Args) -> Result<()> {
             let (am, al, ah) = median_range(&mut added[m].clone());
             format!(", added {am:.0} ns per launch (range {al:.0}-{ah:.0})")
         };
-        println!("  {name:<32} {cm:.0} ns (range {cl:.0}-{ch:.0}){extra}");
+        let own = if own[m].is_empty() {
+            String::new()
+        } else {
+            let (mb, _, _) = median_range(&mut own[m].iter().map(|o| o.0).collect::<Vec<_>>());
+            let (cpu, _, _) = median_range(&mut own[m].iter().map(|o| o.1).collect::<Vec<_>>());
+            let rss = own[m].iter().map(|o| o.2).fold(0.0, f64::max);
+            format!("; trace {mb:.1} MB/min, llmprof {cpu:.1}% of a core, peak RSS {rss:.0} MiB")
+        };
+        println!("  {name:<32} {cm:.0} ns (range {cl:.0}-{ch:.0}){extra}{own}");
+    }
+    if o.cupti {
+        return Ok(());
     }
     let mut ratio: Vec<f64> = added[2]
         .iter()
