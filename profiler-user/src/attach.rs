@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::gpu::inject::{GpuKernels, KernelsMode};
+use crate::gpu::inject::GpuKernels;
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
@@ -990,7 +990,10 @@ impl<'a> Session<'a> {
             let f = self.capture.live_sample_cost_finish(c);
             self.acct.set_live(f);
         }
-        let final_counters = self.counters();
+        let final_counters = crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        };
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),

@@ -483,8 +483,7 @@ mod tests {
         };
         let now = Counters {
             probes: c,
-            syscalls_decoded: 0,
-            cuda_counted: 0,
+            ..Counters::default()
         };
         let a = added_ns(&cal(), &before, &now);
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);

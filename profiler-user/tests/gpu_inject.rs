@@ -203,7 +203,11 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
         &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
     );
     let trace = dir.join("sync.perfetto-trace");
-    let a = Attached::start(t.pid(), &["--gpu-kernels", "on", "--no-sample", "--no-http"], &trace);
+    let a = Attached::start(
+        t.pid(),
+        &["--gpu-kernels", "on", "--no-sample", "--no-http"],
+        &trace,
+    );
     // Steps with launches, a copy and a stream synchronize each, then every synchronize call and a graph launch.
     assert_eq!(t.ask("cuda 3 10"), "cuda done");
     std::thread::sleep(Duration::from_millis(300));
@@ -211,18 +215,34 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
     let _ = a.stop();
     assert!(stderr.contains("recording kernel summaries"), "{stderr}");
     let syncs = syncs_produced(&log);
-    assert_eq!(syncs, 5, "3 stream synchronizes, a context and an event synchronize: {}", std::fs::read_to_string(&log).unwrap());
+    assert_eq!(
+        syncs,
+        5,
+        "3 stream synchronizes, a context and an event synchronize: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
     assert_eq!(graphs_produced(&log), 1);
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    for f in ["cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuLaunchKernel"] {
+    for f in [
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuLaunchKernel",
+    ] {
         assert_eq!(
-            count(&mut tp, &format!("select count(*) from slice where name like '{f}%'")),
+            count(
+                &mut tp,
+                &format!("select count(*) from slice where name like '{f}%'")
+            ),
             0,
             "{f}: no uprobe slice while CUPTI records"
         );
     }
-    assert_eq!(count(&mut tp, "select count(*) from slice where name = 'CUDA graph 5'"), 1);
+    assert_eq!(
+        count(&mut tp, "select count(*) from slice where name = 'CUDA graph 5'"),
+        1
+    );
     drop(tp);
     let r = report_json(&trace);
     assert_eq!(r["kernels"]["waits"].as_u64().unwrap(), syncs, "{}", r["kernels"]);
@@ -362,7 +382,11 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     );
     drop(tp);
 
-    assert_eq!(log_count(&log, "enable 51"), 0, "every kernel: graphs node by node");
+    assert_eq!(
+        log_count(&log, "enable 51"),
+        0,
+        "every kernel: graphs node by node"
+    );
 
     // A second attach in the default mode: the same library, not loaded again; started and stopped again,
     // now with summaries (no API records, graph-level records on).
@@ -375,20 +399,35 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         (log_count(&log, "subscribe"), log_count(&log, "unsubscribe")),
         (2, 2)
     );
-    assert_eq!(log_count(&log, "enable 51"), 1, "graph-level records in the default mode");
-    assert_eq!(log_count(&log, "enable 4"), 1, "no API records in the default mode");
+    assert_eq!(
+        log_count(&log, "enable 51"),
+        1,
+        "graph-level records in the default mode"
+    );
+    assert_eq!(
+        log_count(&log, "enable 4"),
+        1,
+        "no API records in the default mode"
+    );
     let s2 = inj.stats().unwrap();
     assert_eq!(
         (s2.cupti_records, s2.starts, s2.stops, s2.active),
         (records_produced(&log), 2, 2, 0)
     );
-    assert_eq!(s2.names - s.names, 2, "the two kernel names, sent again to this session");
+    assert_eq!(
+        s2.names - s.names,
+        2,
+        "the two kernel names, sent again to this session"
+    );
     assert!(s2.summaries > s.summaries && s2.busy > s.busy, "{s2:?}");
     assert!(
         s2.records - s.records < (s2.cupti_records - s.cupti_records) / 4,
         "summaries are a fraction of the records: {s2:?}"
     );
-    assert!(s2.cupti_thread_cpu_ns >= s2.helper_cpu_ns && s2.helper_cpu_ns > 0, "{s2:?}");
+    assert!(
+        s2.cupti_thread_cpu_ns >= s2.helper_cpu_ns && s2.helper_cpu_ns > 0,
+        "{s2:?}"
+    );
     // The report reads the summarized trace: every kernel CUPTI recorded in the session counted once.
     let r = report_json(&dir.join("two.perfetto-trace"));
     assert_eq!(r["kernels"]["mode"], "summaries", "{r}");
@@ -398,7 +437,11 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         "{}",
         r["kernels"]
     );
-    assert!(r["overhead"]["est_cupti_ms"].as_f64().is_some(), "{}", r["overhead"]);
+    assert!(
+        r["overhead"]["est_cupti_ms"].as_f64().is_some(),
+        "{}",
+        r["overhead"]
+    );
     let s = s2;
 
     // The target kept running and checking its results through both sessions; it still works.

@@ -520,7 +520,10 @@ impl GpuKernels {
     pub fn prepare(mode: KernelsMode, pids: &[u32]) -> Result<Self, InjectError> {
         let mut k = Self {
             mode,
-            ..Self::default()
+            procs: Vec::new(),
+            tried: std::collections::HashSet::new(),
+            base: std::collections::HashMap::new(),
+            stopped: crate::selfacct::CuptiCounters::default(),
         };
         if mode == KernelsMode::Off {
             return Ok(k);

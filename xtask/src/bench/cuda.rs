@@ -103,7 +103,9 @@ fn build_stand_in(dir: &Path) -> Result<PathBuf> {
 }
 
 fn gcc(dir: &Path, src: &str, lib: &str) -> Result<PathBuf> {
-    let src = crate::util::repo_root().join("profiler-user/tests/fixtures").join(src);
+    let src = crate::util::repo_root()
+        .join("profiler-user/tests/fixtures")
+        .join(src);
     let out = dir.join(lib);
     let st = Command::new("gcc")
         .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
@@ -183,7 +185,9 @@ pub fn run(o: &Args) -> Result<()> {
             if let Some(s) = session {
                 let summary = stop_llmprof(s)?;
                 for l in summary.lines().filter(|l| {
-                    l.contains("CUDA driver calls:") || l.contains("CUPTI helper") || l.contains("gpu_activity")
+                    l.contains("CUDA driver calls:")
+                        || l.contains("CUPTI helper")
+                        || l.contains("gpu_activity")
                 }) {
                     eprintln!("bench:   {}", l.trim());
                 }

@@ -44,7 +44,9 @@ pub enum Kind {
     /// (the default), `--cuda-calls all`, interleaved (root).
     /// With `--cupti`, the stand-in CUPTI too: detached, the default kernel summaries, `--gpu-kernels all`,
     /// `--gpu-kernels off` (the CPU twin of `tools/gpu/bench_attach.py`).
-    #[command(after_help = "Example: sudo cargo xtask bench cuda --rounds 5; sudo cargo xtask bench cuda --cupti")]
+    #[command(
+        after_help = "Example: sudo cargo xtask bench cuda --rounds 5; sudo cargo xtask bench cuda --cupti"
+    )]
     Cuda(cuda::Args),
 }
 
