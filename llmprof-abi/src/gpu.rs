@@ -41,8 +41,13 @@ pub const GPU_STOP: &str = "llmprof_gpu_stop";
 /// File name of the helper library (found next to the `llmprof` binary).
 pub const GPU_HELPER_LIB: &str = "libllmprof_cupti.so";
 
-/// Version of this module's layouts; a chunk of another version is refused by llmprof (counted, not read).
+/// Version of this module's layouts; a chunk of a version outside [`GPU_ABI_OLDEST`]..=this is refused by
+/// llmprof (counted, not read).
 pub const GPU_ABI_VERSION: u32 = 2;
+/// The oldest chunk version llmprof reads: version 1 (a helper loaded by an earlier llmprof, still in a
+/// long-running target) has the same layouts without [`GpuSummary`], [`GpuBusy`] and graph launches, and a
+/// [`GpuHelperStats`] of its first 8 counters.
+pub const GPU_ABI_OLDEST: u32 = 1;
 /// [`GpuChunkHeader::magic`]: "LGPU".
 pub const GPU_CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"LGPU");
 /// Largest chunk the helper hands over (header included); the uprobe copies at most this many bytes.

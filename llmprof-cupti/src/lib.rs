@@ -485,6 +485,27 @@ fn stop_running(api: &cupti::Api, run: Running) {
     }
 }
 
+/// The default mode's last window: the busy intervals still open and any rows left are handed over (the
+/// flushes of the stop close them only when CUPTI completed a buffer then).
+fn close_summaries(api: &cupti::Api) {
+    if FLAGS.load(Ordering::Relaxed) & GPU_FLAG_EVERY_RECORD != 0 {
+        return;
+    }
+    let mut guard = lock(&CONV);
+    let Some(conv) = guard.as_mut() else { return };
+    let mut sink = Handoff(api);
+    let before = (conv.packer.chunks_out, conv.packer.records_out);
+    let (rows, busy) = conv.summary.finish(u64::MAX, &mut conv.packer, &mut sink);
+    conv.packer.flush(&mut sink);
+    let s = &llmprof_gpu_stats;
+    s.summaries.fetch_add(rows, Ordering::Relaxed);
+    s.busy.fetch_add(busy, Ordering::Relaxed);
+    s.chunks
+        .fetch_add(conv.packer.chunks_out - before.0, Ordering::Relaxed);
+    s.records
+        .fetch_add(conv.packer.records_out - before.1, Ordering::Relaxed);
+}
+
 /// `llmprof_abi::gpu::GPU_STOP`: flushes, disables every activity kind, unsubscribes; 0. The library stays.
 #[unsafe(no_mangle)]
 pub extern "C" fn llmprof_gpu_stop() -> u32 {
@@ -493,6 +514,7 @@ pub extern "C" fn llmprof_gpu_stop() -> u32 {
         // Inactive first: the flushes below close every open busy interval.
         llmprof_gpu_stats.active.store(0, Ordering::Relaxed);
         stop_running(api, run);
+        close_summaries(api);
         llmprof_gpu_stats.stops.fetch_add(1, Ordering::Relaxed);
     }
     0

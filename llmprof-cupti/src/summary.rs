@@ -116,6 +116,8 @@ pub struct Summarizer {
     rows: Vec<GpuSummary>,
     spans: Vec<Span>,
     open: [Option<Open>; MAX_DEVICES],
+    /// Per device: the end of the last interval handed over (work before it is not counted again).
+    done: [u64; MAX_DEVICES],
     busy_out: [usize; MAX_DEVICES],
     calm: [u32; MAX_DEVICES],
     /// Records that found no summary row (every row taken): counted as dropped by the caller.
@@ -143,6 +145,7 @@ impl Summarizer {
             rows: Vec::with_capacity(MAX_ROWS),
             spans: Vec::with_capacity(MAX_SPANS),
             open: [None; MAX_DEVICES],
+            done: [0; MAX_DEVICES],
             busy_out: [0; MAX_DEVICES],
             calm: [0; MAX_DEVICES],
             unsummed: 0,
@@ -261,28 +264,66 @@ impl Summarizer {
     }
 
     /// One span into its device's open interval (closing it first when the gap or the span says so).
+    ///
+    /// Spans come sorted by start within a window, but a later window may bring work that started earlier
+    /// (another stream's kernel that completed later): what lies before the open interval extends it
+    /// backwards, what lies before [`Summarizer`]'s `done` (the end of the last interval handed over) is not
+    /// counted again, and a span that ended before either is handed over as an interval of its own.
     fn fold(&mut self, s: &Span, out: &mut Packer, sink: &mut impl Sink) {
         let d = slot(s.device);
+        if s.end <= self.done[d] {
+            self.emit(d, &Open::new(s), out, sink);
+            return;
+        }
+        let s = Span {
+            start: s.start.max(self.done[d]),
+            ..*s
+        };
         let gap = if self.busy_out[d] >= 2 * MAX_BUSY_PER_WINDOW {
             u64::MAX
         } else {
             self.gap_ns[d]
         };
         match &mut self.open[d] {
-            Some(o) if s.start < o.end.saturating_add(gap) && s.end.max(o.end) - o.start <= MAX_SPAN_NS => {
-                // Sorted by start: the new span adds what lies past the interval's end.
+            Some(o) if s.end.saturating_add(gap) <= o.start => {
+                let alone = Open::new(&s);
+                self.emit(d, &alone, out, sink);
+            }
+            Some(o)
+                if s.start < o.end.saturating_add(gap)
+                    && s.end.max(o.end) - s.start.min(o.start) <= MAX_SPAN_NS =>
+            {
+                if s.start < o.start {
+                    o.busy += s.end.min(o.start) - s.start;
+                    o.start = s.start;
+                }
                 o.busy += s.end.saturating_sub(s.start.max(o.end));
                 o.end = o.end.max(s.end);
                 o.kernels = o.kernels.saturating_add(1);
-                o.note(s);
+                o.note(&s);
             }
-            slot_open => {
-                if let Some(o) = slot_open.replace(Open::new(s)) {
-                    out.add_plain(&o.record(d as u32), sink);
-                    self.busy_out[d] += 1;
+            _ => {
+                if let Some(o) = self.open[d].take() {
+                    self.emit(d, &o, out, sink);
+                    self.done[d] = self.done[d].max(o.end);
+                }
+                if s.end <= self.done[d] {
+                    self.emit(d, &Open::new(&s), out, sink);
+                } else {
+                    let s = Span {
+                        start: s.start.max(self.done[d]),
+                        ..s
+                    };
+                    self.open[d] = Some(Open::new(&s));
                 }
             }
         }
+    }
+
+    /// Hands over one interval of device slot `d`.
+    fn emit(&mut self, d: usize, o: &Open, out: &mut Packer, sink: &mut impl Sink) {
+        out.add_plain(&o.record(d as u32), sink);
+        self.busy_out[d] += 1;
     }
 
     /// Ends the window: the busy intervals of its spans (in start order), the intervals that ended more than
@@ -301,8 +342,8 @@ impl Summarizer {
                 .as_ref()
                 .is_some_and(|o| o.end.saturating_add(self.gap_ns[d]) < now || now == u64::MAX);
             if stale && let Some(o) = self.open[d].take() {
-                out.add_plain(&o.record(d as u32), sink);
-                self.busy_out[d] += 1;
+                self.emit(d, &o, out, sink);
+                self.done[d] = self.done[d].max(o.end);
             }
         }
         let busy: usize = self.busy_out.iter().sum();
@@ -502,6 +543,35 @@ mod tests {
         let (_, busy) = records(&sink.0);
         assert_eq!(busy, vec![(1, 3, 0, 9_000, 7_500, 0, 1, 5_500)]);
         assert_eq!(s.window, 2);
+    }
+
+    #[test]
+    fn work_reported_a_window_late_is_counted_once() {
+        let (mut s, mut p, mut sink) = (Summarizer::new(), Packer::new(), Collect::default());
+        let k = GpuActivityKind::Kernel;
+        // Window 1: two kernels 100 ns apart, one interval, left open (the clock is close behind).
+        s.add(&act(k, 0, 100_000, 200_000), 1, &mut p, &mut sink);
+        s.add(&act(k, 0, 200_100, 300_000), 1, &mut p, &mut sink);
+        s.finish(301_000, &mut p, &mut sink);
+        // Window 2: another stream's kernel that started before them and completed during them.
+        s.add(&act(k, 0, 50_000, 150_000), 2, &mut p, &mut sink);
+        assert_eq!(s.finish(u64::MAX, &mut p, &mut sink).1, 1);
+        // Window 3: a kernel that ran inside the interval handed over, reported later still: its own
+        // interval; one that began inside it and ended after it: only what lies after it counts.
+        s.add(&act(k, 0, 60_000, 70_000), 3, &mut p, &mut sink);
+        s.add(&act(k, 0, 290_000, 310_000), 3, &mut p, &mut sink);
+        assert_eq!(s.finish(u64::MAX, &mut p, &mut sink).1, 2);
+        p.flush(&mut sink);
+        let (_, busy) = records(&sink.0);
+        let spans: Vec<(u32, u64, u64, u64)> = busy.iter().map(|b| (b.1, b.2, b.3, b.4)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (3, 50_000, 300_000, 249_900),
+                (1, 60_000, 70_000, 10_000),
+                (1, 300_000, 310_000, 10_000)
+            ]
+        );
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use llmprof_abi::StepRecord;
 use llmprof_abi::gpu::{
-    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy,
-    GpuChunkHeader, GpuRecordHeader, GpuRecordKind, GpuSummary,
+    GPU_ABI_OLDEST, GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall,
+    GpuBusy, GpuChunkHeader, GpuRecordHeader, GpuRecordKind, GpuSummary,
 };
 
 use crate::event::{Event, EventBody};
@@ -285,7 +285,11 @@ impl GpuDecoder {
         }
         let h = chunk_header(&Bytes(data));
         let len = h.len as usize;
-        if h.magic != GPU_CHUNK_MAGIC || h.version != GPU_ABI_VERSION || len < CHUNK_HDR || len > data.len() {
+        if h.magic != GPU_CHUNK_MAGIC
+            || !(GPU_ABI_OLDEST..=GPU_ABI_VERSION).contains(&h.version)
+            || len < CHUNK_HDR
+            || len > data.len()
+        {
             self.stats.bad_chunks += 1;
             return;
         }

@@ -270,7 +270,7 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let text = Command::new(LLMPROF).arg("report").arg(&trace).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains("GPU kernels (CUPTI): 15 kernels, 20.000 ms GPU time"),
+        text.contains("GPU kernels (CUPTI, every kernel): 15 kernels, 20.000 ms GPU time"),
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);

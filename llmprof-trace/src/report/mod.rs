@@ -35,12 +35,14 @@
 //! - `drops`: `{total_dropped, user_drops, decode_errors, source, probes: [{probe, hits, emitted, dropped}]}`;
 //!   `source` is `summary` or `drop_counters` (the per-probe counter tracks, when the summary is missing).
 //! - `overhead`: llmprof's self-accounting, `null` for traces without it: `{est_target_cpu_ms,
-//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, llmprof_cpu_ms, llmprof_cpu_pct,
-//!   llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe, engine_probe_sampled_out,
-//!   cuda_call}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
+//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, est_cupti_ms, cupti_thread_cpu_ms, cupti_records,
+//!   llmprof_cpu_ms, llmprof_cpu_pct, llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe,
+//!   engine_probe_sampled_out, cuda_call, ..., cupti_record}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
 //!   syscalls_counted}],
 //!   size_limit_bytes, size_limit_reached, events_not_written}`; `est_target_pct` is the estimated CPU llmprof
-//!   added as a % of the target's own CPU time (the `--overhead-budget` measure), `at_s` seconds from the
+//!   added as a % of the target's own CPU time (the `--overhead-budget` measure), `est_cupti_ms` the injected
+//!   CUPTI helper's part of it (`cupti_thread_cpu_ms` measured in the target + `cupti_records` ×
+//!   `cost_ns.cupti_record`), `at_s` seconds from the
 //!   first slice or instant of the trace. Missing values are `null`.
 //! - `gpu`: the GPU layer, `null` when the trace has none of it (no NVML counter, no CUDA driver call slice,
 //!   no GPU marker): `{gpus: [{index, name, counters: [{metric, unit, samples, mean, max, last}],

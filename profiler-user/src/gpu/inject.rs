@@ -230,6 +230,15 @@ fn symbol_addrs<const N: usize>(
     m: &Mapped,
     symbols: [&'static str; N],
 ) -> Result<[u64; N], InjectError> {
+    symbols_at(file, m, symbols).map(|v| v.map(|(a, _)| a))
+}
+
+/// The run-time addresses and sizes (`st_size`) of `symbols` in the mapped file `m`.
+fn symbols_at<const N: usize>(
+    file: &Path,
+    m: &Mapped,
+    symbols: [&'static str; N],
+) -> Result<[(u64, u64); N], InjectError> {
     let shown = file.display().to_string();
     let data = std::fs::read(file).map_err(|e| InjectError::File {
         what: "cannot read",
@@ -242,12 +251,12 @@ fn symbol_addrs<const N: usize>(
         detail: e.to_string(),
     })?;
     let first_load = obj.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-    let mut out = [0u64; N];
+    let mut out = [(0u64, 0u64); N];
     for (i, symbol) in symbols.into_iter().enumerate() {
         out[i] = obj
             .dynamic_symbols()
             .find(|s| s.is_definition() && s.name() == Ok(symbol))
-            .map(|s| m.start - first_load + s.address())
+            .map(|s| (m.start - first_load + s.address(), s.size()))
             .ok_or_else(|| InjectError::Symbol {
                 path: shown.clone(),
                 symbol,
@@ -302,6 +311,17 @@ pub struct Injected {
     start_fn: u64,
     stop_fn: u64,
     stats: u64,
+    /// Bytes of the helper's counters (their symbol's size, at most [`GpuHelperStats`]'s): a helper an earlier
+    /// llmprof loaded has fewer; the rest read as 0.
+    stats_len: usize,
+}
+
+impl Injected {
+    /// The helper records summaries when asked to (a helper of the oldest chunk version, loaded by an earlier
+    /// llmprof, records every kernel whatever the flags).
+    pub fn summarizes(&self) -> bool {
+        self.stats_len == 0 || self.stats_len >= core::mem::size_of::<GpuHelperStats>()
+    }
 }
 
 /// Loads the helper into `pid` (dlopen in one of its threads), or finds it there from an earlier attach.
@@ -360,13 +380,15 @@ pub fn find_loaded(pid: u32) -> Result<Option<Injected>, InjectError> {
 
 fn resolve(pid: u32, m: &Mapped, reused: bool) -> Result<Injected, InjectError> {
     let host = host_path(pid, &m.path);
-    let [start_fn, stop_fn, stats] = symbol_addrs(&host, m, [GPU_START, GPU_STOP, GPU_STATS])?;
+    let [(start_fn, _), (stop_fn, _), (stats, stats_len)] =
+        symbols_at(&host, m, [GPU_START, GPU_STOP, GPU_STATS])?;
     Ok(Injected {
         pid,
         target_path: m.path.clone(),
         start_fn,
         stop_fn,
         stats,
+        stats_len: stats_len.min(core::mem::size_of::<GpuHelperStats>() as u64) as usize,
         host_path: host,
         reused,
     })
@@ -463,8 +485,13 @@ impl Injected {
     pub fn stats(&self) -> Result<GpuHelperStats, InjectError> {
         use std::os::unix::fs::FileExt as _;
         let mut buf = [0u8; core::mem::size_of::<GpuHelperStats>()];
+        let len = if self.stats_len == 0 {
+            buf.len()
+        } else {
+            self.stats_len
+        };
         std::fs::File::open(format!("/proc/{}/mem", self.pid))
-            .and_then(|f| f.read_exact_at(&mut buf, self.stats))
+            .and_then(|f| f.read_exact_at(&mut buf[..len], self.stats))
             .map_err(|_| InjectError::Exited {
                 pid: self.pid,
                 during: "the read of the helper's counters",
@@ -627,8 +654,11 @@ impl GpuKernels {
                     "recording {} in pid {pid} (started in {:.1} ms)",
                     if mode == KernelsMode::All {
                         "every kernel"
-                    } else {
+                    } else if inj.summarizes() {
                         "kernel summaries"
+                    } else {
+                        "every kernel (the helper an earlier llmprof loaded there does not summarize; \
+                         restart the process for summaries)"
                     },
                     t0.elapsed().as_secs_f64() * 1e3
                 ));

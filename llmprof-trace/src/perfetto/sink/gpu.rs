@@ -204,7 +204,7 @@ impl<W: Write> TraceSink<W> {
         let (first, last) = w.span();
         let start = self.clip(id, first, last);
         let mut rows: Vec<&crate::gpu::SummaryRow> = w.rows.iter().collect();
-        rows.sort_by(|a, b| b.rec.total_ns.cmp(&a.rec.total_ns));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.rec.total_ns));
         let kind = |k: GpuActivityKind| match k {
             GpuActivityKind::Kernel => arg::KIND_KERNEL,
             GpuActivityKind::Memcpy => arg::KIND_MEMCPY,
