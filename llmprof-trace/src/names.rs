@@ -627,7 +627,7 @@ pub mod arg {
     pub const COUNTED_CALLS: &str = "counted_calls";
     /// Bytes of a batch's counted (asynchronous) copies.
     pub const COUNTED_BYTES: &str = "counted_bytes";
-    /// Every CUDA slice's note ([`CUDA_NOTE`]).
+    /// The note of the first slice of each CUDA track ([`CUDA_NOTE`]).
     pub const NOTE: &str = "note";
     /// The value of [`NOTE`]: what a CUDA slice's duration means.
     pub const CUDA_NOTE: &str = "host-side time in the CUDA driver call (enqueue, or waiting for the GPU in synchronize calls); not GPU kernel execution";

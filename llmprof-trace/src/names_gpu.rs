@@ -55,12 +55,20 @@ pub mod slice {
         format!("CUDA graph {id}")
     }
 
+    const BUSY: &str = "GPU busy";
+    const BUSY_TOP: &str = "GPU busy: ";
+
     /// A busy interval, named by its top kernel: `GPU busy: gemm<128>` (`GPU busy` without one).
     pub fn busy(top: Option<&str>) -> String {
         match top {
-            Some(t) if !t.is_empty() => format!("GPU busy: {t}"),
-            _ => "GPU busy".to_owned(),
+            Some(t) if !t.is_empty() => format!("{BUSY_TOP}{t}"),
+            _ => BUSY.to_owned(),
         }
+    }
+
+    /// The reader's side of [`busy`]: the top kernel (None: a busy slice without one, or another slice).
+    pub fn parse_busy(name: &str) -> Option<&str> {
+        name.strip_prefix(BUSY_TOP).filter(|t| !t.is_empty())
     }
     /// A memset.
     pub const MEMSET: &str = "memset";
@@ -133,9 +141,7 @@ pub mod arg {
     pub const BUSY_NS: &str = "busy_ns";
     /// Busy interval: GPU idle between its kernels, ns (its span − `busy_ns`).
     pub const IDLE_NS: &str = "idle_ns";
-    /// Busy interval: its top kernel by GPU time.
-    pub const TOP_KERNEL: &str = "top_kernel";
-    /// Busy interval: that kernel's GPU time inside it, ns.
+    /// Busy interval: its top kernel's (the one its slice is named after) GPU time inside it, ns.
     pub const TOP_KERNEL_NS: &str = "top_kernel_ns";
     /// Busy interval: that kernel's launches inside it.
     pub const TOP_KERNEL_COUNT: &str = "top_kernel_count";

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::read::{Decoded, arg_f, arg_s, arg_s_array, arg_u_array};
 use super::requests::Step;
-use crate::names::gpu::{arg as gpu_arg, track as gpu_track};
+use crate::names::gpu::{arg as gpu_arg, slice as gpu_slice, track as gpu_track};
 use crate::names::{arg, marker};
 
 /// Rows of the top-kernels table kept in the JSON (the text shows 10).
@@ -221,7 +221,7 @@ pub(super) fn section(d: &Decoded, steps: &[Step]) -> Option<KernelsSection> {
                 e.span += sl.dur;
                 e.kernels += arg_f(&sl.args, gpu_arg::KERNELS).unwrap_or(0.0) as u64;
                 if e.longest.as_ref().is_none_or(|l| sl.dur > l.0)
-                    && let Some(top) = arg_s(&sl.args, gpu_arg::TOP_KERNEL)
+                    && let Some(top) = gpu_slice::parse_busy(&sl.name)
                 {
                     e.longest = Some((sl.dur, top.to_owned()));
                 }

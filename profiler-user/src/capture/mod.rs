@@ -55,12 +55,16 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/llmprof-ebpf.o"));
 
 /// How often [`Capture::poll`] looks at the ring when the kernel does not wake it (the programs submit
-/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 64 MiB ring far from full at millions of events/s.
+/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 16 MiB ring far from full at a million events/s.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Default slow-syscall threshold (`--slow-syscall`), as documented in the CLI.
 pub const DEFAULT_SLOW_SYSCALL: Duration = Duration::from_millis(1);
-/// Default ring size: 64 MiB dropped nothing in a 1M-event burst here (docs/performance.md, Capture).
-pub const DEFAULT_RING_BYTES: usize = 64 << 20;
+/// Default ring size. The kernel maps a ring's pages twice into llmprof (for records that wrap around), all
+/// resident from the start: 16 MiB is 32 MiB of llmprof's RSS, and 0.5–1 s of events at the highest rates
+/// measured (docs/performance.md, Capture).
+pub const DEFAULT_RING_BYTES: usize = 16 << 20;
+/// Ring size of the deep GPU mode (`--gpu-kernels all`): every CUPTI record in 16 KiB chunks.
+pub const DEEP_RING_BYTES: usize = 64 << 20;
 /// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
 const MAX_RECORDS_PER_POLL: usize = 1 << 16;
 /// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.

@@ -12,13 +12,7 @@
 //! modes. The stand-in's launch is a few ns of work, so what is added is the probe path alone; on a GPU the
 //! driver's own launch cost (µs) comes on top in every mode.
 //!
-//! `--cupti`: the CPU twin of `tools/gpu/bench_attach.py`. The stand-in CUPTI
-//! (`profiler-user/tests/fixtures/fake_libcupti.c`) sits next to the stand-in libcuda, so llmprof injects its
-//! helper and each launch produces CUPTI's records (a kernel and its input copy; their driver calls in the
-//! deep mode) at the loop's rate, hundreds of thousands per second. Modes: detached, the default (kernel
-//! summaries), `--gpu-kernels all`, `--gpu-kernels off`; besides the target's CPU per launch, the trace
-//! MB per minute and llmprof's own CPU and peak RSS (from its exit summary). The stand-in CUPTI's work per
-//! record is a memcpy, not CUPTI's: what this measures is the helper's and llmprof's side.
+//! `--cupti`: the CPU twin of `tools/gpu/bench_attach.py`, engine steps with the stand-in CUPTI ([`cupti`]).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -28,6 +22,8 @@ use anyhow::{Context, Result, bail};
 
 use super::common::{CpuMeter, build_release, start_attach, stop_llmprof};
 use super::stats::median_range;
+
+mod cupti;
 
 /// Rounds (each runs every mode once).
 const ROUNDS: usize = 5;
@@ -47,15 +43,17 @@ pub struct Args {
     /// driver-probe modes.
     #[arg(long)]
     cupti: bool,
+    /// `--cupti`: engine steps per mode and round.
+    #[arg(long, value_name = "N", default_value_t = cupti::STEPS)]
+    steps: u64,
+    /// `--cupti`: kernel launches per step (each also a copy: two GPU records).
+    #[arg(long, value_name = "N", default_value_t = cupti::KERNELS_PER_STEP)]
+    kernels_per_step: u64,
+    /// `--cupti`: each of the step's two waits for the GPU (the stand-in's blocking copy and stream
+    /// synchronize), µs: sets the step rate.
+    #[arg(long, value_name = "US", default_value_t = cupti::STEP_WAIT_US)]
+    step_wait_us: u64,
 }
-
-/// The `--cupti` modes.
-const CUPTI_MODES: [(&str, Option<&[&str]>); 4] = [
-    ("detached", None),
-    ("default (kernel summaries)", Some(&["--gpu-kernels", "on"])),
-    ("--gpu-kernels all", Some(&["--gpu-kernels", "all"])),
-    ("--gpu-kernels off", Some(&["--gpu-kernels", "off"])),
-];
 
 /// The modes: name and llmprof's options (None: detached).
 const MODES: [(&str, Option<&[&str]>); 3] = [
@@ -83,6 +81,7 @@ struct Testee {
 }
 
 impl Testee {
+    /// Sends `c` and reads lines until `want`.
     fn cmd(&mut self, c: &str, want: &str) -> Result<()> {
         writeln!(self.stdin, "{c}").context("writing to the testee")?;
         let mut line = String::new();
@@ -119,34 +118,18 @@ fn gcc(dir: &Path, src: &str, lib: &str) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// From an exit summary: (llmprof's CPU ms, peak RSS MiB).
-fn own_cost(summary: &str) -> Option<(f64, f64)> {
-    let l = summary.lines().find(|l| l.contains("llmprof itself"))?;
-    let num_before = |marker: &str| -> Option<f64> {
-        let i = l.find(marker)?;
-        l[..i].split_whitespace().last()?.parse().ok()
-    };
-    Some((num_before(" ms CPU (")?, num_before(" MiB")?))
-}
-
 /// `cargo xtask bench cuda`.
 pub fn run(o: &Args) -> Result<()> {
-    let modes: &[(&str, Option<&[&str]>)] = if o.cupti { &CUPTI_MODES } else { &MODES };
-    let release = if o.cupti {
-        build_release(&["llmprof", "llmprof-cupti"])?
-    } else {
-        build_release(&["llmprof"])?
-    };
+    if o.cupti {
+        return cupti::run(o);
+    }
+    let release = build_release(&["llmprof"])?;
     let dir = std::env::temp_dir().join(format!("llmprof-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
-    if o.cupti {
-        gcc(&dir, "fake_libcupti.c", "libcupti.so")?;
-    }
     let mut child = Command::new(release.join("llmprof-testee"))
         .arg("--libcuda")
         .arg(&lib)
-        .env("FAKE_CUDA_SYNC_US", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -158,16 +141,15 @@ pub fn run(o: &Args) -> Result<()> {
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");
     let launches = o.launches.max(1);
-    // ns per launch: [mode][round]; trace MB/min, llmprof CPU % of a core and peak RSS MiB per round.
-    let mut per_call: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
-    let mut own: Vec<Vec<(f64, f64, f64)>> = modes.iter().map(|_| Vec::new()).collect();
+    // ns per launch: [mode][round].
+    let mut per_call: Vec<Vec<f64>> = MODES.iter().map(|_| Vec::new()).collect();
     // Warm-up: page in the stand-in and the testee's loop.
     t.cmd(&format!("launches {launches}"), "launches done")?;
     for round in 0..o.rounds.max(1) {
-        let n = modes.len();
+        let n = MODES.len();
         for k in 0..n {
             let m = (k + round) % n;
-            let (name, extra) = modes[m];
+            let (name, extra) = MODES[m];
             let session = match extra {
                 Some(args) => {
                     let args: Vec<&str> = args.iter().chain(QUIET.iter()).copied().collect();
@@ -176,24 +158,14 @@ pub fn run(o: &Args) -> Result<()> {
                 None => None,
             };
             let cpu0 = meter.cpu_s()?;
-            let t0 = std::time::Instant::now();
             t.cmd(&format!("launches {launches}"), "launches done")?;
-            let secs = t0.elapsed().as_secs_f64();
             let ns = (meter.cpu_s()? - cpu0) * 1e9 / launches as f64;
             eprintln!("bench: round {round} {name}: {ns:.0} ns target CPU per launch");
             per_call[m].push(ns);
             if let Some(s) = session {
                 let summary = stop_llmprof(s)?;
-                for l in summary.lines().filter(|l| {
-                    l.contains("CUDA driver calls:")
-                        || l.contains("CUPTI helper")
-                        || l.contains("gpu_activity")
-                }) {
+                for l in summary.lines().filter(|l| l.contains("CUDA driver calls:")) {
                     eprintln!("bench:   {}", l.trim());
-                }
-                let mb = std::fs::metadata(&trace).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
-                if let Some((cpu_ms, rss)) = own_cost(&summary) {
-                    own[m].push((mb / (secs / 60.0), cpu_ms / 10.0 / secs, rss));
                 }
             }
         }
@@ -203,16 +175,14 @@ pub fn run(o: &Args) -> Result<()> {
     drop(meter);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "bench cuda{}: {launches} launches per mode and round, {} rounds, target CPU per launch (stand-in libcuda{})",
-        if o.cupti { " --cupti" } else { "" },
-        o.rounds.max(1),
-        if o.cupti { " and CUPTI" } else { "" }
+        "bench cuda: {launches} launches per mode and round, {} rounds, target CPU per launch (stand-in libcuda)",
+        o.rounds.max(1)
     );
     let added: Vec<Vec<f64>> = per_call
         .iter()
         .map(|v| v.iter().zip(&per_call[0]).map(|(a, d)| a - d).collect())
         .collect();
-    for (m, (name, _)) in modes.iter().enumerate() {
+    for (m, (name, _)) in MODES.iter().enumerate() {
         let (cm, cl, ch) = median_range(&mut per_call[m].clone());
         let extra = if m == 0 {
             String::new()
@@ -220,18 +190,7 @@ pub fn run(o: &Args) -> Result<()> {
             let (am, al, ah) = median_range(&mut added[m].clone());
             format!(", added {am:.0} ns per launch (range {al:.0}-{ah:.0})")
         };
-        let own = if own[m].is_empty() {
-            String::new()
-        } else {
-            let (mb, _, _) = median_range(&mut own[m].iter().map(|o| o.0).collect::<Vec<_>>());
-            let (cpu, _, _) = median_range(&mut own[m].iter().map(|o| o.1).collect::<Vec<_>>());
-            let rss = own[m].iter().map(|o| o.2).fold(0.0, f64::max);
-            format!("; trace {mb:.1} MB/min, llmprof {cpu:.1}% of a core, peak RSS {rss:.0} MiB")
-        };
-        println!("  {name:<32} {cm:.0} ns (range {cl:.0}-{ch:.0}){extra}{own}");
-    }
-    if o.cupti {
-        return Ok(());
+        println!("  {name:<32} {cm:.0} ns (range {cl:.0}-{ch:.0}){extra}");
     }
     let mut ratio: Vec<f64> = added[2]
         .iter()

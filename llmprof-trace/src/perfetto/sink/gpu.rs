@@ -5,7 +5,7 @@
 //! host time range holds the launch) carries its `step_id`.
 //!
 //! The default mode's summaries: a CUDA graph launch is one slice (`CUDA graph N`) on its stream's track; each
-//! busy interval a slice (`GPU busy: <top kernel>`, kernels / busy / idle / top kernel in its args, the step
+//! busy interval a slice (`GPU busy: <top kernel>`, kernels / busy / idle / the top kernel's time in its args, the step
 //! whose host time holds its start in `step_id`) on a `CUDA device D busy` child track of the process, the
 //! gaps between them being the GPU's idle time; each window's summary one slice on the process's
 //! `GPU work per window (CUPTI)` track, its rows (kernel name, copy kind or wait; count, total, min, max) in
@@ -167,15 +167,13 @@ impl<W: Write> TraceSink<W> {
         let device = r.device;
         let track = self.child_track(ev.pid, id, || track::busy(device))?;
         let start = self.clip(id, r.start_ns, r.end_ns);
+        // The device is in the track's name and the top kernel in the slice's: not repeated in args (a
+        // string arg is not interned; one of these slices comes per engine step).
         let mut args = vec![
-            arg_u(arg::DEVICE, r.device),
             arg_u(arg::KERNELS, r.kernels),
             arg_u(arg::BUSY_NS, r.busy_ns),
             arg_u(arg::IDLE_NS, (r.end_ns - r.start_ns).saturating_sub(r.busy_ns)),
         ];
-        if let Some(t) = &b.top {
-            args.push(arg_s(arg::TOP_KERNEL, t.as_ref()));
-        }
         if r.top_count > 0 {
             args.push(arg_u(arg::TOP_KERNEL_NS, r.top_ns));
             args.push(arg_u(arg::TOP_KERNEL_COUNT, r.top_count));
