@@ -161,11 +161,14 @@ fn run_attach(a: AttachArgs) -> i32 {
             let g = &r.stats.gpu;
             if g.chunks + g.bad_chunks > 0 {
                 println!(
-                    "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} \
+                    "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits/graph launches, {} API calls, \
+                     {} summary rows, {} busy intervals; lost: {} \
                      (CUPTI/helper dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
                     g.chunks,
                     g.activities,
                     g.api_calls,
+                    g.summaries,
+                    g.busy,
                     g.lost(),
                     g.helper_dropped,
                     g.bad_chunks,

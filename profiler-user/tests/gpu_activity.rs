@@ -236,7 +236,8 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     assert!(summary.contains("helper_dropped=3"), "{summary}");
     assert!(
         stdout.contains(
-            "GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits, 16 API calls; lost: 3"
+            "GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits/graph launches, 16 API calls, \
+             0 summary rows, 0 busy intervals; lost: 3"
         ),
         "{stdout}"
     );
