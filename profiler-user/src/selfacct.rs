@@ -18,7 +18,10 @@
 //! and of the entry + return uprobe pair for the others (the engine-probe cost when the pair was not
 //! measured);
 //! `sched` (one hit per sched_switch / sched_waking record of a traced thread) the calibrated cost of a
-//! thread-state record (nothing when it was not measured). The thread-state programs also run, filtered out
+//! thread-state record (nothing when it was not measured); `cpu_sample` the sampler's cost per on-CPU sample
+//! (measured live on the targets once known) for the samples, and the calibrated cost of an off-CPU stack for
+//! the off-CPU stacks among its hits ([`Counters::offcpu_stacks`]: the `sched_switch` program takes those,
+//! not the sampler). The thread-state programs also run, filtered out
 //! after two lookups, for every other switch on the machine: that cost is everyone's, not the target's.
 //!
 //! What runs in the target on llmprof's behalf without a probe hit — the injected CUPTI helper — is
@@ -58,6 +61,9 @@ pub struct Counters {
     pub syscalls_decoded: u64,
     /// Of the `cuda` hits, the calls counted by the entry-only probe (the rest were timed by the pair).
     pub cuda_counted: u64,
+    /// Of the `cpu_sample` hits, the off-CPU stacks (taken by the `sched_switch` program at a blocking
+    /// switch, charged at their own calibrated cost; the rest are the sampler's on-CPU samples).
+    pub offcpu_stacks: u64,
     /// The injected CUPTI helpers' counters since this session started them
     /// ([`crate::gpu::inject::GpuKernels::counters`]; zero without them).
     pub cupti: CuptiCounters,
@@ -214,6 +220,7 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
     let probe = cal.probe_ns.unwrap_or(0.0);
     let syscalls = syscalls_added_ns(cal, before, now);
     let (before_counted, now_counted) = (before.cuda_counted, now.cuda_counted);
+    let (offcpu_before, offcpu_now) = (before.offcpu_stacks, now.offcpu_stacks);
     let (before, now) = (&before.probes, &now.probes);
     for (i, slot) in out.iter_mut().enumerate() {
         let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
@@ -222,7 +229,9 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
         } else if i == ProbeId::CpuSample as usize {
-            hits * cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0)
+            let on_cpu = cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0);
+            let offcpu = (offcpu_now.saturating_sub(offcpu_before) as f64).min(hits);
+            (hits - offcpu) * on_cpu + offcpu * cal.offcpu_stack_ns.or(cal.sample_ns).unwrap_or(on_cpu)
         } else if i == ProbeId::Cuda as usize {
             let counted = (now_counted.saturating_sub(before_counted) as f64).min(hits);
             let pair = cal.cuda_call_ns.unwrap_or(probe);
@@ -550,6 +559,58 @@ mod tests {
         assert_eq!(
             syscalls_added_ns(&two, &syscalls(0, 50), &syscalls(10, 20)),
             10.0 * 1_000.0
+        );
+    }
+
+    #[test]
+    fn off_cpu_stacks_are_charged_their_own_cost_and_samples_the_samplers() {
+        let c = Calibration {
+            sample_ns: Some(1_500.0),
+            sample_live_ns: Some(7_000.0),
+            offcpu_stack_ns: Some(2_000.0),
+            ..cal()
+        };
+        let mut now = Counters {
+            offcpu_stacks: 90,
+            ..Counters::default()
+        };
+        now.probes[ProbeId::CpuSample as usize].hits = 100;
+        let before = Counters::default();
+        // 10 on-CPU samples at the live figure, 90 off-CPU stacks at theirs.
+        assert_eq!(
+            added_ns(&c, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 2_000.0
+        );
+        // Off-CPU stacks not calibrated: the sampler's calibrated figure per stack walk.
+        let no_offcpu = Calibration {
+            offcpu_stack_ns: None,
+            ..c
+        };
+        assert_eq!(
+            added_ns(&no_offcpu, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 1_500.0
+        );
+    }
+
+    #[test]
+    fn the_cupti_helper_is_its_measured_threads_plus_records_at_the_assumed_figure() {
+        let cost = CuptiCost::new();
+        let before = CuptiCounters {
+            records: 1_000,
+            thread_cpu_ns: 5_000_000,
+        };
+        let now = CuptiCounters {
+            records: 11_000,
+            thread_cpu_ns: 7_000_000,
+        };
+        let e = cost.estimate(&before, &now).unwrap();
+        assert_eq!(e.records, 10_000);
+        assert_eq!(e.thread_cpu_ns, 2e6);
+        assert_eq!(e.added_ns, 2e6 + 10_000.0 * CUPTI_RECORD_NS);
+        assert_eq!(
+            cost.estimate(&CuptiCounters::default(), &CuptiCounters::default()),
+            None,
+            "no helper, no part"
         );
     }
 

@@ -365,6 +365,8 @@ pub struct Capture {
     self_pid: u32,
     /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
     samples_decoded: u64,
+    /// Off-CPU stacks of the targets decoded (charged at their own cost by the self-accounting).
+    offcpu_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
     /// The GPU activity handoff probe and its chunk decoder.
@@ -696,6 +698,7 @@ impl Capture {
             sampler,
             self_pid: std::process::id(),
             samples_decoded: 0,
+            offcpu_decoded: 0,
             held: Vec::new(),
             gpu: gpu_activity::GpuCapture::default(),
         };
@@ -1012,6 +1015,7 @@ impl Capture {
                     && rec.hdr.pid != self.self_pid
                 {
                     self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
+                    self.offcpu_decoded += u64::from(kind == Some(EventKind::OffCpuStack));
                     self.held.push(s.event(&rec));
                 }
             } else if kind == Some(EventKind::PyStack) {
@@ -1200,6 +1204,7 @@ impl Capture {
             probes: self.counters(),
             syscalls_decoded: self.syscalls_decoded(),
             cuda_counted: self.cuda_counted_calls(),
+            offcpu_stacks: self.offcpu_decoded,
             cupti: Default::default(),
         }
     }
