@@ -149,6 +149,17 @@ pub struct GpuRecordHeader {
     pub size: u32,
 }
 
+impl GpuRecordHeader {
+    /// The header of a record of `kind` that is `size` bytes long (header included).
+    pub const fn new(kind: GpuRecordKind, size: usize) -> Self {
+        Self {
+            kind: kind as u16,
+            flags: 0,
+            size: size as u32,
+        }
+    }
+}
+
 /// What a [`GpuActivity`] is.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

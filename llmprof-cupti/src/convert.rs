@@ -148,13 +148,10 @@ pub enum Skip {
     Short,
 }
 
-fn activity(kind: GpuActivityKind) -> GpuActivity {
+/// An activity record of `kind` with every other field zero (no graph).
+pub(crate) fn activity(kind: GpuActivityKind) -> GpuActivity {
     GpuActivity {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::Activity as u16,
-            flags: 0,
-            size: core::mem::size_of::<GpuActivity>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::Activity, core::mem::size_of::<GpuActivity>()),
         kind: kind as u32,
         device: 0,
         context: 0,
@@ -270,11 +267,7 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
                 return Err(Skip::Short);
             }
             Ok(Converted::Api(GpuApiCall {
-                hdr: GpuRecordHeader {
-                    kind: GpuRecordKind::ApiCall as u16,
-                    flags: 0,
-                    size: core::mem::size_of::<GpuApiCall>() as u32,
-                },
+                hdr: GpuRecordHeader::new(GpuRecordKind::ApiCall, core::mem::size_of::<GpuApiCall>()),
                 correlation: u32_at(rec, api::CORRELATION),
                 cbid: u32_at(rec, api::CBID),
                 pid: u32_at(rec, api::PID),
@@ -508,11 +501,7 @@ impl Packer {
         let name = &name[..name.len().min(GPU_NAME_MAX)];
         let size = (core::mem::size_of::<GpuName>() + name.len()).div_ceil(8) * 8;
         let hdr = GpuName {
-            hdr: GpuRecordHeader {
-                kind: GpuRecordKind::Name as u16,
-                flags: 0,
-                size: size as u32,
-            },
+            hdr: GpuRecordHeader::new(GpuRecordKind::Name, size),
             name_id: id,
             len: name.len() as u16,
             truncated: u16::from(cut),
@@ -554,9 +543,33 @@ impl Packer {
     }
 }
 
+/// What the tests of this crate share.
+#[cfg(test)]
+pub(crate) mod test_sink {
+    /// A sink that keeps every chunk handed over (its clock reads (10, 20); it knows two API names).
+    #[derive(Default)]
+    pub(crate) struct Collect(pub(crate) Vec<Vec<u8>>);
+    impl super::Sink for Collect {
+        fn clock(&mut self) -> (u64, u64) {
+            (10, 20)
+        }
+        fn handoff(&mut self, chunk: &[u8]) {
+            self.0.push(chunk.to_vec());
+        }
+        fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
+            match (runtime, cbid) {
+                (false, 307) => Some(b"cuLaunchKernel".to_vec()),
+                (true, 211) => Some(b"cudaLaunchKernel_v7000".to_vec()),
+                _ => None,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
+    use super::test_sink::Collect;
     use super::*;
     use std::ffi::CString;
 
@@ -582,24 +595,6 @@ mod tests {
         put64(&mut r, 144, 0xabcd);
         put32(&mut r, 156, 5);
         r
-    }
-
-    #[derive(Default)]
-    struct Collect(Vec<Vec<u8>>);
-    impl Sink for Collect {
-        fn clock(&mut self) -> (u64, u64) {
-            (10, 20)
-        }
-        fn handoff(&mut self, chunk: &[u8]) {
-            self.0.push(chunk.to_vec());
-        }
-        fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
-            match (runtime, cbid) {
-                (false, 307) => Some(b"cuLaunchKernel".to_vec()),
-                (true, 211) => Some(b"cudaLaunchKernel_v7000".to_vec()),
-                _ => None,
-            }
-        }
     }
 
     /// An API record of CUPTI (driver or runtime) with callback id `cbid`.

@@ -91,11 +91,7 @@ impl Open {
             .max_by_key(|t| (t.2, std::cmp::Reverse(t.0)))
             .unwrap_or((0, 0, 0));
         GpuBusy {
-            hdr: GpuRecordHeader {
-                kind: GpuRecordKind::Busy as u16,
-                flags: 0,
-                size: core::mem::size_of::<GpuBusy>() as u32,
-            },
+            hdr: GpuRecordHeader::new(GpuRecordKind::Busy, core::mem::size_of::<GpuBusy>()),
             device,
             kernels: self.kernels,
             start_ns: self.start,
@@ -242,11 +238,7 @@ impl Summarizer {
 
     fn row(&self, kind: GpuActivityKind, device: u32, name_id: u32, detail: u32) -> GpuSummary {
         GpuSummary {
-            hdr: GpuRecordHeader {
-                kind: GpuRecordKind::Summary as u16,
-                flags: 0,
-                size: core::mem::size_of::<GpuSummary>() as u32,
-            },
+            hdr: GpuRecordHeader::new(GpuRecordKind::Summary, core::mem::size_of::<GpuSummary>()),
             window: self.window,
             kind: kind as u32,
             device,
@@ -383,21 +375,8 @@ fn slot(device: u32) -> usize {
 #[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
     use super::*;
+    use crate::convert::test_sink::Collect;
     use llmprof_abi::gpu::GpuChunkHeader;
-
-    #[derive(Default)]
-    struct Collect(Vec<Vec<u8>>);
-    impl Sink for Collect {
-        fn clock(&mut self) -> (u64, u64) {
-            (0, 0)
-        }
-        fn handoff(&mut self, chunk: &[u8]) {
-            self.0.push(chunk.to_vec());
-        }
-        fn api_name(&mut self, _: bool, _: u32) -> Option<Vec<u8>> {
-            None
-        }
-    }
 
     fn u32_at(b: &[u8], o: usize) -> u32 {
         u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
@@ -452,40 +431,11 @@ mod tests {
     }
 
     fn act(kind: GpuActivityKind, device: u32, start: u64, end: u64) -> GpuActivity {
-        let mut a: GpuActivity = unsafe_free_zero();
-        a.kind = kind as u32;
+        let mut a = crate::convert::activity(kind);
         a.device = device;
         a.start_ns = start;
         a.end_ns = end;
         a
-    }
-
-    fn unsafe_free_zero() -> GpuActivity {
-        GpuActivity {
-            hdr: GpuRecordHeader {
-                kind: 1,
-                flags: 0,
-                size: 112,
-            },
-            kind: 0,
-            device: 0,
-            context: 0,
-            stream: 0,
-            correlation: 0,
-            name_id: 0,
-            start_ns: 0,
-            end_ns: 0,
-            graph_id: 0,
-            detail: 0,
-            graph_node: 0,
-            bytes: 0,
-            grid: [0; 3],
-            block: [0; 3],
-            registers: 0,
-            shared_static: 0,
-            shared_dynamic: 0,
-            pad: 0,
-        }
     }
 
     #[test]

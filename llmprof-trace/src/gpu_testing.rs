@@ -6,6 +6,8 @@ use llmprof_abi::gpu::{
     GpuName, GpuRecordHeader, GpuRecordKind, GpuSummary, NO_GRAPH,
 };
 
+const MS: u64 = 1_000_000;
+
 /// The bytes of a `#[repr(C)]` layout of `llmprof_abi::gpu` (integers only, no implicit padding).
 fn bytes<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: `v` is a live value of a plain-data layout without implicit padding (size asserted in the ABI);
@@ -25,11 +27,7 @@ pub struct Chunk {
 /// A kernel record on `stream` of device 0, times on the CUPTI clock.
 pub fn kernel(stream: u32, correlation: u32, name_id: u32, start_ns: u64, end_ns: u64) -> GpuActivity {
     GpuActivity {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::Activity as u16,
-            flags: 0,
-            size: std::mem::size_of::<GpuActivity>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::Activity, core::mem::size_of::<GpuActivity>()),
         kind: GpuActivityKind::Kernel as u32,
         device: 0,
         context: 1,
@@ -54,11 +52,7 @@ pub fn kernel(stream: u32, correlation: u32, name_id: u32, start_ns: u64, end_ns
 /// An API call record of thread `tid` of `pid`, times on the CUPTI clock.
 pub fn api_call(pid: u32, tid: u32, correlation: u32, cbid: u32, start_ns: u64, end_ns: u64) -> GpuApiCall {
     GpuApiCall {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::ApiCall as u16,
-            flags: 0,
-            size: std::mem::size_of::<GpuApiCall>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::ApiCall, core::mem::size_of::<GpuApiCall>()),
         correlation,
         cbid,
         pid,
@@ -123,11 +117,7 @@ impl Chunk {
     pub fn name(mut self, id: u32, name: &str) -> Self {
         let padded = name.len().div_ceil(8) * 8;
         let n = GpuName {
-            hdr: GpuRecordHeader {
-                kind: GpuRecordKind::Name as u16,
-                flags: 0,
-                size: (std::mem::size_of::<GpuName>() + padded) as u32,
-            },
+            hdr: GpuRecordHeader::new(GpuRecordKind::Name, std::mem::size_of::<GpuName>() + padded),
             name_id: id,
             len: u16::try_from(name.len()).unwrap_or(u16::MAX),
             truncated: 0,
@@ -159,8 +149,6 @@ impl Chunk {
 /// So step 1 has 3 ms of GPU busy time over a 4 ms span (1 ms idle between kernels), step 2 3 ms busy, none
 /// idle; `gemm<128>` is 4 ms of 6 ms kernel time (2 launches).
 pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
-    use llmprof_abi::StepKind;
-    const MS: u64 = 1_000_000;
     let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
     let gemm = |corr, s, e| {
         let mut k = kernel(7, corr, 1, cupti(s), cupti(e));
@@ -186,13 +174,7 @@ pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>,
         .activity(g2)
         .activity(kernel(7, 4, 2, cupti(140), cupti(150)))
         .activity(copy);
-    let mut events = vec![
-        crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
-        crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
-    ];
-    let mut d = crate::gpu::GpuDecoder::default();
-    d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);
-    (events, d.stats().clone())
+    two_steps_and(pid, tid, t0, &chunk)
 }
 
 /// A summary row of `window` (times on the CUPTI clock).
@@ -208,11 +190,7 @@ pub fn summary_row(
     bytes: u64,
 ) -> GpuSummary {
     GpuSummary {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::Summary as u16,
-            flags: 0,
-            size: std::mem::size_of::<GpuSummary>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::Summary, core::mem::size_of::<GpuSummary>()),
         window,
         kind: kind as u32,
         device: 0,
@@ -236,11 +214,7 @@ pub fn busy_interval(
     (top_name_id, top_count, top_ns): (u32, u32, u64),
 ) -> GpuBusy {
     GpuBusy {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::Busy as u16,
-            flags: 0,
-            size: std::mem::size_of::<GpuBusy>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::Busy, core::mem::size_of::<GpuBusy>()),
         device: 0,
         kernels,
         start_ns,
@@ -265,8 +239,6 @@ pub fn busy_interval(
 /// So: 3 kernels (the graph counts one) with 6 ms GPU time, the graph first; step 1 3 ms busy and 1 ms idle,
 /// step 2 3 ms busy.
 pub fn summary_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
-    use llmprof_abi::StepKind;
-    const MS: u64 = 1_000_000;
     let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
     let mut graph = kernel(7, 9, 0, cupti(120), cupti(150));
     graph.kind = GpuActivityKind::Graph as u32;
@@ -317,9 +289,29 @@ pub fn summary_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>
             (cupti(150), cupti(160)),
             0,
         ));
+    two_steps_and(pid, tid, t0, &chunk)
+}
+
+/// Two decode steps of thread `tid` (host 0–10 and 10–20 ms from `t0`), then `chunk` handed over at 30 ms:
+/// the events and what the decoder counted.
+fn two_steps_and(
+    pid: u32,
+    tid: u32,
+    t0: u64,
+    chunk: &Chunk,
+) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
     let mut events = vec![
-        crate::testing::step(pid, tid, StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
-        crate::testing::step(pid, tid, StepKind::Decode, 2, t0 + 10 * MS, t0 + 20 * MS, &[1]).build(),
+        crate::testing::step(pid, tid, llmprof_abi::StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
+        crate::testing::step(
+            pid,
+            tid,
+            llmprof_abi::StepKind::Decode,
+            2,
+            t0 + 10 * MS,
+            t0 + 20 * MS,
+            &[1],
+        )
+        .build(),
     ];
     let mut d = crate::gpu::GpuDecoder::default();
     d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);

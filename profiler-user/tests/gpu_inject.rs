@@ -166,17 +166,6 @@ fn logged_sum(log: &Path, prefix: &str) -> u64 {
         .sum()
 }
 
-/// `llmprof report --json` of a trace.
-fn report_json(trace: &Path) -> serde_json::Value {
-    let out = Command::new(LLMPROF)
-        .args(["report", "--json"])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// The synchronization records among the completed buffers.
 fn syncs_produced(log: &Path) -> u64 {
     logged_sum(log, "syncs ")
@@ -244,7 +233,7 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
         1
     );
     drop(tp);
-    let r = report_json(&trace);
+    let r = e2e::attach::report_json(&trace);
     assert_eq!(r["kernels"]["waits"].as_u64().unwrap(), syncs, "{}", r["kernels"]);
     assert_eq!(
         r["kernels"]["kernels"].as_u64().unwrap(),
@@ -429,7 +418,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         "{s2:?}"
     );
     // The report reads the summarized trace: every kernel CUPTI recorded in the session counted once.
-    let r = report_json(&dir.join("two.perfetto-trace"));
+    let r = e2e::attach::report_json(&dir.join("two.perfetto-trace"));
     assert_eq!(r["kernels"]["mode"], "summaries", "{r}");
     assert_eq!(
         r["kernels"]["kernels"].as_u64().unwrap(),
@@ -511,7 +500,7 @@ fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() 
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     drop(tp);
     // The default mode's summaries: the report counts the kernels of every window.
-    let r = report_json(&trace);
+    let r = e2e::attach::report_json(&trace);
     let kernels = r["kernels"]["kernels"].as_u64().unwrap_or(0);
     assert!(
         kernels > 0,

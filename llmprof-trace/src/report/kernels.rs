@@ -400,12 +400,11 @@ mod tests {
         (a - b).abs() < 1e-6
     }
 
-    #[test]
-    fn report_has_top_kernels_and_gpu_time_inside_steps() {
-        let (events, gpu) = testing::gpu::engine_fixture(10, 11, T0);
+    /// The report of a trace of `events` (process 10, thread 11) whose summary has `gpu`.
+    fn report_of(events: &[crate::event::Event], gpu: crate::gpu::GpuStats) -> crate::report::Report {
         let procs = [testing::process(10, "llmserve", "llmserve", [(11, "engine")])];
         let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 0))).unwrap();
-        for e in &events {
+        for e in events {
             sink.push(e).unwrap();
         }
         let stats = SessionStats {
@@ -413,7 +412,13 @@ mod tests {
             ..Default::default()
         };
         let bytes = sink.finish(&stats, Some(T0 + 40 * MS)).unwrap();
-        let r = crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap();
+        crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap()
+    }
+
+    #[test]
+    fn report_has_top_kernels_and_gpu_time_inside_steps() {
+        let (events, gpu) = testing::gpu::engine_fixture(10, 11, T0);
+        let r = report_of(&events, gpu);
         let k = r.kernels.as_ref().unwrap();
         assert_eq!((k.kernels, k.copies, k.lost), (4, 1, Some(0)));
         assert!(close(k.gpu_ms, 6.0) && close(k.copy_ms, 0.5), "{k:?}");
@@ -453,17 +458,7 @@ mod tests {
     fn a_summarized_trace_has_top_kernels_graphs_waits_and_busy_time_per_step() {
         let (events, gpu) = testing::gpu::summary_fixture(10, 11, T0);
         assert_eq!((gpu.summaries, gpu.busy, gpu.activities), (4, 2, 1), "{gpu:?}");
-        let procs = [testing::process(10, "llmserve", "llmserve", [(11, "engine")])];
-        let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 0))).unwrap();
-        for e in &events {
-            sink.push(e).unwrap();
-        }
-        let stats = SessionStats {
-            gpu,
-            ..Default::default()
-        };
-        let bytes = sink.finish(&stats, Some(T0 + 40 * MS)).unwrap();
-        let r = crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap();
+        let r = report_of(&events, gpu);
         let k = r.kernels.as_ref().unwrap();
         assert_eq!(k.mode, super::MODE_SUMMARIES);
         assert_eq!((k.kernels, k.copies, k.waits), (3, 1, 1));

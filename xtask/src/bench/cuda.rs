@@ -81,6 +81,21 @@ struct Testee {
 }
 
 impl Testee {
+    /// `llmprof-testee --libcuda LIB` from the release directory, with `env` set.
+    fn spawn(release: &Path, lib: &Path, env: &[(&str, String)]) -> Result<Self> {
+        let mut child = Command::new(release.join("llmprof-testee"))
+            .arg("--libcuda")
+            .arg(lib)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting llmprof-testee")?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        Ok(Testee { child, stdin, stdout })
+    }
+
     /// Sends `c` and reads lines until `want`.
     fn cmd(&mut self, c: &str, want: &str) -> Result<()> {
         writeln!(self.stdin, "{c}").context("writing to the testee")?;
@@ -127,16 +142,7 @@ pub fn run(o: &Args) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("llmprof-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
-    let mut child = Command::new(release.join("llmprof-testee"))
-        .arg("--libcuda")
-        .arg(&lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting llmprof-testee")?;
-    let stdin = child.stdin.take().context("no stdin")?;
-    let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-    let mut t = Testee { child, stdin, stdout };
+    let mut t = Testee::spawn(&release, &lib, &[])?;
     let pid = t.child.id();
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");

@@ -17,8 +17,7 @@
 //! is a lock and a memcpy, not CUPTI's: what this measures is the helper's and llmprof's side; what CUPTI
 //! itself spends per record in the launching threads only the GPU bench measures.
 
-use std::io::{BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -149,17 +148,11 @@ pub fn run(o: &Args) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
     gcc(&dir, "fake_libcupti.c", "libcupti.so")?;
-    let mut child = Command::new(release.join("llmprof-testee"))
-        .arg("--libcuda")
-        .arg(&lib)
-        .env("FAKE_CUDA_SYNC_US", o.step_wait_us.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting llmprof-testee")?;
-    let stdin = child.stdin.take().context("no stdin")?;
-    let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-    let mut t = Testee { child, stdin, stdout };
+    let mut t = Testee::spawn(
+        &release,
+        &lib,
+        &[("FAKE_CUDA_SYNC_US", o.step_wait_us.to_string())],
+    )?;
     let pid = t.child.id();
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");
