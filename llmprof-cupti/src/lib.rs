@@ -11,8 +11,9 @@
 //!   sums them per window ([`summary`]: per kernel name count/total/min/max, busy intervals) and hands over
 //!   the summaries and graph launches, with `GPU_FLAG_EVERY_RECORD` every record; in chunks of at most
 //!   `GPU_CHUNK_MAX` bytes to [`llmprof_gpu_activity`], llmprof's uprobe site: one probe hit per chunk. It
-//!   measures its own thread's CPU time (the helper's work, and CUPTI's buffer thread between callbacks) for
-//!   llmprof's estimate of what it costs the target;
+//!   measures its own thread's CPU time (the helper's work, and CUPTI's buffer thread between callbacks: a
+//!   thread the target had before the first start is the program's, not CUPTI's) for llmprof's estimate of
+//!   what it costs the target;
 //! - [`llmprof_gpu_stop`]: flush, disable every kind, unsubscribe. The library stays loaded and idle; the next
 //!   attach starts it again.
 //!
@@ -135,6 +136,21 @@ static CONV: Mutex<Option<Conv>> = Mutex::new(None);
 static FLAGS: AtomicU64 = AtomicU64::new(0);
 /// Counts starts: a thread's CPU reading from an earlier session is not compared with this one's.
 static SESSION: AtomicU64 = AtomicU64::new(0);
+/// The target's threads when the helper first started (sorted): a buffer callback on one of them is not on
+/// CUPTI's own thread, so that thread's CPU between callbacks is the program's, not CUPTI's.
+static APP_THREADS: OnceLock<Vec<i32>> = OnceLock::new();
+
+/// This process's thread ids, sorted (empty when /proc cannot be read).
+fn threads_now() -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
 
 /// What the completion callback keeps between buffers.
 struct Conv {
@@ -294,15 +310,16 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
         let session = SESSION.load(Ordering::Relaxed);
         let t1 = thread_cpu_ns();
         let (last_session, last_tid, last_cpu) = conv.last_thread;
-        let between = if last_session == session && last_tid == tid {
+        let app_thread = APP_THREADS.get().is_some_and(|v| v.binary_search(&tid).is_ok());
+        let between = if last_session == session && last_tid == tid && !app_thread {
             t0.saturating_sub(last_cpu)
         } else {
             0
         };
         conv.last_thread = (session, tid, t1);
-        s.helper_cpu_ns.fetch_add(t1 - t0, Ordering::Relaxed);
-        s.cupti_thread_cpu_ns
-            .fetch_add(between + (t1 - t0), Ordering::Relaxed);
+        let own = t1.saturating_sub(t0);
+        s.helper_cpu_ns.fetch_add(own, Ordering::Relaxed);
+        s.cupti_thread_cpu_ns.fetch_add(between + own, Ordering::Relaxed);
     }
     lock(&POOL).push(buffer as usize);
 }
@@ -340,6 +357,8 @@ fn start(flags: u64) -> GpuStartStatus {
     if !cupti::libcuda_mapped() {
         return GpuStartStatus::NoLibcuda;
     }
+    // Before CUPTI is loaded and enabled: the threads it starts are not among these.
+    APP_THREADS.get_or_init(threads_now);
     if API.get().is_none() {
         let Some((api, path)) = cupti::load() else {
             return GpuStartStatus::NoCupti;
