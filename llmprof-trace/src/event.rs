@@ -220,6 +220,12 @@ pub enum EventBody {
     /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
     /// for [`EventBody::GpuWork`].
     GpuApi(Box<crate::gpu::GpuApi>),
+    /// A window's summary of GPU work (the helper's default mode): per kernel name, copy kind and wait type,
+    /// count and GPU time; event time as for [`EventBody::GpuWork`].
+    GpuSummary(Box<crate::gpu::GpuWindow>),
+    /// A compacted interval of GPU work on one device (the helper's default mode); event time as for
+    /// [`EventBody::GpuWork`].
+    GpuBusy(Box<crate::gpu::GpuBusyInterval>),
 }
 
 impl EventBody {
@@ -256,6 +262,8 @@ impl EventBody {
             Self::OffCpuStack(_) => "offcpu_stack",
             Self::GpuWork(_) => "gpu_work",
             Self::GpuApi(_) => "gpu_api",
+            Self::GpuSummary(_) => "gpu_summary",
+            Self::GpuBusy(_) => "gpu_busy",
         }
     }
 }
@@ -305,9 +313,24 @@ pub struct Degradation {
     pub syscalls_counted: u64,
 }
 
+/// What the injected CUPTI helper added to the target over a session (part of [`OverheadSummary`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CuptiEstimate {
+    /// Estimated CPU added, ns: `thread_cpu_ns` + `records` × `per_record_ns`.
+    pub added_ns: f64,
+    /// CPU of CUPTI's buffer thread and the helper's callbacks, measured in the target, ns.
+    pub thread_cpu_ns: f64,
+    /// CUPTI records written.
+    pub records: u64,
+    /// Assumed CUPTI work per record in the launching threads, ns.
+    pub per_record_ns: f64,
+}
+
 /// Self-accounting of a whole session (the trace's summary and attach's exit summary).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverheadSummary {
+    /// The injected CUPTI helper's part of `est_added_ns` (None: no helper recorded).
+    pub cupti: Option<CuptiEstimate>,
     /// Session length, ns.
     pub elapsed_ns: u64,
     /// Estimated CPU time the probes added to the target, ns, and per probe (indexed by `ProbeId`).

@@ -643,7 +643,7 @@ pub mod arg {
     pub const COUNTED_CALLS: &str = "counted_calls";
     /// Bytes of a batch's counted (asynchronous) copies.
     pub const COUNTED_BYTES: &str = "counted_bytes";
-    /// Every CUDA slice's note ([`CUDA_NOTE`]).
+    /// The note of the first slice of each CUDA track ([`CUDA_NOTE`]).
     pub const NOTE: &str = "note";
     /// The value of [`NOTE`]: what a CUDA slice's duration means.
     pub const CUDA_NOTE: &str = "host-side time in the CUDA driver call (enqueue, or waiting for the GPU in synchronize calls); not GPU kernel execution";
@@ -667,8 +667,17 @@ pub mod arg {
     pub const CUDA_CALLS: &str = "cuda_calls";
     /// Events written per kind: `kind=N ...`.
     pub const EVENTS: &str = "events";
-    /// Estimated CPU the probes added to the target, ms.
+    /// Estimated CPU the probes (and the injected CUPTI helper) added to the target, ms.
     pub const OVERHEAD_EST_TARGET_CPU_MS: &str = "overhead_est_target_cpu_ms";
+    /// Of it, the CUPTI helper's part, ms: [`CUPTI_THREAD_CPU_MS`] + [`CUPTI_RECORDS`] ×
+    /// [`COST_NS_CUPTI_RECORD`].
+    pub const OVERHEAD_EST_CUPTI_MS: &str = "overhead_est_cupti_ms";
+    /// CPU of CUPTI's buffer thread and the helper's callbacks, measured in the target, ms.
+    pub const CUPTI_THREAD_CPU_MS: &str = "cupti_thread_cpu_ms";
+    /// CUPTI records written during the session.
+    pub const CUPTI_RECORDS: &str = "cupti_records";
+    /// Assumed CUPTI work per record in the launching threads, ns (not measurable from outside).
+    pub const COST_NS_CUPTI_RECORD: &str = "cost_ns_cupti_record";
     /// The same, % of the target's own CPU.
     pub const OVERHEAD_EST_TARGET_PCT: &str = "overhead_est_target_pct";
     /// The target's CPU time, ms.

@@ -37,7 +37,7 @@ pub mod summary;
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::gpu::inject::{GpuKernels, KernelsMode};
+use crate::gpu::inject::GpuKernels;
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
@@ -663,6 +663,14 @@ struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
+    /// The counters the self-accounting charges: the capture's and the CUPTI helpers'.
+    fn counters(&self) -> crate::selfacct::Counters {
+        crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        }
+    }
+
     /// Steps 1 to 6: checks, inputs, capture, trace file, prelude, scraper; then the probes are live and
     /// the trace is being written.
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
@@ -678,7 +686,7 @@ impl<'a> Session<'a> {
         log::debug!("attach: inputs open at {:?}", t0.elapsed());
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
         log::debug!("attach: capture started at {:?}", t0.elapsed());
-        let strict = opts.gpu.kernels == KernelsMode::On;
+        let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
@@ -899,7 +907,7 @@ impl<'a> Session<'a> {
     /// estimated overhead %.
     fn overhead_sample(&mut self) -> Option<f64> {
         let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.capture.account_counters(), level);
+        let sample = self.acct.sample(self.counters(), level);
         let est_pct = sample.est_overhead_pct;
         self.merger.push(Event {
             ts_ns: boottime_ns(),
@@ -1125,7 +1133,7 @@ impl<'a> Session<'a> {
             let f = self.capture.live_sample_cost_finish(c);
             self.acct.set_live(f);
         }
-        let final_counters = self.capture.account_counters();
+        let final_counters = self.counters();
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),

@@ -190,9 +190,10 @@ pub struct AttachArgs {
     /// Prometheus endpoint of the server (default: discover the target's listening port and try /metrics).
     #[arg(long)]
     pub metrics_url: Option<String>,
-    /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
-    #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
-    pub ring_size: usize,
+    /// Ring-buffer size (default 16MiB, 64MiB with --gpu-kernels all): larger absorbs bigger bursts without
+    /// drops, and adds twice its size to llmprof's RSS (the kernel maps the ring's pages twice).
+    #[arg(long, value_parser = llmprof_units::parse_size_usize)]
+    pub ring_size: Option<usize>,
     /// A longer exit summary: per-probe counters, the calibrated costs, the GPU layer, symbolization.
     #[arg(short, long)]
     pub verbose: bool,
@@ -210,10 +211,13 @@ pub struct AttachArgs {
     /// uprobe pair: several µs per launch).
     #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
     pub cuda_calls: crate::gpu::CudaCalls,
-    /// GPU kernel timeline: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
-    /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then) and
-    /// record kernels, copies and syncs. auto: when libcuda is loaded and the helper is installed; on: or
-    /// refuse (exit code 8); off: never touch the target.
+    /// GPU kernels: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
+    /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then). auto
+    /// and on record kernel summaries (per 100 ms window: count and GPU time per kernel name, copy and wait;
+    /// the GPU's busy intervals with their top kernel; CUDA graph launches as a whole): auto when libcuda is
+    /// loaded and the helper is installed, on or refuse (exit code 8). all: every kernel, copy and wait as its
+    /// own slice, graphs node by node, with the launching calls (the deep mode: costs more). off: never touch
+    /// the target.
     #[arg(long, value_enum, default_value_t = crate::gpu::inject::KernelsMode::Auto, value_name = "MODE")]
     pub gpu_kernels: crate::gpu::inject::KernelsMode,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
@@ -438,7 +442,7 @@ mod tests {
         assert_eq!(a.pid, vec![12]);
         assert_eq!(a.duration, Some(Duration::from_secs(30)));
         assert_eq!(a.slow_syscall, Duration::from_millis(1));
-        assert_eq!(a.ring_size, 64 << 20);
+        assert_eq!(a.ring_size, None);
         assert_eq!(a.gpu_sample_interval, Duration::from_millis(100));
         assert!(!a.no_cuda);
     }

@@ -114,7 +114,13 @@ fn run_attach(a: AttachArgs) -> i32 {
         model_patterns: a.model_paths,
         egress_allow: egress,
         metrics_url: a.metrics_url,
-        ring_bytes: a.ring_size,
+        ring_bytes: a
+            .ring_size
+            .unwrap_or(if a.gpu_kernels == llmprof::gpu::inject::KernelsMode::All {
+                llmprof::capture::DEEP_RING_BYTES
+            } else {
+                llmprof::capture::DEFAULT_RING_BYTES
+            }),
         verbose: a.verbose,
         otel: a.otel,
         gpu: llmprof::gpu::GpuOptions {

@@ -18,8 +18,17 @@
 //! and of the entry + return uprobe pair for the others (the engine-probe cost when the pair was not
 //! measured);
 //! `sched` (one hit per sched_switch / sched_waking record of a traced thread) the calibrated cost of a
-//! thread-state record (nothing when it was not measured). The thread-state programs also run, filtered out
+//! thread-state record (nothing when it was not measured); `cpu_sample` the sampler's cost per on-CPU sample
+//! (measured live on the targets once known) for the samples, and the calibrated cost of an off-CPU stack for
+//! the off-CPU stacks among its hits ([`Counters::offcpu_stacks`]: the `sched_switch` program takes those,
+//! not the sampler). The thread-state programs also run, filtered out
 //! after two lookups, for every other switch on the machine: that cost is everyone's, not the target's.
+//!
+//! What runs in the target on llmprof's behalf without a probe hit — the injected CUPTI helper — is
+//! [`CuptiCost`]'s: the CPU time of CUPTI's buffer thread and of the helper's callbacks, measured by the
+//! helper itself (its thread's CLOCK_THREAD_CPUTIME_ID, in the counters llmprof reads from the target's
+//! memory), plus CUPTI's work in the threads that launch (timestamps and records of each activity, inside
+//! the CUDA calls), which no counter shows: the records CUPTI wrote × [`CUPTI_RECORD_NS`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -31,7 +40,7 @@ use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
 use crate::capture::DECODED_SYSCALLS;
 
 use llmprof_trace::calibration::Calibration;
-use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
+use llmprof_trace::event::{CuptiEstimate, Degradation, OverheadSample, OverheadSummary};
 
 /// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
 const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
@@ -52,6 +61,65 @@ pub struct Counters {
     pub syscalls_decoded: u64,
     /// Of the `cuda` hits, the calls counted by the entry-only probe (the rest were timed by the pair).
     pub cuda_counted: u64,
+    /// Of the `cpu_sample` hits, the off-CPU stacks (taken by the `sched_switch` program at a blocking
+    /// switch, charged at their own calibrated cost; the rest are the sampler's on-CPU samples).
+    pub offcpu_stacks: u64,
+    /// The injected CUPTI helpers' counters since this session started them
+    /// ([`crate::gpu::inject::GpuKernels::counters`]; zero without them).
+    pub cupti: CuptiCounters,
+}
+
+/// The CUPTI helpers' own counters that the estimate uses, summed over the processes that record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CuptiCounters {
+    /// CUPTI records written (every kind).
+    pub records: u64,
+    /// CPU time of CUPTI's buffer thread and the helper's callbacks, ns (measured in the target).
+    pub thread_cpu_ns: u64,
+}
+
+/// CUPTI's work in a launching thread per record it writes, ns: taking the timestamps and filling the
+/// record inside the CUDA call. Not measurable from outside the CUDA call and not in any counter; this figure
+/// is an assumption for the estimate until `tools/gpu/bench_attach.py` measures it on a GPU (it prints the
+/// cost per CUPTI record it saw: the A/B loss of the default mode over `--gpu-kernels off`, per record).
+pub const CUPTI_RECORD_NS: f64 = 300.0;
+
+/// What the injected CUPTI helper adds to the target (see the module doc): measured thread CPU plus records ×
+/// [`CUPTI_RECORD_NS`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CuptiCost {
+    /// Assumed ns per record in the launching threads.
+    pub per_record_ns: f64,
+}
+
+impl CuptiCost {
+    /// The estimate's parts.
+    pub fn new() -> Self {
+        Self {
+            per_record_ns: CUPTI_RECORD_NS,
+        }
+    }
+
+    /// Estimated ns between two readings: (measured thread CPU, records × the per-record figure).
+    pub fn added_ns(&self, before: &CuptiCounters, now: &CuptiCounters) -> (f64, f64) {
+        let thread = now.thread_cpu_ns.saturating_sub(before.thread_cpu_ns) as f64;
+        let records = now.records.saturating_sub(before.records) as f64;
+        (thread, records * self.per_record_ns)
+    }
+
+    /// The whole session's part of the summary.
+    pub fn estimate(&self, before: &CuptiCounters, now: &CuptiCounters) -> Option<CuptiEstimate> {
+        if now.records == 0 && now.thread_cpu_ns == 0 {
+            return None;
+        }
+        let (thread, records) = self.added_ns(before, now);
+        Some(CuptiEstimate {
+            added_ns: thread + records,
+            thread_cpu_ns: thread,
+            records: now.records.saturating_sub(before.records),
+            per_record_ns: self.per_record_ns,
+        })
+    }
 }
 
 /// The counters and clocks at one instant.
@@ -200,6 +268,7 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
     let probe = cal.probe_ns.unwrap_or(0.0);
     let syscalls = syscalls_added_ns(cal, before, now);
     let (before_counted, now_counted) = (before.cuda_counted, now.cuda_counted);
+    let (offcpu_before, offcpu_now) = (before.offcpu_stacks, now.offcpu_stacks);
     let (before, now) = (&before.probes, &now.probes);
     for (i, slot) in out.iter_mut().enumerate() {
         let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
@@ -208,7 +277,9 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
         } else if i == ProbeId::CpuSample as usize {
-            hits * cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0)
+            let on_cpu = cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0);
+            let offcpu = (offcpu_now.saturating_sub(offcpu_before) as f64).min(hits);
+            (hits - offcpu) * on_cpu + offcpu * cal.offcpu_stack_ns.or(cal.sample_ns).unwrap_or(on_cpu)
         } else if i == ProbeId::Cuda as usize {
             let counted = (now_counted.saturating_sub(before_counted) as f64).min(hits);
             let pair = cal.cuda_call_ns.unwrap_or(probe);
@@ -249,6 +320,7 @@ pub fn overhead_pct(added_ns: f64, target_cpu_ns: f64) -> f64 {
 pub struct SelfAccount {
     targets: TargetCpu,
     cal: Calibration,
+    cupti: CuptiCost,
     start: Snapshot,
     last: Snapshot,
     max_rss: u64,
@@ -295,6 +367,7 @@ impl SelfAccount {
         SelfAccount {
             targets,
             cal,
+            cupti: CuptiCost::new(),
             start: s,
             last: s,
             max_rss: rss_bytes(),
@@ -312,9 +385,14 @@ impl SelfAccount {
         let now = Snapshot::take(&self.targets, counters);
         let rss = rss_bytes();
         self.max_rss = self.max_rss.max(rss);
+        let (thread, records) = self
+            .cupti
+            .added_ns(&self.last.counters.cupti, &now.counters.cupti);
         let added: f64 = added_ns(&self.cal, &self.last.counters, &now.counters)
             .iter()
-            .sum();
+            .sum::<f64>()
+            + thread
+            + records;
         let target = match (self.last.target_cpu_ns, now.target_cpu_ns) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
@@ -346,7 +424,10 @@ impl SelfAccount {
         let now = Snapshot::take(&self.targets, counters);
         self.max_rss = self.max_rss.max(rss_bytes()).max(max_rss_bytes());
         let by_probe = added_ns(&self.cal, &self.start.counters, &now.counters);
-        let added: f64 = by_probe.iter().sum();
+        let cupti = self
+            .cupti
+            .estimate(&self.start.counters.cupti, &now.counters.cupti);
+        let added: f64 = by_probe.iter().sum::<f64>() + cupti.as_ref().map_or(0.0, |c| c.added_ns);
         // The target may be gone at the end: its CPU up to the last reading then.
         let end_cpu = now.target_cpu_ns.or(self.last.target_cpu_ns);
         let target = match (self.start.target_cpu_ns, end_cpu) {
@@ -368,6 +449,7 @@ impl SelfAccount {
             events_not_written: 0,
             symbolized_stacks: 0,
             symbolize_ns: 0.0,
+            cupti,
             ..OverheadSummary::default()
         };
         self.charge_shared_cpus(&mut summary);
@@ -498,8 +580,7 @@ mod tests {
         };
         let now = Counters {
             probes: c,
-            syscalls_decoded: 0,
-            cuda_counted: 0,
+            ..Counters::default()
         };
         let a = added_ns(&cal(), &before, &now);
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
@@ -566,6 +647,58 @@ mod tests {
         assert_eq!(
             syscalls_added_ns(&two, &syscalls(0, 50), &syscalls(10, 20)),
             10.0 * 1_000.0
+        );
+    }
+
+    #[test]
+    fn off_cpu_stacks_are_charged_their_own_cost_and_samples_the_samplers() {
+        let c = Calibration {
+            sample_ns: Some(1_500.0),
+            sample_live_ns: Some(7_000.0),
+            offcpu_stack_ns: Some(2_000.0),
+            ..cal()
+        };
+        let mut now = Counters {
+            offcpu_stacks: 90,
+            ..Counters::default()
+        };
+        now.probes[ProbeId::CpuSample as usize].hits = 100;
+        let before = Counters::default();
+        // 10 on-CPU samples at the live figure, 90 off-CPU stacks at theirs.
+        assert_eq!(
+            added_ns(&c, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 2_000.0
+        );
+        // Off-CPU stacks not calibrated: the sampler's calibrated figure per stack walk.
+        let no_offcpu = Calibration {
+            offcpu_stack_ns: None,
+            ..c
+        };
+        assert_eq!(
+            added_ns(&no_offcpu, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 1_500.0
+        );
+    }
+
+    #[test]
+    fn the_cupti_helper_is_its_measured_threads_plus_records_at_the_assumed_figure() {
+        let cost = CuptiCost::new();
+        let before = CuptiCounters {
+            records: 1_000,
+            thread_cpu_ns: 5_000_000,
+        };
+        let now = CuptiCounters {
+            records: 11_000,
+            thread_cpu_ns: 7_000_000,
+        };
+        let e = cost.estimate(&before, &now).unwrap();
+        assert_eq!(e.records, 10_000);
+        assert_eq!(e.thread_cpu_ns, 2e6);
+        assert_eq!(e.added_ns, 2e6 + 10_000.0 * CUPTI_RECORD_NS);
+        assert_eq!(
+            cost.estimate(&CuptiCounters::default(), &CuptiCounters::default()),
+            None,
+            "no helper, no part"
         );
     }
 

@@ -280,21 +280,39 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
             "{f}"
         );
     }
-    // Every CUDA slice says it is host time, has the cuda-host category, and sits on a track of the calling
-    // thread (a child of its thread track, which the trace processor files under the thread).
+    // Every CUDA slice has the cuda-host category and sits on a track of the calling thread (a child of its
+    // thread track, which the trace processor files under the thread); one slice of each such track (its
+    // first written) says it is host time.
     assert_eq!(
         q(
             &mut tp,
             &format!(
                 "select count(*) from slice s join track t on s.track_id = t.id \
-                 where t.name = '{}' and (s.category != '{}' or extract_arg(s.arg_set_id, '{}') != '{}')",
+                 where t.name = '{}' and s.category != '{}'",
                 track::CUDA,
                 category::CUDA_HOST,
+            )
+        ),
+        0
+    );
+    assert_eq!(
+        q(
+            &mut tp,
+            &format!(
+                "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}' \
+                 and extract_arg(s.arg_set_id, '{}') = '{}'",
+                track::CUDA,
                 tp_arg(arg::NOTE),
                 arg::CUDA_NOTE
             )
         ),
-        0
+        q(
+            &mut tp,
+            &format!(
+                "select count(distinct t.id) from track t join slice s on s.track_id = t.id where t.name = '{}'",
+                track::CUDA
+            )
+        )
     );
     assert_eq!(
         q(

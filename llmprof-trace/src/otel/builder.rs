@@ -172,6 +172,7 @@ impl SpanBuilder {
             }
             EventBody::GpuApi(c) => self.gpu.api(ev.pid, ev.tid, c),
             EventBody::GpuWork(w) => self.gpu.work(ev.pid, w),
+            EventBody::GpuBusy(b) => self.gpu.busy(ev.pid, b),
             EventBody::SlowSyscall { nr, ret, dur_ns } => {
                 let attrs = vec![
                     KeyValue::new(sc::LLMPROF_SYSCALL_NR, *nr as i64),

@@ -223,6 +223,10 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
             let f = |k: &str| arg_f(&s.args, k);
             r.overhead = Some(OverheadReport {
                 est_target_cpu_ms: f(arg::OVERHEAD_EST_TARGET_CPU_MS),
+                est_cupti_ms: f(arg::OVERHEAD_EST_CUPTI_MS),
+                cupti_thread_cpu_ms: f(arg::CUPTI_THREAD_CPU_MS),
+                cupti_records: f(arg::CUPTI_RECORDS).map(|v| v as u64),
+                cost_ns_cupti_record: f(arg::COST_NS_CUPTI_RECORD),
                 est_target_pct: f(arg::OVERHEAD_EST_TARGET_PCT),
                 target_cpu_ms: f(arg::TARGET_CPU_MS),
                 by_probe_ms: value::pairs(arg_s(&s.args, arg::OVERHEAD_BY_PROBE_MS).unwrap_or(""))

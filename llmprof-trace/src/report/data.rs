@@ -373,6 +373,15 @@ pub struct DegradationRow {
 pub struct OverheadReport {
     /// Estimated CPU added to the target, ms.
     pub est_target_cpu_ms: Option<f64>,
+    /// Of it, the injected CUPTI helper's: CUPTI's buffer thread and the helper's callbacks (measured in the
+    /// target) + records × an assumed per-record cost in the launching threads, ms.
+    pub est_cupti_ms: Option<f64>,
+    /// The measured part of [`OverheadReport::est_cupti_ms`], ms.
+    pub cupti_thread_cpu_ms: Option<f64>,
+    /// CUPTI records written.
+    pub cupti_records: Option<u64>,
+    /// The assumed per-record cost, ns.
+    pub cost_ns_cupti_record: Option<f64>,
     /// The same as a % of the target's own CPU time.
     pub est_target_pct: Option<f64>,
     /// The target's CPU time during the session, ms.

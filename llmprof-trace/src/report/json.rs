@@ -482,6 +482,9 @@ struct Overhead<'a> {
     est_target_pct: Option<Num>,
     target_cpu_ms: Option<Num>,
     by_probe_ms: ByProbe,
+    est_cupti_ms: Option<Num>,
+    cupti_thread_cpu_ms: Option<Num>,
+    cupti_records: Option<u64>,
     llmprof_cpu_ms: Option<Num>,
     llmprof_cpu_pct: Option<Num>,
     llmprof_max_rss_mib: Option<Num>,
@@ -510,6 +513,9 @@ impl<'a> Overhead<'a> {
             est_target_pct: opt(o.est_target_pct),
             target_cpu_ms: opt(o.target_cpu_ms),
             by_probe_ms: ByProbe::of(&o.by_probe_ms),
+            est_cupti_ms: opt(o.est_cupti_ms),
+            cupti_thread_cpu_ms: opt(o.cupti_thread_cpu_ms),
+            cupti_records: o.cupti_records,
             llmprof_cpu_ms: opt(o.llmprof_cpu_ms),
             llmprof_cpu_pct: opt(o.llmprof_cpu_pct),
             llmprof_max_rss_mib: opt(o.llmprof_max_rss_mib),
@@ -525,6 +531,7 @@ impl<'a> Overhead<'a> {
                 offcpu_stack: opt(o.cost_ns_offcpu_stack),
                 http_request: opt(o.cost_ns_http_request),
                 http_sse_write: opt(o.cost_ns_http_sse_write),
+                cupti_record: opt(o.cost_ns_cupti_record),
             },
             symbolized_stacks: o.symbolized_stacks,
             symbolize_ms: opt(o.symbolize_ms),
@@ -588,6 +595,7 @@ struct CostNs {
     offcpu_stack: Option<Num>,
     http_request: Option<Num>,
     http_sse_write: Option<Num>,
+    cupti_record: Option<Num>,
 }
 
 /// One `overhead.degradations` entry.

@@ -54,20 +54,21 @@
 //!   summary is missing); `offcpu_not_taken`: off-CPU stacks the kernel's per-CPU rate bound did not take, by
 //!   design (not a loss, not in `total_dropped`; `null` when none or an older trace).
 //! - `overhead`: llmprof's self-accounting, `null` for traces without it: `{est_target_cpu_ms,
-//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, llmprof_cpu_ms, llmprof_cpu_pct,
-//!   llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe, engine_probe_sampled_out,
-//!   cuda_call}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
+//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, est_cupti_ms, cupti_thread_cpu_ms, cupti_records,
+//!   llmprof_cpu_ms, llmprof_cpu_pct, llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe,
+//!   engine_probe_sampled_out, cuda_call, ..., cupti_record}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
 //!   syscalls_counted}],
 //!   size_limit_bytes, size_limit_reached, events_not_written, symbolize_addresses, symbolize_unknown,
 //!   symbolize_unmapped, symbolize_resolve_ms, llmprof_cpu_charged_ms, shared_cpus, shared_idle_pct}`; `est_target_pct` is the
 //!   estimated CPU llmprof added as a % of the target's own CPU time (the `--overhead-budget` measure):
 //!   the probes' cost per hit, plus `llmprof_cpu_charged_ms`, llmprof's own CPU that the target lost because
-//!   they share CPUs it keeps busy (`shared_idle_pct`: idle share of those `shared_cpus`), `at_s` seconds
-//!   from the first slice or instant of the trace. `symbolize_*`: distinct addresses llmprof symbolized,
-//!   those no symbol named, and of those the ones in no mapping (a frame-pointer walk gone astray in code
-//!   without frame pointers); `symbolize_resolve_ms`: the part of `symbolize_ms` spent on addresses not seen
-//!   before (each library's symbols read once), the rest is the per-stack cost of the cache. Missing values
-//!   are `null`.
+//!   they share CPUs it keeps busy (`shared_idle_pct`: idle share of those `shared_cpus`), and
+//!   `est_cupti_ms`, the injected CUPTI helper's part (`cupti_thread_cpu_ms` measured in the target +
+//!   `cupti_records` × `cost_ns.cupti_record`); `at_s` seconds from the first slice or instant of the trace.
+//!   `symbolize_*`: distinct addresses llmprof symbolized, those no symbol named, and of those the ones in no
+//!   mapping (a frame-pointer walk gone astray in code without frame pointers); `symbolize_resolve_ms`: the
+//!   part of `symbolize_ms` spent on addresses not seen before (each library's symbols read once), the rest is
+//!   the per-stack cost of the cache. Missing values are `null`.
 //! - `gpu`: the GPU layer, `null` when the trace has none of it (no NVML counter, no CUDA driver call slice,
 //!   no GPU marker): `{gpus: [{index, name, counters: [{metric, unit, samples, mean, max, last}],
 //!   process_memory_mib: [{pid, samples, mean, max, last}]}], cuda: {functions: [{function, calls, total_ms,

@@ -457,6 +457,15 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         f(o.cost_ns_cuda_call, 0),
         o.probe_entry.as_deref().unwrap_or("entry not measured")
     );
+    if let Some(c) = o.est_cupti_ms {
+        let _ = writeln!(
+            out,
+            "  of it, the CUPTI helper in the target: {c:.1} ms = its threads {} ms (measured there) + {} CUPTI records × {} ns (assumed: CUPTI's work inside the CUDA calls)",
+            f(o.cupti_thread_cpu_ms, 1),
+            o.cupti_records.unwrap_or(0),
+            f(o.cost_ns_cupti_record, 0)
+        );
+    }
     if !o.by_probe_ms.is_empty() {
         let parts: Vec<String> = o
             .by_probe_ms

@@ -137,7 +137,13 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
         ),
         _ => String::new(),
     };
-    let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0);
+    let cupti = ov.cupti.as_ref().map_or(0.0, |c| c.added_ns);
+    let cupti_part = if cupti > 0.0 {
+        format!(", CUPTI helper {:.1} ms", cupti / 1e6)
+    } else {
+        String::new()
+    };
+    let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0) - cupti;
     let per_stack = symbolize.filter(|s| s.samples > 0).map_or(String::new(), |s| {
         format!(
             ", symbolizing {:.0} µs per stack (+ {:.0} ms reading {} new addresses' symbols)",
@@ -148,7 +154,7 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
     });
     [
         format!(
-            "{pct} {:.1} ms: probes {:.1} ms{shared}",
+            "{pct} {:.1} ms: probes {:.1} ms{cupti_part}{shared}",
             ov.est_added_ns / 1e6,
             probes / 1e6
         ),
@@ -237,11 +243,14 @@ fn details(o: &mut String, r: &AttachReport) {
     if g.chunks + g.bad_chunks > 0 {
         let _ = writeln!(
             o,
-            "    GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} (CUPTI/helper \
-             dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
+            "    GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits/graph launches, {} API calls, {} \
+             summary rows, {} busy intervals; lost: {} (CUPTI/helper dropped {}, chunks refused {}, records skipped \
+             {}, names skipped {}; chunks missed {})",
             g.chunks,
             g.activities,
             g.api_calls,
+            g.summaries,
+            g.busy,
             g.lost(),
             g.helper_dropped,
             g.bad_chunks,
@@ -288,6 +297,18 @@ fn details(o: &mut String, r: &AttachReport) {
     }
     if let Some(c) = r.stats.overhead.as_ref().and_then(|ov| ov.calibration.as_ref()) {
         costs(o, c);
+    }
+    if let Some(c) = r.stats.overhead.as_ref().and_then(|ov| ov.cupti.as_ref()) {
+        let _ = writeln!(
+            o,
+            "    CUPTI helper in the target: est. {:.1} ms CPU = CUPTI's buffer thread and the helper's callbacks, \
+             {:.1} ms (measured there) + {} CUPTI records × {:.0} ns in the launching threads (an assumed figure: \
+             not measurable from outside the CUDA calls)",
+            c.added_ns / 1e6,
+            c.thread_cpu_ns / 1e6,
+            c.records,
+            c.per_record_ns
+        );
     }
     if let Some(ot) = &r.otel {
         let _ = writeln!(

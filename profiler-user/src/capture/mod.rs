@@ -55,12 +55,16 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/llmprof-ebpf.o"));
 
 /// How often [`Capture::poll`] looks at the ring when the kernel does not wake it (the programs submit
-/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 64 MiB ring far from full at millions of events/s.
+/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 16 MiB ring far from full at a million events/s.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Default slow-syscall threshold (`--slow-syscall`), as documented in the CLI.
 pub const DEFAULT_SLOW_SYSCALL: Duration = Duration::from_millis(1);
-/// Default ring size: 64 MiB dropped nothing in a 1M-event burst here (docs/performance.md, Capture).
-pub const DEFAULT_RING_BYTES: usize = 64 << 20;
+/// Default ring size. The kernel maps a ring's pages twice into llmprof (for records that wrap around), all
+/// resident from the start: 16 MiB is 32 MiB of llmprof's RSS, and 0.5–1 s of events at the highest rates
+/// measured (docs/performance.md, Capture).
+pub const DEFAULT_RING_BYTES: usize = 16 << 20;
+/// Ring size of the deep GPU mode (`--gpu-kernels all`): every CUPTI record in 16 KiB chunks.
+pub const DEEP_RING_BYTES: usize = 64 << 20;
 /// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
 const MAX_RECORDS_PER_POLL: usize = 1 << 16;
 /// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.
@@ -328,9 +332,10 @@ pub struct Capture {
     cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
-    /// The counting uprobes' links, by process (detached when CUPTI delivers that process's launches).
+    /// The links of the calls CUPTI also records (launch-type calls, counted or timed, and the synchronize
+    /// calls), by process: detached when the injected helper records that process.
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
-    /// Processes whose launch-type calls come from the injected CUPTI helper: not probed.
+    /// Processes whose launch-type and synchronize calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
     /// The untraced syscall references ([`CaptureConfig::measure_untraced`]).
     untraced: Option<calibrate::Untraced>,
@@ -356,6 +361,8 @@ pub struct Capture {
     self_pid: u32,
     /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
     samples_decoded: u64,
+    /// Off-CPU stacks of the targets decoded (charged at their own cost by the self-accounting).
+    offcpu_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
     /// The GPU activity handoff probe and its chunk decoder.
@@ -685,6 +692,7 @@ impl Capture {
             sampler,
             self_pid: std::process::id(),
             samples_decoded: 0,
+            offcpu_decoded: 0,
             held: Vec::new(),
             gpu: gpu_activity::GpuCapture::default(),
         };
@@ -774,7 +782,10 @@ impl Capture {
         let mut first_err = None;
         for &(offset, cookie) in points {
             let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
-            if launch_type && self.launches_from_cupti.contains(&pid) {
+            let sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32)
+                .is_some_and(|f| f.class() == llmprof_abi::CudaClass::Sync);
+            let cupti_records_it = launch_type || sync;
+            if cupti_records_it && self.launches_from_cupti.contains(&pid) {
                 continue;
             }
             let counted = self.cuda_counted && launch_type;
@@ -792,7 +803,7 @@ impl Capture {
                 };
                 match p.attach(point, lib, UProbeScope::OneProcess(nz)) {
                     Ok(id) => match p.take_link(id) {
-                        Ok(link) if counted => self.cuda_count_links.push((pid, link)),
+                        Ok(link) if cupti_records_it => self.cuda_count_links.push((pid, link)),
                         Ok(link) => self.cuda_links.push(link),
                         Err(_) => {}
                     },
@@ -841,9 +852,9 @@ impl Capture {
         }
     }
 
-    /// The injected CUPTI helper records `pid`'s driver calls and kernels: its launch-type calls are no
-    /// longer probed at all (the counting uprobes of `pid` go; none is attached later). Returns how many
-    /// links went.
+    /// The injected CUPTI helper records `pid`'s kernels, graph launches and waits: its launch-type and
+    /// synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
+    /// attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.launches_from_cupti.insert(pid);
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cuda_count_links)
@@ -998,6 +1009,7 @@ impl Capture {
                     && rec.hdr.pid != self.self_pid
                 {
                     self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
+                    self.offcpu_decoded += u64::from(kind == Some(EventKind::OffCpuStack));
                     self.held.push(s.event(&rec));
                 }
             } else if kind == Some(EventKind::PyStack) {
@@ -1196,6 +1208,8 @@ impl Capture {
             probes: self.counters(),
             syscalls_decoded: self.syscalls_decoded(),
             cuda_counted: self.cuda_counted_calls(),
+            offcpu_stacks: self.offcpu_decoded,
+            cupti: Default::default(),
         }
     }
 

@@ -44,7 +44,11 @@ pub enum Kind {
     Llama(load::EngineArgs),
     /// Target CPU per CUDA kernel launch against the stand-in libcuda: detached, `--cuda-calls counted`
     /// (the default), `--cuda-calls all`, interleaved (root).
-    #[command(after_help = "Example: sudo cargo xtask bench cuda --rounds 5")]
+    /// With `--cupti`, the stand-in CUPTI too: detached, the default kernel summaries, `--gpu-kernels all`,
+    /// `--gpu-kernels off` (the CPU twin of `tools/gpu/bench_attach.py`).
+    #[command(
+        after_help = "Example: sudo cargo xtask bench cuda --rounds 5; sudo cargo xtask bench cuda --cupti"
+    )]
     Cuda(cuda::Args),
     /// `llmprof attach` on an idle target: command to "probes live", and the calibration beside the session
     /// (root).

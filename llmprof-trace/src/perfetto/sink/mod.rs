@@ -318,6 +318,8 @@ impl<W: Write> TraceSink<W> {
             EventBody::OffCpuStack(s) => self.offcpu_stack(ev, s),
             EventBody::GpuWork(g) => self.gpu_work(ev, g),
             EventBody::GpuApi(c) => self.gpu_api(ev, c),
+            EventBody::GpuBusy(b) => self.gpu_busy(ev, b),
+            EventBody::GpuSummary(w) => self.gpu_window(ev, w),
         }
     }
 

@@ -174,6 +174,12 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
             args.push(arg_f(arg::SHARED_IDLE_PCT, p));
         }
     }
+    if let Some(c) = &o.cupti {
+        args.push(arg_f(arg::OVERHEAD_EST_CUPTI_MS, c.added_ns / 1e6));
+        args.push(arg_f(arg::CUPTI_THREAD_CPU_MS, c.thread_cpu_ns / 1e6));
+        args.push(arg_u(arg::CUPTI_RECORDS, c.records));
+        args.push(arg_f(arg::COST_NS_CUPTI_RECORD, c.per_record_ns));
+    }
     if let Some(p) = o.est_overhead_pct {
         args.push(arg_f(arg::OVERHEAD_EST_TARGET_PCT, p));
     }
