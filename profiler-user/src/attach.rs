@@ -1133,7 +1133,10 @@ impl<'a> Session<'a> {
             let f = self.capture.live_sample_cost_finish(c);
             self.acct.set_live(f);
         }
-        let final_counters = self.counters();
+        let final_counters = crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        };
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),
