@@ -1,32 +1,36 @@
 //! The OpenAI-compatible HTTP API (axum): `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
 //! `/metrics`, `/admin/reload`.
 //!
-//! Owns request validation, tokenization (range `tokenize`), the wire format (JSON and SSE with `data: [DONE]`,
-//! `stream_options.include_usage`), the trace context headers (`traceparent`, `x-request-id`, echoed back) and the
-//! OpenAI-style error body `{"error":{"message","type","param","code"}}` for every failure: 400 for malformed or
-//! ill-typed input and prompts that do not fit, 404 for unknown models and routes, 429 when the queue is full.
+//! Owns request validation, tokenization (range `tokenize`), the trace context headers (`traceparent`,
+//! `x-request-id`, echoed back) and the OpenAI-style error body `{"error":{"message","type","param","code"}}` for
+//! every failure: 400 for malformed or ill-typed input, prompts that do not fit and fields llmserve does not honour
+//! (each named in `param`: `response_format` other than text, `logit_bias`, tools), 404 for unknown models and
+//! routes, 429 when the queue is full. The sampling fields OpenAI clients send are honoured (`temperature`,
+//! `top_p`, `presence_penalty`, `frequency_penalty`, `seed`, `n` up to [`MAX_N`], `logprobs`/`top_logprobs`,
+//! `stop`, `stream_options.include_usage`), and vLLM's `top_k`, `min_p` and `repetition_penalty`. The response
+//! bodies (JSON and SSE with `data: [DONE]`) are written by `output`.
 //! It never runs model compute and never blocks a runtime thread on the engine; dropping a response (client gone)
 //! drops its output channel, which the engine sees as a cancellation.
 
-use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use llmprof_abi::FinishReason;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::engine::{Chunk, EngineHandle, Finish, GenRequest, Range, Reloaded, SubmitError};
-use crate::sampling::SamplingParams;
+use crate::engine::{EngineHandle, GenRequest, Range, Reloaded, SubmitError};
+use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams};
 use crate::trace_context::{TraceContext, sanitize_request_id};
+
+mod output;
 
 /// Default `max_tokens` of `/v1/completions` (OpenAI's documented default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: usize = 16;
@@ -214,7 +218,7 @@ struct ChatMessageIn {
     content: Option<Content>,
 }
 
-/// Fields shared by both endpoints.
+/// Fields shared by both endpoints (`logprobs` differs in type: a boolean in chat, a number in completions).
 #[derive(Deserialize)]
 struct Common {
     model: Option<String>,
@@ -222,12 +226,30 @@ struct Common {
     max_completion_tokens: Option<u64>,
     temperature: Option<f32>,
     top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
     seed: Option<i64>,
     stop: Option<StopSpec>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
-    n: Option<u32>,
+    n: Option<i64>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
+    response_format: Option<Value>,
+    logit_bias: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    functions: Option<Value>,
+    echo: Option<bool>,
+    best_of: Option<i64>,
+    suffix: Option<String>,
 }
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_N: usize = 16;
 
 #[derive(Deserialize)]
 struct ChatBody {
@@ -254,6 +276,8 @@ struct CompletionBody {
 /// The request as the handlers need it, after validation.
 struct Prepared {
     req: GenRequest,
+    /// Choices to generate (`n`).
+    n: usize,
     stream: bool,
     include_usage: bool,
     x_request_id: Option<String>,
@@ -290,23 +314,16 @@ fn validate_common(
             code: Some("model_not_found"),
         });
     }
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported", Some("n")));
-    }
-    let temperature = c.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
+    let n = c.n.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
         return Err(ApiError::bad(
-            format!("temperature must be between 0 and 2, got {temperature}"),
-            Some("temperature"),
+            format!("n must be between 1 and {MAX_N}, got {n}"),
+            Some("n"),
         ));
     }
-    let top_p = c.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad(
-            format!("top_p must be in (0, 1], got {top_p}"),
-            Some("top_p"),
-        ));
-    }
+    refuse_unsupported(c, is_chat)?;
+    let sampling = sampling_params(c)?;
+    let logprobs = logprobs_of(c, is_chat)?;
     let max_tokens = c.max_completion_tokens.or(c.max_tokens);
     if max_tokens == Some(0) {
         return Err(ApiError::bad("max_tokens must be at least 1", Some("max_tokens")));
@@ -334,14 +351,16 @@ fn validate_common(
         req: GenRequest {
             prompt: Vec::new(),
             max_tokens: max_tokens.map_or(usize::MAX, |m| m.min(u32::MAX as u64) as usize),
-            sampling: SamplingParams { temperature, top_p },
+            sampling,
             seed: c.seed.map(|s| s as u64),
+            logprobs,
             stop,
             trace,
             x_request_id: x_request_id.clone(),
             is_chat,
             arrival: Instant::now(),
         },
+        n: n as usize,
         stream: c.stream.unwrap_or(false),
         include_usage: c
             .stream_options
@@ -350,6 +369,169 @@ fn validate_common(
             .unwrap_or(false),
         x_request_id,
     })
+}
+
+/// A number field in `[lo, hi]` (`None` when absent).
+fn in_range(v: Option<f32>, lo: f32, hi: f32, name: &'static str) -> Result<Option<f32>, ApiError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::bad(
+            format!("{name} must be between {lo} and {hi}, got {x}"),
+            Some(name),
+        )),
+        v => Ok(v),
+    }
+}
+
+/// The sampling fields: OpenAI's (`temperature`, `top_p`, `presence_penalty`, `frequency_penalty`) and vLLM's
+/// (`top_k`: -1 or 0 disables; `min_p`; `repetition_penalty`), each checked against its range.
+fn sampling_params(c: &Common) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let top_p = c.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad(
+            format!("top_p must be in (0, 1], got {top_p}"),
+            Some("top_p"),
+        ));
+    }
+    let top_k = match c.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(k) => {
+            return Err(ApiError::bad(
+                format!("top_k must be -1 (off) or at least 1, got {k}"),
+                Some("top_k"),
+            ));
+        }
+    };
+    let repetition_penalty = c.repetition_penalty.unwrap_or(d.repetition_penalty);
+    if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+        return Err(ApiError::bad(
+            format!("repetition_penalty must be a positive number, got {repetition_penalty}"),
+            Some("repetition_penalty"),
+        ));
+    }
+    Ok(SamplingParams {
+        temperature: in_range(c.temperature, 0.0, 2.0, "temperature")?.unwrap_or(d.temperature),
+        top_p,
+        top_k,
+        min_p: in_range(c.min_p, 0.0, 1.0, "min_p")?.unwrap_or(d.min_p),
+        presence_penalty: in_range(c.presence_penalty, -2.0, 2.0, "presence_penalty")?
+            .unwrap_or(d.presence_penalty),
+        frequency_penalty: in_range(c.frequency_penalty, -2.0, 2.0, "frequency_penalty")?
+            .unwrap_or(d.frequency_penalty),
+        repetition_penalty,
+    })
+}
+
+/// `logprobs` and `top_logprobs`: in chat `logprobs` is a boolean and `top_logprobs` (0 to 20, only with
+/// `logprobs: true`) the alternatives per token; in completions `logprobs` is the number of alternatives (0 to
+/// 20). `None`: no log-probabilities.
+fn logprobs_of(c: &Common, is_chat: bool) -> Result<Option<u8>, ApiError> {
+    let count = |v: &Value, name: &'static str| -> Result<u8, ApiError> {
+        v.as_u64()
+            .filter(|&n| n as usize <= MAX_TOP_LOGPROBS)
+            .map(|n| n as u8)
+            .ok_or_else(|| {
+                ApiError::bad(
+                    format!("{name} must be an integer between 0 and {MAX_TOP_LOGPROBS}, got {v}"),
+                    Some(name),
+                )
+            })
+    };
+    let top = c.top_logprobs.as_ref().filter(|v| !v.is_null());
+    if !is_chat {
+        if top.is_some() {
+            return Err(ApiError::bad(
+                "top_logprobs belongs to chat completions; in completions, logprobs is the number of alternatives",
+                Some("top_logprobs"),
+            ));
+        }
+        return match c.logprobs.as_ref().filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => count(v, "logprobs").map(Some),
+        };
+    }
+    let on = match c.logprobs.as_ref().filter(|v| !v.is_null()) {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::bad(
+                format!("logprobs must be true or false in chat completions, got {v}"),
+                Some("logprobs"),
+            ));
+        }
+    };
+    match (on, top) {
+        (false, None) => Ok(None),
+        (false, Some(v)) if v.as_u64() == Some(0) => Ok(None),
+        (false, Some(_)) => Err(ApiError::bad(
+            "top_logprobs needs logprobs: true",
+            Some("top_logprobs"),
+        )),
+        (true, None) => Ok(Some(0)),
+        (true, Some(v)) => count(v, "top_logprobs").map(Some),
+    }
+}
+
+/// Refuses, naming the field, what llmserve does not do: structured output (`response_format` other than
+/// text), `logit_bias`, tools and functions, and in completions `echo`, `best_of` > 1 and `suffix`.
+fn refuse_unsupported(c: &Common, is_chat: bool) -> Result<(), ApiError> {
+    if let Some(rf) = c.response_format.as_ref().filter(|v| !v.is_null()) {
+        let kind = rf.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return Err(ApiError::bad(
+                format!(
+                    "response_format {} is not supported: llmserve generates free text only \
+                     ({{\"type\": \"text\"}}); there is no JSON mode or schema-constrained decoding",
+                    kind.map_or_else(|| rf.to_string(), |k| format!("{k:?}"))
+                ),
+                Some("response_format"),
+            ));
+        }
+    }
+    let non_empty = |v: &Option<Value>| {
+        v.as_ref().is_some_and(|v| match v {
+            Value::Null => false,
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(o) => !o.is_empty(),
+            _ => true,
+        })
+    };
+    if non_empty(&c.logit_bias) {
+        return Err(ApiError::bad("logit_bias is not supported", Some("logit_bias")));
+    }
+    for (v, name) in [(&c.tools, "tools"), (&c.functions, "functions")] {
+        if non_empty(v) {
+            return Err(ApiError::bad(
+                format!("{name} are not supported: llmserve does not call tools"),
+                Some(name),
+            ));
+        }
+    }
+    if c.tool_choice
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.as_str() != Some("none"))
+    {
+        return Err(ApiError::bad(
+            "tool_choice is not supported: llmserve does not call tools",
+            Some("tool_choice"),
+        ));
+    }
+    if !is_chat {
+        if c.echo == Some(true) {
+            return Err(ApiError::bad("echo is not supported", Some("echo")));
+        }
+        if c.best_of.is_some_and(|b| b != 1 && Some(b) != c.n) {
+            return Err(ApiError::bad(
+                "best_of is not supported (only best_of = n)",
+                Some("best_of"),
+            ));
+        }
+        if c.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad("suffix is not supported", Some("suffix")));
+        }
+    }
+    Ok(())
 }
 
 fn now_unix() -> u64 {
@@ -514,23 +696,6 @@ fn model_vocab_guard<'a>(
     Ok(ids)
 }
 
-fn finish_name(f: &Finish) -> &'static str {
-    match f.reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Abort => "abort",
-        _ => "error",
-    }
-}
-
-fn usage_json(f: &Finish) -> Value {
-    json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-    })
-}
-
 async fn run(
     st: Arc<AppState>,
     p: Prepared,
@@ -543,150 +708,34 @@ async fn run(
     req.max_tokens = req
         .max_tokens
         .min(st.engine.max_seq_tokens().saturating_sub(prompt_len).max(1));
-    let sub = st.engine.submit(req).map_err(|e| submit_error(e, param))?;
-    let id = format!("{}-{}", if is_chat { "chatcmpl" } else { "cmpl" }, sub.id);
-    let created = now_unix();
-    let model = st.served_model_name.clone();
+    // Each choice is an engine request of its own; with a seed, choice i draws with seed + i (vLLM's way), so
+    // the choices differ and the response is reproducible. Refusing one drops the others (a cancellation).
+    let mut rxs = Vec::with_capacity(p.n);
+    let mut first_id = 0;
+    for i in 0..p.n {
+        let mut r = req.clone();
+        r.seed = req.seed.map(|s| s.wrapping_add(i as u64));
+        let sub = st.engine.submit(r).map_err(|e| submit_error(e, param))?;
+        if i == 0 {
+            first_id = sub.id;
+        }
+        rxs.push(sub.rx);
+    }
+    let meta = output::Meta {
+        id: format!("{}-{first_id}", if is_chat { "chatcmpl" } else { "cmpl" }),
+        created: now_unix(),
+        model: st.served_model_name.clone(),
+        is_chat,
+        include_usage: p.include_usage,
+        logprobs: req.logprobs.is_some(),
+    };
     let mut resp = if p.stream {
-        stream_response(sub.rx, id, created, model, is_chat, p.include_usage)
+        output::stream(rxs, meta)
     } else {
-        let mut rx = sub.rx;
-        let mut text = String::new();
-        let fin = loop {
-            match rx.recv().await {
-                Some(Chunk { text: t, finish, .. }) => {
-                    text.push_str(&t);
-                    if let Some(f) = finish {
-                        break f;
-                    }
-                }
-                None => {
-                    return Err(ApiError {
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        message: "the engine stopped before the request finished".into(),
-                        kind: "server_error",
-                        param: None,
-                        code: None,
-                    });
-                }
-            }
-        };
-        let choice = if is_chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_name(&fin)})
-        } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_name(&fin)})
-        };
-        let body = json!({
-            "id": id,
-            "object": if is_chat { "chat.completion" } else { "text_completion" },
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage_json(&fin),
-        });
-        axum::Json(body).into_response()
+        axum::Json(output::collect(rxs, &meta).await?).into_response()
     };
     if let Some(x) = p.x_request_id.and_then(|x| HeaderValue::from_str(&x).ok()) {
         resp.headers_mut().insert("x-request-id", x);
     }
     Ok(resp)
-}
-
-struct SseState {
-    rx: tokio::sync::mpsc::Receiver<Chunk>,
-    id: String,
-    created: u64,
-    model: String,
-    is_chat: bool,
-    include_usage: bool,
-    sent_role: bool,
-    done: bool,
-}
-
-impl SseState {
-    fn chunk(&self, choices: Value, usage: Option<Value>) -> String {
-        let mut v = json!({
-            "id": self.id,
-            "object": if self.is_chat { "chat.completion.chunk" } else { "text_completion" },
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        format!("data: {v}\n\n")
-    }
-
-    fn choice(&self, text: &str, finish: Option<&str>, role: bool) -> Value {
-        if self.is_chat {
-            let delta = match (role, finish.is_some() && text.is_empty()) {
-                (true, _) => json!({"role": "assistant", "content": text}),
-                (false, true) => json!({}),
-                (false, false) => json!({"content": text}),
-            };
-            json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
-        } else {
-            json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}])
-        }
-    }
-}
-
-fn stream_response(
-    rx: tokio::sync::mpsc::Receiver<Chunk>,
-    id: String,
-    created: u64,
-    model: String,
-    is_chat: bool,
-    include_usage: bool,
-) -> Response {
-    let st = SseState {
-        rx,
-        id,
-        created,
-        model,
-        is_chat,
-        include_usage,
-        sent_role: false,
-        done: false,
-    };
-    let stream = futures_util::stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        let mut out = String::new();
-        if st.is_chat && !st.sent_role {
-            st.sent_role = true;
-            out.push_str(&st.chunk(st.choice("", None, true), None));
-            return Some((Ok::<_, Infallible>(Bytes::from(out)), st));
-        }
-        match st.rx.recv().await {
-            Some(c) => {
-                if !c.text.is_empty() {
-                    out.push_str(&st.chunk(st.choice(&c.text, None, false), None));
-                }
-                if let Some(f) = c.finish {
-                    out.push_str(&st.chunk(st.choice("", Some(finish_name(&f)), false), None));
-                    if st.include_usage {
-                        out.push_str(&st.chunk(json!([]), Some(usage_json(&f))));
-                    }
-                    out.push_str("data: [DONE]\n\n");
-                    st.done = true;
-                }
-            }
-            None => {
-                // Engine gone: end the stream with an error event the OpenAI clients understand.
-                let e = json!({"error": {"message": "the engine stopped", "type": "server_error", "param": null, "code": null}});
-                out.push_str(&format!("data: {e}\n\n"));
-                st.done = true;
-            }
-        }
-        Some((Ok(Bytes::from(out)), st))
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

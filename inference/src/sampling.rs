@@ -1,59 +1,147 @@
-//! Token sampling: greedy (temperature 0), temperature, nucleus (top-p), with a per-request seeded RNG.
+//! Token sampling: from one row of logits to the next token, with the options OpenAI-style clients send
+//! (temperature, `top_p`, `top_k`, `min_p`, presence/frequency/repetition penalties, `seed`, `logprobs`).
 //!
-//! Owns the choice of the next token from a logits vector and nothing else. Deterministic for a given seed
-//! (OpenAI's `seed`); the RNG is SplitMix64 (Steele, Lea, Flood 2014), small and good enough for sampling.
-//! Never panics on odd logits (NaN, all -inf): it falls back to the argmax of the finite values or token 0.
+//! Owns the sampling rule both backends follow (the CPU backend calls [`Sampler::sample`]; the CUDA backend's
+//! `sample_rows` kernel implements the same steps on the device, `backend::cuda::kernels`), the per-request
+//! random numbers, the penalties' token history and the log-probabilities reported back. For one row:
+//! 1. **Penalties** (vLLM's): for every token of the prompt or the output, a repetition penalty `r` divides a
+//!    positive logit by `r` and multiplies a negative one by `r`; then each token generated `c` times loses
+//!    `frequency × c + presence × (c > 0)`.
+//! 2. **Temperature 0** (or not a number): the argmax of the penalized logits ([`argmax`]'s rules).
+//! 3. Weights `w_i = exp((l_i − max) / T)` (0 for NaN and −∞), so the most likely token weighs 1.
+//! 4. **`min_p`**: tokens with `w_i < min_p` are dropped.
+//! 5. **`top_k`**: tokens below the k-th largest remaining weight are dropped.
+//! 6. **`top_p`**: of what remains, sorted by weight, the shortest head whose weight reaches `top_p` times the
+//!    remaining total is kept: tokens below the weight where that head ends are dropped.
+//! 7. One uniform `u` in [0, 1) from Philox4x32-10 ([`uniform`]: key = the request's seed, counter = the token's
+//!    index in the output), and the first kept token in vocabulary order whose running weight exceeds `u` times
+//!    the kept total.
+//!
+//! Steps 5 and 6 are thresholds on the weight: tokens tied with the last one kept are kept too, so the rule does
+//! not depend on any sort order and the device can find the thresholds without sorting. The random number
+//! depends only on (seed, output index): a seed gives the same tokens on every run, whatever else is batched.
+//! Log-probabilities are those of the model's raw logits (`log_softmax` before penalties and temperature, as
+//! vLLM reports by default). Never panics on odd logits (NaN, ±∞): the argmax of what is finite, or token 0.
 
-/// Per-request sampling parameters.
-#[derive(Debug, Clone, Copy)]
+use std::collections::HashMap;
+
+mod simd;
+
+/// Most alternatives `top_logprobs` may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Per-request sampling parameters, validated by the HTTP layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 disables.
     pub top_p: f32,
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    pub top_k: u32,
+    /// Drop tokens less likely than `min_p` times the most likely one, in [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token already generated (OpenAI's, in [-2, 2]).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (OpenAI's, in [-2, 2]).
+    pub frequency_penalty: f32,
+    /// Divides (positive) or multiplies (negative) the logits of the prompt's and output's tokens; 1 disables.
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    /// OpenAI's defaults: temperature 1, everything else off.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+        }
+    }
 }
 
 impl SamplingParams {
-    /// Whether the next token is simply the most likely one ([`argmax`]): temperature 0 (or not a finite
-    /// number). A backend may then compute only the argmax of the logits instead of returning them
+    /// Greedy decoding without penalties.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Whether any penalty changes the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0
+    }
+
+    /// Whether the next token is simply the most likely one of the raw logits ([`argmax`]): temperature 0 (or
+    /// not a finite number) and no penalty. A backend may then compute only the argmax
     /// ([`crate::backend::Logits::Argmax`]).
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || !self.temperature.is_finite()
+        !self.samples() && !self.has_penalties()
+    }
+
+    /// Whether a random draw picks the token (a positive, finite temperature).
+    fn samples(&self) -> bool {
+        self.temperature > 0.0 && self.temperature.is_finite()
     }
 }
 
-/// SplitMix64 RNG.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded RNG.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
+/// Philox4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2, 3", SC 2011): a
+/// counter-based generator, the output a pure function of (counter, key). The CUDA kernels implement the same
+/// function (`philox` in the kernel source).
+pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    const W0: u32 = 0x9E37_79B9;
+    const W1: u32 = 0xBB67_AE85;
+    let (mut c, mut k) = (ctr, key);
+    for round in 0..10 {
+        if round > 0 {
+            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        }
+        let p0 = M0 * u64::from(c[0]);
+        let p1 = M1 * u64::from(c[2]);
+        c = [
+            (p1 >> 32) as u32 ^ c[1] ^ k[0],
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
     }
+    c
+}
 
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
+/// The uniform in [0, 1) that picks output token `index` of a request seeded `seed`: the first Philox word of
+/// counter (index, 0, 0, 0) under key `seed`, top 24 bits, so the value is exact in f32 on every backend.
+pub fn uniform(seed: u64, index: u64) -> f32 {
+    let r = philox4x32_10(
+        [index as u32, (index >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    );
+    (r[0] >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
 }
 
 /// Index of the largest logit (NaN ignored; ties: lowest index), 0 when every logit is NaN or -inf. The CUDA
-/// backend's `argmax_rows` kernel follows the same rules.
+/// backend's `sample_rows` kernel follows the same rules for greedy rows.
 ///
 /// Two passes that the compiler vectorizes (the maximum in sixteen independent lanes, a comparison that skips
 /// NaN, then the first index holding it) instead of one branchy scan: greedy decoding runs this once per
 /// sequence per step over the whole vocabulary (49,152 logits for SmolLM2).
 pub fn argmax(logits: &[f32]) -> u32 {
+    let max = max_value(logits);
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+}
+
+/// The largest logit, NaN ignored (-inf when there is none).
+fn max_value(logits: &[f32]) -> f32 {
     // `v > m` is false for a NaN `v`: the select compiles to `maxps` without the NaN fix-ups `f32::max` needs.
     let keep_larger = |m: f32, v: f32| if v > m { v } else { m };
     let mut lanes = [f32::NEG_INFINITY; 16];
@@ -64,83 +152,362 @@ pub fn argmax(logits: &[f32]) -> u32 {
             *m = keep_larger(*m, v);
         }
     }
-    let max = lanes
+    lanes
         .iter()
         .chain(rest)
-        .fold(f32::NEG_INFINITY, |a, &b| keep_larger(a, b));
-    if max == f32::NEG_INFINITY {
-        return 0;
-    }
-    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+        .fold(f32::NEG_INFINITY, |a, &b| keep_larger(a, b))
 }
 
-/// Candidates sorted first for top-p (the rest only when these do not reach the nucleus mass).
-const TOP_P_PARTIAL: usize = 256;
+/// One entry of a request's token history ([`TokenHistory`]): a token and how it occurred. The CUDA backend
+/// uploads these as two 32-bit words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct PenaltyEntry {
+    /// The token.
+    pub token: u32,
+    /// Times it was generated (low 31 bits, saturating), and [`PenaltyEntry::IN_PROMPT`].
+    pub word: u32,
+}
 
-/// Number of leading (descending) entries whose mass reaches `mass`, if they do.
-fn nucleus_len(sorted: &[(u32, f32)], mass: f32) -> Option<usize> {
-    let mut acc = 0.0;
-    for (k, x) in sorted.iter().enumerate() {
-        acc += x.1;
-        if acc >= mass {
-            return Some(k + 1);
+impl PenaltyEntry {
+    /// Set in [`PenaltyEntry::word`] when the prompt holds the token.
+    pub const IN_PROMPT: u32 = 1 << 31;
+
+    /// Times the token was generated.
+    pub fn count(self) -> u32 {
+        self.word & !Self::IN_PROMPT
+    }
+
+    /// Whether the prompt holds the token.
+    pub fn in_prompt(self) -> bool {
+        self.word & Self::IN_PROMPT != 0
+    }
+}
+
+/// The tokens a request has seen, for the penalties: each distinct token once ([`PenaltyEntry`]). Kept only
+/// for requests with penalties; updated once per generated token.
+#[derive(Debug, Default, Clone)]
+pub struct TokenHistory {
+    entries: Vec<PenaltyEntry>,
+    index: HashMap<u32, usize>,
+}
+
+impl TokenHistory {
+    /// The history of a prompt (no output yet).
+    pub fn new(prompt: &[u32]) -> Self {
+        let mut h = TokenHistory::default();
+        for &t in prompt {
+            let i = h.slot(t);
+            h.entries[i].word |= PenaltyEntry::IN_PROMPT;
+        }
+        h
+    }
+
+    fn slot(&mut self, token: u32) -> usize {
+        let next = self.entries.len();
+        let i = *self.index.entry(token).or_insert(next);
+        if i == next {
+            self.entries.push(PenaltyEntry { token, word: 0 });
+        }
+        i
+    }
+
+    /// Counts one more generation of `token`.
+    pub fn push(&mut self, token: u32) {
+        let i = self.slot(token);
+        let e = &mut self.entries[i];
+        if e.count() < !PenaltyEntry::IN_PROMPT {
+            e.word += 1;
         }
     }
-    None
+
+    /// Every distinct token seen, in order of first appearance.
+    pub fn entries(&self) -> &[PenaltyEntry] {
+        &self.entries
+    }
 }
 
-/// Samples the next token.
-pub fn sample(logits: &[f32], p: SamplingParams, rng: &mut Rng) -> u32 {
-    if p.is_greedy() || logits.is_empty() {
-        return argmax(logits);
-    }
-    let max = logits[argmax(logits) as usize];
-    if !max.is_finite() {
-        return argmax(logits);
-    }
-    let inv_t = 1.0 / p.temperature;
-    let mut probs: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (i as u32, ((v - max) * inv_t).exp()))
-        .collect();
-    let sum: f32 = probs.iter().map(|x| x.1).sum();
-    if sum.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
-        return argmax(logits);
-    }
-    let top_p = if p.top_p > 0.0 && p.top_p < 1.0 {
-        p.top_p
+/// What a backend needs to pick one sequence's next token.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleSpec<'a> {
+    /// The request's parameters.
+    pub params: SamplingParams,
+    /// The request's seed ([`uniform`]'s key).
+    pub seed: u64,
+    /// The token's index in the output ([`uniform`]'s counter).
+    pub index: u64,
+    /// The request's token history (empty without penalties).
+    pub history: &'a [PenaltyEntry],
+    /// `None`: no log-probabilities; `Some(n)`: the chosen token's and the `n` most likely tokens'
+    /// (n ≤ [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<u8>,
+}
+
+/// Log-probabilities of one output position (of the raw logits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's.
+    pub logprob: f32,
+    /// The most likely tokens and theirs, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A chosen token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log-probabilities, when asked for.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// Penalized logit `l` of a token with history entry `e` (step 1 of the module's rule).
+pub fn penalize(l: f32, e: PenaltyEntry, p: &SamplingParams) -> f32 {
+    let mut l = if l > 0.0 {
+        l / p.repetition_penalty
     } else {
-        1.0
+        l * p.repetition_penalty
     };
-    let mut total = sum;
-    if top_p < 1.0 {
-        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
-        // The nucleus is usually a few tokens: sort only the largest TOP_P_PARTIAL first (exact: fall back to a
-        // full sort when they do not reach the mass).
-        let mut sorted = probs.len();
-        if probs.len() > TOP_P_PARTIAL {
-            probs.select_nth_unstable_by(TOP_P_PARTIAL - 1, desc);
-            sorted = TOP_P_PARTIAL;
-        }
-        probs[..sorted].sort_unstable_by(desc);
-        let mut keep = nucleus_len(&probs[..sorted], top_p * sum);
-        if keep.is_none() {
-            probs.sort_unstable_by(desc);
-            keep = nucleus_len(&probs, top_p * sum);
-        }
-        probs.truncate(keep.unwrap_or(probs.len()));
-        total = probs.iter().map(|x| x.1).sum();
+    let c = e.count();
+    l -= p.frequency_penalty * c as f32;
+    if c > 0 {
+        l -= p.presence_penalty;
     }
-    let mut r = rng.next_f64() as f32 * total;
-    for &(id, w) in &probs {
-        if r < w {
-            return id;
-        }
-        r -= w;
+    l
+}
+
+/// Elements per block of the sampling walk's running sums (the block holding the draw is walked one by one).
+const WALK_BLOCK: usize = 1024;
+
+/// The CPU sampler: [`Sampler::sample`] with scratch buffers reused from row to row.
+#[derive(Debug, Default)]
+pub struct Sampler {
+    weights: Vec<f32>,
+    candidates: Vec<f32>,
+    block_sums: Vec<f32>,
+    saved: Vec<(usize, f32)>,
+}
+
+impl Sampler {
+    /// A sampler with empty scratch buffers.
+    pub fn new() -> Self {
+        Sampler::default()
     }
-    probs.last().map_or(0, |x| x.0)
+
+    /// The next token from one row of logits, as the module's rule says. The row is penalized in place while
+    /// the token is chosen and restored before returning.
+    pub fn sample(&mut self, logits: &mut [f32], spec: &SampleSpec<'_>) -> Sampled {
+        let p = &spec.params;
+        let raw = spec.logprobs.map(|n| RawStats::of(logits, usize::from(n)));
+        self.saved.clear();
+        if p.has_penalties() {
+            for &e in spec.history {
+                if let Some(l) = logits.get_mut(e.token as usize) {
+                    self.saved.push((e.token as usize, *l));
+                    *l = penalize(*l, e, p);
+                }
+            }
+        }
+        let token = self.choose(logits, p, uniform(spec.seed, spec.index));
+        for &(i, l) in self.saved.iter().rev() {
+            logits[i] = l;
+        }
+        Sampled {
+            token,
+            logprobs: raw.map(|r| TokenLogprobs {
+                logprob: logits
+                    .get(token as usize)
+                    .map_or(f32::NEG_INFINITY, |&l| l - r.lse),
+                top: r.top,
+            }),
+        }
+    }
+
+    /// Steps 2–7 of the rule on penalized logits, with the uniform `u`.
+    fn choose(&mut self, logits: &[f32], p: &SamplingParams, u: f32) -> u32 {
+        let best = argmax(logits);
+        let max = logits.get(best as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        if !p.samples() || !max.is_finite() {
+            return best;
+        }
+        let min_p = if p.min_p > 0.0 { p.min_p } else { 0.0 };
+        let inv_t = 1.0 / p.temperature;
+        let truncates = p.top_k > 0 || (p.top_p > 0.0 && p.top_p < 1.0);
+        let stats = if truncates {
+            simd::weights_and_ladder(logits, max, inv_t, min_p, &mut self.weights)
+        } else {
+            simd::weights(logits, max, inv_t, min_p, &mut self.weights)
+        };
+        let tau = self.threshold(p, &stats);
+        // Walk: the kept weights' sums per block of WALK_BLOCK (vectorized), then the block holding the draw one
+        // by one; the total is the sum of the block sums, so the walk ends inside it.
+        let kept = |w: f32| if w >= tau && w > 0.0 { w } else { 0.0 };
+        let total = simd::kept_block_sums(&self.weights, tau, WALK_BLOCK, &mut self.block_sums);
+        if total.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+            return best;
+        }
+        let mut r = u * total;
+        for (bi, &s) in self.block_sums.iter().enumerate() {
+            if r >= s {
+                r -= s;
+                continue;
+            }
+            let mut last = None;
+            for (j, &w) in self.weights[bi * WALK_BLOCK..]
+                .iter()
+                .take(WALK_BLOCK)
+                .enumerate()
+            {
+                let w = kept(w);
+                if w > 0.0 {
+                    let t = (bi * WALK_BLOCK + j) as u32;
+                    if r < w {
+                        return t;
+                    }
+                    r -= w;
+                    last = Some(t);
+                }
+            }
+            // The block's one-by-one sum rounded below its lane sum: its last kept token.
+            if let Some(t) = last {
+                return t;
+            }
+        }
+        // Rounding left the draw at the total: the last kept token.
+        self.weights
+            .iter()
+            .rposition(|&w| kept(w) > 0.0)
+            .map_or(best, |i| i as u32)
+    }
+
+    /// The weight below which tokens are dropped by `top_k` and `top_p` (steps 5 and 6; 0: none), from the
+    /// weights and what their pass found.
+    fn threshold(&mut self, p: &SamplingParams, stats: &simd::WeightStats) -> f32 {
+        let k = p.top_k as usize;
+        let top_k = k > 0 && k < stats.positive;
+        let top_p = p.top_p > 0.0 && p.top_p < 1.0;
+        if !top_k && !top_p {
+            return 0.0;
+        }
+        let total = stats.total;
+        // The candidates: every weight above the highest ladder floor that holds the top-k set (k of them) or, for
+        // top-p alone, the nucleus (their sum reaches the target); all positive weights when none does.
+        let target = p.top_p * total;
+        let floor = (0..simd::LADDER.len())
+            .find(|&j| {
+                if top_k {
+                    stats.ladder_count[j] >= k
+                } else {
+                    stats.ladder_mass[j] >= target
+                }
+            })
+            .map_or(0.0, |j| simd::LADDER[j]);
+        simd::collect_at_least(&self.weights, floor.max(f32::MIN_POSITIVE), &mut self.candidates);
+        let c = &mut self.candidates[..];
+        let mut tau = 0.0f32;
+        let mut set = c.len();
+        if top_k {
+            // The k-th largest, and the candidates at or above it moved to the front.
+            let desc = |a: &f32, b: &f32| b.total_cmp(a);
+            tau = *c.select_nth_unstable_by(k - 1, desc).1;
+            set = k;
+            for i in k..c.len() {
+                if c[i] >= tau {
+                    c.swap(i, set);
+                    set += 1;
+                }
+            }
+        }
+        if top_p {
+            let mass = if top_k { c[..set].iter().sum() } else { total };
+            tau = tau.max(nucleus_cut(&mut c[..set], p.top_p * mass));
+        }
+        tau
+    }
+}
+
+/// The weight at which the heaviest of `c` (in descending order) first reach `target` together: the largest `v`
+/// with `Σ {x ∈ c : x ≥ v} ≥ target`, or the smallest weight when rounding keeps the whole sum below it. A
+/// quickselect on mass (three-way partitions around a median of three), so a nucleus of thousands of tokens costs
+/// linear time, not a sort.
+fn nucleus_cut(c: &mut [f32], target: f32) -> f32 {
+    let (mut lo, mut hi) = (0, c.len());
+    let mut above = 0.0f32;
+    while hi - lo > 32 {
+        let s = &mut c[lo..hi];
+        let (a, b, m) = (s[0], s[s.len() / 2], s[s.len() - 1]);
+        let pivot = a.max(b).min(a.min(b).max(m));
+        // Three-way partition, descending: [> pivot | == pivot | < pivot].
+        let (mut gt, mut i, mut lt) = (0, 0, s.len());
+        while i < lt {
+            if s[i] > pivot {
+                s.swap(i, gt);
+                gt += 1;
+                i += 1;
+            } else if s[i] < pivot {
+                lt -= 1;
+                s.swap(i, lt);
+            } else {
+                i += 1;
+            }
+        }
+        let heavier: f32 = s[..gt].iter().sum();
+        if above + heavier >= target {
+            hi = lo + gt;
+            continue;
+        }
+        let equal = pivot * (lt - gt) as f32;
+        if above + heavier + equal >= target {
+            return pivot;
+        }
+        above += heavier + equal;
+        lo += lt;
+    }
+    let rest = &mut c[lo..hi];
+    rest.sort_unstable_by(|a, b| b.total_cmp(a));
+    for &w in rest.iter() {
+        above += w;
+        if above >= target {
+            return w;
+        }
+    }
+    c.iter().copied().fold(f32::INFINITY, f32::min)
+}
+
+/// What log-probabilities need of the raw logits: their log-sum-exp and the `n` most likely tokens.
+struct RawStats {
+    lse: f32,
+    top: Vec<(u32, f32)>,
+}
+
+impl RawStats {
+    fn of(logits: &[f32], n: usize) -> Self {
+        let max = max_value(logits);
+        if !max.is_finite() {
+            return RawStats {
+                lse: max,
+                top: Vec::new(),
+            };
+        }
+        let lse = max + simd::sum_exp(logits, max).ln();
+        // The n largest (value descending, id ascending), by insertion into a short sorted list.
+        let n = n.min(MAX_TOP_LOGPROBS);
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+        if n > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if l.is_nan() || (top.len() == n && l <= top[n - 1].1) {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, v)| v >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(n);
+            }
+        }
+        RawStats {
+            lse,
+            top: top.into_iter().map(|(i, l)| (i, l - lse)).collect(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -148,26 +515,55 @@ pub fn sample(logits: &[f32], p: SamplingParams, rng: &mut Rng) -> u32 {
 mod tests {
     use super::*;
 
+    fn spec(params: SamplingParams, seed: u64, index: u64) -> SampleSpec<'static> {
+        SampleSpec {
+            params,
+            seed,
+            index,
+            history: &[],
+            logprobs: None,
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn philox_matches_the_random123_known_answers() {
+        assert_eq!(
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+        assert_eq!(
+            philox4x32_10(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+        let u: Vec<f32> = (0..1000).map(|i| uniform(7, i)).collect();
+        assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let mean = u.iter().sum::<f32>() / 1000.0;
+        assert!((mean - 0.5).abs() < 0.03, "{mean}");
+    }
+
     #[test]
     fn greedy_is_argmax() {
-        let mut r = Rng::new(1);
-        let p = SamplingParams {
-            temperature: 0.0,
-            top_p: 1.0,
-        };
-        assert_eq!(sample(&[0.1, 3.0, 2.0], p, &mut r), 1);
-        assert_eq!(sample(&[f32::NAN, 1.0], p, &mut r), 1);
-        assert_eq!(
-            sample(
-                &[f32::NEG_INFINITY; 3],
-                SamplingParams {
-                    temperature: 1.0,
-                    top_p: 1.0
-                },
-                &mut r
-            ),
-            0
-        );
+        let mut s = Sampler::new();
+        let g = SamplingParams::greedy();
+        assert_eq!(s.sample(&mut [0.1, 3.0, 2.0], &spec(g, 1, 0)).token, 1);
+        assert_eq!(s.sample(&mut [f32::NAN, 1.0], &spec(g, 1, 0)).token, 1);
+        let t1 = SamplingParams::default();
+        assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 3], &spec(t1, 1, 0)).token, 0);
+        assert_eq!(s.sample(&mut [f32::NAN; 3], &spec(t1, 1, 0)).token, 0);
+        assert_eq!(s.sample(&mut [0.0, f32::INFINITY, 1.0], &spec(t1, 1, 0)).token, 1);
     }
 
     #[test]
@@ -181,13 +577,17 @@ mod tests {
             }
             best as u32
         };
-        let mut r = Rng::new(3);
+        let mut n = 0u64;
+        let mut next = || {
+            n += 1;
+            philox4x32_10([n as u32, 0, 0, 0], [3, 0])[0]
+        };
         for len in [0usize, 1, 7, 8, 9, 31, 49_152, 49_153] {
             for case in 0..6 {
                 // Few distinct values, so ties are common; some NaN and infinities.
-                let mut v: Vec<f32> = (0..len).map(|_| (r.next_u64() % 5) as f32 - 2.0).collect();
+                let mut v: Vec<f32> = (0..len).map(|_| (next() % 5) as f32 - 2.0).collect();
                 for x in v.iter_mut() {
-                    match r.next_u64() % 16 {
+                    match next() % 16 {
                         0 if case > 2 => *x = f32::NAN,
                         1 if case > 3 => *x = f32::NEG_INFINITY,
                         2 if case == 5 => *x = f32::INFINITY,
@@ -202,46 +602,274 @@ mod tests {
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, -1e30]), 2);
     }
 
+    /// The rule of the module in f64 with a full sort: each token's probability of being drawn.
+    fn reference(logits: &[f32], p: &SamplingParams, history: &[PenaltyEntry]) -> Vec<f64> {
+        let mut l: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
+        if p.has_penalties() {
+            for e in history {
+                l[e.token as usize] = penalize(logits[e.token as usize], *e, p) as f64;
+            }
+        }
+        let max = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let mut w: Vec<f64> = l
+            .iter()
+            .map(|&x| ((x - max) / p.temperature as f64).exp())
+            .collect();
+        for x in w.iter_mut() {
+            if *x < p.min_p as f64 {
+                *x = 0.0;
+            }
+        }
+        let mut sorted: Vec<f64> = w.iter().cloned().filter(|&x| x > 0.0).collect();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut tau = 0.0;
+        if p.top_k > 0 && (p.top_k as usize) < sorted.len() {
+            tau = sorted[p.top_k as usize - 1];
+        }
+        if p.top_p < 1.0 {
+            let s: Vec<f64> = sorted.iter().cloned().filter(|&x| x >= tau).collect();
+            let target = p.top_p as f64 * s.iter().sum::<f64>();
+            let mut acc = 0.0;
+            for &x in &s {
+                acc += x;
+                if acc >= target {
+                    tau = tau.max(x);
+                    break;
+                }
+            }
+        }
+        for x in w.iter_mut() {
+            if *x < tau {
+                *x = 0.0;
+            }
+        }
+        let total: f64 = w.iter().sum();
+        w.iter().map(|x| x / total).collect()
+    }
+
+    /// Draws `n` tokens (seeds 0.., output index 5) and checks them against [`reference`]: no token outside the
+    /// kept set, and Pearson's chi-square over the kept tokens below the 0.1 % critical value.
+    fn check_distribution(logits: &[f32], p: SamplingParams, history: &[PenaltyEntry], n: usize) {
+        let want = reference(logits, &p, history);
+        let mut counts = vec![0usize; logits.len()];
+        let mut s = Sampler::new();
+        let mut row = logits.to_vec();
+        for seed in 0..n as u64 {
+            let sp = SampleSpec {
+                history,
+                ..spec(p, seed, 5)
+            };
+            counts[s.sample(&mut row, &sp).token as usize] += 1;
+        }
+        assert_eq!(row, logits, "the row is restored");
+        let mut chi2 = 0.0;
+        let mut df = 0usize;
+        for (i, (&c, &q)) in counts.iter().zip(&want).enumerate() {
+            if q == 0.0 {
+                assert_eq!(
+                    c, 0,
+                    "token {i} is outside the kept set but was drawn {c} times ({p:?})"
+                );
+                continue;
+            }
+            let e = q * n as f64;
+            chi2 += (c as f64 - e).powi(2) / e;
+            df += 1;
+        }
+        let df = df.saturating_sub(1).max(1) as f64;
+        // Wilson-Hilferty: the chi-square quantile at 1 - 1e-3 (z = 3.09).
+        let crit = df * (1.0 - 2.0 / (9.0 * df) + 3.09 * (2.0 / (9.0 * df)).sqrt()).powi(3);
+        assert!(
+            chi2 < crit,
+            "chi-square {chi2:.1} over {df} degrees of freedom (critical {crit:.1}) for {p:?}"
+        );
+    }
+
+    /// 64 logits spread over [-4, 4] (distinct: no ties at any threshold).
+    fn spread() -> Vec<f32> {
+        (0..64).map(|i| ((i * 37) % 64) as f32 / 8.0 - 4.0).collect()
+    }
+
     #[test]
-    fn seeded_sampling_is_reproducible_and_follows_the_distribution() {
-        let logits = [0.0f32, (3.0f32).ln()]; // p = 0.25, 0.75
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
+    fn draws_follow_the_softmax_and_the_truncations_exactly() {
+        let l = spread();
+        for p in [
+            SamplingParams::default(),
+            with(|p| p.temperature = 0.7),
+            with(|p| p.temperature = 1.6),
+            with(|p| p.top_p = 0.8),
+            with(|p| {
+                p.temperature = 0.8;
+                p.top_p = 0.95
+            }),
+            with(|p| p.top_k = 5),
+            with(|p| p.top_k = 40),
+            with(|p| p.min_p = 0.1),
+            with(|p| {
+                p.top_k = 20;
+                p.top_p = 0.5;
+                p.min_p = 0.05
+            }),
+        ] {
+            check_distribution(&l, p, &[], 40_000);
+        }
+    }
+
+    #[test]
+    fn penalties_move_the_distribution_as_vllm_applies_them() {
+        let l = spread();
+        let mut h = TokenHistory::new(&[3, 3, 17]);
+        for t in [17, 17, 40, 63] {
+            h.push(t);
+        }
+        let e = h.entries();
+        assert_eq!(e.len(), 4);
+        assert_eq!((e[0].token, e[0].count(), e[0].in_prompt()), (3, 0, true));
+        assert_eq!((e[1].token, e[1].count(), e[1].in_prompt()), (17, 2, true));
+        assert_eq!((e[2].token, e[2].count(), e[2].in_prompt()), (40, 1, false));
+        let p = with(|p| {
+            p.presence_penalty = 0.5;
+            p.frequency_penalty = 0.3;
+            p.repetition_penalty = 1.3
+        });
+        check_distribution(&l, p, e, 40_000);
+        // Greedy with penalties: the penalized argmax.
+        let mut logits = [2.0f32, 1.9, -1.0];
+        let mut h = TokenHistory::new(&[]);
+        h.push(0);
+        let g = with(|p| {
+            p.temperature = 0.0;
+            p.frequency_penalty = 0.5
+        });
+        assert!(!g.is_greedy());
+        let sp = SampleSpec {
+            history: h.entries(),
+            ..spec(g, 1, 0)
         };
+        assert_eq!(Sampler::new().sample(&mut logits, &sp).token, 1);
+        assert_eq!(
+            penalize(2.0, h.entries()[0], &with(|p| p.repetition_penalty = 2.0)),
+            1.0
+        );
+        assert_eq!(
+            penalize(
+                -2.0,
+                PenaltyEntry {
+                    token: 0,
+                    word: PenaltyEntry::IN_PROMPT
+                },
+                &with(|p| p.repetition_penalty = 2.0)
+            ),
+            -4.0
+        );
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_tokens_and_the_index_moves_the_draw() {
+        let l = spread();
+        let p = with(|p| p.top_p = 0.9);
         let run = |seed| {
-            let mut r = Rng::new(seed);
-            (0..4000).map(|_| sample(&logits, p, &mut r)).collect::<Vec<_>>()
+            let mut s = Sampler::new();
+            let mut row = l.clone();
+            (0..200)
+                .map(|i| s.sample(&mut row, &spec(p, seed, i)).token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
-        let ones = run(7).iter().filter(|&&t| t == 1).count();
-        assert!((2800..3200).contains(&ones), "{ones}");
+        assert_ne!(run(42), run(43));
+        assert!(run(42).windows(2).any(|w| w[0] != w[1]));
     }
 
     #[test]
     fn top_p_over_a_large_flat_vocabulary_keeps_the_right_mass() {
-        // 1000 equal logits: top_p 0.5 keeps ~500 tokens, more than the partial sort covers.
-        let logits = vec![0.0f32; 1000];
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_p: 0.5,
-        };
-        let mut r = Rng::new(9);
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..20_000 {
-            seen.insert(sample(&logits, p, &mut r));
+        // 1000 equal weights: all tie at the nucleus boundary, so all are kept.
+        let p = with(|p| p.top_p = 0.5);
+        check_distribution(&[0.0f32; 1000], p, &[], 20_000);
+        // 49,152 logits with twelve copies of each value: a nucleus of thousands of tokens.
+        let l: Vec<f32> = (0..49_152).map(|i| -((i % 4096) as f32) / 500.0).collect();
+        let want = reference(&l, &with(|p| p.top_p = 0.9), &[]);
+        let kept = want.iter().filter(|&&q| q > 0.0).count();
+        assert!(kept > 4096, "{kept}");
+        let mut s = Sampler::new();
+        let mut row = l.clone();
+        for seed in 0..2000 {
+            let t = s.sample(&mut row, &spec(with(|p| p.top_p = 0.9), seed, 0)).token;
+            assert!(want[t as usize] > 0.0, "token {t} outside the nucleus");
         }
-        assert!((450..=550).contains(&seen.len()), "{}", seen.len());
     }
 
     #[test]
-    fn top_p_cuts_the_tail() {
-        let logits = [5.0f32, 0.0, 0.0, 0.0];
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_p: 0.5,
+    fn the_nucleus_cut_equals_a_sorted_walk() {
+        let sorted_cut = |c: &[f32], target: f32| {
+            let mut s = c.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            let mut acc = 0.0f32;
+            s.iter()
+                .copied()
+                .find(|&w| {
+                    acc += w;
+                    acc >= target
+                })
+                .unwrap_or(s[s.len() - 1])
         };
-        let mut r = Rng::new(3);
-        assert!((0..1000).all(|_| sample(&logits, p, &mut r) == 0));
+        for n in [1usize, 5, 33, 200, 5000] {
+            for case in 0..4u32 {
+                // Distinct weights, and (cases 2, 3) few distinct values: ties at the cut.
+                let c: Vec<f32> = (0..n as u32)
+                    .map(|i| {
+                        let r = philox4x32_10([i, case, 0, 0], [n as u32, 1])[0];
+                        if case >= 2 {
+                            (r % 7 + 1) as f32 / 8.0
+                        } else {
+                            (r >> 8) as f32 / (1 << 24) as f32
+                        }
+                    })
+                    .collect();
+                let sum: f32 = c.iter().sum();
+                for frac in [0.1f32, 0.5, 0.9, 0.999] {
+                    let want = sorted_cut(&c, frac * sum);
+                    let got = nucleus_cut(&mut c.clone(), frac * sum);
+                    // Sums in another order may round across a boundary of distinct weights: then the neighbour.
+                    let mut s = c.clone();
+                    s.sort_by(|a, b| b.total_cmp(a));
+                    let at = s.iter().position(|&w| w == want).unwrap();
+                    let near = s[at.saturating_sub(1)..(at + 2).min(n)].contains(&got);
+                    assert!(
+                        got == want || near,
+                        "n {n} case {case} frac {frac}: {got} against {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn logprobs_are_the_raw_log_softmax() {
+        let l = [1.0f32, 3.0, 3.0, -2.0, f32::NEG_INFINITY, f32::NAN];
+        let finite = [1.0f64, 3.0, 3.0, -2.0];
+        let lse = finite.iter().map(|x| x.exp()).sum::<f64>().ln();
+        let mut h = TokenHistory::new(&[]);
+        h.push(1);
+        let p = with(|p| {
+            p.temperature = 0.0;
+            p.frequency_penalty = 1.0
+        });
+        let sp = SampleSpec {
+            history: h.entries(),
+            logprobs: Some(3),
+            ..spec(p, 0, 0)
+        };
+        let mut row = l;
+        let s = Sampler::new().sample(&mut row, &sp);
+        // Token 1 is penalized below token 2, which is chosen; the log-probabilities are the raw ones.
+        assert_eq!(s.token, 2);
+        let lp = s.logprobs.unwrap();
+        assert!((lp.logprob as f64 - (3.0 - lse)).abs() < 1e-6, "{lp:?}");
+        let ids: Vec<u32> = lp.top.iter().map(|x| x.0).collect();
+        assert_eq!(ids, [1, 2, 0], "ties: lower id first");
+        for (id, v) in &lp.top {
+            assert!((*v as f64 - (finite[*id as usize] - lse)).abs() < 1e-6);
+        }
+        assert_eq!(row[1], 3.0, "the row is restored");
     }
 }

@@ -1,7 +1,9 @@
 //! The CUDA kernels' logic without a GPU: the generated kernel source is compiled as C++ with a small emulator
-//! (`tools/gpu/kernel_emu/emu.h`: one CPU thread per CUDA thread, warp shuffles as barriers) and checked against
-//! double-precision references (`tools/gpu/kernel_emu/kernels_test.cpp`): every matmul weight type and epilogue,
-//! embedding, RMSNorm, RoPE with the paged KV write, and paged causal attention. Without a C++20 compiler
+//! (`tools/gpu/kernel_emu/emu.h`: each CUDA thread a fiber, warp shuffles and votes as barriers, `mma.sync`
+//! m16n8k16 from the PTX ISA's fragment layout) and checked against double-precision references
+//! (`tools/gpu/kernel_emu/kernels_test.cpp`): every matmul weight type and epilogue, on CUDA cores and on tensor
+//! cores, embedding, RMSNorm, RoPE with the paged KV write, paged causal attention, and sampling on the device
+//! (`sample_test.h`: every draw against sampling.rs's rule, chi-square over thousands of draws). Without a C++20 compiler
 //! (`g++`, installed by `cargo xtask setup-tools`) it skips loudly, and fails under CI (`e2e::require`).
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
@@ -27,14 +29,7 @@ fn kernels_match_references_under_the_cpu_emulator() {
     .unwrap();
     let exe = dir.join("kernels_test");
     let out = Command::new("g++")
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-pthread",
-            "-w",
-            "-fno-strict-aliasing",
-            "-I",
-        ])
+        .args(["-std=c++20", "-O1", "-w", "-fno-strict-aliasing", "-I"])
         .arg(&dir)
         .arg("-I")
         .arg(&emu)

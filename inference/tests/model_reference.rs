@@ -422,7 +422,7 @@ fn model_batch_returns_argmax_for_every_row_and_logits_only_where_asked() {
         .collect();
     let ref_argmax = |i: usize| inference::sampling::argmax(&last[i]);
     assert_eq!(
-        out.argmax,
+        out.tokens,
         [ref_argmax(0), ref_argmax(1), ref_argmax(3)],
         "one argmax per item that wants output, in batch order"
     );

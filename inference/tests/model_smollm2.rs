@@ -73,7 +73,7 @@ fn generate(
         if end == prompt.len() {
             logits = out.logits.into_iter().next().expect("logits");
             assert_eq!(
-                out.argmax,
+                out.tokens,
                 [argmax(&logits)],
                 "the backend's argmax of the logits it returned"
             );
@@ -99,7 +99,7 @@ fn generate(
         // Greedy decoding as the engine does it: only the most likely token comes back.
         let out = backend.forward(&[item]).expect("decode");
         assert!(out.logits.is_empty(), "an argmax-only item gets no logits");
-        next = out.argmax[0];
+        next = out.tokens[0];
     }
     (out_ids, prefill_s, t1.elapsed().as_secs_f64())
 }
@@ -326,7 +326,7 @@ fn batch_decode(
         let t = Instant::now();
         let out = backend.forward(&items).expect("decode");
         times.push(t.elapsed().as_secs_f64() * 1e3);
-        next = out.argmax;
+        next = out.tokens;
         pos.iter_mut().for_each(|p| *p += 1);
     }
     (prefill_s, times, process_cpu_seconds() - cpu0)

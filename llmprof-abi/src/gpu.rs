@@ -15,7 +15,17 @@
 //! - [`GpuRecordKind::ApiCall`]: a [`GpuApiCall`] (a driver/runtime call that launched or waited: links a
 //!   kernel to the thread that launched it through the correlation id);
 //! - [`GpuRecordKind::Name`]: a [`GpuName`] header followed by `len` bytes of a (mangled) kernel name, sent
-//!   once per name before the first activity that refers to its `name_id`.
+//!   once per name before the first activity that refers to its `name_id`;
+//! - [`GpuRecordKind::Summary`]: a [`GpuSummary`] (per window and device: count, total, min, max GPU time of
+//!   one kernel name, copy kind or wait type);
+//! - [`GpuRecordKind::Busy`]: a [`GpuBusy`] (a compacted interval of GPU work on one device: its span, the
+//!   kernel time inside it and its top kernel).
+//!
+//! Two modes, chosen by [`GPU_START`]'s flags. Without [`GPU_FLAG_EVERY_RECORD`] (llmprof's default) the helper
+//! sends summaries: per window (one completed CUPTI buffer, at most [`WINDOW_HINT_MS`] apart) a
+//! [`GpuSummary`] per kernel name, copy kind and wait type, [`GpuBusy`] intervals, and one [`GpuActivity`] per
+//! CUDA graph launch (CUPTI's graph-level records: the graph's span, not its nodes). With it, every kernel,
+//! copy, memset and wait is its own [`GpuActivity`] and graph launches come node by node.
 //!
 //! Timestamps in records are CUPTI's clock ([`GpuChunkHeader::cupti_ns`] and
 //! [`GpuChunkHeader::boottime_ns`] are one pair of readings taken together: llmprof maps every timestamp of
@@ -31,8 +41,13 @@ pub const GPU_STOP: &str = "llmprof_gpu_stop";
 /// File name of the helper library (found next to the `llmprof` binary).
 pub const GPU_HELPER_LIB: &str = "libllmprof_cupti.so";
 
-/// Version of this module's layouts; a chunk of another version is refused by llmprof (counted, not read).
-pub const GPU_ABI_VERSION: u32 = 1;
+/// Version of this module's layouts; a chunk of a version outside [`GPU_ABI_OLDEST`]..=this is refused by
+/// llmprof (counted, not read).
+pub const GPU_ABI_VERSION: u32 = 2;
+/// The oldest chunk version llmprof reads: version 1 (a helper loaded by an earlier llmprof, still in a
+/// long-running target) has the same layouts without [`GpuSummary`], [`GpuBusy`] and graph launches, and a
+/// [`GpuHelperStats`] of its first 8 counters.
+pub const GPU_ABI_OLDEST: u32 = 1;
 /// [`GpuChunkHeader::magic`]: "LGPU".
 pub const GPU_CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"LGPU");
 /// Largest chunk the helper hands over (header included); the uprobe copies at most this many bytes.
@@ -43,6 +58,12 @@ pub const GPU_NAME_MAX: usize = 4000;
 /// [`GPU_START`] flag: also record the driver calls that launch work ([`GpuApiCall`]), for launch → kernel
 /// flows. Without it only GPU-side records are sent.
 pub const GPU_FLAG_API_CALLS: u64 = 1;
+/// [`GPU_START`] flag: every kernel, copy, memset and wait as its own [`GpuActivity`], CUDA graphs node by
+/// node (the deep mode). Without it: [`GpuSummary`] and [`GpuBusy`] records per window, graphs per launch.
+pub const GPU_FLAG_EVERY_RECORD: u64 = 2;
+/// How often (ms) the helper asks CUPTI to complete its buffers: the longest a window of summaries lasts
+/// (a buffer that fills up ends its window earlier).
+pub const WINDOW_HINT_MS: u32 = 100;
 
 /// What [`GPU_START`] returns.
 #[repr(u32)]
@@ -110,6 +131,10 @@ pub enum GpuRecordKind {
     ApiCall = 2,
     /// [`GpuName`] + name bytes.
     Name = 3,
+    /// [`GpuSummary`].
+    Summary = 4,
+    /// [`GpuBusy`].
+    Busy = 5,
 }
 
 /// Start of every record in a chunk.
@@ -124,6 +149,17 @@ pub struct GpuRecordHeader {
     pub size: u32,
 }
 
+impl GpuRecordHeader {
+    /// The header of a record of `kind` that is `size` bytes long (header included).
+    pub const fn new(kind: GpuRecordKind, size: usize) -> Self {
+        Self {
+            kind: kind as u16,
+            flags: 0,
+            size: size as u32,
+        }
+    }
+}
+
 /// What a [`GpuActivity`] is.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +172,8 @@ pub enum GpuActivityKind {
     Memset = 2,
     /// A host wait (CUPTI_ACTIVITY_KIND_SYNCHRONIZATION); `detail` is `CUpti_ActivitySynchronizationType`.
     Sync = 3,
+    /// A CUDA graph launch as a whole (CUPTI_ACTIVITY_KIND_GRAPH_TRACE): its span on the GPU, `graph_id`.
+    Graph = 4,
 }
 
 impl GpuActivityKind {
@@ -146,6 +184,7 @@ impl GpuActivityKind {
             1 => Some(Self::Memcpy),
             2 => Some(Self::Memset),
             3 => Some(Self::Sync),
+            4 => Some(Self::Graph),
             _ => None,
         }
     }
@@ -237,6 +276,66 @@ pub struct GpuName {
     pub truncated: u16,
 }
 
+/// Per window, device and kernel name (or copy kind, or wait type): what CUPTI recorded, summed. Times on
+/// CUPTI's clock.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuSummary {
+    /// Header ([`GpuRecordKind::Summary`]).
+    pub hdr: GpuRecordHeader,
+    /// Window number (counts up from 0 per start of the helper); the summaries of one window share it.
+    pub window: u32,
+    /// [`GpuActivityKind`] as u32 (kernel, memcpy, memset, sync).
+    pub kind: u32,
+    /// CUDA device ordinal (0 for waits).
+    pub device: u32,
+    /// Kernels: the [`GpuName`] id (0: unnamed, or the rest beyond the names kept per window); else 0.
+    pub name_id: u32,
+    /// Memcpy: copy kind; Sync: synchronization type; else 0.
+    pub detail: u32,
+    /// Always 0.
+    pub pad: u32,
+    /// Records summed.
+    pub count: u64,
+    /// Sum of their durations, ns.
+    pub total_ns: u64,
+    /// Shortest, ns.
+    pub min_ns: u64,
+    /// Longest, ns.
+    pub max_ns: u64,
+    /// Earliest start, CUPTI ns.
+    pub first_ns: u64,
+    /// Latest end, CUPTI ns.
+    pub last_ns: u64,
+    /// Memcpy/memset: bytes summed.
+    pub bytes: u64,
+}
+
+/// An interval of GPU work on one device, compacted: kernels (and graph launches) whose idle gaps are shorter
+/// than the helper's gap threshold are one interval; `end − start − busy_ns` is the idle time inside it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuBusy {
+    /// Header ([`GpuRecordKind::Busy`]).
+    pub hdr: GpuRecordHeader,
+    /// CUDA device ordinal.
+    pub device: u32,
+    /// Kernels (a graph launch counts one) inside it.
+    pub kernels: u32,
+    /// First start, CUPTI ns.
+    pub start_ns: u64,
+    /// Last end, CUPTI ns.
+    pub end_ns: u64,
+    /// Union of the kernels' intervals inside it, ns.
+    pub busy_ns: u64,
+    /// The kernel name with the most GPU time inside it ([`GpuName`] id; 0: unnamed or a graph).
+    pub top_name_id: u32,
+    /// Launches of that kernel inside it.
+    pub top_count: u32,
+    /// GPU time of that kernel inside it, ns.
+    pub top_ns: u64,
+}
+
 /// Exported by the helper: a [`GpuHelperStats`] static (its counters since the library was loaded), read by
 /// llmprof from the target's memory (`/proc/PID/mem` at the symbol's address) for the attach summary and tests.
 pub const GPU_STATS: &str = "llmprof_gpu_stats";
@@ -261,6 +360,21 @@ pub struct GpuHelperStats {
     pub stops: u64,
     /// 1 while started.
     pub active: u64,
+    /// CUPTI records read from completed buffers since the library was loaded (every kind).
+    pub cupti_records: u64,
+    /// CPU time of the helper's own work (the buffer callback, CLOCK_THREAD_CPUTIME_ID), ns.
+    pub helper_cpu_ns: u64,
+    /// CPU time of CUPTI's buffer thread between and inside the callbacks while recording (the thread's
+    /// CLOCK_THREAD_CPUTIME_ID, from its first callback of each start; includes `helper_cpu_ns` spent there), ns.
+    pub cupti_thread_cpu_ns: u64,
+    /// The flags of the last [`GPU_START`].
+    pub flags: u64,
+    /// [`GpuSummary`] records handed over.
+    pub summaries: u64,
+    /// [`GpuBusy`] records handed over.
+    pub busy: u64,
+    /// 1 when CUPTI accepted graph-level records (`CUPTI_ACTIVITY_KIND_GRAPH_TRACE`) at the last start.
+    pub graph_trace: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<GpuChunkHeader>() == 48);
@@ -268,4 +382,6 @@ const _: () = assert!(core::mem::size_of::<GpuRecordHeader>() == 8);
 const _: () = assert!(core::mem::size_of::<GpuActivity>() == 112);
 const _: () = assert!(core::mem::size_of::<GpuApiCall>() == 48);
 const _: () = assert!(core::mem::size_of::<GpuName>() == 16);
-const _: () = assert!(core::mem::size_of::<GpuHelperStats>() == 64);
+const _: () = assert!(core::mem::size_of::<GpuSummary>() == 88);
+const _: () = assert!(core::mem::size_of::<GpuBusy>() == 56);
+const _: () = assert!(core::mem::size_of::<GpuHelperStats>() == 120);

@@ -16,6 +16,18 @@ use crate::EventHeader;
 mod scan;
 pub use scan::{counting_body, finish_write, scan_byte, start_response, Scan, WriteOutcome};
 
+/// Slots of the wire decoders' program array (the `WIRE_DECODERS` map): `llmprof_sysexit` tail-calls the read-side
+/// decoder ([`WIRE_DECODE_READ`]) or the write-side one ([`WIRE_DECODE_WRITE`]) for a followed connection.
+/// Each is its own program, verified on its own: verified inside the exit program, the two state machines
+/// multiplied each other's paths (~0.7 s of verifier time at every attach, against ~0.04 s apart).
+pub const WIRE_DECODER_SLOTS: u32 = 2;
+/// Slot of the read-side decoder (read, readv, recvfrom, recvmsg).
+pub const WIRE_DECODE_READ: u32 = 0;
+/// Slot of the write-side decoder (write, writev, sendto, sendmsg).
+pub const WIRE_DECODE_WRITE: u32 = 1;
+/// Program names of the decoders, by slot (user space loads them into the `WIRE_DECODERS` map).
+pub const WIRE_DECODER_PROGRAMS: [&str; WIRE_DECODER_SLOTS as usize] = ["llmprof_wirerd", "llmprof_wirewr"];
+
 /// Bytes of a request head one [`HttpHeadEvent`] carries (a longer head continues in further records while
 /// the kernel's per-read copy lasts; what does not fit is cut and flagged [`HTTP_FLAG_HEAD_CUT`]).
 pub const HTTP_HEAD_MAX: usize = 1024;

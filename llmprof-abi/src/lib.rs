@@ -1159,8 +1159,10 @@ pub struct Config {
     /// Threads whose tid is below this (at most [`SYSCALL_SLOTS`]) keep their syscall slot in the
     /// `SYSSLOTS` array, the others in the `INFLIGHT` hash; [`SYSCALL_SLOTS`] except in tests of the hash.
     pub slot_tids: u32,
-    /// Zero.
-    pub pad: u32,
+    /// llmprof's own process: every program refuses it (its syscalls, thread states, samples, connections,
+    /// probe hits and the processes it starts), whatever the `TRACED` map or a thread's syscall slot says,
+    /// except while [`Knob::SelfTraced`] is set (the start-up calibration, which times llmprof traced).
+    pub self_tgid: u32,
 }
 
 /// Runtime knobs of the eBPF programs: entries of the `KNOBS` array map (u64 each), written by user space
@@ -1194,10 +1196,13 @@ pub enum Knob {
     /// — an HTTP/1.x request line is followed, TLS and HTTP/2 are reported, anything else is dropped without a
     /// record. Zero (`--http-port`): only the listening sockets user space wrote into `HTTP_LISTEN`.
     HttpAcceptAll = 7,
+    /// Non-zero: llmprof's own process ([`Config::self_tgid`]) may be traced — set only while the start-up
+    /// calibration times llmprof traced; zero (the default): the programs refuse it.
+    SelfTraced = 8,
 }
 
 /// Entries of the `KNOBS` map (room for knobs appended later).
-pub const NUM_KNOBS: usize = 8;
+pub const NUM_KNOBS: usize = 16;
 
 /// Most model-file path patterns the kernel matches (entries of the `PATTERNS` array map).
 pub const MAX_PATTERNS: usize = 8;

@@ -5,8 +5,9 @@
 //! [`crate::CpuSampleEvent`] of kind [`crate::EventKind::OffCpuStack`] right after the switch record, with
 //! the same time and thread (user space joins them by (tid, ts)); a Python thread's interpreter stack
 //! follows as a `PyStackEvent` of the same instant. Bounded per CPU by [`OFFCPU_STACKS_PER_WINDOW`] per
-//! [`OFFCPU_WINDOW_NS`]; a stack not taken (the rate bound or a full ring) is a drop of the `cpu_sample`
-//! probe, a stack taken is one of its hits (charged at the sampler's calibrated per-sample cost: the same two
+//! [`OFFCPU_WINDOW_NS`]: a stack the rate bound does not take is counted apart (the kernel's `OFFCPU_RATE` map,
+//! [`OFFCPU_RATE_NOT_TAKEN`]: not taken by design, not a loss), a stack a full ring loses is a drop of the
+//! `cpu_sample` probe, a stack taken is one of its hits (charged at the sampler's calibrated per-sample cost: the same two
 //! stack walks and one ring record). Not part of the engine ABI: no [`crate::ABI_VERSION`] change.
 
 /// Window of the per-CPU rate bound, ns.
@@ -16,6 +17,10 @@ pub const OFFCPU_WINDOW_NS: u64 = 10_000_000;
 /// stack pair (docs/performance.md, "Off-CPU stacks"); a server thread that blocks a few hundred times a
 /// second keeps every stack.
 pub const OFFCPU_STACKS_PER_WINDOW: u64 = 8;
+
+/// Index, in each CPU's value of the kernel's `OFFCPU_RATE` map (`[u64; 3]`), of the stacks the rate bound
+/// did not take.
+pub const OFFCPU_RATE_NOT_TAKEN: usize = 2;
 
 /// `Knob::OffCpuStacksOff` value that takes every off-CPU stack, without the rate bound: only while llmprof
 /// calibrates the cost of one on its own threads at start-up.

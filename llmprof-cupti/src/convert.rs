@@ -9,15 +9,15 @@
 //! same offsets in every record version CUPTI has written since CUDA 11.0 (CUPTI API version 13:
 //! `CUpti_ActivityKernel5` … `CUpti_ActivityKernel10` of CUDA 13, `CUpti_ActivityMemcpy4` … `Memcpy6`,
 //! `CUpti_ActivityMemset3` … `Memset4`, `CUpti_ActivitySynchronization`/`Synchronization2`,
-//! `CUpti_ActivityAPI`); later versions only append fields. Older CUPTIs (API version < 13) have no graph
-//! fields: they are left 0 there ([`GRAPH_FIELDS_SINCE`]).
+//! `CUpti_ActivityAPI`, `CUpti_ActivityGraphTrace`/`GraphTrace2`); later versions only append fields. Older
+//! CUPTIs (API version < 13) have no graph fields: they are left 0 there ([`GRAPH_FIELDS_SINCE`]).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
 
 use llmprof_abi::gpu::{
     GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_CHUNK_MAX, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall,
-    GpuChunkHeader, GpuName, GpuRecordHeader, GpuRecordKind, NO_GRAPH,
+    GpuBusy, GpuChunkHeader, GpuName, GpuRecordHeader, GpuRecordKind, GpuSummary, NO_GRAPH,
 };
 
 /// `CUPTI_ACTIVITY_KIND_MEMCPY` (cupti_activity.h `CUpti_ActivityKind`).
@@ -32,6 +32,8 @@ pub const KIND_RUNTIME: u32 = 5;
 pub const KIND_CONCURRENT_KERNEL: u32 = 10;
 /// `CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`.
 pub const KIND_SYNCHRONIZATION: u32 = 38;
+/// `CUPTI_ACTIVITY_KIND_GRAPH_TRACE`: one record per CUDA graph launch, instead of one per node.
+pub const KIND_GRAPH_TRACE: u32 = 51;
 /// CUPTI API version (`cuptiGetVersion`) of CUDA 11.0, the first whose records carry graph ids.
 pub const GRAPH_FIELDS_SINCE: u32 = 13;
 
@@ -79,6 +81,18 @@ mod sync {
     pub const CORRELATION: usize = 24;
     pub const CONTEXT: usize = 28;
     pub const STREAM: usize = 32;
+    pub const MIN: usize = 40;
+}
+
+/// Offsets of `CUpti_ActivityGraphTrace` and `CUpti_ActivityGraphTrace2` (which appends end device/context).
+mod graph {
+    pub const CORRELATION: usize = 4;
+    pub const START: usize = 8;
+    pub const END: usize = 16;
+    pub const DEVICE: usize = 24;
+    pub const GRAPH_ID: usize = 28;
+    pub const CONTEXT: usize = 32;
+    pub const STREAM: usize = 36;
     pub const MIN: usize = 40;
 }
 
@@ -134,13 +148,10 @@ pub enum Skip {
     Short,
 }
 
-fn activity(kind: GpuActivityKind) -> GpuActivity {
+/// An activity record of `kind` with every other field zero (no graph).
+pub(crate) fn activity(kind: GpuActivityKind) -> GpuActivity {
     GpuActivity {
-        hdr: GpuRecordHeader {
-            kind: GpuRecordKind::Activity as u16,
-            flags: 0,
-            size: core::mem::size_of::<GpuActivity>() as u32,
-        },
+        hdr: GpuRecordHeader::new(GpuRecordKind::Activity, core::mem::size_of::<GpuActivity>()),
         kind: kind as u32,
         device: 0,
         context: 0,
@@ -220,6 +231,24 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
             }
             Ok(Converted::Activity { act: a, name: 0 })
         }
+        KIND_GRAPH_TRACE => {
+            if rec.len() < graph::MIN {
+                return Err(Skip::Short);
+            }
+            let mut a = activity(GpuActivityKind::Graph);
+            a.correlation = u32_at(rec, graph::CORRELATION);
+            a.start_ns = u64_at(rec, graph::START);
+            a.end_ns = u64_at(rec, graph::END);
+            // INT_MAX: the graph started on the host (a host node first); its device is not known.
+            a.device = match u32_at(rec, graph::DEVICE) {
+                0x7fff_ffff => 0,
+                d => d,
+            };
+            a.graph_id = u32_at(rec, graph::GRAPH_ID);
+            a.context = u32_at(rec, graph::CONTEXT);
+            a.stream = u32_at(rec, graph::STREAM);
+            Ok(Converted::Activity { act: a, name: 0 })
+        }
         KIND_SYNCHRONIZATION => {
             if rec.len() < sync::MIN {
                 return Err(Skip::Short);
@@ -238,11 +267,7 @@ pub fn convert(rec: &[u8], version: u32) -> Result<Converted, Skip> {
                 return Err(Skip::Short);
             }
             Ok(Converted::Api(GpuApiCall {
-                hdr: GpuRecordHeader {
-                    kind: GpuRecordKind::ApiCall as u16,
-                    flags: 0,
-                    size: core::mem::size_of::<GpuApiCall>() as u32,
-                },
+                hdr: GpuRecordHeader::new(GpuRecordKind::ApiCall, core::mem::size_of::<GpuApiCall>()),
                 correlation: u32_at(rec, api::CORRELATION),
                 cbid: u32_at(rec, api::CBID),
                 pid: u32_at(rec, api::PID),
@@ -344,7 +369,7 @@ pub fn api_display_name(runtime: bool, raw: &[u8]) -> &[u8] {
 ///
 /// # Safety
 /// Implementors are `repr(C)` and have no padding bytes (their sizes are asserted in `llmprof_abi::gpu`).
-unsafe trait Plain: Copy {}
+pub(crate) unsafe trait Plain: Copy {}
 // SAFETY: repr(C), fields sum to the asserted 112 bytes: no padding.
 unsafe impl Plain for GpuActivity {}
 // SAFETY: repr(C), 48 bytes of fields, no padding.
@@ -353,6 +378,10 @@ unsafe impl Plain for GpuApiCall {}
 unsafe impl Plain for GpuName {}
 // SAFETY: repr(C), 48 bytes of fields, no padding.
 unsafe impl Plain for GpuChunkHeader {}
+// SAFETY: repr(C), 88 bytes of fields (u32s in pairs before the u64s), no padding.
+unsafe impl Plain for GpuSummary {}
+// SAFETY: repr(C), 56 bytes of fields (u32s in pairs before the u64s), no padding.
+unsafe impl Plain for GpuBusy {}
 
 fn bytes_of<T: Plain>(v: &T) -> &[u8] {
     // SAFETY: `T: Plain` has no padding, so every byte of `*v` is initialized; the slice borrows `v`.
@@ -438,20 +467,33 @@ impl Packer {
                 self.records_out += 1;
             }
             Converted::Activity { mut act, name } => {
-                if name != 0 {
-                    // SAFETY: CUPTI's kernel records point `name` at a NUL-terminated string it keeps alive at
-                    // least until the buffer is returned (cupti_activity.h); the tests pass CStrings.
-                    let bytes = unsafe { CStr::from_ptr(name as *const c_char) }.to_bytes();
-                    let (id, new) = names.id(bytes);
-                    act.name_id = id;
-                    if new {
-                        self.push_name(id, bytes, sink);
-                    }
-                }
+                act.name_id = self.name_id(name, names, sink);
                 self.push(bytes_of(&act), sink);
                 self.records_out += 1;
             }
         }
+    }
+
+    /// The name id of CUPTI's kernel name pointer `name` (0: none), its [`GpuName`] record pushed first when
+    /// the name is new.
+    pub fn name_id(&mut self, name: usize, names: &mut Names, sink: &mut impl Sink) -> u32 {
+        if name == 0 {
+            return 0;
+        }
+        // SAFETY: CUPTI's kernel records point `name` at a NUL-terminated string it keeps alive at least
+        // until the buffer is returned (cupti_activity.h); the tests pass CStrings.
+        let bytes = unsafe { CStr::from_ptr(name as *const c_char) }.to_bytes();
+        let (id, new) = names.id(bytes);
+        if new {
+            self.push_name(id, bytes, sink);
+        }
+        id
+    }
+
+    /// Adds a record of a summary kind ([`GpuSummary`], [`GpuBusy`]) as it is.
+    pub(crate) fn add_plain<T: Plain>(&mut self, rec: &T, sink: &mut impl Sink) {
+        self.push(bytes_of(rec), sink);
+        self.records_out += 1;
     }
 
     fn push_name(&mut self, id: u32, name: &[u8], sink: &mut impl Sink) {
@@ -459,11 +501,7 @@ impl Packer {
         let name = &name[..name.len().min(GPU_NAME_MAX)];
         let size = (core::mem::size_of::<GpuName>() + name.len()).div_ceil(8) * 8;
         let hdr = GpuName {
-            hdr: GpuRecordHeader {
-                kind: GpuRecordKind::Name as u16,
-                flags: 0,
-                size: size as u32,
-            },
+            hdr: GpuRecordHeader::new(GpuRecordKind::Name, size),
             name_id: id,
             len: name.len() as u16,
             truncated: u16::from(cut),
@@ -505,9 +543,33 @@ impl Packer {
     }
 }
 
+/// What the tests of this crate share.
+#[cfg(test)]
+pub(crate) mod test_sink {
+    /// A sink that keeps every chunk handed over (its clock reads (10, 20); it knows two API names).
+    #[derive(Default)]
+    pub(crate) struct Collect(pub(crate) Vec<Vec<u8>>);
+    impl super::Sink for Collect {
+        fn clock(&mut self) -> (u64, u64) {
+            (10, 20)
+        }
+        fn handoff(&mut self, chunk: &[u8]) {
+            self.0.push(chunk.to_vec());
+        }
+        fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
+            match (runtime, cbid) {
+                (false, 307) => Some(b"cuLaunchKernel".to_vec()),
+                (true, 211) => Some(b"cudaLaunchKernel_v7000".to_vec()),
+                _ => None,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests panic with the error")]
 mod tests {
+    use super::test_sink::Collect;
     use super::*;
     use std::ffi::CString;
 
@@ -533,24 +595,6 @@ mod tests {
         put64(&mut r, 144, 0xabcd);
         put32(&mut r, 156, 5);
         r
-    }
-
-    #[derive(Default)]
-    struct Collect(Vec<Vec<u8>>);
-    impl Sink for Collect {
-        fn clock(&mut self) -> (u64, u64) {
-            (10, 20)
-        }
-        fn handoff(&mut self, chunk: &[u8]) {
-            self.0.push(chunk.to_vec());
-        }
-        fn api_name(&mut self, runtime: bool, cbid: u32) -> Option<Vec<u8>> {
-            match (runtime, cbid) {
-                (false, 307) => Some(b"cuLaunchKernel".to_vec()),
-                (true, 211) => Some(b"cudaLaunchKernel_v7000".to_vec()),
-                _ => None,
-            }
-        }
     }
 
     /// An API record of CUPTI (driver or runtime) with callback id `cbid`.

@@ -5,8 +5,15 @@
 //!   with `cuptiSubscribe` (a subscriber already there — Kineto, Nsight — is left untouched and reported),
 //!   sets CUPTI's thread ids to the system's, registers the buffer callbacks and enables kernels, copies,
 //!   memsets and synchronizations (plus driver/runtime calls with `GPU_FLAG_API_CALLS`), flushed every 100 ms;
-//! - the buffer-completed callback (CUPTI's thread): converts each record ([`convert`]) and hands chunks of at
-//!   most `GPU_CHUNK_MAX` bytes to [`llmprof_gpu_activity`], llmprof's uprobe site: one probe hit per chunk;
+//!   without `GPU_FLAG_EVERY_RECORD` (the default mode) also CUPTI's graph-level records, one per CUDA graph
+//!   launch in place of one per node (when that CUPTI refuses them next to kernels, it goes on without);
+//! - the buffer-completed callback (CUPTI's thread): converts each record ([`convert`]); in the default mode
+//!   sums them per window ([`summary`]: per kernel name count/total/min/max, busy intervals) and hands over
+//!   the summaries and graph launches, with `GPU_FLAG_EVERY_RECORD` every record; in chunks of at most
+//!   `GPU_CHUNK_MAX` bytes to [`llmprof_gpu_activity`], llmprof's uprobe site: one probe hit per chunk. It
+//!   measures its own thread's CPU time (the helper's work, and CUPTI's buffer thread between callbacks: a
+//!   thread the target had before the first start is the program's, not CUPTI's) for llmprof's estimate of
+//!   what it costs the target;
 //! - [`llmprof_gpu_stop`]: flush, disable every kind, unsubscribe. The library stays loaded and idle; the next
 //!   attach starts it again.
 //!
@@ -17,20 +24,25 @@
 
 pub mod convert;
 pub mod cupti;
+pub mod summary;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use convert::{Names, Packer, Sink, Skip};
-use llmprof_abi::gpu::{GPU_FLAG_API_CALLS, GpuHelperStats, GpuStartStatus};
+use convert::{Converted, Names, Packer, Sink, Skip};
+use llmprof_abi::gpu::{
+    GPU_FLAG_API_CALLS, GPU_FLAG_EVERY_RECORD, GpuActivityKind, GpuHelperStats, GpuStartStatus,
+    WINDOW_HINT_MS,
+};
+use summary::Summarizer;
 
 /// CUPTI buffers in the pool.
 pub const POOL_BUFFERS: usize = 16;
 /// Bytes of each (about 2,500 kernel records; CUPTI's samples use 8 MiB buffers, Kineto 4 MiB).
 pub const BUFFER_BYTES: usize = 512 * 1024;
 /// `cuptiActivityFlushPeriod`, ms: the longest a record waits in a buffer before llmprof sees it.
-pub const FLUSH_PERIOD_MS: u32 = 100;
+pub const FLUSH_PERIOD_MS: u32 = WINDOW_HINT_MS;
 
 /// The helper's counters, laid out as [`GpuHelperStats`] (llmprof reads them from the target's memory).
 #[repr(C)]
@@ -43,6 +55,13 @@ pub struct Stats {
     pub starts: AtomicU64,
     pub stops: AtomicU64,
     pub active: AtomicU64,
+    pub cupti_records: AtomicU64,
+    pub helper_cpu_ns: AtomicU64,
+    pub cupti_thread_cpu_ns: AtomicU64,
+    pub flags: AtomicU64,
+    pub summaries: AtomicU64,
+    pub busy: AtomicU64,
+    pub graph_trace: AtomicU64,
 }
 const _: () = assert!(core::mem::size_of::<Stats>() == core::mem::size_of::<GpuHelperStats>());
 
@@ -58,6 +77,13 @@ pub static llmprof_gpu_stats: Stats = Stats {
     starts: AtomicU64::new(0),
     stops: AtomicU64::new(0),
     active: AtomicU64::new(0),
+    cupti_records: AtomicU64::new(0),
+    helper_cpu_ns: AtomicU64::new(0),
+    cupti_thread_cpu_ns: AtomicU64::new(0),
+    flags: AtomicU64::new(0),
+    summaries: AtomicU64::new(0),
+    busy: AtomicU64::new(0),
+    graph_trace: AtomicU64::new(0),
 };
 
 impl Stats {
@@ -73,6 +99,13 @@ impl Stats {
             starts: l(&self.starts),
             stops: l(&self.stops),
             active: l(&self.active),
+            cupti_records: l(&self.cupti_records),
+            helper_cpu_ns: l(&self.helper_cpu_ns),
+            cupti_thread_cpu_ns: l(&self.cupti_thread_cpu_ns),
+            flags: l(&self.flags),
+            summaries: l(&self.summaries),
+            busy: l(&self.busy),
+            graph_trace: l(&self.graph_trace),
         }
     }
 }
@@ -98,7 +131,58 @@ static API: OnceLock<(cupti::Api, u32)> = OnceLock::new();
 /// Free CUPTI buffers (addresses), allocated on the first start.
 static POOL: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The converter's state (taken by the completion callback).
-static CONV: Mutex<Option<(Packer, Names)>> = Mutex::new(None);
+static CONV: Mutex<Option<Conv>> = Mutex::new(None);
+/// The flags of the running start (`GPU_FLAG_*`).
+static FLAGS: AtomicU64 = AtomicU64::new(0);
+/// Counts starts: a thread's CPU reading from an earlier session is not compared with this one's.
+static SESSION: AtomicU64 = AtomicU64::new(0);
+/// The target's threads when the helper first started (sorted): a buffer callback on one of them is not on
+/// CUPTI's own thread, so that thread's CPU between callbacks is the program's, not CUPTI's.
+static APP_THREADS: OnceLock<Vec<i32>> = OnceLock::new();
+
+/// This process's thread ids, sorted (empty when /proc cannot be read).
+fn threads_now() -> Vec<i32> {
+    let mut v: Vec<i32> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// What the completion callback keeps between buffers.
+struct Conv {
+    packer: Packer,
+    names: Names,
+    summary: Summarizer,
+    /// (session, thread, its CPU time at the end of its last callback): CUPTI's buffer thread's CPU between
+    /// two of its callbacks is CUPTI's work on llmprof's behalf.
+    last_thread: (u64, i32, u64),
+}
+
+impl Conv {
+    fn new() -> Self {
+        Self {
+            packer: Packer::new(),
+            names: Names::new(),
+            summary: Summarizer::new(),
+            last_thread: (0, 0, 0),
+        }
+    }
+}
+
+/// The calling thread's CPU time, ns (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -161,15 +245,18 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
     if buffer.is_null() {
         return;
     }
+    let t0 = thread_cpu_ns();
     if let Some((api, version)) = API.get() {
-        let mut conv = lock(&CONV);
-        let (packer, names) = conv.get_or_insert_with(|| (Packer::new(), Names::new()));
+        let mut guard = lock(&CONV);
+        let conv = guard.get_or_insert_with(Conv::new);
+        let every = FLAGS.load(Ordering::Relaxed) & GPU_FLAG_EVERY_RECORD != 0;
+        let packer = &mut conv.packer;
         let before = (packer.chunks_out, packer.records_out, packer.names_out);
         let mut sink = Handoff(api);
         // SAFETY: CUPTI hands back a buffer of ours (BUFFER_BYTES long) with `valid` bytes of records.
         let bytes = unsafe { core::slice::from_raw_parts(buffer, valid.min(BUFFER_BYTES)) };
         let mut rec: *mut u32 = core::ptr::null_mut();
-        let mut dropped = 0u64;
+        let (mut dropped, mut seen) = (0u64, 0u64);
         // SAFETY: the buffer and its valid size as CUPTI gave them; `rec` is CUPTI's cursor.
         while unsafe { (api.get_next_record)(buffer, valid, &mut rec) } == cupti::SUCCESS {
             let Some(off) = (rec as usize)
@@ -178,8 +265,16 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
             else {
                 break;
             };
+            seen += 1;
             match convert::convert(&bytes[off..], *version) {
-                Ok(c) => packer.add(c, names, &mut sink),
+                Ok(Converted::Activity { act, name }) if !every => {
+                    let id = packer.name_id(name, &mut conv.names, &mut sink);
+                    if act.kind == GpuActivityKind::Graph as u32 {
+                        packer.add(Converted::Activity { act, name: 0 }, &mut conv.names, &mut sink);
+                    }
+                    conv.summary.add(&act, id, packer, &mut sink);
+                }
+                Ok(c) => packer.add(c, &mut conv.names, &mut sink),
                 Err(Skip::Short) => dropped += 1,
                 Err(Skip::OtherKind) => {}
             }
@@ -189,9 +284,19 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
         if unsafe { (api.get_num_dropped)(ctx, stream, &mut lost) } == cupti::SUCCESS {
             dropped += lost as u64;
         }
+        let s = &llmprof_gpu_stats;
+        if !every {
+            let (now, _) = sink.clock();
+            let stopping = llmprof_gpu_stats.active.load(Ordering::Relaxed) == 0;
+            let (rows, busy) = conv
+                .summary
+                .finish(if stopping { u64::MAX } else { now }, packer, &mut sink);
+            dropped += std::mem::take(&mut conv.summary.unsummed);
+            s.summaries.fetch_add(rows, Ordering::Relaxed);
+            s.busy.fetch_add(busy, Ordering::Relaxed);
+        }
         packer.add_dropped(dropped);
         packer.flush(&mut sink);
-        let s = &llmprof_gpu_stats;
         s.chunks
             .fetch_add(packer.chunks_out - before.0, Ordering::Relaxed);
         s.records
@@ -199,6 +304,22 @@ extern "C" fn buffer_completed(ctx: *mut c_void, stream: u32, buffer: *mut u8, _
         s.names.fetch_add(packer.names_out - before.2, Ordering::Relaxed);
         s.dropped.fetch_add(dropped, Ordering::Relaxed);
         s.buffers.fetch_add(1, Ordering::Relaxed);
+        s.cupti_records.fetch_add(seen, Ordering::Relaxed);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let session = SESSION.load(Ordering::Relaxed);
+        let t1 = thread_cpu_ns();
+        let (last_session, last_tid, last_cpu) = conv.last_thread;
+        let app_thread = APP_THREADS.get().is_some_and(|v| v.binary_search(&tid).is_ok());
+        let between = if last_session == session && last_tid == tid && !app_thread {
+            t0.saturating_sub(last_cpu)
+        } else {
+            0
+        };
+        conv.last_thread = (session, tid, t1);
+        let own = t1.saturating_sub(t0);
+        s.helper_cpu_ns.fetch_add(own, Ordering::Relaxed);
+        s.cupti_thread_cpu_ns.fetch_add(between + own, Ordering::Relaxed);
     }
     lock(&POOL).push(buffer as usize);
 }
@@ -236,6 +357,8 @@ fn start(flags: u64) -> GpuStartStatus {
     if !cupti::libcuda_mapped() {
         return GpuStartStatus::NoLibcuda;
     }
+    // Before CUPTI is loaded and enabled: the threads it starts are not among these.
+    APP_THREADS.get_or_init(threads_now);
     if API.get().is_none() {
         let Some((api, path)) = cupti::load() else {
             return GpuStartStatus::NoCupti;
@@ -263,10 +386,15 @@ fn start(flags: u64) -> GpuStartStatus {
         }
     }
     fill_pool();
-    lock(&CONV)
-        .get_or_insert_with(|| (Packer::new(), Names::new()))
-        .1
-        .clear();
+    {
+        let mut conv = lock(&CONV);
+        let c = conv.get_or_insert_with(Conv::new);
+        c.names.clear();
+        c.summary.reset();
+    }
+    FLAGS.store(flags, Ordering::Relaxed);
+    SESSION.fetch_add(1, Ordering::Relaxed);
+    llmprof_gpu_stats.flags.store(flags, Ordering::Relaxed);
     // SAFETY: plain CUPTI calls with valid arguments.
     let rc = unsafe { (api.set_thread_id_type)(cupti::THREAD_ID_TYPE_SYSTEM) };
     if rc != cupti::SUCCESS {
@@ -284,6 +412,23 @@ fn start(flags: u64) -> GpuStartStatus {
         unsafe { (api.unsubscribe)(sub) };
         return GpuStartStatus::CuptiError;
     }
+    let mut enabled = Vec::new();
+    // Graph-level records first (the default mode): one per graph launch. A CUPTI that will not record them
+    // next to kernels refuses the kernels then: graphs go back to node records.
+    let graphs = flags & GPU_FLAG_EVERY_RECORD == 0
+        // SAFETY: a plain CUPTI call.
+        && match unsafe { (api.enable)(convert::KIND_GRAPH_TRACE) } {
+            cupti::SUCCESS => true,
+            rc => {
+                note(&format!(
+                    "cuptiActivityEnable(GRAPH_TRACE) failed: CUPTI error {rc}; CUDA graphs are recorded node by node"
+                ));
+                false
+            }
+        };
+    if graphs {
+        enabled.push(convert::KIND_GRAPH_TRACE);
+    }
     let mut kinds = vec![
         convert::KIND_CONCURRENT_KERNEL,
         convert::KIND_MEMCPY,
@@ -293,10 +438,23 @@ fn start(flags: u64) -> GpuStartStatus {
     if flags & GPU_FLAG_API_CALLS != 0 {
         kinds.extend([convert::KIND_DRIVER, convert::KIND_RUNTIME]);
     }
-    let mut enabled = Vec::new();
     for k in kinds {
         // SAFETY: a plain CUPTI call.
-        match unsafe { (api.enable)(k) } {
+        let mut rc = unsafe { (api.enable)(k) };
+        if rc != cupti::SUCCESS
+            && k == convert::KIND_CONCURRENT_KERNEL
+            && enabled.contains(&convert::KIND_GRAPH_TRACE)
+        {
+            note(
+                "this CUPTI records kernels only without graph-level records: CUDA graphs are recorded node by node",
+            );
+            // SAFETY: plain CUPTI calls: the kind enabled above off, the kernels again.
+            unsafe { (api.disable)(convert::KIND_GRAPH_TRACE) };
+            enabled.retain(|&e| e != convert::KIND_GRAPH_TRACE);
+            // SAFETY: a plain CUPTI call.
+            rc = unsafe { (api.enable)(k) };
+        }
+        match rc {
             cupti::SUCCESS => enabled.push(k),
             rc if k == convert::KIND_CONCURRENT_KERNEL => {
                 note(&format!(
@@ -316,6 +474,10 @@ fn start(flags: u64) -> GpuStartStatus {
             )),
         }
     }
+    llmprof_gpu_stats.graph_trace.store(
+        u64::from(enabled.contains(&convert::KIND_GRAPH_TRACE)),
+        Ordering::Relaxed,
+    );
     // SAFETY: a plain CUPTI call.
     unsafe { (api.flush_period)(FLUSH_PERIOD_MS) };
     *state = Some(Running {
@@ -342,14 +504,37 @@ fn stop_running(api: &cupti::Api, run: Running) {
     }
 }
 
+/// The default mode's last window: the busy intervals still open and any rows left are handed over (the
+/// flushes of the stop close them only when CUPTI completed a buffer then).
+fn close_summaries(api: &cupti::Api) {
+    if FLAGS.load(Ordering::Relaxed) & GPU_FLAG_EVERY_RECORD != 0 {
+        return;
+    }
+    let mut guard = lock(&CONV);
+    let Some(conv) = guard.as_mut() else { return };
+    let mut sink = Handoff(api);
+    let before = (conv.packer.chunks_out, conv.packer.records_out);
+    let (rows, busy) = conv.summary.finish(u64::MAX, &mut conv.packer, &mut sink);
+    conv.packer.flush(&mut sink);
+    let s = &llmprof_gpu_stats;
+    s.summaries.fetch_add(rows, Ordering::Relaxed);
+    s.busy.fetch_add(busy, Ordering::Relaxed);
+    s.chunks
+        .fetch_add(conv.packer.chunks_out - before.0, Ordering::Relaxed);
+    s.records
+        .fetch_add(conv.packer.records_out - before.1, Ordering::Relaxed);
+}
+
 /// `llmprof_abi::gpu::GPU_STOP`: flushes, disables every activity kind, unsubscribes; 0. The library stays.
 #[unsafe(no_mangle)]
 pub extern "C" fn llmprof_gpu_stop() -> u32 {
     let mut state = lock(&STATE);
     if let (Some(run), Some((api, _))) = (state.take(), API.get()) {
-        stop_running(api, run);
-        llmprof_gpu_stats.stops.fetch_add(1, Ordering::Relaxed);
+        // Inactive first: the flushes below close every open busy interval.
         llmprof_gpu_stats.active.store(0, Ordering::Relaxed);
+        stop_running(api, run);
+        close_summaries(api);
+        llmprof_gpu_stats.stops.fetch_add(1, Ordering::Relaxed);
     }
     0
 }

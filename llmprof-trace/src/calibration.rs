@@ -1,4 +1,4 @@
-//! What one probe hit costs the traced process, as measured at start-up by `llmprof`'s capture.
+//! What one probe hit costs the traced process, as measured by `llmprof`'s calibration beside each session.
 //!
 //! Owns the data only (the measurement lives in the capture, which needs root): the figures every trace carries
 //! in its summary and the self-accounting charges per hit. Pure: no clock reads, no kernel.
@@ -8,8 +8,9 @@ pub const ENTRY_CALL: u8 = 0xe8;
 /// First byte of an attached probe on the trap path: `int3`.
 pub const ENTRY_INT3: u8 = 0xcc;
 
-/// What one probe hit costs the traced process on this machine, measured at start-up.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// What one probe hit costs the traced process on this machine, measured by a calibration run beside the
+/// session (serialized as JSON between the calibrating process and the session).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     /// Extra ns per syscall of a traced process (raw_syscalls enter + exit programs, aggregates).
     pub syscall_ns: f64,
@@ -42,7 +43,7 @@ pub struct Calibration {
     /// untraced, minus the syscalls it makes. `None` when not measured (thread states off).
     pub sched_event_ns: Option<f64>,
     /// ns of the stack sampler's eBPF program per traced sample (kernel + user stack walk, ring record),
-    /// from the kernel's BPF run-time statistics at start-up; the timer interrupt itself is not included.
+    /// from the kernel's BPF run-time statistics during the calibration; the timer interrupt itself is not included.
     /// `None` when not sampling or not measured.
     pub sample_ns: Option<f64>,
     /// ns of the sampler per sample measured on the traced processes during the session (its kernel run time

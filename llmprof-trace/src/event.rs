@@ -181,6 +181,22 @@ pub enum EventBody {
         /// HTTP status code.
         status: u32,
     },
+    /// A wire request's exchange ended (its response's end, or its connection closed first), just before its
+    /// `Finished` record.
+    WireEnd {
+        /// Wire request id.
+        req_id: u64,
+        /// HTTP status code of its response (0: no status line was written: the client went away first).
+        status: u32,
+        /// Bytes of the response's writes that left a record (its status line, its SSE events, its end: all of
+        /// a response sent whole, or streamed an event per write); `None` when its end was not seen.
+        bytes: Option<u64>,
+        /// The response was a stream of server-sent events.
+        streamed: bool,
+        /// The engine request this exchange carried, seen by the engine's own probes in the same process
+        /// (one request, two views: `crate::wire::join`).
+        engine_req: Option<u64>,
+    },
     /// SSE events with generated content after a wire request's first one (one write may carry several).
     WireToken {
         /// Wire request id.
@@ -204,6 +220,12 @@ pub enum EventBody {
     /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
     /// for [`EventBody::GpuWork`].
     GpuApi(Box<crate::gpu::GpuApi>),
+    /// A window's summary of GPU work (the helper's default mode): per kernel name, copy kind and wait type,
+    /// count and GPU time; event time as for [`EventBody::GpuWork`].
+    GpuSummary(Box<crate::gpu::GpuWindow>),
+    /// A compacted interval of GPU work on one device (the helper's default mode); event time as for
+    /// [`EventBody::GpuWork`].
+    GpuBusy(Box<crate::gpu::GpuBusyInterval>),
 }
 
 impl EventBody {
@@ -232,6 +254,7 @@ impl EventBody {
             Self::PyStack(_) => "py_stack",
             Self::WireRequest { .. } => "wire_request",
             Self::WireResponse { .. } => "wire_response",
+            Self::WireEnd { .. } => "wire_end",
             Self::WireToken { .. } => "wire_token",
             Self::SchedSwitch(_) => "sched_switch",
             Self::SchedWake(_) => "sched_wake",
@@ -239,6 +262,8 @@ impl EventBody {
             Self::OffCpuStack(_) => "offcpu_stack",
             Self::GpuWork(_) => "gpu_work",
             Self::GpuApi(_) => "gpu_api",
+            Self::GpuSummary(_) => "gpu_summary",
+            Self::GpuBusy(_) => "gpu_busy",
         }
     }
 }
@@ -288,9 +313,24 @@ pub struct Degradation {
     pub syscalls_counted: u64,
 }
 
+/// What the injected CUPTI helper added to the target over a session (part of [`OverheadSummary`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CuptiEstimate {
+    /// Estimated CPU added, ns: `thread_cpu_ns` + `records` × `per_record_ns`.
+    pub added_ns: f64,
+    /// CPU of CUPTI's buffer thread and the helper's callbacks, measured in the target, ns.
+    pub thread_cpu_ns: f64,
+    /// CUPTI records written.
+    pub records: u64,
+    /// Assumed CUPTI work per record in the launching threads, ns.
+    pub per_record_ns: f64,
+}
+
 /// Self-accounting of a whole session (the trace's summary and attach's exit summary).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverheadSummary {
+    /// The injected CUPTI helper's part of `est_added_ns` (None: no helper recorded).
+    pub cupti: Option<CuptiEstimate>,
     /// Session length, ns.
     pub elapsed_ns: u64,
     /// Estimated CPU time the probes added to the target, ns, and per probe (indexed by `ProbeId`).
@@ -319,6 +359,23 @@ pub struct OverheadSummary {
     pub symbolized_stacks: u64,
     /// llmprof's time symbolizing them (blazesym, in llmprof's own thread), ns.
     pub symbolize_ns: f64,
+    /// Distinct addresses symbolized, and of those the ones no symbol named, and of those the ones in no
+    /// mapping of the process (a frame-pointer walk gone astray in code without frame pointers).
+    pub symbolize_addresses: u64,
+    /// See [`OverheadSummary::symbolize_addresses`].
+    pub symbolize_unknown: u64,
+    /// See [`OverheadSummary::symbolize_addresses`].
+    pub symbolize_unmapped: u64,
+    /// Of `symbolize_ns`, the time resolving addresses not seen before (each library's symbols read once):
+    /// the rest is the per-stack cost of the cache.
+    pub symbolize_resolve_ns: f64,
+    /// llmprof's own CPU charged to the target because they share CPUs the target keeps busy, ns (part of
+    /// `est_added_ns`; `llmprof::cpushare`). `None`: not measured.
+    pub contention_ns: Option<f64>,
+    /// CPUs the target and llmprof share (with `contention_ns`).
+    pub shared_cpus: u32,
+    /// Idle share of those CPUs during the session, % (with `contention_ns`).
+    pub shared_idle_pct: Option<f64>,
 }
 
 /// Values scraped from the engine's Prometheus endpoint.
@@ -456,6 +513,8 @@ pub struct SessionStats {
     pub overhead: Option<OverheadSummary>,
     /// GPU activity chunks read and lost (CUPTI helper; all zero without it).
     pub gpu: crate::gpu::GpuStats,
+    /// Off-CPU stacks not taken by design: the kernel's per-CPU rate bound (not a loss, not in the drops).
+    pub offcpu_not_taken: u64,
 }
 
 impl SessionStats {

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use llmprof_abi::StepRecord;
 use llmprof_abi::gpu::{
-    GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall, GpuChunkHeader,
-    GpuRecordHeader, GpuRecordKind,
+    GPU_ABI_OLDEST, GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall,
+    GpuBusy, GpuChunkHeader, GpuRecordHeader, GpuRecordKind, GpuSummary,
 };
 
 use crate::event::{Event, EventBody};
@@ -50,6 +50,46 @@ pub struct GpuApi {
     pub name: Option<Arc<str>>,
 }
 
+/// One row of a window's summary ([`GpuSummary`], times mapped to BOOTTIME): a kernel name's (or copy kind's,
+/// or wait type's) count and GPU time in the window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SummaryRow {
+    /// What was summed (kernel, memcpy, memset, sync).
+    pub kind: GpuActivityKind,
+    /// The record, `first_ns` / `last_ns` on CLOCK_BOOTTIME.
+    pub rec: GpuSummary,
+    /// Kernels: the demangled name (None: unnamed, not sent, or the window's rest).
+    pub name: Option<Arc<str>>,
+}
+
+/// The summary of one window of a process: its rows, in the helper's order (one event per run of rows of
+/// the same window in a chunk).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuWindow {
+    /// The helper's window number.
+    pub window: u32,
+    /// The rows.
+    pub rows: Vec<SummaryRow>,
+}
+
+impl GpuWindow {
+    /// Earliest start and latest end of its rows (BOOTTIME).
+    pub fn span(&self) -> (u64, u64) {
+        let first = self.rows.iter().map(|r| r.rec.first_ns).min().unwrap_or(0);
+        let last = self.rows.iter().map(|r| r.rec.last_ns).max().unwrap_or(first);
+        (first, last.max(first))
+    }
+}
+
+/// A compacted interval of GPU work on one device ([`GpuBusy`], times mapped to BOOTTIME).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuBusyInterval {
+    /// The record, `start_ns` / `end_ns` on CLOCK_BOOTTIME (`busy_ns` ≤ their distance).
+    pub rec: GpuBusy,
+    /// Its top kernel's demangled name (None: unnamed, or a graph launch).
+    pub top: Option<Arc<str>>,
+}
+
 /// What the chunks of a session held and lost (shown in the trace summary with the other losses).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuStats {
@@ -69,6 +109,10 @@ pub struct GpuStats {
     pub activities: u64,
     /// API calls decoded.
     pub api_calls: u64,
+    /// Summary rows decoded.
+    pub summaries: u64,
+    /// Busy intervals decoded.
+    pub busy: u64,
 }
 
 impl GpuStats {
@@ -121,6 +165,8 @@ const REC_HDR: usize = std::mem::size_of::<GpuRecordHeader>();
 const ACTIVITY: usize = std::mem::size_of::<GpuActivity>();
 const API_CALL: usize = std::mem::size_of::<GpuApiCall>();
 const NAME_HDR: usize = std::mem::size_of::<llmprof_abi::gpu::GpuName>();
+const SUMMARY: usize = std::mem::size_of::<GpuSummary>();
+const BUSY: usize = std::mem::size_of::<GpuBusy>();
 
 fn chunk_header(b: &Bytes) -> GpuChunkHeader {
     GpuChunkHeader {
@@ -156,6 +202,39 @@ fn activity(b: &Bytes, hdr: GpuRecordHeader) -> GpuActivity {
         shared_static: b.u32(100),
         shared_dynamic: b.u32(104),
         pad: b.u32(108),
+    }
+}
+
+fn summary(b: &Bytes, hdr: GpuRecordHeader) -> GpuSummary {
+    GpuSummary {
+        hdr,
+        window: b.u32(8),
+        kind: b.u32(12),
+        device: b.u32(16),
+        name_id: b.u32(20),
+        detail: b.u32(24),
+        pad: b.u32(28),
+        count: b.u64(32),
+        total_ns: b.u64(40),
+        min_ns: b.u64(48),
+        max_ns: b.u64(56),
+        first_ns: b.u64(64),
+        last_ns: b.u64(72),
+        bytes: b.u64(80),
+    }
+}
+
+fn busy(b: &Bytes, hdr: GpuRecordHeader) -> GpuBusy {
+    GpuBusy {
+        hdr,
+        device: b.u32(8),
+        kernels: b.u32(12),
+        start_ns: b.u64(16),
+        end_ns: b.u64(24),
+        busy_ns: b.u64(32),
+        top_name_id: b.u32(40),
+        top_count: b.u32(44),
+        top_ns: b.u64(48),
     }
 }
 
@@ -206,7 +285,11 @@ impl GpuDecoder {
         }
         let h = chunk_header(&Bytes(data));
         let len = h.len as usize;
-        if h.magic != GPU_CHUNK_MAGIC || h.version != GPU_ABI_VERSION || len < CHUNK_HDR || len > data.len() {
+        if h.magic != GPU_CHUNK_MAGIC
+            || !(GPU_ABI_OLDEST..=GPU_ABI_VERSION).contains(&h.version)
+            || len < CHUNK_HDR
+            || len > data.len()
+        {
             self.stats.bad_chunks += 1;
             return;
         }
@@ -223,6 +306,18 @@ impl GpuDecoder {
         let map = |t: u64| -> u64 {
             let v = i128::from(t) - i128::from(h.cupti_ns) + i128::from(h.boottime_ns);
             u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+        };
+        // The run of summary rows of one window being read (one event when the run ends).
+        let mut window: Option<GpuWindow> = None;
+        let flush = |w: &mut Option<GpuWindow>, out: &mut Vec<Event>| {
+            if let Some(w) = w.take() {
+                out.push(Event {
+                    ts_ns,
+                    pid,
+                    tid,
+                    body: EventBody::GpuSummary(Box::new(w)),
+                });
+            }
         };
         let mut at = CHUNK_HDR;
         while at < len {
@@ -244,6 +339,9 @@ impl GpuDecoder {
             }
             let rec = Bytes(&data[at..at + size]);
             at += size;
+            if rh.kind != GpuRecordKind::Summary as u16 {
+                flush(&mut window, out);
+            }
             let ev = |tid: u32, body: EventBody| Event {
                 ts_ns,
                 pid,
@@ -297,9 +395,46 @@ impl GpuDecoder {
                         _ => self.stats.skipped_names += 1,
                     }
                 }
+                k if k == GpuRecordKind::Summary as u16 && size >= SUMMARY => {
+                    let mut r = summary(&rec, rh);
+                    let Some(kind) = GpuActivityKind::from_raw(r.kind) else {
+                        self.stats.skipped_records += 1;
+                        continue;
+                    };
+                    r.first_ns = map(r.first_ns);
+                    r.last_ns = map(r.last_ns).max(r.first_ns);
+                    r.min_ns = r.min_ns.min(r.max_ns);
+                    let name = (kind == GpuActivityKind::Kernel)
+                        .then(|| proc.names.get(&r.name_id).map(|(n, _)| n.clone()))
+                        .flatten();
+                    self.stats.summaries += 1;
+                    if window.as_ref().is_some_and(|w| w.window != r.window) {
+                        flush(&mut window, out);
+                    }
+                    window
+                        .get_or_insert_with(|| GpuWindow {
+                            window: r.window,
+                            rows: Vec::new(),
+                        })
+                        .rows
+                        .push(SummaryRow { kind, rec: r, name });
+                }
+                k if k == GpuRecordKind::Busy as u16 && size >= BUSY => {
+                    let mut b = busy(&rec, rh);
+                    b.start_ns = map(b.start_ns);
+                    b.end_ns = map(b.end_ns).max(b.start_ns);
+                    b.busy_ns = b.busy_ns.min(b.end_ns - b.start_ns);
+                    let top = proc.names.get(&b.top_name_id).map(|(n, _)| n.clone());
+                    self.stats.busy += 1;
+                    out.push(ev(
+                        tid,
+                        EventBody::GpuBusy(Box::new(GpuBusyInterval { rec: b, top })),
+                    ));
+                }
                 _ => self.stats.skipped_records += 1,
             }
         }
+        flush(&mut window, out);
     }
 }
 

@@ -119,6 +119,11 @@ fn hostile_chunks_are_refused_and_counted_never_a_panic() {
     );
     assert_eq!(d.stats().bad_chunks, 4);
     assert_eq!(d.stats().chunks, 0);
+    // A chunk of the oldest version (a helper an earlier llmprof left loaded in the target) is read.
+    let mut old = good.clone();
+    old.hdr.version = llmprof_abi::gpu::GPU_ABI_OLDEST;
+    assert_eq!(decode(&mut d, &old.build()).len(), 1);
+    assert_eq!((d.stats().bad_chunks, d.stats().chunks), (4, 1));
     // Every prefix and every single-byte corruption of a valid chunk: no panic.
     for n in 0..b.len() {
         decode(&mut d, &b[..n]);

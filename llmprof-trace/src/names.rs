@@ -128,6 +128,10 @@ pub mod slice {
     pub const WIRE_REQUEST_PREFIX: &str = "http request ";
     /// Instant on a wire request's track: its response's status line (args [`super::arg::HTTP_STATUS`]).
     pub const HTTP_RESPONSE: &str = "http response";
+    /// Instant on a wire request's track: its exchange ended (args [`super::arg::HTTP_STATUS`],
+    /// [`super::arg::RESPONSE_BYTES`] when the response's end was seen, [`super::arg::STREAMED`], and
+    /// [`super::arg::ENGINE_REQUEST`] when the engine's own probes saw the request it carried).
+    pub const HTTP_RESPONSE_END: &str = "http response end";
     /// Instant on a wire request's track: the request line (args [`super::arg::HTTP_METHOD`],
     /// [`super::arg::HTTP_PATH`], [`super::arg::SOCKET_WAIT_NS`] when the arrival was seen).
     pub const HTTP_REQUEST_LINE: &str = "http request line";
@@ -230,6 +234,9 @@ pub mod slice {
 pub mod marker {
     /// The final instant with the session statistics and self-accounting.
     pub const SUMMARY: &str = "llmprof summary";
+    /// Where the trace's view begins (the probes went live, or the flight recorder's history starts): a request
+    /// that arrived before it was in flight when llmprof attached.
+    pub const TRACING_STARTED: &str = "tracing started";
     /// The traced process exited (also the session's end reason then).
     pub const TARGET_EXITED: &str = "target exited";
     /// Beginning of the marker written when a process's engine probes were not found.
@@ -476,10 +483,19 @@ pub mod arg {
     pub const TTFT_MS: &str = "ttft_ms";
     /// What closed a slice: [`CLOSED_BY_FINISHED`] or the session's end reason.
     pub const CLOSED_BY: &str = "closed_by";
+    /// Summary: off-CPU stacks the kernel's per-CPU rate bound did not take (by design, not a loss).
+    pub const OFFCPU_NOT_TAKEN: &str = "offcpu_not_taken";
     /// HTTP status code of a wire response.
     pub const HTTP_STATUS: &str = "http_status";
     /// HTTP method of a wire request.
     pub const HTTP_METHOD: &str = "http_method";
+    /// Bytes of a wire response (status line, headers and body as written).
+    pub const RESPONSE_BYTES: &str = "response_bytes";
+    /// Whether a wire response was a stream of server-sent events.
+    pub const STREAMED: &str = "streamed";
+    /// The engine request a wire request carried: the name of its outer slice (`request N`), the one to search
+    /// for in Perfetto.
+    pub const ENGINE_REQUEST: &str = "engine_request";
     /// Request target (path) of a wire request.
     pub const HTTP_PATH: &str = "http_path";
     /// How long a wire request's first bytes waited in the server's socket before the server read them, ns
@@ -627,7 +643,7 @@ pub mod arg {
     pub const COUNTED_CALLS: &str = "counted_calls";
     /// Bytes of a batch's counted (asynchronous) copies.
     pub const COUNTED_BYTES: &str = "counted_bytes";
-    /// Every CUDA slice's note ([`CUDA_NOTE`]).
+    /// The note of the first slice of each CUDA track ([`CUDA_NOTE`]).
     pub const NOTE: &str = "note";
     /// The value of [`NOTE`]: what a CUDA slice's duration means.
     pub const CUDA_NOTE: &str = "host-side time in the CUDA driver call (enqueue, or waiting for the GPU in synchronize calls); not GPU kernel execution";
@@ -651,8 +667,17 @@ pub mod arg {
     pub const CUDA_CALLS: &str = "cuda_calls";
     /// Events written per kind: `kind=N ...`.
     pub const EVENTS: &str = "events";
-    /// Estimated CPU the probes added to the target, ms.
+    /// Estimated CPU the probes (and the injected CUPTI helper) added to the target, ms.
     pub const OVERHEAD_EST_TARGET_CPU_MS: &str = "overhead_est_target_cpu_ms";
+    /// Of it, the CUPTI helper's part, ms: [`CUPTI_THREAD_CPU_MS`] + [`CUPTI_RECORDS`] ×
+    /// [`COST_NS_CUPTI_RECORD`].
+    pub const OVERHEAD_EST_CUPTI_MS: &str = "overhead_est_cupti_ms";
+    /// CPU of CUPTI's buffer thread and the helper's callbacks, measured in the target, ms.
+    pub const CUPTI_THREAD_CPU_MS: &str = "cupti_thread_cpu_ms";
+    /// CUPTI records written during the session.
+    pub const CUPTI_RECORDS: &str = "cupti_records";
+    /// Assumed CUPTI work per record in the launching threads, ns (not measurable from outside).
+    pub const COST_NS_CUPTI_RECORD: &str = "cost_ns_cupti_record";
     /// The same, % of the target's own CPU.
     pub const OVERHEAD_EST_TARGET_PCT: &str = "overhead_est_target_pct";
     /// The target's CPU time, ms.
@@ -690,6 +715,20 @@ pub mod arg {
     pub const SYMBOLIZED_STACKS: &str = "symbolized_stacks";
     /// llmprof's own CPU time spent symbolizing them (part of `llmprof_cpu_ms`), ms.
     pub const SYMBOLIZE_MS: &str = "llmprof_symbolize_ms";
+    /// Distinct addresses llmprof symbolized.
+    pub const SYMBOLIZE_ADDRESSES: &str = "symbolize_addresses";
+    /// Of those, addresses no symbol named.
+    pub const SYMBOLIZE_UNKNOWN: &str = "symbolize_unknown";
+    /// Of those, addresses in no mapping (a frame-pointer walk gone astray).
+    pub const SYMBOLIZE_UNMAPPED: &str = "symbolize_unmapped";
+    /// Of `llmprof_symbolize_ms`, the time resolving addresses not seen before, ms.
+    pub const SYMBOLIZE_RESOLVE_MS: &str = "llmprof_symbolize_resolve_ms";
+    /// llmprof's own CPU charged to the target on the CPUs they share (part of the estimate), ms.
+    pub const LLMPROF_CPU_CHARGED_MS: &str = "llmprof_cpu_charged_ms";
+    /// CPUs the target and llmprof share.
+    pub const SHARED_CPUS: &str = "shared_cpus";
+    /// Idle share of those CPUs during the session, %.
+    pub const SHARED_IDLE_PCT: &str = "shared_idle_pct";
     /// Calibrated cost per request the wire probe follows (head read and a small response), ns.
     pub const COST_NS_HTTP_REQUEST: &str = "cost_ns_http_request";
     /// Calibrated cost per followed SSE write of a typical chat chunk, ns.

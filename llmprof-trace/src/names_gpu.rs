@@ -21,12 +21,55 @@ pub mod track {
     /// A thread's child track (or a process's, when the waiting thread is unknown) of its host waits for the
     /// GPU (CUPTI synchronization records).
     pub const WAITS: &str = "GPU waits (CUPTI)";
+
+    const BUSY_PREFIX: &str = "CUDA device ";
+    const BUSY_SUFFIX: &str = " busy";
+
+    /// A process's child track of one device's busy intervals (the default mode's summaries): `CUDA device D
+    /// busy`.
+    pub fn busy(device: u32) -> String {
+        format!("{BUSY_PREFIX}{device}{BUSY_SUFFIX}")
+    }
+
+    /// The reader's side of [`busy`]: the device.
+    pub fn parse_busy(name: &str) -> Option<u32> {
+        name.strip_prefix(BUSY_PREFIX)?
+            .strip_suffix(BUSY_SUFFIX)?
+            .parse()
+            .ok()
+    }
+
+    /// A process's child track of its GPU work summed per window (the default mode).
+    pub const SUMMARY: &str = "GPU work per window (CUPTI)";
 }
 
 /// Names of slices.
 pub mod slice {
     /// A kernel whose name was not sent (or not kept).
     pub const KERNEL_UNNAMED: &str = "kernel";
+    /// The slice of one window's summary (its rows in the args).
+    pub const WINDOW: &str = "GPU work (window summary)";
+
+    /// A CUDA graph launch as a whole: `CUDA graph 5`.
+    pub fn graph(id: u32) -> String {
+        format!("CUDA graph {id}")
+    }
+
+    const BUSY: &str = "GPU busy";
+    const BUSY_TOP: &str = "GPU busy: ";
+
+    /// A busy interval, named by its top kernel: `GPU busy: gemm<128>` (`GPU busy` without one).
+    pub fn busy(top: Option<&str>) -> String {
+        match top {
+            Some(t) if !t.is_empty() => format!("{BUSY_TOP}{t}"),
+            _ => BUSY.to_owned(),
+        }
+    }
+
+    /// The reader's side of [`busy`]: the top kernel (None: a busy slice without one, or another slice).
+    pub fn parse_busy(name: &str) -> Option<&str> {
+        name.strip_prefix(BUSY_TOP).filter(|t| !t.is_empty())
+    }
     /// A memset.
     pub const MEMSET: &str = "memset";
 
@@ -87,6 +130,40 @@ pub mod arg {
     pub const KIND_MEMCPY: &str = "memcpy";
     /// [`KIND`] of a memset.
     pub const KIND_MEMSET: &str = "memset";
+    /// [`KIND`] of a CUDA graph launch as a whole.
+    pub const KIND_GRAPH: &str = "graph";
+    /// [`KIND`] of a host wait (in a window's rows).
+    pub const KIND_WAIT: &str = "wait";
+
+    /// Busy interval: kernels (a graph launch counts one) inside it.
+    pub const KERNELS: &str = "kernels";
+    /// Busy interval: the union of its kernels' times, ns.
+    pub const BUSY_NS: &str = "busy_ns";
+    /// Busy interval: GPU idle between its kernels, ns (its span − `busy_ns`).
+    pub const IDLE_NS: &str = "idle_ns";
+    /// Busy interval: its top kernel's (the one its slice is named after) GPU time inside it, ns.
+    pub const TOP_KERNEL_NS: &str = "top_kernel_ns";
+    /// Busy interval: that kernel's launches inside it.
+    pub const TOP_KERNEL_COUNT: &str = "top_kernel_count";
+    /// Window summary: the helper's window number.
+    pub const WINDOW: &str = "window";
+    /// Window summary, one entry per row (arrays of equal length): what the row sums ([`KIND`]'s values and
+    /// [`KIND_WAIT`]).
+    pub const ROW_KIND: &str = "row_kind";
+    /// Window summary rows: the kernel name, copy kind (`memcpy HtoD`) or wait (`GPU wait (...)`).
+    pub const ROW_NAME: &str = "row_name";
+    /// Window summary rows: CUDA device.
+    pub const ROW_DEVICE: &str = "row_device";
+    /// Window summary rows: records summed.
+    pub const ROW_COUNT: &str = "row_count";
+    /// Window summary rows: their summed duration, ns.
+    pub const ROW_TOTAL_NS: &str = "row_total_ns";
+    /// Window summary rows: the shortest, ns.
+    pub const ROW_MIN_NS: &str = "row_min_ns";
+    /// Window summary rows: the longest, ns.
+    pub const ROW_MAX_NS: &str = "row_max_ns";
+    /// Window summary rows: bytes (copies, memsets).
+    pub const ROW_BYTES: &str = "row_bytes";
     /// CUDA device ordinal.
     pub const DEVICE: &str = "device";
     /// CUPTI stream id.
@@ -116,8 +193,8 @@ pub mod arg {
     /// CUPTI callback id of an API call.
     pub const CBID: &str = "cbid";
 
-    /// Summary: GPU activity chunks read and lost, `chunks=C activities=A api_calls=P bad_chunks=B
-    /// missed_chunks=M helper_dropped=D skipped_records=S skipped_names=N`.
+    /// Summary: GPU activity chunks read and lost, `chunks=C activities=A api_calls=P summaries=R busy=I
+    /// bad_chunks=B missed_chunks=M helper_dropped=D skipped_records=S skipped_names=N`.
     pub const SUMMARY: &str = "gpu_activity";
     /// Summary: GPU activity records lost in all (the loss counts of [`SUMMARY`] but `missed_chunks`, see
     /// `GpuStats::lost`).
@@ -131,11 +208,13 @@ pub mod value {
     /// The summary's [`super::arg::SUMMARY`] value.
     pub fn gpu_activity(g: &GpuStats) -> String {
         format!(
-            "chunks={} activities={} api_calls={} bad_chunks={} missed_chunks={} helper_dropped={} \
-             skipped_records={} skipped_names={}",
+            "chunks={} activities={} api_calls={} summaries={} busy={} bad_chunks={} missed_chunks={} \
+             helper_dropped={} skipped_records={} skipped_names={}",
             g.chunks,
             g.activities,
             g.api_calls,
+            g.summaries,
+            g.busy,
             g.bad_chunks,
             g.missed_chunks,
             g.helper_dropped,

@@ -9,9 +9,12 @@
 //! token, and the response's end (or the connection's close or reset before it: a cancelled request) the
 //! finish. Each request becomes:
 //! - `EventBody::Request` records: `Arrived` at its first byte, `FirstToken` at its first content event,
-//!   `Finished` (`stop`, or `abort` when the client went away first) with the content events as output tokens;
+//!   `Finished` with the content events as output tokens: `stop`, `error` when the status is 4xx or 5xx (a
+//!   failed request is never a finished one), or `abort` when the client went away first;
 //! - `EventBody::WireToken` for every content event after the first (the outside view of each token or chunk:
-//!   `llmprof report`'s wire inter-token latencies) and `EventBody::WireResponse` at the response's status line.
+//!   `llmprof report`'s wire inter-token latencies), `EventBody::WireResponse` at the response's status line
+//!   and `EventBody::WireEnd` at its end (status, bytes, whether it streamed, and the engine request it
+//!   carried: [`join`]).
 //!
 //! Wire requests get ids from [`WIRE_REQ_BASE`] up, apart from any engine's own ids in the same process.
 //! TLS and HTTP/2 connections are reported once per process as a marker and not followed.
@@ -24,6 +27,8 @@ use llmprof_abi::{
 };
 
 use crate::event::{Event, EventBody};
+
+pub mod join;
 
 /// First id of requests seen on the wire (engine ids are per-process counters far below it).
 pub const WIRE_REQ_BASE: u64 = 1 << 40;
@@ -209,6 +214,36 @@ struct Req {
     arrived: bool,
     content: u32,
     last_ns: u64,
+    /// Its `x-request-id` (for the join).
+    x_request_id: String,
+    /// The response's status (0: no status line seen).
+    status: u32,
+    /// SSE events the response carried (a streamed response has some).
+    sse_events: u32,
+    /// Bytes of the response's writes that left a record (its status line, its SSE events, its end).
+    resp_bytes: u64,
+    /// The last response record counted (op and the write's result): one write leaves up to three records.
+    last_write: Option<(HttpOp, i64)>,
+}
+
+impl Req {
+    /// Adds a response write's bytes, once per write: the kernel writes a write's records back to back, in the
+    /// order status line, SSE events, end, each with the write's result.
+    fn count_write(&mut self, r: &WireRecord) {
+        let Some(op) = r.op else { return };
+        let rank = |o: HttpOp| match o {
+            HttpOp::ResponseStart => 0,
+            HttpOp::Sse => 1,
+            _ => 2,
+        };
+        let same_write = self
+            .last_write
+            .is_some_and(|(prev, ret)| ret == r.ret && rank(prev) < rank(op));
+        if !same_write {
+            self.resp_bytes += u64::try_from(r.ret).unwrap_or(0);
+        }
+        self.last_write = Some((op, r.ret));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -225,6 +260,8 @@ pub struct Reconstructor {
     noted: HashSet<(u32, u32)>,
     /// llmprof's own connections (none known: every request is the server's).
     own: Option<std::sync::Arc<OwnConns>>,
+    /// The engine requests a wire request may have carried.
+    engine: join::Joiner,
     /// Requests started, finished, cancelled.
     pub stats: WireStats,
 }
@@ -240,6 +277,10 @@ pub struct WireStats {
     pub not_http: u64,
     /// llmprof's own requests (its /metrics scraper), left out.
     pub own: u64,
+    /// Requests answered with a 4xx or 5xx status.
+    pub failed: u64,
+    /// Requests joined to the engine request they carried (one request, two views).
+    pub joined: u64,
 }
 
 impl Reconstructor {
@@ -256,6 +297,27 @@ impl Reconstructor {
         }
     }
 
+    /// Sees an event of the engine's own probes: its request records are what a wire request may carry
+    /// ([`join`]); a process's exit forgets them.
+    pub fn engine(&mut self, ev: &Event) {
+        match &ev.body {
+            EventBody::Request(rec) if !crate::names::slice::is_wire_request(rec.req_id) => {
+                match RequestEventKind::from_raw(rec.kind) {
+                    Some(RequestEventKind::Arrived) => self.engine.arrived(
+                        ev.pid,
+                        rec.req_id,
+                        ev.ts_ns,
+                        llmprof_abi::read_str(&rec.x_request_id),
+                    ),
+                    Some(RequestEventKind::Finished) => self.engine.finished(ev.pid, rec.req_id, ev.ts_ns),
+                    _ => {}
+                }
+            }
+            EventBody::ProcessExit { .. } => self.engine.forget(ev.pid),
+            _ => {}
+        }
+    }
+
     /// Applies one record; appends the events it produces to `out`.
     pub fn push(&mut self, r: WireRecord, out: &mut Vec<Event>) {
         let Some(op) = r.op else { return };
@@ -267,7 +329,7 @@ impl Reconstructor {
                 if let Some(prev) = prev {
                     // The previous exchange's end was not seen: it ended with its last write.
                     let at = prev.last_ns;
-                    finish(&r, prev, at, FinishReason::Stop, out);
+                    self.finish(&r, prev, at, false, None, out);
                 }
                 self.next += 1;
                 self.stats.requests += 1;
@@ -281,6 +343,11 @@ impl Reconstructor {
                     arrived: false,
                     content: 0,
                     last_ns: r.ts_ns,
+                    x_request_id: String::new(),
+                    status: 0,
+                    sse_events: 0,
+                    resp_bytes: 0,
+                    last_write: None,
                 });
                 if r.flags & (HTTP_FLAG_HEAD_DONE | HTTP_FLAG_HEAD_CUT) != 0 {
                     self.arrive(key, &r, out);
@@ -299,6 +366,8 @@ impl Reconstructor {
                 self.arrive(key, &r, out);
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
+                req.status = r.status;
+                req.count_write(&r);
                 let id = req.id;
                 out.push(ev(
                     &r,
@@ -312,6 +381,8 @@ impl Reconstructor {
                 self.arrive(key, &r, out);
                 let Some(req) = self.req(key) else { return };
                 req.last_ns = r.ts_ns;
+                req.sse_events = req.sse_events.saturating_add(r.events);
+                req.count_write(&r);
                 let mut n = r.content_events;
                 if n == 0 {
                     return;
@@ -329,8 +400,10 @@ impl Reconstructor {
             }
             HttpOp::ResponseEnd => {
                 self.arrive(key, &r, out);
-                if let Some(req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
-                    finish(&r, req, r.ts_ns, FinishReason::Stop, out);
+                if let Some(mut req) = self.conns.get_mut(&key).and_then(|c| c.req.take()) {
+                    req.count_write(&r);
+                    let bytes = req.resp_bytes;
+                    self.finish(&r, req, r.ts_ns, false, Some(bytes), out);
                 }
             }
             HttpOp::Close | HttpOp::Reset => {
@@ -344,7 +417,7 @@ impl Reconstructor {
                         return;
                     }
                     self.stats.cancelled += 1;
-                    finish(&r, req, r.ts_ns, FinishReason::Abort, out);
+                    self.finish(&r, req, r.ts_ns, true, None, out);
                 }
             }
             HttpOp::Tls | HttpOp::Http2 => {
@@ -389,6 +462,7 @@ impl Reconstructor {
         }
         req.arrived = true;
         req.head = Vec::new();
+        req.x_request_id.clone_from(&head.x_request_id);
         let mut rec = RequestRecord::new(RequestEventKind::Arrived, req.id, req.start_ns);
         rec.is_chat = u8::from(head.path.contains("/chat/completions"));
         rec.x_request_id = fill_str::<REQUEST_ID_LEN>(&head.x_request_id);
@@ -424,16 +498,60 @@ fn ev(r: &WireRecord, body: EventBody) -> Event {
     }
 }
 
-fn finish(r: &WireRecord, req: Req, at: u64, reason: FinishReason, out: &mut Vec<Event>) {
-    if !req.arrived {
-        return;
+impl Reconstructor {
+    /// The exchange `req` ended at `at` (`cancelled`: the client went away first; `bytes`: the response's, when
+    /// its end was seen): its end (status, bytes, whether it streamed, the engine request it carried) and its
+    /// `Finished` record.
+    fn finish(
+        &mut self,
+        r: &WireRecord,
+        req: Req,
+        at: u64,
+        cancelled: bool,
+        bytes: Option<u64>,
+        out: &mut Vec<Event>,
+    ) {
+        if !req.arrived {
+            return;
+        }
+        let failed = req.status >= 400;
+        self.stats.failed += u64::from(failed);
+        let engine_req = self.engine.take(
+            r.pid,
+            &join::Exchange {
+                start_ns: req.start_ns,
+                end_ns: at,
+                cancelled,
+                x_request_id: &req.x_request_id,
+            },
+        );
+        self.stats.joined += u64::from(engine_req.is_some());
+        let mut end = ev(
+            r,
+            EventBody::WireEnd {
+                req_id: req.id,
+                status: req.status,
+                bytes,
+                streamed: req.sse_events > 0,
+                engine_req,
+            },
+        );
+        end.ts_ns = at;
+        out.push(end);
+        let reason = if cancelled {
+            FinishReason::Abort
+        } else if failed {
+            FinishReason::Error
+        } else {
+            FinishReason::Stop
+        };
+        let mut rec = RequestRecord::new(RequestEventKind::Finished, req.id, at);
+        rec.finish_reason = reason as u32;
+        rec.output_tokens = req.content;
+        let mut e = ev(r, EventBody::Request(Box::new(rec)));
+        e.ts_ns = at;
+        out.push(e);
     }
-    let mut rec = RequestRecord::new(RequestEventKind::Finished, req.id, at);
-    rec.finish_reason = reason as u32;
-    rec.output_tokens = req.content;
-    let mut e = ev(r, EventBody::Request(Box::new(rec)));
-    e.ts_ns = at;
-    out.push(e);
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@ struct Sim {
     in_response: bool,
     ts: u64,
     records: Vec<WireRecord>,
+    /// Response bytes written so far.
+    written: u64,
 }
 
 impl Sim {
@@ -28,6 +30,7 @@ impl Sim {
             in_response: false,
             ts: 0,
             records: Vec::new(),
+            written: 0,
         }
     }
 
@@ -72,9 +75,13 @@ impl Sim {
         }
         let o = finish_write(&mut x, bytes.len() as u64, scanned);
         self.st = x.st;
+        // Each record of a write carries the write's result, as the kernel's do.
+        let ret = bytes.len() as i64;
+        self.written += bytes.len() as u64;
         if o.response_start {
             let mut r = self.rec(HttpOp::ResponseStart);
             r.status = o.status;
+            r.ret = ret;
             self.records.push(r);
         }
         if o.events > 0 {
@@ -82,11 +89,13 @@ impl Sim {
             r.events = o.events;
             r.content_events = o.content;
             r.flags = o.flags;
+            r.ret = ret;
             self.records.push(r);
         }
         if o.end != 0 {
             let mut r = self.rec(HttpOp::ResponseEnd);
             r.flags = o.end;
+            r.ret = ret;
             self.records.push(r);
         }
         o
@@ -134,6 +143,9 @@ fn kinds(evs: &[Event]) -> Vec<String> {
             EventBody::Request(r) => format!("{:?}", RequestEventKind::from_raw(r.kind)),
             EventBody::WireToken { count, .. } => format!("tokens {count}"),
             EventBody::WireResponse { status, .. } => format!("status {status}"),
+            EventBody::WireEnd { status, streamed, .. } => {
+                format!("end {status}{}", if *streamed { " streamed" } else { "" })
+            }
             EventBody::WireRequest { method, path, .. } => format!("{method} {path}"),
             other => other.kind_name().to_owned(),
         })
@@ -178,6 +190,7 @@ fn role_only_first_chunk_is_not_the_first_token() {
                 "status 200",
                 "Some(FirstToken)",
                 "tokens 1",
+                "end 200 streamed",
                 "Some(Finished)"
             ]
         );
@@ -187,7 +200,11 @@ fn role_only_first_chunk_is_not_the_first_token() {
         assert_eq!(read_str(&arrived.x_request_id), "abc-1");
         assert_eq!(arrived.has_trace_context, 1);
         assert_eq!(arrived.is_chat, 1);
-        let EventBody::Request(fin) = &evs[5].body else {
+        let EventBody::WireEnd { bytes, .. } = &evs[5].body else {
+            panic!()
+        };
+        assert_eq!(*bytes, Some(s.written), "every write of the stream, each once");
+        let EventBody::Request(fin) = &evs[6].body else {
             panic!()
         };
         assert_eq!(fin.output_tokens, 2);
@@ -403,4 +420,103 @@ fn a_request_starts_when_its_bytes_arrived_and_says_how_long_they_waited() {
             ..
         }
     )));
+}
+
+fn finished(evs: &[Event]) -> Vec<FinishReason> {
+    evs.iter()
+        .filter_map(|e| match &e.body {
+            EventBody::Request(r) if r.kind == RequestEventKind::Finished as u32 => {
+                Some(FinishReason::from_raw(r.finish_reason))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn ends(evs: &[Event]) -> Vec<(u32, Option<u64>, bool, Option<u64>)> {
+    evs.iter()
+        .filter_map(|e| match &e.body {
+            EventBody::WireEnd {
+                status,
+                bytes,
+                streamed,
+                engine_req,
+                ..
+            } => Some((*status, *bytes, *streamed, *engine_req)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_request_has_its_status_and_a_4xx_or_5xx_is_failed_not_finished() {
+    let mut s = Sim::new();
+    let body = r#"{"error": {"message": "The model `x` does not exist.", "code": "model_not_found"}}"#;
+    s.read(HEAD);
+    let resp = format!(
+        "HTTP/1.1 404 Not Found\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write(&resp);
+    s.read(HEAD);
+    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+    s.write(ok);
+    s.read(HEAD);
+    let unavailable = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+    s.write(unavailable);
+    let mut evs = Vec::new();
+    let mut rc = Reconstructor::new();
+    for r in s.records.clone() {
+        rc.push(r, &mut evs);
+    }
+    assert_eq!(
+        finished(&evs),
+        [FinishReason::Error, FinishReason::Stop, FinishReason::Error]
+    );
+    let e = ends(&evs);
+    assert_eq!(e.iter().map(|x| x.0).collect::<Vec<_>>(), [404, 200, 503]);
+    let sizes: Vec<Option<u64>> = e.iter().map(|x| x.1).collect();
+    assert_eq!(
+        sizes,
+        [
+            Some(resp.len() as u64),
+            Some(ok.len() as u64),
+            Some(unavailable.len() as u64)
+        ]
+    );
+    assert!(e.iter().all(|x| !x.2), "none streamed: {e:?}");
+    assert_eq!(rc.stats.failed, 2);
+}
+
+#[test]
+fn the_engine_request_a_wire_exchange_carried_is_named_at_its_end() {
+    // No x-request-id: the engine's request 9 arrived and finished inside the exchange, in the same process.
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut s = Sim::new();
+    s.read(head);
+    s.write(SSE_HEAD);
+    s.write(&chunk(&token("x")));
+    let mut rc = Reconstructor::new();
+    let mut evs = Vec::new();
+    let recs = s.records.clone();
+    let t0 = recs[0].ts_ns;
+    for r in recs {
+        rc.push(r, &mut evs);
+    }
+    let engine = |kind, ts| Event {
+        ts_ns: ts,
+        pid: 1,
+        tid: 9,
+        body: EventBody::Request(Box::new(RequestRecord::new(kind, 9, ts))),
+    };
+    rc.engine(&engine(RequestEventKind::Arrived, t0 + 10));
+    rc.engine(&engine(RequestEventKind::Finished, s.ts + 10));
+    s.records.clear();
+    s.write(&format!("{}0\r\n\r\n", chunk("data: [DONE]")));
+    for r in s.records.clone() {
+        rc.push(r, &mut evs);
+    }
+    let e = ends(&evs);
+    assert_eq!((e[0].0, e[0].2, e[0].3), (200, true, Some(9)), "{e:?}");
+    assert_eq!(rc.stats.joined, 1);
 }

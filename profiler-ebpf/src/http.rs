@@ -35,16 +35,16 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel as read_kernel,
         generated::{bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user},
     },
-    macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    programs::{RawTracePointContext, TracePointContext},
 };
 use llmprof_abi::{
     EventKind, HTTP_ARRIVALS_MAX, HTTP_FLAG_FIRST_CONTENT, HTTP_FLAG_HEAD_CUT, HTTP_FLAG_HEAD_DONE,
     HTTP_FLAG_SCAN_CUT, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HTTP_PORTS_MAX, HttpConnState, HttpEvent,
     HttpHeadEvent, HttpOp, Knob, ProbeId, SOCK_FAMILY_OFFSET, SOCK_NUM_OFFSET, SOCK_STATE_OFFSET, Scan,
-    SockKey, TCP_STATE_ESTABLISHED, counting_body, finish_write, is_http_request_start, scan_byte,
-    start_response,
+    SockKey, TCP_STATE_ESTABLISHED, WIRE_DECODER_SLOTS, counting_body, finish_write, is_http_request_start,
+    scan_byte, start_response,
 };
 
 use crate::{
@@ -180,6 +180,12 @@ struct Scratch {
     /// Request head: characters of `\r\n\r\n` matched so far, and whether all four were.
     matched: u32,
     done: u32,
+    /// Response write: the call's buffers ([`write_buf_cb`] takes one per index), the bytes of the call not
+    /// yet scanned, and the `HTTP_FLAG_SCAN_CUT` bit when a buffer was cut.
+    bufs: Bufs,
+    left: u64,
+    flags: u32,
+    pad: u32,
 }
 
 #[map]
@@ -227,6 +233,42 @@ extern "C" fn scan_cb(i: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// `bpf_loop` callback: buffer `k` of a response write (copied into the scratch buffer, then scanned). A
+/// callback rather than a loop in the decoder: its state lives in the scratch value, so the verifier checks
+/// one buffer once instead of every combination of up to [`MAX_IOV`] of them (~0.4 s at each attach).
+extern "C" fn write_buf_cb(k: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: as in `scan_cb`.
+    let s = unsafe { (*ctx.cast::<LoopCtx>()).s };
+    // SAFETY: see above.
+    let x = unsafe { &mut *s };
+    if x.left == 0 {
+        return 1;
+    }
+    let Some((addr, len)) = buf_at(&x.bufs, k) else {
+        return 1;
+    };
+    let take = len.min(x.left);
+    x.left -= take;
+    let n = take.min(SCAN_MAX as u64);
+    if n < take {
+        x.flags |= HTTP_FLAG_SCAN_CUT;
+    }
+    // SAFETY: reads at most SCAN_MAX bytes of the user's buffer into the scratch array.
+    let rc = unsafe {
+        bpf_probe_read_user(
+            x.buf.as_mut_ptr().cast::<c_void>(),
+            (n as u32) & (SCAN_MAX as u32 * 2 - 1),
+            addr as *const c_void,
+        )
+    };
+    if rc == 0 {
+        x.n = n;
+        run_loop(SCAN_MAX as u32, scan_cb, s);
+    }
+    x.scan.base += take;
+    0
+}
+
 /// `bpf_loop` callback: byte `i` of a request head; bytes past the blank line (or past the read) are zeroed.
 extern "C" fn head_cb(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: as in `scan_cb`.
@@ -252,23 +294,26 @@ extern "C" fn head_cb(i: u64, ctx: *mut c_void) -> i64 {
 
 /// One buffer of a call: its user address and length.
 #[inline(always)]
-fn read_iov(iov_ptr: u64, k: usize) -> Option<(u64, u64)> {
+fn read_iov(iov_ptr: u64, k: u64) -> Option<(u64, u64)> {
     let mut iov = [0u64; 2];
     // SAFETY: reads one `struct iovec` (base, len) of user memory into a stack array; faults fail cleanly.
     let rc = unsafe {
         bpf_probe_read_user(
             iov.as_mut_ptr().cast::<c_void>(),
             16,
-            (iov_ptr + (k as u64) * 16) as *const c_void,
+            (iov_ptr + k * 16) as *const c_void,
         )
     };
     (rc == 0).then_some((iov[0], iov[1]))
 }
 
-/// The buffers of a syscall: (address of an iovec array, count) or a single buffer (`single`).
+/// The buffers of a syscall: an iovec array (`iov`, `iovcnt`), or, when `iov` is 0, the single buffer
+/// (`addr`, `len`). Plain integers, every field always written: the value is stored in a map.
+#[repr(C)]
 #[derive(Clone, Copy)]
 struct Bufs {
-    single: Option<(u64, u64)>,
+    addr: u64,
+    len: u64,
     iov: u64,
     iovcnt: u64,
 }
@@ -279,12 +324,14 @@ fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
     use crate::{NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, NR_SENDMSG, NR_SENDTO, NR_WRITE, NR_WRITEV};
     match nr {
         NR_READ | NR_WRITE | NR_RECVFROM | NR_SENDTO => Some(Bufs {
-            single: Some((inf.args[1], inf.args[2])),
+            addr: inf.args[1],
+            len: inf.args[2],
             iov: 0,
             iovcnt: 0,
         }),
         NR_READV | NR_WRITEV => Some(Bufs {
-            single: None,
+            addr: 0,
+            len: 0,
             iov: inf.args[1],
             iovcnt: inf.args[2],
         }),
@@ -298,8 +345,9 @@ fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
                     (inf.args[1] + 16) as *const c_void,
                 )
             };
-            (rc == 0).then_some(Bufs {
-                single: None,
+            (rc == 0 && m[0] != 0).then_some(Bufs {
+                addr: 0,
+                len: 0,
                 iov: m[0],
                 iovcnt: m[1],
             })
@@ -309,11 +357,11 @@ fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
 }
 
 #[inline(always)]
-fn buf_at(b: &Bufs, k: usize) -> Option<(u64, u64)> {
-    match b.single {
-        Some(s) => (k == 0).then_some(s),
-        None if (k as u64) < b.iovcnt => read_iov(b.iov, k),
-        None => None,
+fn buf_at(b: &Bufs, k: u64) -> Option<(u64, u64)> {
+    match b.iov {
+        0 => (k == 0).then_some((b.addr, b.len)),
+        iov if k < b.iovcnt => read_iov(iov, k),
+        _ => None,
     }
 }
 
@@ -402,9 +450,79 @@ fn emit(
     count(ProbeId::Http, 0, 1, 0);
 }
 
+/// The wire decoders, by slot (`llmprof_abi::WIRE_DECODE_READ` / `WIRE_DECODE_WRITE`), filled by user space.
+#[map]
+static WIRE_DECODERS: ProgramArray = ProgramArray::with_max_entries(WIRE_DECODER_SLOTS, 0);
+
+/// What `llmprof_sysexit` hands to a decoder: a tail call starts from the bare context, so the call's saved
+/// entry, its number and its result travel in this per-CPU slot (a tail call runs on its caller's CPU, and
+/// sys_exit programs do not nest on a CPU).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WireExit {
+    pid_tgid: u64,
+    ret: i64,
+    inf: Inflight,
+}
+
+#[map]
+static WIRE_EXIT: PerCpuArray<WireExit> = PerCpuArray::with_max_entries(1, 0);
+
+/// From `llmprof_sysexit`, last: when `fd` is a followed connection, the decoder in `slot` takes the call
+/// over (this does not return then). Other fds cost one hash lookup; with no decoder loaded (`--http off`)
+/// the tail call fails and nothing happens.
+#[inline(always)]
+pub(crate) fn decode_exit(ctx: &RawTracePointContext, slot: u32, pid_tgid: u64, inf: &Inflight, ret: i64) {
+    let key = SockKey {
+        pid: (pid_tgid >> 32) as u32,
+        fd: inf.args[0] as i32,
+    };
+    // SAFETY: presence test only.
+    if unsafe { HTTP_CONNS.get(&key) }.is_none() {
+        return;
+    }
+    let Some(x) = WIRE_EXIT.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; nothing else runs on this CPU between this store and the decoder's load.
+    unsafe {
+        *x = WireExit {
+            pid_tgid,
+            ret,
+            inf: *inf,
+        };
+        WIRE_DECODERS.tail_call(ctx, slot);
+    }
+}
+
+/// The call `llmprof_sysexit` handed over, copied out of [`WIRE_EXIT`].
+#[inline(always)]
+fn handed_over() -> Option<WireExit> {
+    // SAFETY: this CPU's slot, written by the tail caller just before.
+    WIRE_EXIT.get_ptr(0).map(|x| unsafe { *x })
+}
+
+/// Read-side decoder (tail-called from `llmprof_sysexit`, never attached): [`on_read`].
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn llmprof_wirerd(_ctx: RawTracePointContext) -> i32 {
+    if let Some(x) = handed_over() {
+        on_read(x.pid_tgid, x.inf.nr, &x.inf, x.ret);
+    }
+    0
+}
+
+/// Write-side decoder (tail-called from `llmprof_sysexit`, never attached): [`on_write`].
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn llmprof_wirewr(_ctx: RawTracePointContext) -> i32 {
+    if let Some(x) = handed_over() {
+        on_write(x.pid_tgid, x.inf.nr, &x.inf, x.ret);
+    }
+    0
+}
+
 /// A read-side call (read, recvfrom, readv, recvmsg) returned `ret` on `fd`.
 #[inline(never)]
-pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
+fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     let key = SockKey {
         pid: (pid_tgid >> 32) as u32,
         fd: inf.args[0] as i32,
@@ -567,7 +685,7 @@ pub(crate) fn on_read(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
 
 /// A write-side call (write, sendto, writev, sendmsg) returned `ret` on `fd`.
 #[inline(never)]
-pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
+fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 {
     let key = SockKey {
         pid: (pid_tgid >> 32) as u32,
         fd: inf.args[0] as i32,
@@ -605,40 +723,18 @@ pub(crate) fn on_write(pid_tgid: u64, nr: u64, inf: &Inflight, ret: i64) -> u32 
     if phase != PH_RESP {
         start_response(&mut x.scan.st);
     }
-    let mut flags = 0;
     let scanned = !counting_body(&x.scan.st);
+    x.flags = 0;
     if scanned {
         let Some(b) = bufs(nr, inf) else { return 0 };
-        let mut left = ret as u64;
-        for k in 0..MAX_IOV {
-            if left == 0 {
-                break;
-            }
-            let Some((addr, len)) = buf_at(&b, k) else { break };
-            let take = len.min(left);
-            left -= take;
-            let n = take.min(SCAN_MAX as u64);
-            if n < take {
-                flags |= HTTP_FLAG_SCAN_CUT;
-            }
-            // SAFETY: reads at most SCAN_MAX bytes of the user's buffer into the scratch array.
-            let rc = unsafe {
-                bpf_probe_read_user(
-                    x.buf.as_mut_ptr().cast::<c_void>(),
-                    (n as u32) & (SCAN_MAX as u32 * 2 - 1),
-                    addr as *const c_void,
-                )
-            };
-            if rc == 0 {
-                x.n = n;
-                run_loop(SCAN_MAX as u32, scan_cb, scratch);
-            }
-            x.scan.base += take;
-        }
-        if left > 0 {
-            flags |= HTTP_FLAG_SCAN_CUT;
+        x.bufs = b;
+        x.left = ret as u64;
+        run_loop(MAX_IOV as u32, write_buf_cb, scratch);
+        if x.left > 0 {
+            x.flags |= HTTP_FLAG_SCAN_CUT;
         }
     }
+    let mut flags = x.flags;
     let o = finish_write(&mut x.scan, ret as u64, scanned);
     if o.response_start {
         emit(

@@ -2,7 +2,8 @@
 //!
 //! Owns the programs, their maps and the records they write (layouts from `llmprof_abi`, never redefined
 //! here). Everything is filtered first by the `TRACED` map of tgids, so untraced processes cost one hash
-//! lookup. Programs (kernel names are at most 15 bytes; all start with `llmprof_` so a listing finds them):
+//! lookup; llmprof's own process (`Config::self_tgid`) is refused by every program whatever that map says
+//! ([`is_self`]), except while its start-up calibration sets `Knob::SelfTraced`. Programs (kernel names are at most 15 bytes; all start with `llmprof_` so a listing finds them):
 //! - `llmprof_sysent` / `llmprof_sysexit` (raw_syscalls:sys_enter/sys_exit): per-thread syscall aggregates,
 //!   slow syscalls, and, dispatched on the syscall number at exit, model-file opens/reads/mmaps/closes,
 //!   connects and bytes sent on connected sockets. One pair of tracepoints instead of one per syscall:
@@ -63,7 +64,7 @@ use llmprof_abi::{
     EventKind, FileIoEvent, FileOp, FileOpenEvent, FilePattern, Knob, LAT_BUCKETS, MAX_PATTERNS, NO_SYSCALL,
     NUM_KNOBS, NUM_PROBES, PATH_LEN, PATTERN_LEN, PatternKind, ProbeCounters, ProbeId, ProcessExitEvent,
     RangeEvent, RangeRecord, RequestEvent, SYSCALL_SLOTS, SlowSyscallEvent, SockKey, StepEvent, SyscallKey,
-    SyscallSlot, SyscallStats,
+    SyscallSlot, SyscallStats, WIRE_DECODE_READ, WIRE_DECODE_WRITE,
 };
 
 /// Set by user space at load (`EbpfLoader::override_global`); the default is llmprof's documented one.
@@ -71,7 +72,7 @@ use llmprof_abi::{
 static LLMPROF_CONFIG: Global<Config> = Global::new(Config {
     slow_syscall_ns: 1_000_000,
     slot_tids: SYSCALL_SLOTS,
-    pad: 0,
+    self_tgid: 0,
 });
 
 /// Default ring size; user space resizes it at load (`--ring-size`). 64 MiB dropped nothing in a
@@ -232,10 +233,17 @@ fn header(kind: EventKind, ts_ns: u64, pid_tgid: u64) -> EventHeader {
     }
 }
 
+/// Whether `tgid` is llmprof itself outside its start-up calibration: never traced, whatever `TRACED` or a
+/// thread's syscall slot says (one compare for every other process; the knob is read only for llmprof).
+#[inline(always)]
+pub(crate) fn is_self(tgid: u32) -> bool {
+    tgid == LLMPROF_CONFIG.load().self_tgid && knob(Knob::SelfTraced) == 0
+}
+
 #[inline(always)]
 fn traced(tgid: u32) -> bool {
     // SAFETY: the value is only tested for presence.
-    unsafe { TRACED.get(&tgid) }.is_some()
+    !is_self(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
 }
 
 #[inline(always)]
@@ -310,10 +318,13 @@ pub(crate) fn slot_of(tid: u32) -> Option<*mut Inflight> {
 }
 
 /// The slot a syscall entry writes: the thread's own (a thread with a slot is traced: slots are only
-/// claimed here, and user space frees them when it stops tracing a process, e.g. llmprof itself after the
-/// calibration), or a fresh one when the thread's process is traced.
+/// claimed here, and freed when the thread exits or user space stops tracing its process), or a fresh one
+/// when the thread's process is traced.
 #[inline(always)]
 fn entry_slot(tgid: u32, tid: u32) -> Option<*mut Inflight> {
+    if is_self(tgid) {
+        return None;
+    }
     if let Some(s) = slot_of(tid) {
         return Some(s);
     }
@@ -433,15 +444,15 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         }
         NR_READ => {
             file_io(pid_tgid, &inf, FileOp::Read, inf.args[2], ret, dur);
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_PREAD64 => file_io(pid_tgid, &inf, FileOp::Pread, inf.args[2], ret, dur),
         NR_READV => {
             file_io(pid_tgid, &inf, FileOp::Readv, ret.max(0) as u64, ret, dur);
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_RECVFROM | NR_RECVMSG => {
-            http::on_read(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_READ, pid_tgid, &inf, ret);
         }
         NR_MMAP => mmap(pid_tgid, &inf, ret, dur),
         NR_CLOSE => {
@@ -454,7 +465,7 @@ pub fn llmprof_sysexit(ctx: RawTracePointContext) -> i32 {
         }
         NR_WRITE | NR_WRITEV | NR_SENDTO | NR_SENDMSG => {
             sent(tgid, &inf, ret);
-            http::on_write(pid_tgid, nr, &inf, ret);
+            http::decode_exit(&ctx, WIRE_DECODE_WRITE, pid_tgid, &inf, ret);
         }
         _ => {}
     }

@@ -4,22 +4,24 @@
 //! instant and, for a sampled Python process, its interpreter stack (`python::emit`).
 //!
 //! Bounded: `Knob::OffCpuStacksOff` (set by user space when stack sampling is off or stopped) and a per-CPU
-//! rate bound of `OFFCPU_STACKS_PER_WINDOW` stacks per `OFFCPU_WINDOW_NS`; a stack not taken is counted as a
-//! drop of `ProbeId::CpuSample`. No loop here (`bpf_get_stack` bounds its own walk).
+//! rate bound of `OFFCPU_STACKS_PER_WINDOW` stacks per `OFFCPU_WINDOW_NS`; a stack the rate bound does not take
+//! is counted apart (`OFFCPU_RATE`'s third word: not taken by design, not a loss), a stack a full ring loses
+//! as a drop of `ProbeId::CpuSample`. No loop here (`bpf_get_stack` bounds its own walk).
 
 use aya_ebpf::{
     EbpfContext, bindings::BPF_RB_NO_WAKEUP, macros::map, maps::PerCpuArray, programs::TracePointContext,
 };
 use llmprof_abi::{
     CpuSampleEvent, EventKind, Knob, ProbeId,
-    offcpu::{OFFCPU_STACKS_PER_WINDOW, OFFCPU_UNBOUNDED, OFFCPU_WINDOW_NS},
+    offcpu::{OFFCPU_RATE_NOT_TAKEN, OFFCPU_STACKS_PER_WINDOW, OFFCPU_UNBOUNDED, OFFCPU_WINDOW_NS},
 };
 
 use crate::{EVENTS, count, knob};
 
-/// Per CPU: [start of the current rate window (ns), stacks taken in it].
+/// Per CPU: [start of the current rate window (ns), stacks taken in it, stacks the rate bound did not take
+/// (the session's total; user space sums the CPUs)].
 #[map]
-static OFFCPU_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+static OFFCPU_RATE: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Whether this CPU may take one more stack at `ts` (and counts it).
 #[inline(always)]
@@ -35,6 +37,7 @@ fn admitted(ts: u64) -> bool {
             (*w)[1] = 0;
         }
         if (*w)[1] >= OFFCPU_STACKS_PER_WINDOW {
+            (*w)[OFFCPU_RATE_NOT_TAKEN] += 1;
             return false;
         }
         (*w)[1] += 1;
@@ -50,7 +53,6 @@ pub(crate) fn take(ctx: &TracePointContext, pid_tgid: u64, ts: u64) {
         return;
     }
     if k == 0 && !admitted(ts) {
-        count(ProbeId::CpuSample, 0, 0, 1);
         return;
     }
     let Some(mut e) = EVENTS.reserve::<CpuSampleEvent>(0) else {

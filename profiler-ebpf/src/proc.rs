@@ -22,7 +22,7 @@ use llmprof_abi::{
     COMM_LEN, EventHeader, EventKind, ProbeId, ProcessExecEvent, ProcessStartEvent, TRACED_CHILDREN,
 };
 
-use crate::{EVENTS, TRACED, count, header, now};
+use crate::{EVENTS, TRACED, count, header, is_self, now};
 
 // Tracepoint field offsets (/sys/kernel/tracing/events/{task/task_newtask,sched/sched_process_exec}/format).
 const NEWTASK_PID: usize = 8;
@@ -37,6 +37,9 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 pub fn llmprof_fork(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let ptgid = (pid_tgid >> 32) as u32;
+    if is_self(ptgid) {
+        return 0;
+    }
     // SAFETY: the value is copied out at once.
     let Some(flags) = unsafe { TRACED.get(&ptgid) }.copied() else {
         return 0;
@@ -86,7 +89,7 @@ pub fn llmprof_exec(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: presence test only.
-    if unsafe { TRACED.get(&tgid) }.is_none() {
+    if is_self(tgid) || unsafe { TRACED.get(&tgid) }.is_none() {
         return 0;
     }
     // SAFETY: offset from the format file: a `__data_loc` word, (length << 16) | offset in the record.

@@ -33,9 +33,11 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod summary;
+
 use crate::budget::{self, Budget, Verdict};
-use crate::capture::{Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::gpu::inject::{GpuKernels, KernelsMode};
+use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
+use crate::gpu::inject::GpuKernels;
 use crate::gpu::{GpuOptions, GpuReport, GpuSession};
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
@@ -67,6 +69,51 @@ enum LiveCost {
     Measuring(crate::capture::sampling::LiveCost, Instant),
     Done,
 }
+/// Longest a session's end waits for its calibration child (it takes ~0.1–0.3 s on an idle 2-core machine,
+/// seconds when that machine is saturated).
+const CALIBRATION_WAIT: Duration = Duration::from_secs(10);
+
+/// Where the measurement of the per-hit costs stands ([`crate::capture::calibrate::Background`]).
+enum Calibrating {
+    /// Not started yet, or never (no calibrator binary).
+    NotStarted,
+    /// The child runs.
+    Running(Box<crate::capture::calibrate::Background>),
+    /// The costs are in the self-accounting and the budget.
+    Done,
+    /// No costs (said once).
+    Failed,
+}
+
+impl Calibrating {
+    /// Starts the child for the probes this session attached, with the untraced references the capture
+    /// took before attaching them.
+    fn start(opts: &AttachOptions, capture: &Capture) -> Self {
+        use crate::capture::calibrate::{Background, CalibrationConfig};
+        let Some(exe) = &opts.calibrator else {
+            return Calibrating::NotStarted;
+        };
+        let cfg = CalibrationConfig {
+            engine: capture.engine_programs_loaded(),
+            cuda: opts.gpu.cuda,
+            thread_states: opts.thread_states,
+            sample: opts.sample_hz > 0,
+            http: opts.http != crate::capture::http::HttpPorts::Off,
+            untraced: capture.untraced(),
+        };
+        match Background::spawn(exe, &cfg) {
+            Ok(bg) => Calibrating::Running(Box::new(bg)),
+            Err(e) => {
+                note!(
+                    "warning: cannot start the probe-cost calibration ({}): the overhead estimate charges nothing",
+                    crate::causes::one_line(&e)
+                );
+                Calibrating::Failed
+            }
+        }
+    }
+}
+
 /// Period of the /proc walk that catches processes of the tree the kernel could not report.
 const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
@@ -122,6 +169,10 @@ pub struct AttachOptions {
     /// Why `stop` was set, when its setter says so (`llmprof serve`: alert resolved, disk quota, shutdown); the
     /// trace's `end_reason` then names it instead of [`END_INTERRUPTED`].
     pub stop_reason: StopReason,
+    /// The `llmprof` binary, run as a child (`calibrate-probes`) once the probes are live to measure what a
+    /// probe hit costs here ([`crate::capture::calibrate::Background`]); None: no calibration, the overhead
+    /// estimate stays at 0 (a library user without the binary).
+    pub calibrator: Option<PathBuf>,
 }
 
 /// Why a session's stop flag was set, shared between whoever stops it and the session. The first reason set
@@ -232,6 +283,14 @@ pub struct AttachReport {
     pub gpu: GpuReport,
     /// CUDA driver calls seen and how they were shown.
     pub cuda: llmprof_trace::cuda_agg::AggStats,
+    /// The first target: its pid and name.
+    pub target: (u32, String),
+    /// Requests the wire probe saw (and how many carried an engine request).
+    pub wire: llmprof_trace::wire::WireStats,
+    /// Stack symbolization, when stacks were sampled.
+    pub symbolize: Option<crate::symbolize::SymbolizeStats>,
+    /// Python processes whose frames were sampled.
+    pub python_processes: usize,
 }
 
 /// The trace's BOOTTIME/REALTIME snapshot, with the session's one offset ([`WallClock`]); `None` (no snapshot: the
@@ -292,6 +351,12 @@ fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, Vec<ProcessInfo>)
         if !roots.contains(&p) {
             roots.push(p);
         }
+    }
+    let own = proctree::own_processes(&roots);
+    if let Some(p) = roots.iter().find(|p| own.contains(p)) {
+        return Err(AttachError::InvalidOption(format!(
+            "--pid {p} is llmprof itself: llmprof never traces its own process; give the server's pid"
+        )));
     }
     let mut infos = Vec::new();
     for &p in &roots {
@@ -378,8 +443,7 @@ fn start_capture(
         slow_syscall: opts.slow_syscall,
         ring_bytes: opts.ring_bytes,
         capture_content,
-        calibrate: true,
-        calibrate_cuda: opts.gpu.cuda,
+        measure_untraced: opts.calibrator.is_some(),
         cuda_counted: opts.gpu.cuda_calls == crate::gpu::CudaCalls::Counted,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
@@ -402,7 +466,9 @@ fn start_capture(
     inputs.gpu_markers.extend(cuda_markers);
     let attach_latency = t0.elapsed();
     let live_ns = boottime_ns();
-    let cal = capture.calibration().unwrap_or_default();
+    // The costs per hit come later, from the calibration child ([`Calibrating`]); until then nothing is
+    // charged and the budget cannot be exceeded.
+    let cal = Calibration::default();
     let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
     let targets = TargetCpu::new(&pids);
     let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
@@ -419,16 +485,15 @@ fn start_capture(
         .find(|e| matches!(e, EngineProbes::Attached { .. }))
         .unwrap_or_else(|| capture.engine_probes(opts.pid));
     if !matches!(engine_probes, EngineProbes::Attached { .. }) {
-        let later = if opts.follow_children {
-            " (a child that starts an instrumented engine later gets them)"
-        } else {
-            ""
-        };
         note!(
-            "warning: pid {} ({}) exports no llmprof probe points{later}: engine steps and requests will be missing; \
-             syscalls, model files and egress are still traced",
-            opts.pid,
-            infos[0].name
+            "{}",
+            without_engine_probes(
+                opts.pid,
+                &infos[0].name,
+                opts.http != crate::capture::http::HttpPorts::Off,
+                !capture.python().targets().is_empty(),
+                opts.sample_hz > 0,
+            )
         );
     }
     // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
@@ -562,6 +627,8 @@ struct Session<'a> {
     /// The last /proc walk for processes of the tree the kernel did not report.
     last_rescan: Instant,
     acct: SelfAccount,
+    /// The per-hit costs, measured by a child process beside the session.
+    calibrating: Calibrating,
     /// The sampler's cost measured on the targets.
     live_cost: LiveCost,
     budget: Option<Budget>,
@@ -591,21 +658,35 @@ struct Session<'a> {
     exit_event_seen: bool,
     /// Show the live status line.
     tty: bool,
+    /// The first target's name (for the summary).
+    target_name: String,
 }
 
 impl<'a> Session<'a> {
+    /// The counters the self-accounting charges: the capture's and the CUPTI helpers'.
+    fn counters(&self) -> crate::selfacct::Counters {
+        crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        }
+    }
+
     /// Steps 1 to 6: checks, inputs, capture, trace file, prelude, scraper; then the probes are live and
     /// the trace is being written.
     fn start(opts: &'a AttachOptions) -> Result<Self, AttachError> {
         let t0 = Instant::now();
         let (cap, mut infos) = preflight(opts)?;
+        log::debug!("attach: preflight done at {:?}", t0.elapsed());
         // `--gpu-kernels`: the helper is loaded before anything else (an `on` refusal loads nothing).
         let tree: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let mut gpu_kernels =
             GpuKernels::prepare(opts.gpu.kernels, &tree).map_err(AttachError::GpuKernels)?;
+        log::debug!("attach: GPU kernels prepared at {:?}", t0.elapsed());
         let mut inputs = open_inputs(opts)?;
+        log::debug!("attach: inputs open at {:?}", t0.elapsed());
         let mut started = start_capture(opts, t0, &mut inputs, &mut infos)?;
-        let strict = opts.gpu.kernels == KernelsMode::On;
+        log::debug!("attach: capture started at {:?}", t0.elapsed());
+        let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
@@ -632,6 +713,7 @@ impl<'a> Session<'a> {
             targets: started.targets.clone(),
             last_rescan: Instant::now(),
             acct: started.acct,
+            calibrating: Calibrating::NotStarted,
             live_cost: LiveCost::Waiting,
             budget: started.budget,
             engine_probes: started.engine_probes,
@@ -651,6 +733,7 @@ impl<'a> Session<'a> {
             target_exited: false,
             exit_event_seen: false,
             tty: opts.live_status && io::stderr().is_terminal(),
+            target_name: infos.first().map(|i| i.name.clone()).unwrap_or_default(),
         };
         session.write_prelude(started.live_ns)?;
         (session.metrics_url, session.scraper) =
@@ -661,6 +744,13 @@ impl<'a> Session<'a> {
         // Children forked between the /proc walk and the moment the targets entered the traced set.
         let late = session.tree.rescan(started.live_ns);
         session.join(late)?;
+        session.calibrating = Calibrating::start(opts, &session.capture);
+        if opts.overhead_budget.is_some() {
+            // The budget judges by the costs per hit: it holds from the first window only once they are
+            // measured, so a budgeted session has them before it says it is live (the probes already record
+            // into the ring meanwhile).
+            session.calibration_step(Some(CALIBRATION_WAIT));
+        }
         note!(
             "llmprof: probes live after {:.1} ms; writing {}",
             session.attach_latency.as_secs_f64() * 1e3,
@@ -681,8 +771,15 @@ impl<'a> Session<'a> {
     /// interleave. Then the metadata instant, at `live_ns`.
     fn write_prelude(&mut self, live_ns: u64) -> Result<(), AttachError> {
         let out_err = output_error(&self.opts.output);
+        let mut started = live_ns;
         if let Some(p) = &self.opts.prelude {
             let mut history = (p.0)(live_ns);
+            started = history
+                .iter()
+                .map(|e| e.ts_ns)
+                .min()
+                .unwrap_or(live_ns)
+                .min(live_ns);
             write_all(
                 &mut self.sink,
                 &mut self.otel,
@@ -694,6 +791,10 @@ impl<'a> Session<'a> {
             .map_err(&out_err)?;
             self.floor_ns = live_ns;
         }
+        // Where the trace's view begins: a request that arrived before it was in flight at attach.
+        self.sink
+            .marker(started, marker::TRACING_STARTED)
+            .map_err(&out_err)?;
         if let Some(m) = &self.opts.metadata {
             self.sink
                 .annotation(live_ns, &m.event, &m.args)
@@ -708,6 +809,10 @@ impl<'a> Session<'a> {
         loop {
             if let Some(reason) = self.end_condition(stop) {
                 return Ok(reason);
+            }
+            if self.calibration_step(None) {
+                // The costs per hit on the timeline now, not at the next tick (a short session has none).
+                self.overhead_sample();
             }
             self.budget_step()?;
             self.capture.poll(&mut self.polled, POLL_TIMEOUT)?;
@@ -798,6 +903,55 @@ impl<'a> Session<'a> {
         self.target_exited.then_some(END_TARGET_EXITED)
     }
 
+    /// The self-accounting's sample since the last one, onto the timeline (its counter tracks); the
+    /// estimated overhead %.
+    fn overhead_sample(&mut self) -> Option<f64> {
+        let level = self.budget.as_ref().map_or(0, Budget::level);
+        let sample = self.acct.sample(self.counters(), level);
+        let est_pct = sample.est_overhead_pct;
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: 0,
+            tid: 0,
+            body: EventBody::Overhead(Box::new(sample)),
+        });
+        est_pct
+    }
+
+    /// Takes the calibration child's result once it came (waiting at most `wait` for it): the self-accounting
+    /// and the budget charge its costs from then on, over the whole session. A failure is said once. True
+    /// when the costs came now.
+    fn calibration_step(&mut self, wait: Option<Duration>) -> bool {
+        let Calibrating::Running(bg) = &mut self.calibrating else {
+            return false;
+        };
+        let got = match wait {
+            Some(limit) => bg.wait(limit).cloned(),
+            None => bg.poll().cloned(),
+        };
+        match got {
+            Some(Ok(cal)) => {
+                log::debug!("attach: calibrated in {:.1} ms", cal.took_ms);
+                self.acct.set_calibration(cal);
+                if let Some(b) = self.budget.as_mut() {
+                    b.set_calibration(cal);
+                }
+                self.calibrating = Calibrating::Done;
+                return true;
+            }
+            Some(Err(why)) => {
+                note!("warning: probe costs not measured: {why}; the overhead estimate charges nothing");
+                self.calibrating = Calibrating::Failed;
+            }
+            None if wait.is_some() => {
+                note!("warning: probe costs not measured in time; the overhead estimate charges nothing");
+                self.calibrating = Calibrating::Failed;
+            }
+            None => {}
+        }
+        false
+    }
+
     /// Judges the overhead budget when its interval has passed, and records the step it takes.
     fn budget_step(&mut self) -> Result<(), AttachError> {
         if let Some(b) = self.budget.as_mut()
@@ -849,15 +1003,7 @@ impl<'a> Session<'a> {
             body: EventBody::SyscallRate { per_sec },
         });
         self.live_cost_step();
-        let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.capture.account_counters(), level);
-        let est_pct = sample.est_overhead_pct;
-        self.merger.push(Event {
-            ts_ns: boottime_ns(),
-            pid: 0,
-            tid: 0,
-            body: EventBody::Overhead(Box::new(sample)),
-        });
+        let est_pct = self.overhead_sample();
         // The kernel picks new processes up itself; the /proc walk (every process's stat) only catches what it
         // could not report (a full map or ring), so it runs every few ticks.
         if self.last_rescan.elapsed() >= RESCAN {
@@ -936,6 +1082,11 @@ impl<'a> Session<'a> {
         if self.tty {
             note!();
         }
+        // A session shorter than its calibration waits for it: the summary charges the measured costs, and
+        // the trace's cost counters have a value.
+        if self.calibration_step(Some(CALIBRATION_WAIT)) {
+            self.overhead_sample();
+        }
         // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
         self.gpu_kernels.stop();
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
@@ -982,7 +1133,10 @@ impl<'a> Session<'a> {
             let f = self.capture.live_sample_cost_finish(c);
             self.acct.set_live(f);
         }
-        let final_counters = self.capture.account_counters();
+        let final_counters = crate::selfacct::Counters {
+            cupti: self.gpu_kernels.counters(),
+            ..self.capture.account_counters()
+        };
         let mut overhead = self.acct.summary(
             final_counters,
             self.budget.as_ref().map(Budget::pct),
@@ -998,15 +1152,10 @@ impl<'a> Session<'a> {
         {
             overhead.symbolized_stacks = s.samples;
             overhead.symbolize_ns = s.time.as_nanos() as f64;
-            // llmprof's own cost of the stack samples (the target's is the eBPF figure above).
-            note!(
-                "llmprof: stack samples: {} symbolized in {:.1} ms ({:.1} µs each; {} addresses resolved, {} unknown)",
-                s.samples,
-                s.time.as_secs_f64() * 1e3,
-                s.time.as_secs_f64() * 1e6 / s.samples as f64,
-                s.resolved,
-                s.unknown
-            );
+            overhead.symbolize_addresses = s.resolved;
+            overhead.symbolize_unknown = s.unknown;
+            overhead.symbolize_unmapped = s.unmapped;
+            overhead.symbolize_resolve_ns = s.resolve_time.as_nanos() as f64;
         }
         let stats = SessionStats {
             overhead: Some(overhead),
@@ -1017,6 +1166,7 @@ impl<'a> Session<'a> {
             end_reason: end_reason.to_owned(),
             syscalls: self.capture.syscall_aggregates(),
             gpu: self.capture.gpu_stats(),
+            offcpu_not_taken: self.capture.offcpu_not_taken(),
         };
         let mut sink = self.sink;
         sink.flush_cuda().map_err(&out_err)?;
@@ -1033,6 +1183,9 @@ impl<'a> Session<'a> {
                 self.capture.cuda_links()
             );
         }
+        let wire = self.capture.wire_stats();
+        let symbolize = self.capture.sampler().map(|s| s.stats());
+        let python_processes = self.capture.python().targets().len();
         drop(self.capture);
         let otel = self.otel.map(OtelSink::finish);
         Ok(AttachReport {
@@ -1049,8 +1202,34 @@ impl<'a> Session<'a> {
             otel,
             gpu,
             cuda,
+            target: (self.opts.pid, self.target_name),
+            wire,
+            symbolize,
+            python_processes,
         })
     }
+}
+
+/// What a session of a server without llmprof's probe points records (llama.cpp's server, vLLM, ...): said
+/// once at start, fitted to what this session has on.
+fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples: bool) -> String {
+    let mut gets = Vec::new();
+    if wire {
+        gets.push(
+            "its requests from the wire (HTTP/1.1: status, TTFT and inter-token time as clients see them)",
+        );
+    }
+    if python {
+        gets.push("its Python frames in the stack samples");
+    } else if samples {
+        gets.push("stack samples");
+    }
+    gets.push("syscalls, thread states, model-file reads and egress");
+    format!(
+        "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
+         prefill inside the engine) come only from an engine built with llmprof-probes, such as llmserve.",
+        gets.join(", ")
+    )
 }
 
 /// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.

@@ -2,7 +2,7 @@
 //!
 //! Owns the budget's definition, the documented degradation order and the decision to take the next step.
 //! **Definition**: the estimated CPU time llmprof's probes add to the target (hits × the cost per hit
-//! calibrated at start-up, [`crate::selfacct`]) as a percentage of the target's own CPU time over the same
+//! calibrated beside the session, [`crate::selfacct`]) as a percentage of the target's own CPU time over the same
 //! window (all threads, measured from /proc, minus the estimate, since the kernel charges the probes to the
 //! target). For a CPU-bound target this is its slowdown. It is judged every [`CHECK_INTERVAL`] once the
 //! target used at least [`MIN_TARGET_CPU`] of CPU in the window (an idle target is never judged on noise);
@@ -150,6 +150,11 @@ impl Budget {
             exhausted: false,
             taken: Vec::new(),
         }
+    }
+
+    /// The costs per hit to judge by, once measured (until then nothing is charged, so the budget holds).
+    pub fn set_calibration(&mut self, cal: Calibration) {
+        self.cal = cal;
     }
 
     /// The budget, %.

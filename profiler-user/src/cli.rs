@@ -23,6 +23,18 @@ Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel la
 6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels,
 9 the session did not end within its duration plus a grace (something it reads is stuck).";
 
+/// A session length: a duration of more than zero (a zero-length session would record nothing and report an
+/// overhead measured over no time).
+fn parse_session_length(s: &str) -> Result<Duration, String> {
+    let d = llmprof_units::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err(
+            "a session must last more than zero (e.g. 30s); leave -d out to trace until Ctrl-C".into(),
+        );
+    }
+    Ok(d)
+}
+
 /// `llmprof`.
 #[derive(Debug, Parser)]
 #[command(name = "llmprof", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -108,6 +120,36 @@ systemd and Kubernetes are in deploy/; the API is in docs/serve.md.")]
         /// Directory to write the pages into (created if missing).
         dir: PathBuf,
     },
+    /// Time llmprof's probes on this process with an instance of the programs of its own and print the
+    /// costs as one JSON line (what `attach` runs beside a session once its probes are live; needs root).
+    #[command(name = "calibrate-probes", hide = true)]
+    CalibrateProbes(CalibrateArgs),
+}
+
+/// `llmprof calibrate-probes`: which probes to time (those the session attaches).
+#[derive(Args, Debug, Clone, Default)]
+pub struct CalibrateArgs {
+    /// The engine's range probe.
+    #[arg(long)]
+    pub engine: bool,
+    /// The CUDA driver probes.
+    #[arg(long)]
+    pub cuda: bool,
+    /// Thread-state records.
+    #[arg(long)]
+    pub thread_states: bool,
+    /// The stack sampler and off-CPU stacks.
+    #[arg(long)]
+    pub sample: bool,
+    /// The HTTP wire probe.
+    #[arg(long)]
+    pub http: bool,
+    /// `getppid` untraced, ns, as the session measured it before its programs were attached.
+    #[arg(long, requires = "untraced_decoded_ns")]
+    pub untraced_ns: Option<f64>,
+    /// `close(-1)` untraced, ns (with --untraced-ns).
+    #[arg(long, requires = "untraced_ns")]
+    pub untraced_decoded_ns: Option<f64>,
 }
 
 /// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
@@ -131,8 +173,8 @@ pub struct AttachArgs {
     /// Trace only the --pid processes themselves, not the processes they start.
     #[arg(long)]
     pub no_children: bool,
-    /// Stop after this long (e.g. 30s, 500ms, 2m); default: until Ctrl-C or the target exits.
-    #[arg(short, long, value_parser = llmprof_units::parse_duration)]
+    /// Stop after this long (e.g. 30s, 500ms, 2m; more than zero); default: until Ctrl-C or the target exits.
+    #[arg(short, long, value_parser = parse_session_length)]
     pub duration: Option<Duration>,
     /// Trace file to write (default: llmprof-<pid>-<timestamp>.perfetto-trace).
     #[arg(short, long)]
@@ -149,10 +191,11 @@ pub struct AttachArgs {
     /// Prometheus endpoint of the server (default: discover the target's listening port and try /metrics).
     #[arg(long)]
     pub metrics_url: Option<String>,
-    /// Ring-buffer size (e.g. 64MiB); larger absorbs bigger bursts without drops.
-    #[arg(long, default_value = "64MiB", value_parser = llmprof_units::parse_size_usize)]
-    pub ring_size: usize,
-    /// More output (eBPF program logs, per-second details).
+    /// Ring-buffer size (default 16MiB, 64MiB with --gpu-kernels all): larger absorbs bigger bursts without
+    /// drops, and adds twice its size to llmprof's RSS (the kernel maps the ring's pages twice).
+    #[arg(long, value_parser = llmprof_units::parse_size_usize)]
+    pub ring_size: Option<usize>,
+    /// A longer exit summary: per-probe counters, the calibrated costs, the GPU layer, symbolization.
     #[arg(short, long)]
     pub verbose: bool,
     /// GPU counter sampling period through NVML (utilization, memory, power, SM clock, temperature, PCIe,
@@ -169,10 +212,13 @@ pub struct AttachArgs {
     /// uprobe pair: several µs per launch).
     #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
     pub cuda_calls: crate::gpu::CudaCalls,
-    /// GPU kernel timeline: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
-    /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then) and
-    /// record kernels, copies and syncs. auto: when libcuda is loaded and the helper is installed; on: or
-    /// refuse (exit code 8); off: never touch the target.
+    /// GPU kernels: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
+    /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then). auto
+    /// and on record kernel summaries (per 100 ms window: count and GPU time per kernel name, copy and wait;
+    /// the GPU's busy intervals with their top kernel; CUDA graph launches as a whole): auto when libcuda is
+    /// loaded and the helper is installed, on or refuse (exit code 8). all: every kernel, copy and wait as its
+    /// own slice, graphs node by node, with the launching calls (the deep mode: costs more). off: never touch
+    /// the target.
     #[arg(long, value_enum, default_value_t = crate::gpu::inject::KernelsMode::Auto, value_name = "MODE")]
     pub gpu_kernels: crate::gpu::inject::KernelsMode,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
@@ -353,6 +399,7 @@ impl From<ServeArgs> for crate::serve::ServeConfig {
             ring_size: s.ring_size,
             max_trace_size: s.max_trace_size,
             otel: s.otel,
+            calibrator: None,
             pull: crate::serve::pull::PullConfig {
                 urls: s.alertmanager_urls,
                 interval: s.alertmanager_poll,
@@ -409,9 +456,18 @@ mod tests {
         assert_eq!(a.pid, vec![12]);
         assert_eq!(a.duration, Some(Duration::from_secs(30)));
         assert_eq!(a.slow_syscall, Duration::from_millis(1));
-        assert_eq!(a.ring_size, 64 << 20);
+        assert_eq!(a.ring_size, None);
         assert_eq!(a.gpu_sample_interval, Duration::from_millis(100));
         assert!(!a.no_cuda);
+    }
+
+    #[test]
+    fn a_zero_length_session_is_a_usage_error() {
+        for d in ["0s", "0ms"] {
+            let e = Cli::try_parse_from(["llmprof", "attach", "--pid", "12", "-d", d]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{d}");
+            assert!(e.to_string().contains("more than zero"), "{e}");
+        }
     }
 
     #[test]

@@ -70,6 +70,7 @@ fn base(sub: &str) -> Vec<&'static str> {
         "report" => vec!["report", "/nonexistent/trace.perfetto-trace"],
         "open" => vec!["open", "/nonexistent/trace.perfetto-trace"],
         "doctor" => vec!["doctor"],
+        "calibrate-probes" => vec!["calibrate-probes"],
         other => panic!("subcommand {other} has no base command line here: add one"),
     }
 }

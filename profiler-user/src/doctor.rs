@@ -692,12 +692,24 @@ fn target(pid: u32) -> Vec<Check> {
         )
         .fix("use the llmprof built with that engine version")
         .code(exit::ABI_MISMATCH),
+        // A server llmprof knows from the outside (llama.cpp's, vLLM, ...): nothing to fix.
+        None if !elf.probes.iter().any(|p| *p) => {
+            out.push(Check::new(
+                "probe_abi",
+                Status::Ok,
+                "a server without llmprof probe points: attach records its requests from the wire (HTTP/1.1), \
+                 its Python frames (CPython 3.10-3.13), stack samples, thread states, syscalls, model files and \
+                 egress; engine steps and phases come only from engines built with llmprof-probes (llmserve)",
+            ));
+            out.push(target_libcuda(pid));
+            return out;
+        }
         None => Check::new(
             "probe_abi",
             Status::Warn,
-            "no llmprof_abi_version symbol: not an llmprof-instrumented engine",
+            "probe functions without an llmprof_abi_version symbol: attach cannot check their ABI",
         )
-        .fix("link the engine with llmprof-probes for steps, requests and ranges; syscalls, model I/O and egress work without"),
+        .fix("export llmprof_abi_version from the engine (it comes with llmprof-probes)"),
     });
     let missing: Vec<&str> = ENGINE_PROBES
         .iter()

@@ -7,12 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
 use llmprof::capture::http::HttpPorts;
-use llmprof::capture::{CaptureError, Cidr, EngineProbes};
+use llmprof::capture::{CaptureError, Cidr};
 use llmprof::causes;
-use llmprof::cli::{AttachArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
+use llmprof::cli::{AttachArgs, CalibrateArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};
 use llmprof::doctor::{self, DoctorOptions};
 use llmprof::exit;
-use llmprof::gpu::CudaState;
 use llmprof::open::TraceServer;
 
 /// Set by the SIGINT/SIGTERM/SIGHUP handler; polled by the session loops.
@@ -38,6 +37,7 @@ fn install_signal_handlers() {
 }
 
 fn main() {
+    llmprof::logging::init_from_env();
     let cli = Cli::parse();
     install_signal_handlers();
     let code = match cli.command {
@@ -48,8 +48,45 @@ fn main() {
         Command::Serve(s) => run_serve(*s),
         Command::Completions { shell } => llmprof::packaging::completions(shell),
         Command::Manpages { dir } => llmprof::packaging::manpages(&dir),
+        Command::CalibrateProbes(c) => run_calibrate(&c),
     };
     std::process::exit(code);
+}
+
+/// `calibrate-probes`: one JSON line on stdout, the costs or the error (exit code as `attach`'s).
+fn run_calibrate(c: &CalibrateArgs) -> i32 {
+    use llmprof::capture::calibrate::{self, CalibrationConfig, ChildReport, Untraced};
+    let cfg = CalibrationConfig {
+        engine: c.engine,
+        cuda: c.cuda,
+        thread_states: c.thread_states,
+        sample: c.sample,
+        http: c.http,
+        untraced: c
+            .untraced_ns
+            .zip(c.untraced_decoded_ns)
+            .map(|(plain_ns, decoded_ns)| Untraced { plain_ns, decoded_ns }),
+    };
+    let mut code = exit::OK;
+    calibrate::run_reporting(&cfg, |r| {
+        println!("{}", ChildReport::line(r));
+        if let Err(e) = r {
+            code = calibrate_exit_code(e);
+        }
+    });
+    code
+}
+
+/// The exit code of a failed `calibrate-probes` (as `attach`'s for the same causes).
+fn calibrate_exit_code(e: &CaptureError) -> i32 {
+    match e {
+        CaptureError::NotRoot => exit::NOT_ROOT,
+        CaptureError::MissingTracepoint { .. }
+        | CaptureError::Tracefs(_)
+        | CaptureError::Load(_)
+        | CaptureError::Program { .. } => exit::KERNEL,
+        _ => exit::FAILURE,
+    }
 }
 
 fn run_attach(a: AttachArgs) -> i32 {
@@ -77,7 +114,13 @@ fn run_attach(a: AttachArgs) -> i32 {
         model_patterns: a.model_paths,
         egress_allow: egress,
         metrics_url: a.metrics_url,
-        ring_bytes: a.ring_size,
+        ring_bytes: a
+            .ring_size
+            .unwrap_or(if a.gpu_kernels == llmprof::gpu::inject::KernelsMode::All {
+                llmprof::capture::DEEP_RING_BYTES
+            } else {
+                llmprof::capture::DEFAULT_RING_BYTES
+            }),
         verbose: a.verbose,
         otel: a.otel,
         gpu: llmprof::gpu::GpuOptions {
@@ -90,6 +133,7 @@ fn run_attach(a: AttachArgs) -> i32 {
         metadata: None,
         prelude: None,
         stop_reason: attach::StopReason::default(),
+        calibrator: std::env::current_exe().ok(),
         sample_hz: if a.no_sample { 0 } else { a.sample_rate },
         overhead_budget: a.overhead_budget,
         thread_states: !a.no_thread_states,
@@ -102,95 +146,11 @@ fn run_attach(a: AttachArgs) -> i32 {
             HttpPorts::Only(a.http_ports)
         },
     };
-    let opts_pid = opts.pid;
+    let verbose = opts.verbose;
     llmprof::watchdog::arm(opts.duration, &STOP, exit::STUCK);
     match attach::run(&opts, &STOP) {
         Ok(r) => {
-            println!(
-                "llmprof: {} after {:.1} s",
-                r.stats.end_reason,
-                r.elapsed.as_secs_f64()
-            );
-            if r.processes > 1 {
-                println!("  processes traced: {}", r.processes);
-            }
-            match &r.engine_probes {
-                EngineProbes::Attached { abi_version } => {
-                    println!("  engine probes: attached (ABI {abi_version})")
-                }
-                other => println!("  engine probes: {other:?}"),
-            }
-            println!(
-                "  probes live after {:.1} ms",
-                r.attach_latency.as_secs_f64() * 1e3
-            );
-            if let Some(u) = &r.metrics_url {
-                println!("  metrics: {u}");
-            }
-            println!("  GPU counters: {}", r.gpu.counters);
-            match &r.gpu.cuda {
-                CudaState::Disabled => println!("  CUDA driver calls: off (--no-cuda)"),
-                CudaState::Waiting => println!(
-                    "  CUDA driver calls: none (libcuda was never loaded in pid {})",
-                    opts_pid
-                ),
-                CudaState::Failed(e) => println!("  CUDA driver calls: probes failed: {e}"),
-                CudaState::Attached { lib, functions } => println!(
-                    "  CUDA driver calls: {} calls ({} shown individually, {} in {} batches) from {functions} entry points of {}",
-                    r.cuda.calls,
-                    r.cuda.individual,
-                    r.cuda.batched_calls,
-                    r.cuda.batches,
-                    lib.display()
-                ),
-            }
-            let events: Vec<String> = r.counts.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            println!(
-                "  events: {}",
-                if events.is_empty() {
-                    "none".to_owned()
-                } else {
-                    events.join(", ")
-                }
-            );
-            let g = &r.stats.gpu;
-            if g.chunks + g.bad_chunks > 0 {
-                println!(
-                    "  GPU activity (CUPTI helper): {} chunks, {} kernels/copies/waits, {} API calls; lost: {} \
-                     (CUPTI/helper dropped {}, chunks refused {}, records skipped {}, names skipped {}; chunks missed {})",
-                    g.chunks,
-                    g.activities,
-                    g.api_calls,
-                    g.lost(),
-                    g.helper_dropped,
-                    g.bad_chunks,
-                    g.skipped_records,
-                    g.skipped_names,
-                    g.missed_chunks
-                );
-            }
-            println!(
-                "  dropped: {} (kernel {}, user {}, GPU activity {}), decode errors {}, written out of order {} (the trace processor sorts them)",
-                r.stats.total_dropped(),
-                r.stats.total_dropped() - r.stats.user_drops - g.lost(),
-                r.stats.user_drops,
-                g.lost(),
-                r.stats.decode_errors,
-                r.late_events
-            );
-            print_overhead(&r);
-            if let Some(o) = &r.otel {
-                println!(
-                    "  otel: {} spans built, {} exported, {} dropped, {} export errors, {} unsampled requests",
-                    o.spans_built, o.spans_exported, o.spans_dropped, o.export_errors, o.requests_unsampled
-                );
-            }
-            println!(
-                "  trace: {} ({:.1} KiB)",
-                r.trace.display(),
-                r.trace_bytes as f64 / 1024.0
-            );
-            println!("\nopen it in Perfetto UI:  llmprof open {}", r.trace.display());
+            print!("{}", attach::summary::render(&r, verbose));
             exit::OK
         }
         Err(e) => {
@@ -221,7 +181,9 @@ fn run_attach(a: AttachArgs) -> i32 {
 fn run_serve(s: ServeArgs) -> i32 {
     use llmprof::serve::{self, ServeError, ServeOptions};
     let check_only = s.check_config;
-    let opts = match ServeOptions::from_config(s.into()) {
+    let mut cfg: serve::ServeConfig = s.into();
+    cfg.calibrator = std::env::current_exe().ok();
+    let opts = match ServeOptions::from_config(cfg) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {}", causes::lines(&e));
@@ -254,97 +216,6 @@ fn run_serve(s: ServeArgs) -> i32 {
                 ServeError::Bind { .. } | ServeError::Runtime(_) => exit::FAILURE,
             }
         }
-    }
-}
-
-/// The self-accounting part of attach's exit summary.
-fn print_overhead(r: &attach::AttachReport) {
-    for (name, c) in llmprof_abi::PROBE_NAMES.iter().zip(&r.stats.probes) {
-        if c.hits + c.dropped > 0 {
-            println!(
-                "  probe {name}: hits {}, emitted {}, dropped {}",
-                c.hits, c.emitted, c.dropped
-            );
-        }
-    }
-    let Some(o) = &r.stats.overhead else { return };
-    if let Some(c) = &o.calibration {
-        let probe = c.probe_ns.map_or("no engine probe attached".to_owned(), |p| {
-            format!(
-                "{p:.0} ns per engine probe hit (+ {:.2} traced syscalls each)",
-                c.syscalls_per_probe_hit
-            )
-        });
-        let cuda = c.cuda_call_ns.map_or("CUDA probes not measured".to_owned(), |p| {
-            let counted = c.cuda_count_ns.map_or(String::new(), |n| {
-                format!(", {n:.0} ns per counted launch (entry probe only)")
-            });
-            format!("{p:.0} ns per timed CUDA driver call (entry + return probe){counted}")
-        });
-        let sched = c
-            .sched_event_ns
-            .map_or("thread states not measured".to_owned(), |p| {
-                format!("{p:.0} ns per thread-state record")
-            });
-        println!(
-            "  cost per hit (measured at start-up in {:.0} ms): {:.0} ns per traced syscall, {probe}, {cuda}, {sched}, probe entry {}",
-            c.took_ms,
-            c.syscall_ns,
-            c.entry_name()
-        );
-        if let (Some(r), Some(w)) = (c.http_request_ns, c.http_sse_write_ns) {
-            let arrival = match (c.http_arrival_ns, c.http_arrival_runs_per_s) {
-                (Some(ns), Some(per_s)) => format!(
-                    "; arrival stamps {ns:.0} ns per run, {per_s:.0} runs/s host-wide (not charged: softirq and senders)"
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "  wire probe: {r:.0} ns per followed request, {w:.0} ns per followed SSE write (a chat chunk){arrival}"
-            );
-        }
-        if let Some(ns) = c.sample_ns {
-            let offcpu = c.offcpu_stack_ns.map_or(String::new(), |o| {
-                format!(", {o:.0} ns per off-CPU stack (ping-pong)")
-            });
-            let live = c.sample_live_ns.map_or(String::new(), |l| {
-                format!("; {l:.0} ns per sample measured on the targets (charged)")
-            });
-            println!(
-                "  stack sampler: {ns:.0} ns of eBPF per traced sample (kernel BPF run-time statistics){offcpu}{live}"
-            );
-        }
-    }
-    let pct = o
-        .est_overhead_pct
-        .map_or(String::new(), |p| format!(" = {p:.2}% of its CPU"));
-    println!(
-        "  overhead: est. {:.1} ms CPU added to the target{pct}; llmprof itself {:.1} ms CPU ({:.1}% of one core), peak RSS {:.1} MiB",
-        o.est_added_ns / 1e6,
-        o.llmprof_cpu_ns / 1e6,
-        o.llmprof_cpu_ns / o.elapsed_ns.max(1) as f64 * 100.0,
-        o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64
-    );
-    if let Some(b) = o.budget_pct {
-        if o.degradations.is_empty() {
-            println!("  overhead budget {b}%: met, nothing degraded");
-        } else {
-            let steps: Vec<String> = o
-                .degradations
-                .iter()
-                .map(|d| format!("{} (at est. {:.1}%)", d.name, d.overhead_pct))
-                .collect();
-            println!("  overhead budget {b}%: degraded: {}", steps.join(", "));
-        }
-    }
-    if let Some(l) = o.size_limit
-        && r.stats.end_reason == attach::END_SIZE_LIMIT
-    {
-        println!(
-            "  trace size limit {:.1} MiB reached: the trace ended early and cleanly; {} events not written",
-            l as f64 / (1u64 << 20) as f64,
-            o.events_not_written
-        );
     }
 }
 

@@ -1,16 +1,42 @@
-//! What /proc says about a traced process: name, command line, threads, existence.
+//! What /proc says about a traced process: name, command line, threads, whether it is alive.
 //!
 //! Owns reading `/proc/PID/{comm,cmdline,task}` into [`ProcessInfo`] and the parsing of a `/proc/PID/maps` line
 //! ([`MapsLine`]); never writes anything.
 
 use std::fs;
-use std::path::Path;
 
 use llmprof_trace::event::{ProcessInfo, ThreadInfo};
 
-/// Whether `/proc/PID` exists.
-pub fn exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// Whether process `pid` is alive: `/proc/PID` exists and some thread of it is not a zombie. A process that
+/// exited but was not reaped by its parent keeps its `/proc` entry (state `Z`) until the parent waits for it;
+/// it makes no more calls and must count as gone. A leader that ended with `pthread_exit` is a zombie too while
+/// its other threads run: the process is alive as long as one task is not.
+pub fn alive(pid: u32) -> bool {
+    match task_state(&format!("/proc/{pid}/stat")) {
+        None => false,
+        Some(s) if !is_dead(s) => true,
+        Some(_) => fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|dir| {
+            dir.flatten().any(|t| {
+                task_state(&format!(
+                    "/proc/{pid}/task/{}/stat",
+                    t.file_name().to_string_lossy()
+                ))
+                .is_some_and(|s| !is_dead(s))
+            })
+        }),
+    }
+}
+
+/// The state letter of a `/proc/.../stat` file (the field after the command name, which may hold `)`).
+fn task_state(path: &str) -> Option<u8> {
+    let stat = fs::read(path).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// `Z` (zombie) and `X` (dead): states of a task that will not run again.
+fn is_dead(state: u8) -> bool {
+    matches!(state, b'Z' | b'X')
 }
 
 /// `comm` of a process or thread (`/proc/PID/task/TID/comm`), trimmed.
@@ -92,11 +118,65 @@ mod tests {
     #[test]
     fn reads_our_own_process() {
         let me = std::process::id();
-        assert!(exists(me));
+        assert!(alive(me));
         let info = process_info(me).expect("own /proc entry");
         assert!(!info.name.is_empty());
         assert!(info.threads.iter().any(|t| t.tid == me));
-        assert!(!exists(u32::MAX - 1));
+        assert!(!alive(u32::MAX - 1));
+    }
+
+    #[test]
+    fn an_exited_child_not_yet_reaped_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Until we wait for it, it stays in /proc as a zombie.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while alive(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a zombie keeps its entry"
+        );
+        assert!(!alive(pid), "a zombie is not alive");
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_process_whose_leader_called_pthread_exit_is_alive() {
+        // Python's main thread ends while a second thread sleeps: the leader is a zombie, the process lives.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import threading, time, os, sys\n\
+                 t = threading.Thread(target=time.sleep, args=(30,))\n\
+                 t.start()\n\
+                 print('ready', flush=True)\n\
+                 import ctypes; ctypes.CDLL(None).pthread_exit(None)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while task_state(&format!("/proc/{pid}/stat")) != Some(b'Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(
+            task_state(&format!("/proc/{pid}/stat")),
+            Some(b'Z'),
+            "the leader ended"
+        );
+        assert!(alive(pid), "its other thread still runs");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
 

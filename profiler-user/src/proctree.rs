@@ -29,8 +29,36 @@ fn parse_ppid(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// `roots` and every living descendant of them, each once, roots first (then by pid).
+/// llmprof's own processes as seen from `roots`: this process and, when one of its ancestors is a root, the
+/// ancestors between it and that root (a `sudo` or `doas` that runs llmprof, the shell it was typed in): they
+/// exist only to run llmprof and are never traced. The kernel refuses llmprof's own process whatever the maps
+/// say (`llmprof_abi::Config::self_tgid`); these are the processes user space never puts in the traced set.
+pub fn own_processes(roots: &[u32]) -> Vec<u32> {
+    own_chain(std::process::id(), roots, parent_of)
+}
+
+/// `me` and its ancestors up to, not including, the first one in `roots` — or `me` alone when no ancestor is
+/// in `roots` (the chain then never meets a traced tree). Bounded by pid 1 and by a cycle guard.
+fn own_chain(me: u32, roots: &[u32], parent: impl Fn(u32) -> Option<u32>) -> Vec<u32> {
+    let mut chain = vec![me];
+    let mut p = me;
+    while let Some(pp) = parent(p) {
+        if roots.contains(&pp) {
+            return chain;
+        }
+        if pp <= 1 || chain.contains(&pp) || chain.len() > 4096 {
+            break;
+        }
+        chain.push(pp);
+        p = pp;
+    }
+    vec![me]
+}
+
+/// `roots` and every living descendant of them, each once, roots first (then by pid). llmprof's own
+/// processes ([`own_processes`]) and what they started are left out.
 pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let own = own_processes(roots);
     let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     if let Ok(dir) = fs::read_dir("/proc") {
         for e in dir.flatten() {
@@ -53,7 +81,7 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
     let mut stack: Vec<u32> = roots.to_vec();
     while let Some(p) = stack.pop() {
         for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            if seen.insert(c) {
+            if !own.contains(&c) && seen.insert(c) {
                 found.insert(c);
                 stack.push(c);
             }
@@ -148,7 +176,7 @@ impl Tree {
 
     /// Forgets processes that are gone from /proc without an exit record (one `stat` per live process).
     pub fn prune(&mut self) {
-        self.live.retain(|&p| procfs::exists(p));
+        self.live.retain(|&p| procfs::alive(p));
     }
 
     /// Processes of the tree that /proc shows and the kernel did not report (started between the /proc walk
@@ -231,6 +259,36 @@ mod tests {
     }
 
     #[test]
+    fn own_processes_are_llmprof_and_the_wrappers_between_it_and_a_traced_ancestor() {
+        // shell 100 → sudo 200 → llmprof 300; 50 is the shell's parent.
+        let parent = |p: u32| match p {
+            300 => Some(200),
+            200 => Some(100),
+            100 => Some(50),
+            50 => Some(1),
+            _ => None,
+        };
+        assert_eq!(own_chain(300, &[100], parent), vec![300, 200]);
+        assert_eq!(own_chain(300, &[50], parent), vec![300, 200, 100]);
+        // No ancestor is traced: only llmprof itself (the chain never meets the tree).
+        assert_eq!(own_chain(300, &[999], parent), vec![300]);
+        // A cycle in a lying /proc ends the walk.
+        assert_eq!(
+            own_chain(7, &[1000], |p| Some(if p == 7 { 8 } else { 7 })),
+            vec![7]
+        );
+    }
+
+    #[test]
+    fn descendants_of_an_ancestor_of_llmprof_leave_llmprof_out() {
+        let me = std::process::id();
+        let Some(parent) = parent_of(me) else { return };
+        let found = descendants(&[parent]);
+        assert_eq!(found[0], parent);
+        assert!(!found.contains(&me), "llmprof is not its own target: {found:?}");
+    }
+
+    #[test]
     fn descendants_of_this_process_include_a_child_and_its_child() {
         let mut child = std::process::Command::new("sh")
             .args(["-c", "sleep 30 & wait"])
@@ -252,7 +310,7 @@ mod tests {
         assert_eq!(found[0], me, "the root comes first");
         assert!(found.contains(&cpid), "{found:?}");
         assert!(
-            found.iter().any(|&p| parent_of(p) == Some(cpid)) || !procfs::exists(cpid),
+            found.iter().any(|&p| parent_of(p) == Some(cpid)) || !procfs::alive(cpid),
             "the shell's child is a descendant: {found:?}"
         );
     }

@@ -1,7 +1,7 @@
 //! Self-accounting: what llmprof costs, measured while it runs.
 //!
 //! Owns the arithmetic of llmprof's overhead and the /proc reads it needs: the estimated CPU time the probes
-//! add to the target (per probe: hits × the cost per hit calibrated at start-up, see
+//! add to the target (per probe: hits × the cost per hit calibrated beside the session, see
 //! [`crate::capture::calibrate`]), the target's own CPU time (all its threads' `schedstat`, ns), llmprof's
 //! CPU (`getrusage`) and resident memory (`/proc/self/statm`). [`SelfAccount::sample`] turns two
 //! [`Snapshot`]s into an [`OverheadSample`] (counter tracks every tick); [`SelfAccount::summary`] the whole
@@ -18,8 +18,17 @@
 //! and of the entry + return uprobe pair for the others (the engine-probe cost when the pair was not
 //! measured);
 //! `sched` (one hit per sched_switch / sched_waking record of a traced thread) the calibrated cost of a
-//! thread-state record (nothing when it was not measured). The thread-state programs also run, filtered out
+//! thread-state record (nothing when it was not measured); `cpu_sample` the sampler's cost per on-CPU sample
+//! (measured live on the targets once known) for the samples, and the calibrated cost of an off-CPU stack for
+//! the off-CPU stacks among its hits ([`Counters::offcpu_stacks`]: the `sched_switch` program takes those,
+//! not the sampler). The thread-state programs also run, filtered out
 //! after two lookups, for every other switch on the machine: that cost is everyone's, not the target's.
+//!
+//! What runs in the target on llmprof's behalf without a probe hit — the injected CUPTI helper — is
+//! [`CuptiCost`]'s: the CPU time of CUPTI's buffer thread and of the helper's callbacks, measured by the
+//! helper itself (its thread's CLOCK_THREAD_CPUTIME_ID, in the counters llmprof reads from the target's
+//! memory), plus CUPTI's work in the threads that launch (timestamps and records of each activity, inside
+//! the CUDA calls), which no counter shows: the records CUPTI wrote × [`CUPTI_RECORD_NS`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -31,7 +40,7 @@ use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
 use crate::capture::DECODED_SYSCALLS;
 
 use llmprof_trace::calibration::Calibration;
-use llmprof_trace::event::{Degradation, OverheadSample, OverheadSummary};
+use llmprof_trace::event::{CuptiEstimate, Degradation, OverheadSample, OverheadSummary};
 
 /// Probes whose hits cost nothing beyond the syscall the `syscalls` counter already charged.
 const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
@@ -52,6 +61,65 @@ pub struct Counters {
     pub syscalls_decoded: u64,
     /// Of the `cuda` hits, the calls counted by the entry-only probe (the rest were timed by the pair).
     pub cuda_counted: u64,
+    /// Of the `cpu_sample` hits, the off-CPU stacks (taken by the `sched_switch` program at a blocking
+    /// switch, charged at their own calibrated cost; the rest are the sampler's on-CPU samples).
+    pub offcpu_stacks: u64,
+    /// The injected CUPTI helpers' counters since this session started them
+    /// ([`crate::gpu::inject::GpuKernels::counters`]; zero without them).
+    pub cupti: CuptiCounters,
+}
+
+/// The CUPTI helpers' own counters that the estimate uses, summed over the processes that record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CuptiCounters {
+    /// CUPTI records written (every kind).
+    pub records: u64,
+    /// CPU time of CUPTI's buffer thread and the helper's callbacks, ns (measured in the target).
+    pub thread_cpu_ns: u64,
+}
+
+/// CUPTI's work in a launching thread per record it writes, ns: taking the timestamps and filling the
+/// record inside the CUDA call. Not measurable from outside the CUDA call and not in any counter; this figure
+/// is an assumption for the estimate until `tools/gpu/bench_attach.py` measures it on a GPU (it prints the
+/// cost per CUPTI record it saw: the A/B loss of the default mode over `--gpu-kernels off`, per record).
+pub const CUPTI_RECORD_NS: f64 = 300.0;
+
+/// What the injected CUPTI helper adds to the target (see the module doc): measured thread CPU plus records ×
+/// [`CUPTI_RECORD_NS`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CuptiCost {
+    /// Assumed ns per record in the launching threads.
+    pub per_record_ns: f64,
+}
+
+impl CuptiCost {
+    /// The estimate's parts.
+    pub fn new() -> Self {
+        Self {
+            per_record_ns: CUPTI_RECORD_NS,
+        }
+    }
+
+    /// Estimated ns between two readings: (measured thread CPU, records × the per-record figure).
+    pub fn added_ns(&self, before: &CuptiCounters, now: &CuptiCounters) -> (f64, f64) {
+        let thread = now.thread_cpu_ns.saturating_sub(before.thread_cpu_ns) as f64;
+        let records = now.records.saturating_sub(before.records) as f64;
+        (thread, records * self.per_record_ns)
+    }
+
+    /// The whole session's part of the summary.
+    pub fn estimate(&self, before: &CuptiCounters, now: &CuptiCounters) -> Option<CuptiEstimate> {
+        if now.records == 0 && now.thread_cpu_ns == 0 {
+            return None;
+        }
+        let (thread, records) = self.added_ns(before, now);
+        Some(CuptiEstimate {
+            added_ns: thread + records,
+            thread_cpu_ns: thread,
+            records: now.records.saturating_sub(before.records),
+            per_record_ns: self.per_record_ns,
+        })
+    }
 }
 
 /// The counters and clocks at one instant.
@@ -90,6 +158,10 @@ pub struct TargetCpu(Arc<Mutex<TargetCpuState>>);
 struct TargetCpuState {
     live: BTreeSet<u32>,
     last: BTreeMap<u32, u64>,
+    /// Per process, each live thread's last `schedstat` reading, and what the threads seen to exit had used:
+    /// a thread that ends between two readings keeps its time in the sum (summing only the threads alive at
+    /// each reading made a server that runs a thread per request look idle, or even go backwards).
+    threads: BTreeMap<u32, (BTreeMap<u32, u64>, u64)>,
 }
 
 impl TargetCpu {
@@ -111,6 +183,11 @@ impl TargetCpu {
         self.state().live.insert(pid);
     }
 
+    /// The first live process of the set (the `--pid` target, first given).
+    pub fn first(&self) -> Option<u32> {
+        self.state().live.iter().next().copied()
+    }
+
     /// A process exited: its last reading stays in the sum.
     pub fn remove(&self, pid: u32) {
         self.state().live.remove(&pid);
@@ -121,7 +198,11 @@ impl TargetCpu {
         let mut st = self.state();
         let live: Vec<u32> = st.live.iter().copied().collect();
         for pid in live {
-            match process_cpu_ns(pid) {
+            let reading = match threads_cpu_ns(pid) {
+                Some(now) => Some(st.fold_threads(pid, now)),
+                None => process_cpu_ns(pid),
+            };
+            match reading {
                 Some(ns) => {
                     st.last.insert(pid, ns);
                 }
@@ -132,6 +213,41 @@ impl TargetCpu {
         }
         (!st.last.is_empty()).then(|| st.last.values().sum())
     }
+}
+
+impl TargetCpuState {
+    /// Takes one reading of `pid`'s live threads (`(tid, ns)`): threads no longer there keep what they had
+    /// used; the process's CPU so far.
+    fn fold_threads(&mut self, pid: u32, now: Vec<(u32, u64)>) -> u64 {
+        let (live, gone) = self.threads.entry(pid).or_default();
+        let seen: BTreeMap<u32, u64> = now.into_iter().collect();
+        for (tid, ns) in std::mem::take(live) {
+            if !seen.contains_key(&tid) {
+                *gone += ns;
+            }
+        }
+        *live = seen;
+        *gone + live.values().sum::<u64>()
+    }
+}
+
+/// Each live thread of `pid` and its CPU time so far, ns (`/proc/PID/task/*/schedstat`, first field); None
+/// when the process is gone or has no schedstats.
+fn threads_cpu_ns(pid: u32) -> Option<Vec<(u32, u64)>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
+            out.push((tid, ns));
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Estimated ns the traced syscalls added between two readings: decoded hits at the decoded cost, the
@@ -152,6 +268,7 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
     let probe = cal.probe_ns.unwrap_or(0.0);
     let syscalls = syscalls_added_ns(cal, before, now);
     let (before_counted, now_counted) = (before.cuda_counted, now.cuda_counted);
+    let (offcpu_before, offcpu_now) = (before.offcpu_stacks, now.offcpu_stacks);
     let (before, now) = (&before.probes, &now.probes);
     for (i, slot) in out.iter_mut().enumerate() {
         let hits = now[i].hits.saturating_sub(before[i].hits) as f64;
@@ -160,7 +277,9 @@ pub fn added_ns(cal: &Calibration, before: &Counters, now: &Counters) -> [f64; N
         } else if INSIDE_SYSCALL_EXIT.iter().any(|p| *p as usize == i) {
             0.0
         } else if i == ProbeId::CpuSample as usize {
-            hits * cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0)
+            let on_cpu = cal.sample_live_ns.or(cal.sample_ns).unwrap_or(0.0);
+            let offcpu = (offcpu_now.saturating_sub(offcpu_before) as f64).min(hits);
+            (hits - offcpu) * on_cpu + offcpu * cal.offcpu_stack_ns.or(cal.sample_ns).unwrap_or(on_cpu)
         } else if i == ProbeId::Cuda as usize {
             let counted = (now_counted.saturating_sub(before_counted) as f64).min(hits);
             let pair = cal.cuda_call_ns.unwrap_or(probe);
@@ -201,9 +320,12 @@ pub fn overhead_pct(added_ns: f64, target_cpu_ns: f64) -> f64 {
 pub struct SelfAccount {
     targets: TargetCpu,
     cal: Calibration,
+    cupti: CuptiCost,
     start: Snapshot,
     last: Snapshot,
     max_rss: u64,
+    /// The CPUs llmprof shares with the target and their idle time at the start.
+    share: Option<crate::cpushare::Window>,
 }
 
 impl SelfAccount {
@@ -221,15 +343,35 @@ impl SelfAccount {
         }
     }
 
+    /// The costs per hit measured by the calibration, charged over the whole session from now on (the
+    /// session starts with none: its calibration runs beside it). Figures measured on the targets during
+    /// the session ([`SelfAccount::set_live`]) are kept.
+    pub fn set_calibration(&mut self, cal: Calibration) {
+        let live = (
+            self.cal.sample_live_ns,
+            self.cal.http_arrival_ns,
+            self.cal.http_arrival_runs_per_s,
+        );
+        self.cal = Calibration {
+            sample_live_ns: live.0.or(cal.sample_live_ns),
+            http_arrival_ns: live.1.or(cal.http_arrival_ns),
+            http_arrival_runs_per_s: live.2.or(cal.http_arrival_runs_per_s),
+            ..cal
+        };
+    }
+
     /// Starts accounting at `counters` (the capture's counters when tracing began).
     pub fn new(targets: TargetCpu, cal: Calibration, counters: Counters) -> Self {
         let s = Snapshot::take(&targets, counters);
+        let share = targets.first().and_then(crate::cpushare::Window::start);
         SelfAccount {
             targets,
             cal,
+            cupti: CuptiCost::new(),
             start: s,
             last: s,
             max_rss: rss_bytes(),
+            share,
         }
     }
 
@@ -243,9 +385,14 @@ impl SelfAccount {
         let now = Snapshot::take(&self.targets, counters);
         let rss = rss_bytes();
         self.max_rss = self.max_rss.max(rss);
+        let (thread, records) = self
+            .cupti
+            .added_ns(&self.last.counters.cupti, &now.counters.cupti);
         let added: f64 = added_ns(&self.cal, &self.last.counters, &now.counters)
             .iter()
-            .sum();
+            .sum::<f64>()
+            + thread
+            + records;
         let target = match (self.last.target_cpu_ns, now.target_cpu_ns) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
@@ -277,14 +424,17 @@ impl SelfAccount {
         let now = Snapshot::take(&self.targets, counters);
         self.max_rss = self.max_rss.max(rss_bytes()).max(max_rss_bytes());
         let by_probe = added_ns(&self.cal, &self.start.counters, &now.counters);
-        let added: f64 = by_probe.iter().sum();
+        let cupti = self
+            .cupti
+            .estimate(&self.start.counters.cupti, &now.counters.cupti);
+        let added: f64 = by_probe.iter().sum::<f64>() + cupti.as_ref().map_or(0.0, |c| c.added_ns);
         // The target may be gone at the end: its CPU up to the last reading then.
         let end_cpu = now.target_cpu_ns.or(self.last.target_cpu_ns);
         let target = match (self.start.target_cpu_ns, end_cpu) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
         };
-        OverheadSummary {
+        let mut summary = OverheadSummary {
             elapsed_ns: now.at.duration_since(self.start.at).as_nanos() as u64,
             est_added_ns: added,
             est_added_by_probe_ns: by_probe.to_vec(),
@@ -299,7 +449,30 @@ impl SelfAccount {
             events_not_written: 0,
             symbolized_stacks: 0,
             symbolize_ns: 0.0,
-        }
+            cupti,
+            ..OverheadSummary::default()
+        };
+        self.charge_shared_cpus(&mut summary);
+        summary
+    }
+
+    /// Adds to the session's estimate llmprof's own CPU that the target lost on the CPUs they share
+    /// ([`crate::cpushare`]: the part idle time could not absorb, in the target's share of the busy time).
+    fn charge_shared_cpus(&self, s: &mut OverheadSummary) {
+        let (Some(w), Some(target)) = (&self.share, s.target_cpu_ns) else {
+            return;
+        };
+        let Some(c) = w.contention(s.elapsed_ns as f64, target, s.llmprof_cpu_ns) else {
+            return;
+        };
+        let probes = s.est_added_ns;
+        s.contention_ns = Some(c.charged_ns);
+        s.shared_cpus = u32::try_from(c.shared_cpus).unwrap_or(u32::MAX);
+        s.shared_idle_pct = Some(c.idle_pct);
+        s.est_added_ns = probes + c.charged_ns;
+        // The probes run in the target's context (its CPU time includes them); llmprof's own CPU does not.
+        let own = (target - probes.min(target)).max(1.0);
+        s.est_overhead_pct = (target > 0.0).then(|| (s.est_added_ns / own * 100.0).min(MAX_OVERHEAD_PCT));
     }
 }
 
@@ -307,21 +480,8 @@ impl SelfAccount {
 /// ns on CPU), falling back to `utime + stime` of `/proc/PID/stat` (clock ticks) without schedstats.
 /// Threads that exited are missed by schedstat; the fallback counts them. None when the process is gone.
 pub fn process_cpu_ns(pid: u32) -> Option<u64> {
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        let mut sum = 0u64;
-        let mut any = false;
-        for e in dir.flatten() {
-            let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) else {
-                continue;
-            };
-            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()) {
-                sum += ns;
-                any = true;
-            }
-        }
-        if any {
-            return Some(sum);
-        }
+    if let Some(threads) = threads_cpu_ns(pid) {
+        return Some(threads.iter().map(|(_, ns)| ns).sum());
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_cpu_ns(&stat)
@@ -337,7 +497,8 @@ pub fn stat_cpu_ns(stat: &str) -> Option<u64> {
     Some((utime + stime) * (1_000_000_000 / clock_ticks()))
 }
 
-fn clock_ticks() -> u64 {
+/// Clock ticks per second (`USER_HZ`: the unit of /proc's CPU times).
+pub(crate) fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
@@ -395,6 +556,15 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_that_ends_keeps_its_time_in_the_process_sum() {
+        let mut st = TargetCpuState::default();
+        assert_eq!(st.fold_threads(7, vec![(7, 100), (8, 50)]), 150);
+        // Thread 8 ended, 9 started: 8's 50 ns stay.
+        assert_eq!(st.fold_threads(7, vec![(7, 120), (9, 10)]), 180);
+        assert_eq!(st.fold_threads(7, vec![(7, 130)]), 190);
+    }
+
+    #[test]
     fn each_probe_is_charged_its_own_cost_and_syscall_children_nothing() {
         let before = Counters::default();
         let mut c = before.probes;
@@ -410,8 +580,7 @@ mod tests {
         };
         let now = Counters {
             probes: c,
-            syscalls_decoded: 0,
-            cuda_counted: 0,
+            ..Counters::default()
         };
         let a = added_ns(&cal(), &before, &now);
         assert_eq!(a[ProbeId::Syscalls as usize], 10_000.0);
@@ -478,6 +647,58 @@ mod tests {
         assert_eq!(
             syscalls_added_ns(&two, &syscalls(0, 50), &syscalls(10, 20)),
             10.0 * 1_000.0
+        );
+    }
+
+    #[test]
+    fn off_cpu_stacks_are_charged_their_own_cost_and_samples_the_samplers() {
+        let c = Calibration {
+            sample_ns: Some(1_500.0),
+            sample_live_ns: Some(7_000.0),
+            offcpu_stack_ns: Some(2_000.0),
+            ..cal()
+        };
+        let mut now = Counters {
+            offcpu_stacks: 90,
+            ..Counters::default()
+        };
+        now.probes[ProbeId::CpuSample as usize].hits = 100;
+        let before = Counters::default();
+        // 10 on-CPU samples at the live figure, 90 off-CPU stacks at theirs.
+        assert_eq!(
+            added_ns(&c, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 2_000.0
+        );
+        // Off-CPU stacks not calibrated: the sampler's calibrated figure per stack walk.
+        let no_offcpu = Calibration {
+            offcpu_stack_ns: None,
+            ..c
+        };
+        assert_eq!(
+            added_ns(&no_offcpu, &before, &now)[ProbeId::CpuSample as usize],
+            10.0 * 7_000.0 + 90.0 * 1_500.0
+        );
+    }
+
+    #[test]
+    fn the_cupti_helper_is_its_measured_threads_plus_records_at_the_assumed_figure() {
+        let cost = CuptiCost::new();
+        let before = CuptiCounters {
+            records: 1_000,
+            thread_cpu_ns: 5_000_000,
+        };
+        let now = CuptiCounters {
+            records: 11_000,
+            thread_cpu_ns: 7_000_000,
+        };
+        let e = cost.estimate(&before, &now).unwrap();
+        assert_eq!(e.records, 10_000);
+        assert_eq!(e.thread_cpu_ns, 2e6);
+        assert_eq!(e.added_ns, 2e6 + 10_000.0 * CUPTI_RECORD_NS);
+        assert_eq!(
+            cost.estimate(&CuptiCounters::default(), &CuptiCounters::default()),
+            None,
+            "no helper, no part"
         );
     }
 

@@ -7,10 +7,15 @@
 //! by [`crate::symbol_files`] first, which also reads the perf map files of JITs (`/tmp/perf-PID.map`) for the
 //! addresses blazesym cannot name.
 //! Kernel addresses go through `/proc/kallsyms`. Every address is resolved once per process: a cache maps
-//! (pid, address) to its frames (bounded in bytes: it starts over past [`USER_CACHE_BYTES`]), blazesym itself keeps each ELF/DWARF file parsed once (by path, shared by
-//! all processes mapping it), so a hot loop costs one hash lookup per frame. Samples are symbolized when
-//! capture drains the ring (every 20 ms), while the process is alive; [`Symbolizer::forget`] drops a
-//! process's cache at its exit.
+//! (pid, address) to its frames (bounded in bytes: it starts over past [`USER_CACHE_BYTES`]), blazesym itself
+//! keeps each ELF/DWARF file parsed once (by path, shared by all processes mapping it), so a hot loop costs one
+//! hash lookup per frame. A process's memory map is read once and kept (blazesym's VMA cache): without it
+//! blazesym re-reads `/proc/PID/maps` for every lookup, and a stack with a new address (a Python process's
+//! native walk meets new ones all the time) cost two reads of a map of hundreds of libraries, ~1 ms. The map
+//! is read again, at most every [`VMA_REFRESH`], when an address falls outside every mapping (a library loaded
+//! since, or a walk gone astray); addresses found in no mapping are retried after such a refresh. Samples are
+//! symbolized when capture drains the ring (every 20 ms), while the process is alive;
+//! [`Symbolizer::forget`] drops a process's cache at its exit.
 //!
 //! What a binary without frame pointers gives: the eBPF walk follows `rbp`, so the innermost frame (the
 //! sampled instruction) is always right and its caller chain stops (or, rarely, wanders into one wrong
@@ -23,6 +28,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blazesym::symbolize::cache::{Cache, Process as CacheProcess};
+use blazesym::symbolize::evict::{Evict, Process as EvictProcess};
 use blazesym::symbolize::source::{Kernel, Process, Source};
 
 use crate::symbol_files::{self, PerfMaps};
@@ -58,8 +65,16 @@ pub struct SymbolizeStats {
     pub resolved: u64,
     /// Addresses blazesym could not name.
     pub unknown: u64,
+    /// Of those, addresses in no mapping of the process: return addresses a frame-pointer walk read from a
+    /// frame that keeps no frame pointer (Python without frame pointers), not symbols missing.
+    pub unmapped: u64,
+    /// Times a process's memory map was read (once per process, then after a library was loaded).
+    pub maps_reads: u64,
     /// Wall time spent symbolizing (llmprof's own CPU, not the target's).
     pub time: Duration,
+    /// Of it, the time blazesym spent resolving addresses not seen before (reading each library's symbols and
+    /// line tables once, the process's memory map): the rest is the per-stack cost of the cache.
+    pub resolve_time: Duration,
 }
 
 /// Turns raw sample records into symbolized samples; see the module doc.
@@ -72,8 +87,17 @@ pub struct Symbolizer {
     /// [`frames_bytes`] of `user`.
     user_bytes: usize,
     kernel: HashMap<u64, Frames>,
+    /// When each process's memory map was last read into blazesym's VMA cache.
+    maps_read: HashMap<u32, Instant>,
+    /// Per process, the cached addresses that were in no mapping (retried after the next read of the map).
+    unmapped: HashMap<u32, Vec<u64>>,
     stats: SymbolizeStats,
 }
+
+/// Shortest time between two reads of one process's memory map (see the module docs).
+pub const VMA_REFRESH: Duration = Duration::from_secs(1);
+/// Most unmapped addresses remembered per process for a retry (more are still cached as unknown).
+const UNMAPPED_KEPT: usize = 4096;
 
 impl std::fmt::Debug for Symbolizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,17 +118,25 @@ fn lookup_addr(i: usize, addr: u64) -> u64 {
     if i == 0 { addr } else { addr.saturating_sub(1) }
 }
 
-fn frames_of(res: Symbolized<'_>, kind: FrameKind, default_module: &str, addr: u64) -> (Frames, bool) {
-    let Some(sym) = res.into_sym() else {
-        let f = Frame {
-            function: Arc::from(format!("{UNKNOWN} {addr:#x}")),
-            module: Arc::from(default_module),
-            file: None,
-            line: None,
-            kind,
-            rel_pc: addr,
-        };
-        return (Arc::from(vec![Arc::new(f)]), false);
+fn frames_of(
+    res: Symbolized<'_>,
+    kind: FrameKind,
+    default_module: &str,
+    addr: u64,
+) -> (Frames, Option<Reason>) {
+    let sym = match res {
+        Symbolized::Sym(sym) => sym,
+        Symbolized::Unknown(reason) => {
+            let f = Frame {
+                function: Arc::from(format!("{UNKNOWN} {addr:#x}")),
+                module: Arc::from(default_module),
+                file: None,
+                line: None,
+                kind,
+                rel_pc: addr,
+            };
+            return (Arc::from(vec![Arc::new(f)]), Some(reason));
+        }
     };
     let module: Arc<str> = match &sym.module {
         Some(m) if kind != FrameKind::Kernel => Arc::from(m.to_string_lossy().as_ref()),
@@ -154,7 +186,7 @@ fn frames_of(res: Symbolized<'_>, kind: FrameKind, default_module: &str, addr: u
         out.push(Arc::new(f));
     }
     out.push(Arc::new(outer));
-    (Arc::from(out), true)
+    (Arc::from(out), None)
 }
 
 impl Symbolizer {
@@ -177,6 +209,8 @@ impl Symbolizer {
             user: HashMap::new(),
             user_bytes: 0,
             kernel: HashMap::new(),
+            maps_read: HashMap::new(),
+            unmapped: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -191,6 +225,14 @@ impl Symbolizer {
         self.user.retain(|(p, _), _| *p != pid);
         self.user_bytes = self.user.values().map(frames_bytes).sum();
         self.perf_maps.forget(pid);
+        self.unmapped.remove(&pid);
+        if self.maps_read.remove(&pid).is_some()
+            && let Some(nz) = NonZeroU32::new(pid)
+        {
+            for b in [&mut self.blaze, &mut self.dwarf] {
+                let _ = b.evict(&Evict::Process(EvictProcess::new(Pid::Pid(nz))));
+            }
+        }
     }
 
     /// Symbolizes one sample record (kernel frames first, then user frames; innermost first).
@@ -251,11 +293,31 @@ impl Symbolizer {
             debug_syms: false,
             ..Kernel::default()
         });
+        let t0 = Instant::now();
         let res = self.blaze.symbolize(&src, Input::AbsAddr(&missing));
-        for (a, f, ok) in convert(res, &missing, FrameKind::Kernel, KERNEL_MODULE) {
+        self.stats.resolve_time += t0.elapsed();
+        for (a, f, why) in convert(res, &missing, FrameKind::Kernel, KERNEL_MODULE) {
             self.stats.resolved += 1;
-            self.stats.unknown += u64::from(!ok);
+            self.stats.unknown += u64::from(why.is_some());
             self.kernel.insert(a, f);
+        }
+    }
+
+    /// Reads `pid`'s memory map into blazesym's VMA cache now (the first time, or to see new mappings).
+    fn read_maps(&mut self, pid: u32, nz: NonZeroU32) {
+        // Both symbolizers (ELF names, DWARF lines) keep the same map.
+        for b in [&self.blaze, &self.dwarf] {
+            let mut c = CacheProcess::new(Pid::Pid(nz));
+            c.cache_perf_map = false;
+            if let Err(e) = b.cache(&Cache::Process(c)) {
+                log::debug!("symbolize: pid {pid}: reading its memory map: {e}");
+            }
+        }
+        self.stats.maps_reads += 1;
+        self.maps_read.insert(pid, Instant::now());
+        // Addresses that were in no mapping may be in one now.
+        for a in self.unmapped.remove(&pid).unwrap_or_default() {
+            self.user.remove(&(pid, a));
         }
     }
 
@@ -271,6 +333,52 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
         let Some(nz) = NonZeroU32::new(pid) else { return };
+        let t0 = Instant::now();
+        if !self.maps_read.contains_key(&pid) {
+            self.read_maps(pid, nz);
+        }
+        let mut found = self.lookup_user(pid, nz, &missing);
+        let stale = self
+            .maps_read
+            .get(&pid)
+            .is_none_or(|t| t.elapsed() >= VMA_REFRESH);
+        if stale && found.iter().any(|(_, _, why)| *why == Some(Reason::Unmapped)) {
+            self.read_maps(pid, nz);
+            let again: Vec<u64> = found
+                .iter()
+                .filter(|(_, _, why)| *why == Some(Reason::Unmapped))
+                .map(|(a, _, _)| *a)
+                .collect();
+            found.retain(|(_, _, why)| *why != Some(Reason::Unmapped));
+            found.extend(self.lookup_user(pid, nz, &again));
+        }
+        self.stats.resolve_time += t0.elapsed();
+        for (a, f, why) in found {
+            // Code no file names: a JIT's, when its perf map says so (read by `symbol_files`, bounded).
+            let (f, why) = match (why, self.perf_maps.lookup(pid, a)) {
+                (Some(_), Some((name, start))) => (jit_frame(pid, name, a - start), None),
+                _ => (f, why),
+            };
+            self.stats.resolved += 1;
+            self.stats.unknown += u64::from(why.is_some());
+            if why == Some(Reason::Unmapped) {
+                self.stats.unmapped += 1;
+                let kept = self.unmapped.entry(pid).or_default();
+                if kept.len() < UNMAPPED_KEPT {
+                    kept.push(a);
+                }
+            }
+            if self.user_bytes > USER_CACHE_BYTES {
+                self.user.clear();
+                self.user_bytes = 0;
+            }
+            self.user_bytes += frames_bytes(&f);
+            self.user.insert((pid, a), f);
+        }
+    }
+
+    /// blazesym's frames for `addrs` (sorted, unique) of `pid`, through its cached memory map.
+    fn lookup_user(&mut self, pid: u32, nz: NonZeroU32, addrs: &[u64]) -> Vec<(u64, Frames, Option<Reason>)> {
         // Names from the ELF symbol tables (full demangled paths: `inference::quant::QMatrix::matmul_rows`);
         // file, line and inlined functions from DWARF, where present (DWARF names are short: `matmul_rows`).
         let mut proc = Process::new(Pid::Pid(nz));
@@ -279,11 +387,11 @@ impl Symbolizer {
         proc.perf_map = false;
         let elf = self
             .blaze
-            .symbolize(&Source::Process(proc.clone()), Input::AbsAddr(&missing));
+            .symbolize(&Source::Process(proc.clone()), Input::AbsAddr(addrs));
         proc.debug_syms = true;
         let dwarf = self
             .dwarf
-            .symbolize(&Source::Process(proc), Input::AbsAddr(&missing));
+            .symbolize(&Source::Process(proc), Input::AbsAddr(addrs));
         let res = match (elf, dwarf) {
             (Ok(e), Ok(d)) => Ok(e
                 .into_iter()
@@ -305,20 +413,7 @@ impl Symbolizer {
             }
             (Err(_), d) => d,
         };
-        for (a, f, ok) in convert(res, &missing, FrameKind::Native, UNKNOWN) {
-            let (f, ok) = match (ok, self.perf_maps.lookup(pid, a)) {
-                (false, Some((name, start))) => (jit_frame(pid, name, a - start), true),
-                _ => (f, ok),
-            };
-            self.stats.resolved += 1;
-            self.stats.unknown += u64::from(!ok);
-            if self.user_bytes > USER_CACHE_BYTES {
-                self.user.clear();
-                self.user_bytes = 0;
-            }
-            self.user_bytes += frames_bytes(&f);
-            self.user.insert((pid, a), f);
-        }
+        convert(res, addrs, FrameKind::Native, UNKNOWN)
     }
 }
 
@@ -340,14 +435,14 @@ fn convert(
     addrs: &[u64],
     kind: FrameKind,
     default_module: &str,
-) -> Vec<(u64, Frames, bool)> {
+) -> Vec<(u64, Frames, Option<Reason>)> {
     match res {
         Ok(syms) => syms
             .into_iter()
             .zip(addrs)
             .map(|(s, &a)| {
-                let (f, ok) = frames_of(s, kind, default_module, a);
-                (a, f, ok)
+                let (f, why) = frames_of(s, kind, default_module, a);
+                (a, f, why)
             })
             .collect(),
         Err(err) => {
@@ -357,8 +452,9 @@ fn convert(
             addrs
                 .iter()
                 .map(|&a| {
-                    let (f, ok) = frames_of(Symbolized::Unknown(Reason::Unmapped), kind, default_module, a);
-                    (a, f, ok)
+                    let (f, why) =
+                        frames_of(Symbolized::Unknown(Reason::IgnoredError), kind, default_module, a);
+                    (a, f, why)
                 })
                 .collect()
         }

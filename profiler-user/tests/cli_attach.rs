@@ -156,6 +156,8 @@ fn open_serves_the_trace_to_the_ui_origin_and_exits() {
 
 /// Real eBPF: attach to a plain process (no engine probes) that sleeps in a loop; the trace must say the
 /// engine probes were not found, still have the slow syscalls, end with "target exited", and load cleanly.
+/// The target starts its sleeps only once llmprof says its probes are live (a line on its stdin), so a slow
+/// start-up on a loaded machine cannot make it miss them.
 #[test]
 fn attach_to_a_non_engine_process_traces_syscalls_and_ends_when_it_exits() {
     if !e2e::require(e2e::is_root(), "not root: cannot load eBPF programs") {
@@ -168,32 +170,48 @@ fn attach_to_a_non_engine_process_traces_syscalls_and_ends_when_it_exits() {
         return;
     }
     let mut target = Command::new(e2e::python3())
-        .args(["-c", "import time\nfor _ in range(15): time.sleep(0.1)"])
+        .args([
+            "-c",
+            "import sys, time\nsys.stdin.readline()\nfor _ in range(15): time.sleep(0.1)",
+        ])
+        .stdin(Stdio::piped())
         .spawn()
         .unwrap();
     let dir = std::env::temp_dir().join(format!("llmprof-cli-attach-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.perfetto-trace");
-    let out = Command::new(LLMPROF)
+    let mut llmprof = Command::new(LLMPROF)
         .args([
             "attach",
             "--pid",
             &target.id().to_string(),
             "-d",
-            "20s",
+            "60s",
             "--slow-syscall",
             "50ms",
             "-o",
         ])
         .arg(&trace)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let (mut rest, mut stderr) = e2e::attach::wait_probes_live(&mut llmprof);
+    {
+        use std::io::Write;
+        let mut go = target.stdin.take().unwrap();
+        go.write_all(b"go\n").unwrap();
+    }
+    std::io::Read::read_to_string(&mut rest, &mut stderr).unwrap();
+    let out = llmprof.wait_with_output().unwrap();
     target.wait().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "attach failed: {stdout}\n{stderr}");
     assert!(stdout.contains("target exited"), "{stdout}");
-    assert!(stderr.contains("exports no llmprof probe points"), "{stderr}");
+    assert!(
+        stderr.contains("has no llmprof probe points; recording"),
+        "{stderr}"
+    );
     assert!(stdout.contains("llmprof open"), "{stdout}");
     std::thread::sleep(Duration::from_millis(10));
     let mut tp = e2e::trace_processor::load(&trace).unwrap();

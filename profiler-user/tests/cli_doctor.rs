@@ -132,18 +132,27 @@ fn as_root_this_host_is_ready_and_the_uprobe_cost_is_measured() {
 }
 
 #[test]
-fn a_plain_process_has_no_engine_probes_which_is_a_warning() {
+fn a_server_without_probes_is_told_what_it_gets_not_to_rebuild_itself() {
     let sleep = Reaped(Command::new("sleep").arg("30").spawn().unwrap());
     let pid = sleep.0.id().to_string();
     let (out, checks) = doctor(&["--pid", &pid]);
     let target = find(&checks, "target");
     assert_eq!(target["status"], "ok", "{target}");
-    for id in ["probe_abi", "engine_probes"] {
-        let c = find(&checks, id);
-        assert_eq!(c["status"], "warn", "{c}");
-    }
-    let probes = find(&checks, "engine_probes");
-    assert!(probes["detail"].as_str().unwrap().contains("absent"), "{probes}");
+    let abi = find(&checks, "probe_abi");
+    assert_eq!(
+        abi["status"], "ok",
+        "nothing to fix for llama.cpp's server or vLLM: {abi}"
+    );
+    let detail = abi["detail"].as_str().unwrap();
+    assert!(detail.contains("requests from the wire"), "{abi}");
+    assert!(
+        abi["fix"].is_null(),
+        "no advice to build it with llmprof-probes: {abi}"
+    );
+    assert!(
+        !checks.iter().any(|c| c["check"] == "engine_probes"),
+        "no per-probe warning for a server that has none: {checks:#?}"
+    );
     if e2e::is_root() {
         assert_eq!(out.status.code(), Some(0), "{checks:#?}");
     }

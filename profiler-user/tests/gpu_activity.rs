@@ -236,7 +236,8 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     assert!(summary.contains("helper_dropped=3"), "{summary}");
     assert!(
         stdout.contains(
-            "GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits, 16 API calls; lost: 3"
+            "GPU activity (CUPTI helper): 2 chunks, 17 kernels/copies/waits/graph launches, 16 API calls, \
+             0 summary rows, 0 busy intervals; lost: 3"
         ),
         "{stdout}"
     );
@@ -270,7 +271,7 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     let text = Command::new(LLMPROF).arg("report").arg(&trace).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains("GPU kernels (CUPTI): 15 kernels, 20.000 ms GPU time"),
+        text.contains("GPU kernels (CUPTI, every kernel): 15 kernels, 20.000 ms GPU time"),
         "{text}"
     );
     let _ = std::fs::remove_dir_all(&dir);

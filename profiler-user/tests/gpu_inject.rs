@@ -171,16 +171,100 @@ fn logged_sum(log: &Path, prefix: &str) -> u64 {
         .sum()
 }
 
+/// The synchronization records among the completed buffers.
+fn syncs_produced(log: &Path) -> u64 {
+    logged_sum(log, "syncs ")
+}
+
+/// The graph-level records among them.
+fn graphs_produced(log: &Path) -> u64 {
+    logged_sum(log, "graphs ")
+}
+
+/// While CUPTI records a process, its synchronize calls lose their uprobes (CUPTI reports the waits) and its
+/// launches their counting uprobes, and the waits and graph launches still arrive: as the window rows'
+/// waits, and one slice per graph launch.
+#[test]
+fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arrive() {
+    if !preconditions() {
+        return;
+    }
+    let dir = fixtures("sync");
+    let log = dir.join("cupti.log");
+    let lib = dir.join("libcuda.so.1");
+    let mut t = Testee::spawn(
+        &["--libcuda", lib.to_str().unwrap()],
+        &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
+    );
+    let trace = dir.join("sync.perfetto-trace");
+    let a = Attached::start(
+        t.pid(),
+        &["--gpu-kernels", "on", "--no-sample", "--no-http"],
+        &trace,
+    );
+    // Steps with launches, a copy and a stream synchronize each, then every synchronize call and a graph launch.
+    assert_eq!(t.ask("cuda 3 10"), "cuda done");
+    std::thread::sleep(Duration::from_millis(300));
+    let stderr = a.log();
+    let _ = a.stop();
+    assert!(stderr.contains("recording kernel summaries"), "{stderr}");
+    let syncs = syncs_produced(&log);
+    assert_eq!(
+        syncs,
+        5,
+        "3 stream synchronizes, a context and an event synchronize: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_eq!(graphs_produced(&log), 1);
+    let mut tp = e2e::trace_processor::load(&trace).unwrap();
+    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
+    for f in [
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuLaunchKernel",
+    ] {
+        assert_eq!(
+            count(
+                &mut tp,
+                &format!("select count(*) from slice where name like '{f}%'")
+            ),
+            0,
+            "{f}: no uprobe slice while CUPTI records"
+        );
+    }
+    assert_eq!(
+        count(&mut tp, "select count(*) from slice where name = 'CUDA graph 5'"),
+        1
+    );
+    drop(tp);
+    let r = e2e::attach::report_json(&trace);
+    assert_eq!(r["kernels"]["waits"].as_u64().unwrap(), syncs, "{}", r["kernels"]);
+    assert_eq!(
+        r["kernels"]["kernels"].as_u64().unwrap(),
+        kernels_produced(&log) + 1,
+        "the kernels and the graph launch: {}",
+        r["kernels"]
+    );
+    t.exit();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The one integer a query returns.
 fn count(tp: &mut e2e::trace_processor::Trace, sql: &str) -> i64 {
     tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// `llmprof attach --gpu-kernels on` for a while on `pid`; its stderr.
+/// `llmprof attach --gpu-kernels on` (summaries) for a while on `pid`; its stderr.
 fn session(pid: u32, trace: &Path) -> String {
+    session_in(pid, trace, "on")
+}
+
+/// `llmprof attach --gpu-kernels MODE` for a while on `pid`; its stderr.
+fn session_in(pid: u32, trace: &Path, mode: &str) -> String {
     let a = Attached::start(
         pid,
-        &["--gpu-kernels", "on", "--no-sample", "--no-http", "--no-cuda"],
+        &["--gpu-kernels", mode, "--no-sample", "--no-http", "--no-cuda"],
         trace,
     );
     std::thread::sleep(Duration::from_millis(1500));
@@ -204,7 +288,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     assert_eq!(t.ask("cuda-loop 4"), "cuda-loop started");
     let pid = t.pid();
 
-    let first = session(pid, &dir.join("one.perfetto-trace"));
+    let first = session_in(pid, &dir.join("one.perfetto-trace"), "all");
     assert!(
         first.contains(&format!("GPU kernels: loaded {}", helper().display())),
         "{first}"
@@ -217,6 +301,8 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         "enable 1",
         "enable 2",
         "enable 38",
+        "enable 4",
+        "enable 5",
         "flush-period 100",
     ] {
         assert_eq!(
@@ -290,20 +376,67 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     );
     drop(tp);
 
-    // A second attach: the same library, not loaded again; started and stopped again.
+    assert_eq!(
+        log_count(&log, "enable 51"),
+        0,
+        "every kernel: graphs node by node"
+    );
+
+    // A second attach in the default mode: the same library, not loaded again; started and stopped again,
+    // now with summaries (no API records, graph-level records on).
+    let kernels_before = kernels_produced(&log);
     let second = session(pid, &dir.join("two.perfetto-trace"));
     assert!(second.contains("GPU kernels: reusing"), "{second}");
+    assert!(second.contains("recording kernel summaries"), "{second}");
     assert_eq!(helper_mappings(pid), (1, 1), "still mapped once");
     assert_eq!(
         (log_count(&log, "subscribe"), log_count(&log, "unsubscribe")),
         (2, 2)
     );
-    let s = inj.stats().unwrap();
     assert_eq!(
-        (s.records, s.starts, s.stops, s.active),
+        log_count(&log, "enable 51"),
+        1,
+        "graph-level records in the default mode"
+    );
+    assert_eq!(
+        log_count(&log, "enable 4"),
+        1,
+        "no API records in the default mode"
+    );
+    let s2 = inj.stats().unwrap();
+    assert_eq!(
+        (s2.cupti_records, s2.starts, s2.stops, s2.active),
         (records_produced(&log), 2, 2, 0)
     );
-    assert_eq!(s.names, 8, "names are sent again to each session");
+    assert_eq!(
+        s2.names - s.names,
+        2,
+        "the two kernel names, sent again to this session"
+    );
+    assert!(s2.summaries > s.summaries && s2.busy > s.busy, "{s2:?}");
+    assert!(
+        s2.records - s.records < (s2.cupti_records - s.cupti_records) / 4,
+        "summaries are a fraction of the records: {s2:?}"
+    );
+    assert!(
+        s2.cupti_thread_cpu_ns >= s2.helper_cpu_ns && s2.helper_cpu_ns > 0,
+        "{s2:?}"
+    );
+    // The report reads the summarized trace: every kernel CUPTI recorded in the session counted once.
+    let r = e2e::attach::report_json(&dir.join("two.perfetto-trace"));
+    assert_eq!(r["kernels"]["mode"], "summaries", "{r}");
+    assert_eq!(
+        r["kernels"]["kernels"].as_u64().unwrap(),
+        kernels_produced(&log) - kernels_before,
+        "{}",
+        r["kernels"]
+    );
+    assert!(
+        r["overhead"]["est_cupti_ms"].as_f64().is_some(),
+        "{}",
+        r["overhead"]
+    );
+    let s = s2;
 
     // The target kept running and checking its results through both sessions; it still works.
     let done = t.ask("cuda-loop-stop");
@@ -318,7 +451,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     );
     assert_eq!(t.ask("cuda 1 10"), "cuda done");
     // Stopped: launches after the detach produce nothing.
-    assert_eq!(records_produced(&log), s.records);
+    assert_eq!(records_produced(&log), s.cupti_records);
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -370,20 +503,16 @@ fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() 
     );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    let kernels = count(
-        &mut tp,
-        "select count(*) from slice where name in ('fake_gemm', 'fake_softmax')",
-    );
+    drop(tp);
+    // The default mode's summaries: the report counts the kernels of every window.
+    let r = e2e::attach::report_json(&trace);
+    let kernels = r["kernels"]["kernels"].as_u64().unwrap_or(0);
     assert!(
         kernels > 0,
-        "the kernels launched after the injection are in the trace"
+        "the kernels launched after the injection are in the trace: {}",
+        r["kernels"]
     );
-    assert_eq!(
-        kernels as u64,
-        kernels_produced(&log),
-        "every kernel CUPTI recorded"
-    );
-    drop(tp);
+    assert_eq!(kernels, kernels_produced(&log), "every kernel CUPTI recorded");
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -585,7 +714,10 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(helper_mappings(pid), (1, 1));
     let s = inj.stats().unwrap();
-    assert!(s.records > 0 && s.records == records_produced(&log), "{s:?}");
+    assert!(
+        s.cupti_records > 0 && s.cupti_records == records_produced(&log),
+        "{s:?}"
+    );
     let done = t.ask("cuda-loop-stop");
     assert!(
         done.starts_with("cuda-loop done") && done.ends_with(" 0"),

@@ -131,12 +131,12 @@ fn every_trace_accounts_for_llmprof_itself() {
     let d = dir("selfacct");
     let trace = d.join("t.perfetto-trace");
     let mut t = Testee::start();
-    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "2500ms"], || {
+    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "2500ms", "-v"], || {
         t.send("syscalls 300000 50 0")
     });
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     for want in [
-        "cost per hit (measured at start-up",
+        "cost per hit (measured beside the session",
         "overhead: est.",
         "peak RSS",
         "probe syscalls: hits",

@@ -83,3 +83,18 @@ impl Attached {
         stdout
     }
 }
+
+/// `llmprof report --json TRACE`, parsed (panics with its stderr when it fails).
+pub fn report_json(trace: &std::path::Path) -> serde_json::Value {
+    let out = std::process::Command::new(crate::bin_path("llmprof"))
+        .args(["report", "--json"])
+        .arg(trace)
+        .output()
+        .expect("run llmprof report");
+    assert!(
+        out.status.success(),
+        "llmprof report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("llmprof report --json is JSON")
+}

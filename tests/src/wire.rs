@@ -97,7 +97,8 @@ pub fn run_client(python: &Path, port: u16, load: &Load<'_>, out: &Path) -> Vec<
     rows
 }
 
-/// `llmprof report --json TRACE`'s `requests.per_request`.
+/// `llmprof report --json TRACE`'s `requests.per_request` and the wire views folded into them
+/// (`requests.joined_views`): every view of every request.
 pub fn report_rows(trace: &Path) -> Vec<Value> {
     let report = Command::new(crate::bin_path("llmprof"))
         .args(["report", "--json"])
@@ -106,10 +107,18 @@ pub fn report_rows(trace: &Path) -> Vec<Value> {
         .expect("llmprof report");
     assert!(report.status.success(), "llmprof report failed");
     let report: Value = serde_json::from_slice(&report.stdout).expect("report JSON");
-    report["requests"]["per_request"]
+    let mut rows = report["requests"]["per_request"]
         .as_array()
         .expect("per_request")
-        .clone()
+        .clone();
+    rows.extend(
+        report["requests"]["joined_views"]
+            .as_array()
+            .expect("joined_views")
+            .iter()
+            .cloned(),
+    );
+    rows
 }
 
 /// The lower median (the same definition `llmprof report` uses per request).

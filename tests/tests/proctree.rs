@@ -261,10 +261,18 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    let rows = v["requests"]["per_request"]
+    let mut rows = v["requests"]["per_request"]
         .as_array()
         .expect("per_request")
         .clone();
+    // The chat's wire view is folded into the engine's request: one request, two views.
+    rows.extend(
+        v["requests"]["joined_views"]
+            .as_array()
+            .expect("joined_views")
+            .iter()
+            .cloned(),
+    );
     let engine: Vec<_> = rows.iter().filter(|r| r["wire"] == false).collect();
     assert_eq!(engine.len(), 1, "the engine's one request: {rows:#?}");
     assert_ne!(engine[0]["finish_reason"], "unfinished", "{rows:#?}");

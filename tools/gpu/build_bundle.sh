@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds what tools/gpu/run_gpu_checks.sh needs on a GPU machine without Rust, into one folder:
 # llmserve (release, --features cuda), the cuda_backend test binary, llmprof (release) with its CUPTI helper
-# (libllmprof_cupti.so), bench_engine.py and the check script itself. Usage: tools/gpu/build_bundle.sh [OUT_DIR]   (default: target/gpu-bundle)
+# (libllmprof_cupti.so), bench_engine.py, the check script itself, and bench_attach.py with torch_matmul.py (what
+# attaching costs: tools/gpu/device_run.sh bench). Usage: tools/gpu/build_bundle.sh [OUT_DIR]   (default: target/gpu-bundle)
 # WITH_LLMPROF=0 skips building llmprof (then the trace step of the checks is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,7 @@ if [ "${WITH_LLMPROF:-1}" = 1 ] && cargo build --release -p llmprof && [ -x targ
 else
     echo "note: llmprof not built; the trace step will be skipped" >&2
 fi
-cp tools/gpu/bench_engine.py tools/gpu/run_gpu_checks.sh "$OUT/"
+cp tools/gpu/bench_engine.py tools/gpu/run_gpu_checks.sh tools/gpu/bench_attach.py tools/gpu/torch_matmul.py "$OUT/"
 chmod +x "$OUT"/*.sh "$OUT"/*.py
 ls -l "$OUT"
 echo "bundle ready: $OUT (run there: ./run_gpu_checks.sh . /path/SmolLM2-135M-Instruct.Q4_1.gguf ./gpu-results)"

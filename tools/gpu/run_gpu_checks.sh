@@ -11,11 +11,16 @@
 # Steps (each logged to OUT_DIR/NN-*.log; a summary at the end and in OUT_DIR/summary.txt):
 #   1. environment: nvidia-smi, NVRTC libraries found;
 #   2. the ignored GPU tests of inference/tests/cuda_backend.rs (CPU vs GPU logits on tiny models of every
-#      type, "Paris" on the default model, CUDA-event step times on the host clock, decode throughput);
-#   3. llmserve --device cuda: startup log, a chat request answered with "Paris", /metrics;
+#      type, "Paris" on the default model, CUDA-event step times on the host clock, tokens drawn on the device
+#      against sampling.rs's rule (chi-square) and the host sampler, tensor-core prefill of 512 tokens within the
+#      f16 tolerance and its time, decode throughput greedy and sampled);
+#   3. llmserve --device cuda: startup log, a chat request answered with "Paris", a seeded sampled chat request
+#      (temperature 0.8, top_p 0.95) giving the same text twice, log-probabilities, /metrics;
 #   4. tools/gpu/bench_engine.py: decode tokens/s at concurrency 1 and 32 (BENCH_ROUNDS runs each, medians),
-#      TTFT, device busy fraction; 4b: a prompt-heavy load (~510-token prompts, 16 tokens out) with the default
-#      fused-launch limit (256 tokens) and with fused launches at every step size, side by side;
+#      greedy and sampled side by side (completions at temperature 0; chat at temperature 0, at 0.8 with top_p
+#      0.95, and at OpenAI's default 1.0), the sampled/greedy ratios (goal >= 0.9), TTFT, device busy fraction;
+#      4b: a prompt-heavy load (~510-token prompts, 16 tokens out, concurrency 1 and 8) with the prefill products
+#      on tensor cores (the default) and on CUDA cores (LLMSERVE_CUDA_MMA_MIN_TOKENS=0), side by side (TTFT);
 #   5. (root and llmprof present) llmprof attach during a short load: a trace with "device (CUDA)" slices,
 #      and llmprof report on it;
 #   6. llmserve --device auto picks CUDA.
@@ -89,11 +94,11 @@ if nvidia-smi -L >/dev/null 2>&1; then record "gpu present" ok "$(nvidia-smi -L 
 step "2. GPU tests (cuda_backend --ignored)"
 if [ -x "$BUNDLE/cuda_backend" ]; then
     FILTER=()
-    [ "$HAVE_MODEL" = 1 ] || FILTER=(cuda_logits_match_cpu cuda_step_times)
+    [ "$HAVE_MODEL" = 1 ] || FILTER=(cuda_logits_match_cpu cuda_step_times cuda_sampling_follows cuda_graph_replay_matches_eager_launches_exactly)
     LLMSERVE_MODEL="$MODEL" timeout 600 "$BUNDLE/cuda_backend" --ignored --nocapture --test-threads 1 \
         "${FILTER[@]}" >"$OUT/02-cuda-tests.log" 2>&1
     rc=$?
-    grep -E "^test |test result|agree|answer|tokens/s|anchors|panicked" "$OUT/02-cuda-tests.log"
+    grep -E "^test |test result|agree|answer|tokens/s|anchors|chi-square|largest|panicked" "$OUT/02-cuda-tests.log"
     if [ $rc -eq 0 ]; then record "cuda_backend tests" ok "$(grep 'test result' "$OUT/02-cuda-tests.log")"
     else record "cuda_backend tests" FAIL "exit $rc, see 02-cuda-tests.log"; fi
 else
@@ -119,25 +124,51 @@ m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read(
 for line in m.splitlines():
     if line.startswith(("llmserve:device_busy", "llmserve:step_seconds", "llmserve:engine_steps")):
         print(line)
-sys.exit(0 if "Paris" in text else 1)
+ok = "Paris" in text
+# Sampled on the device: a seed gives the same text twice; the log-probabilities come back.
+def chat(extra):
+    body = {"model": "smollm2", "max_tokens": 40, "messages": [{"role": "user", "content": "Tell me a story."}]}
+    body.update(extra)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+sampled = {"temperature": 0.8, "top_p": 0.95, "seed": 42}
+a, b = chat(sampled), chat(sampled)
+same = a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+print("sampled (seed 42) twice:", repr(a["choices"][0]["message"]["content"][:80]), "same" if same else "DIFFERENT")
+lp = chat({"temperature": 0, "logprobs": True, "top_logprobs": 3, "max_tokens": 5})["choices"][0]["logprobs"]
+print("logprobs of the first token:", lp["content"][0]["token"], lp["content"][0]["logprob"], [t["token"] for t in lp["content"][0]["top_logprobs"]])
+sys.exit(0 if ok and same and len(lp["content"]) == 5 else 1)
 EOF
     rc=$?
     cat "$OUT/03-chat.log"
-    if [ $rc -eq 0 ]; then record "HTTP chat on cuda (Paris)" ok "$(grep answer "$OUT/03-chat.log")"
-    else record "HTTP chat on cuda (Paris)" FAIL "see 03-chat.log"; fi
+    if [ $rc -eq 0 ]; then record "HTTP chat on cuda (Paris, seeded, logprobs)" ok "$(grep answer "$OUT/03-chat.log")"
+    else record "HTTP chat on cuda (Paris, seeded, logprobs)" FAIL "see 03-chat.log"; fi
     if grep -q "backend cuda on" "$OUT/03-llmserve-cuda.log"; then record "startup log names the GPU" ok "$(grep -o 'backend cuda on [^;]*' "$OUT/03-llmserve-cuda.log")"
     else record "startup log names the GPU" FAIL "see 03-llmserve-cuda.log"; fi
     if grep -q "decode as CUDA graphs" "$OUT/03-llmserve-cuda.log"; then record "decode graphs captured" ok "$(grep -o 'decode as CUDA graphs[^)]*)' "$OUT/03-llmserve-cuda.log" | head -1)"
     else record "decode graphs captured" FAIL "see 03-llmserve-cuda.log"; fi
 
-    step "4. benchmark (concurrency 1 and 32, $BENCH_ROUNDS rounds)"
-    timeout 300 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
+    step "4. benchmark (concurrency 1 and 32, greedy and sampled, $BENCH_ROUNDS rounds)"
+    timeout 400 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
         --concurrency 1,32 --max-tokens 128 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
-        --json "$OUT/04-bench.json" >"$OUT/04-bench.log" 2>&1
+        --sampling greedy,chat-greedy,chat,openai-default --json "$OUT/04-bench.json" >"$OUT/04-bench.log" 2>&1
     rc=$?
-    grep -E "concurrency|error" "$OUT/04-bench.log"
-    if [ $rc -eq 0 ]; then record "benchmark (graphs, f16 KV)" ok "$(grep -E '^concurrency' "$OUT/04-bench.log" | sed 's/ over .*//' | tr '\n' ';')"
+    grep -E "^concurrency|error|^ +[0-9]+ +[0-9.]+ \[" "$OUT/04-bench.log"
+    if [ $rc -eq 0 ]; then record "benchmark (graphs, f16 KV)" ok "$(grep -E '^concurrency +[0-9]+ (greedy|chat):' "$OUT/04-bench.log" | sed 's/ over .*//' | tr '\n' ';')"
     else record "benchmark (graphs, f16 KV)" FAIL "exit $rc, see 04-bench.log"; fi
+    # Sampled decode against greedy (the chat profiles against chat at temperature 0): the goal is 0.9x or more.
+    python3 - "$OUT/04-bench.json" >"$OUT/04-ratios.log" 2>&1 <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1])).get("side_by_side") or []
+pairs = [(r["concurrency"], p, r[p]["ratio_to_greedy"]) for r in rows for p in ("chat", "openai-default") if p in r]
+print("; ".join(f"c{c} {p} {x}x" for c, p, x in pairs))
+sys.exit(0 if pairs and all(x is not None and x >= 0.9 for _, _, x in pairs) else 1)
+EOF
+    rc=$?
+    cat "$OUT/04-ratios.log"
+    if [ $rc -eq 0 ]; then record "sampled decode >= 0.9x greedy" ok "$(head -1 "$OUT/04-ratios.log")"
+    else record "sampled decode >= 0.9x greedy" FAIL "$(head -1 "$OUT/04-ratios.log"), see 04-bench.log"; fi
 
     step "5. llmprof attach (root only)"
     if [ -x "$BUNDLE/llmprof" ] && [ "$(id -u)" = 0 ]; then
@@ -201,21 +232,21 @@ else
 fi
 stop_server
 
-# Long prompts: the default fuses the RMSNorm launches up to 256 tokens per step (forward::FUSE_MAX_TOKENS); the
-# same load with them fused at every step size (LLMSERVE_CUDA_FUSE_MAX_TOKENS=1024) shows whether that limit still holds.
-step "4b. prompt-heavy load: fused launches up to 256 tokens (default) and at every step size"
-for cfg in default:256 every:1024; do
+# Long prompts: steps of 64 tokens or more run their products on tensor cores (mma::MMA_MIN_TOKENS); the same load
+# with them on CUDA cores (LLMSERVE_CUDA_MMA_MIN_TOKENS=0, the engine before tensor cores) gives TTFT before/after.
+step "4b. prompt-heavy load: prefill on tensor cores (default) and on CUDA cores"
+for cfg in tensor-cores:64 cuda-cores:0; do
     name=${cfg%%:*}
-    if [ "$HAVE_MODEL" = 1 ] && LLMSERVE_CUDA_FUSE_MAX_TOKENS=${cfg#*:} start_server "$OUT/04b-llmserve-$name.log" --device cuda; then
+    if [ "$HAVE_MODEL" = 1 ] && LLMSERVE_CUDA_MMA_MIN_TOKENS=${cfg#*:} start_server "$OUT/04b-llmserve-$name.log" --device cuda; then
         timeout 200 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
             --concurrency 1,8 --prompt-repeat 30 --max-tokens 16 --duration "$BENCH_DURATION" --rounds "$BENCH_ROUNDS" \
             --json "$OUT/04b-bench-$name.json" >"$OUT/04b-bench-$name.log" 2>&1
         rc=$?
         grep -E "^concurrency|error" "$OUT/04b-bench-$name.log"
-        if [ $rc -eq 0 ]; then record "long prompts, fused up to ${cfg#*:}" ok "$(grep -E '^concurrency' "$OUT/04b-bench-$name.log" | sed 's/ over .*step/, step/' | tr '\n' ';')"
-        else record "long prompts, fused up to ${cfg#*:}" FAIL "exit $rc, see 04b-bench-$name.log"; fi
+        if [ $rc -eq 0 ]; then record "long prompts, $name" ok "$(grep -E '^concurrency' "$OUT/04b-bench-$name.log" | sed 's/ over .*step/, step/' | tr '\n' ';')"
+        else record "long prompts, $name" FAIL "exit $rc, see 04b-bench-$name.log"; fi
     else
-        record "long prompts, fused up to ${cfg#*:}" skip "no model or the server did not start"
+        record "long prompts, $name" skip "no model or the server did not start"
     fi
     stop_server
 done

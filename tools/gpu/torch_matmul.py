@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A PyTorch process doing matmuls on the GPU, for attaching `llmprof` to a real CUDA process.
 
-It initializes CUDA first (so libcuda is mapped and has a context), prints `ready PID` (flushed), then for
---seconds runs iterations of: an fp16 matmul chain on the GPU (kernel launches), a small host-to-device copy,
+It initializes CUDA first (so libcuda is mapped and has a context), prints `ready PID` (flushed), then (with
+--go-on-stdin once a line arrives on stdin) for --seconds runs iterations of: an fp16 matmul chain on the GPU
+(kernel launches), a small host-to-device copy,
 a device-to-host copy of a scalar (a synchronizing cuMemcpyDtoH*), and every 10th iteration an explicit
 torch.cuda.synchronize() (cuCtxSynchronize / cuStreamSynchronize). It prints `done ITERATIONS` at the end.
 
@@ -28,6 +29,11 @@ def main() -> int:
         help="print `ready PID` before importing torch and touching CUDA, then wait SECONDS: libcuda is loaded "
         "after a profiler attached (as in a server that initializes CUDA lazily)",
     )
+    ap.add_argument(
+        "--go-on-stdin",
+        action="store_true",
+        help="after `ready PID`, wait for a line on stdin before the loop (a bench attaches first)",
+    )
     args = ap.parse_args()
     if args.lazy > 0:
         print(f"ready {os.getpid()} (lazy: CUDA in {args.lazy} s)", flush=True)
@@ -47,6 +53,8 @@ def main() -> int:
     torch.cuda.synchronize()
     if args.lazy <= 0:
         print(f"ready {os.getpid()} {torch.cuda.get_device_name(0)} torch {torch.__version__}", flush=True)
+    if args.go_on_stdin:
+        sys.stdin.readline()
     end = time.monotonic() + args.seconds
     it = 0
     while time.monotonic() < end:

@@ -135,7 +135,8 @@ pub fn install_check(debug: bool) -> Result<()> {
     let trace = dir.join("attach.perfetto-trace");
     let attached = output(
         Command::new(&bin)
-            .args(["attach", "--no-sample", "-d", "2s", "--pid"])
+            // `-v`: the summary's details say when the probes were live.
+            .args(["attach", "-v", "--no-sample", "-d", "2s", "--pid"])
             .arg(target.id().to_string())
             .arg("-o")
             .arg(&trace),

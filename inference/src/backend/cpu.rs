@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::pool::{ComputePool, PoolStats};
-use super::{Backend, BackendError, BatchItem, DeviceClock, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, Logits, StepOutput};
 use crate::attention::{self, F16, KvElem, KvHead, PagedKv};
 use crate::model::{Model, ModelConfig};
 use crate::quant::{self, Acts, AlignedVec, QMatrix, SharedCols};
@@ -92,6 +92,8 @@ struct Scratch {
     logit_rows: Vec<usize>,
     /// Matmul task list: (matrix index, first row, rows, first output column).
     tasks: Vec<MatTask>,
+    /// One sampler (and its buffers) per [`Logits::Sample`] row of a step, so the rows are sampled in parallel.
+    samplers: Vec<sampling::Sampler>,
     /// The current product group's activations in the kernels' prepared form (AMX tiles where they run).
     prep: quant::Prepared,
 }
@@ -488,15 +490,11 @@ impl Backend for CpuBackend {
                 ..StepOutput::default()
             });
         }
-        let (argmax, logits) = self.forward_inner(batch);
+        let mut out = self.forward_inner(batch);
         let end = llmprof_probes::boottime_ns();
-        Ok(StepOutput {
-            argmax,
-            logits,
-            device_start_ns: start,
-            device_end_ns: end,
-            graph_batch: 0,
-        })
+        out.device_start_ns = start;
+        out.device_end_ns = end;
+        Ok(out)
     }
 
     fn swap_weights(&mut self, model: Arc<Model>) -> Result<(), BackendError> {
@@ -514,9 +512,10 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// The forward pass proper: the argmax of every row whose logits are wanted, and the logits of the rows
+    /// The forward pass proper: the next token of every row whose logits are wanted (the argmax, or drawn by
+    /// the sampler for [`Logits::Sample`] rows), their log-probabilities where asked, and the logits of the rows
     /// that want them in full (copied out of the scratch buffer only for those).
-    fn forward_inner(&mut self, batch: &[BatchItem<'_>]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    fn forward_inner(&mut self, batch: &[BatchItem<'_>]) -> StepOutput {
         let model = Arc::clone(&self.model);
         let c = &model.config;
         let w = &model.weights;
@@ -608,7 +607,7 @@ impl CpuBackend {
         // Final norm and LM head for the rows that need logits.
         let nl = s.logit_rows.len();
         if nl == 0 {
-            return (Vec::new(), Vec::new());
+            return StepOutput::default();
         }
         for (j, &row) in s.logit_rows.iter().enumerate() {
             let (src, dst) = (&x[row * dim..(row + 1) * dim], &mut xn[j * dim..(j + 1) * dim]);
@@ -620,7 +619,58 @@ impl CpuBackend {
         let logits = &mut s.logits[..vocab * nl];
         let acts = s.prep.prepare(&xn[..nl * dim], nl, dim);
         matmul_multi(pool, &mut s.tasks, logits, &[head], acts, false);
-        let argmax = logits.chunks_exact(vocab).map(sampling::argmax).collect();
-        (argmax, super::full_logits(logits, vocab, batch))
+        let full = super::full_logits(logits, vocab, batch);
+        let mut out = StepOutput {
+            tokens: Vec::with_capacity(nl),
+            logits: full,
+            ..StepOutput::default()
+        };
+        // Greedy rows take the argmax here; sampled rows are drawn on the pool, one task per row (each its own
+        // sampler), then collected in batch order.
+        let mut jobs: Vec<SampleJob<'_>> = Vec::new();
+        let wanting = batch.iter().filter(|it| it.logits.wanted());
+        for (i, (row, it)) in logits.chunks_exact_mut(vocab).zip(wanting).enumerate() {
+            match &it.logits {
+                Logits::Sample(spec) => {
+                    out.tokens.push(0);
+                    jobs.push(SampleJob {
+                        row,
+                        spec,
+                        at: i,
+                        picked: None,
+                    });
+                }
+                _ => out.tokens.push(sampling::argmax(row)),
+            }
+        }
+        if s.samplers.len() < jobs.len() {
+            s.samplers.resize_with(jobs.len(), sampling::Sampler::new);
+        }
+        let mut tasks: Vec<(&mut SampleJob<'_>, &mut sampling::Sampler)> =
+            jobs.iter_mut().zip(s.samplers.iter_mut()).collect();
+        let draw = |t: &mut (&mut SampleJob<'_>, &mut sampling::Sampler)| {
+            t.0.picked = Some(t.1.sample(t.0.row, t.0.spec));
+        };
+        match tasks.len() {
+            0 => {}
+            1 => tasks.iter_mut().for_each(draw),
+            _ => pool.chunks_mut(&mut tasks, 1, |_, t| t.iter_mut().for_each(draw)),
+        }
+        for j in jobs {
+            if let Some(picked) = j.picked {
+                out.tokens[j.at] = picked.token;
+                out.logprobs.extend(picked.logprobs);
+            }
+        }
+        out
     }
+}
+
+/// One [`Logits::Sample`] row of a step: its logits, its spec, its place among the step's output rows, and the
+/// token drawn.
+struct SampleJob<'a> {
+    row: &'a mut [f32],
+    spec: &'a sampling::SampleSpec<'a>,
+    at: usize,
+    picked: Option<sampling::Sampled>,
 }

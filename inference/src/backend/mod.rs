@@ -16,6 +16,7 @@ pub mod pool;
 use std::sync::Arc;
 
 use crate::model::{Model, ModelConfig};
+use crate::sampling::{SampleSpec, TokenLogprobs};
 
 /// One sequence's part of a batch.
 #[derive(Debug, Clone, Copy)]
@@ -27,25 +28,38 @@ pub struct BatchItem<'a> {
     /// KV-cache blocks of the sequence, in order; must cover positions `0..start_pos + tokens.len()`.
     pub block_table: &'a [u32],
     /// What the step returns for the item's last token (nothing for non-final prefill chunks).
-    pub logits: Logits,
+    pub logits: Logits<'a>,
 }
 
 /// What a batch item needs from the logits of its last token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
+#[derive(Debug, Clone, Copy)]
+pub enum Logits<'a> {
     /// Nothing (a prefill chunk that is not the prompt's last).
     None,
-    /// Only the most likely token ([`StepOutput::argmax`]): greedy sampling. The logits stay where they were
+    /// Only the most likely token ([`StepOutput::tokens`]): greedy sampling. The logits stay where they were
     /// computed (on the GPU, the vocabulary-sized rows are never copied to the host).
     Argmax,
-    /// The logits themselves ([`StepOutput::logits`], for sampling with a temperature), and the argmax.
+    /// A token drawn as [`crate::sampling`]'s rule says ([`StepOutput::tokens`]), and its log-probabilities when
+    /// the spec asks ([`StepOutput::logprobs`]). The logits stay where they were computed.
+    Sample(SampleSpec<'a>),
+    /// The logits themselves ([`StepOutput::logits`]), and the argmax.
     Full,
 }
 
-impl Logits {
+impl Logits<'_> {
     /// Whether the step computes logits for this item at all.
-    pub fn wanted(self) -> bool {
-        self != Logits::None
+    pub fn wanted(&self) -> bool {
+        !matches!(self, Logits::None)
+    }
+
+    /// Whether the item wants its logits copied out ([`Logits::Full`]).
+    pub fn is_full(&self) -> bool {
+        matches!(self, Logits::Full)
+    }
+
+    /// Whether the item asks for log-probabilities.
+    pub fn wants_logprobs(&self) -> bool {
+        matches!(self, Logits::Sample(s) if s.logprobs.is_some())
     }
 }
 
@@ -57,7 +71,7 @@ pub(crate) fn full_logits(rows: &[f32], vocab: usize, batch: &[BatchItem<'_>]) -
     let wanting = batch.iter().filter(|it| it.logits.wanted());
     rows.chunks_exact(vocab.max(1))
         .zip(wanting)
-        .filter(|(_, it)| it.logits == Logits::Full)
+        .filter(|(_, it)| it.logits.is_full())
         .map(|(row, _)| row.to_vec())
         .collect()
 }
@@ -68,9 +82,12 @@ pub use llmprof_abi::DeviceClock;
 /// Result of one forward pass.
 #[derive(Debug, Default)]
 pub struct StepOutput {
-    /// The most likely token of each item whose [`Logits`] are wanted ([`Logits::Argmax`] or [`Logits::Full`]),
-    /// in batch order, as [`crate::sampling::argmax`] defines it (NaN ignored, ties to the lowest index).
-    pub argmax: Vec<u32>,
+    /// The next token of each item whose [`Logits`] are wanted, in batch order: for [`Logits::Argmax`] and
+    /// [`Logits::Full`] the most likely one as [`crate::sampling::argmax`] defines it (NaN ignored, ties to the
+    /// lowest index), for [`Logits::Sample`] the one drawn.
+    pub tokens: Vec<u32>,
+    /// Log-probabilities of each [`Logits::Sample`] item that asks for them, in batch order.
+    pub logprobs: Vec<TokenLogprobs>,
     /// Logits (vocab-sized) of the last token of each item with [`Logits::Full`], in batch order.
     pub logits: Vec<Vec<f32>>,
     /// Device start of the step, BOOTTIME ns.

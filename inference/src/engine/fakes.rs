@@ -64,12 +64,18 @@ impl Backend for FakeBackend {
         let mut logits = vec![0.0f32; 8];
         logits[3] = 10.0;
         let wanted = batch.iter().filter(|b| b.logits.wanted()).count();
-        let full = batch
+        let full = batch.iter().filter(|b| b.logits.is_full()).count();
+        let logprobs = batch
             .iter()
-            .filter(|b| b.logits == crate::backend::Logits::Full)
-            .count();
+            .filter(|b| b.logits.wants_logprobs())
+            .map(|_| crate::sampling::TokenLogprobs {
+                logprob: -0.5,
+                top: vec![(3, -0.5), (0, -2.0)],
+            })
+            .collect();
         Ok(crate::backend::StepOutput {
-            argmax: vec![3; wanted],
+            tokens: vec![3; wanted],
+            logprobs,
             logits: vec![logits; full],
             device_start_ns: 1,
             device_end_ns: 2,
@@ -120,11 +126,9 @@ pub(super) fn req(max_tokens: usize) -> GenRequest {
     GenRequest {
         prompt: vec![5, 5, 5],
         max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_p: 1.0,
-        },
+        sampling: SamplingParams::greedy(),
         seed: None,
+        logprobs: None,
         stop: vec![],
         trace: None,
         x_request_id: None,

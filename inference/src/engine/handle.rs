@@ -21,7 +21,7 @@ use super::EngineLoop;
 use super::model_handle::{ModelHandle, Reloaded};
 use crate::backend::Backend;
 use crate::metrics::Metrics;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::trace_context::TraceContext;
 
@@ -49,10 +49,12 @@ pub struct GenRequest {
     pub prompt: Vec<u32>,
     /// Most output tokens.
     pub max_tokens: usize,
-    /// Temperature / top-p.
+    /// Temperature, truncations, penalties.
     pub sampling: SamplingParams,
     /// RNG seed (random when absent).
     pub seed: Option<u64>,
+    /// `None`: no log-probabilities; `Some(n)`: each output token's and the `n` most likely alternatives'.
+    pub logprobs: Option<u8>,
     /// Stop strings (not included in the output).
     pub stop: Vec<String>,
     /// Caller's W3C trace context.
@@ -77,12 +79,14 @@ pub struct Finish {
 }
 
 /// A piece of output. Consecutive pieces may be coalesced when the client is slow.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk {
     /// New text.
     pub text: String,
     /// Tokens this text came from.
     pub num_tokens: u32,
+    /// The log-probabilities of those tokens, when the request asked for them.
+    pub logprobs: Vec<LogprobEntry>,
     /// Set on the last chunk.
     pub finish: Option<Finish>,
 }
@@ -92,8 +96,36 @@ impl Chunk {
     pub(super) fn merge(&mut self, other: Chunk) {
         self.text.push_str(&other.text);
         self.num_tokens += other.num_tokens;
+        self.logprobs.extend(other.logprobs);
         if other.finish.is_some() {
             self.finish = other.finish;
+        }
+    }
+}
+
+/// One output token's log-probability and the most likely alternatives', with their bytes (what OpenAI's
+/// `logprobs` objects report).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobEntry {
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens' bytes and log-probabilities, most likely first.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+impl LogprobEntry {
+    /// The entry of token `tok` with log-probabilities `lp`, spelled by `model`.
+    pub(super) fn new(model: &dyn ModelHandle, tok: u32, lp: &TokenLogprobs) -> Self {
+        LogprobEntry {
+            bytes: model.token_bytes(tok).to_vec(),
+            logprob: lp.logprob,
+            top: lp
+                .top
+                .iter()
+                .map(|&(t, v)| (model.token_bytes(t).to_vec(), v))
+                .collect(),
         }
     }
 }

@@ -1,7 +1,10 @@
-//! The engine step loop: scheduler → backend forward → sampling → detokenization → streaming, on its own thread.
+//! The engine step loop: scheduler → backend forward (which picks each sequence's next token) → detokenization →
+//! streaming, on its own thread.
 //!
 //! Owns the lifecycle of every request after the HTTP layer accepted it: queueing (the [`Scheduler`]), the
-//! per-step batch handed to the [`Backend`], sampling, incremental UTF-8-safe detokenization with stop strings,
+//! per-step batch handed to the [`Backend`] with what each sequence's token needs (the argmax, or a
+//! [`SampleSpec`]: the request's parameters and seed, the token's output index, the token history its penalties
+//! need, kept here per request), incremental UTF-8-safe detokenization with stop strings,
 //! finish conditions (EOS, stop string → `stop`; `max_tokens`, context or KV capacity → `length`), delivery of
 //! output through a bounded channel per request, cancellation when the client goes away, weight swaps between
 //! steps, metrics and the llmprof probe records (one [`StepRecord`] per step, one [`RequestRecord`] per lifecycle
@@ -35,7 +38,7 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::backend::{Backend, BatchItem, Logits};
 use crate::metrics::{FinishedRequestStats, Metrics};
-use crate::sampling::{self, Rng};
+use crate::sampling::{SampleSpec, TokenHistory, TokenLogprobs};
 use crate::scheduler::{Scheduler, Sequence};
 
 mod detokenizer;
@@ -46,7 +49,9 @@ mod model_handle;
 mod probes;
 
 pub use detokenizer::Detokenizer;
-pub use handle::{Chunk, EngineConfig, EngineHandle, Finish, GenRequest, SubmitError, Submitted};
+pub use handle::{
+    Chunk, EngineConfig, EngineHandle, Finish, GenRequest, LogprobEntry, SubmitError, Submitted,
+};
 pub use model_handle::{ModelHandle, Reloaded, SwapFn};
 pub use probes::{RANGE_DOMAIN, Range, emit_range};
 
@@ -57,7 +62,10 @@ struct Live {
     req: GenRequest,
     prompt_len: usize,
     arrival_ns: u64,
-    rng: Rng,
+    /// The seed of the request's draws ([`crate::sampling::uniform`]'s key).
+    seed: u64,
+    /// The tokens seen, for the penalties (only when the request has penalties).
+    history: Option<TokenHistory>,
     detok: Detokenizer,
     pending: Option<Chunk>,
     finished: bool,
@@ -162,7 +170,11 @@ impl EngineLoop {
             prompt_len,
             arrival_ns: llmprof_probes::boottime_ns()
                 .saturating_sub(req.arrival.elapsed().as_nanos().min(u64::MAX as u128) as u64),
-            rng: Rng::new(seed),
+            seed,
+            history: req
+                .sampling
+                .has_penalties()
+                .then(|| TokenHistory::new(&req.prompt)),
             detok: Detokenizer::new(req.stop.clone()),
             pending: None,
             finished: false,
@@ -315,6 +327,7 @@ impl EngineLoop {
             Chunk {
                 text,
                 num_tokens: 0,
+                logprobs: Vec::new(),
                 finish: Some(fin),
             },
         );
@@ -384,22 +397,30 @@ impl EngineLoop {
         }
 
         // Forward.
-        // What each item wants back, in batch order: greedy sequences only the argmax (on a GPU the logits then
-        // stay on the device), sequences sampled with a temperature the logits.
-        let mut wants: Vec<(u64, Logits)> = Vec::with_capacity(out.seqs.len());
+        // What each item wants back, in batch order: greedy sequences only the argmax, the others a token drawn
+        // by the backend (on a GPU the logits stay on the device either way), with log-probabilities if asked.
+        // (sequence, whether it gets a token, whether with log-probabilities)
+        let mut wants: Vec<(u64, bool, bool)> = Vec::with_capacity(out.seqs.len());
         let result = {
             let mut items = Vec::with_capacity(out.seqs.len());
             for sc in &out.seqs {
                 let Some(seq) = self.sched.get(sc.id) else {
                     continue;
                 };
-                let greedy = self.live.get(&sc.id).is_none_or(|l| l.req.sampling.is_greedy());
-                let logits = match (sc.need_logits, greedy) {
+                let logits = match (sc.need_logits, self.live.get(&sc.id)) {
                     (false, _) => Logits::None,
-                    (true, true) => Logits::Argmax,
-                    (true, false) => Logits::Full,
+                    (true, Some(l)) if !l.req.sampling.is_greedy() || l.req.logprobs.is_some() => {
+                        Logits::Sample(SampleSpec {
+                            params: l.req.sampling,
+                            seed: l.seed,
+                            index: u64::from(l.output_tokens),
+                            history: l.history.as_ref().map_or(&[], |h| h.entries()),
+                            logprobs: l.req.logprobs,
+                        })
+                    }
+                    (true, _) => Logits::Argmax,
                 };
-                wants.push((sc.id, logits));
+                wants.push((sc.id, logits.wanted(), logits.wants_logprobs()));
                 items.push(BatchItem {
                     tokens: &seq.tokens[sc.start_pos..sc.start_pos + sc.num_tokens],
                     start_pos: sc.start_pos,
@@ -422,26 +443,16 @@ impl EngineLoop {
         };
         self.sched.mark_computed(&out);
 
-        // Sample.
-        let mut sampled: Vec<(u64, u32)> = Vec::with_capacity(out.seqs.len());
+        // The backend chose the tokens (and computed the log-probabilities asked for): collect them.
+        let mut sampled: Vec<(u64, u32, Option<TokenLogprobs>)> = Vec::with_capacity(out.seqs.len());
         {
             let _r = Range::push("sample", step_id);
-            let mut argmax = step_out.argmax.iter();
-            let mut logits = step_out.logits.iter();
-            for &(id, want) in wants.iter().filter(|(_, w)| w.wanted()) {
-                let Some(&best) = argmax.next() else { break };
-                let full = match want {
-                    Logits::Full => match logits.next() {
-                        Some(lg) => Some(lg),
-                        None => break,
-                    },
-                    _ => None,
-                };
-                let Some(l) = self.live.get_mut(&id) else {
-                    continue;
-                };
-                let tok = full.map_or(best, |lg| sampling::sample(lg, l.req.sampling, &mut l.rng));
-                sampled.push((id, tok));
+            let mut tokens = step_out.tokens.into_iter();
+            let mut logprobs = step_out.logprobs.into_iter();
+            for &(id, _, wants_lp) in wants.iter().filter(|w| w.1) {
+                let Some(tok) = tokens.next() else { break };
+                let lp = if wants_lp { logprobs.next() } else { None };
+                sampled.push((id, tok, lp));
             }
         }
 
@@ -450,11 +461,18 @@ impl EngineLoop {
             let _r = Range::push("detokenize", step_id);
             let now = Instant::now();
             let max_total = self.model.context_len().min(self.sched.max_tokens_per_seq());
-            for (id, tok) in sampled {
+            for (id, tok, lp) in sampled {
                 self.sched.append_token(id, tok);
                 let total = self.sched.get(id).map_or(usize::MAX, |s| s.tokens.len());
                 let Some(l) = self.live.get_mut(&id) else { continue };
                 l.output_tokens += 1;
+                if let Some(h) = &mut l.history {
+                    h.push(tok);
+                }
+                let logprobs: Vec<LogprobEntry> = lp
+                    .map(|lp| LogprobEntry::new(&*self.model, tok, &lp))
+                    .into_iter()
+                    .collect();
                 self.metrics.add_generation_tokens(1);
                 let first = l.first_token_at.is_none();
                 if first {
@@ -479,26 +497,20 @@ impl EngineLoop {
                 } else {
                     None
                 };
-                if reason.is_none() {
-                    let text = l.detok.take(false);
-                    self.queue_out(
-                        id,
-                        Chunk {
-                            text,
-                            num_tokens: 1,
-                            finish: None,
-                        },
-                    );
+                let text = if reason.is_none() {
+                    l.detok.take(false)
                 } else {
-                    self.queue_out(
-                        id,
-                        Chunk {
-                            text: String::new(),
-                            num_tokens: 1,
-                            finish: None,
-                        },
-                    );
-                }
+                    String::new()
+                };
+                self.queue_out(
+                    id,
+                    Chunk {
+                        text,
+                        num_tokens: 1,
+                        logprobs,
+                        finish: None,
+                    },
+                );
                 if first {
                     self.probe_request(id, RequestEventKind::FirstToken, FinishReason::None);
                 }

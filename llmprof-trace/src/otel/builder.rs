@@ -172,6 +172,7 @@ impl SpanBuilder {
             }
             EventBody::GpuApi(c) => self.gpu.api(ev.pid, ev.tid, c),
             EventBody::GpuWork(w) => self.gpu.work(ev.pid, w),
+            EventBody::GpuBusy(b) => self.gpu.busy(ev.pid, b),
             EventBody::SlowSyscall { nr, ret, dur_ns } => {
                 let attrs = vec![
                     KeyValue::new(sc::LLMPROF_SYSCALL_NR, *nr as i64),
@@ -233,6 +234,15 @@ impl SpanBuilder {
                 }
             }
             EventBody::Overhead(o) => self.overhead = Some((**o).clone()),
+            EventBody::WireEnd {
+                req_id,
+                engine_req: Some(_),
+                ..
+            } => {
+                // The wire view of a request the engine's probes reported: one request, one span (the
+                // engine's, with its phases), not a second one for its HTTP exchange.
+                self.open.remove(&(ev.pid, *req_id));
+            }
             _ => {}
         }
     }

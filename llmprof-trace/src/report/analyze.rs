@@ -66,8 +66,33 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         });
     }
 
-    // Requests: each one's timeline, rebuilt from its track and the steps that name it.
-    (r.requests, r.itl_ms) = requests::requests(d, &steps);
+    // Requests: each one's timeline, rebuilt from its track and the steps that name it, each request once.
+    (r.requests, r.joined_views, r.itl_ms) = requests::requests(d, &steps);
+    r.trace_start_ns = d
+        .tracks
+        .values()
+        .flat_map(|t| {
+            t.slices
+                .iter()
+                .map(|s| s.ts)
+                .chain(t.instants.iter().map(|i| i.ts))
+        })
+        .min()
+        .unwrap_or(0);
+    // A request that arrived before the trace's view began was in flight when llmprof attached.
+    let started = llmprof_instants(d)
+        .find(|i| i.name == marker::TRACING_STARTED)
+        .map(|i| i.ts);
+    if let Some(started) = started {
+        for q in r
+            .requests
+            .iter_mut()
+            .chain(r.joined_views.iter_mut())
+            .filter(|q| q.arrival_ns < started)
+        {
+            q.attached_mid_request = true;
+        }
+    }
 
     // Counters (pooled over processes).
     let pooled = |name: &str| -> Vec<f64> {
@@ -166,6 +191,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         r.total_dropped = arg_f(&s.args, arg::TOTAL_DROPPED).unwrap_or(0.0) as u64;
         r.user_drops = arg_f(&s.args, arg::USER_DROPS).unwrap_or(0.0) as u64;
         r.decode_errors = arg_f(&s.args, arg::DECODE_ERRORS).unwrap_or(0.0) as u64;
+        r.offcpu_not_taken = arg_f(&s.args, arg::OFFCPU_NOT_TAKEN).map(|v| v as u64);
         for probe in llmprof_abi::PROBE_NAMES {
             let Some(v) = arg_s(&s.args, probe) else { continue };
             r.probes.push(ProbeRow {
@@ -197,6 +223,10 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
             let f = |k: &str| arg_f(&s.args, k);
             r.overhead = Some(OverheadReport {
                 est_target_cpu_ms: f(arg::OVERHEAD_EST_TARGET_CPU_MS),
+                est_cupti_ms: f(arg::OVERHEAD_EST_CUPTI_MS),
+                cupti_thread_cpu_ms: f(arg::CUPTI_THREAD_CPU_MS),
+                cupti_records: f(arg::CUPTI_RECORDS).map(|v| v as u64),
+                cost_ns_cupti_record: f(arg::COST_NS_CUPTI_RECORD),
                 est_target_pct: f(arg::OVERHEAD_EST_TARGET_PCT),
                 target_cpu_ms: f(arg::TARGET_CPU_MS),
                 by_probe_ms: value::pairs(arg_s(&s.args, arg::OVERHEAD_BY_PROBE_MS).unwrap_or(""))
@@ -218,6 +248,13 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 cost_ns_http_sse_write: f(arg::COST_NS_HTTP_SSE_WRITE),
                 symbolized_stacks: f(arg::SYMBOLIZED_STACKS).map(|v| v as u64),
                 symbolize_ms: f(arg::SYMBOLIZE_MS),
+                symbolize_addresses: f(arg::SYMBOLIZE_ADDRESSES).map(|v| v as u64),
+                symbolize_unknown: f(arg::SYMBOLIZE_UNKNOWN).map(|v| v as u64),
+                symbolize_unmapped: f(arg::SYMBOLIZE_UNMAPPED).map(|v| v as u64),
+                symbolize_resolve_ms: f(arg::SYMBOLIZE_RESOLVE_MS),
+                llmprof_cpu_charged_ms: f(arg::LLMPROF_CPU_CHARGED_MS),
+                shared_cpus: f(arg::SHARED_CPUS).map(|v| v as u64),
+                shared_idle_pct: f(arg::SHARED_IDLE_PCT),
                 probe_entry: arg_s(&s.args, arg::PROBE_ENTRY).map(str::to_owned),
                 budget_pct: f(arg::OVERHEAD_BUDGET_PCT),
                 size_limit_bytes: f(arg::TRACE_SIZE_LIMIT_BYTES).map(|v| v as u64),
@@ -378,24 +415,18 @@ fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
     (!g.gpus.is_empty() || has_cuda || !g.markers.is_empty()).then_some(g)
 }
 
-/// The budget's instants and the size marker on the llmprof track (present even without a summary).
-fn overhead_events(d: &Decoded, r: &mut Report) {
-    let first = d
-        .tracks
-        .values()
-        .flat_map(|t| {
-            t.slices
-                .iter()
-                .map(|s| s.ts)
-                .chain(t.instants.iter().map(|i| i.ts))
-        })
-        .min()
-        .unwrap_or(0);
-    let llmprof = d
-        .tracks
+/// The instants of the llmprof track (markers, the budget's steps, the summary).
+fn llmprof_instants(d: &Decoded) -> impl Iterator<Item = &super::read::Instant> {
+    d.tracks
         .values()
         .filter(|t| t.name.as_deref() == Some(track::LLMPROF))
-        .flat_map(|t| t.instants.iter());
+        .flat_map(|t| t.instants.iter())
+}
+
+/// The budget's instants and the size marker on the llmprof track (present even without a summary).
+fn overhead_events(d: &Decoded, r: &mut Report) {
+    let first = r.trace_start_ns;
+    let llmprof = llmprof_instants(d);
     let mut steps = Vec::new();
     let mut size_reached = false;
     for i in llmprof {
@@ -418,4 +449,46 @@ fn overhead_events(d: &Decoded, r: &mut Report) {
     let o = r.overhead.get_or_insert_with(OverheadReport::default);
     o.degradations = steps;
     o.size_limit_reached = size_reached;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly")]
+mod tests {
+    use llmprof_abi::{FinishReason, RequestEventKind};
+
+    use crate::event::SessionStats;
+    use crate::names::marker;
+    use crate::perfetto::sink::TraceSink;
+    use crate::testing;
+
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 5_000 * MS;
+
+    #[test]
+    fn a_request_that_arrived_before_tracing_started_was_in_flight_at_attach() {
+        let procs = [testing::process(10, "llmserve", "llmserve", [(11, "engine")])];
+        let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 0))).unwrap();
+        // Request 1 arrived 5 ms before the probes were live (its arrival is in its record), request 2 after.
+        let req = |k, id, ts| testing::request(10, k, id, ts).chat("m", "");
+        sink.push(&req(RequestEventKind::Arrived, 1, T0).build()).unwrap();
+        sink.marker(T0 + 5 * MS, marker::TRACING_STARTED).unwrap();
+        sink.push(&req(RequestEventKind::Arrived, 2, T0 + 6 * MS).build())
+            .unwrap();
+        for (id, at) in [(1, 20), (2, 25)] {
+            sink.push(&req(RequestEventKind::Scheduled, id, T0 + at * MS).build())
+                .unwrap();
+            sink.push(&req(RequestEventKind::FirstToken, id, T0 + (at + 5) * MS).build())
+                .unwrap();
+            let fin = req(RequestEventKind::Finished, id, T0 + (at + 10) * MS).output(3, FinishReason::Stop);
+            sink.push(&fin.build()).unwrap();
+        }
+        let bytes = sink.finish(&SessionStats::default(), Some(T0 + 50 * MS)).unwrap();
+        let r = crate::report::from_bytes(std::path::Path::new("t"), &bytes).unwrap();
+        let mid: Vec<(u64, bool)> = r
+            .requests
+            .iter()
+            .map(|q| (q.req_id, q.attached_mid_request))
+            .collect();
+        assert_eq!(mid, [(1, true), (2, false)]);
+    }
 }

@@ -85,6 +85,34 @@ pub struct RequestRow {
     /// A wire request: how long its first bytes waited in the server's socket before the server read them
     /// (part of its TTFT; a busy event loop or a full accept queue), ms (`None`: arrival not seen).
     pub socket_wait_ms: Option<f64>,
+    /// Its path: the request line's target (wire), else the engine's endpoint (`/v1/chat/completions`).
+    pub path: String,
+    /// HTTP status of its response, as the wire probe saw it (`None`: no wire view, or no status line yet).
+    pub http_status: Option<u32>,
+    /// Its response was a stream of server-sent events (`None`: no wire view).
+    pub streamed: Option<bool>,
+    /// Bytes of its response (`None`: no wire view, or its end was not seen).
+    pub response_bytes: Option<u64>,
+    /// An engine request joined to its wire view (one request, two views): the wire request's id.
+    pub wire_req_id: Option<u64>,
+    /// Its own inter-token gaps, ms (the engine's when it has them, else the wire's).
+    pub itl_ms: Vec<f64>,
+    /// A wire view folded into an engine request ([`Report::joined_views`]): that request's id.
+    pub joined_to: Option<u64>,
+}
+
+impl RequestRow {
+    /// Failed: a 4xx/5xx response, or the engine's `error`. Never counted as finished, and kept out of the
+    /// latency percentiles of the successful requests.
+    pub fn failed(&self) -> bool {
+        self.finish_reason == "error" || self.http_status.is_some_and(|s| s >= 400)
+    }
+
+    /// The name of its outer slice in the trace (`request N`, `http request N`): what to search for in
+    /// Perfetto.
+    pub fn slice_name(&self) -> String {
+        crate::names::slice::request(self.req_id)
+    }
 }
 
 /// A step kind's or batch bucket's duration statistics.
@@ -271,9 +299,15 @@ pub struct Report {
     pub has_summary: bool,
     /// Why the session ended.
     pub end_reason: Option<String>,
-    /// Per request, in request id order.
+    /// Per request, in request id order (a request seen by the engine and on the wire is one row).
     pub requests: Vec<RequestRow>,
-    /// Inter-token latencies, ms.
+    /// Wire views folded into the engine request they carried (same process, by timing or `x-request-id`;
+    /// or an outer tier's view with the engine request's `x-request-id`), each with `joined_to` set.
+    pub joined_views: Vec<RequestRow>,
+    /// The first timestamp of the trace (ns): request start offsets count from it.
+    pub trace_start_ns: u64,
+    /// Inter-token latencies of the successful requests, ms (each request counted once: a request seen by
+    /// the engine and on the wire gives the engine's).
     pub itl_ms: Vec<f64>,
     /// Step durations by kind, ms.
     pub steps_by_kind: BTreeMap<String, Stats>,
@@ -303,6 +337,8 @@ pub struct Report {
     pub drops_source: &'static str,
     /// Per probe.
     pub probes: Vec<ProbeRow>,
+    /// Off-CPU stacks not taken by design (the kernel's per-CPU rate bound): not a loss, not in the drops.
+    pub offcpu_not_taken: Option<u64>,
     /// llmprof's self-accounting (None: a trace without it).
     pub overhead: Option<OverheadReport>,
     /// Thread states per thread name (None: a trace without scheduler events).
@@ -337,6 +373,15 @@ pub struct DegradationRow {
 pub struct OverheadReport {
     /// Estimated CPU added to the target, ms.
     pub est_target_cpu_ms: Option<f64>,
+    /// Of it, the injected CUPTI helper's: CUPTI's buffer thread and the helper's callbacks (measured in the
+    /// target) + records × an assumed per-record cost in the launching threads, ms.
+    pub est_cupti_ms: Option<f64>,
+    /// The measured part of [`OverheadReport::est_cupti_ms`], ms.
+    pub cupti_thread_cpu_ms: Option<f64>,
+    /// CUPTI records written.
+    pub cupti_records: Option<u64>,
+    /// The assumed per-record cost, ns.
+    pub cost_ns_cupti_record: Option<f64>,
     /// The same as a % of the target's own CPU time.
     pub est_target_pct: Option<f64>,
     /// The target's CPU time during the session, ms.
@@ -375,6 +420,20 @@ pub struct OverheadReport {
     pub symbolized_stacks: Option<u64>,
     /// llmprof's CPU time symbolizing them, ms (part of `llmprof_cpu_ms`).
     pub symbolize_ms: Option<f64>,
+    /// Distinct addresses symbolized, those no symbol named, and those in no mapping.
+    pub symbolize_addresses: Option<u64>,
+    /// See [`OverheadReport::symbolize_addresses`].
+    pub symbolize_unknown: Option<u64>,
+    /// See [`OverheadReport::symbolize_addresses`].
+    pub symbolize_unmapped: Option<u64>,
+    /// Of `symbolize_ms`, the time resolving addresses not seen before, ms.
+    pub symbolize_resolve_ms: Option<f64>,
+    /// llmprof's own CPU charged to the target on the CPUs they share, ms (part of `est_target_cpu_ms`).
+    pub llmprof_cpu_charged_ms: Option<f64>,
+    /// CPUs the target and llmprof share.
+    pub shared_cpus: Option<u64>,
+    /// Idle share of those CPUs during the session, %.
+    pub shared_idle_pct: Option<f64>,
     /// How the engine probe is entered (optimized call or int3).
     pub probe_entry: Option<String>,
     /// `--overhead-budget`, %.
@@ -394,9 +453,47 @@ impl Report {
         Stats::of(&self.requests.iter().filter_map(f).collect::<Vec<_>>())
     }
 
-    /// TTFT over requests that got a first token.
+    /// A column over the requests that did not fail ([`RequestRow::failed`]).
+    pub fn ok_col(&self, f: impl Fn(&RequestRow) -> Option<f64>) -> Stats {
+        self.col(|q| if q.failed() { None } else { f(q) })
+    }
+
+    /// TTFT over the successful requests that got a first token (an engine request, or a streamed response
+    /// on the wire: a response sent whole has no first token).
     pub fn ttft(&self) -> Stats {
-        self.col(|q| q.ttft_ms)
+        self.ok_col(|q| q.ttft_ms)
+    }
+
+    /// Requests by outcome: (finished, failed, cancelled, still running).
+    pub fn outcomes(&self) -> (usize, usize, usize, usize) {
+        let mut o = (0, 0, 0, 0);
+        for q in &self.requests {
+            if q.failed() {
+                o.1 += 1;
+            } else if q.finish_reason == "abort" {
+                o.2 += 1;
+            } else if q.finish_reason == crate::names::arg::UNFINISHED {
+                o.3 += 1;
+            } else {
+                o.0 += 1;
+            }
+        }
+        o
+    }
+
+    /// Responses by HTTP status, ascending; requests without a status are not counted.
+    pub fn status_counts(&self) -> Vec<(u32, u64)> {
+        let mut m: BTreeMap<u32, u64> = BTreeMap::new();
+        for s in self.requests.iter().filter_map(|q| q.http_status) {
+            *m.entry(s).or_default() += 1;
+        }
+        m.into_iter().collect()
+    }
+
+    /// Failed requests as a share of those that ended with an outcome (finished or failed), %.
+    pub fn error_rate_pct(&self) -> Option<f64> {
+        let (ok, failed, _, _) = self.outcomes();
+        (ok + failed > 0).then(|| failed as f64 * 100.0 / (ok + failed) as f64)
     }
 }
 

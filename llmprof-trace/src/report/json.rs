@@ -87,6 +87,7 @@ impl<'a> Doc<'a> {
                 decode_errors: r.decode_errors,
                 source: r.drops_source,
                 probes: r.probes.iter().map(Probe::of).collect(),
+                offcpu_not_taken: r.offcpu_not_taken,
             },
             overhead: r.overhead.as_ref().map(Overhead::of),
             gpu: r.gpu.as_ref().map(Gpu::of),
@@ -127,6 +128,16 @@ struct Requests<'a> {
     count: usize,
     finished: usize,
     unfinished: usize,
+    /// 4xx/5xx responses or engine errors: not finished, not in the latencies below.
+    failed: usize,
+    /// Ended by the client going away (part of `finished`).
+    cancelled: usize,
+    /// Wire views folded into the engine request they carried.
+    joined: usize,
+    /// Responses by HTTP status (`{"200": n}`).
+    status_counts: BTreeMap<String, u64>,
+    /// `failed` / (`finished` − `cancelled` + `failed`), %; `null` without any.
+    error_rate_pct: Option<Num>,
     ttft_ms: StatsJson,
     queue_ms: StatsJson,
     prefill_ms: StatsJson,
@@ -137,29 +148,48 @@ struct Requests<'a> {
     outside_engine_ttft_ms: StatsJson,
     /// Wire requests: how long their first bytes waited in the server's socket.
     socket_wait_ms: StatsJson,
+    /// End-to-end time of the failed requests.
+    failed_e2e_ms: StatsJson,
     per_request: Vec<Request<'a>>,
+    /// The wire views folded into `per_request` entries (`joined_to`: that entry's `req_id`).
+    joined_views: Vec<Request<'a>>,
 }
 
 impl<'a> Requests<'a> {
     fn of(r: &'a Report) -> Self {
-        let finished = r
-            .requests
-            .iter()
-            .filter(|q| q.finish_reason != "unfinished")
-            .count();
+        let (ok, failed, cancelled, running) = r.outcomes();
         Self {
             count: r.requests.len(),
-            finished,
-            unfinished: r.requests.len() - finished,
+            finished: ok + cancelled,
+            unfinished: running,
+            failed,
+            cancelled,
+            joined: r.joined_views.len(),
+            status_counts: r
+                .status_counts()
+                .into_iter()
+                .map(|(s, n)| (s.to_string(), n))
+                .collect(),
+            error_rate_pct: opt(r.error_rate_pct()),
             ttft_ms: StatsJson::of(&r.ttft()),
-            queue_ms: StatsJson::of(&r.col(|q| q.queue_ms)),
-            prefill_ms: StatsJson::of(&r.col(|q| q.prefill_ms)),
-            first_decode_step_ms: StatsJson::of(&r.col(|q| q.first_decode_step_ms)),
+            queue_ms: StatsJson::of(&r.ok_col(|q| q.queue_ms)),
+            prefill_ms: StatsJson::of(&r.ok_col(|q| q.prefill_ms)),
+            first_decode_step_ms: StatsJson::of(&r.ok_col(|q| q.first_decode_step_ms)),
             itl_ms: StatsJson::of(&Stats::of(&r.itl_ms)),
-            e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms)),
-            outside_engine_ttft_ms: StatsJson::of(&r.col(|q| q.outside_engine_ttft_ms)),
-            socket_wait_ms: StatsJson::of(&r.col(|q| q.socket_wait_ms)),
-            per_request: r.requests.iter().map(Request::of).collect(),
+            e2e_ms: StatsJson::of(&r.ok_col(|q| q.e2e_ms)),
+            outside_engine_ttft_ms: StatsJson::of(&r.ok_col(|q| q.outside_engine_ttft_ms)),
+            socket_wait_ms: StatsJson::of(&r.ok_col(|q| q.socket_wait_ms)),
+            failed_e2e_ms: StatsJson::of(&r.col(|q| q.e2e_ms.filter(|_| q.failed()))),
+            per_request: r
+                .requests
+                .iter()
+                .map(|q| Request::of(q, r.trace_start_ns))
+                .collect(),
+            joined_views: r
+                .joined_views
+                .iter()
+                .map(|q| Request::of(q, r.trace_start_ns))
+                .collect(),
         }
     }
 }
@@ -184,10 +214,19 @@ struct Request<'a> {
     wire_ttft_ms: Option<Num>,
     outside_engine_ttft_ms: Option<Num>,
     socket_wait_ms: Option<Num>,
+    start_s: Num,
+    path: &'a str,
+    http_status: Option<u32>,
+    failed: bool,
+    streamed: Option<bool>,
+    response_bytes: Option<u64>,
+    wire_req_id: Option<u64>,
+    perfetto_slice: String,
+    joined_to: Option<u64>,
 }
 
 impl<'a> Request<'a> {
-    fn of(q: &'a RequestRow) -> Self {
+    fn of(q: &'a RequestRow, trace_start_ns: u64) -> Self {
         Self {
             req_id: q.req_id,
             x_request_id: &q.x_request_id,
@@ -206,6 +245,15 @@ impl<'a> Request<'a> {
             wire_ttft_ms: opt(q.wire_ttft_ms),
             outside_engine_ttft_ms: opt(q.outside_engine_ttft_ms),
             socket_wait_ms: opt(q.socket_wait_ms),
+            start_s: Num(q.arrival_ns as f64 / 1e9 - trace_start_ns as f64 / 1e9),
+            path: &q.path,
+            http_status: q.http_status,
+            failed: q.failed(),
+            streamed: q.streamed,
+            response_bytes: q.response_bytes,
+            wire_req_id: q.wire_req_id,
+            perfetto_slice: q.slice_name(),
+            joined_to: q.joined_to,
         }
     }
 }
@@ -403,6 +451,8 @@ struct Drops<'a> {
     decode_errors: u64,
     source: &'static str,
     probes: Vec<Probe<'a>>,
+    /// Off-CPU stacks the kernel's rate bound did not take (by design; not in `total_dropped`).
+    offcpu_not_taken: Option<u64>,
 }
 
 /// One `drops.probes` entry.
@@ -432,6 +482,9 @@ struct Overhead<'a> {
     est_target_pct: Option<Num>,
     target_cpu_ms: Option<Num>,
     by_probe_ms: ByProbe,
+    est_cupti_ms: Option<Num>,
+    cupti_thread_cpu_ms: Option<Num>,
+    cupti_records: Option<u64>,
     llmprof_cpu_ms: Option<Num>,
     llmprof_cpu_pct: Option<Num>,
     llmprof_max_rss_mib: Option<Num>,
@@ -444,6 +497,13 @@ struct Overhead<'a> {
     size_limit_bytes: Option<u64>,
     size_limit_reached: bool,
     events_not_written: Option<u64>,
+    symbolize_addresses: Option<u64>,
+    symbolize_unknown: Option<u64>,
+    symbolize_unmapped: Option<u64>,
+    symbolize_resolve_ms: Option<Num>,
+    llmprof_cpu_charged_ms: Option<Num>,
+    shared_cpus: Option<u64>,
+    shared_idle_pct: Option<Num>,
 }
 
 impl<'a> Overhead<'a> {
@@ -453,6 +513,9 @@ impl<'a> Overhead<'a> {
             est_target_pct: opt(o.est_target_pct),
             target_cpu_ms: opt(o.target_cpu_ms),
             by_probe_ms: ByProbe::of(&o.by_probe_ms),
+            est_cupti_ms: opt(o.est_cupti_ms),
+            cupti_thread_cpu_ms: opt(o.cupti_thread_cpu_ms),
+            cupti_records: o.cupti_records,
             llmprof_cpu_ms: opt(o.llmprof_cpu_ms),
             llmprof_cpu_pct: opt(o.llmprof_cpu_pct),
             llmprof_max_rss_mib: opt(o.llmprof_max_rss_mib),
@@ -468,6 +531,7 @@ impl<'a> Overhead<'a> {
                 offcpu_stack: opt(o.cost_ns_offcpu_stack),
                 http_request: opt(o.cost_ns_http_request),
                 http_sse_write: opt(o.cost_ns_http_sse_write),
+                cupti_record: opt(o.cost_ns_cupti_record),
             },
             symbolized_stacks: o.symbolized_stacks,
             symbolize_ms: opt(o.symbolize_ms),
@@ -477,6 +541,13 @@ impl<'a> Overhead<'a> {
             size_limit_bytes: o.size_limit_bytes,
             size_limit_reached: o.size_limit_reached,
             events_not_written: o.events_not_written,
+            symbolize_addresses: o.symbolize_addresses,
+            symbolize_unknown: o.symbolize_unknown,
+            symbolize_unmapped: o.symbolize_unmapped,
+            symbolize_resolve_ms: opt(o.symbolize_resolve_ms),
+            llmprof_cpu_charged_ms: opt(o.llmprof_cpu_charged_ms),
+            shared_cpus: o.shared_cpus,
+            shared_idle_pct: opt(o.shared_idle_pct),
         }
     }
 }
@@ -524,6 +595,7 @@ struct CostNs {
     offcpu_stack: Option<Num>,
     http_request: Option<Num>,
     http_sse_write: Option<Num>,
+    cupti_record: Option<Num>,
 }
 
 /// One `overhead.degradations` entry.

@@ -10,16 +10,33 @@
 //! section (`{"count", "p50", "p95", "p99", "max", "mean"}`, values `null` when there are no samples).
 //! - `format`: `"llmprof-report/1"`; `trace`: the path; `truncated`: the file ended mid-packet (crash);
 //!   `has_summary`: the final `llmprof summary` packet is present; `end_reason`: from it (`null` without).
-//! - `requests`: `{count, finished, unfinished, ttft_ms, queue_ms, prefill_ms, first_decode_step_ms, itl_ms,
-//!   per_request: [{req_id, x_request_id, queue_ms, prefill_ms, ttft_ms, first_decode_step_ms, output_tokens,
-//!   finish_reason, preemptions, attached_mid_request, e2e_ms, itl_p50_ms, wire}], e2e_ms}`; `wire`: a
-//!   request seen by the HTTP wire probe (`http request N` tracks; queue and prefill `null`); a request already running when llmprof attached
-//!   has `null` queue/prefill/TTFT (its arrival was not seen) and is left out of those percentiles. `queue_ms` = time in `queued` / `queued (preempted)` phases before the first
+//! - `requests`: `{count, finished, unfinished, failed, cancelled, joined, status_counts, error_rate_pct,
+//!   ttft_ms, queue_ms, prefill_ms, first_decode_step_ms, itl_ms, e2e_ms, outside_engine_ttft_ms,
+//!   socket_wait_ms, failed_e2e_ms, per_request: [{req_id, x_request_id, queue_ms, prefill_ms, ttft_ms,
+//!   first_decode_step_ms, output_tokens, finish_reason, preemptions, attached_mid_request, e2e_ms, itl_p50_ms,
+//!   wire, pid, wire_ttft_ms, outside_engine_ttft_ms, socket_wait_ms, start_s, path, http_status, failed,
+//!   streamed, response_bytes, wire_req_id, perfetto_slice, joined_to}], joined_views: [same]}`. One request
+//!   is one `per_request` entry (`joined_to` `null`); the wire views folded into one are kept whole in
+//!   `joined_views`, each with `joined_to` = its engine entry's `req_id`. An engine request
+//!   seen on the wire too (by llmserve's own HTTP server, joined by the capture by timing or `x-request-id`;
+//!   or by a gateway in another process with its `x-request-id`) is its engine entry, with the wire's
+//!   `http_status`, `path`, `streamed`, `response_bytes`, `wire_req_id` and `wire_ttft_ms`; `joined` counts
+//!   the wire views folded so (`joined_views`). `wire`: a request seen only by the HTTP wire probe (`http request N` tracks;
+//!   queue and prefill `null`). `failed`: a 4xx/5xx status or an engine `error` — never counted in `finished`
+//!   (which counts the requests that ended otherwise, `cancelled` ones included: the client went away), and
+//!   left out of every latency percentile here but `failed_e2e_ms`; `error_rate_pct` = failed / (finished −
+//!   cancelled + failed). `attached_mid_request`: in flight when tracing started (its arrival precedes the
+//!   trace's `tracing started` marker, or was not seen: then its queue/prefill/TTFT are `null` and it is left
+//!   out of those percentiles). `start_s`: arrival, seconds from the first timestamp of the trace;
+//!   `perfetto_slice`: its outer slice's name (`request N`, `http request N`), to search in Perfetto UI.
+//!   `queue_ms` = time in `queued` / `queued (preempted)` phases before the first
 //!   token (arrival → scheduled), `prefill_ms` = time in `prefill` phases before it (scheduled → first token),
-//!   `ttft_ms` = arrival → first token (= queue + prefill), `first_decode_step_ms` = duration of the first
+//!   `ttft_ms` = arrival → first token (= queue + prefill; on the wire only a streamed response has a first
+//!   token), `first_decode_step_ms` = duration of the first
 //!   `decode`/`mixed` engine step that serves the request after its first token. `itl_ms`: inter-token latency
 //!   samples = gaps between consecutive token times of a request, token times being its first token and the
-//!   ends of the `decode`/`mixed` steps that served it afterwards (one token per step per request); a request
+//!   ends of the `decode`/`mixed` steps that served it afterwards (one token per step per request; a request
+//!   seen only on the wire: its SSE content events); a request
 //!   no step names falls back to one sample, (finish − first token) / (output tokens − 1).
 //! - `steps`: `{count, by_kind: {prefill|decode|mixed: stats}, by_batch_size: [{bucket, min_seqs, max_seqs,
 //!   stats}], graph_replayed: stats}`, step durations (host) by kind, by `num_seqs` bucket ([`BATCH_BUCKETS`]),
@@ -32,16 +49,26 @@
 //!   per thread and syscall, summed by name here).
 //! - `model_files`: `[{path, reads, bytes, read_ms, mb_per_s, opens, mmaps}]` (read/pread64/readv slices).
 //! - `egress`: `[{address, port, connects, failed, allowed, verdict}]` (`verdict`: `allowed` / `flagged`).
-//! - `drops`: `{total_dropped, user_drops, decode_errors, source, probes: [{probe, hits, emitted, dropped}]}`;
-//!   `source` is `summary` or `drop_counters` (the per-probe counter tracks, when the summary is missing).
+//! - `drops`: `{total_dropped, user_drops, decode_errors, source, probes: [{probe, hits, emitted, dropped}],
+//!   offcpu_not_taken}`; `source` is `summary` or `drop_counters` (the per-probe counter tracks, when the
+//!   summary is missing); `offcpu_not_taken`: off-CPU stacks the kernel's per-CPU rate bound did not take, by
+//!   design (not a loss, not in `total_dropped`; `null` when none or an older trace).
 //! - `overhead`: llmprof's self-accounting, `null` for traces without it: `{est_target_cpu_ms,
-//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, llmprof_cpu_ms, llmprof_cpu_pct,
-//!   llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe, engine_probe_sampled_out,
-//!   cuda_call}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
+//!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, est_cupti_ms, cupti_thread_cpu_ms, cupti_records,
+//!   llmprof_cpu_ms, llmprof_cpu_pct, llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe,
+//!   engine_probe_sampled_out, cuda_call, ..., cupti_record}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
 //!   syscalls_counted}],
-//!   size_limit_bytes, size_limit_reached, events_not_written}`; `est_target_pct` is the estimated CPU llmprof
-//!   added as a % of the target's own CPU time (the `--overhead-budget` measure), `at_s` seconds from the
-//!   first slice or instant of the trace. Missing values are `null`.
+//!   size_limit_bytes, size_limit_reached, events_not_written, symbolize_addresses, symbolize_unknown,
+//!   symbolize_unmapped, symbolize_resolve_ms, llmprof_cpu_charged_ms, shared_cpus, shared_idle_pct}`; `est_target_pct` is the
+//!   estimated CPU llmprof added as a % of the target's own CPU time (the `--overhead-budget` measure):
+//!   the probes' cost per hit, plus `llmprof_cpu_charged_ms`, llmprof's own CPU that the target lost because
+//!   they share CPUs it keeps busy (`shared_idle_pct`: idle share of those `shared_cpus`), and
+//!   `est_cupti_ms`, the injected CUPTI helper's part (`cupti_thread_cpu_ms` measured in the target +
+//!   `cupti_records` × `cost_ns.cupti_record`); `at_s` seconds from the first slice or instant of the trace.
+//!   `symbolize_*`: distinct addresses llmprof symbolized, those no symbol named, and of those the ones in no
+//!   mapping (a frame-pointer walk gone astray in code without frame pointers); `symbolize_resolve_ms`: the
+//!   part of `symbolize_ms` spent on addresses not seen before (each library's symbols read once), the rest is
+//!   the per-stack cost of the cache. Missing values are `null`.
 //! - `gpu`: the GPU layer, `null` when the trace has none of it (no NVML counter, no CUDA driver call slice,
 //!   no GPU marker): `{gpus: [{index, name, counters: [{metric, unit, samples, mean, max, last}],
 //!   process_memory_mib: [{pid, samples, mean, max, last}]}], cuda: {functions: [{function, calls, total_ms,
@@ -87,6 +114,7 @@ mod requests;
 mod samples;
 mod text;
 mod threads;
+mod verdict;
 
 use std::path::{Path, PathBuf};
 

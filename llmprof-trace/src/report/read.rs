@@ -87,6 +87,14 @@ pub(super) fn arg_u_array(a: &Args, k: &str) -> Vec<u64> {
     }
 }
 
+/// An array of strings (missing: empty; an element of another type: an empty string, so arrays stay aligned).
+pub(super) fn arg_s_array<'a>(a: &'a Args, k: &str) -> Vec<&'a str> {
+    match a.get(k) {
+        Some(Val::A(v)) => v.iter().map(|x| x.str().unwrap_or("")).collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// A rebuilt slice (begin and end args merged, end wins).
 #[derive(Clone, Debug)]
 pub(super) struct Slice {

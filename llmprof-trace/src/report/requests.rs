@@ -82,8 +82,44 @@ enum Item {
     Step(StepInfo),
 }
 
-/// Every request with a track, in request id order, and the inter-token latencies of all of them (ms).
-pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64>) {
+/// What a wire request's track says of its HTTP exchange.
+#[derive(Default)]
+struct WireView {
+    path: Option<String>,
+    status: Option<u32>,
+    streamed: Option<bool>,
+    bytes: Option<u64>,
+    engine_req: Option<u64>,
+}
+
+fn wire_view(t: &Track) -> WireView {
+    let mut w = WireView::default();
+    for i in &t.instants {
+        if i.name == slice::HTTP_REQUEST_LINE {
+            w.path = arg_s(&i.args, arg::HTTP_PATH).map(str::to_owned);
+        } else if i.name == slice::HTTP_RESPONSE {
+            w.status = w.status.or(arg_f(&i.args, arg::HTTP_STATUS).map(|v| v as u32));
+        } else if i.name == slice::HTTP_RESPONSE_END {
+            if let Some(s) = arg_f(&i.args, arg::HTTP_STATUS)
+                .map(|v| v as u32)
+                .filter(|s| *s != 0)
+            {
+                w.status = Some(s);
+            }
+            w.streamed = match i.args.get(arg::STREAMED) {
+                Some(Val::B(b)) => Some(*b),
+                _ => w.streamed,
+            };
+            w.bytes = arg_f(&i.args, arg::RESPONSE_BYTES).map(|v| v as u64);
+            w.engine_req = arg_s(&i.args, arg::ENGINE_REQUEST).and_then(slice::parse_request);
+        }
+    }
+    w
+}
+
+/// Every request with a track, in request id order, each once (an engine request's wire views folded into
+/// it), the wire views folded, and the inter-token latencies of the successful requests (ms).
+pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<RequestRow>, Vec<f64>) {
     // The steps naming each (process, request), with the request's share.
     let mut served = Served::new();
     for s in steps {
@@ -96,7 +132,7 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
         }
     }
     let mut rows = Vec::new();
-    let mut itl = Vec::new();
+    let mut engine_of: HashMap<(u32, u64), u64> = HashMap::new();
     for t in d.tracks.values() {
         let Some((req_id, outer)) = t
             .slices
@@ -121,19 +157,19 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
         );
         items.sort_by_key(|(seq, _)| *seq);
         let mut tl = RequestTimeline::new(req_id, outer.ts, first, info_of(&outer.args));
+        let mut own: Vec<f64> = Vec::new();
         for (_, item) in items {
             match item {
                 Item::Transition(ts, tr) => {
                     tl.transition(tr, ts);
                 }
-                Item::Step(s) => itl.extend(tl.on_step(&s).map(ms)),
+                Item::Step(s) => own.extend(tl.on_step(&s).map(ms)),
             }
         }
         // A request seen on the wire: one sample per SSE content event after the first token.
-        let itl_before = itl.len();
         let wire = wire_itl(t, tl.first_token_ns());
         let wire_seen = !wire.is_empty();
-        itl.extend(wire);
+        own.extend(wire);
         // A request no step names: one sample, (finish − first token) / (output tokens − 1).
         let info = tl.info();
         if let (false, 0, Some(ft), Some(end), n @ 2..) = (
@@ -143,15 +179,29 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
             tl.finished_ns(),
             info.output_tokens,
         ) {
-            itl.push(ms(end.saturating_sub(ft)) / f64::from(n - 1));
+            own.push(ms(end.saturating_sub(ft)) / f64::from(n - 1));
         }
         // Attached after it arrived: its arrival (and so queue time and TTFT) is unknown.
         let known = |v: Option<u64>| v.map(ms).filter(|_| !mid);
         let on_wire = slice::is_wire_request(req_id);
         let engine_only = |v: Option<f64>| v.filter(|_| !on_wire);
-        let mut own: Vec<f64> = itl[itl_before..].to_vec();
-        own.sort_by(f64::total_cmp);
-        let itl_p50_ms = (!own.is_empty()).then(|| own[(own.len() - 1) / 2]);
+        let mut sorted = own.clone();
+        sorted.sort_by(f64::total_cmp);
+        let itl_p50_ms = (!sorted.is_empty()).then(|| sorted[(sorted.len() - 1) / 2]);
+        let pid = t
+            .parent
+            .and_then(|p| d.tracks.get(&p))
+            .and_then(|p| p.pid)
+            .unwrap_or(0);
+        let w = if on_wire {
+            wire_view(t)
+        } else {
+            WireView::default()
+        };
+        if let Some(e) = w.engine_req {
+            engine_of.insert((pid, req_id), e);
+        }
+        let endpoint = arg_s(&outer.args, arg::ENDPOINT).unwrap_or("").to_owned();
         rows.push(RequestRow {
             req_id,
             x_request_id: info.x_request_id.clone(),
@@ -169,11 +219,7 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
             e2e_ms: known(tl.finished_ns().map(|f| f.saturating_sub(tl.start_ns()))),
             itl_p50_ms,
             wire: on_wire,
-            pid: t
-                .parent
-                .and_then(|p| d.tracks.get(&p))
-                .and_then(|p| p.pid)
-                .unwrap_or(0),
+            pid,
             arrival_ns: outer.ts,
             wire_ttft_ms: None,
             outside_engine_ttft_ms: None,
@@ -183,32 +229,106 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<f64
                 .find(|i| i.name == slice::HTTP_REQUEST_LINE)
                 .and_then(|i| arg_f(&i.args, arg::SOCKET_WAIT_NS))
                 .map(|ns| ns / 1e6),
+            path: w.path.unwrap_or(endpoint),
+            http_status: w.status,
+            streamed: w.streamed,
+            response_bytes: w.bytes,
+            wire_req_id: None,
+            itl_ms: own,
+            joined_to: None,
         });
     }
     rows.sort_by_key(|q| q.req_id);
-    join_wire(&mut rows);
-    (rows, itl)
+    let joined = join_wire(&mut rows, &engine_of);
+    let itl = rows
+        .iter()
+        .filter(|q| !q.failed())
+        .flat_map(|q| q.itl_ms.iter().copied())
+        .collect();
+    (rows, joined, itl)
 }
 
-/// Joins each engine request to its wire views by `x-request-id`: the outermost view (the first to arrive:
-/// what the client sees) gives its wire TTFT, and the difference to the engine's TTFT is the time spent outside
-/// the engine.
-fn join_wire(rows: &mut [RequestRow]) {
-    let mut outer: HashMap<String, (u64, Option<f64>)> = HashMap::new();
-    for r in rows.iter().filter(|r| r.wire && !r.x_request_id.is_empty()) {
-        let e = outer
-            .entry(r.x_request_id.clone())
-            .or_insert((r.arrival_ns, r.ttft_ms));
-        if r.arrival_ns < e.0 {
-            *e = (r.arrival_ns, r.ttft_ms);
+/// Folds the wire views of each engine request into it: the view the capture joined in the same process
+/// (`engine_of`: (pid, wire id) → engine id, from the trace), and views of another process (a gateway in
+/// front of the engine) with the engine request's `x-request-id`. The outermost view (the first to arrive:
+/// what the client sees) gives the wire TTFT, and its difference to the engine's TTFT is the time spent
+/// outside the engine; the view in the engine's own process gives the status, path, bytes and whether it
+/// streamed. Returns the wire views folded (each with the engine request it joined).
+fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -> Vec<RequestRow> {
+    let engine: HashMap<(u32, u64), usize> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.wire)
+        .map(|(i, r)| ((r.pid, r.req_id), i))
+        .collect();
+    let by_xid: HashMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.wire && !r.x_request_id.is_empty())
+        .map(|(i, r)| (r.x_request_id.as_str(), i))
+        .collect();
+    // Each wire view: the engine row it is a view of, and whether it is that engine's own (same process).
+    let mut target: Vec<Option<(usize, bool)>> = vec![None; rows.len()];
+    for (i, r) in rows.iter().enumerate().filter(|(_, r)| r.wire) {
+        target[i] = engine_of
+            .get(&(r.pid, r.req_id))
+            .and_then(|e| engine.get(&(r.pid, *e)))
+            .map(|&e| (e, true))
+            .or_else(|| {
+                let &e = by_xid
+                    .get(r.x_request_id.as_str())
+                    .filter(|_| !r.x_request_id.is_empty())?;
+                Some((e, rows[e].pid == r.pid))
+            });
+    }
+    let mut outer: HashMap<usize, (u64, Option<f64>)> = HashMap::new();
+    for (i, t) in target.iter().enumerate() {
+        let Some((e, own)) = *t else { continue };
+        let w = &rows[i];
+        let o = outer.entry(e).or_insert((w.arrival_ns, w.ttft_ms));
+        if w.arrival_ns < o.0 {
+            *o = (w.arrival_ns, w.ttft_ms);
+        }
+        if own {
+            let (path, status, streamed, bytes, id) = (
+                w.path.clone(),
+                w.http_status,
+                w.streamed,
+                w.response_bytes,
+                w.req_id,
+            );
+            let wait = w.socket_wait_ms;
+            let r = &mut rows[e];
+            if !path.is_empty() {
+                r.path = path;
+            }
+            r.http_status = status.or(r.http_status);
+            r.streamed = streamed.or(r.streamed);
+            r.response_bytes = bytes.or(r.response_bytes);
+            r.socket_wait_ms = wait.or(r.socket_wait_ms);
+            r.wire_req_id = Some(id);
         }
     }
-    for r in rows.iter_mut().filter(|r| !r.wire) {
-        if let Some(&(_, Some(w))) = outer.get(&r.x_request_id) {
+    for (e, (_, ttft)) in outer {
+        if let Some(w) = ttft {
+            let r = &mut rows[e];
             r.wire_ttft_ms = Some(w);
-            r.outside_engine_ttft_ms = r.ttft_ms.map(|e| w - e);
+            r.outside_engine_ttft_ms = r.ttft_ms.map(|t| w - t);
         }
     }
+    let ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
+    let all = std::mem::take(rows);
+    let mut views = Vec::new();
+    for (mut r, t) in all.into_iter().zip(&target) {
+        match t {
+            None => rows.push(r),
+            Some((e, _)) => {
+                r.joined_to = Some(ids[*e]);
+                views.push(r);
+            }
+        }
+    }
+    views
 }
 
 /// The inter-token gaps (ms) of a wire request: its first token, then every SSE content event (an instant
@@ -314,24 +434,71 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_request_joins_its_outermost_wire_view_by_x_request_id() {
+    fn an_engine_request_folds_its_wire_views_into_one_row() {
         let mut rows = vec![
-            // The engine's own view, the engine's HTTP server's wire view, the gateway's in front of it.
-            row("a", false, 12_000_000, Some(100.0)),
-            row("a", true, 11_000_000, Some(104.0)),
-            row("a", true, 10_000_000, Some(109.5)),
-            // No wire view; a wire request of another id; an engine request without an id.
-            row("b", false, 0, Some(50.0)),
-            row("c", true, 0, Some(20.0)),
-            row("", false, 0, Some(1.0)),
-            row("", true, 0, Some(2.0)),
+            // The engine's own view (pid 1), its HTTP server's wire view, a gateway's (pid 2) in front of it.
+            RequestRow {
+                req_id: 5,
+                pid: 1,
+                ..row("a", false, 12_000_000, Some(100.0))
+            },
+            RequestRow {
+                req_id: 101,
+                pid: 1,
+                http_status: Some(200),
+                path: "/v1/chat/completions".into(),
+                streamed: Some(true),
+                response_bytes: Some(900),
+                ..row("a", true, 11_000_000, Some(104.0))
+            },
+            RequestRow {
+                req_id: 102,
+                pid: 2,
+                ..row("a", true, 10_000_000, Some(109.5))
+            },
+            // No x-request-id: joined by the capture (same process, by timing).
+            RequestRow {
+                req_id: 6,
+                pid: 1,
+                ..row("", false, 20_000_000, Some(50.0))
+            },
+            RequestRow {
+                req_id: 103,
+                pid: 1,
+                http_status: Some(200),
+                ..row("", true, 19_000_000, Some(52.0))
+            },
+            // A wire request of another id, and one of no engine request (GET /health).
+            RequestRow {
+                req_id: 104,
+                pid: 1,
+                ..row("c", true, 0, Some(20.0))
+            },
+            RequestRow {
+                req_id: 105,
+                pid: 1,
+                http_status: Some(404),
+                ..row("", true, 0, None)
+            },
         ];
-        join_wire(&mut rows);
-        assert_eq!(rows[0].wire_ttft_ms, Some(109.5));
+        let engine_of = [((1, 101), 5), ((1, 103), 6)].into_iter().collect();
+        let views = join_wire(&mut rows, &engine_of);
+        let joined: Vec<(u64, Option<u64>)> = views.iter().map(|v| (v.req_id, v.joined_to)).collect();
+        assert_eq!(joined, [(101, Some(5)), (102, Some(5)), (103, Some(6))]);
+        let ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
+        assert_eq!(ids, [5, 6, 104, 105], "each request once");
+        assert_eq!(
+            rows[0].wire_ttft_ms,
+            Some(109.5),
+            "the outermost view is the client's"
+        );
         assert_eq!(rows[0].outside_engine_ttft_ms, Some(9.5));
-        for r in &rows[1..] {
-            assert_eq!(r.wire_ttft_ms, None, "{r:?}");
-            assert_eq!(r.outside_engine_ttft_ms, None, "{r:?}");
-        }
+        assert_eq!(rows[0].http_status, Some(200));
+        assert_eq!(rows[0].wire_req_id, Some(101), "the engine's own wire view");
+        assert_eq!(rows[0].response_bytes, Some(900));
+        assert_eq!(rows[1].wire_ttft_ms, Some(52.0));
+        assert_eq!(rows[1].wire_req_id, Some(103));
+        assert!(rows[3].failed(), "a 404 is a failed request");
+        assert!(!rows[2].failed());
     }
 }

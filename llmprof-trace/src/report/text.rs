@@ -32,7 +32,7 @@ impl Report {
         let row = |o: &mut String, label: &str, s: &Stats| {
             let _ = writeln!(
                 o,
-                "  {label:<22} {:>6} {:>10} {:>10} {:>10} {:>10}",
+                "  {label:<26} {:>6} {:>10} {:>10} {:>10} {:>10}",
                 s.count,
                 f(s.p50),
                 f(s.p95),
@@ -43,7 +43,7 @@ impl Report {
         let header = |o: &mut String, title: &str| {
             let _ = writeln!(
                 o,
-                "\n{title}\n  {:<22} {:>6} {:>10} {:>10} {:>10} {:>10}",
+                "\n{title}\n  {:<26} {:>6} {:>10} {:>10} {:>10} {:>10}",
                 "", "n", "p50 ms", "p95 ms", "p99 ms", "max ms"
             );
         };
@@ -60,88 +60,45 @@ impl Report {
                 ""
             }
         );
-        let finished = self
-            .requests
-            .iter()
-            .filter(|q| q.finish_reason != "unfinished")
-            .count();
-        let _ = writeln!(
-            o,
-            "\nRequests: {} ({} finished, {} still running at the end)",
-            self.requests.len(),
-            finished,
-            self.requests.len() - finished
-        );
-        header(&mut o, "TTFT decomposition (over requests)");
-        row(&mut o, "queue", &self.col(|q| q.queue_ms));
-        row(&mut o, "prefill", &self.col(|q| q.prefill_ms));
-        row(&mut o, "TTFT (queue+prefill)", &self.ttft());
-        row(&mut o, "first decode step", &self.col(|q| q.first_decode_step_ms));
-        row(&mut o, "inter-token latency", &Stats::of(&self.itl_ms));
-        row(&mut o, "end-to-end", &self.col(|q| q.e2e_ms));
-        let outside = self.col(|q| q.outside_engine_ttft_ms);
-        if outside.count > 0 {
-            row(&mut o, "TTFT outside the engine", &outside);
+        let verdict = super::verdict::lines(self);
+        if !verdict.is_empty() {
+            let _ = writeln!(o, "\nVerdict");
+            for l in &verdict {
+                let _ = writeln!(o, "  {l}");
+            }
         }
-        let waited = self.col(|q| q.socket_wait_ms);
-        if waited.count > 0 {
-            row(&mut o, "wait in server socket", &waited);
+        self.requests_text(&mut o, &row, &header);
+        if !self.steps_by_kind.is_empty() {
+            header(&mut o, "Engine steps (host duration)");
+            for (k, s) in &self.steps_by_kind {
+                row(&mut o, k, s);
+            }
+            for b in &self.steps_by_batch {
+                row(&mut o, &format!("batch {}", b.bucket), &b.stats);
+            }
+            if self.steps_graph_replayed.count > 0 {
+                row(&mut o, "CUDA graph replays", &self.steps_graph_replayed);
+            }
         }
-        header(&mut o, "Engine steps (host duration)");
-        for (k, s) in &self.steps_by_kind {
-            row(&mut o, k, s);
+        let sampled: Vec<_> = self.counters.iter().filter(|(_, c)| c.samples > 0).collect();
+        if !sampled.is_empty() || self.preemptions_total.is_some() {
+            let _ = writeln!(o, "\nKV cache and queue (engine /metrics samples)");
+            for (k, c) in sampled {
+                let _ = writeln!(
+                    o,
+                    "  {k:<22} samples {:>5}  max {:>8}  mean {:>8}",
+                    c.samples,
+                    f(c.max),
+                    f(c.mean)
+                );
+            }
+            if let Some(p) = self.preemptions_total {
+                let _ = writeln!(o, "  preemptions total      {p:.0}");
+            }
         }
-        for b in &self.steps_by_batch {
-            row(&mut o, &format!("batch {}", b.bucket), &b.stats);
-        }
-        if self.steps_graph_replayed.count > 0 {
-            row(&mut o, "CUDA graph replays", &self.steps_graph_replayed);
-        }
-        let _ = writeln!(o, "\nKV cache and queue (engine /metrics samples)");
-        for (k, c) in &self.counters {
-            let _ = writeln!(
-                o,
-                "  {k:<22} samples {:>5}  max {:>8}  mean {:>8}",
-                c.samples,
-                f(c.max),
-                f(c.mean)
-            );
-        }
-        if let Some(p) = self.preemptions_total {
-            let _ = writeln!(o, "  preemptions total      {p:.0}");
-        }
-        let _ = writeln!(o, "\nTop syscalls by total time");
-        let _ = writeln!(o, "  slower than --slow-syscall (individual slices):");
-        if self.slow_syscalls.is_empty() {
-            let _ = writeln!(o, "    none");
-        }
-        for s in self.slow_syscalls.iter().take(TEXT_ROWS) {
-            let _ = writeln!(
-                o,
-                "    {:<20} {:>8} calls {:>12.3} ms total, max {} ms",
-                s.name,
-                s.count,
-                s.total_ms,
-                f(s.max_ms)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "  all calls (kernel aggregates: the summary's top thread/syscall pairs):"
-        );
-        if self.syscall_aggregates.is_empty() {
-            let _ = writeln!(o, "    none");
-        }
-        for s in self.syscall_aggregates.iter().take(TEXT_ROWS) {
-            let _ = writeln!(
-                o,
-                "    {:<20} {:>8} calls {:>12.3} ms total",
-                s.name, s.count, s.total_ms
-            );
-        }
-        let _ = writeln!(o, "\nModel-file reads");
-        if self.model_files.is_empty() {
-            let _ = writeln!(o, "  none");
+        self.syscalls_text(&mut o);
+        if !self.model_files.is_empty() {
+            let _ = writeln!(o, "\nModel-file reads");
         }
         for m in &self.model_files {
             let _ = writeln!(
@@ -156,9 +113,8 @@ impl Report {
                 m.mmaps
             );
         }
-        let _ = writeln!(o, "\nEgress");
-        if self.egress.is_empty() {
-            let _ = writeln!(o, "  none");
+        if !self.egress.is_empty() {
+            let _ = writeln!(o, "\nEgress (connects made by the traced processes)");
         }
         for e in &self.egress {
             let _ = writeln!(
@@ -179,12 +135,15 @@ impl Report {
             self.decode_errors,
             self.drops_source.replace('_', " ")
         );
-        for p in self.probes.iter().filter(|p| {
-            p.dropped > 0
-                || p.hits.unwrap_or(0) > 0
-                || (p.probe == llmprof_abi::PROBE_NAMES[llmprof_abi::ProbeId::Cuda as usize]
-                    && self.gpu.as_ref().is_some_and(|g| g.probe.is_some()))
-        }) {
+        if let Some(n) = self.offcpu_not_taken {
+            let _ = writeln!(
+                o,
+                "  off-CPU stacks not taken by design: {n} (a rate bound of {} per {} ms per CPU; not a loss)",
+                llmprof_abi::offcpu::OFFCPU_STACKS_PER_WINDOW,
+                llmprof_abi::offcpu::OFFCPU_WINDOW_NS / 1_000_000
+            );
+        }
+        for p in self.probes.iter().filter(|p| p.dropped > 0) {
             let _ = writeln!(
                 o,
                 "  {:<16} hits {:>10}  emitted {:>10}  dropped {:>8}",
@@ -196,17 +155,208 @@ impl Report {
         }
         o
     }
+
+    /// Requests: counts by outcome and status, latencies of the successful ones, the failed ones apart, and
+    /// the slowest requests with the name that finds each in Perfetto. Nothing without requests.
+    fn requests_text(
+        &self,
+        o: &mut String,
+        row: &dyn Fn(&mut String, &str, &Stats),
+        header: &dyn Fn(&mut String, &str),
+    ) {
+        if self.requests.is_empty() {
+            return;
+        }
+        let (ok, failed, cancelled, running) = self.outcomes();
+        let joined = if !self.joined_views.is_empty() {
+            format!(
+                "; {} wire views of engine requests joined to them (counted once)",
+                self.joined_views.len()
+            )
+        } else {
+            String::new()
+        };
+        let parts: Vec<String> = [
+            (ok, "finished"),
+            (failed, "failed"),
+            (cancelled, "cancelled by the client"),
+            (running, "still running at the end"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        let _ = writeln!(
+            o,
+            "\nRequests: {} ({}){joined}",
+            self.requests.len(),
+            parts.join(", ")
+        );
+        let statuses = self.status_counts();
+        if !statuses.is_empty() {
+            let s: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} ×{n}")).collect();
+            let _ = writeln!(
+                o,
+                "  HTTP status: {}; error rate {:.1} % (4xx/5xx are failed requests, kept out of the latencies below)",
+                s.join(", "),
+                self.error_rate_pct().unwrap_or(0.0)
+            );
+        }
+        header(o, "Latency of the successful requests");
+        let queue = self.ok_col(|q| q.queue_ms);
+        if queue.count > 0 {
+            row(o, "queue", &queue);
+            row(o, "prefill", &self.ok_col(|q| q.prefill_ms));
+        }
+        let ttft = self.ttft();
+        row(o, "TTFT", &ttft);
+        let with_e2e = self.ok_col(|q| q.e2e_ms).count;
+        if ttft.count < with_e2e {
+            let _ = writeln!(
+                o,
+                "    (TTFT: {} of {with_e2e} requests have one: engine requests and streamed responses; a response \
+                 sent whole has no first token on the wire)",
+                ttft.count
+            );
+        }
+        let first_decode = self.ok_col(|q| q.first_decode_step_ms);
+        if first_decode.count > 0 {
+            row(o, "first decode step", &first_decode);
+        }
+        let itl = Stats::of(&self.itl_ms);
+        if itl.count > 0 {
+            row(o, "inter-token latency", &itl);
+        }
+        row(o, "end-to-end", &self.ok_col(|q| q.e2e_ms));
+        let outside = self.ok_col(|q| q.outside_engine_ttft_ms);
+        if outside.count > 0 {
+            row(o, "TTFT outside the engine", &outside);
+        }
+        let waited = self.ok_col(|q| q.socket_wait_ms);
+        if waited.count > 0 {
+            row(o, "wait in server socket", &waited);
+        }
+        let failed_e2e = self.col(|q| q.e2e_ms.filter(|_| q.failed()));
+        if failed_e2e.count > 0 {
+            row(o, "failed requests, end-to-end", &failed_e2e);
+        }
+        self.slowest_text(o);
+    }
+
+    /// The slowest requests by end-to-end time, with what finds each in Perfetto.
+    fn slowest_text(&self, o: &mut String) {
+        let mut slow: Vec<&super::RequestRow> = self.requests.iter().filter(|q| q.e2e_ms.is_some()).collect();
+        if slow.is_empty() {
+            return;
+        }
+        slow.sort_by(|a, b| b.e2e_ms.unwrap_or(0.0).total_cmp(&a.e2e_ms.unwrap_or(0.0)));
+        let _ = writeln!(
+            o,
+            "\nSlowest requests (by end-to-end; search the last column in Perfetto UI to find each)\n  {:>9} {:<24} {:>6} {:>6} {:>9} {:>9} {:>10}  find in Perfetto",
+            "start s", "path", "status", "stream", "bytes", "TTFT ms", "e2e ms"
+        );
+        let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.1}"));
+        for q in slow.iter().take(TEXT_ROWS) {
+            let start = q.arrival_ns.saturating_sub(self.trace_start_ns) as f64 / 1e9;
+            let mut path = if q.path.is_empty() {
+                "-".to_owned()
+            } else {
+                q.path.clone()
+            };
+            if path.chars().count() > 24 {
+                path = format!("{}…", path.chars().take(23).collect::<String>());
+            }
+            let mut find = q.slice_name();
+            if let Some(w) = q.wire_req_id {
+                find.push_str(&format!(" / {}", crate::names::slice::request(w)));
+            }
+            if !q.x_request_id.is_empty() {
+                find.push_str(&format!(" (x-request-id {})", q.x_request_id));
+            }
+            let _ = writeln!(
+                o,
+                "  {:>+9.3} {:<24} {:>6} {:>6} {:>9} {:>9} {:>10}  {find}",
+                start,
+                path,
+                q.http_status.map_or("-".to_owned(), |s| s.to_string()),
+                q.streamed.map_or("-", |s| if s { "yes" } else { "no" }),
+                q.response_bytes.map_or("-".to_owned(), |b| b.to_string()),
+                f(q.ttft_ms),
+                f(q.e2e_ms),
+            );
+        }
+    }
+
+    /// Syscalls by total time: the calls that work, then the idle waits apart; nothing when none were seen.
+    fn syscalls_text(&self, o: &mut String) {
+        if self.slow_syscalls.is_empty() && self.syscall_aggregates.is_empty() {
+            return;
+        }
+        let line = |o: &mut String, s: &super::SyscallRow, max: bool| {
+            let max = if max {
+                format!(
+                    ", max {} ms",
+                    s.max_ms.map_or("-".to_owned(), |m| format!("{m:.3}"))
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                o,
+                "    {:<20} {:>8} calls {:>12.3} ms total{max}",
+                s.name, s.count, s.total_ms
+            );
+        };
+        let _ = writeln!(o, "\nSyscalls by total time (kernel aggregates of every call)");
+        let (idle, work): (Vec<_>, Vec<_>) = self
+            .syscall_aggregates
+            .iter()
+            .partition(|s| crate::syscall_names::is_idle_wait(&s.name));
+        if !work.is_empty() {
+            let _ = writeln!(o, "  work:");
+        }
+        for s in work.iter().take(TEXT_ROWS) {
+            line(o, s, false);
+        }
+        if !idle.is_empty() {
+            let _ = writeln!(
+                o,
+                "  idle waits (threads waiting for work or a wakeup: epoll_wait, futex, poll, nanosleep, ...):"
+            );
+        }
+        for s in idle.iter().take(TEXT_ROWS) {
+            line(o, s, false);
+        }
+        let (slow_idle, slow): (Vec<_>, Vec<_>) = self
+            .slow_syscalls
+            .iter()
+            .partition(|s| crate::syscall_names::is_idle_wait(&s.name));
+        if !slow.is_empty() {
+            let _ = writeln!(
+                o,
+                "  work slower than --slow-syscall (individual slices in the trace):"
+            );
+        }
+        for s in slow.iter().take(TEXT_ROWS) {
+            line(o, s, true);
+        }
+        if !slow_idle.is_empty() {
+            let n: u64 = slow_idle.iter().map(|s| s.count).sum();
+            let _ = writeln!(
+                o,
+                "  (and {n} idle waits slower than --slow-syscall, as slices in the trace)"
+            );
+        }
+    }
 }
 
 fn gpu_text(out: &mut String, g: Option<&GpuSection>) {
     let f = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.2}"));
     // CUDA calls are µs-scale: three decimals of a millisecond.
     let f3 = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.3}"));
-    let Some(g) = g else {
-        let _ = writeln!(
-            out,
-            "\nGPU: no GPU data in this trace (no NVML counters, CUDA driver calls or GPU markers)"
-        );
+    // A host without a GPU: the markers saying so stay in the JSON.
+    let Some(g) = g.filter(|g| !g.gpus.is_empty() || !g.cuda_functions.is_empty() || g.summary.is_some())
+    else {
         return;
     };
     let _ = writeln!(out, "\nGPU");
@@ -307,6 +457,15 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         f(o.cost_ns_cuda_call, 0),
         o.probe_entry.as_deref().unwrap_or("entry not measured")
     );
+    if let Some(c) = o.est_cupti_ms {
+        let _ = writeln!(
+            out,
+            "  of it, the CUPTI helper in the target: {c:.1} ms = its threads {} ms (measured there) + {} CUPTI records × {} ns (assumed: CUPTI's work inside the CUDA calls)",
+            f(o.cupti_thread_cpu_ms, 1),
+            o.cupti_records.unwrap_or(0),
+            f(o.cost_ns_cupti_record, 0)
+        );
+    }
     if !o.by_probe_ms.is_empty() {
         let parts: Vec<String> = o
             .by_probe_ms
@@ -322,13 +481,30 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
         f(o.llmprof_cpu_pct, 2),
         f(o.llmprof_max_rss_mib, 1)
     );
+    if let Some(c) = o.llmprof_cpu_charged_ms {
+        let _ = writeln!(
+            out,
+            "  of which charged to the target: {c:.1} ms (llmprof shares {} CPU(s) with it, {} % idle: time llmprof ran there is time the target waited)",
+            o.shared_cpus.unwrap_or(0),
+            f(o.shared_idle_pct, 1)
+        );
+    }
+    if let (Some(a), Some(u)) = (o.symbolize_addresses.filter(|a| *a > 0), o.symbolize_unknown) {
+        let _ = writeln!(
+            out,
+            "  symbolized {a} addresses: {u} unknown ({:.1} %; {} in no mapping: a frame-pointer walk through code without frame pointers)",
+            100.0 * u as f64 / a as f64,
+            o.symbolize_unmapped.unwrap_or(0)
+        );
+    }
     if let Some(n) = o.symbolized_stacks.filter(|n| *n > 0) {
         let ms = o.symbolize_ms.unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each); eBPF per stack sample: {} ns \
-             (measured on the targets: {} ns), per off-CPU stack: {} ns",
-            ms * 1e3 / n as f64,
+            "  of which symbolizing {n} stacks: {ms:.1} ms ({:.1} µs each from the cache, {:.1} ms resolving new \
+             addresses); eBPF per stack sample: {} ns (measured on the targets: {} ns), per off-CPU stack: {} ns",
+            (ms - o.symbolize_resolve_ms.unwrap_or(0.0)).max(0.0) * 1e3 / n as f64,
+            o.symbolize_resolve_ms.unwrap_or(0.0),
             f(o.cost_ns_sample, 0),
             f(o.cost_ns_sample_live, 0),
             f(o.cost_ns_offcpu_stack, 0)

@@ -1,17 +1,21 @@
 //! Per-hit cost of llmprof's probes, measured on the running machine.
 //!
-//! Owns the timing loops (shared with `llmprof doctor`) and the start-up calibration of a [`super::Capture`]:
-//! before any target is in the `TRACED` map, llmprof traces *itself* for a few milliseconds with the programs
-//! just loaded: `getppid` untraced (before the tracepoints were attached) and traced (the cost of the
-//! raw_syscalls pair on one syscall, including the slower syscall entry any attached tracepoint causes), the
-//! same for `close(-1)` (a syscall whose exit the programs decode: argument copy at entry, records at exit,
-//! [`DECODED_SYSCALLS`](super::DECODED_SYSCALLS)), the range
-//! probe detached, attached, and attached but sampled out (the optimized NOP5 path and the int3 trap differ
-//! ~20×, and kernels differ). Then it undoes what it did: its own pid leaves `TRACED`, its syscall
-//! aggregates are deleted, its records are discarded, and the counters it moved become the baseline that
-//! [`super::Capture::counters`] subtracts (the uprobe on llmprof's own probe stays until the capture is
-//! dropped: detaching waits ~100 ms for an RCU grace period, and untraced it costs nothing). It never
-//! touches a target.
+//! Owns the timing loops (shared with `llmprof doctor`) and the calibration ([`run`]): an instance of
+//! llmprof's programs of its own — its own maps, ring and counters — traces the calling process for a
+//! few hundred milliseconds and times it: `getppid` untraced and traced (the cost of the raw_syscalls pair on
+//! one syscall, including the slower syscall entry any attached tracepoint causes), the same for `close(-1)`
+//! (a syscall whose exit the programs decode: argument copy at entry, records at exit,
+//! [`DECODED_SYSCALLS`](super::DECODED_SYSCALLS)), the range probe detached, attached, and attached but
+//! sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
+//! session uses them, the thread-state, stack-sampler, CUDA and wire probes. It never touches a target or a
+//! session's maps: llmprof itself never enters a session's `TRACED`.
+//!
+//! A session does not wait for it: `llmprof attach` goes live first and runs the calibration in a child
+//! process ([`Background`], the hidden `llmprof calibrate-probes`), whose result the self-accounting and the
+//! budget charge over the whole session once it arrives (~0.2–0.4 s later on this 2-core VM). The session
+//! takes the untraced references ([`Untraced`], ~2 ms) before attaching its own programs, since an attached
+//! raw_syscalls program slows every syscall of every process and that is part of what a target pays; the
+//! child corrects for passing through the session's programs as well ([`untraced_reference`]).
 //!
 //! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`, or
 //! `syscall_decoded_ns` when its number is one the exit decodes; an engine
@@ -20,7 +24,7 @@
 //! attached-minus-detached time of a probe call minus `syscall_ns` × the syscall hits each call produced
 //! (measured, `syscalls_per_probe_hit`): every nanosecond is counted once.
 //!
-//! CUDA driver probes (when the capture may attach them, [`super::CaptureConfig::calibrate_cuda`]): the
+//! CUDA driver probes (when the session may attach them, [`CalibrationConfig::cuda`]): the
 //! `llmprof_cuent`/`llmprof_curet` pair is attached to [`llmprof_calibrate_cuda_call`], a no-op stand-in
 //! for a driver function in llmprof itself, and a call is timed detached and attached (~7 ms). A CUDA call
 //! costs `cuda_call_ns`, the entry uprobe *and* the return uprobe (the uretprobe's trampoline is the larger
@@ -33,13 +37,10 @@
 
 use std::time::Instant;
 
-use aya::maps::{Array, HashMap};
+use aya::maps::HashMap;
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
-use llmprof_abi::{
-    CudaFunc, CudaVariant, Knob, NO_SYSCALL, NUM_PROBES, ProbeCounters, ProbeId, RangeOp, RangeRecord,
-    SYSCALL_SLOTS, SyscallKey, SyscallSlot, SyscallStats,
-};
+use llmprof_abi::{CudaFunc, CudaVariant, Knob, ProbeId, RangeOp, RangeRecord};
 
 use super::CaptureError;
 
@@ -247,58 +248,124 @@ fn median_ns_per_stand_in(f: extern "C" fn(u64) -> u64, calls: u32) -> f64 {
     })
 }
 
-/// Traces this process with the just-loaded programs and times it (see the module docs), then undoes it.
-/// `cuda`: also load the CUDA programs and measure their pair (the caller then counts them as loaded).
-/// Returns the calibration and the counter values it left behind (the baseline to subtract).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one flag per optional measurement, each named at the one call site"
-)]
-pub(super) fn startup(
-    ebpf: &mut aya::Ebpf,
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-    range_probe_loaded: bool,
-    cuda: bool,
-    thread_states: bool,
-    offcpu: bool,
-    http: bool,
-    untraced: Option<Untraced>,
-) -> Result<(Calibration, [ProbeCounters; NUM_PROBES]), CaptureError> {
+/// What a calibration measures: the probes the session it is for attaches.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CalibrationConfig {
+    /// The engine's range probe (timed on llmprof's own probe function).
+    pub engine: bool,
+    /// The CUDA driver probes: the entry + return pair and the counting entry probe.
+    pub cuda: bool,
+    /// Thread-state records (a traced pipe ping-pong).
+    pub thread_states: bool,
+    /// The stack sampler (and, with `thread_states`, off-CPU stacks).
+    pub sample: bool,
+    /// The HTTP wire probe.
+    pub http: bool,
+    /// The untraced references, taken by the session before its own programs were attached; `None`:
+    /// measured here, before this calibration's programs are attached.
+    pub untraced: Option<Untraced>,
+}
+
+/// Ring of a calibration's own instance of the programs: the records of one timed round fit (they are
+/// discarded after each measurement).
+const CALIBRATION_RING_BYTES: usize = 4 << 20;
+
+/// Loads an instance of llmprof's programs of its own, traces the calling process with it and times the
+/// probes `cfg` names (see the module docs); the instance is gone when this returns. It touches no map
+/// of any session: a session's targets never share a counter or a ring with it, and llmprof itself never
+/// enters a session's `TRACED`. Takes ~100–250 ms (~70 ms of it the kernel's verifier), so a session runs
+/// it in a child process after its probes are live ([`Background`]). Needs root.
+pub fn run(cfg: &CalibrationConfig) -> Result<Calibration, CaptureError> {
+    measure(cfg).map(|(cal, _instance)| cal)
+}
+
+/// [`run`], handing the result to `report` before the instance is taken down (detaching its uprobes waits
+/// for RCU grace periods, ~0.1 s each): what the calibration child does, so its session gets the figures
+/// without waiting for that.
+pub fn run_reporting(cfg: &CalibrationConfig, report: impl FnOnce(&Result<Calibration, CaptureError>)) {
+    match measure(cfg) {
+        Ok((cal, instance)) => {
+            report(&Ok(cal));
+            drop(instance);
+        }
+        Err(e) => report(&Err(e)),
+    }
+}
+
+/// [`run`]'s measurements; the instance is returned so that the caller decides when it goes.
+fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureError> {
     let t0 = Instant::now();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(CaptureError::NotRoot);
+    }
+    super::ensure_tracefs()?;
     let calls = STARTUP_CALLS_PER_ROUND;
+    // With a session's reference (taken before its programs were attached), this process's syscalls pass
+    // through the session's programs too, untraced there: what those add is measured before and after this
+    // instance's own pair is attached (one more untraced pass) and taken off, see [`untraced_reference`].
+    let before_own = cfg.untraced.map(|_| Untraced::measure(calls));
+    let untraced = cfg.untraced.unwrap_or_else(|| Untraced::measure(calls));
+    let config = llmprof_abi::Config {
+        slow_syscall_ns: u64::try_from(super::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
+        slot_tids: llmprof_abi::SYSCALL_SLOTS,
+        // This instance times this process traced: the kernel's refusal is lifted while it does (set_traced).
+        self_tgid: std::process::id(),
+    };
+    let mut ebpf = super::load_object(&config, CALIBRATION_RING_BYTES)?;
+    if cfg.http {
+        super::http::load_decoders(&mut ebpf)?;
+    }
+    let _links = super::attach_syscall_tracepoints(&mut ebpf, &super::TRACEPOINTS[..2])?;
+    let untraced = match before_own {
+        Some(u1) => untraced_reference(untraced, u1, Untraced::measure(calls)),
+        None => untraced,
+    };
+    if cfg.thread_states {
+        super::sched::attach(&mut ebpf)?;
+    }
+    if cfg.engine {
+        super::load_engine_programs(&mut ebpf, false)?;
+    }
+    if cfg.sample {
+        super::sampling::load(&mut ebpf)?;
+    }
+    let mut ring = super::take_ring(&mut ebpf)?;
     let me = std::process::id();
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
-    let untraced = untraced.unwrap_or_else(|| Untraced::measure(calls));
     let mut raw = Raw {
         sys_untraced: untraced.plain_ns,
         decoded_untraced: Some(untraced.decoded_ns),
         probe_detached: median_ns_per_call(&rec, calls),
-        cuda_detached: if cuda {
+        cuda_detached: if cfg.cuda {
             median_ns_per_cuda_call(CUDA_CALLS_PER_ROUND)
         } else {
             0.0
         },
         ..Raw::default()
     };
-    if thread_states {
+    // Off-CPU stacks only while measured.
+    super::write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
+    if cfg.thread_states {
         // Untraced, with the programs attached: what every process pays is not the target's extra.
         raw.pingpong_untraced =
             super::sched::median_ns_per_pingpong(super::sched::PINGPONG_ROUND_TRIPS, |_| {});
     }
-    set_traced(ebpf, me, true)?;
-    let measured = measure_traced(ebpf, &mut raw, &rec, calls, range_probe_loaded);
-    if thread_states && raw.pingpong_untraced.is_some() && measured.is_ok() {
-        measure_sched(ebpf, &mut raw);
-        if offcpu && raw.pingpong_traced.is_some() {
-            measure_offcpu(ebpf, &mut raw);
+    set_traced(&mut ebpf, me, true)?;
+    measure_traced(&mut ebpf, &mut raw, &rec, calls, cfg.engine)?;
+    drain(&mut ring);
+    if cfg.thread_states && raw.pingpong_untraced.is_some() {
+        measure_sched(&mut ebpf, &mut raw);
+        if cfg.sample && raw.pingpong_traced.is_some() {
+            measure_offcpu(&mut ebpf, &mut raw);
         }
+        drain(&mut ring);
     }
-    // A CUDA pair that cannot be measured is not a reason to trace nothing: its cost stays unknown (the
-    // engine-probe cost is charged instead) and `attach_cuda` reports its own failure if it fails too.
-    if cuda
-        && measured.is_ok()
-        && let Err(e) = measure_cuda(ebpf, &mut raw)
+    // A CUDA pair that cannot be measured leaves its cost unknown (the engine-probe cost is charged
+    // instead); the session's own `attach_cuda` reports its own failure if it fails too.
+    if cfg.cuda
+        && let Err(e) = measure_cuda(&mut ebpf, &mut raw)
     {
         log::warn!(
             "calibrate: CUDA probe cost not measured: {}",
@@ -306,23 +373,206 @@ pub(super) fn startup(
         );
         raw.cuda_attached = None;
     }
-    if http && measured.is_ok() {
-        match super::calibrate_http::measure(ebpf) {
+    if cfg.http {
+        match super::calibrate_http::measure(&mut ebpf) {
             Ok(c) => raw.http = Some(c),
             Err(e) => log::warn!(
                 "calibrate: wire probe cost not measured: {}",
                 crate::causes::one_line(&e)
             ),
         }
+        drain(&mut ring);
     }
-    // Undo in every case: this process leaves the map before anything else can fail.
-    let untraced = set_traced(ebpf, me, false);
-    measured?;
-    untraced?;
-    forget_pid(ebpf, me)?;
+    set_traced(&mut ebpf, me, false)?;
+    let sample_ns = if cfg.sample {
+        super::sampling::calibrate(&mut ebpf)?
+    } else {
+        None
+    };
+    let mut cal = raw.into_calibration(0.0);
+    cal.sample_ns = sample_ns;
+    cal.took_ms = t0.elapsed().as_secs_f64() * 1e3;
+    log::debug!("calibrate: done in {:.1} ms: {cal:?}", cal.took_ms);
+    Ok((cal, ebpf))
+}
+
+/// The hidden subcommand of the `llmprof` binary that runs [`run`] and prints the result as one JSON line.
+pub const SUBCOMMAND: &str = "calibrate-probes";
+/// Most bytes read back from a calibration child (its JSON line is ~1 KiB; its error, a few lines).
+const CHILD_OUTPUT_MAX: u64 = 64 << 10;
+
+impl CalibrationConfig {
+    /// The arguments of [`SUBCOMMAND`] that ask for this configuration (`crate::cli` parses them back).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![SUBCOMMAND.to_owned()];
+        for (on, flag) in [
+            (self.engine, "--engine"),
+            (self.cuda, "--cuda"),
+            (self.thread_states, "--thread-states"),
+            (self.sample, "--sample"),
+            (self.http, "--http"),
+        ] {
+            if on {
+                a.push(flag.to_owned());
+            }
+        }
+        if let Some(u) = self.untraced {
+            a.push(format!("--untraced-ns={}", u.plain_ns));
+            a.push(format!("--untraced-decoded-ns={}", u.decoded_ns));
+        }
+        a
+    }
+}
+
+/// What [`SUBCOMMAND`] prints on stdout: one JSON line, the calibration or why there is none.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildReport {
+    /// The measured costs.
+    Calibration(Box<Calibration>),
+    /// Why nothing was measured (the error with its causes, one line).
+    Error(String),
+}
+
+impl ChildReport {
+    /// The report of `r`, as the child prints it.
+    pub fn line(r: &Result<Calibration, CaptureError>) -> String {
+        let report = match r {
+            Ok(c) => ChildReport::Calibration(Box::new(*c)),
+            Err(e) => ChildReport::Error(crate::causes::one_line(e)),
+        };
+        serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The child's output read back.
+    fn parse(stdout: &str) -> Result<Calibration, String> {
+        match serde_json::from_str::<ChildReport>(stdout.trim()) {
+            Ok(ChildReport::Calibration(c)) => Ok(*c),
+            Ok(ChildReport::Error(why)) => Err(why),
+            Err(_) if stdout.trim().is_empty() => {
+                Err("the calibration process ended without a result".into())
+            }
+            Err(e) => Err(format!("the calibration process printed something else ({e})")),
+        }
+    }
+}
+
+/// A calibration running in a child process (`llmprof calibrate-probes`), started by a session once its
+/// probes are live: the kernel verifies the calibration's own programs and they are timed while the session
+/// already traces, off its start-up path, in a process of its own (its syscalls, records and counters
+/// never mix with the session's; see [`run`]). A thread reads the child's one line and reaps it (its CPU
+/// time then counts in llmprof's own, `RUSAGE_CHILDREN`); dropping this kills a child still running.
+pub struct Background {
+    /// A pidfd of the child: the kill on drop can never reach a process that reused its pid.
+    pidfd: Option<std::os::fd::OwnedFd>,
+    rx: std::sync::mpsc::Receiver<Result<Calibration, String>>,
+    done: Option<Result<Calibration, String>>,
+}
+
+impl Background {
+    /// Starts `exe` (the `llmprof` binary) with [`SUBCOMMAND`] for `cfg`.
+    pub fn spawn(exe: &std::path::Path, cfg: &CalibrationConfig) -> std::io::Result<Self> {
+        use std::io::{BufRead, Read};
+        use std::os::fd::FromRawFd;
+        let mut child = std::process::Command::new(exe)
+            .args(cfg.to_args())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            // Its diagnostic log (`LLMPROF_LOG`) joins the session's; otherwise it writes nothing there.
+            .stderr(std::process::Stdio::inherit())
+            .spawn()?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; our child is not reaped yet,
+        // so the pid is still its own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
+        // SAFETY: a non-negative return is a new fd that nothing else owns.
+        let pidfd = (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("llmprof-calib".into())
+            .spawn(move || {
+                // One line: the child's exit (detaching its probes) comes after it and takes a while.
+                let mut stdout = String::new();
+                if let Some(o) = child.stdout.take() {
+                    let _ = std::io::BufReader::new(o.take(CHILD_OUTPUT_MAX)).read_line(&mut stdout);
+                }
+                let _ = tx.send(ChildReport::parse(&stdout));
+                // After the result: its exit (detaching its probes) may take a while and delays nobody.
+                let _ = child.wait();
+            })?;
+        Ok(Background {
+            pidfd,
+            rx,
+            done: None,
+        })
+    }
+
+    /// The result once the child reported it, without waiting.
+    pub fn poll(&mut self) -> Option<&Result<Calibration, String>> {
+        if self.done.is_none() {
+            match self.rx.try_recv() {
+                Ok(r) => self.done = Some(r),
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.done = Some(Err("the calibration process ended without a result".into()))
+                }
+            }
+        }
+        self.done.as_ref()
+    }
+
+    /// Waits at most `limit` for the result; `None` when it has not come (the child is then killed).
+    pub fn wait(&mut self, limit: std::time::Duration) -> Option<&Result<Calibration, String>> {
+        if self.done.is_none() {
+            match self.rx.recv_timeout(limit) {
+                Ok(r) => self.done = Some(r),
+                Err(_) => self.kill(),
+            }
+        }
+        self.done.as_ref()
+    }
+
+    fn kill(&mut self) {
+        if let Some(fd) = self.pidfd.take() {
+            use std::os::fd::AsRawFd;
+            // SAFETY: pidfd_send_signal with a pidfd we own, SIGKILL, no siginfo, no flags; an exited child
+            // makes it fail with ESRCH, harmlessly.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.done.is_none() {
+            self.kill();
+        }
+    }
+}
+
+/// The untraced reference of a calibration beside a session. `u0`: the session's, before any program was
+/// attached (the plain syscall); `u1`: here, with the session's pair attached (+ the slow syscall path any
+/// attached raw_syscalls program causes, + one untraced pass of the pair); `u2`: with this instance's pair
+/// attached too (+ a second untraced pass). The traced measurement then holds the slow path, the session's
+/// untraced pass and this instance's traced pass, while a target pays the slow path and one traced pass:
+/// the reference is `u0` plus one untraced pass, `u2 - u1` (never negative).
+fn untraced_reference(u0: Untraced, u1: Untraced, u2: Untraced) -> Untraced {
+    Untraced {
+        plain_ns: u0.plain_ns + (u2.plain_ns - u1.plain_ns).max(0.0),
+        decoded_ns: u0.decoded_ns + (u2.decoded_ns - u1.decoded_ns).max(0.0),
+    }
+}
+
+/// Discards the records a measurement left in the calibration's ring.
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>) {
     while ring.next().is_some() {}
-    let base = super::read_counters(ebpf);
-    Ok((raw.into_calibration(t0.elapsed().as_secs_f64() * 1e3), base))
 }
 
 fn measure_traced(
@@ -501,8 +751,21 @@ fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
     (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
 }
 
-/// Puts `pid` in (or takes it out of) the `TRACED` map.
+/// Puts `pid` in (or takes it out of) the `TRACED` map. For llmprof itself this also lifts (or restores) the
+/// kernel's refusal of its own process (`Knob::SelfTraced`): outside these windows nothing llmprof does is
+/// traced, whatever is left in the maps.
 pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
+    if pid == std::process::id() && on {
+        super::write_knob(ebpf, Knob::SelfTraced, 1)?;
+    }
+    let done = set_traced_entry(ebpf, pid, on);
+    if pid == std::process::id() && !on {
+        super::write_knob(ebpf, Knob::SelfTraced, 0)?;
+    }
+    done
+}
+
+fn set_traced_entry(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
     let map = ebpf
         .map_mut("TRACED")
         .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
@@ -512,53 +775,6 @@ pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(),
     } else {
         traced.remove(&pid).map_err(super::map_err("TRACED"))
     }
-}
-
-/// Deletes the syscall slots of every thread (only this process's threads have one: no target is in
-/// `TRACED` yet), then the syscall aggregates of `pid` (this process after calibrating). A thread with a
-/// slot counts as traced at syscall entry, so the slots must go once `pid` has left `TRACED`.
-fn forget_pid(ebpf: &mut aya::Ebpf, pid: u32) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut("INFLIGHT")
-        .ok_or_else(|| CaptureError::MissingInObject("map INFLIGHT".into()))?;
-    let mut slots = HashMap::<_, u32, SyscallSlot>::try_from(map).map_err(super::map_err("INFLIGHT"))?;
-    let tids: Vec<u32> = slots.keys().filter_map(Result::ok).collect();
-    for tid in tids {
-        let _ = slots.remove(&tid);
-    }
-    // The array slots: this process's threads' (a thread that already exited freed its own).
-    let map = ebpf
-        .map_mut("SYSSLOTS")
-        .ok_or_else(|| CaptureError::MissingInObject("map SYSSLOTS".into()))?;
-    let mut array = Array::<_, SyscallSlot>::try_from(map).map_err(super::map_err("SYSSLOTS"))?;
-    let free = SyscallSlot {
-        ts_ns: 0,
-        nr: NO_SYSCALL,
-        args: [0; 6],
-        tid: 0,
-        pad: 0,
-    };
-    // Without /proc/self/task (never seen), every entry: correct, only slower.
-    let own: Vec<u32> = match std::fs::read_dir("/proc/self/task") {
-        Ok(dir) => dir
-            .filter_map(Result::ok)
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|&tid| tid < SYSCALL_SLOTS)
-            .collect(),
-        Err(_) => (0..SYSCALL_SLOTS).collect(),
-    };
-    for tid in own {
-        array.set(tid, free, 0).map_err(super::map_err("SYSSLOTS"))?;
-    }
-    let map = ebpf
-        .map_mut("SYSCALLS")
-        .ok_or_else(|| CaptureError::MissingInObject("map SYSCALLS".into()))?;
-    let mut m = HashMap::<_, SyscallKey, SyscallStats>::try_from(map).map_err(super::map_err("SYSCALLS"))?;
-    let mine: Vec<SyscallKey> = m.keys().filter_map(Result::ok).filter(|k| k.pid == pid).collect();
-    for k in mine {
-        let _ = m.remove(&k);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

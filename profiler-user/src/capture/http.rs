@@ -14,10 +14,11 @@ use std::collections::HashMap as StdHashMap;
 use std::fs;
 
 use aya::Ebpf;
-use aya::maps::HashMap;
+use aya::maps::{HashMap, ProgramArray};
+use aya::programs::RawTracePoint;
 use llmprof_abi::{
     EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
-    SockKey,
+    SockKey, WIRE_DECODER_PROGRAMS,
 };
 use llmprof_trace::wire::WireRecord;
 
@@ -31,6 +32,38 @@ pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("sock", "sock_recv_length", "llmprof_skrecv"),
     ("sock", "sk_data_ready", "llmprof_skready"),
 ];
+
+/// Loads the wire decoders (`llmprof_abi::WIRE_DECODER_PROGRAMS`) into the `WIRE_DECODERS` program array that
+/// `llmprof_sysexit` tail-calls for followed connections. Without them (`--no-http`) the tail calls fail and
+/// the exit program does nothing more for those calls; loading them costs ~10 ms of verifier time.
+pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let mut fds = Vec::with_capacity(WIRE_DECODER_PROGRAMS.len());
+    for name in WIRE_DECODER_PROGRAMS {
+        let p: &mut RawTracePoint = super::program(ebpf, name)?;
+        let perr = |source| CaptureError::Program {
+            program: name.to_owned(),
+            source,
+        };
+        p.load().map_err(perr)?;
+        fds.push(
+            p.fd()
+                .map_err(perr)?
+                .try_clone()
+                .map_err(|e| CaptureError::Program {
+                    program: name.to_owned(),
+                    source: aya::programs::ProgramError::from(e),
+                })?,
+        );
+    }
+    let map = ebpf
+        .map_mut("WIRE_DECODERS")
+        .ok_or_else(|| CaptureError::MissingInObject("map WIRE_DECODERS".into()))?;
+    let mut slots = ProgramArray::try_from(map).map_err(map_err("WIRE_DECODERS"))?;
+    for (slot, fd) in (0u32..).zip(&fds) {
+        slots.set(slot, fd, 0).map_err(map_err("WIRE_DECODERS"))?;
+    }
+    Ok(())
+}
 
 /// Attaches [`ARRIVAL_TRACEPOINTS`] and puts `--http-port`'s ports into the kernel's HTTP ports map (with
 /// [`HttpPorts::All`] the kernel learns them at each port's first request). `Ok(Err(why))` when the kernel

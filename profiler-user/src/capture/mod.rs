@@ -47,7 +47,7 @@ pub use calibrate::Calibration;
 pub use cidr::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_abi::{EventKind, ProbeId};
+use llmprof_abi::EventKind;
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
@@ -55,12 +55,16 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("CARGO_MANIFEST_DIR"), "/ebpf/llmprof-ebpf.o"));
 
 /// How often [`Capture::poll`] looks at the ring when the kernel does not wake it (the programs submit
-/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 64 MiB ring far from full at millions of events/s.
+/// with `BPF_RB_NO_WAKEUP`): 20 ms keeps a 16 MiB ring far from full at a million events/s.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Default slow-syscall threshold (`--slow-syscall`), as documented in the CLI.
 pub const DEFAULT_SLOW_SYSCALL: Duration = Duration::from_millis(1);
-/// Default ring size: 64 MiB dropped nothing in a 1M-event burst here (docs/performance.md, Capture).
-pub const DEFAULT_RING_BYTES: usize = 64 << 20;
+/// Default ring size. The kernel maps a ring's pages twice into llmprof (for records that wrap around), all
+/// resident from the start: 16 MiB is 32 MiB of llmprof's RSS, and 0.5–1 s of events at the highest rates
+/// measured (docs/performance.md, Capture).
+pub const DEFAULT_RING_BYTES: usize = 16 << 20;
+/// Ring size of the deep GPU mode (`--gpu-kernels all`): every CUPTI record in 16 KiB chunks.
+pub const DEEP_RING_BYTES: usize = 64 << 20;
 /// Most records one [`Capture::poll`] decodes before returning, so a full ring cannot stall the caller.
 const MAX_RECORDS_PER_POLL: usize = 1 << 16;
 /// Where tracefs lives on current kernels; mounted by [`Capture::start`] when missing.
@@ -155,11 +159,9 @@ pub struct CaptureConfig {
     pub ring_bytes: usize,
     /// Attach the engine's content probe: prompt and completion text leave the engine (opt-in).
     pub capture_content: bool,
-    /// Measure the per-hit cost on llmprof itself before tracing the targets ([`calibrate`], ~40 ms).
-    pub calibrate: bool,
-    /// With `calibrate`: also measure the CUDA driver probe pair (~8 ms; set when CUDA probes may be
-    /// attached, see [`Capture::attach_cuda`]).
-    pub calibrate_cuda: bool,
+    /// Time two cheap syscalls before any program is attached (~2 ms): the untraced reference a later
+    /// [`calibrate::run`] measures the probes' cost against ([`Capture::untraced`]).
+    pub measure_untraced: bool,
     /// Launch-type CUDA calls ([`llmprof_abi::cudacount::COUNTED`]) get the entry-only counting uprobe
     /// instead of the timed entry + return pair (`--cuda-calls counted`, the default; off: `--cuda-calls all`).
     pub cuda_counted: bool,
@@ -188,8 +190,7 @@ impl Default for CaptureConfig {
             egress_allow: Cidr::default_allow(),
             ring_bytes: DEFAULT_RING_BYTES,
             capture_content: false,
-            calibrate: false,
-            calibrate_cuda: false,
+            measure_untraced: false,
             cuda_counted: true,
             python_hz: pysample::DEFAULT_HZ,
             http: http::HttpPorts::All,
@@ -331,13 +332,13 @@ pub struct Capture {
     cuda_detached: bool,
     /// The CUDA driver uprobe links, owned here so [`Drop`] can detach them in parallel.
     cuda_links: Vec<aya::programs::uprobe::UProbeLink>,
-    /// The counting uprobes' links, by process (detached when CUPTI delivers that process's launches).
+    /// The links of the calls CUPTI also records (launch-type calls, counted or timed, and the synchronize
+    /// calls), by process: detached when the injected helper records that process.
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
-    /// Processes whose launch-type calls come from the injected CUPTI helper: not probed.
+    /// Processes whose launch-type and synchronize calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
-    calibration: Option<Calibration>,
-    /// Counter values left by the calibration, subtracted by [`Capture::counters`].
-    counter_base: [ProbeCounters; NUM_PROBES],
+    /// The untraced syscall references ([`CaptureConfig::measure_untraced`]).
+    untraced: Option<calibrate::Untraced>,
     /// raw_syscalls attachments (enter, exit), detachable by [`Capture::detach_syscalls`].
     syscall_links: Vec<(&'static str, RawTracePointLinkId)>,
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
@@ -360,6 +361,8 @@ pub struct Capture {
     self_pid: u32,
     /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
     samples_decoded: u64,
+    /// Off-CPU stacks of the targets decoded (charged at their own cost by the self-accounting).
+    offcpu_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
     /// The GPU activity handoff probe and its chunk decoder.
@@ -396,6 +399,57 @@ fn exe_of(pid: u32) -> Result<PathBuf, CaptureError> {
         return Err(CaptureError::PidNotFound(pid));
     }
     Ok(proc_dir.join("exe"))
+}
+
+/// Loads the embedded eBPF object: maps created (the ring at `ring_bytes`), nothing loaded into the kernel's
+/// verifier yet.
+fn load_object(config: &Config, ring_bytes: usize) -> Result<Ebpf, CaptureError> {
+    EbpfLoader::new()
+        .override_global("LLMPROF_CONFIG", config, true)
+        .map_max_entries("EVENTS", ring_size(ring_bytes))
+        .load(EBPF_OBJECT)
+        .map_err(CaptureError::Load)
+}
+
+/// Takes the record ring out of a loaded object.
+fn take_ring(ebpf: &mut Ebpf) -> Result<RingBuf<aya::maps::MapData>, CaptureError> {
+    let ring_map = ebpf
+        .take_map("EVENTS")
+        .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
+    RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))
+}
+
+/// Loads and attaches `tps` (of [`TRACEPOINTS`]), the `raw_syscalls` pair as raw tracepoints; returns those
+/// links (detachable by the budget).
+fn attach_syscall_tracepoints(
+    ebpf: &mut Ebpf,
+    tps: &[(&'static str, &'static str, &'static str)],
+) -> Result<Vec<(&'static str, RawTracePointLinkId)>, CaptureError> {
+    let mut syscall_links = Vec::new();
+    for &(category, name, prog) in tps {
+        let perr = |source| CaptureError::Program {
+            program: prog.to_string(),
+            source,
+        };
+        let t = Instant::now();
+        let loaded;
+        if category == "raw_syscalls" {
+            let p: &mut RawTracePoint = program(ebpf, prog)?;
+            p.load().map_err(perr)?;
+            loaded = t.elapsed();
+            syscall_links.push((prog, p.attach(name).map_err(perr)?));
+        } else {
+            let p: &mut TracePoint = program(ebpf, prog)?;
+            p.load().map_err(perr)?;
+            loaded = t.elapsed();
+            p.attach(category, name).map_err(perr)?;
+        }
+        log::debug!(
+            "capture: {prog}: verified in {loaded:?}, attached in {:?}",
+            t.elapsed() - loaded
+        );
+    }
+    Ok(syscall_links)
 }
 
 /// Loads and attaches classic tracepoint programs, `(category, name, program)` each, in order.
@@ -508,13 +562,9 @@ impl Capture {
         let config = Config {
             slow_syscall_ns: u64::try_from(cfg.slow_syscall.as_nanos()).unwrap_or(u64::MAX),
             slot_tids: cfg.syscall_slot_tids.min(llmprof_abi::SYSCALL_SLOTS),
-            pad: 0,
+            self_tgid: std::process::id(),
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global("LLMPROF_CONFIG", &config, true)
-            .map_max_entries("EVENTS", ring_size(cfg.ring_bytes))
-            .load(EBPF_OBJECT)
-            .map_err(CaptureError::Load)?;
+        let mut ebpf = load_object(&config, cfg.ring_bytes)?;
         log::debug!("capture: object loaded (maps created) at {:?}", t0.elapsed());
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
@@ -524,43 +574,22 @@ impl Capture {
             }
         };
 
-        // Targets enter TRACED last, after the calibration (which traces llmprof itself).
+        // Targets enter TRACED last, once every program is attached.
         fill_patterns(&mut ebpf, &patterns)?;
         // The untraced syscall reference is taken before any tracepoint is attached: an attached
         // raw_syscalls program slows every syscall of every process (the slow entry path, the filter),
         // and that is part of what a target pays.
         let untraced = cfg
-            .calibrate
+            .measure_untraced
             .then(|| calibrate::Untraced::measure(calibrate::STARTUP_CALLS_PER_ROUND));
-        let mut syscall_links = Vec::new();
         let mut range_links = Vec::new();
-
-        for (category, name, prog) in TRACEPOINTS {
-            let perr = |source| CaptureError::Program {
-                program: prog.to_string(),
-                source,
-            };
-            let t = Instant::now();
-            let loaded;
-            if category == "raw_syscalls" {
-                let p: &mut RawTracePoint = program(&mut ebpf, prog)?;
-                p.load().map_err(perr)?;
-                loaded = t.elapsed();
-                syscall_links.push((prog, p.attach(name).map_err(perr)?));
-            } else {
-                let p: &mut TracePoint = program(&mut ebpf, prog)?;
-                p.load().map_err(perr)?;
-                loaded = t.elapsed();
-                p.attach(category, name).map_err(perr)?;
-            }
-            log::debug!(
-                "capture: {prog}: verified in {loaded:?}, attached in {:?}",
-                t.elapsed() - loaded
-            );
+        // Before the exit program runs: it hands followed connections' reads and writes to these.
+        if cfg.http != http::HttpPorts::Off {
+            http::load_decoders(&mut ebpf)?;
         }
+        let syscall_links = attach_syscall_tracepoints(&mut ebpf, &TRACEPOINTS)?;
 
-        // Off-CPU stacks wait for the sampler and for the end of the calibration (whose ping-pong blocks
-        // llmprof's own threads while they are traced).
+        // Off-CPU stacks wait until the sampler is attached.
         write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
@@ -605,39 +634,7 @@ impl Capture {
             }
         }
 
-        let ring_map = ebpf
-            .take_map("EVENTS")
-            .ok_or_else(|| CaptureError::MissingInObject("map EVENTS".into()))?;
-        let mut ring = RingBuf::try_from(ring_map).map_err(map_err("EVENTS"))?;
-        let (calibration, counter_base) = if cfg.calibrate {
-            let (c, base) = calibrate::startup(
-                &mut ebpf,
-                &mut ring,
-                engine_loaded,
-                cfg.calibrate_cuda,
-                cfg.thread_states,
-                sampler.is_some(),
-                cfg.http != http::HttpPorts::Off,
-                untraced,
-            )?;
-            log::debug!("capture: calibrated in {:.1} ms: {c:?}", c.took_ms);
-            (Some(c), base)
-        } else {
-            (None, [ProbeCounters::default(); NUM_PROBES])
-        };
-        let (calibration, counter_base) = match (calibration, sampler.is_some()) {
-            (Some(mut c), true) => {
-                let t = Instant::now();
-                c.sample_ns = sampling::calibrate(&mut ebpf)?;
-                c.took_ms += t.elapsed().as_secs_f64() * 1e3;
-                // The sampler's own calibration samples are llmprof's, not the target's.
-                let mut base = counter_base;
-                let now = read_counters(&ebpf);
-                base[ProbeId::CpuSample as usize] = now[ProbeId::CpuSample as usize];
-                (Some(c), base)
-            }
-            other => (other.0, counter_base),
-        };
+        let ring = take_ring(&mut ebpf)?;
         if sampler.is_some() {
             write_knob(&mut ebpf, Knob::OffCpuStacksOff, 0)?;
         }
@@ -649,6 +646,11 @@ impl Capture {
             Knob::HttpAcceptAll,
             u64::from(cfg.http == http::HttpPorts::All),
         )?;
+        // The kernel refuses llmprof's own process; a capture asked to trace it (`llmprof doctor` timing its own
+        // probes) lifts that for this instance. `attach` never asks (`--pid` of llmprof is refused).
+        if cfg.pids.contains(&std::process::id()) {
+            write_knob(&mut ebpf, Knob::SelfTraced, 1)?;
+        }
         fill_traced(&mut ebpf, &cfg.pids, traced_flags)?;
         // After TRACED: from here on task_newtask adds new threads, so the listing misses none.
         if cfg.thread_states {
@@ -678,8 +680,7 @@ impl Capture {
             cuda_links: Vec::new(),
             cuda_count_links: Vec::new(),
             launches_from_cupti: HashSet::new(),
-            calibration,
-            counter_base,
+            untraced,
             syscall_links,
             range_links,
             python,
@@ -691,6 +692,7 @@ impl Capture {
             sampler,
             self_pid: std::process::id(),
             samples_decoded: 0,
+            offcpu_decoded: 0,
             held: Vec::new(),
             gpu: gpu_activity::GpuCapture::default(),
         };
@@ -780,7 +782,10 @@ impl Capture {
         let mut first_err = None;
         for &(offset, cookie) in points {
             let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
-            if launch_type && self.launches_from_cupti.contains(&pid) {
+            let sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32)
+                .is_some_and(|f| f.class() == llmprof_abi::CudaClass::Sync);
+            let cupti_records_it = launch_type || sync;
+            if cupti_records_it && self.launches_from_cupti.contains(&pid) {
                 continue;
             }
             let counted = self.cuda_counted && launch_type;
@@ -798,7 +803,7 @@ impl Capture {
                 };
                 match p.attach(point, lib, UProbeScope::OneProcess(nz)) {
                     Ok(id) => match p.take_link(id) {
-                        Ok(link) if counted => self.cuda_count_links.push((pid, link)),
+                        Ok(link) if cupti_records_it => self.cuda_count_links.push((pid, link)),
                         Ok(link) => self.cuda_links.push(link),
                         Err(_) => {}
                     },
@@ -847,9 +852,9 @@ impl Capture {
         }
     }
 
-    /// The injected CUPTI helper records `pid`'s driver calls and kernels: its launch-type calls are no
-    /// longer probed at all (the counting uprobes of `pid` go; none is attached later). Returns how many
-    /// links went.
+    /// The injected CUPTI helper records `pid`'s kernels, graph launches and waits: its launch-type and
+    /// synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
+    /// attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.launches_from_cupti.insert(pid);
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.cuda_count_links)
@@ -1004,6 +1009,7 @@ impl Capture {
                     && rec.hdr.pid != self.self_pid
                 {
                     self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
+                    self.offcpu_decoded += u64::from(kind == Some(EventKind::OffCpuStack));
                     self.held.push(s.event(&rec));
                 }
             } else if kind == Some(EventKind::PyStack) {
@@ -1018,6 +1024,8 @@ impl Capture {
                     None => self.decoder.count_undecodable(),
                 }
             } else if let Some(ev) = self.decoder.decode(&item) {
+                // The engine's own request records: what a wire request of its process may have carried.
+                self.wire.engine(&ev);
                 if let EventBody::ProcessExit { .. } = &ev.body {
                     if let Some(s) = self.sampler.as_mut() {
                         s.forget(ev.pid);
@@ -1084,18 +1092,26 @@ impl Capture {
 
     /// Per-probe counters summed over CPUs, indexed by `llmprof_abi::ProbeId`.
     pub fn counters(&self) -> [ProbeCounters; NUM_PROBES] {
-        let mut out = read_counters(&self.ebpf);
-        for (c, b) in out.iter_mut().zip(&self.counter_base) {
-            c.hits = c.hits.saturating_sub(b.hits);
-            c.emitted = c.emitted.saturating_sub(b.emitted);
-            c.dropped = c.dropped.saturating_sub(b.dropped);
-        }
-        out
+        read_counters(&self.ebpf)
     }
 
-    /// The per-hit costs measured at start (None unless [`CaptureConfig::calibrate`]).
-    pub fn calibration(&self) -> Option<Calibration> {
-        self.calibration
+    /// Off-CPU stacks the kernel's rate bound did not take (by design, not a loss); 0 without stack sampling.
+    pub fn offcpu_not_taken(&self) -> u64 {
+        if self.sampler.is_none() {
+            return 0;
+        }
+        sampling::offcpu_not_taken(&self.ebpf)
+    }
+
+    /// Whether the engine uprobe programs are loaded (a target or a tree that may gain an engine).
+    pub fn engine_programs_loaded(&self) -> bool {
+        self.engine_loaded
+    }
+
+    /// The untraced syscall references taken before anything was attached (None unless
+    /// [`CaptureConfig::measure_untraced`]); what [`calibrate::run`] measures against.
+    pub fn untraced(&self) -> Option<calibrate::Untraced> {
+        self.untraced
     }
 
     /// Starts measuring the sampler's cost on the targets ([`sampling::LiveCost`]); `None` when not sampling or
@@ -1192,6 +1208,8 @@ impl Capture {
             probes: self.counters(),
             syscalls_decoded: self.syscalls_decoded(),
             cuda_counted: self.cuda_counted_calls(),
+            offcpu_stacks: self.offcpu_decoded,
+            cupti: Default::default(),
         }
     }
 

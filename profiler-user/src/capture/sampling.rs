@@ -31,6 +31,15 @@ pub struct Sampler {
     symbolizer: Symbolizer,
 }
 
+/// Loads the sampler's program into the kernel (verifies it) without attaching it.
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
+    p.load().map_err(|source| CaptureError::Program {
+        program: SAMPLE_PROGRAM.to_string(),
+        source,
+    })
+}
+
 impl Sampler {
     /// Loads the program and attaches it to a CPU clock at `hz` on every online CPU.
     pub(super) fn attach(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
@@ -42,8 +51,8 @@ impl Sampler {
             program: format!("{SAMPLE_PROGRAM} (reading {path})"),
             source: aya::programs::ProgramError::IOError(source),
         })?;
+        load(ebpf)?;
         let p: &mut PerfEvent = program(ebpf, SAMPLE_PROGRAM)?;
-        p.load().map_err(perr)?;
         let mut links = Vec::with_capacity(cpus.len());
         for cpu in cpus {
             let link = p
@@ -112,6 +121,22 @@ impl Sampler {
     pub fn stats(&self) -> SymbolizeStats {
         self.symbolizer.stats()
     }
+}
+
+/// Off-CPU stacks the kernel's per-CPU rate bound did not take so far (all CPUs): not taken by design, not a
+/// loss (`llmprof_abi::offcpu`). 0 when the map cannot be read.
+pub(super) fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
+    let Some(m) = ebpf.map("OFFCPU_RATE") else {
+        return 0;
+    };
+    let Ok(a) = aya::maps::PerCpuArray::<_, [u64; 3]>::try_from(m) else {
+        return 0;
+    };
+    a.get(&0, 0).map_or(0, |v| {
+        v.iter()
+            .map(|w| w[llmprof_abi::offcpu::OFFCPU_RATE_NOT_TAKEN])
+            .sum()
+    })
 }
 
 /// Perf-event frequency of the start-up calibration: ~100 samples of llmprof's own thread in

@@ -56,13 +56,36 @@ const COPY_PREFIX: &str = "llmprof-cupti-";
 /// `--gpu-kernels`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelsMode {
-    /// Inject when the target maps libcuda and the helper library is found; else say why and go on.
+    /// Inject when the target maps libcuda and the helper library is found (else say why and go on); the
+    /// helper hands over summaries: per 100 ms window and kernel name count/total/min/max, the GPU's busy
+    /// intervals, CUDA graph launches as a whole.
     #[default]
     Auto,
-    /// Inject or refuse the session.
+    /// As `auto`, or refuse the session.
     On,
+    /// Every kernel, copy, memset and wait as its own slice, CUDA graphs node by node, with the launching
+    /// calls (flows): the deep mode, more cost; or refuse the session.
+    All,
     /// Never touch the target.
     Off,
+}
+
+impl KernelsMode {
+    /// A failure to record refuses the session.
+    pub fn strict(self) -> bool {
+        matches!(self, Self::On | Self::All)
+    }
+
+    /// The flags `attach` passes to `GPU_START`: the deep mode every record and the driver/runtime calls
+    /// that issued them (`GPU_FLAG_API_CALLS`: launch → kernel flows); the default summaries alone (CUPTI's
+    /// API records were most of its cost: 195k in 12 s on an H200 llmserve, 3.6 M in 6 s on a PyTorch loop).
+    pub fn start_flags(self) -> u64 {
+        use llmprof_abi::gpu::{GPU_FLAG_API_CALLS, GPU_FLAG_EVERY_RECORD};
+        match self {
+            Self::All => GPU_FLAG_API_CALLS | GPU_FLAG_EVERY_RECORD,
+            _ => 0,
+        }
+    }
 }
 
 /// Why the helper could not be loaded or called.
@@ -280,11 +303,19 @@ fn same_mount_ns(pid: u32) -> bool {
     ns("self") == ns(&pid.to_string())
 }
 
-/// What a mapped ELF file holds for the injection: the run-time addresses of the `.dynsym` definitions asked
-/// for (None when missing) and of `__restore_rt` (found by its bytes in an executable segment).
+/// What a mapped ELF file holds for the injection: the run-time addresses and sizes (`st_size`) of the
+/// `.dynsym` definitions asked for (None when missing) and the address of `__restore_rt` (found by its bytes in
+/// an executable segment).
 struct Found {
-    symbols: Vec<Option<u64>>,
+    symbols: Vec<Option<(u64, u64)>>,
     restore_rt: Option<u64>,
+}
+
+impl Found {
+    /// The address of the `i`-th symbol asked for.
+    fn addr(&self, i: usize) -> Option<u64> {
+        self.symbols.get(i).copied().flatten().map(|(a, _)| a)
+    }
 }
 
 /// Reads `m` once (through [`target_file`]) for `symbols` and, when `restore_rt`, libc's `__restore_rt`.
@@ -300,7 +331,7 @@ fn lookup(pid: u32, m: &Mapped, symbols: &[&'static str], restore_rt: bool) -> R
             .map(|n| {
                 elf.dynamic_symbols()
                     .find(|s| s.is_definition() && s.name() == Ok(n))
-                    .map(|s| at(s.address()))
+                    .map(|s| (at(s.address()), s.size()))
             })
             .collect();
         let restore_rt = restore_rt
@@ -347,7 +378,7 @@ fn find_libc(pid: u32, mapped: &[Mapped]) -> Result<TargetLibc, InjectError> {
         let Ok(f) = lookup(pid, m, &["dlopen", "__libc_dlopen_mode", "mmap", "munmap"], true) else {
             continue;
         };
-        let (Some(mmap), Some(munmap), Some(restore_rt)) = (f.symbols[2], f.symbols[3], f.restore_rt) else {
+        let (Some(mmap), Some(munmap), Some(restore_rt)) = (f.addr(2), f.addr(3), f.restore_rt) else {
             continue;
         };
         let fns = LibcFns {
@@ -355,13 +386,13 @@ fn find_libc(pid: u32, mapped: &[Mapped]) -> Result<TargetLibc, InjectError> {
             munmap,
             restore_rt,
         };
-        let dlopen = match (f.symbols[0], f.symbols[1]) {
+        let dlopen = match (f.addr(0), f.addr(1)) {
             (Some(a), _) => Some((a, 0)),
             (None, Some(a)) => Some((a, RTLD_DLOPEN_INTERNAL)),
             (None, None) => mapped
                 .iter()
                 .filter(|m| basename(&m.path).starts_with("libdl.so"))
-                .find_map(|m| lookup(pid, m, &["dlopen"], false).ok()?.symbols[0])
+                .find_map(|m| lookup(pid, m, &["dlopen"], false).ok()?.addr(0))
                 .map(|a| (a, 0)),
         };
         if let Some(dlopen) = dlopen {
@@ -382,10 +413,12 @@ pub fn symbol_in(pid: u32, wanted: impl Fn(&str) -> bool, symbol: &'static str) 
             path: format!("pid {pid}'s maps"),
             symbol,
         })?;
-    lookup(pid, m, &[symbol], false)?.symbols[0].ok_or_else(|| InjectError::Symbol {
-        path: m.path.clone(),
-        symbol,
-    })
+    lookup(pid, m, &[symbol], false)?
+        .addr(0)
+        .ok_or_else(|| InjectError::Symbol {
+            path: m.path.clone(),
+            symbol,
+        })
 }
 
 /// Calls `func(args…)` in a thread of `pid` (`data` copied to its stack for [`Arg::Data`]), waiting at most
@@ -418,6 +451,17 @@ pub struct Injected {
     start_fn: u64,
     stop_fn: u64,
     stats: u64,
+    /// Bytes of the helper's counters (their symbol's size, at most [`GpuHelperStats`]'s): a helper an earlier
+    /// llmprof loaded has fewer; the rest read as 0.
+    stats_len: usize,
+}
+
+impl Injected {
+    /// The helper records summaries when asked to (a helper of the oldest chunk version, loaded by an earlier
+    /// llmprof, records every kernel whatever the flags).
+    pub fn summarizes(&self) -> bool {
+        self.stats_len == 0 || self.stats_len >= core::mem::size_of::<GpuHelperStats>()
+    }
 }
 
 /// Loads the helper into `pid` (dlopen in one of its threads), or finds it there from an earlier attach.
@@ -502,18 +546,20 @@ pub fn find_loaded(pid: u32) -> Result<Option<Injected>, InjectError> {
 fn resolve(pid: u32, m: &Mapped, reused: bool) -> Result<Injected, InjectError> {
     let names = [GPU_START, GPU_STOP, GPU_STATS];
     let f = lookup(pid, m, &names, false)?;
-    let addr = |i: usize| {
+    let at = |i: usize| {
         f.symbols[i].ok_or(InjectError::Symbol {
             path: m.path.clone(),
             symbol: names[i],
         })
     };
+    let (stats, stats_len) = at(2)?;
     Ok(Injected {
         pid,
         target_path: m.path.clone(),
-        start_fn: addr(0)?,
-        stop_fn: addr(1)?,
-        stats: addr(2)?,
+        start_fn: at(0)?.0,
+        stop_fn: at(1)?.0,
+        stats,
+        stats_len: stats_len.min(core::mem::size_of::<GpuHelperStats>() as u64) as usize,
         host_path: PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
         reused,
         libc: None,
@@ -744,8 +790,13 @@ impl Injected {
     pub fn stats(&self) -> Result<GpuHelperStats, InjectError> {
         use std::os::unix::fs::FileExt as _;
         let mut buf = [0u8; core::mem::size_of::<GpuHelperStats>()];
+        let len = if self.stats_len == 0 {
+            buf.len()
+        } else {
+            self.stats_len
+        };
         std::fs::File::open(format!("/proc/{}/mem", self.pid))
-            .and_then(|f| f.read_exact_at(&mut buf, self.stats))
+            .and_then(|f| f.read_exact_at(&mut buf[..len], self.stats))
             .map_err(|_| InjectError::Exited {
                 pid: self.pid,
                 during: "the read of the helper's counters",
@@ -760,14 +811,16 @@ impl Injected {
             starts: w(5),
             stops: w(6),
             active: w(7),
+            cupti_records: w(8),
+            helper_cpu_ns: w(9),
+            cupti_thread_cpu_ns: w(10),
+            flags: w(11),
+            summaries: w(12),
+            busy: w(13),
+            graph_trace: w(14),
         })
     }
 }
-
-/// Flags `attach` passes to `GPU_START`: GPU-side records and the driver/runtime calls that issued them
-/// (`GPU_FLAG_API_CALLS`: the launch → kernel flows, and the launches themselves, which llmprof then no
-/// longer probes with uprobes: [`crate::capture::Capture::cuda_launches_from_cupti`]).
-pub const START_FLAGS: u64 = llmprof_abi::gpu::GPU_FLAG_API_CALLS;
 
 /// `--gpu-kernels` in one session: the helper injected into each process of the traced tree that uses CUDA
 /// (the `--pid` process and its children at attach, and any process of the tree that loads libcuda later, e.g.
@@ -779,6 +832,11 @@ pub struct GpuKernels {
     procs: Vec<(Injected, bool)>,
     /// Processes already looked at (injected, refused, or without CUDA when looked at).
     tried: std::collections::HashSet<u32>,
+    /// Per recording process: its helper's counters when this session started it (a helper reused from an
+    /// earlier session counts from there).
+    base: std::collections::HashMap<u32, GpuHelperStats>,
+    /// What the processes stopped so far used during this session.
+    stopped: crate::selfacct::CuptiCounters,
 }
 
 /// One line on stderr, ignoring a closed stderr.
@@ -796,6 +854,8 @@ impl GpuKernels {
             mode,
             procs: Vec::new(),
             tried: std::collections::HashSet::new(),
+            base: std::collections::HashMap::new(),
+            stopped: crate::selfacct::CuptiCounters::default(),
         };
         if mode == KernelsMode::Off {
             return Ok(k);
@@ -812,12 +872,12 @@ impl GpuKernels {
                 Err(e @ (InjectError::NoLibcuda { .. } | InjectError::Static { .. })) => {
                     no_cuda.get_or_insert(e);
                 }
-                Err(e) if mode == KernelsMode::On => return Err(e),
+                Err(e) if mode.strict() => return Err(e),
                 Err(e) => say(&format!("not recorded in pid {pid}: {e}")),
             }
         }
         match no_cuda {
-            Some(e) if mode == KernelsMode::On && k.procs.is_empty() => Err(e),
+            Some(e) if mode.strict() && k.procs.is_empty() => Err(e),
             _ => Ok(k),
         }
     }
@@ -877,19 +937,34 @@ impl GpuKernels {
             return Ok(false);
         };
         let t0 = std::time::Instant::now();
-        let status = match inj.start(START_FLAGS) {
+        let status = match inj.start(mode.start_flags()) {
             Ok(s) => s,
-            Err(e) if mode == KernelsMode::On => return Err(e),
+            Err(e) if mode.strict() => return Err(e),
             Err(e) => {
                 say(&format!("not recorded in pid {pid}: {e}"));
                 return Ok(false);
             }
         };
+        if matches!(
+            status,
+            Some(GpuStartStatus::Started | GpuStartStatus::AlreadyStarted)
+        ) && let Ok(b) = inj.stats()
+        {
+            self.base.insert(pid, b);
+        }
         let why = match status {
             Some(GpuStartStatus::Started) => {
                 *started = true;
                 say(&format!(
-                    "recording in pid {pid} (started in {:.1} ms)",
+                    "recording {} in pid {pid} (started in {:.1} ms)",
+                    if mode == KernelsMode::All {
+                        "every kernel"
+                    } else if inj.summarizes() {
+                        "kernel summaries"
+                    } else {
+                        "every kernel (the helper an earlier llmprof loaded there does not summarize; \
+                         restart the process for summaries)"
+                    },
                     t0.elapsed().as_secs_f64() * 1e3
                 ));
                 return Ok(true);
@@ -912,7 +987,7 @@ impl GpuKernels {
             Some(GpuStartStatus::CuptiError) => "CUPTI refused to record (see the target's stderr)",
             None => "the helper answered an unknown status",
         };
-        if mode == KernelsMode::On {
+        if mode.strict() {
             return Err(InjectError::Refused { pid, why });
         }
         say(&format!("not recorded in pid {pid}: {why}"));
@@ -933,15 +1008,60 @@ impl GpuKernels {
             }
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let Ok(s) = inj.stats() else { continue };
+            let used = since(&s, self.base.get(&inj.pid));
+            self.stopped.records += used.records;
+            self.stopped.thread_cpu_ns += used.thread_cpu_ns;
             say(&format!(
-                "stopped in pid {} in {ms:.1} ms; the helper handed over {} chunks ({} records, {} names, {} dropped) since it was loaded",
-                inj.pid, s.chunks, s.records, s.names, s.dropped
+                "stopped in pid {} in {ms:.1} ms; the helper handed over {} chunks ({} records, {} names, {} dropped; {} summary rows, {} busy intervals, from {} CUPTI records; graph-level records {}) since it was loaded",
+                inj.pid,
+                s.chunks,
+                s.records,
+                s.names,
+                s.dropped,
+                s.summaries,
+                s.busy,
+                s.cupti_records,
+                if s.graph_trace != 0 { "on" } else { "off" }
             ));
             let t = total.get_or_insert_with(GpuHelperStats::default);
             t.chunks += s.chunks;
             t.records += s.records;
             t.names += s.names;
             t.dropped += s.dropped;
+            t.cupti_records += s.cupti_records;
+            t.summaries += s.summaries;
+            t.busy += s.busy;
+            t.helper_cpu_ns += s.helper_cpu_ns;
+            t.cupti_thread_cpu_ns += s.cupti_thread_cpu_ns;
+            t.graph_trace |= s.graph_trace;
+        }
+        total
+    }
+}
+
+/// What a helper used since `base` (its counters when this session started it).
+fn since(now: &GpuHelperStats, base: Option<&GpuHelperStats>) -> crate::selfacct::CuptiCounters {
+    let b = base.copied().unwrap_or_default();
+    crate::selfacct::CuptiCounters {
+        records: now.cupti_records.saturating_sub(b.cupti_records),
+        thread_cpu_ns: now.cupti_thread_cpu_ns.saturating_sub(b.cupti_thread_cpu_ns),
+    }
+}
+
+impl GpuKernels {
+    /// What the helpers used during this session so far (the recording ones read from their targets'
+    /// memory now, the stopped ones as they were at their stop), for the self-accounting
+    /// ([`crate::selfacct::CuptiCost`]).
+    pub fn counters(&self) -> crate::selfacct::CuptiCounters {
+        let mut total = self.stopped;
+        for (inj, started) in &self.procs {
+            if !started {
+                continue;
+            }
+            let Ok(s) = inj.stats() else { continue };
+            let used = since(&s, self.base.get(&inj.pid));
+            total.records += used.records;
+            total.thread_cpu_ns += used.thread_cpu_ns;
         }
         total
     }
@@ -1275,8 +1395,8 @@ mod tests {
             false,
         )
         .unwrap()
-        .symbols[0]
-            .unwrap();
+        .addr(0)
+        .unwrap();
         let deadlines = Deadlines {
             stop: Duration::from_millis(300),
             call: Duration::from_secs(5),

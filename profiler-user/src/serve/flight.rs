@@ -398,7 +398,7 @@ fn record_pid(pid: u32, shared: &Shared) -> Result<(), crate::capture::CaptureEr
             last_check = Instant::now();
             let dropped = capture.counters().iter().map(|c| c.dropped).sum();
             shared.kernel_dropped.store(dropped, Ordering::Relaxed);
-            exited |= !procfs::exists(pid);
+            exited |= !procfs::alive(pid);
         }
         if exited {
             break Ok(());

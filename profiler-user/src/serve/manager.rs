@@ -942,6 +942,7 @@ mod tests {
             prelude: None,
             stop_reason: StopReason::default(),
             http: crate::capture::http::HttpPorts::All,
+            calibrator: None,
         };
         let cfg = ManagerConfig {
             out_dir,

@@ -104,6 +104,9 @@ pub struct ServeConfig {
     pub otel: OtelOptions,
     /// Fleet mode: alerts pulled from Alertmanager (no URL: off).
     pub pull: pull::PullConfig,
+    /// The `llmprof` binary that measures the probes' costs beside each session
+    /// ([`AttachOptions::calibrator`]); None: no estimate.
+    pub calibrator: Option<PathBuf>,
 }
 
 /// Everything `llmprof serve` is configured with, checked.
@@ -239,6 +242,7 @@ impl ServeOptions {
             prelude: None,
             stop_reason: StopReason::default(),
             http: crate::capture::http::HttpPorts::All,
+            calibrator: s.calibrator,
         };
         Ok(ServeOptions {
             listen: s.listen,
@@ -483,6 +487,7 @@ pub(crate) mod tests {
             max_trace_size: 512 << 20,
             otel: OtelOptions::default(),
             pull: pull::PullConfig::default(),
+            calibrator: None,
         }
     }
 

@@ -296,7 +296,7 @@ pub fn resolve(spec: TargetSpec, from: &str, scope: &PortNetns) -> Result<Resolv
 fn resolve_in(spec: TargetSpec, from: &str, snap: &mut Snapshot) -> Result<Resolved, ResolveError> {
     match spec {
         TargetSpec::Pid(pid) => {
-            if pid == 0 || !procfs::exists(pid) {
+            if pid == 0 || !procfs::alive(pid) {
                 return Err(ResolveError::NoProcess(pid));
             }
             Ok(Resolved {

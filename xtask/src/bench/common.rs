@@ -44,7 +44,8 @@ pub(super) fn start_attach(llmprof: &Path, pid: u32, trace: &Path, extra: &[&str
         Err(e) => return Err(e).with_context(|| format!("removing the previous trace {}", trace.display())),
     }
     let mut child = Command::new(llmprof)
-        .args(["attach", "--pid", &pid.to_string(), "-o"])
+        // -v: the exit summary's internals (per-probe counters, costs) that the benches read.
+        .args(["attach", "--pid", &pid.to_string(), "-v", "-o"])
         .arg(trace)
         .args(extra)
         .stdout(Stdio::piped())

@@ -11,6 +11,8 @@
 //! per launch over the same round's detached run, median and range over the rounds, and the ratio of the two
 //! modes. The stand-in's launch is a few ns of work, so what is added is the probe path alone; on a GPU the
 //! driver's own launch cost (µs) comes on top in every mode.
+//!
+//! `--cupti`: the CPU twin of `tools/gpu/bench_attach.py`, engine steps with the stand-in CUPTI ([`cupti`]).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -20,6 +22,8 @@ use anyhow::{Context, Result, bail};
 
 use super::common::{CpuMeter, build_release, start_attach, stop_llmprof};
 use super::stats::median_range;
+
+mod cupti;
 
 /// Rounds (each runs every mode once).
 const ROUNDS: usize = 5;
@@ -35,6 +39,20 @@ pub struct Args {
     /// Launches per mode and round.
     #[arg(long, value_name = "N", default_value_t = LAUNCHES)]
     launches: u64,
+    /// The CUPTI modes with the stand-in CUPTI (default summaries, --gpu-kernels all, off) instead of the
+    /// driver-probe modes.
+    #[arg(long)]
+    cupti: bool,
+    /// `--cupti`: engine steps per mode and round.
+    #[arg(long, value_name = "N", default_value_t = cupti::STEPS)]
+    steps: u64,
+    /// `--cupti`: kernel launches per step (each also a copy: two GPU records).
+    #[arg(long, value_name = "N", default_value_t = cupti::KERNELS_PER_STEP)]
+    kernels_per_step: u64,
+    /// `--cupti`: each of the step's two waits for the GPU (the stand-in's blocking copy and stream
+    /// synchronize), µs: sets the step rate.
+    #[arg(long, value_name = "US", default_value_t = cupti::STEP_WAIT_US)]
+    step_wait_us: u64,
 }
 
 /// The modes: name and llmprof's options (None: detached).
@@ -63,6 +81,22 @@ struct Testee {
 }
 
 impl Testee {
+    /// `llmprof-testee --libcuda LIB` from the release directory, with `env` set.
+    fn spawn(release: &Path, lib: &Path, env: &[(&str, String)]) -> Result<Self> {
+        let mut child = Command::new(release.join("llmprof-testee"))
+            .arg("--libcuda")
+            .arg(lib)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting llmprof-testee")?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        Ok(Testee { child, stdin, stdout })
+    }
+
+    /// Sends `c` and reads lines until `want`.
     fn cmd(&mut self, c: &str, want: &str) -> Result<()> {
         writeln!(self.stdin, "{c}").context("writing to the testee")?;
         let mut line = String::new();
@@ -79,10 +113,16 @@ impl Testee {
 }
 
 fn build_stand_in(dir: &Path) -> Result<PathBuf> {
-    let src = crate::util::repo_root().join("profiler-user/tests/fixtures/fake_libcuda.c");
-    let out = dir.join("libcuda.so.1");
+    gcc(dir, "fake_libcuda.c", "libcuda.so.1")
+}
+
+fn gcc(dir: &Path, src: &str, lib: &str) -> Result<PathBuf> {
+    let src = crate::util::repo_root()
+        .join("profiler-user/tests/fixtures")
+        .join(src);
+    let out = dir.join(lib);
     let st = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -95,20 +135,14 @@ fn build_stand_in(dir: &Path) -> Result<PathBuf> {
 
 /// `cargo xtask bench cuda`.
 pub fn run(o: &Args) -> Result<()> {
+    if o.cupti {
+        return cupti::run(o);
+    }
     let release = build_release(&["llmprof"])?;
     let dir = std::env::temp_dir().join(format!("llmprof-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
-    let mut child = Command::new(release.join("llmprof-testee"))
-        .arg("--libcuda")
-        .arg(&lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting llmprof-testee")?;
-    let stdin = child.stdin.take().context("no stdin")?;
-    let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-    let mut t = Testee { child, stdin, stdout };
+    let mut t = Testee::spawn(&release, &lib, &[])?;
     let pid = t.child.id();
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");

@@ -1,6 +1,7 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
-//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`cuda`]), each owning its measurement and its
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`cuda`],
+//! [`startup`]), each owning its measurement and its
 //! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
 //! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
 //! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
@@ -12,6 +13,7 @@ mod engine;
 mod llama;
 mod load;
 mod serve;
+mod startup;
 mod stats;
 mod syscalls;
 mod threads;
@@ -42,8 +44,16 @@ pub enum Kind {
     Llama(load::EngineArgs),
     /// Target CPU per CUDA kernel launch against the stand-in libcuda: detached, `--cuda-calls counted`
     /// (the default), `--cuda-calls all`, interleaved (root).
-    #[command(after_help = "Example: sudo cargo xtask bench cuda --rounds 5")]
+    /// With `--cupti`, the stand-in CUPTI too: detached, the default kernel summaries, `--gpu-kernels all`,
+    /// `--gpu-kernels off` (the CPU twin of `tools/gpu/bench_attach.py`).
+    #[command(
+        after_help = "Example: sudo cargo xtask bench cuda --rounds 5; sudo cargo xtask bench cuda --cupti"
+    )]
     Cuda(cuda::Args),
+    /// `llmprof attach` on an idle target: command to "probes live", and the calibration beside the session
+    /// (root).
+    #[command(after_help = "Example: sudo cargo xtask bench startup --rounds 9")]
+    Startup(startup::Args),
 }
 
 /// `cargo xtask bench <kind>`.
@@ -56,5 +66,6 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Threads(o) => threads::run(&o),
         Kind::Llama(o) => llama::run(&o),
         Kind::Cuda(o) => cuda::run(&o),
+        Kind::Startup(o) => startup::run(&o),
     }
 }

@@ -401,11 +401,16 @@ fn parse_summary(out: &str, s: &mut Sample) {
         let l = l.trim();
         if l.starts_with("probe syscalls:") {
             s.kernel_counted = number_after(l, "hits").map(|v| v as u64);
-        } else if l.starts_with("dropped:") {
-            s.dropped = number_after(l, "dropped:").map(|v| v as u64);
+        } else if l.starts_with("lost:") {
+            s.dropped = if l.contains("nothing") {
+                Some(0)
+            } else {
+                number_after(l, "lost:").map(|v| v as u64)
+            };
         } else if l.starts_with("overhead: est.") {
-            s.est_overhead_pct = number_after(l, "= ");
-            s.llmprof_cpu_pct = l.find("CPU (").and_then(|i| number_after(&l[i..], "CPU ("));
+            s.est_overhead_pct = number_after(l, "est.");
+        } else if l.starts_with("llmprof itself:") {
+            s.llmprof_cpu_pct = number_after(l, "llmprof itself:");
         } else if l.starts_with("overhead budget") {
             s.steps = Some(l.split_once(": ").map_or(l, |(_, r)| r).to_owned());
         } else if l.starts_with("events:") {

@@ -3,13 +3,16 @@
 //! Per step: embedding → per layer (RMSNorm and the Q/K/V matmuls, RoPE + KV-cache write, paged attention,
 //! output matmul added to the residual, RMSNorm and the gate and up matmuls with the SiLU gate applied, down
 //! matmul added to the residual) → final RMSNorm of the rows that need logits → LM head → each logit row's
-//! argmax. Up to [`FUSE_MAX_TOKENS`] tokens, each RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE
-//! and the cache write; RMSNorm, gate and up): a batch-1 decode step is 5 launches per layer. Everything is
-//! queued on the backend's one stream; activations stay on the device, only the packed index arrays go up (one
-//! copy) and the argmax (and, for rows sampled with a temperature, the logits) come back. [`Step::launch`] queues
-//! kernels only (no copies, no events, no allocation), so the same call records a CUDA graph when the stream is
-//! capturing. Buffers grow on demand (doubling) and are reused
-//! across steps; a graph's buffers are sized once, before capture, and never move.
+//! next token (`sample_rows`: the argmax, or a draw with the row's sampling parameters). Steps of
+//! [`super::mma::MMA_MIN_TOKENS`] tokens or more (prefill chunks) run every product on tensor cores
+//! ([`super::mma`]) with separate norm and RoPE launches; below that, up to [`FUSE_MAX_TOKENS`] tokens, each
+//! RMSNorm and what follows it is one launch (RMSNorm, Q/K/V, RoPE and the cache write; RMSNorm, gate and up): a
+//! batch-1 decode step is 5 launches per layer. Everything is queued on the backend's one stream; activations
+//! stay on the device, only the packed index arrays (with the sampling parameters) go up (one copy) and the
+//! tokens (with log-probabilities where asked, and the logits only for [`crate::backend::Logits::Full`] rows)
+//! come back. [`Step::launch`] queues kernels only (no copies, no events, no allocation), so the same call
+//! records a CUDA graph when the stream is capturing. Buffers grow on demand (doubling) and are reused across
+//! steps; a graph's buffers are sized once, before capture, and never move.
 
 use std::sync::Arc;
 
@@ -19,10 +22,10 @@ use cudarc::driver::{
 };
 
 use super::KvDtype;
-use super::kernels::{
-    self, ARGMAX_THREADS, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS,
-};
+use super::kernels::{self, MODE_ADD, MODE_SILU_MUL, MODE_STORE, ROW_THREADS, TOKEN_TILE, WARPS};
 use super::layout::Packed;
+use super::mma::{MMA_BM, MMA_BN, MMA_THREADS};
+use super::sample::{LOGPROB_WORDS, SAMPLE_THREADS};
 use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
 
@@ -38,6 +41,7 @@ pub const FUSE_MAX_TOKENS: usize = 256;
 #[derive(Debug)]
 pub struct Kernels {
     matmul: Vec<CudaFunction>,
+    matmul_mma: Vec<CudaFunction>,
     embed: Vec<CudaFunction>,
     /// `qkv_rope[weight type][KV type]`, flattened: index `ty * KV_TYPES.len() + kv`.
     qkv_rope: Vec<CudaFunction>,
@@ -45,7 +49,7 @@ pub struct Kernels {
     rms_norm: CudaFunction,
     rope_kv: Vec<CudaFunction>,
     attention: Vec<CudaFunction>,
-    argmax: CudaFunction,
+    sample: CudaFunction,
 }
 
 impl Kernels {
@@ -79,13 +83,14 @@ impl Kernels {
             .collect::<Result<_, _>>()?;
         Ok(Kernels {
             matmul: per_type("matmul")?,
+            matmul_mma: per_type("matmul_mma")?,
             embed: per_type("embed")?,
             qkv_rope,
             gate_up: per_type("gate_up")?,
             rms_norm: get("rms_norm")?,
             rope_kv: per_kv("rope_kv")?,
             attention: per_kv("attention")?,
-            argmax: get("argmax_rows")?,
+            sample: get("sample_rows")?,
         })
     }
 }
@@ -126,8 +131,12 @@ pub struct Scratch {
     gate: Buf<f32>,
     /// Logits of the step's logit rows, `[nl][vocab]`.
     pub logits: Buf<f32>,
-    /// The argmax of each logit row, `[nl]`.
-    pub argmax: Buf<i32>,
+    /// The next token of each logit row, `[nl]`.
+    pub tokens: Buf<i32>,
+    /// The log-probability words of each logit row, `[nl][LOGPROB_WORDS]`.
+    pub logprobs: Buf<i32>,
+    /// The raw logits under the sampling histories' entries (`sample_rows` restores them), one per entry.
+    pub hist_raw: Buf<f32>,
     /// The packed index arrays ([`Packed`]).
     pub idx: Buf<i32>,
 }
@@ -144,7 +153,9 @@ impl Scratch {
             att: Buf::new(stream)?,
             gate: Buf::new(stream)?,
             logits: Buf::new(stream)?,
-            argmax: Buf::new(stream)?,
+            tokens: Buf::new(stream)?,
+            logprobs: Buf::new(stream)?,
+            hist_raw: Buf::new(stream)?,
             idx: Buf::new(stream)?,
         })
     }
@@ -173,8 +184,23 @@ impl Scratch {
         ] {
             moved |= buf.ensure(stream, len)?;
         }
-        moved |= self.argmax.ensure(stream, p.nl)?;
+        moved |= self.tokens.ensure(stream, p.nl)?;
+        moved |= self.logprobs.ensure(stream, p.nl * LOGPROB_WORDS)?;
+        moved |= self.hist_raw.ensure(stream, p.history_entries() + 1)?;
         moved |= self.idx.ensure(stream, p.len + 1)?;
+        Ok(moved)
+    }
+
+    /// Makes room for `entries` sampling-history entries after a graph step's fixed arrays (`p`), so that the
+    /// histories of any batch up to that many fit without moving the buffers.
+    pub fn ensure_history(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        p: &Packed,
+        entries: usize,
+    ) -> Result<bool, DriverError> {
+        let mut moved = self.hist_raw.ensure(stream, entries + 1)?;
+        moved |= self.idx.ensure(stream, p.len + 2 * entries + 1)?;
         Ok(moved)
     }
 }
@@ -208,6 +234,8 @@ pub struct Step<'a> {
     pub block_size: usize,
     /// Most tokens for the fused RMSNorm launches ([`FUSE_MAX_TOKENS`] unless the options say otherwise).
     pub fuse_max_tokens: usize,
+    /// Fewest tokens for the tensor-core products ([`super::mma`]); 0: never.
+    pub mma_min_tokens: usize,
 }
 
 fn grid(n: usize, per: usize) -> u32 {
@@ -223,7 +251,13 @@ fn rows_cfg(n: usize) -> LaunchConfig {
 }
 
 impl Step<'_> {
-    /// `out (=|+=|silu-gated) W · x` for `n` tokens.
+    /// Whether a step of `n` tokens runs its products on tensor cores (then unfused: the fused launches' norms
+    /// live in the CUDA-core kernels).
+    fn tensor_cores(&self, n: usize) -> bool {
+        self.mma_min_tokens > 0 && n >= self.mma_min_tokens
+    }
+
+    /// `out (=|+=|silu-gated) W · x` for `n` tokens: on tensor cores for long steps (widths a multiple of 32).
     fn matmul(
         &self,
         m: &DeviceMatrix,
@@ -232,12 +266,21 @@ impl Step<'_> {
         out: &mut CudaSlice<f32>,
         mode: i32,
     ) -> Result<(), DriverError> {
-        let f = &self.kernels.matmul[m.kind.index()];
         let (rows, cols, nt) = (m.rows as i32, m.cols as i32, n as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (grid(m.rows, WARPS), grid(n, TOKEN_TILE), 1),
-            block_dim: (32 * WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
+        let (f, cfg) = if self.tensor_cores(n) && m.cols.is_multiple_of(kernels::QBLOCK) {
+            let cfg = LaunchConfig {
+                grid_dim: (grid(m.rows, MMA_BN), grid(n, MMA_BM), 1),
+                block_dim: (MMA_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.matmul_mma[m.kind.index()], cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (grid(m.rows, WARPS), grid(n, TOKEN_TILE), 1),
+                block_dim: (32 * WARPS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.kernels.matmul[m.kind.index()], cfg)
         };
         let mut b = self.stream.launch_builder(f);
         b.arg(&m.f)
@@ -250,9 +293,10 @@ impl Step<'_> {
             .arg(&nt)
             .arg(out)
             .arg(&mode);
-        // SAFETY: the arguments match `matmul_*`'s parameters in kernels.rs in order and type; `x` holds at
-        // least n × cols and `out` n × rows floats (Scratch sized them for this step); the matrix arrays are
-        // the uploaded ones for its type.
+        // SAFETY: the arguments match `matmul_*`'s and `matmul_mma_*`'s parameters (the same list) in order and
+        // type; `x` holds at least n × cols and `out` n × rows floats (Scratch sized them for this step); the
+        // matrix arrays are the uploaded ones for its type; the tensor-core kernel only for widths a multiple of
+        // 32 (its 16-byte loads and whole quant blocks), on a device that has it (the backend's options).
         unsafe { b.launch(cfg) }.map(|_| ())
     }
 
@@ -279,7 +323,7 @@ impl Step<'_> {
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let kv_kind = self.kv.dtype.index();
         let same = wq.kind == wk.kind && wq.kind == wv.kind && wq.cols == wk.cols && wq.cols == wv.cols;
-        if !same || n > self.fuse_max_tokens {
+        if !same || n > self.fuse_max_tokens || self.tensor_cores(n) {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wq, xn, n, q, MODE_STORE)?;
             self.matmul(wk, xn, n, k, MODE_STORE)?;
@@ -350,7 +394,12 @@ impl Step<'_> {
         n: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), DriverError> {
-        if wg.kind != wu.kind || wg.rows != wu.rows || wg.cols != wu.cols || n > self.fuse_max_tokens {
+        if wg.kind != wu.kind
+            || wg.rows != wu.rows
+            || wg.cols != wu.cols
+            || n > self.fuse_max_tokens
+            || self.tensor_cores(n)
+        {
             self.rms_norm(x, norm, xn, n, None)?;
             self.matmul(wg, xn, n, out, MODE_STORE)?;
             return self.matmul(wu, xn, n, out, MODE_SILU_MUL);
@@ -417,7 +466,10 @@ impl Step<'_> {
         let slot = idx.slice(p.slot..p.slot + n);
         let table_off = idx.slice(p.table_off..p.table_off + n);
         let logit_rows = idx.slice(p.logit_rows..p.logit_rows + nl);
-        let tables = idx.slice(p.tables..p.len.max(p.tables + 1));
+        let tables = idx.slice(p.tables..p.history.max(p.tables + 1));
+        let params = idx.slice(p.params..p.params + nl * super::sample::SAMPLE_WORDS);
+        // Histories vary in length (a graph's buffer has room for the longest); the kernel reads each row's entries.
+        let history = idx.slice(p.history..);
 
         // Embedding.
         let e = &weights.token_embd;
@@ -497,15 +549,24 @@ impl Step<'_> {
             let head = weights.lm_head();
             self.matmul(head, &s.xn.dev, nl, &mut s.logits.dev, MODE_STORE)?;
             let vocab = head.rows as i32;
-            let mut b = st.launch_builder(&self.kernels.argmax);
-            b.arg(&s.logits.dev).arg(&vocab).arg(&mut s.argmax.dev);
+            let mut b = st.launch_builder(&self.kernels.sample);
+            b.arg(&mut s.logits.dev)
+                .arg(&vocab)
+                .arg(&params)
+                .arg(&history)
+                .arg(&mut s.hist_raw.dev)
+                .arg(&mut s.tokens.dev)
+                .arg(&mut s.logprobs.dev);
             let cfg = LaunchConfig {
                 grid_dim: (nl as u32, 1, 1),
-                block_dim: (ARGMAX_THREADS as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: arguments match `argmax_rows`; `logits` holds nl rows of `vocab` floats and `argmax` nl
-            // ints (Scratch sized both for this step).
+            // SAFETY: arguments match `sample_rows`; `logits` holds nl rows of `vocab` floats, `tokens` nl ints and
+            // `logprobs` nl × LOGPROB_WORDS (Scratch sized them for this step); `params` holds nl rows of
+            // SAMPLE_WORDS, and every row's history entries (offset + length in its words) lie inside the
+            // histories after `p.history`, with `hist_raw` one float per entry (Scratch::ensure, or
+            // Scratch::ensure_history for a graph's buffers, checked against the step by the backend).
             unsafe { b.launch(cfg) }?;
         }
         Ok(())

@@ -13,10 +13,14 @@
 //!   sums through shared memory), K and V written into the paged cache.
 //! - `gate_up_{f32,q8_0,q4_0,q4_1}`: RMSNorm and the feed-forward's gate and up matmuls in one launch, writing
 //!   `silu(gate) * up`.
+//! - `matmul_mma_{f32,q8_0,q4_0,q4_1}` ([`super::mma`]): the same products on tensor cores (f16 inputs, f32
+//!   accumulation) for steps of at least [`super::mma::MMA_MIN_TOKENS`] tokens, on sm_80 and later.
 //! - `embed_{f32,q8_0,q4_0,q4_1}`: embedding rows of the step's tokens.
 //! - `rms_norm`: RMSNorm of rows (optionally a gathered subset, for the rows that need logits).
-//! - `argmax_rows`: the most likely token of each logit row (the host's `sampling::argmax` rules), so greedy
-//!   decoding copies one index per sequence to the host instead of a vocabulary-sized row.
+//! - `sample_rows` ([`super::sample`]): the next token of each logit row, the argmax (the host's
+//!   `sampling::argmax` rules) or drawn as `sampling`'s rule says (penalties, temperature, `min_p`, `top_k`,
+//!   `top_p`, a Philox draw), with log-probabilities when asked, so decoding copies one index per sequence to the
+//!   host instead of a vocabulary-sized row.
 //! - `rope_kv_{f32,f16}`: RoPE (llama.cpp NORM mode, adjacent pairs) on Q and K, then K and V written into the
 //!   paged cache at each token's slot, as f32 or rounded to f16 (IEEE half, round to nearest even).
 //! - `attention_{f32,f16}`: causal GQA attention for one (token, head) per block, its warps splitting the keys
@@ -50,9 +54,6 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Threads per block of the row-wise kernels (embed, rms_norm, rope_kv).
 pub const ROW_THREADS: usize = 256;
 
-/// Threads per block of `argmax_rows` (one block per logit row: a vocabulary of 49,152 is 48 loads per thread).
-pub const ARGMAX_THREADS: usize = 1024;
-
 /// Weight types the kernels read, in the order of the `TY_*` constants of the source.
 pub const WEIGHT_TYPES: &[&str] = &["f32", "q8_0", "q4_0", "q4_1"];
 
@@ -71,6 +72,7 @@ pub fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
     for ty in WEIGHT_TYPES {
         v.push(format!("matmul_{ty}"));
+        v.push(format!("matmul_mma_{ty}"));
         v.push(format!("embed_{ty}"));
         v.push(format!("gate_up_{ty}"));
         for kv in KV_TYPES {
@@ -82,7 +84,7 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("attention_{kv}"));
     }
     v.push("rms_norm".into());
-    v.push("argmax_rows".into());
+    v.push("sample_rows".into());
     v
 }
 
@@ -148,10 +150,11 @@ __device__ __forceinline__ WRaw wload(const float* __restrict__ f, const float* 
     return w;
 }
 
-// wload's lane part dequantized into w: for Q4_x elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]; for Q8_0 and F32
-// the 4 elements at 4*sub in w[0..4].
+// wload's lane part as the quants' values, before the block's scale (and minimum): small integers (exact in f16:
+// Q8_0's -127..127, Q4_0's nibble - 8, Q4_1's nibble; the tensor-core products take them so), F32 weights as they
+// are. For Q4_x elements 4*sub+k in w[k], 16+4*sub+k in w[4+k]; for Q8_0 and F32 the 4 elements at 4*sub in w[0..4].
 template <int TY>
-__device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
+__device__ __forceinline__ void wquant(const WRaw& r, float* w) {
     if (TY == TY_F32) {
         w[0] = r.f.x;
         w[1] = r.f.y;
@@ -159,19 +162,28 @@ __device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
         w[3] = r.f.w;
     } else if (TY == TY_Q8_0) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k)) * r.s;
+        for (int k = 0; k < 4; k++) w[k] = (float)(signed char)(r.v >> (8 * k));
     } else {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int byte = (r.v >> (8 * k)) & 0xff;
-            if (TY == TY_Q4_0) {
-                w[k] = (float)((byte & 15) - 8) * r.s;
-                w[4 + k] = (float)((byte >> 4) - 8) * r.s;
-            } else {
-                w[k] = (float)(byte & 15) * r.s + r.mn;
-                w[4 + k] = (float)(byte >> 4) * r.s + r.mn;
-            }
+            int off = TY == TY_Q4_0 ? 8 : 0;
+            w[k] = (float)((byte & 15) - off);
+            w[4 + k] = (float)((byte >> 4) - off);
         }
+    }
+}
+
+// wload's lane part dequantized into w (wquant's layout): the quants times the block's scale (plus Q4_1's minimum).
+template <int TY>
+__device__ __forceinline__ void wdequant(const WRaw& r, float* w) {
+    wquant<TY>(r, w);
+    if (TY == TY_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] *= r.s;
+    } else if (TY != TY_F32) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = TY == TY_Q4_0 ? w[k] * r.s : w[k] * r.s + r.mn;
     }
 }
 
@@ -339,6 +351,18 @@ __device__ __forceinline__ void inv_rms(const float* __restrict__ xt, int cols, 
     }
 }
 
+// out[o] = v, += v, or (the gate already in out[o]) silu(out[o]) * v: the matmul epilogues.
+__device__ __forceinline__ void store_mode(float* __restrict__ out, i64 o, float v, int mode) {
+    if (mode == MODE_STORE) {
+        out[o] = v;
+    } else if (mode == MODE_ADD) {
+        out[o] += v;
+    } else {
+        float g = out[o];
+        out[o] = g / (1.0f + expf(-g)) * v;
+    }
+}
+
 // out[t0 + t][r] (=|+=|silu-gated) the warp's sum of acc[t], for the tile's nt tokens (nt is the same in all lanes,
 // so only the live tokens' sums are reduced).
 __device__ __forceinline__ void store_row(const float* acc, int nt, int lane, float* __restrict__ out, int rows,
@@ -347,17 +371,7 @@ __device__ __forceinline__ void store_row(const float* acc, int nt, int lane, fl
     for (int t = 0; t < TOKEN_TILE; t++) {
         if (t < nt) {
             float v = warp_sum(acc[t]);
-            if (lane == 0) {
-                i64 o = (i64)(t0 + t) * rows + r;
-                if (mode == MODE_STORE) {
-                    out[o] = v;
-                } else if (mode == MODE_ADD) {
-                    out[o] += v;
-                } else {
-                    float g = out[o];
-                    out[o] = g / (1.0f + expf(-g)) * v;
-                }
-            }
+            if (lane == 0) store_mode(out, (i64)(t0 + t) * rows + r, v, mode);
         }
     }
 }
@@ -827,57 +841,11 @@ INSTANTIATE_QKV(q4_0, TY_Q4_0, f16, unsigned short)
 INSTANTIATE_QKV(q4_1, TY_Q4_1, f32, float)
 INSTANTIATE_QKV(q4_1, TY_Q4_1, f16, unsigned short)
 
-// The index of each logit row's largest value, as the host's sampling::argmax defines it: NaN ignored, ties to the
-// lowest index, 0 when every value is NaN or -inf. Greedy decoding copies these to the host instead of the rows.
-// Grid: one block per row of logits ([rows][vocab]); block: ARGMAX_THREADS threads; out: [rows].
-__device__ __forceinline__ void keep_best(float& best, int& bi, float v, int i) {
-    if (v > best || (v == best && i < bi)) {
-        best = v;
-        bi = i;
-    }
-}
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
-    __shared__ float red_v[32];
-    __shared__ int red_i[32];
-    const float* row = logits + (i64)blockIdx.x * vocab;
-    const int NONE = 0x7fffffff;
-    float best = __int_as_float(0xff800000);  // -inf: only larger values (never NaN) replace it
-    int bi = NONE;
-#pragma unroll 4
-    for (int k = threadIdx.x; k < vocab; k += blockDim.x) {
-        float v = row[k];
-        if (v > best) {
-            best = v;
-            bi = k;
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        keep_best(best, bi, ov, oi);
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        red_v[warp] = best;
-        red_i[warp] = bi;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    int nw = (blockDim.x + 31) / 32;
-    best = lane < nw ? red_v[lane] : __int_as_float(0xff800000);
-    bi = lane < nw ? red_i[lane] : NONE;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        keep_best(best, bi, ov, oi);
-    }
-    if (lane == 0) out[blockIdx.x] = bi == NONE ? 0 : bi;
-}
 "#;
 
 /// The CUDA C source of all kernels, with the engine's constants filled in.
 pub fn kernel_source() -> String {
-    SOURCE_TEMPLATE
+    let forward = SOURCE_TEMPLATE
         .replace("@QBLOCK@", &QBLOCK.to_string())
         .replace("@TOKEN_TILE@", &TOKEN_TILE.to_string())
         .replace("@WARPS@", &WARPS.to_string())
@@ -885,7 +853,8 @@ pub fn kernel_source() -> String {
         .replace("@ROW_PREFETCH@", &ROW_PREFETCH.to_string())
         .replace("@MODE_STORE@", &MODE_STORE.to_string())
         .replace("@MODE_ADD@", &MODE_ADD.to_string())
-        .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string())
+        .replace("@MODE_SILU_MUL@", &MODE_SILU_MUL.to_string());
+    forward + &super::mma::source() + &super::sample::source()
 }
 
 /// NVRTC options for a device of compute capability `(major, minor)`: `target` is `sm` (CUBIN) or `compute`
@@ -1093,18 +1062,22 @@ mod tests {
             });
             let defined = if let Some((ty, kv)) = qkv {
                 src.contains(&format!("INSTANTIATE_QKV({ty}, TY_{}, {kv}, ", ty.to_uppercase()))
+            } else if let Some(ty) = of(&["matmul_mma"], WEIGHT_TYPES) {
+                src.contains(&format!("INSTANTIATE_MMA({ty}, TY_{})", ty.to_uppercase()))
             } else if let Some(ty) = of(&["matmul", "embed", "gate_up"], WEIGHT_TYPES) {
                 src.contains(&format!("INSTANTIATE({ty}, TY_{})", ty.to_uppercase()))
             } else if let Some(ty) = of(&["rope_kv", "attention"], KV_TYPES) {
                 src.contains(&format!("INSTANTIATE_KV({ty}, "))
             } else {
-                src.contains(&format!("extern \"C\" __global__ void {name}("))
+                // `extern "C" __global__ void [__launch_bounds__(N)] name(`
+                src.lines()
+                    .any(|l| l.contains("extern \"C\" __global__ void") && l.contains(&format!(" {name}(")))
             };
             assert!(defined, "kernel {name} missing from the source");
         }
         assert_eq!(
             kernel_names().len(),
-            3 * WEIGHT_TYPES.len() + WEIGHT_TYPES.len() * KV_TYPES.len() + 2 * KV_TYPES.len() + 2
+            4 * WEIGHT_TYPES.len() + WEIGHT_TYPES.len() * KV_TYPES.len() + 2 * KV_TYPES.len() + 2
         );
     }
 

@@ -1,6 +1,6 @@
 //! The host-side index arrays of one step, uploaded before the kernels run: per token its id, position, KV-cache
-//! slot and where its sequence's block table starts in the flattened tables, and the rows whose logits are
-//! wanted.
+//! slot and where its sequence's block table starts in the flattened tables, the rows whose logits are wanted,
+//! and per logit row the sampling parameters and token history of `sample_rows` ([`super::sample::push_row`]).
 //!
 //! Owns the paged addressing on the device side: a position `p` of a sequence lives in slot
 //! `table[p / block_size] * block_size + p % block_size` (the CPU backend's rule), and the packing of the arrays
@@ -10,11 +10,12 @@
 //! batch must have been validated ([`crate::backend::validate_batch`]) and the cache must have fewer than 2³¹
 //! slots (checked when the cache is created).
 
-use crate::backend::BatchItem;
+use super::sample::{self, SAMPLE_WORDS};
+use crate::backend::{BatchItem, Logits};
 
 /// Where each array of a step starts in the packed index buffer (element offsets), and how many token rows and
-/// logit rows the step computes. Tables come last, so the offsets of a padded graph step depend only on its
-/// [`GraphShape`].
+/// logit rows the step computes. The tables and then the sampling histories (whose length varies) come last, so
+/// the offsets of a padded graph step depend only on its [`GraphShape`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Packed {
     /// Token rows computed (a graph step: the padded batch size).
@@ -31,10 +32,21 @@ pub struct Packed {
     pub table_off: usize,
     /// Offset of the logit rows.
     pub logit_rows: usize,
+    /// Offset of the logit rows' sampling parameters (`SAMPLE_WORDS` each).
+    pub params: usize,
     /// Offset of the concatenated block tables.
     pub tables: usize,
+    /// Offset of the sampling histories (two words per entry), after the tables.
+    pub history: usize,
     /// Elements in all.
     pub len: usize,
+}
+
+impl Packed {
+    /// Entries in the sampling histories.
+    pub fn history_entries(&self) -> usize {
+        (self.len - self.history) / 2
+    }
 }
 
 /// The fixed shape of a CUDA-graph decode step: `batch` rows (real ones first, then padding), each row's block
@@ -104,6 +116,10 @@ pub struct StepLayout {
     pub tables: Vec<i32>,
     /// Token rows whose logits are wanted, in batch order.
     pub logit_rows: Vec<i32>,
+    /// Sampling parameters of each logit row, `[nl][SAMPLE_WORDS]`.
+    pub params: Vec<i32>,
+    /// The sampled rows' token histories, concatenated (two words per entry).
+    pub history: Vec<i32>,
 }
 
 impl StepLayout {
@@ -115,6 +131,8 @@ impl StepLayout {
         self.table_off.clear();
         self.tables.clear();
         self.logit_rows.clear();
+        self.params.clear();
+        self.history.clear();
         for it in batch {
             let off = self.tables.len() as i32;
             self.tables.extend(it.block_table.iter().map(|&b| b as i32));
@@ -127,6 +145,7 @@ impl StepLayout {
             }
             if it.logits.wanted() {
                 self.logit_rows.push(self.tokens.len() as i32 - 1);
+                sample::push_row(&it.logits, &mut self.params, &mut self.history);
             }
         }
     }
@@ -141,6 +160,8 @@ impl StepLayout {
         self.slot.clear();
         self.table_off.clear();
         self.logit_rows.clear();
+        self.params.clear();
+        self.history.clear();
         self.tables.clear();
         self.tables
             .resize(shape.batch * shape.stride, shape.pad_block as i32);
@@ -160,11 +181,13 @@ impl StepLayout {
                     self.pos.push(it.start_pos as i32);
                     self.slot
                         .push(slot(it.block_table, it.start_pos, block_size) as i32);
+                    sample::push_row(&it.logits, &mut self.params, &mut self.history);
                 }
                 None => {
                     self.tokens.push(0);
                     self.pos.push(0);
                     self.slot.push((shape.pad_block as usize * block_size) as i32);
+                    sample::push_row(&Logits::Argmax, &mut self.params, &mut self.history);
                 }
             }
         }
@@ -183,7 +206,9 @@ impl StepLayout {
         let slot = at(&self.slot);
         let table_off = at(&self.table_off);
         let logit_rows = at(&self.logit_rows);
+        let params = at(&self.params);
         let tables = at(&self.tables);
+        let history = at(&self.history);
         Packed {
             n: self.tokens.len(),
             nl: self.logit_rows.len(),
@@ -192,7 +217,9 @@ impl StepLayout {
             slot,
             table_off,
             logit_rows,
+            params,
             tables,
+            history,
             len: out.len(),
         }
     }
@@ -200,9 +227,11 @@ impl StepLayout {
 
 impl Packed {
     /// The offsets of a graph step of `shape` (what [`StepLayout::build_graph`] + [`StepLayout::pack`] give,
-    /// whatever the batch): the capture uses these before any batch exists.
+    /// whatever the batch; `len` without histories): the capture uses these before any batch exists.
     pub fn of_graph(shape: GraphShape) -> Packed {
         let b = shape.batch;
+        let tables = 5 * b + b * SAMPLE_WORDS;
+        let history = tables + b * shape.stride;
         Packed {
             n: b,
             nl: b,
@@ -211,9 +240,19 @@ impl Packed {
             slot: 2 * b,
             table_off: 3 * b,
             logit_rows: 4 * b,
-            tables: 5 * b,
-            len: 5 * b + b * shape.stride,
+            params: 5 * b,
+            tables,
+            history,
+            len: history,
         }
+    }
+
+    /// Whether a packed step has a graph's offsets (its histories may follow).
+    pub fn same_offsets(&self, graph: &Packed) -> bool {
+        Packed {
+            len: graph.len,
+            ..*self
+        } == *graph
     }
 }
 
@@ -225,7 +264,7 @@ pub fn slot(table: &[u32], pos: usize, block_size: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Logits;
+    use crate::sampling::{PenaltyEntry, SampleSpec, SamplingParams};
 
     #[test]
     fn a_mixed_batch_maps_every_token_to_its_slot_and_table() {
@@ -360,11 +399,63 @@ mod tests {
         let mut buf = Vec::new();
         let p = l.pack(&mut buf);
         assert_eq!(p, Packed::of_graph(shape));
+        assert_eq!(p.history_entries(), 0);
         assert_eq!(&buf[p.slot..p.slot + 4], &[9, 3, 80, 80]);
         assert_eq!(buf.len(), p.len);
         l.build_graph(&batch[..1], 4, shape);
         assert_eq!(l.pack(&mut buf), Packed::of_graph(shape));
         assert_eq!(&buf[p.tokens..p.tokens + 4], &[11, 0, 0, 0]);
+    }
+
+    #[test]
+    fn sampled_rows_carry_parameters_and_histories_after_the_tables() {
+        let (a, b) = ([11u32], [12u32]);
+        let table = [1u32, 2];
+        let hist = [PenaltyEntry { token: 4, word: 3 }];
+        let spec = SampleSpec {
+            params: SamplingParams {
+                frequency_penalty: 0.5,
+                ..SamplingParams::default()
+            },
+            seed: 7,
+            index: 0,
+            history: &hist,
+            logprobs: None,
+        };
+        let batch = [
+            BatchItem {
+                tokens: &a,
+                start_pos: 1,
+                block_table: &table,
+                logits: Logits::Argmax,
+            },
+            BatchItem {
+                tokens: &b,
+                start_pos: 2,
+                block_table: &table,
+                logits: Logits::Sample(spec),
+            },
+        ];
+        let shape = GraphShape {
+            batch: 4,
+            stride: 2,
+            pad_block: 9,
+        };
+        let mut l = StepLayout::default();
+        l.build_graph(&batch, 4, shape);
+        let mut buf = Vec::new();
+        let p = l.pack(&mut buf);
+        let g = Packed::of_graph(shape);
+        assert!(
+            p.same_offsets(&g) && p != g,
+            "the history follows the graph's fixed arrays"
+        );
+        assert_eq!(p.history_entries(), 1);
+        assert_eq!(&buf[p.history..], &[4, 3]);
+        assert_eq!(buf[p.params], 0, "row 0 takes the argmax");
+        assert_eq!(buf[p.params + SAMPLE_WORDS], 1, "row 1 samples");
+        assert_eq!(buf[p.params + 2 * SAMPLE_WORDS], 0, "padding takes the argmax");
+        assert_eq!(l.params.len(), 4 * SAMPLE_WORDS);
     }
 
     #[test]
@@ -381,7 +472,7 @@ mod tests {
         l.build(&batch, 4);
         let mut buf = vec![99];
         let p = l.pack(&mut buf);
-        assert_eq!((p.n, p.nl, p.len), (3, 1, 3 * 4 + 1 + 1));
+        assert_eq!((p.n, p.nl, p.len), (3, 1, 3 * 4 + 1 + SAMPLE_WORDS + 1));
         assert_eq!(&buf[p.tokens..p.tokens + 3], &[1, 2, 3]);
         assert_eq!(&buf[p.slot..p.slot + 3], &[16, 17, 18]);
         assert_eq!(buf[p.logit_rows], 2);

@@ -3,7 +3,7 @@
 //! step times from CUDA events.
 //!
 //! Modules: [`libs`] (finding and loading libcuda and NVRTC before cudarc may panic on them), [`kernels`]
-//! (CUDA C source, NVRTC compilation), [`weights`] (upload of the quantized weights), [`layout`] (per-step
+//! (CUDA C source, NVRTC compilation), [`sample`] (sampling on the device), [`weights`] (upload of the quantized weights), [`layout`] (per-step
 //! index arrays for the paged cache, and the padded shape of a graph step), [`forward`] (the launch sequence),
 //! [`clock`] (CUDA events on the host's BOOTTIME clock).
 //!
@@ -16,16 +16,19 @@
 //! graph's fixed device buffers. Prefill and mixed steps run eagerly. Each step records a CUDA event before its
 //! first upload and after its last kernel; both are mapped onto BOOTTIME and returned as the step's device
 //! interval ([`DeviceClock::CudaEvents`]), and the step says which graph it replayed
-//! ([`StepOutput::graph_batch`]). Every step ends with each logit row's argmax on the device (greedy decoding
-//! needs nothing else); the argmax, and the logits only when an item wants them ([`Logits::Full`]: sampling with
-//! a temperature stays on the host), are copied into pinned host memory asynchronously, and the host waits on an
-//! event recorded after the copy. Never blocks on anything but its own stream.
+//! ([`StepOutput::graph_batch`]). Every step ends with each logit row's next token chosen on the device
+//! ([`sample`]: the argmax for greedy rows, a seeded draw with the row's temperature, truncations and penalties for
+//! the others, inside the graphs too); the tokens, the log-probabilities of the rows that ask, and the logits only
+//! when an item wants them ([`super::Logits::Full`]) are copied into pinned host memory asynchronously, and the
+//! host waits on an event recorded after the copy. Never blocks on anything but its own stream.
 
 pub mod clock;
 pub mod forward;
 pub mod kernels;
 pub mod layout;
 pub mod libs;
+pub mod mma;
+pub mod sample;
 pub mod weights;
 
 use std::sync::Arc;
@@ -36,7 +39,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use super::{Backend, BackendError, BatchItem, DeviceClock, KvCacheDtype, Logits, StepOutput};
+use super::{Backend, BackendError, BatchItem, DeviceClock, KvCacheDtype, StepOutput};
 use crate::model::{Model, ModelConfig};
 
 use clock::EventClock;
@@ -98,6 +101,9 @@ pub struct CudaOptions {
     /// Most tokens a step may have for the fused RMSNorm launches ([`forward::FUSE_MAX_TOKENS`] by default;
     /// [`FUSE_ENV`] overrides it, for measuring the choice on a GPU).
     pub fuse_max_tokens: usize,
+    /// Fewest tokens in a step for the tensor-core products ([`mma::MMA_MIN_TOKENS`] by default; 0: never;
+    /// [`mma::MMA_ENV`] overrides it). Devices before sm_80 never use them.
+    pub mma_min_tokens: usize,
 }
 
 /// Environment variable that sets [`CudaOptions::fuse_max_tokens`] (a number of tokens).
@@ -111,40 +117,60 @@ impl Default for CudaOptions {
             graphs: true,
             max_graph_batch: crate::config::DEFAULT_MAX_NUM_SEQS,
             fuse_max_tokens: forward::FUSE_MAX_TOKENS,
+            mma_min_tokens: mma::MMA_MIN_TOKENS,
         }
     }
 }
 
 impl CudaOptions {
-    /// These options with [`FUSE_ENV`] applied when it is set; an error names a value that is not a number.
+    /// These options with [`FUSE_ENV`] and [`mma::MMA_ENV`] applied when they are set; an error names a value
+    /// that is not a number.
     pub fn with_env(self) -> Result<Self, BackendError> {
-        match std::env::var(FUSE_ENV) {
-            Err(std::env::VarError::NotPresent) => Ok(self),
-            Ok(v) => self.with_fuse_setting(&v),
-            Err(e) => Err(BackendError::Device(format!("{FUSE_ENV}: {e}"))),
+        let env = |name: &str| match std::env::var(name) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Ok(v) => Ok(Some(v)),
+            Err(e) => Err(BackendError::Device(format!("{name}: {e}"))),
+        };
+        let mut o = self;
+        if let Some(v) = env(FUSE_ENV)? {
+            o = o.with_fuse_setting(&v)?;
         }
+        if let Some(v) = env(mma::MMA_ENV)? {
+            o.mma_min_tokens = tokens_setting(mma::MMA_ENV, &v)?;
+        }
+        Ok(o)
     }
 
-    /// The start-up log's words for `fuse_max_tokens`.
-    fn fuse_note(&self) -> String {
-        match self.fuse_max_tokens {
+    /// The start-up log's words for `fuse_max_tokens` and `mma_min_tokens` (`tensor_cores`: whether the device
+    /// has them).
+    fn fuse_note(&self, tensor_cores: bool) -> String {
+        let fused = match self.fuse_max_tokens {
             0 => "no fused launches".to_string(),
             n => format!("fused launches up to {n} tokens"),
-        }
+        };
+        let mma = match (tensor_cores, self.mma_min_tokens) {
+            (false, _) => "no tensor cores (before sm_80)".to_string(),
+            (true, 0) => "tensor cores off".to_string(),
+            (true, n) => format!("tensor-core products from {n} tokens"),
+        };
+        format!("{fused}, {mma}")
     }
 
     /// These options with `fuse_max_tokens` set from `value` (a [`FUSE_ENV`] setting).
     pub fn with_fuse_setting(self, value: &str) -> Result<Self, BackendError> {
-        match value.trim().parse::<usize>() {
-            Ok(n) => Ok(CudaOptions {
-                fuse_max_tokens: n,
-                ..self
-            }),
-            Err(e) => Err(BackendError::Device(format!(
-                "{FUSE_ENV}={value:?} is not a number of tokens: {e}"
-            ))),
-        }
+        Ok(CudaOptions {
+            fuse_max_tokens: tokens_setting(FUSE_ENV, value)?,
+            ..self
+        })
     }
+}
+
+/// The number of tokens an environment variable `name` sets to `value`.
+fn tokens_setting(name: &str, value: &str) -> Result<usize, BackendError> {
+    value
+        .trim()
+        .parse::<usize>()
+        .map_err(|e| BackendError::Device(format!("{name}={value:?} is not a number of tokens: {e}")))
 }
 
 /// A captured graph. CUDA graph objects are not internally synchronized; the backend owns them and uses them
@@ -165,6 +191,8 @@ struct Graphs {
     scratch: Scratch,
     /// `graphs[i]` replays a step of `sizes[i]` rows.
     graphs: Vec<OwnedGraph>,
+    /// Sampling-history entries the buffers hold after the largest shape's arrays (a step with more runs eagerly).
+    hist_cap: usize,
 }
 
 /// The CUDA backend.
@@ -184,10 +212,13 @@ pub struct CudaBackend {
     packed: Vec<i32>,
     /// Pinned staging of the packed index arrays (copied up asynchronously).
     host_idx: PinnedHostSlice<i32>,
-    /// Pinned landing place of the logits (copied down asynchronously, for steps with a [`Logits::Full`] item).
+    /// Pinned landing place of the logits (copied down asynchronously, for steps with a [`super::Logits::Full`]
+    /// item).
     host_logits: PinnedHostSlice<f32>,
-    /// Pinned landing place of the logit rows' argmax.
-    host_argmax: PinnedHostSlice<i32>,
+    /// Pinned landing place of the rows' next tokens.
+    host_tokens: PinnedHostSlice<i32>,
+    /// Pinned landing place of the rows' log-probability words (steps with an item that asks for them).
+    host_logprobs: PinnedHostSlice<i32>,
     clock: EventClock,
     ev_start: CudaEvent,
     ev_end: CudaEvent,
@@ -373,7 +404,9 @@ impl CudaBackend {
         let vocab = model.config.vocab_size;
         let rows = options.max_graph_batch.max(1);
         let host_logits = pinned(&ctx, rows * vocab, false).map_err(dev("allocating pinned logits"))?;
-        let host_argmax = pinned(&ctx, rows, false).map_err(dev("allocating pinned argmax"))?;
+        let host_tokens = pinned(&ctx, rows, false).map_err(dev("allocating pinned tokens"))?;
+        let host_logprobs =
+            pinned(&ctx, rows * sample::LOGPROB_WORDS, false).map_err(dev("allocating pinned logprobs"))?;
         let host_idx = pinned(&ctx, 4096, true).map_err(dev("allocating pinned index arrays"))?;
         let mut b = CudaBackend {
             model,
@@ -391,7 +424,8 @@ impl CudaBackend {
             packed: Vec::new(),
             host_idx,
             host_logits,
-            host_argmax,
+            host_tokens,
+            host_logprobs,
             clock,
             ev_start,
             ev_end,
@@ -448,12 +482,11 @@ impl CudaBackend {
         let vocab = self.weights.lm_head().rows;
         let mut scratch = Scratch::new(&self.stream)?;
         let largest = sizes.last().copied().unwrap_or(1);
-        scratch.ensure(
-            &self.stream,
-            c,
-            vocab,
-            &Packed::of_graph(self.shape(largest, stride)),
-        )?;
+        let p_largest = Packed::of_graph(self.shape(largest, stride));
+        scratch.ensure(&self.stream, c, vocab, &p_largest)?;
+        // Room for every row's history: a sequence has at most min(context, vocabulary) distinct tokens.
+        let hist_cap = largest * c.context_len.min(c.vocab_size);
+        scratch.ensure_history(&self.stream, &p_largest, hist_cap)?;
         self.stream.synchronize()?;
         let mut graphs = Vec::with_capacity(sizes.len());
         for &batch in &sizes {
@@ -476,6 +509,7 @@ impl CudaBackend {
             stride,
             scratch,
             graphs,
+            hist_cap,
         })
     }
 
@@ -491,6 +525,11 @@ impl CudaBackend {
             kv: &mut self.kv,
             block_size: self.block_size,
             fuse_max_tokens: self.options.fuse_max_tokens,
+            mma_min_tokens: if mma::supported(self.compute_capability) {
+                self.options.mma_min_tokens
+            } else {
+                0
+            },
         };
         step.launch(scratch, p)
     }
@@ -512,7 +551,7 @@ impl CudaBackend {
             self.compute_capability.1,
             self.compiled,
             self.options.kv_dtype.name(),
-            self.options.fuse_note(),
+            self.options.fuse_note(mma::supported(self.compute_capability)),
             self.graph_note
         )
     }
@@ -546,17 +585,27 @@ impl CudaBackend {
         self.clock.maybe_reanchor(&self.stream)?;
         let bs = self.block_size;
         let vocab = self.weights.lm_head().rows;
-        let graph = self.graphs.as_ref().and_then(|g| {
+        let mut graph = self.graphs.as_ref().and_then(|g| {
             let b = layout::graph_batch(batch, &g.sizes, bs, g.stride)?;
             let i = g.sizes.iter().position(|&s| s == b)?;
             Some((i, self.shape(b, g.stride)))
         });
-        // The arrays of the step, packed into one upload; the logit rows wanted are the first `wanted`.
-        let (p, wanted) = match graph {
-            Some((_, shape)) => {
-                self.layout.build_graph(batch, bs, shape);
-                (self.layout.pack(&mut self.packed), batch.len())
+        // The arrays of the step, packed into one upload; the logit rows wanted are the first `wanted`. A graph
+        // step whose histories outgrow the graph's buffers runs eagerly.
+        let mut packed = None;
+        if let (Some((_, shape)), Some(g)) = (graph, self.graphs.as_ref()) {
+            self.layout.build_graph(batch, bs, shape);
+            let p = self.layout.pack(&mut self.packed);
+            // The graph reads its arrays at the offsets it was captured with.
+            debug_assert!(p.same_offsets(&Packed::of_graph(shape)));
+            if p.history_entries() <= g.hist_cap {
+                packed = Some((p, batch.len()));
+            } else {
+                graph = None;
             }
+        }
+        let (p, wanted) = match packed {
+            Some(pw) => pw,
             None => {
                 self.layout.build(batch, bs);
                 let p = self.layout.pack(&mut self.packed);
@@ -566,13 +615,18 @@ impl CudaBackend {
         if self.host_idx.len() < p.len {
             self.host_idx = pinned(&self.ctx, p.len.next_power_of_two(), true)?;
         }
-        // The logits come down only when an item samples with a temperature; the argmax always.
-        let full = batch.iter().any(|it| it.logits == Logits::Full);
+        // The logits come down only when an item wants them, the log-probability words when an item asks for
+        // them; the tokens always.
+        let full = batch.iter().any(|it| it.logits.is_full());
+        let with_logprobs = batch.iter().any(|it| it.logits.wants_logprobs());
         if full && self.host_logits.len() < wanted * vocab {
             self.host_logits = pinned(&self.ctx, wanted * vocab, false)?;
         }
-        if self.host_argmax.len() < wanted {
-            self.host_argmax = pinned(&self.ctx, wanted, false)?;
+        if self.host_tokens.len() < wanted {
+            self.host_tokens = pinned(&self.ctx, wanted, false)?;
+        }
+        if with_logprobs && self.host_logprobs.len() < wanted * sample::LOGPROB_WORDS {
+            self.host_logprobs = pinned(&self.ctx, wanted * sample::LOGPROB_WORDS, false)?;
         }
         self.host_idx.as_mut_slice()?[..p.len].copy_from_slice(&self.packed);
         let replay = graph.map(|(i, _)| i);
@@ -601,10 +655,17 @@ impl CudaBackend {
             None => &self.scratch,
         };
         if wanted > 0 {
-            let (src, _sync) = scratch.argmax.dev.device_ptr(&self.stream);
-            let dst = &mut self.host_argmax.as_mut_slice()?[..wanted];
-            // SAFETY: the argmax buffer holds at least p.nl ≥ wanted ints; `dst` is pinned memory this backend
+            let (src, _sync) = scratch.tokens.dev.device_ptr(&self.stream);
+            let dst = &mut self.host_tokens.as_mut_slice()?[..wanted];
+            // SAFETY: the token buffer holds at least p.nl ≥ wanted ints; `dst` is pinned memory this backend
             // owns, read only after `ev_copied` completed (below), and kept alive until then.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        }
+        if wanted > 0 && with_logprobs {
+            let (src, _sync) = scratch.logprobs.dev.device_ptr(&self.stream);
+            let dst = &mut self.host_logprobs.as_mut_slice()?[..wanted * sample::LOGPROB_WORDS];
+            // SAFETY: the log-probability buffer holds p.nl ≥ wanted rows of LOGPROB_WORDS ints; `dst` is pinned
+            // memory this backend owns, read only after `ev_copied` completed (below), and kept alive until then.
             unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
         }
         if wanted > 0 && full {
@@ -618,7 +679,7 @@ impl CudaBackend {
         self.ev_copied.synchronize()?;
         let (device_start_ns, device_end_ns) = self.clock.host_interval(&self.ev_start, &self.ev_end)?;
         // Row i of the copies is the i-th item that wants logits (graph steps: every item, padding rows after).
-        let argmax = self.host_argmax.as_slice()?[..wanted]
+        let tokens = self.host_tokens.as_slice()?[..wanted]
             .iter()
             .map(|&i| i as u32)
             .collect();
@@ -627,8 +688,20 @@ impl CudaBackend {
         } else {
             Vec::new()
         };
+        let logprobs = if with_logprobs {
+            let words = &self.host_logprobs.as_slice()?[..wanted * sample::LOGPROB_WORDS];
+            words
+                .chunks_exact(sample::LOGPROB_WORDS)
+                .zip(batch.iter().filter(|it| it.logits.wanted()))
+                .filter(|(_, it)| it.logits.wants_logprobs())
+                .map(|(w, _)| sample::read_logprobs(w))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(StepOutput {
-            argmax,
+            tokens,
+            logprobs,
             logits,
             device_start_ns,
             device_end_ns,
@@ -729,12 +802,30 @@ mod tests {
         );
         assert_eq!(o.with_fuse_setting("0").map(|o| o.fuse_max_tokens).ok(), Some(0));
         assert_eq!(
-            o.fuse_note(),
-            format!("fused launches up to {} tokens", forward::FUSE_MAX_TOKENS)
+            o.fuse_note(true),
+            format!(
+                "fused launches up to {} tokens, tensor-core products from {} tokens",
+                forward::FUSE_MAX_TOKENS,
+                mma::MMA_MIN_TOKENS
+            )
         );
         assert_eq!(
-            o.with_fuse_setting("0").map(|o| o.fuse_note()).ok().as_deref(),
-            Some("no fused launches")
+            o.with_fuse_setting("0")
+                .map(|o| o.fuse_note(false))
+                .ok()
+                .as_deref(),
+            Some("no fused launches, no tensor cores (before sm_80)")
+        );
+        let off = CudaOptions {
+            mma_min_tokens: 0,
+            ..o
+        };
+        assert!(off.fuse_note(true).ends_with("tensor cores off"));
+        assert_eq!(tokens_setting(mma::MMA_ENV, " 128").ok(), Some(128));
+        assert!(
+            tokens_setting(mma::MMA_ENV, "on")
+                .err()
+                .is_some_and(|e| e.to_string().contains(mma::MMA_ENV))
         );
         for bad in ["", "eight", "-1", "8 tokens"] {
             let e = o

@@ -1,5 +1,6 @@
 //! GPU time of request spans (CUPTI kernels, [`crate::gpu`]): each kernel is charged to the engine step whose host
-//! time held its launch, and a request span gets, over the steps that served it, each step's kernel time × the
+//! time held its launch (in the default mode, each busy interval's kernel time to the step whose host time
+//! held its start), and a request span gets, over the steps that served it, each step's kernel time × the
 //! request's share of that step's tokens (`llmprof.gpu.kernel_time`, seconds; only in sessions with GPU
 //! activity).
 //!
@@ -54,12 +55,25 @@ impl GpuTime {
 
     pub(super) fn work(&mut self, pid: u32, w: &GpuWork) {
         self.seen = true;
+        // A graph launch as a whole (the default mode) is in a busy interval too: counted there.
         if w.kind != GpuActivityKind::Kernel {
             return;
         }
         let Some(step) = w.step(pid, &self.links) else {
             return;
         };
+        self.add(pid, step, w.rec.end_ns - w.rec.start_ns);
+    }
+
+    /// A busy interval (the default mode): its kernel time goes to the step whose host time holds its start.
+    pub(super) fn busy(&mut self, pid: u32, b: &crate::gpu::GpuBusyInterval) {
+        self.seen = true;
+        if let Some(step) = self.links.step_at(pid, b.rec.start_ns) {
+            self.add(pid, step, b.rec.busy_ns);
+        }
+    }
+
+    fn add(&mut self, pid: u32, step: u64, ns: u64) {
         let key = (pid, step);
         if !self.per_step.contains_key(&key) {
             if self.order.len() == STEPS_TIMED
@@ -69,7 +83,7 @@ impl GpuTime {
             }
             self.order.push_back(key);
         }
-        *self.per_step.entry(key).or_default() += w.rec.end_ns - w.rec.start_ns;
+        *self.per_step.entry(key).or_default() += ns;
     }
 
     /// Kernel time of a request of `pid` served by `steps` (step id, share), ns; `None` in a session without GPU

@@ -90,6 +90,8 @@ impl<W: Write> TraceSink<W> {
     }
 
     fn cuda_slice(&mut self, s: &CudaSlice) -> io::Result<()> {
+        // The note is said once per track (its first slice): on every slice it was most of a slice's bytes.
+        let first = !self.tracks.contains(&uuid(NS_CUDA, u64::from(s.tid)));
         let track = self.cuda_track(s.pid, s.tid)?;
         let (name, mut args) = match &s.kind {
             CudaSliceKind::Call { .. } => {
@@ -104,7 +106,9 @@ impl<W: Write> TraceSink<W> {
         if let Some(id) = s.step_id {
             args.push(arg_u(arg::STEP_ID, id));
         }
-        args.push(arg_s(arg::NOTE, arg::CUDA_NOTE));
+        if first {
+            args.push(arg_s(arg::NOTE, arg::CUDA_NOTE));
+        }
         let begin = TrackEvent {
             r#type: Some(TYPE_SLICE_BEGIN),
             track_uuid: Some(track),

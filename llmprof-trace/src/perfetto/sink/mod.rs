@@ -305,12 +305,21 @@ impl<W: Write> TraceSink<W> {
             } => self.wire_request(ev.pid, ts, *req_id, method, path, *socket_wait_ns),
             EventBody::WireResponse { req_id, status } => self.wire_response(ev.pid, ts, *req_id, *status),
             EventBody::WireToken { req_id, count } => self.wire_token(ev.pid, ts, *req_id, *count),
+            EventBody::WireEnd {
+                req_id,
+                status,
+                bytes,
+                streamed,
+                engine_req,
+            } => self.wire_end(ev.pid, ts, *req_id, *status, *bytes, *streamed, *engine_req),
             EventBody::SchedSwitch(s) => self.sched_switch(ev, s),
             EventBody::SchedWake(w) => self.sched_wake(ev, w),
             EventBody::CpuSample(s) => self.cpu_sample(ev, s),
             EventBody::OffCpuStack(s) => self.offcpu_stack(ev, s),
             EventBody::GpuWork(g) => self.gpu_work(ev, g),
             EventBody::GpuApi(c) => self.gpu_api(ev, c),
+            EventBody::GpuBusy(b) => self.gpu_busy(ev, b),
+            EventBody::GpuSummary(w) => self.gpu_window(ev, w),
         }
     }
 

@@ -132,6 +132,9 @@ impl<W: Write> TraceSink<W> {
             .map(|(k, n)| format!("{k}={n}"))
             .collect();
         args.push(arg_s(arg::EVENTS, events.join(" ")));
+        if stats.offcpu_not_taken > 0 {
+            args.push(arg_u(arg::OFFCPU_NOT_TAKEN, stats.offcpu_not_taken));
+        }
         if let Some(o) = &stats.overhead {
             args.extend(overhead_args(o));
         }
@@ -157,6 +160,25 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
     ];
     if let Some(t) = o.target_cpu_ns {
         args.push(arg_f(arg::TARGET_CPU_MS, t / 1e6));
+    }
+    if o.symbolize_addresses > 0 {
+        args.push(arg_u(arg::SYMBOLIZE_ADDRESSES, o.symbolize_addresses));
+        args.push(arg_u(arg::SYMBOLIZE_UNKNOWN, o.symbolize_unknown));
+        args.push(arg_u(arg::SYMBOLIZE_UNMAPPED, o.symbolize_unmapped));
+        args.push(arg_f(arg::SYMBOLIZE_RESOLVE_MS, o.symbolize_resolve_ns / 1e6));
+    }
+    if let Some(c) = o.contention_ns {
+        args.push(arg_f(arg::LLMPROF_CPU_CHARGED_MS, c / 1e6));
+        args.push(arg_u(arg::SHARED_CPUS, o.shared_cpus));
+        if let Some(p) = o.shared_idle_pct {
+            args.push(arg_f(arg::SHARED_IDLE_PCT, p));
+        }
+    }
+    if let Some(c) = &o.cupti {
+        args.push(arg_f(arg::OVERHEAD_EST_CUPTI_MS, c.added_ns / 1e6));
+        args.push(arg_f(arg::CUPTI_THREAD_CPU_MS, c.thread_cpu_ns / 1e6));
+        args.push(arg_u(arg::CUPTI_RECORDS, c.records));
+        args.push(arg_f(arg::COST_NS_CUPTI_RECORD, c.per_record_ns));
     }
     if let Some(p) = o.est_overhead_pct {
         args.push(arg_f(arg::OVERHEAD_EST_TARGET_PCT, p));
