@@ -190,7 +190,7 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
     // The summary: CUDA probes attached to the stand-in, NVML absent said once.
     let cuda_line = stdout
         .lines()
-        .find(|l| l.contains("CUDA driver calls:"))
+        .find(|l| l.contains("CUDA driver calls:") && l.contains("entry points"))
         .unwrap_or("");
     assert!(
         cuda_line.contains("libcuda.so.1") && cuda_line.contains("16 entry points"),
@@ -389,7 +389,8 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("cost.perfetto-trace");
     // Stopped once every launch was made: a fixed duration could end first on a loaded machine.
-    let session = e2e::attach::Attached::start(t.child.id(), &[], &trace);
+    // `-v`: the summary's calibrated costs.
+    let session = e2e::attach::Attached::start(t.child.id(), &["-v"], &trace);
     t.cmd("cuda 3 1000", "cuda done");
     let stdout = session.stop();
     t.cmd("exit", "");

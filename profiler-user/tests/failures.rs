@@ -468,7 +468,8 @@ fn a_forced_ring_overflow_is_counted_exactly_per_probe() {
     let dir = temp_dir("overflow");
     let trace = dir.join("overflow.perfetto-trace");
     let mut t = Testee::spawn();
-    let attach = Attach::start_with(t.pid(), &trace, &["--ring-size", "4KiB"]);
+    // `-v`: the summary's per-probe counters.
+    let attach = Attach::start_with(t.pid(), &trace, &["--ring-size", "4KiB", "-v"]);
     t.burst(N);
     attach.signal(libc::SIGTERM);
     let out = attach.wait();

@@ -132,7 +132,8 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     assert!(ready.starts_with("ready "), "testee said {ready:?}");
     let pid = t.child.id();
     let trace = dir.join("gpu.perfetto-trace");
-    let session = e2e::attach::Attached::start(pid, &[], &trace);
+    // `-v`: the summary's GPU activity line.
+    let session = e2e::attach::Attached::start(pid, &["-v"], &trace);
     t.send("go");
     let done = t.line();
     let bounds: Vec<i64> = done

@@ -827,7 +827,7 @@ fn attach_with_the_receiver_down_still_writes_the_trace_and_counts_drops() {
         .lines()
         .find(|l| l.contains("otel:"))
         .unwrap_or_default();
-    assert!(line.contains(" 0 exported"), "nothing exported: {line}");
+    assert!(line.contains(" 0 spans exported"), "nothing exported: {line}");
     assert!(!line.contains(" 0 dropped"), "drops reported: {line}");
     let mut tp = e2e::trace_processor::load(&run.trace).expect("trace processor loads the trace");
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
