@@ -1046,6 +1046,7 @@ fn an_untrusted_libcuda_is_never_loaded_into_llmprof() {
             "--no-sample",
             "--gpu-kernels",
             "off",
+            "-v",
             "-o",
         ])
         .arg(dir.join("u.perfetto-trace"))

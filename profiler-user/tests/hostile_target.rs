@@ -153,7 +153,7 @@ fn a_deleted_libcuda_replaced_by_a_fifo_is_read_from_the_mapping() {
     let (t, _) = Testee::spawn(Command::new(TESTEE).args(["--libcuda", lib.to_str().unwrap()]));
     std::fs::remove_file(&lib).unwrap();
     mkfifo(&lib);
-    let (text, _) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
+    let (text, _) = attach(t.0.id(), &["--no-sample", "-v"], &dir.join("t.perfetto-trace"));
     // The CUDA driver probes went on the library the target maps (its symbols read from the mapping).
     assert!(
         text.contains("CUDA driver calls:") && text.contains("entry points of"),
@@ -240,7 +240,7 @@ fn a_client_with_llmprofs_user_agent_is_seen_and_llmprofs_scrapes_are_not() {
     let (t, port) = Testee::spawn(Command::new(e2e::python3()).arg("-c").arg(script));
     let port: u16 = port.parse().unwrap();
     let trace = dir.join("ua.perfetto-trace");
-    let a = e2e::attach::Attached::start(t.0.id(), &["--no-sample"], &trace);
+    let a = e2e::attach::Attached::start(t.0.id(), &["--no-sample", "-v"], &trace);
     for i in 0..3 {
         let xid = format!("ua-{i}");
         let r = e2e::http::request(
