@@ -29,7 +29,6 @@ pub mod pystack;
 pub mod report;
 pub mod sizecap;
 pub mod stack;
-pub mod syscall_names;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod thread_state;

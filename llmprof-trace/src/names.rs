@@ -14,8 +14,8 @@ pub fn tp_arg(key: &str) -> String {
     format!("debug.{key}")
 }
 
-#[path = "names_gpu.rs"]
 pub mod gpu;
+pub mod syscalls;
 
 /// Names of tracks (`track.name` in the trace processor).
 pub mod track {
@@ -205,7 +205,7 @@ pub mod slice {
         format!("{domain}::{name}")
     }
 
-    /// A slow syscall: `syscall <name>` (names from `crate::syscall_names`).
+    /// A slow syscall: `syscall <name>` (names from [`crate::names::syscalls`]).
     pub fn syscall(name: &str) -> String {
         format!("{SYSCALL_PREFIX}{name}")
     }

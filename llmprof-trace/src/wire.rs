@@ -553,5 +553,4 @@ impl Reconstructor {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-#[path = "wire_tests.rs"]
 mod tests;
