@@ -17,7 +17,6 @@ pub mod calibration;
 pub mod clock;
 pub mod cuda_agg;
 pub mod decode;
-pub mod egress;
 pub mod event;
 pub mod gpu;
 pub mod merge;

@@ -1,13 +1,16 @@
 //! The egress probe's records: a traced process's `connect(2)`, flagged when its address is outside the allow
-//! list ([`crate::egress`]).
+//! list ([`Cidr`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use llmprof_abi::ConnectEvent;
 
 use super::{Record, read};
-use crate::egress::Cidr;
 use crate::event::EventBody;
+
+mod cidr;
+
+pub use cidr::{Cidr, CidrError};
 
 impl Record for ConnectEvent {}
 

@@ -22,12 +22,12 @@ pub mod wire;
 use llmprof_abi::python::PyStack;
 use llmprof_abi::{CpuSampleEvent, EventHeader, EventKind};
 
-use crate::egress::Cidr;
 use crate::event::{Event, EventBody};
 use crate::gpu::GpuStats;
 use crate::pystack::PyStackSample;
 use crate::stack::CpuSample;
 use crate::wire::WireRecord;
+use egress::Cidr;
 
 /// Marker for the `#[repr(C)]` record types of `llmprof_abi`: integers, floats and arrays of them only, so
 /// every bit pattern is a valid value (each family's file marks its own records).

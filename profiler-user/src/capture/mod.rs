@@ -42,7 +42,7 @@ use llmprof_abi::{
 };
 
 pub use calibrate::Calibration;
-pub use llmprof_trace::egress::{Cidr, CidrError};
+pub use llmprof_trace::decode::egress::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
 use llmprof_trace::decode::{Decoded, Decoder, Resolve};

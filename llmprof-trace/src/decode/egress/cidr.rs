@@ -1,6 +1,6 @@
 //! The egress policy (`--egress-allow`): CIDR blocks, their parsing and membership.
 //!
-//! Owns only address arithmetic; the connect decoder ([`crate::decode::egress`]) uses it to set `allowed`.
+//! Owns only address arithmetic; the connect decoder ([`super`]) uses it to set `allowed`.
 
 use std::fmt;
 use std::net::IpAddr;
