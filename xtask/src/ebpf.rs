@@ -14,6 +14,7 @@
 //! naming the compiler and linker that made it. `build-ebpf --check` rebuilds and fails when the committed object
 //! differs from the fresh one in what the kernel runs: instructions, maps, relocations, BTF types ([`compare`]);
 //! line info alone may differ, so moving code between lines or files needs no new object (CI runs the check).
+//! Both check that the object's programs and maps are the ones `llmprof_abi`'s families name.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -303,6 +304,7 @@ pub fn build(check: bool) -> Result<()> {
     let fresh_bytes = std::fs::read(&fresh).with_context(|| format!("reading {}", fresh.display()))?;
     let committed = root.join(OBJECT);
     let record_path = root.join(TOOLCHAIN_RECORD);
+    compare::kernel_names(&fresh_bytes).context("the fresh eBPF object and llmprof_abi disagree on names")?;
     if check {
         let old = std::fs::read(&committed).with_context(|| format!("reading {}", committed.display()))?;
         let old_record = std::fs::read_to_string(&record_path).unwrap_or_default();

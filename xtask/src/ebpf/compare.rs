@@ -8,6 +8,12 @@
 //! globals: section, offset, size, kind); the BTF types, each with the names it refers to resolved, so the order
 //! of the BTF string table does not matter. Not compared: `.debug_*`, `.BTF.ext` (function and line info), the
 //! symbol and string tables beyond the global symbols (local names carry module paths and hashes).
+//!
+//! Line numbers reach instructions in one place only: aya-log sends the source line of each `warn!` as data
+//! written by the program, which is why every `warn!` lives in `profiler-ebpf/src/log.rs` alone.
+//!
+//! [`kernel_names`] checks, beside, that the object's programs and maps are the ones `llmprof_abi`'s families
+//! name (the names llmprof finds them by).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +25,8 @@ use object::{
 
 /// `SHF_ALLOC` (elf.h): the section is loaded.
 const SHF_ALLOC: u64 = 0x2;
+/// The maps aya-log's kernel half defines (not llmprof's names).
+const AYA_LOG_MAPS: [&str; 1] = ["AYA_LOGS"];
 /// BTF kinds (include/uapi/linux/btf.h), by value.
 const BTF_KINDS: [&str; 20] = [
     "UNKN",
@@ -252,6 +260,68 @@ fn btf_types(btf: &[u8]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Checks that the object's programs and maps are exactly the ones `llmprof_abi`'s families and shared maps
+/// name, and that it holds the load-time configuration global.
+pub fn kernel_names(data: &[u8]) -> Result<()> {
+    let obj = object::File::parse(data).context("parsing the eBPF object")?;
+    let mut programs = BTreeSet::new();
+    let mut maps = BTreeSet::new();
+    let mut globals = BTreeSet::new();
+    for sym in obj.symbols().filter(|s| s.is_global()) {
+        let SymbolSection::Section(i) = sym.section() else {
+            continue;
+        };
+        let section = obj.section_by_index(i)?.name()?.to_string();
+        let name = sym.name()?.to_string();
+        match (sym.kind(), section.as_str()) {
+            (SymbolKind::Text, ".text") => {}
+            (SymbolKind::Text, _) => {
+                programs.insert(name);
+            }
+            (_, "maps" | ".maps") if !AYA_LOG_MAPS.contains(&name.as_str()) => {
+                maps.insert(name);
+            }
+            (_, s) if s.starts_with(".rodata") || s.starts_with(".data") || s.starts_with(".bss") => {
+                globals.insert(name);
+            }
+            _ => {}
+        }
+    }
+    let families = llmprof_abi::FAMILIES;
+    let named_programs: BTreeSet<String> = families
+        .iter()
+        .flat_map(|f| f.programs)
+        .map(|p| p.to_string())
+        .collect();
+    let named_maps: BTreeSet<String> = families
+        .iter()
+        .flat_map(|f| f.maps)
+        .chain(&llmprof_abi::SHARED_MAPS)
+        .map(|m| m.to_string())
+        .collect();
+    let mut problems = Vec::new();
+    for (what, found, named) in [
+        ("program", &programs, &named_programs),
+        ("map", &maps, &named_maps),
+    ] {
+        for n in found.difference(named) {
+            problems.push(format!(
+                "{what} {n} is in the object but no family of llmprof_abi names it"
+            ));
+        }
+        for n in named.difference(found) {
+            problems.push(format!(
+                "{what} {n} is named by llmprof_abi but not in the object"
+            ));
+        }
+    }
+    if !globals.contains(llmprof_abi::CONFIG_GLOBAL) {
+        problems.push(format!("the object has no global {}", llmprof_abi::CONFIG_GLOBAL));
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
@@ -270,6 +340,34 @@ mod tests {
             .unwrap_or_else(|| panic!("no section {name}"));
         let (off, size) = s.file_range().unwrap();
         (off as usize, size as usize)
+    }
+
+    #[test]
+    fn the_committed_object_has_the_names_the_abi_gives() {
+        kernel_names(&committed()).unwrap();
+    }
+
+    #[test]
+    fn a_map_the_abi_does_not_name_fails_the_name_check() {
+        // The `proc` family's map renamed in every string table of the object.
+        let mut data = committed();
+        let (from, to) = (b"EXIT_CODES\0", b"EXIT_CODEZ\0");
+        let at: Vec<usize> = data
+            .windows(from.len())
+            .enumerate()
+            .filter(|(_, w)| w == from)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(!at.is_empty());
+        for i in at {
+            data[i..i + to.len()].copy_from_slice(to);
+        }
+        let err = format!("{:#}", kernel_names(&data).unwrap_err());
+        assert!(
+            err.contains("map EXIT_CODEZ is in the object but no family of llmprof_abi names it")
+                && err.contains("map EXIT_CODES is named by llmprof_abi but not in the object"),
+            "{err}"
+        );
     }
 
     #[test]
