@@ -33,17 +33,18 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod gpu;
 pub mod summary;
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::gpu::inject::GpuKernels;
-use crate::gpu::{GpuOptions, GpuReport, GpuSession};
+use crate::cupti::GpuKernels;
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
-use crate::procfs;
 use crate::proctree::{self, Tree};
 use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
+use crate::sys::procfs;
+use gpu::{GpuOptions, GpuReport, GpuSession};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
@@ -242,7 +243,7 @@ pub enum AttachError {
     Otel(#[from] OtelError),
     /// `--gpu-kernels on` and the kernels cannot be recorded.
     #[error("--gpu-kernels on")]
-    GpuKernels(#[source] crate::gpu::inject::InjectError),
+    GpuKernels(#[source] crate::cupti::CuptiError),
     /// The trace file could not be created or written.
     #[error("cannot write the trace {path}")]
     Output {
@@ -444,7 +445,7 @@ fn start_capture(
         ring_bytes: opts.ring_bytes,
         capture_content,
         measure_untraced: opts.calibrator.is_some(),
-        cuda_counted: opts.gpu.cuda_calls == crate::gpu::CudaCalls::Counted,
+        cuda_counted: opts.gpu.cuda_calls == crate::cuda::CudaCalls::Counted,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
         sample_hz: opts.sample_hz,
