@@ -42,7 +42,7 @@ use crate::cupti::GpuKernels;
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::proctree::{self, Tree};
-use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
+use crate::selfacct::{Counters, SelfAccount, Snapshot, TargetCpu};
 use crate::sys::procfs;
 use gpu::{GpuOptions, GpuReport, GpuSession};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
@@ -472,10 +472,10 @@ fn start_capture(
     let cal = Calibration::default();
     let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
     let targets = TargetCpu::new(&pids);
-    let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
+    let acct = SelfAccount::new(targets.clone(), cal, Counters::of(&capture));
     let budget = opts
         .overhead_budget
-        .map(|pct| Budget::new(pct, cal, Snapshot::take(&targets, capture.account_counters())));
+        .map(|pct| Budget::new(pct, cal, Snapshot::take(&targets, Counters::of(&capture))));
     for i in infos.iter_mut() {
         i.engine_probes = matches!(capture.engine_probes(i.pid), EngineProbes::Attached { .. });
     }
@@ -668,7 +668,7 @@ impl<'a> Session<'a> {
     fn counters(&self) -> crate::selfacct::Counters {
         crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
-            ..self.capture.account_counters()
+            ..Counters::of(&self.capture)
         }
     }
 
@@ -1136,7 +1136,7 @@ impl<'a> Session<'a> {
         }
         let final_counters = crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
-            ..self.capture.account_counters()
+            ..Counters::of(&self.capture)
         };
         let mut overhead = self.acct.summary(
             final_counters,
@@ -1239,7 +1239,7 @@ fn check_budget(
     capture: &mut Capture,
     targets: &TargetCpu,
 ) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(targets, capture.account_counters())) {
+    let body = match b.check(Snapshot::take(targets, Counters::of(capture))) {
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;
