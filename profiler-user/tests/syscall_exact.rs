@@ -163,7 +163,7 @@ fn known_calls_exactly(syscall_slot_tids: u32) {
     // The self-accounting's split (decoded calls are charged their own calibrated cost): the decoded class
     // holds this thread's close/write/read calls, not its getppid or nanosleep ones, and is what the
     // aggregates of the decoded numbers sum to (this thread's own map reads are `bpf` calls, not decoded).
-    let acct = cap.account_counters();
+    let acct = llmprof::selfacct::Counters::of(&cap);
     let decoded: u64 = cap
         .syscall_aggregates()
         .iter()

@@ -214,7 +214,7 @@ pub fn dist(debug: bool) -> Result<Dist> {
     std::fs::create_dir_all(stage.join("bin"))?;
     // The line tables stay in the build; the shipped binary needs none (llmprof symbolizes its targets).
     run(Command::new("objcopy").arg("--strip-debug").arg(&built).arg(&bin))?;
-    // `llmprof` looks for the helper in `../lib/llmprof/` from its own directory (gpu/inject.rs).
+    // `llmprof` looks for the helper in `../lib/llmprof/` from its own directory (profiler-user/src/cupti.rs).
     std::fs::create_dir_all(stage.join("lib/llmprof"))?;
     run(Command::new("objcopy")
         .arg("--strip-debug")

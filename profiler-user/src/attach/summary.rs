@@ -12,7 +12,7 @@ use llmprof_trace::event::OverheadSummary;
 
 use super::AttachReport;
 use crate::capture::EngineProbes;
-use crate::gpu::CudaState;
+use crate::cuda::CudaState;
 
 /// The summary, lines ending with a newline.
 pub fn render(r: &AttachReport, verbose: bool) -> String {
@@ -408,7 +408,7 @@ mod tests {
             processes: 1,
             metrics_url: None,
             otel: None,
-            gpu: crate::gpu::GpuReport {
+            gpu: crate::attach::gpu::GpuReport {
                 counters: "off".into(),
                 cuda: CudaState::Waiting,
                 dropped: 0,

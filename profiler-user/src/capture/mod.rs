@@ -21,8 +21,10 @@ pub mod gpu_activity;
 pub mod http;
 pub mod patterns;
 pub mod pysample;
+mod rounds;
 pub mod sampling;
 pub mod sched;
+mod traced;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 use std::num::NonZeroU32;
@@ -262,7 +264,7 @@ pub enum CaptureError {
     Pattern(#[from] PatternError),
     /// The target's binary could not be inspected.
     #[error(transparent)]
-    Elf(#[from] elf::ElfError),
+    Elf(#[from] crate::sys::elf::ElfError),
     /// The kernel refused to load the programs (the verifier log is in the source chain).
     #[error(
         "the kernel refused llmprof's eBPF programs (see the verifier log below); please report it with `uname -r`"
@@ -682,7 +684,7 @@ impl Capture {
             syscall_links,
             range_links,
             python,
-            wire: llmprof_trace::wire::Reconstructor::with_own(crate::metrics_scrape::own_conns()),
+            wire: llmprof_trace::wire::Reconstructor::with_own(http::own_conns()),
             http_ports: cfg.http.clone(),
             http_followed: StdHashMap::new(),
             http_seeded: u64::MAX,
@@ -742,7 +744,7 @@ impl Capture {
     }
 
     /// Attaches the CUDA driver uprobes of `pid` at each `(file offset, cookie)` of the library `lib` (see
-    /// `gpu::libcuda`): the counting entry-only uprobe at the launch-type functions when
+    /// `crate::cuda::libcuda`): the counting entry-only uprobe at the launch-type functions when
     /// [`CaptureConfig::cuda_counted`], else the entry + return pair (return probe first, so every entry seen
     /// has its return). Returns how many entry points were attached; entry points the kernel refuses are
     /// skipped (logged), and an error is returned only when none could be attached.
@@ -774,7 +776,7 @@ impl Capture {
             return Err(CaptureError::PidNotFound(pid));
         };
         if self.cuda_counted {
-            self.set_cuda_text(pid);
+            self.set_cuda_text(pid, lib);
         }
         let mut attached = 0;
         let mut first_err = None;
@@ -833,13 +835,13 @@ impl Capture {
     /// Tells the counting probe where `pid`'s libcuda code is (`CUDA_TEXT`): a counted call returning into it
     /// is nested in another driver call and not counted again. Without it (maps unreadable, map full) nested
     /// calls count twice; logged.
-    fn set_cuda_text(&mut self, pid: u32) {
-        let range = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    fn set_cuda_text(&mut self, pid: u32, lib: &Path) {
+        // `lib` is the library's `/proc/PID/map_files/` entry, whose link names the file as the maps do, or
+        // its path.
+        let path = std::fs::read_link(lib).unwrap_or_else(|_| lib.to_owned());
+        let range = crate::sys::maps::Maps::of(pid)
             .ok()
-            .and_then(|maps| {
-                let mapped = crate::gpu::libcuda::find_in_maps(&maps)?;
-                crate::gpu::libcuda::text_range(&maps, &mapped)
-            });
+            .and_then(|maps| maps.exec_range(&path.to_string_lossy()));
         let Some((start, end)) = range else {
             log::debug!(
                 "capture: pid {pid}: libcuda's code range not found; nested counted calls count twice"
@@ -1202,15 +1204,9 @@ impl Capture {
             .sum()
     }
 
-    /// The counters the self-accounting charges: [`Capture::counters`] and [`Capture::syscalls_decoded`].
-    pub fn account_counters(&self) -> crate::selfacct::Counters {
-        crate::selfacct::Counters {
-            probes: self.counters(),
-            syscalls_decoded: self.syscalls_decoded(),
-            cuda_counted: self.cuda_counted_calls(),
-            offcpu_stacks: self.offcpu_decoded,
-            cupti: Default::default(),
-        }
+    /// The off-CPU stacks decoded so far (taken by the `sched_switch` program at a blocking switch).
+    pub fn offcpu_stacks(&self) -> u64 {
+        self.offcpu_decoded
     }
 
     /// The in-kernel syscall aggregates per (pid, tid, syscall).

@@ -150,7 +150,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         }
     };
     let pid = std::process::id();
-    super::calibrate::set_traced(ebpf, pid, true)?;
+    super::traced::set_traced(ebpf, pid, true)?;
     let measured = (|| -> Result<Option<f64>, CaptureError> {
         let perr = |source| CaptureError::Program {
             program: SAMPLE_PROGRAM.to_string(),
@@ -180,7 +180,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         let ns = after.run_time().saturating_sub(before.run_time()).as_nanos() as f64;
         Ok((runs >= CALIBRATION_MIN_RUNS).then(|| ns / runs as f64))
     })();
-    super::calibrate::set_traced(ebpf, pid, false)?;
+    super::traced::set_traced(ebpf, pid, false)?;
     drop(stats);
     measured
 }

@@ -35,7 +35,7 @@ pub(super) fn fill_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<usize, Captu
     let mut threads = HashMap::<_, u32, u32>::try_from(map).map_err(map_err("THREADS"))?;
     let mut n = 0;
     for &pid in pids {
-        for tid in crate::procfs::thread_ids(pid) {
+        for tid in crate::sys::procfs::thread_ids(pid) {
             threads.insert(tid, pid, 0).map_err(map_err("THREADS"))?;
             n += 1;
         }
@@ -79,12 +79,12 @@ pub const PINGPONG_ROUND_TRIPS: u32 = 100;
 
 /// A pipe ping-pong between the calling thread and a helper, both pinned to the CPU the caller is on, so
 /// every hand-over is a context switch and a wakeup. `register` gets both tids before the timing starts
-/// (the calibration puts them in `THREADS`). Returns the median over [`super::calibrate::ROUNDS`] rounds of
+/// (the calibration puts them in `THREADS`). Returns the median over [`super::rounds::ROUNDS`] rounds of
 /// the mean ns per round trip, or `None` when the pipes or the pinning fail. The caller's affinity is
 /// restored.
 pub fn median_ns_per_pingpong(trips: u32, register: impl FnOnce(&[u32])) -> Option<f64> {
     use std::time::Instant;
-    let rounds = super::calibrate::ROUNDS;
+    let rounds = super::rounds::ROUNDS;
     let mut a = [0i32; 2];
     let mut b = [0i32; 2];
     // SAFETY: pipe2 writes two fds into each array; both are closed below.
