@@ -98,3 +98,18 @@ pub fn report_json(trace: &std::path::Path) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("llmprof report --json is JSON")
 }
+
+/// `llmprof report TRACE`, the text a person reads (panics with its stderr when it fails).
+pub fn report_text(trace: &std::path::Path) -> String {
+    let out = std::process::Command::new(crate::bin_path("llmprof"))
+        .arg("report")
+        .arg(trace)
+        .output()
+        .expect("run llmprof report");
+    assert!(
+        out.status.success(),
+        "llmprof report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
