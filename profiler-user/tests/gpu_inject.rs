@@ -13,17 +13,17 @@
 //! Needs root and gcc: skips loudly without them, fails under `CI=true`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use e2e::attach::Attached;
-use e2e::fixtures::{have_gcc, scratch_dir, stand_in_libcuda, stand_in_libcupti};
-use e2e::testee::Testee;
 use llmprof::gpu::inject;
 use llmprof_abi::gpu::GPU_HELPER_LIB;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
+const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 
 fn helper() -> PathBuf {
     Path::new(LLMPROF).with_file_name(GPU_HELPER_LIB)
@@ -32,7 +32,10 @@ fn helper() -> PathBuf {
 fn preconditions() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot ptrace or load eBPF programs")
         && e2e::require(
-            have_gcc(),
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
             "gcc not installed (apt-get install gcc): cannot build the stand-in libcuda/libcupti",
         )
         && e2e::require(
@@ -41,21 +44,75 @@ fn preconditions() -> bool {
         )
 }
 
-/// A scratch folder with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
+fn gcc(args: &[&str], src: &str, out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(src);
+    let o = Command::new("gcc")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A temp dir with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
 fn fixtures(tag: &str) -> PathBuf {
-    let dir = scratch(tag);
-    stand_in_libcuda(&dir);
-    stand_in_libcupti(&dir);
+    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
+    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
+    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
     dir
 }
 
-/// `llmprof-testee ARGS` with `env` set.
-fn spawn(args: &[&str], env: &[(&str, &str)]) -> Testee {
-    Testee::start(
-        Command::new(e2e::testee::path())
+struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Testee {
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Testee {
+        let mut child = Command::new(TESTEE)
             .args(args)
-            .envs(env.iter().copied()),
-    )
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        Testee { child, stdin, stdout }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn ask(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    fn exit(mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.child.wait();
+    }
 }
 
 /// The mappings of `pid` whose file is the helper: (distinct paths, executable mappings).
@@ -135,7 +192,7 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
     let dir = fixtures("sync");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = spawn(
+    let mut t = Testee::spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
     );
@@ -168,13 +225,16 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
         "cuLaunchKernel",
     ] {
         assert_eq!(
-            tp.int(&format!("select count(*) from slice where name like '{f}%'")),
+            count(
+                &mut tp,
+                &format!("select count(*) from slice where name like '{f}%'")
+            ),
             0,
             "{f}: no uprobe slice while CUPTI records"
         );
     }
     assert_eq!(
-        tp.int("select count(*) from slice where name = 'CUDA graph 5'"),
+        count(&mut tp, "select count(*) from slice where name = 'CUDA graph 5'"),
         1
     );
     drop(tp);
@@ -188,6 +248,11 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
     );
     t.exit();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The one integer a query returns.
+fn count(tp: &mut e2e::trace_processor::Trace, sql: &str) -> i64 {
+    tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 /// `llmprof attach --gpu-kernels on` (summaries) for a while on `pid`; its stderr.
@@ -216,7 +281,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let dir = fixtures("ok");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = spawn(
+    let mut t = Testee::spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
     );
@@ -275,14 +340,20 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     // thread; Perfetto's own trace processor loads it without error.
     let mut tp = e2e::trace_processor::load(dir.join("one.perfetto-trace")).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    let kernels = tp.int("select count(*) from slice where name in ('fake_gemm', 'fake_softmax')");
+    let kernels = count(
+        &mut tp,
+        "select count(*) from slice where name in ('fake_gemm', 'fake_softmax')",
+    );
     assert_eq!(
         kernels as u64,
         kernels_produced(&log),
         "one kernel slice per kernel recorded"
     );
     assert_eq!(
-        tp.int("select count(distinct name) from slice where name in ('fake_gemm', 'fake_softmax')"),
+        count(
+            &mut tp,
+            "select count(distinct name) from slice where name in ('fake_gemm', 'fake_softmax')"
+        ),
         2
     );
     let flows = format!(
@@ -291,12 +362,15 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
         llmprof_trace::names::gpu::slice::api_call(307, false, Some("cuLaunchKernel"))
     );
     assert_eq!(
-        tp.int(&flows) as u64,
+        count(&mut tp, &flows) as u64,
         linked_produced(&log),
         "a flow from each recorded launch to its kernel"
     );
     assert_eq!(
-        tp.int("select count(*) from slice where name = 'cuMemcpyHtoDAsync_v2'") as u64,
+        count(
+            &mut tp,
+            "select count(*) from slice where name = 'cuMemcpyHtoDAsync_v2'"
+        ) as u64,
         copy_calls_produced(&log),
         "each launch's input copy, named as CUPTI names it"
     );
@@ -392,7 +466,7 @@ fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() 
     let dir = fixtures("late");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = spawn(&[], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
+    let mut t = Testee::spawn(&[], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
     let pid = t.pid();
     let trace = dir.join("late.perfetto-trace");
     let a = Attached::start(
@@ -476,7 +550,7 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     let lib = lib.to_str().unwrap();
 
     // No libcuda.
-    let t = spawn(&[], &[]);
+    let t = Testee::spawn(&[], &[]);
     let err = refused(t.pid(), &dir);
     assert!(err.contains("has no CUDA driver library"), "{err}");
     t.exit();
@@ -508,7 +582,7 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     let _ = st.wait();
 
     // Already traced (ptrace taken: what Yama's refusal also looks like to the user).
-    let t = spawn(&["--libcuda", lib], &[]);
+    let t = Testee::spawn(&["--libcuda", lib], &[]);
     // SAFETY: PTRACE_SEIZE of our own child, no options; the testee is killed below.
     assert_eq!(
         unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid() as i32, 0usize, 0usize) },
@@ -519,14 +593,16 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
     assert!(err.contains(&format!("already traced by pid {me}")), "{err}");
-    drop(t);
+    let mut c = t.child;
+    let _ = c.kill();
+    let _ = c.wait();
 
     // Exits during the injection (its CUPTI ends the process when loaded): refused, a bystander unharmed.
-    let mut bystander = spawn(&["--libcuda", lib], &[]);
-    let mut dying = spawn(&["--libcuda", lib], &[("FAKE_CUPTI_EXIT_ON_LOAD", "9")]);
+    let mut bystander = Testee::spawn(&["--libcuda", lib], &[]);
+    let mut dying = Testee::spawn(&["--libcuda", lib], &[("FAKE_CUPTI_EXIT_ON_LOAD", "9")]);
     let err = refused(dying.pid(), &dir);
     assert!(err.contains("exited during llmprof_gpu_start"), "{err}");
-    assert_eq!(dying.child().wait().unwrap().code(), Some(9));
+    assert_eq!(dying.child.wait().unwrap().code(), Some(9));
     assert_eq!(bystander.ask("cuda 1 10"), "cuda done");
     bystander.exit();
     std::fs::remove_dir_all(&dir).unwrap();
@@ -540,7 +616,7 @@ fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
     let dir = fixtures("taken");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = spawn(
+    let mut t = Testee::spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[
             ("FAKE_CUPTI_LOG", log.to_str().unwrap()),
@@ -591,20 +667,31 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let testee = dir.join("llmprof-testee");
-    std::fs::copy(e2e::testee::path(), &testee).unwrap();
-    stand_in_libcuda(&dir);
-    stand_in_libcupti(&dir);
+    std::fs::copy(TESTEE, &testee).unwrap();
+    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
+    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
+    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
     let log = dir.join("cupti.log");
     let script = format!(
         "mount -t tmpfs tmpfs /tmp && exec {} --libcuda {}",
         testee.display(),
         dir.join("libcuda.so.1").display()
     );
-    let mut t = Testee::start(
-        Command::new("unshare")
+    let mut t = {
+        let mut child = Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", &script])
-            .env("FAKE_CUPTI_LOG", &log),
-    );
+            .env("FAKE_CUPTI_LOG", &log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready "), "testee said {line:?}");
+        Testee { child, stdin, stdout }
+    };
     assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
     let pid = t.pid();
     let stderr = session(pid, &dir.join("ns.perfetto-trace"));
@@ -643,21 +730,40 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
 /// Root (ptrace) and gcc (the fixtures), or a loud skip.
 fn root_and_gcc() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot ptrace")
-        && e2e::require(have_gcc(), "gcc not installed (apt-get install gcc)")
+        && e2e::require(
+            Command::new("gcc")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "gcc not installed (apt-get install gcc)",
+        )
 }
 
 /// A fresh temporary directory for one test.
 fn scratch(tag: &str) -> PathBuf {
-    scratch_dir(&format!("llmprof-inject-{tag}"))
+    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
-/// `regs_testee.c` built and started, and whether it checks the AVX-512 registers too (its `ready` line says).
-fn regs_testee(dir: &Path) -> (Testee, bool) {
+/// `regs_testee.c` built, started, and its `ready` line: (child, its stdin, its stdout, whether it checks the
+/// AVX-512 registers too).
+fn regs_testee(dir: &Path) -> (Child, ChildStdin, BufReader<ChildStdout>, bool) {
     let bin = dir.join("regs_testee");
-    e2e::fixtures::gcc(&["-O1", "-Wall", "-Werror", "-mavx512f"], "regs_testee.c", &bin);
-    let t = Testee::start(&mut Command::new(&bin));
-    let avx512 = t.ready().ends_with("avx512");
-    (t, avx512)
+    gcc(&["-O1", "-Wall", "-Werror", "-mavx512f"], "regs_testee.c", &bin);
+    let mut child = Command::new(&bin)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready "), "regs_testee said {line:?}");
+    let avx512 = line.trim_end().ends_with("avx512");
+    (child, stdin, stdout, avx512)
 }
 
 /// Waits until `pid`'s main thread is blocked in `read` and nobody traces it.
@@ -678,8 +784,12 @@ fn blocked_in_read(pid: u32) {
 }
 
 /// One line to the testee, its verdict on the registers it kept across the read.
-fn verdict(t: &mut Testee) -> String {
-    t.ask("check")
+fn verdict(stdin: &mut ChildStdin, stdout: &mut BufReader<ChildStdout>) -> String {
+    writeln!(stdin, "check").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    line.trim().to_owned()
 }
 
 fn libc_fn(pid: u32, name: &'static str) -> u64 {
@@ -695,8 +805,8 @@ fn a_borrowed_thread_gets_every_register_back() {
         return;
     }
     let dir = scratch("regs");
-    let (mut t, avx512) = regs_testee(&dir);
-    let pid = t.pid();
+    let (mut child, mut stdin, mut stdout, avx512) = regs_testee(&dir);
+    let pid = child.id();
     let getpid = libc_fn(pid, "getpid");
     let sleep = libc_fn(pid, "sleep");
     // Each read alternates between the register sets when the CPU has AVX-512: both get each kind of call.
@@ -704,7 +814,11 @@ fn a_borrowed_thread_gets_every_register_back() {
         blocked_in_read(pid);
         let v = inject::call_function(pid, getpid, &[], &[], Duration::from_secs(10)).unwrap();
         assert_eq!(v, u64::from(pid));
-        assert_eq!(verdict(&mut t), "ok", "after a call that returned");
+        assert_eq!(
+            verdict(&mut stdin, &mut stdout),
+            "ok",
+            "after a call that returned"
+        );
 
         blocked_in_read(pid);
         let e = inject::call_function(pid, 0x10, &[], &[], Duration::from_secs(10)).unwrap_err();
@@ -713,7 +827,11 @@ fn a_borrowed_thread_gets_every_register_back() {
             format!("{e:?}").contains("Crashed"),
             "a call to an unmapped address faults: {e:?}"
         );
-        assert_eq!(verdict(&mut t), "ok", "after a call that crashed");
+        assert_eq!(
+            verdict(&mut stdin, &mut stdout),
+            "ok",
+            "after a call that crashed"
+        );
 
         blocked_in_read(pid);
         let t0 = std::time::Instant::now();
@@ -731,10 +849,15 @@ fn a_borrowed_thread_gets_every_register_back() {
             "the caller waited for the call"
         );
         // The sleep finishes on its own, the read starts again, the registers are the thread's.
-        assert_eq!(verdict(&mut t), "ok", "after a call that outlived its deadline");
+        assert_eq!(
+            verdict(&mut stdin, &mut stdout),
+            "ok",
+            "after a call that outlived its deadline"
+        );
         assert!(t0.elapsed() >= Duration::from_secs(1));
     }
-    assert!(t.close().success());
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -766,8 +889,8 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
-    let (mut t, _) = regs_testee(&dir);
-    let pid = t.pid();
+    let (mut child, mut stdin, mut stdout, _) = regs_testee(&dir);
+    let pid = child.id();
     let dlopen = libc_fn(pid, "dlopen");
     let mut path = slow.to_str().unwrap().as_bytes().to_vec();
     path.push(0);
@@ -785,7 +908,7 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
     assert!(format!("{e:?}").contains("Timeout"), "{e:?}");
     assert!(t0.elapsed() < Duration::from_secs(2));
     // The constructor finishes: the library is mapped, the thread back in its read with its registers.
-    assert_eq!(verdict(&mut t), "ok");
+    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps.contains("libslow.so"), "{maps}");
     // The loader's lock was released: another dlopen returns at once.
@@ -801,8 +924,9 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
     )
     .unwrap();
     assert_ne!(h, 0);
-    assert_eq!(verdict(&mut t), "ok");
-    assert!(t.close().success());
+    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -835,8 +959,8 @@ fn an_injector_killed_during_the_call_leaves_the_target_running() {
         return;
     }
     let dir = scratch("kill");
-    let (mut t, _) = regs_testee(&dir);
-    let pid = t.pid();
+    let (mut child, mut stdin, mut stdout, _) = regs_testee(&dir);
+    let pid = child.id();
     blocked_in_read(pid);
     let mut injector = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -865,9 +989,10 @@ fn an_injector_killed_during_the_call_leaves_the_target_running() {
     injector.kill().unwrap();
     injector.wait().unwrap();
     // The target survives, its call ends, it reads again with its registers intact.
-    assert_eq!(verdict(&mut t), "ok");
-    assert!(t.child().try_wait().unwrap().is_none(), "the target is alive");
-    assert!(t.close().success());
+    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
+    assert!(child.try_wait().unwrap().is_none(), "the target is alive");
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -895,7 +1020,7 @@ fn an_untrusted_libcuda_is_never_loaded_into_llmprof() {
     .unwrap();
     let lib = dir.join("user/libcuda.so.1");
     std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
-    let src = e2e::fixtures::dir().join("fake_libcuda.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_libcuda.c");
     let o = Command::new("gcc")
         .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
         .arg(&lib)
@@ -906,7 +1031,7 @@ fn an_untrusted_libcuda_is_never_loaded_into_llmprof() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The user's: uid 65534 (nobody).
     std::os::unix::fs::chown(&lib, Some(65534), Some(65534)).unwrap();
-    let t = spawn(&["--libcuda", lib.to_str().unwrap()], &[]);
+    let t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()], &[]);
     assert!(
         marks.join(format!("loaded-by-{}", t.pid())).exists(),
         "the mark works"
