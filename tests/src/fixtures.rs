@@ -36,11 +36,12 @@ const SHARED: [&str; 6] = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthr
 /// `gcc ARGS -o OUT fixtures/SRC`; panics with gcc's message when it fails.
 pub fn gcc(args: &[&str], src: &str, out: &Path) {
     let src = dir().join(src);
-    let o = Command::new("gcc")
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .arg(&src)
+    run_gcc(Command::new("gcc").args(args).arg("-o").arg(out).arg(&src), &src);
+}
+
+/// Runs the gcc command `cmd` that compiles `src`; panics with gcc's message when it fails.
+fn run_gcc(cmd: &mut Command, src: &Path) {
+    let o = cmd
         .output()
         .unwrap_or_else(|e| panic!("running gcc (apt-get install gcc): {e}"));
     assert!(
@@ -81,18 +82,13 @@ pub fn gpu_helper_testee(dir: &Path, helper_lib: &str) -> PathBuf {
     let link = format!("-l{lib}");
     // The library goes after the source that uses it.
     let src = self::dir().join("gpu_testee.c");
-    let o = Command::new("gcc")
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&testee)
-        .arg(&src)
-        .args([libdir.as_str(), link.as_str(), rpath.as_str()])
-        .output()
-        .unwrap_or_else(|e| panic!("running gcc (apt-get install gcc): {e}"));
-    assert!(
-        o.status.success(),
-        "gcc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
+    run_gcc(
+        Command::new("gcc")
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&testee)
+            .arg(&src)
+            .args([libdir.as_str(), link.as_str(), rpath.as_str()]),
+        &src,
     );
     testee
 }
