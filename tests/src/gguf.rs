@@ -1,15 +1,16 @@
-//! Tiny random Llama GGUF files for tests (of both the model and the serving side).
+//! Tiny random Llama GGUF files for the engine's tests (of both the model and the serving side): the one
+//! builder of model fixtures, outside the engine that ships.
 //!
 //! Owns a generator of complete, loadable models: Llama metadata, a working GPT-2 byte-level BPE vocabulary
 //! (256 byte tokens, merges for a few words, ChatML special tokens `<|endoftext|>`, `<|im_start|>`,
-//! `<|im_end|>`), a ChatML chat template, and deterministic pseudo-random weights in a chosen tensor type.
-//! Never used on a serving path.
+//! `<|im_end|>`), a ChatML chat template, and deterministic pseudo-random weights in a chosen tensor type,
+//! written with the engine's own GGUF writer and quantizer.
 
 use std::path::Path;
 
-use crate::gguf::{GgmlType, Value, writer};
-use crate::quant::{QuantError, quantize_ggml};
-use crate::tokenizer::byte_to_unicode;
+use inference::gguf::{GgmlType, Value, writer};
+use inference::quant::{QuantError, quantize_ggml};
+use inference::tokenizer::byte_to_unicode;
 
 /// Chat template written into tiny models (ChatML with a default system message, like SmolLM2's).
 pub const TINY_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are tiny.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -223,9 +224,10 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinyModelSpec) -> std::io::Result<()>
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 mod tests {
     use super::*;
-    use crate::model::Model;
+    use inference::model::Model;
 
     #[test]
     fn tiny_model_loads_and_tokenizes() {
