@@ -1,6 +1,6 @@
-//! CIDR blocks for the egress policy (`--egress-allow`): parsing and membership.
+//! The egress policy (`--egress-allow`): CIDR blocks, their parsing and membership.
 //!
-//! Owns only address arithmetic; capture uses it when decoding a connect record to set `allowed`.
+//! Owns only address arithmetic; the connect decoder ([`super`]) uses it to set `allowed`.
 
 use std::fmt;
 use std::net::IpAddr;

@@ -313,7 +313,7 @@ fn two_steps_and(
         )
         .build(),
     ];
-    let mut d = crate::gpu::GpuDecoder::default();
+    let mut d = crate::decode::cupti::GpuDecoder::default();
     d.chunk(pid, tid, t0 + 30 * MS, &chunk.build(), &mut events);
     (events, d.stats().clone())
 }
