@@ -26,12 +26,9 @@ use llmprof_abi::{
     RequestRecord, fill_str,
 };
 
-use crate::event::{Event, EventBody};
+use crate::event::{Event, EventBody, WIRE_REQ_BASE};
 
 pub mod join;
-
-/// First id of requests seen on the wire (engine ids are per-process counters far below it).
-pub const WIRE_REQ_BASE: u64 = 1 << 40;
 
 /// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`): it names llmprof
 /// in a server's logs; it hides nothing from the wire view (any client can send it): [`OwnConns`] does.
@@ -572,5 +569,4 @@ impl Reconstructor {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-#[path = "wire_tests.rs"]
 mod tests;

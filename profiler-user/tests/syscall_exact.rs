@@ -1,4 +1,4 @@
-//! The syscall path is exact (issue 18): one thread of this test makes known numbers of fast and slow calls
+//! The syscall path is exact: one thread of this test makes known numbers of fast and slow calls
 //! of several kinds — plain ones (`getppid`, `nanosleep`) and ones whose exit llmprof decodes (`close`,
 //! `write`, `read`) — while a real capture traces this process; the kernel's per-thread aggregates must hold
 //! exactly those counts, and the slow-syscall events of that thread must be exactly the calls the

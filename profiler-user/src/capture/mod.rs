@@ -1,5 +1,5 @@
-//! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and decodes what they
-//! record into the [`llmprof_trace::event`] stream.
+//! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and hands what they record
+//! to the decoder ([`llmprof_trace::decode`]), which turns it into the [`llmprof_trace::event`] stream.
 //!
 //! Owns everything that touches the kernel (and nothing else: sinks consume the events). The programs are
 //! the committed object `profiler-user/ebpf/llmprof-ebpf.o`, built from `profiler-ebpf/` by
@@ -16,8 +16,6 @@
 
 pub mod calibrate;
 mod calibrate_http;
-pub mod cidr;
-pub mod decode;
 pub mod elf;
 pub mod gpu_activity;
 pub mod http;
@@ -46,10 +44,10 @@ use llmprof_abi::{
 };
 
 pub use calibrate::Calibration;
-pub use cidr::{Cidr, CidrError};
+pub use llmprof_trace::decode::egress::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_abi::EventKind;
+use llmprof_trace::decode::{Decoded, Decoder, Resolve};
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
@@ -308,7 +306,7 @@ pub struct Capture {
     // every link and closes every fd, which unloads the programs.
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
-    decoder: decode::Decoder,
+    decoder: Decoder,
     engine: StdHashMap<u32, EngineProbes>,
     /// The images whose engine probes are attached, by (pid, device, inode of the executable).
     engine_images: HashSet<(u32, u64, u64)>,
@@ -367,7 +365,7 @@ pub struct Capture {
     offcpu_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
-    /// The GPU activity handoff probe and its chunk decoder.
+    /// The GPU activity handoff probe.
     gpu: gpu_activity::GpuCapture,
 }
 
@@ -665,7 +663,7 @@ impl Capture {
             ring,
             ebpf,
             logger,
-            decoder: decode::Decoder::new(cfg.egress_allow.clone()),
+            decoder: Decoder::new(cfg.egress_allow.clone()),
             engine,
             engine_images,
             image_probes: StdHashMap::new(),
@@ -1009,38 +1007,34 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            let kind = decode::kind(&item);
-            if kind == Some(EventKind::CpuSample) || kind == Some(EventKind::OffCpuStack) {
-                if let Some(s) = self.sampler.as_mut()
-                    && let Some(rec) = decode::read::<llmprof_abi::CpuSampleEvent>(&item)
-                    // llmprof's own samples (the sampler's start-up calibration) are not the target's.
-                    && rec.hdr.pid != self.self_pid
-                {
-                    self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
-                    self.offcpu_decoded += u64::from(kind == Some(EventKind::OffCpuStack));
-                    self.held.push(s.event(&rec));
+            let mut machine = Machine {
+                sampler: self.sampler.as_mut(),
+                python: &mut self.python,
+                self_pid: self.self_pid,
+            };
+            match self.decoder.decode(&item, &mut machine) {
+                Decoded::Stack(ev) => {
+                    self.samples_decoded += u64::from(matches!(ev.body, EventBody::CpuSample(_)));
+                    self.offcpu_decoded += u64::from(matches!(ev.body, EventBody::OffCpuStack(_)));
+                    self.held.push(ev);
                 }
-            } else if kind == Some(EventKind::PyStack) {
-                if let Some(ev) = self.python.decode(&item) {
-                    splice_or_push(ev, [&mut self.held, &mut carried], out);
+                Decoded::PyStack(ev) => {
+                    llmprof_trace::decode::python::splice_or_push(ev, [&mut self.held, &mut carried], out);
                 }
-            } else if kind == Some(EventKind::GpuChunk) {
-                self.gpu.chunk(&mut self.decoder, &item, out);
-            } else if kind.is_some_and(http::is_http_kind) {
-                match http::decode(&item) {
-                    Some(r) => self.wire.push(r, out),
-                    None => self.decoder.count_undecodable(),
-                }
-            } else if let Some(ev) = self.decoder.decode(&item) {
-                // The engine's own request records: what a wire request of its process may have carried.
-                self.wire.engine(&ev);
-                if let EventBody::ProcessExit { .. } = &ev.body {
-                    if let Some(s) = self.sampler.as_mut() {
-                        s.forget(ev.pid);
+                Decoded::Events(mut evs) => out.append(&mut evs),
+                Decoded::Wire(r) => self.wire.push(r, out),
+                Decoded::Event(ev) => {
+                    // The engine's own request records: what a wire request of its process may have carried.
+                    self.wire.engine(&ev);
+                    if let EventBody::ProcessExit { .. } = &ev.body {
+                        if let Some(s) = self.sampler.as_mut() {
+                            s.forget(ev.pid);
+                        }
+                        self.gpu.forget(ev.pid);
                     }
-                    self.gpu.forget(ev.pid);
+                    out.push(ev);
                 }
-                out.push(ev);
+                Decoded::Nothing | Decoded::Invalid => {}
             }
             n += 1;
         }
@@ -1330,27 +1324,29 @@ where
     })
 }
 
-/// A Python stack written by the native sampler (or with an off-CPU stack) right after its own record of the
-/// same instant (same tid, same timestamp) is spliced into that stack's frames, looked for among the samples
-/// `held` back (this drain's and the last one's); one without such a record (the stand-alone Python sampler)
-/// stays an event of its own.
-fn splice_or_push(ev: Event, held: [&mut Vec<Event>; 2], out: &mut Vec<Event>) {
-    if let EventBody::PyStack(py) = &ev.body {
-        for h in held {
-            if let Some(sample) = h.iter_mut().rev().find_map(|e| match &mut e.body {
-                EventBody::CpuSample(s) | EventBody::OffCpuStack(s)
-                    if e.tid == ev.tid && e.ts_ns == ev.ts_ns =>
-                {
-                    Some(s)
-                }
-                _ => None,
-            }) {
-                llmprof_trace::pystack::splice(sample, py);
-                return;
-            }
+/// The machine's half of decoding ([`Resolve`]): the sampler's symbols and the Python targets' memory.
+struct Machine<'a> {
+    sampler: Option<&'a mut sampling::Sampler>,
+    python: &'a mut pysample::PySampling,
+    /// llmprof's own pid: its samples (the sampler's start-up calibration) are not the targets'.
+    self_pid: u32,
+}
+
+impl Resolve for Machine<'_> {
+    fn native_stack(&mut self, rec: &llmprof_abi::CpuSampleEvent) -> Option<llmprof_trace::stack::CpuSample> {
+        if rec.hdr.pid == self.self_pid {
+            return None;
         }
+        Some(self.sampler.as_mut()?.symbolize(rec))
     }
-    out.push(ev);
+
+    fn python_stack(
+        &mut self,
+        pid: u32,
+        stack: &llmprof_abi::python::PyStack,
+    ) -> Option<llmprof_trace::pystack::PyStackSample> {
+        self.python.resolve(pid, stack)
+    }
 }
 
 /// Puts `pids` in the `TRACED` map with `flags`.
