@@ -83,30 +83,9 @@ pub const TRACEPOINTS: [(&str, &str, &str); 5] = [
     ("task", "task_newtask", "llmprof_fork"),
     ("sched", "sched_process_exec", "llmprof_exec"),
 ];
-/// The syscall numbers (x86-64) whose exit the raw_syscalls programs decode: the entry copies their
-/// arguments, the exit emits model-file, connect, sent-bytes or exit records. They cost more per call than
-/// the rest (calibrated apart, `Calibration::syscall_decoded_ns`). Mirrors `needs_args` in
-/// `profiler-ebpf/src/main.rs`; a test compares the two.
-pub const DECODED_SYSCALLS: [u64; 18] = [
-    0,   // read
-    1,   // write
-    2,   // open
-    3,   // close
-    9,   // mmap
-    17,  // pread64
-    19,  // readv
-    20,  // writev
-    42,  // connect
-    43,  // accept
-    44,  // sendto
-    45,  // recvfrom
-    46,  // sendmsg
-    47,  // recvmsg
-    60,  // exit
-    231, // exit_group
-    257, // openat
-    288, // accept4
-];
+/// The syscall numbers whose exit the raw_syscalls programs decode (owned by `llmprof_abi::syscalls`, which
+/// the eBPF programs test against too).
+pub use llmprof_abi::syscalls::DECODED_SYSCALLS;
 /// Uprobe programs, in [`ENGINE_PROBES`] order.
 const UPROBES: [&str; 3] = ["llmprof_step", "llmprof_request", "llmprof_range"];
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Capture::attach_cuda`]).
@@ -1455,51 +1434,4 @@ fn write_knob(ebpf: &mut Ebpf, knob: Knob, value: u64) -> Result<(), CaptureErro
     let mut knobs = Array::<_, u64>::try_from(map).map_err(map_err("KNOBS"))?;
     debug_assert!((knob as usize) < NUM_KNOBS);
     knobs.set(knob as u32, value, 0).map_err(map_err("KNOBS"))
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
-mod tests {
-    use super::DECODED_SYSCALLS;
-
-    /// The eBPF crate is not built with the user crate, so its `needs_args` list is read from its source:
-    /// the `NR_*` constants it names, resolved to their values.
-    #[test]
-    fn decoded_syscalls_are_the_ones_the_exit_program_decodes() {
-        let src = include_str!("../../../profiler-ebpf/src/main.rs");
-        let value = |name: &str| -> u64 {
-            let line = src
-                .lines()
-                .find(|l| {
-                    l.trim_start_matches("pub(crate) ")
-                        .starts_with(&format!("const {name}: u64 = "))
-                })
-                .unwrap_or_else(|| panic!("profiler-ebpf defines no {name}"));
-            line.rsplit(' ')
-                .next()
-                .unwrap()
-                .trim_end_matches(';')
-                .parse()
-                .unwrap()
-        };
-        let body = src
-            .split("fn needs_args(nr: u64) -> bool {")
-            .nth(1)
-            .expect("profiler-ebpf has a needs_args")
-            .split("\n}")
-            .next()
-            .unwrap();
-        let mut decoded: Vec<u64> = body
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with("NR_"))
-            .map(value)
-            .collect();
-        decoded.sort_unstable();
-        let mut ours = DECODED_SYSCALLS.to_vec();
-        ours.sort_unstable();
-        assert_eq!(
-            decoded, ours,
-            "DECODED_SYSCALLS must list what needs_args decodes"
-        );
-    }
 }

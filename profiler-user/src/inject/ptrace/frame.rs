@@ -84,12 +84,8 @@ impl Tracer {
         let fpstate = data.saturating_sub(fp_len) & !63;
         let frame = (fpstate.saturating_sub(sigframe::LEN) & !0xf).saturating_sub(8);
         let needed = frame.saturating_sub(CALL_STACK);
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.job.pid))
-            .map_err(|_| PtraceError::Exited)?;
-        let vma = maps
-            .lines()
-            .filter_map(crate::sys::maps::MapsLine::parse)
-            .find(|m| m.start <= rsp && rsp < m.end);
+        let maps = crate::sys::maps::Maps::of(self.job.pid).map_err(|_| PtraceError::Exited)?;
+        let vma = maps.holding(rsp);
         match vma {
             // The main thread's stack grows on demand.
             Some(m) if m.path == "[stack]" || needed >= m.start => Ok(Layout { frame, fpstate, data }),
