@@ -94,6 +94,19 @@ impl OwnConns {
         }
     }
 
+    /// The server closed `fd` at `ts_ns`: an open span of that fd ends there, whatever llmprof's scraper saw
+    /// (the fd may be handed to a client's connection before the scraper, woken by the end of its response,
+    /// gets to [`Self::close`]).
+    pub fn server_closed(&self, pid: u32, fd: i32, ts_ns: u64) {
+        for c in self
+            .lock()
+            .iter_mut()
+            .filter(|c| c.pid == pid && c.fd == fd && c.from_ns <= ts_ns && ts_ns < c.until_ns)
+        {
+            c.until_ns = ts_ns;
+        }
+    }
+
     /// Whether what `pid` read on `fd` at `ts_ns` came over one of llmprof's own connections.
     pub fn is_own(&self, pid: u32, fd: i32, ts_ns: u64) -> bool {
         self.lock()
@@ -407,6 +420,9 @@ impl Reconstructor {
                 let req = self.conns.get_mut(&key).and_then(|c| c.req.take());
                 if op == HttpOp::Close {
                     self.conns.remove(&key);
+                    if let Some(own) = &self.own {
+                        own.server_closed(r.pid, r.fd, r.ts_ns);
+                    }
                 }
                 if let Some(req) = req {
                     if !req.arrived {

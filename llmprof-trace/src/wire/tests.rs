@@ -352,6 +352,24 @@ fn tls_is_reported_once_per_process_and_llmprofs_own_scrapes_are_left_out() {
     rc.push(scrape(11, 5, 250), &mut out);
     assert_eq!((rc.stats.requests, rc.stats.own), (2, 1));
     assert!(!out.is_empty());
+    // The server closed llmprof's connection and gave its fd to a client's before the scraper, slow to wake
+    // up, ended the span: the client's request is the server's.
+    own.open(3, 7, 300);
+    rc.push(scrape(12, 7, 310), &mut out);
+    rc.push(
+        WireRecord {
+            pid: 3,
+            fd: 7,
+            conn: 12,
+            ts_ns: 320,
+            op: Some(HttpOp::Close),
+            ..WireRecord::default()
+        },
+        &mut out,
+    );
+    rc.push(scrape(13, 7, 330), &mut out);
+    own.close(3, 7, 400);
+    assert_eq!((rc.stats.requests, rc.stats.own), (3, 2));
 }
 
 #[test]

@@ -333,7 +333,7 @@ pub struct Capture {
     /// The links of the calls CUPTI also records (launch-type calls, counted or timed, and the synchronize
     /// calls), by process: detached when the injected helper records that process.
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
-    /// Processes whose launch-type and synchronize calls come from the injected CUPTI helper: not probed.
+    /// Processes whose launch-type, copy and synchronize calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
     /// The untraced syscall references ([`CaptureConfig::measure_untraced`]).
     untraced: Option<calibrate::Untraced>,
@@ -780,9 +780,15 @@ impl Capture {
         let mut first_err = None;
         for &(offset, cookie) in points {
             let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
-            let sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32)
-                .is_some_and(|f| f.class() == llmprof_abi::CudaClass::Sync);
-            let cupti_records_it = launch_type || sync;
+            // CUPTI records copies and waits as well as launches (their GPU spans; the host's wait shows in the
+            // thread's state and off-CPU stack).
+            let copy_or_sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32).is_some_and(|f| {
+                matches!(
+                    f.class(),
+                    llmprof_abi::CudaClass::Sync | llmprof_abi::CudaClass::Memcpy
+                )
+            });
+            let cupti_records_it = launch_type || copy_or_sync;
             if cupti_records_it && self.launches_from_cupti.contains(&pid) {
                 continue;
             }
@@ -850,8 +856,8 @@ impl Capture {
         }
     }
 
-    /// The injected CUPTI helper records `pid`'s kernels, graph launches and waits: its launch-type and
-    /// synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
+    /// The injected CUPTI helper records `pid`'s kernels, graph launches, copies and waits: its launch-type,
+    /// copy and synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
     /// attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.launches_from_cupti.insert(pid);

@@ -1,4 +1,4 @@
-//! GPU activity chunks (`llmprof_abi::gpu`): the uprobe at the injected CUPTI helper's handoff function
+//! The `cupti` family (`llmprof_abi::cupti`): the uprobe at the injected CUPTI helper's handoff function
 //! (`GPU_HANDOFF`, a NOP5 function `fn(chunk: *const u8, len: u64)`). One hit per chunk, never one per kernel:
 //! it copies the chunk (at most `GPU_CHUNK_MAX` bytes) into one `GpuChunkEvent`. A chunk longer than that, an
 //! empty or unreadable one, or a full ring is a drop counted under `ProbeId::Cuda` (no ProbeId of its own: the
@@ -9,7 +9,7 @@ use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP, cty::c_void, helpers::bpf_get_current_pid_tgid,
     helpers::generated::bpf_probe_read_user, macros::uprobe, programs::ProbeContext,
 };
-use llmprof_abi::{EventKind, GpuChunkEvent, ProbeId, gpu::GPU_CHUNK_MAX};
+use llmprof_abi::{EventKind, GpuChunkEvent, ProbeId, cupti::GPU_CHUNK_MAX};
 
 use crate::{EVENTS, count, header, now, traced};
 

@@ -1,20 +1,69 @@
-//! Records of the HTTP/1.1 wire probe: requests and responses of any server, seen in its socket syscalls.
+//! The `wire` family: the HTTP/1.1 wire probe, requests and responses of any server, seen in its socket syscalls.
 //!
-//! The kernel (`profiler-ebpf/src/http.rs`) follows the connections accepted on the traced processes' listening
-//! sockets ([`HTTP_LISTEN`-style map filled by user space, keyed by [`crate::SockKey`]) and writes:
+//! The kernel (`profiler-ebpf/src/wire.rs`) follows the connections accepted on the traced processes' listening
+//! sockets (the `HTTP_LISTEN` map, filled by user space, keyed by [`crate::SockKey`]) and writes:
 //! - [`HttpHeadEvent`] at a request's first bytes (and while its head continues over several reads): the head
 //!   (request line and headers), cut in the kernel at the blank line `\r\n\r\n`, so no body byte leaves the
 //!   kernel. User space keeps only the method, the path, `traceparent` and `x-request-id`.
 //! - [`HttpEvent`] for the response: its status line, the SSE events each write carried (how many, and how
 //!   many carried generated content, decided in the kernel), its end, and the connection's close or reset.
 //!
-//! Layouts are pinned by size assertions in `lib.rs`.
+//! The programs are tail-called decoders and socket tracepoints; the syscalls are the `syscalls` family's, whose
+//! exit hands a followed connection's read or write to a decoder ([`WIRE_DECODERS_MAP`]).
 
-use crate::EventHeader;
+use crate::{EventHeader, Family};
 
-#[path = "http_scan.rs"]
 mod scan;
 pub use scan::{counting_body, finish_write, scan_byte, start_response, Scan, WriteOutcome};
+
+/// sock:sk_data_ready: stamps when the first unread bytes of an HTTP socket arrived.
+pub const SKREADY_PROGRAM: &str = "llmprof_skready";
+/// sock:sock_recv_length: moves a followed connection's arrival stamp into its state.
+pub const SKRECV_PROGRAM: &str = "llmprof_skrecv";
+/// tcp:tcp_destroy_sock: forgets a destroyed socket's stamp.
+pub const SKGONE_PROGRAM: &str = "llmprof_skgone";
+/// The read-side decoder (request heads), tail-called from the `syscalls` exit ([`WIRE_DECODE_READ`]).
+pub const WIRERD_PROGRAM: &str = "llmprof_wirerd";
+/// The write-side decoder (responses), tail-called from the `syscalls` exit ([`WIRE_DECODE_WRITE`]).
+pub const WIREWR_PROGRAM: &str = "llmprof_wirewr";
+/// Listening sockets whose accepted connections are followed, by `SockKey`; written by user space.
+pub const HTTP_LISTEN_MAP: &str = "HTTP_LISTEN";
+/// Followed connections ([`HttpConnState`]), by `SockKey`; user space seeds the established ones.
+pub const HTTP_CONNS_MAP: &str = "HTTP_CONNS";
+/// Local ports known to carry HTTP to a traced process ([`HTTP_PORTS_MAX`]).
+pub const HTTP_PORTS_MAP: &str = "HTTP_PORTS";
+/// `struct sock` address → arrival of its first unread bytes (LRU, [`HTTP_ARRIVALS_MAX`]).
+pub const HTTP_ARRIVALS_MAP: &str = "HTTP_ARRIVALS";
+/// Per-CPU scratch of the decoders (the bytes being scanned).
+pub const HTTP_SCRATCH_MAP: &str = "HTTP_SCRATCH";
+/// The decoders' program array, by slot ([`WIRE_DECODER_PROGRAMS`]); filled by user space.
+pub const WIRE_DECODERS_MAP: &str = "WIRE_DECODERS";
+/// Per-CPU handover of a syscall exit from the `syscalls` exit to a decoder.
+pub const WIRE_EXIT_MAP: &str = "WIRE_EXIT";
+/// Every program of the family.
+pub const PROGRAMS: [&str; 5] = [
+    SKREADY_PROGRAM,
+    SKRECV_PROGRAM,
+    SKGONE_PROGRAM,
+    WIRERD_PROGRAM,
+    WIREWR_PROGRAM,
+];
+/// Every map of the family.
+pub const MAPS: [&str; 7] = [
+    HTTP_LISTEN_MAP,
+    HTTP_CONNS_MAP,
+    HTTP_PORTS_MAP,
+    HTTP_ARRIVALS_MAP,
+    HTTP_SCRATCH_MAP,
+    WIRE_DECODERS_MAP,
+    WIRE_EXIT_MAP,
+];
+/// The family's kernel names.
+pub const FAMILY: Family = Family {
+    name: "wire",
+    programs: &PROGRAMS,
+    maps: &MAPS,
+};
 
 /// Slots of the wire decoders' program array (the `WIRE_DECODERS` map): `llmprof_sysexit` tail-calls the read-side
 /// decoder ([`WIRE_DECODE_READ`]) or the write-side one ([`WIRE_DECODE_WRITE`]) for a followed connection.
@@ -26,7 +75,7 @@ pub const WIRE_DECODE_READ: u32 = 0;
 /// Slot of the write-side decoder (write, writev, sendto, sendmsg).
 pub const WIRE_DECODE_WRITE: u32 = 1;
 /// Program names of the decoders, by slot (user space loads them into the `WIRE_DECODERS` map).
-pub const WIRE_DECODER_PROGRAMS: [&str; WIRE_DECODER_SLOTS as usize] = ["llmprof_wirerd", "llmprof_wirewr"];
+pub const WIRE_DECODER_PROGRAMS: [&str; WIRE_DECODER_SLOTS as usize] = [WIRERD_PROGRAM, WIREWR_PROGRAM];
 
 /// Bytes of a request head one [`HttpHeadEvent`] carries (a longer head continues in further records while
 /// the kernel's per-read copy lasts; what does not fit is cut and flagged [`HTTP_FLAG_HEAD_CUT`]).
@@ -162,9 +211,9 @@ pub struct HttpHeadEvent {
 pub struct HttpConnState {
     /// Connection id (see [`HttpEvent::conn`]).
     pub conn: u64,
-    /// Where the exchange is (0: waiting for a request; values in `profiler-ebpf/src/http.rs`).
+    /// Where the exchange is (0: waiting for a request; values in `profiler-ebpf/src/wire.rs`).
     pub phase: u32,
-    /// Scanner bits (`profiler-ebpf/src/http.rs`).
+    /// Scanner bits (`profiler-ebpf/src/wire.rs`).
     pub bits: u32,
     /// Characters of the current line, `\r` not counted.
     pub line_len: u32,
@@ -206,6 +255,18 @@ pub const HTTP_ARRIVALS_MAX: u32 = 8192;
 /// Local ports known to carry HTTP to a traced process (learned at a request's start on a followed
 /// connection; `--http-port`'s ports from the start).
 pub const HTTP_PORTS_MAX: u32 = 1024;
+
+const _: () = {
+    assert!(core::mem::size_of::<HttpEvent>() == 64);
+    assert!(core::mem::size_of::<HttpHeadEvent>() == 64 + HTTP_HEAD_MAX);
+    assert!(core::mem::size_of::<HttpConnState>() == 72);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: #[repr(C)], Copy, integers only; every bit pattern is valid.
+    unsafe impl aya::Pod for super::HttpConnState {}
+}
 
 #[cfg(test)]
 mod tests {

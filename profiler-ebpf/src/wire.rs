@@ -1,6 +1,7 @@
-//! The HTTP/1.1 wire probe: requests and responses of any server, reconstructed from its socket syscalls.
+//! The `wire` family (`llmprof_abi::wire`): the HTTP/1.1 wire probe, requests and responses of any server,
+//! reconstructed from its socket syscalls.
 //!
-//! Hooked into `llmprof_sysexit`'s dispatch (main.rs): accept/accept4 on a listening socket user space named in
+//! Hooked into the dispatch of `llmprof_sysexit` (`syscalls`): accept/accept4 on a listening socket user space named in
 //! `HTTP_LISTEN` starts following the new connection in `HTTP_CONNS` (bounded; a full map is a counted drop).
 //! On a followed connection:
 //! - reads (read, recvfrom, readv, recvmsg) with data while no request is open start a request: its head is
@@ -45,10 +46,12 @@ use llmprof_abi::{
     HttpHeadEvent, HttpOp, Knob, ProbeId, SOCK_FAMILY_OFFSET, SOCK_NUM_OFFSET, SOCK_STATE_OFFSET, Scan,
     SockKey, TCP_STATE_ESTABLISHED, WIRE_DECODER_SLOTS, counting_body, finish_write, is_http_request_start,
     scan_byte, start_response,
+    syscalls::{NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG},
 };
 
 use crate::{
-    EVENTS, Inflight, NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, count, header, knob, now, slot_of,
+    EVENTS, count, header, knob, now,
+    syscalls::{Inflight, slot_of},
     tp_field as tp,
 };
 
@@ -321,7 +324,7 @@ struct Bufs {
 /// The buffers `inf` names for syscall `nr` (`msghdr`: `msg_iov` at offset 16, `msg_iovlen` at 24).
 #[inline(always)]
 fn bufs(nr: u64, inf: &Inflight) -> Option<Bufs> {
-    use crate::{NR_READ, NR_READV, NR_RECVFROM, NR_RECVMSG, NR_SENDMSG, NR_SENDTO, NR_WRITE, NR_WRITEV};
+    use llmprof_abi::syscalls::{NR_SENDMSG, NR_SENDTO, NR_WRITE, NR_WRITEV};
     match nr {
         NR_READ | NR_WRITE | NR_RECVFROM | NR_SENDTO => Some(Bufs {
             addr: inf.args[1],

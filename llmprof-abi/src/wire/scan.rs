@@ -1,5 +1,5 @@
 //! The response scanner of the HTTP wire probe: a byte-at-a-time state machine the kernel runs over every
-//! response byte it looks at (`profiler-ebpf/src/http.rs`), kept here, beside the state it carries
+//! response byte it looks at (`profiler-ebpf/src/wire.rs`), kept here, beside the state it carries
 //! ([`HttpConnState`]), so the same code is unit-tested in user space.
 //!
 //! It reads the status line and `Content-Length` of the response head, the SSE `data:` lines and, inside their
@@ -10,7 +10,7 @@
 //! over writes and several events in one write both work. No allocation, no loop: the kernel calls it from
 //! `bpf_loop`.
 
-use crate::{HttpConnState, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_FIRST_CONTENT};
+use super::{HttpConnState, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_FIRST_CONTENT};
 
 // Scanner bits (`HttpConnState::bits`).
 pub(crate) const B_IN_HEAD: u32 = 1 << 0;

@@ -1,4 +1,5 @@
-//! GPU activity handed from the injected helper library to llmprof: the one layout both sides agree on.
+//! The `cupti` family: GPU activity handed from the injected CUPTI helper library to llmprof, the one layout both
+//! sides agree on, and the record the eBPF uprobe at the handoff makes of each chunk ([`GpuChunkEvent`]).
 //!
 //! `llmprof attach` injects a helper library (`libllmprof_cupti.so`, crate `llmprof-cupti`) into a running
 //! CUDA process (ptrace + `dlopen`) and calls [`GPU_START`] in it; the helper turns on CUPTI's activity API,
@@ -31,10 +32,25 @@
 //! [`GpuChunkHeader::boottime_ns`] are one pair of readings taken together: llmprof maps every timestamp of
 //! the chunk with that pair to CLOCK_BOOTTIME). Not part of the engine ABI: versioned by [`GPU_ABI_VERSION`].
 
+use crate::{EventHeader, Family};
+
+/// Uprobe at [`GPU_HANDOFF`] in the helper: one [`GpuChunkEvent`] per chunk (counted under `ProbeId::Cuda`).
+pub const HANDOFF_PROGRAM: &str = "llmprof_gpu";
+/// Every program of the family.
+pub const PROGRAMS: [&str; 1] = [HANDOFF_PROGRAM];
+/// Every map of the family.
+pub const MAPS: [&str; 0] = [];
+/// The family's kernel names.
+pub const FAMILY: Family = Family {
+    name: "cupti",
+    programs: &PROGRAMS,
+    maps: &MAPS,
+};
+
 /// Exported by the helper: `extern "C" fn(chunk: *const u8, len: u64)`; starts with the 5-byte NOP llmprof's
 /// uprobe sits on.
 pub const GPU_HANDOFF: &str = "llmprof_gpu_activity";
-/// Exported by the helper: `extern "C" fn(flags: u64) -> u32` ([`GpuStartStatus`]); flags [`GPU_FLAG_*`].
+/// Exported by the helper: `extern "C" fn(flags: u64) -> u32` ([`GpuStartStatus`]); flags `GPU_FLAG_*`.
 pub const GPU_START: &str = "llmprof_gpu_start";
 /// Exported by the helper: `extern "C" fn() -> u32` (0: stopped; flushes first).
 pub const GPU_STOP: &str = "llmprof_gpu_stop";
@@ -262,7 +278,8 @@ pub struct GpuApiCall {
     pub name_id: u32,
 }
 
-/// A kernel's or a CUDA API function's name: this header, then `len` bytes (not NUL terminated), padded with zeros to a multiple of 8.
+/// A kernel's or a CUDA API function's name: this header, then `len` bytes (not NUL terminated), padded with
+/// zeros to a multiple of 8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuName {
@@ -385,3 +402,22 @@ const _: () = assert!(core::mem::size_of::<GpuName>() == 16);
 const _: () = assert!(core::mem::size_of::<GpuSummary>() == 88);
 const _: () = assert!(core::mem::size_of::<GpuBusy>() == 56);
 const _: () = assert!(core::mem::size_of::<GpuHelperStats>() == 120);
+
+/// A chunk of GPU activity ([`GpuChunkHeader`] + records) copied by the uprobe at [`GPU_HANDOFF`]:
+/// one record per handed-over chunk. Its records are read by llmprof's one reader of this module's layouts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GpuChunkEvent {
+    /// Header ([`crate::EventKind::GpuChunk`]); `ts_ns` is when the helper handed the chunk over.
+    pub hdr: EventHeader,
+    /// The `len` argument the helper passed.
+    pub len: u64,
+    /// Bytes of `data` copied: `len` (a longer chunk is not copied: counted as a drop).
+    pub copied: u32,
+    /// Padding.
+    pub _pad: u32,
+    /// The chunk.
+    pub data: [u8; GPU_CHUNK_MAX],
+}
+
+const _: () = assert!(core::mem::size_of::<GpuChunkEvent>() == 40 + GPU_CHUNK_MAX);
