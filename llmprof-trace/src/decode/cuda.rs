@@ -1,7 +1,7 @@
 //! The CUDA driver probes' records: a timed call (`cuMemcpy*`, `cuStreamSynchronize`, ...) and a window of
 //! a thread's counted launch-type calls.
 
-use llmprof_abi::cudacount::CudaCountEvent;
+use llmprof_abi::cuda::CudaCountEvent;
 use llmprof_abi::{CudaCallEvent, CudaFunc, CudaVariant};
 
 use super::{Record, read};
