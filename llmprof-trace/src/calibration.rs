@@ -36,7 +36,7 @@ pub struct Calibration {
     /// syscalls the pair makes (counted by `syscall_ns`). `None` when not measured (CUDA probes off).
     pub cuda_call_ns: Option<f64>,
     /// Extra ns per CUDA driver call counted by the entry-only uprobe (launch-type calls in the default
-    /// `--cuda-calls counted` mode, `llmprof_abi::cudacount`), same exclusion. `None` when not measured.
+    /// `--cuda-calls counted` mode, `llmprof_abi::cuda`), same exclusion. `None` when not measured.
     pub cuda_count_ns: Option<f64>,
     /// Extra ns per thread-state record (a sched_switch or sched_waking of a traced thread: the program's
     /// lookups and the ring-buffer record), from a pipe ping-pong of two llmprof threads on one CPU, traced vs

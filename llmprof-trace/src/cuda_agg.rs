@@ -10,7 +10,7 @@
 //!   engine emits when the step ends), otherwise per [`WINDOW_NS`] window; a batch also ends at any
 //!   individually shown call on its thread (typically the step's copy of results or its synchronize), so the
 //!   slices of a thread never overlap (calls nested in an individual call are shown individually, inside it);
-//! - launch-type calls counted in the kernel instead of timed (the default; `llmprof_abi::cudacount`) come
+//! - launch-type calls counted in the kernel instead of timed (the default; `llmprof_abi::cuda`) come
 //!   as windows of counts ([`CudaAggregator::counted`]) and join the batch like the calls they count, with
 //!   no host time;
 //! - at most [`INDIVIDUAL_PER_SEC`] individual slices per thread and second; calls beyond it join the batch
@@ -288,7 +288,7 @@ impl CudaAggregator {
             .get_or_insert_with(|| Batch::new(ts_ns, end))
     }
 
-    /// A window of counted calls of one thread (`calls` in `llmprof_abi::cudacount::COUNTED` order), its
+    /// A window of counted calls of one thread (`calls` in `llmprof_abi::cuda::COUNTED` order), its
     /// first call's entry at `first_ns`, its last one's at `last_ns`: they join the thread's batch like the
     /// launches they are, without host times.
     #[expect(clippy::too_many_arguments, reason = "the fields of one CudaCount event")]
@@ -310,7 +310,7 @@ impl CudaAggregator {
         self.stats.batched_calls += n;
         let b = self.open_batch(pid, tid, first_ns, last_ns, out);
         b.end = b.end.max(last_ns);
-        for (f, &c) in llmprof_abi::cudacount::COUNTED.iter().zip(calls) {
+        for (f, &c) in llmprof_abi::cuda::COUNTED.iter().zip(calls) {
             if c > 0 {
                 b.funcs.entry(*f).or_default().0 += u64::from(c);
             }

@@ -143,11 +143,11 @@ pub enum EventBody {
         result: u32,
     },
     /// A window of one thread's counted CUDA driver calls (launch-type calls, entry-only probe: how many, no
-    /// host times; `llmprof_abi::cudacount`). Event time: the entry of the window's first call.
+    /// host times; `llmprof_abi::cuda`). Event time: the entry of the window's first call.
     CudaCount {
         /// Entry of the window's last call, BOOTTIME ns.
         last_ns: u64,
-        /// Calls per function, in `llmprof_abi::cudacount::COUNTED` order.
+        /// Calls per function, in `llmprof_abi::cuda::COUNTED` order.
         calls: [u32; 8],
         /// Bytes of the counted (asynchronous) copies.
         bytes: u64,

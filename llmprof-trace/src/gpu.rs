@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use llmprof_abi::StepRecord;
-use llmprof_abi::gpu::{GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy, GpuSummary};
+use llmprof_abi::cupti::{GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy, GpuSummary};
 
 /// Kernel names kept per process; a name beyond is not stored (its kernels show as unnamed) and is counted.
 pub const NAMES_PER_PROCESS: usize = 65_536;

@@ -1,7 +1,7 @@
 //! The CUDA driver probes' records: a timed call (`cuMemcpy*`, `cuStreamSynchronize`, ...) and a window of
 //! a thread's counted launch-type calls.
 
-use llmprof_abi::cudacount::CudaCountEvent;
+use llmprof_abi::cuda::CudaCountEvent;
 use llmprof_abi::{CudaCallEvent, CudaFunc, CudaVariant};
 
 use super::{Record, read};
@@ -37,7 +37,7 @@ pub(super) fn count(b: &[u8]) -> Option<EventBody> {
 mod tests {
     use llmprof_abi::EventKind;
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
+    use super::super::test_records::{NoMachine, bytes, event, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
 
@@ -53,9 +53,7 @@ mod tests {
             result: 0,
             _pad: 0,
         };
-        let Decoded::Event(ev) = d.decode(&bytes(&c), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&c));
         assert!(matches!(
             ev.body,
             EventBody::CudaCall {
@@ -82,9 +80,7 @@ mod tests {
             end: 0,
             pad: 0,
         };
-        let Decoded::Event(ev) = d.decode(&bytes(&c), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&c));
         assert!(
             matches!(
                 ev.body,

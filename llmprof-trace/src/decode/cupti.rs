@@ -1,5 +1,5 @@
 //! GPU activity chunks (the `GpuChunkEvent` records of the handoff uprobe): the one reader of the
-//! `llmprof_abi::gpu` layouts (what the injected CUPTI helper hands over) and the events they become.
+//! `llmprof_abi::cupti` layouts (what the injected CUPTI helper hands over) and the events they become.
 //!
 //! Owns the checks of a chunk (magic, version, lengths, record sizes), the per-process state the format needs
 //! (kernel names table, next expected sequence number), the clock mapping CUPTI → CLOCK_BOOTTIME (each chunk
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use llmprof_abi::GpuChunkEvent;
-use llmprof_abi::gpu::{
+use llmprof_abi::cupti::{
     GPU_ABI_OLDEST, GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_NAME_MAX, GpuActivity, GpuActivityKind, GpuApiCall,
     GpuBusy, GpuChunkHeader, GpuRecordHeader, GpuRecordKind, GpuSummary,
 };
@@ -74,7 +74,7 @@ const CHUNK_HDR: usize = std::mem::size_of::<GpuChunkHeader>();
 const REC_HDR: usize = std::mem::size_of::<GpuRecordHeader>();
 const ACTIVITY: usize = std::mem::size_of::<GpuActivity>();
 const API_CALL: usize = std::mem::size_of::<GpuApiCall>();
-const NAME_HDR: usize = std::mem::size_of::<llmprof_abi::gpu::GpuName>();
+const NAME_HDR: usize = std::mem::size_of::<llmprof_abi::cupti::GpuName>();
 const SUMMARY: usize = std::mem::size_of::<GpuSummary>();
 const BUSY: usize = std::mem::size_of::<GpuBusy>();
 

@@ -40,8 +40,8 @@ pub(super) fn connect(b: &[u8], allow: &[Cidr]) -> Option<EventBody> {
 mod tests {
     use llmprof_abi::EventKind;
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
-    use super::super::{Decoded, Decoder};
+    use super::super::Decoder;
+    use super::super::test_records::{bytes, event, hdr};
     use super::*;
 
     fn connect_to(family: u16, addr: [u8; 16]) -> ConnectEvent {
@@ -63,9 +63,7 @@ mod tests {
         let mut d = Decoder::new(vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]);
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&[127, 0, 0, 1]);
-        let Decoded::Event(ev) = d.decode(&bytes(&connect_to(2, addr)), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&connect_to(2, addr)));
         match ev.body {
             EventBody::Connect {
                 addr, port, allowed, ..
@@ -77,12 +75,10 @@ mod tests {
             other => panic!("expected a connect, got {other:?}"),
         }
         assert_eq!((ev.pid, ev.tid, ev.ts_ns), (10, 11, 5));
-        let Decoded::Event(ev) = d.decode(
+        let ev = event(
+            &mut d,
             &bytes(&connect_to(AF_INET6, Ipv6Addr::LOCALHOST.octets())),
-            &mut NoMachine,
-        ) else {
-            panic!("expected an event");
-        };
+        );
         assert!(
             matches!(ev.body, EventBody::Connect { addr, allowed: true, .. } if addr == IpAddr::V6(Ipv6Addr::LOCALHOST)),
             "{ev:?}"

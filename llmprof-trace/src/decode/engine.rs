@@ -43,20 +43,12 @@ pub(super) fn content(b: &[u8]) -> Option<EventBody> {
 mod tests {
     use llmprof_abi::{CONTENT_MAX, ContentRecord, EventKind};
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
+    use super::super::test_records::{NoMachine, bytes, event, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
-    use crate::event::Event;
 
     fn decode(b: &[u8]) -> Decoded {
         Decoder::new(vec![]).decode(b, &mut NoMachine)
-    }
-
-    fn event(b: &[u8]) -> Event {
-        match decode(b) {
-            Decoded::Event(e) => e,
-            other => panic!("expected an event, got {other:?}"),
-        }
     }
 
     #[test]
@@ -65,7 +57,7 @@ mod tests {
         e.hdr = hdr(EventKind::Step);
         e.rec.step_id = 42;
         e.rec.num_seqs = 3;
-        let ev = event(&bytes(&e));
+        let ev = event(&mut Decoder::new(vec![]), &bytes(&e));
         assert_eq!((ev.pid, ev.tid, ev.ts_ns), (10, 11, 5));
         let EventBody::Step(s) = &ev.body else {
             panic!("{ev:?}")
@@ -93,24 +85,30 @@ mod tests {
 
     #[test]
     fn content_keeps_the_copied_text_and_a_cut_character_becomes_a_replacement() {
-        let ev = event(&bytes(&content(ContentKind::Prompt as u32, b"hello", 5)));
+        let ev = event(
+            &mut Decoder::new(vec![]),
+            &bytes(&content(ContentKind::Prompt as u32, b"hello", 5)),
+        );
         assert!(
             matches!(&ev.body, EventBody::Content { kind: ContentKind::Prompt, req_id: 7, text, len: 5 } if text == "hello"),
             "{ev:?}"
         );
         // "é" is two bytes; the kernel copied the first only of a longer text.
-        let ev = event(&bytes(&content(
-            ContentKind::Completion as u32,
-            &"aé".as_bytes()[..2],
-            99,
-        )));
+        let ev = event(
+            &mut Decoder::new(vec![]),
+            &bytes(&content(
+                ContentKind::Completion as u32,
+                &"aé".as_bytes()[..2],
+                99,
+            )),
+        );
         assert!(
             matches!(&ev.body, EventBody::Content { kind: ContentKind::Completion, text, len: 99, .. } if text == "a\u{fffd}"),
             "{ev:?}"
         );
         let mut e = content(ContentKind::Prompt as u32, b"x", 1);
         e.copied = u32::MAX;
-        let ev = event(&bytes(&e));
+        let ev = event(&mut Decoder::new(vec![]), &bytes(&e));
         assert!(
             matches!(&ev.body, EventBody::Content { text, .. } if text.len() == CONTENT_MAX),
             "a copied count past the buffer is cut to it"

@@ -61,16 +61,9 @@ impl Paths {
 mod tests {
     use llmprof_abi::{EventKind, PATH_LEN, ProcessExitEvent, fill_str};
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
+    use super::super::test_records::{NoMachine, bytes, event, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
-
-    fn event(d: &mut Decoder, b: &[u8]) -> EventBody {
-        match d.decode(b, &mut NoMachine) {
-            Decoded::Event(e) => e.body,
-            other => panic!("expected an event, got {other:?}"),
-        }
-    }
 
     #[test]
     fn file_io_carries_the_path_of_its_open_until_close() {
@@ -83,7 +76,7 @@ mod tests {
             _pad: 0,
             path: fill_str::<PATH_LEN>("/m/a.gguf"),
         };
-        let ev = event(&mut d, &bytes(&open));
+        let ev = event(&mut d, &bytes(&open)).body;
         assert!(matches!(ev, EventBody::FileOpen { ref path, .. } if path == "/m/a.gguf"));
         let io = |op| FileIoEvent {
             hdr: hdr(EventKind::FileIo),
@@ -93,12 +86,12 @@ mod tests {
             len: 4096,
             dur_ns: 9,
         };
-        let ev = event(&mut d, &bytes(&io(FileOp::Read)));
+        let ev = event(&mut d, &bytes(&io(FileOp::Read))).body;
         assert!(
             matches!(ev, EventBody::FileIo { ref path, ret: 4096, .. } if path.as_deref() == Some("/m/a.gguf"))
         );
         event(&mut d, &bytes(&io(FileOp::Close)));
-        let ev = event(&mut d, &bytes(&io(FileOp::Read)));
+        let ev = event(&mut d, &bytes(&io(FileOp::Read))).body;
         assert!(matches!(ev, EventBody::FileIo { path: None, .. }));
     }
 
@@ -119,7 +112,7 @@ mod tests {
             exit_code: 0,
         };
         assert!(matches!(
-            event(&mut d, &bytes(&exit)),
+            event(&mut d, &bytes(&exit)).body,
             EventBody::ProcessExit { exit_code: 0 }
         ));
         let mut io = FileIoEvent {
@@ -131,7 +124,7 @@ mod tests {
             dur_ns: 1,
         };
         assert!(matches!(
-            event(&mut d, &bytes(&io)),
+            event(&mut d, &bytes(&io)).body,
             EventBody::FileIo { path: None, .. }
         ));
         io.op = 77;

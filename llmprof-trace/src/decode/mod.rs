@@ -192,6 +192,14 @@ pub(crate) mod test_records {
         }
     }
 
+    /// The event `b` decodes to with `d` and no machine (panics on anything else).
+    pub(crate) fn event(d: &mut super::Decoder, b: &[u8]) -> crate::event::Event {
+        match d.decode(b, &mut NoMachine) {
+            super::Decoded::Event(e) => e,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
     /// A resolver with no sampler and no Python process: drops every stack.
     pub(crate) struct NoMachine;
 

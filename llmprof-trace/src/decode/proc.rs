@@ -45,8 +45,8 @@ pub(super) fn exit(b: &[u8]) -> Option<EventBody> {
 mod tests {
     use llmprof_abi::{EventKind, PATH_LEN, fill_str};
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
-    use super::super::{Decoded, Decoder};
+    use super::super::Decoder;
+    use super::super::test_records::{bytes, event, hdr};
     use super::*;
 
     #[test]
@@ -59,9 +59,7 @@ mod tests {
             clone_flags: 17,
             comm: fill_str("launcher"),
         };
-        let Decoded::Event(ev) = d.decode(&bytes(&start), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&start));
         assert_eq!(ev.pid, 10);
         assert!(
             matches!(&ev.body, EventBody::ProcessStart { ppid: 9, name, cmdline } if name == "launcher" && cmdline.is_empty()),
@@ -71,9 +69,7 @@ mod tests {
             hdr: hdr(EventKind::ProcessExec),
             filename: fill_str::<PATH_LEN>("/usr/bin/llmserve"),
         };
-        let Decoded::Event(ev) = d.decode(&bytes(&exec), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&exec));
         assert!(
             matches!(&ev.body, EventBody::ProcessExec { filename, name, .. } if filename == "/usr/bin/llmserve" && name == "llmserve"),
             "{ev:?}"

@@ -73,8 +73,8 @@ mod tests {
     use llmprof_abi::sched::NO_STACK;
     use llmprof_abi::{EventKind, fill_str};
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
-    use super::super::{Decoded, Decoder};
+    use super::super::Decoder;
+    use super::super::test_records::{bytes, event, hdr};
     use super::*;
 
     fn switch_from(prev_traced: u32) -> SchedSwitchEvent {
@@ -93,16 +93,9 @@ mod tests {
         }
     }
 
-    fn event(b: &[u8]) -> Event {
-        match Decoder::new(vec![]).decode(b, &mut NoMachine) {
-            Decoded::Event(e) => e,
-            other => panic!("expected an event, got {other:?}"),
-        }
-    }
-
     #[test]
     fn a_switch_belongs_to_the_traced_side() {
-        let ev = event(&bytes(&switch_from(1)));
+        let ev = event(&mut Decoder::new(vec![]), &bytes(&switch_from(1)));
         assert_eq!((ev.pid, ev.tid, ev.ts_ns), (10, 11, 5));
         let EventBody::SchedSwitch(s) = &ev.body else {
             panic!("{ev:?}")
@@ -110,7 +103,7 @@ mod tests {
         assert!(s.prev_traced && s.prev_comm == "worker" && s.next_comm == "other" && s.prev_state == 2);
         assert_eq!((s.prev_pid, s.prev_tid, s.next_pid, s.next_tid), (10, 11, 20, 21));
         assert_eq!(s.stack_id, None);
-        let ev = event(&bytes(&switch_from(0)));
+        let ev = event(&mut Decoder::new(vec![]), &bytes(&switch_from(0)));
         assert_eq!(
             (ev.pid, ev.tid),
             (20, 21),
@@ -130,7 +123,7 @@ mod tests {
             flags: WAKE_NEW,
             common_flags: TRACE_FLAG_SOFTIRQ,
         };
-        let ev = event(&bytes(&w));
+        let ev = event(&mut Decoder::new(vec![]), &bytes(&w));
         assert_eq!((ev.pid, ev.tid), (30, 31));
         let EventBody::SchedWake(s) = &ev.body else {
             panic!("{ev:?}")

@@ -22,7 +22,7 @@ pub(super) fn slow(b: &[u8]) -> Option<EventBody> {
 mod tests {
     use llmprof_abi::EventKind;
 
-    use super::super::test_records::{NoMachine, bytes, hdr};
+    use super::super::test_records::{NoMachine, bytes, event, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
 
@@ -35,9 +35,7 @@ mod tests {
             dur_ns: 2_000_000,
         };
         let mut d = Decoder::new(vec![]);
-        let Decoded::Event(ev) = d.decode(&bytes(&e), &mut NoMachine) else {
-            panic!("expected an event");
-        };
+        let ev = event(&mut d, &bytes(&e));
         assert_eq!((ev.pid, ev.tid, ev.ts_ns), (10, 11, 5));
         assert!(
             matches!(

@@ -139,8 +139,8 @@ impl Report {
             let _ = writeln!(
                 o,
                 "  off-CPU stacks not taken by design: {n} (a rate bound of {} per {} ms per CPU; not a loss)",
-                llmprof_abi::offcpu::OFFCPU_STACKS_PER_WINDOW,
-                llmprof_abi::offcpu::OFFCPU_WINDOW_NS / 1_000_000
+                llmprof_abi::stacks::OFFCPU_STACKS_PER_WINDOW,
+                llmprof_abi::stacks::OFFCPU_WINDOW_NS / 1_000_000
             );
         }
         for p in self.probes.iter().filter(|p| p.dropped > 0) {

@@ -1,14 +1,14 @@
-//! Builders of GPU activity chunks (the `llmprof_abi::gpu` layouts, byte for byte) for tests: what the injected
+//! Builders of GPU activity chunks (the `llmprof_abi::cupti` layouts, byte for byte) for tests: what the injected
 //! helper hands over, so the reader ([`crate::gpu`]), the sink and the report are tested from real layouts.
 
-use llmprof_abi::gpu::{
+use llmprof_abi::cupti::{
     GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy, GpuChunkHeader,
     GpuName, GpuRecordHeader, GpuRecordKind, GpuSummary, NO_GRAPH,
 };
 
 const MS: u64 = 1_000_000;
 
-/// The bytes of a `#[repr(C)]` layout of `llmprof_abi::gpu` (integers only, no implicit padding).
+/// The bytes of a `#[repr(C)]` layout of `llmprof_abi::cupti` (integers only, no implicit padding).
 fn bytes<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: `v` is a live value of a plain-data layout without implicit padding (size asserted in the ABI);
     // the slice covers exactly its bytes and lives as long as the borrow.

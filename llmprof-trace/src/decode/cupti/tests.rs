@@ -1,4 +1,4 @@
-//! Unit tests of the chunk reader, from chunks built byte for byte with the `llmprof_abi::gpu` layouts.
+//! Unit tests of the chunk reader, from chunks built byte for byte with the `llmprof_abi::cupti` layouts.
 
 use super::*;
 use crate::testing::gpu::{Chunk, api_call, kernel};
@@ -121,7 +121,7 @@ fn hostile_chunks_are_refused_and_counted_never_a_panic() {
     assert_eq!(d.stats().chunks, 0);
     // A chunk of the oldest version (a helper an earlier llmprof left loaded in the target) is read.
     let mut old = good.clone();
-    old.hdr.version = llmprof_abi::gpu::GPU_ABI_OLDEST;
+    old.hdr.version = llmprof_abi::cupti::GPU_ABI_OLDEST;
     assert_eq!(decode(&mut d, &old.build()).len(), 1);
     assert_eq!((d.stats().bad_chunks, d.stats().chunks), (4, 1));
     // Every prefix and every single-byte corruption of a valid chunk: no panic.

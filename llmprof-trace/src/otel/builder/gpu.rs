@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use llmprof_abi::gpu::GpuActivityKind;
+use llmprof_abi::cupti::GpuActivityKind;
 use llmprof_abi::{MAX_STEP_REQS, StepRecord};
 
 use crate::gpu::{GpuApi, GpuWork, LaunchLinks};

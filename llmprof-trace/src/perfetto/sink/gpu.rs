@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use llmprof_abi::gpu::{GpuActivityKind, NO_GRAPH};
+use llmprof_abi::cupti::{GpuActivityKind, NO_GRAPH};
 
 use super::{TraceSink, uuid};
 use crate::event::Event;
