@@ -1372,3 +1372,6 @@ pub mod gpu;
 
 /// Counted launch-type CUDA driver calls (not part of the engine ABI).
 pub mod cudacount;
+
+/// The injected Python-hooks helper's configuration and status (not part of the engine ABI).
+pub mod pyhooks;

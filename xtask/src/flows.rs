@@ -20,6 +20,8 @@ pub fn test(args: &[String]) -> Result<()> {
     crate::tools::setup()?;
     // llama.cpp's OpenAI server and the OpenAI client for the wire-probe tests (tests/tests/wire_llama.rs).
     crate::servers::setup()?;
+    // vLLM's CPU build and the model converted for it (tests/tests/vllm_hooks.rs).
+    crate::vllm::setup(&crate::model::default_model_path())?;
     crate::ebpf::setup()?;
     crate::ebpf::build(true)?;
     run(Command::new("cargo")
