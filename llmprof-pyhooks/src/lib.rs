@@ -64,6 +64,7 @@ pub struct Status {
     pub hooks: AtomicU32,
     pub hook_errors: AtomicU32,
     pub records: AtomicU64,
+    pub record_ns: AtomicU64,
     message: UnsafeCell<[u8; PY_MESSAGE_LEN]>,
 }
 const _: () = assert!(core::mem::size_of::<Status>() == core::mem::size_of::<PyHooksStatus>());
@@ -81,6 +82,7 @@ pub static llmprof_py_status: Status = Status {
     hooks: AtomicU32::new(0),
     hook_errors: AtomicU32::new(0),
     records: AtomicU64::new(0),
+    record_ns: AtomicU64::new(0),
     message: UnsafeCell::new([0; PY_MESSAGE_LEN]),
 };
 
@@ -109,12 +111,16 @@ fn set_status(state: u32, hooks: Option<u32>, message: &str) {
 }
 
 /// Called by the hooks' Python source: the outcome of an installation or removal (`state`, one of
-/// `PY_STATE_*`), the hooks in place, and a message (`len` bytes of UTF-8 at `msg`).
+/// `PY_STATE_*`), the hooks in place, what one record costs its caller (ns, measured at installation; 0:
+/// unchanged), and a message (`len` bytes of UTF-8 at `msg`).
 ///
 /// # Safety
 /// `msg` must point to `len` readable bytes (ctypes passes a `bytes` object's buffer).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn llmprof_py_report(state: u32, hooks: u32, msg: *const u8, len: usize) {
+pub unsafe extern "C" fn llmprof_py_report(state: u32, hooks: u32, record_ns: u64, msg: *const u8, len: usize) {
+    if record_ns > 0 {
+        llmprof_py_status.record_ns.store(record_ns, Ordering::Relaxed);
+    }
     let text = if msg.is_null() {
         String::new()
     } else {

@@ -159,6 +159,8 @@ pub struct AttachOptions {
     pub max_trace_size: Option<u64>,
     /// NVML counters and CUDA driver probes.
     pub gpu: GpuOptions,
+    /// The Python hooks (`--python-hooks`, `--py-range`). See [`crate::pyhooks`].
+    pub python_hooks: crate::pyhooks::PyHooksOptions,
     /// Show the live status line when stderr is a terminal (off for `llmprof serve`'s concurrent sessions).
     pub live_status: bool,
     /// An instant with string args on the llmprof track at the moment the probes are live (`llmprof serve`: the
@@ -243,6 +245,9 @@ pub enum AttachError {
     /// `--gpu-kernels on` and the kernels cannot be recorded.
     #[error("--gpu-kernels on")]
     GpuKernels(#[source] crate::gpu::inject::InjectError),
+    /// `--py-range`: no process of the tree took the Python hooks (the reasons, one per process).
+    #[error("--py-range: no traced process took the Python hooks: {0}")]
+    PythonHooks(String),
     /// The trace file could not be created or written.
     #[error("cannot write the trace {path}")]
     Output {
@@ -552,6 +557,37 @@ fn start_gpu_kernels(strict: bool, k: &mut GpuKernels, capture: &mut Capture) ->
     Ok(())
 }
 
+/// Step 3c (`--python-hooks`, `--py-range`): the Python hooks in the tree's processes that want them (the
+/// engine uprobes on the helper come before its start); each outcome said. With `--py-range`, a tree where no
+/// process took them is refused (`AttachError::PythonHooks`): the user named functions that nothing will
+/// record.
+fn start_python_hooks(
+    opts: &AttachOptions,
+    tree: &[u32],
+    capture: &mut Capture,
+) -> Result<(crate::pyhooks::PyHooks, Vec<String>), AttachError> {
+    let mut hooks = crate::pyhooks::PyHooks::new(opts.python_hooks.clone());
+    let lines = hooks.start(tree, capture);
+    for line in &lines {
+        note!("llmprof: {line}");
+    }
+    if opts.python_hooks.mode != crate::pyhooks::PyHooksMode::Off
+        && !opts.python_hooks.ranges.is_empty()
+        && hooks.hooked_pids().is_empty()
+    {
+        for line in hooks.stop() {
+            note!("llmprof: {line}");
+        }
+        let why = if lines.is_empty() {
+            "no process of the traced tree is CPython 3.10 to 3.13".to_owned()
+        } else {
+            lines.join("; ")
+        };
+        return Err(AttachError::PythonHooks(why));
+    }
+    Ok((hooks, lines))
+}
+
 /// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
 /// and writes its header (the target, the clock snapshot).
 fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {
@@ -608,6 +644,8 @@ struct Session<'a> {
     opts: &'a AttachOptions,
     /// `--gpu-kernels`: the CUPTI helper in the target (stopped before the last drain).
     gpu_kernels: GpuKernels,
+    /// The Python hooks in the targets (removed before the last drain).
+    py_hooks: crate::pyhooks::PyHooks,
     capture: Capture,
     gpu: GpuSession,
     otel: Option<OtelSink>,
@@ -667,6 +705,7 @@ impl<'a> Session<'a> {
     fn counters(&self) -> crate::selfacct::Counters {
         crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
+            python_hooks: self.py_hooks.counters(),
             ..self.capture.account_counters()
         }
     }
@@ -688,6 +727,7 @@ impl<'a> Session<'a> {
         log::debug!("attach: capture started at {:?}", t0.elapsed());
         let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
+        let (py_hooks, hook_lines) = start_python_hooks(opts, &tree, &mut started.capture)?;
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
@@ -700,6 +740,7 @@ impl<'a> Session<'a> {
         let mut session = Session {
             opts,
             gpu_kernels,
+            py_hooks,
             capture: started.capture,
             gpu,
             otel,
@@ -759,6 +800,9 @@ impl<'a> Session<'a> {
         session.start = Instant::now();
         for ev in gpu_markers {
             session.merger.push(ev);
+        }
+        for line in hook_lines {
+            session.push_marker(line);
         }
         session.last_tick = Instant::now();
         session.last_budget_check = Instant::now();
@@ -888,6 +932,25 @@ impl<'a> Session<'a> {
             self.new_image(pid, ts, false);
         }
         Ok(())
+    }
+
+    /// The Python hooks in the processes of `pids` that want them and were not considered yet; each outcome
+    /// said on stderr and as a marker.
+    fn start_python_hooks(&mut self, pids: &[u32]) {
+        for line in self.py_hooks.start(pids, &mut self.capture) {
+            note!("llmprof: {line}");
+            self.push_marker(line);
+        }
+    }
+
+    /// A marker on the first target's track, now.
+    fn push_marker(&mut self, text: String) {
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: self.opts.pid,
+            tid: 0,
+            body: EventBody::Marker { text },
+        });
     }
 
     /// Why the live loop ends now, if it does: the stop flag (with its [`StopReason`]), the duration, the
@@ -1039,9 +1102,11 @@ impl<'a> Session<'a> {
         }
         // A process of the tree that loaded CUDA since (vLLM's engine core, PyTorch's lazy init) gets the helper.
         let live: Vec<u32> = self.tree.live().collect();
-        if live.into_iter().filter(|&p| self.gpu_kernels.adopt(p)).count() > 0 {
+        if live.iter().filter(|&&p| self.gpu_kernels.adopt(p)).count() > 0 {
             let _ = start_gpu_kernels(false, &mut self.gpu_kernels, &mut self.capture);
         }
+        // A Python process of the tree started since (vLLM's engine core) gets the Python hooks.
+        self.start_python_hooks(&live);
         // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
         if let Err(e) = self.capture.refresh_http() {
             log::debug!("wire probe: {e}");
@@ -1089,6 +1154,11 @@ impl<'a> Session<'a> {
         }
         // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
         self.gpu_kernels.stop();
+        // Every Python hook removed while its engine uprobes still record: the functions are the originals again.
+        for line in self.py_hooks.stop() {
+            note!("llmprof: {line}");
+            self.push_marker(line);
+        }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
         self.capture.release_held(&mut self.polled);
         self.capture.flush_cuda_counts(&mut self.polled);
@@ -1135,6 +1205,7 @@ impl<'a> Session<'a> {
         }
         let final_counters = crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
+            python_hooks: self.py_hooks.counters(),
             ..self.capture.account_counters()
         };
         let mut overhead = self.acct.summary(

@@ -28,6 +28,7 @@ pub mod otel;
 pub mod packaging;
 pub mod procfs;
 pub mod proctree;
+pub mod pyhooks;
 pub mod python;
 pub mod selfacct;
 pub mod serve;

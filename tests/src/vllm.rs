@@ -143,9 +143,21 @@ pub fn chat_body(prompt: &str, max_tokens: u32, temperature: f64) -> String {
     .to_string()
 }
 
-/// vLLM's own counters from `/metrics`: (engine steps, prompt tokens, generation tokens).
-/// `vllm:iteration_tokens_total` is a histogram observed once per engine step, so its `_count` is the steps.
-pub fn counters(port: u16) -> (f64, f64, f64) {
+/// vLLM's own counters, from `/metrics`.
+#[derive(Clone, Copy, Debug)]
+pub struct Counters {
+    /// Engine steps: `vllm:iteration_tokens_total` is a histogram observed once per step, its `_count`.
+    pub steps: f64,
+    /// Prompt tokens of the requests (cached prefixes included).
+    pub prompt: f64,
+    /// Tokens generated.
+    pub generated: f64,
+    /// Prompt tokens found in the prefix cache (`vllm:prefix_cache_hits_total`).
+    pub cached: f64,
+}
+
+/// vLLM's own counters now.
+pub fn counters(port: u16) -> Counters {
     let r = http::get(port, "/metrics").expect("vLLM /metrics");
     let body = String::from_utf8_lossy(&r.body);
     let value = |name: &str| {
@@ -156,9 +168,10 @@ pub fn counters(port: u16) -> (f64, f64, f64) {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>()
     };
-    (
-        value("vllm:iteration_tokens_total_count"),
-        value("vllm:prompt_tokens_total"),
-        value("vllm:generation_tokens_total"),
-    )
+    Counters {
+        steps: value("vllm:iteration_tokens_total_count"),
+        prompt: value("vllm:prompt_tokens_total"),
+        generated: value("vllm:generation_tokens_total"),
+        cached: value("vllm:prefix_cache_hits_total"),
+    }
 }
