@@ -117,7 +117,13 @@ fn set_status(state: u32, hooks: Option<u32>, message: &str) {
 /// # Safety
 /// `msg` must point to `len` readable bytes (ctypes passes a `bytes` object's buffer).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn llmprof_py_report(state: u32, hooks: u32, record_ns: u64, msg: *const u8, len: usize) {
+pub unsafe extern "C" fn llmprof_py_report(
+    state: u32,
+    hooks: u32,
+    record_ns: u64,
+    msg: *const u8,
+    len: usize,
+) {
     if record_ns > 0 {
         llmprof_py_status.record_ns.store(record_ns, Ordering::Relaxed);
     }

@@ -33,17 +33,18 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+pub mod gpu;
 pub mod summary;
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
-use crate::gpu::inject::GpuKernels;
-use crate::gpu::{GpuOptions, GpuReport, GpuSession};
+use crate::cupti::GpuKernels;
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
-use crate::procfs;
 use crate::proctree::{self, Tree};
 use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
+use crate::sys::procfs;
+use gpu::{GpuOptions, GpuReport, GpuSession};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
 use llmprof_trace::event::{Event, EventBody, ProcessInfo, SessionStats};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};
@@ -244,7 +245,7 @@ pub enum AttachError {
     Otel(#[from] OtelError),
     /// `--gpu-kernels on` and the kernels cannot be recorded.
     #[error("--gpu-kernels on")]
-    GpuKernels(#[source] crate::gpu::inject::InjectError),
+    GpuKernels(#[source] crate::cupti::CuptiError),
     /// `--py-range`: no process of the tree took the Python hooks (the reasons, one per process).
     #[error("--py-range: no traced process took the Python hooks: {0}")]
     PythonHooks(String),
@@ -449,7 +450,7 @@ fn start_capture(
         ring_bytes: opts.ring_bytes,
         capture_content,
         measure_untraced: opts.calibrator.is_some(),
-        cuda_counted: opts.gpu.cuda_calls == crate::gpu::CudaCalls::Counted,
+        cuda_counted: opts.gpu.cuda_calls == crate::cuda::CudaCalls::Counted,
         http: opts.http.clone(),
         thread_states: opts.thread_states,
         sample_hz: opts.sample_hz,
@@ -728,6 +729,10 @@ impl<'a> Session<'a> {
         let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let (py_hooks, hook_lines) = start_python_hooks(opts, &tree, &mut started.capture)?;
+        // A process with Python hooks records on the engine tracks.
+        for i in infos.iter_mut() {
+            i.engine_probes |= py_hooks.hooked_pids().contains(&i.pid);
+        }
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
@@ -936,7 +941,7 @@ impl<'a> Session<'a> {
 
     /// The Python hooks in the processes of `pids` that want them and were not considered yet; each outcome
     /// said on stderr and as a marker.
-    fn start_python_hooks(&mut self, pids: &[u32]) {
+    fn hook_python(&mut self, pids: &[u32]) {
         for line in self.py_hooks.start(pids, &mut self.capture) {
             note!("llmprof: {line}");
             self.push_marker(line);
@@ -1106,7 +1111,7 @@ impl<'a> Session<'a> {
             let _ = start_gpu_kernels(false, &mut self.gpu_kernels, &mut self.capture);
         }
         // A Python process of the tree started since (vLLM's engine core) gets the Python hooks.
-        self.start_python_hooks(&live);
+        self.hook_python(&live);
         // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
         if let Err(e) = self.capture.refresh_http() {
             log::debug!("wire probe: {e}");
@@ -1298,7 +1303,8 @@ fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples
     gets.push("syscalls, thread states, model-file reads and egress");
     format!(
         "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
-         prefill inside the engine) come only from an engine built with llmprof-probes, such as llmserve.",
+         prefill inside the engine) come from an engine built with llmprof-probes, such as llmserve, or from \
+         llmprof's Python hooks (vLLM's engine, found by itself; any Python function with --py-range).",
         gets.join(", ")
     )
 }

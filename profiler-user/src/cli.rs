@@ -211,8 +211,8 @@ pub struct AttachArgs {
     /// kernel (an entry-only uprobe: per thread, engine step or 10 ms window) and times only the calls that
     /// block the host (synchronize, blocking copies, alloc/free); `all` times every call (entry + return
     /// uprobe pair: several µs per launch).
-    #[arg(long, value_enum, default_value_t = crate::gpu::CudaCalls::Counted, conflicts_with = "no_cuda")]
-    pub cuda_calls: crate::gpu::CudaCalls,
+    #[arg(long, value_enum, default_value_t = crate::cuda::CudaCalls::Counted, conflicts_with = "no_cuda")]
+    pub cuda_calls: crate::cuda::CudaCalls,
     /// GPU kernels: load llmprof's CUPTI helper into each process of the traced tree that uses CUDA
     /// (ptrace + dlopen, one thread stopped for a moment; a process that loads CUDA later gets it then). auto
     /// and on record kernel summaries (per 100 ms window: count and GPU time per kernel name, copy and wait;
@@ -220,8 +220,8 @@ pub struct AttachArgs {
     /// loaded and the helper is installed, on or refuse (exit code 8). all: every kernel, copy and wait as its
     /// own slice, graphs node by node, with the launching calls (the deep mode: costs more). off: never touch
     /// the target.
-    #[arg(long, value_enum, default_value_t = crate::gpu::inject::KernelsMode::Auto, value_name = "MODE")]
-    pub gpu_kernels: crate::gpu::inject::KernelsMode,
+    #[arg(long, value_enum, default_value_t = crate::cupti::KernelsMode::Auto, value_name = "MODE")]
+    pub gpu_kernels: crate::cupti::KernelsMode,
     /// Python hooks: load llmprof's Python-hooks helper into the traced CPython processes that run vLLM (its
     /// engine steps, request phases, preemptions and KV-cache use become the tracks llmserve's probes give;
     /// ptrace + dlopen, then the helper installs wrappers from a thread of its own holding the interpreter's

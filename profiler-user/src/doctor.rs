@@ -405,9 +405,9 @@ fn nvml() -> Check {
     if base.status != Status::Ok {
         return base;
     }
-    match crate::gpu::nvml::init() {
+    match crate::nvml::init() {
         Ok(nvml) => {
-            let gpus = crate::gpu::nvml::gpus(&nvml, 0);
+            let gpus = crate::nvml::gpus(&nvml, 0);
             let list: Vec<String> = gpus
                 .iter()
                 .map(|g| format!("GPU {} {} ({})", g.index, g.name, g.uuid))
@@ -433,13 +433,13 @@ fn nvml() -> Check {
 
 /// Whether the target has libcuda mapped, and how many CUDA driver entry points llmprof would probe in it.
 fn target_libcuda(pid: u32) -> Check {
-    match crate::gpu::libcuda::find_in_process(pid) {
+    match crate::cuda::libcuda::find_in_process(pid) {
         None => Check::new(
             "target_libcuda",
             Status::Ok,
             "no libcuda mapped: not a CUDA process (yet); attach probes it when it loads",
         ),
-        Some(lib) => match crate::gpu::libcuda::resolve(&lib) {
+        Some(lib) => match crate::cuda::libcuda::resolve(&lib) {
             Ok(entries) => Check::new(
                 "target_libcuda",
                 Status::Ok,

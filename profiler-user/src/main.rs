@@ -116,14 +116,14 @@ fn run_attach(a: AttachArgs) -> i32 {
         metrics_url: a.metrics_url,
         ring_bytes: a
             .ring_size
-            .unwrap_or(if a.gpu_kernels == llmprof::gpu::inject::KernelsMode::All {
+            .unwrap_or(if a.gpu_kernels == llmprof::cupti::KernelsMode::All {
                 llmprof::capture::DEEP_RING_BYTES
             } else {
                 llmprof::capture::DEFAULT_RING_BYTES
             }),
         verbose: a.verbose,
         otel: a.otel,
-        gpu: llmprof::gpu::GpuOptions {
+        gpu: llmprof::attach::gpu::GpuOptions {
             sample_interval: (!a.gpu_sample_interval.is_zero()).then_some(a.gpu_sample_interval),
             cuda: !a.no_cuda,
             cuda_calls: a.cuda_calls,

@@ -1,33 +1,32 @@
 //! Periodic scrape of the engine's Prometheus `/metrics` into [`MetricsSample`] events.
 //!
 //! Owns: finding the target's listening TCP ports (LISTEN sockets of `/proc/net/tcp{,6}` whose inode is one of
-//! the target's socket fds), a minimal HTTP/1.0 GET over loopback, and parsing the four vLLM gauges we plot.
-//! Every GET to a traced server first finds the server's end of the connection (the socket whose peer port is
-//! this GET's own local port, and the fd of a traced process holding it) and registers it in [`own_conns`]
-//! before the request is sent, so the wire view leaves llmprof's own requests out by what no client can
-//! forge, not by a header.
+//! the target's socket fds, [`crate::sys::tcp`]), the GET of its /metrics over loopback ([`crate::sys::http`])
+//! and parsing the four vLLM gauges we plot. Every GET to a traced server first finds the server's end of the
+//! connection (the socket whose peer port is this GET's own local port, and the fd of a traced process holding
+//! it) and registers it in the wire family's [`own_conns`] before the request is sent, so the wire view leaves
+//! llmprof's own requests out by what no client can forge, not by a header.
 //! It runs on its own thread and only sends into a bounded channel (`try_send`, counting what it drops): it
 //! never blocks the session loop, and an absent endpoint is one warning, not an error.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::procfs;
+use crate::capture::http::own_conns;
+use crate::sys::{http, tcp};
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody, MetricsSample};
-use llmprof_trace::wire::OwnConns;
 
 /// Default scrape period (Prometheus scrapes far less often; 500 ms gives a useful counter track for a 30 s
 /// trace at negligible cost to the engine).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
-/// Connect/read timeout of one scrape.
+/// How long connecting may take, and then the request and its answer together.
 const TIMEOUT: Duration = Duration::from_millis(400);
-/// Largest /metrics body we read (vLLM's is a few tens of KiB).
+/// Largest /metrics answer we read (vLLM's is a few tens of KiB).
 const MAX_BODY: u64 = 4 << 20;
 
 /// Metric names, as vLLM exposes them (and llmserve copies, see inference/src/metrics.rs).
@@ -38,9 +37,6 @@ pub const RUNNING: &str = "vllm:num_requests_running";
 pub const WAITING: &str = "vllm:num_requests_waiting";
 /// See [`KV_CACHE_USAGE`].
 pub const PREEMPTIONS: &str = "vllm:num_preemptions_total";
-
-/// TCP state LISTEN in /proc/net/tcp (include/net/tcp_states.h: TCP_LISTEN = 10).
-const TCP_LISTEN: &str = "0A";
 
 /// Parses Prometheus text exposition: sums every series of each metric we plot (labels ignored).
 pub fn parse(text: &str) -> MetricsSample {
@@ -72,107 +68,36 @@ pub fn parse(text: &str) -> MetricsSample {
 
 /// Local TCP ports the process listens on (IPv4 and IPv6).
 pub fn listening_ports(pid: u32) -> Vec<u16> {
-    let inodes = procfs::socket_inodes(pid);
-    let mut ports = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for (port, inode) in listening_sockets(&text) {
-            if inodes.contains(&inode) && !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
-    }
+    let fds = tcp::socket_fds(pid);
+    let mut ports: Vec<u16> = tcp::tables(None)
+        .iter()
+        .flat_map(|t| tcp::listening(t))
+        .filter(|(_, inode)| fds.contains_key(inode))
+        .map(|(port, _)| port)
+        .collect();
     ports.sort_unstable();
+    ports.dedup();
     ports
 }
 
-/// The LISTEN sockets of one `/proc/net/tcp` or `/proc/net/tcp6` table: (local port, socket inode).
-pub fn listening_sockets(table: &str) -> Vec<(u16, u64)> {
-    let mut out = Vec::new();
-    for line in table.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
-        if f.len() < 10 || f[3] != TCP_LISTEN {
-            continue;
-        }
-        let Ok(inode) = f[9].parse::<u64>() else { continue };
-        if let Some(port) = f[1]
-            .rsplit(':')
-            .next()
-            .and_then(|p| u16::from_str_radix(p, 16).ok())
-        {
-            out.push((port, inode));
-        }
-    }
-    out
-}
-
-/// Splits `http://HOST:PORT/PATH` into a socket address and a path (loopback/IP literals only).
-fn split_url(url: &str) -> Option<(SocketAddr, String)> {
+/// The authority (`IP:PORT`) and path of `http://HOST:PORT/PATH` (loopback and IP literals only: `localhost`
+/// is 127.0.0.1, nothing is looked up).
+fn split_url(url: &str) -> Option<(String, String)> {
     let rest = url.strip_prefix("http://")?;
     let (hostport, path) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].to_owned()),
         None => (rest, "/".to_owned()),
     };
     let hostport = hostport.replace("localhost", "127.0.0.1");
-    let addr = hostport
+    let addr: std::net::SocketAddr = hostport
         .parse()
         .ok()
         .or_else(|| format!("{hostport}:80").parse().ok())?;
-    Some((addr, path))
-}
-
-/// llmprof's own connections to traced servers, one registry per llmprof process: every session's wire view
-/// reads it ([`llmprof_trace::wire::OwnConns`]).
-pub fn own_conns() -> Arc<OwnConns> {
-    static OWN: std::sync::OnceLock<Arc<OwnConns>> = std::sync::OnceLock::new();
-    OWN.get_or_init(|| Arc::new(OwnConns::default())).clone()
+    Some((addr.to_string(), path))
 }
 
 /// How long the server may take to accept llmprof's connection before the GET goes ahead unregistered.
 const ACCEPT_WAIT: Duration = Duration::from_millis(200);
-
-/// An address of a `/proc/net/tcp{,6}` row (`0100007F:1F90`, IPv6 as four little-endian words) as a
-/// socket address.
-fn table_addr(field: &str) -> Option<SocketAddr> {
-    let (ip, port) = field.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let ip = match ip.len() {
-        8 => std::net::IpAddr::V4(std::net::Ipv4Addr::from(
-            u32::from_str_radix(ip, 16).ok()?.swap_bytes(),
-        )),
-        32 => {
-            let mut b = [0u8; 16];
-            for (w, chunk) in b.chunks_mut(4).enumerate() {
-                let word = u32::from_str_radix(ip.get(w * 8..w * 8 + 8)?, 16)
-                    .ok()?
-                    .swap_bytes();
-                chunk.copy_from_slice(&word.to_be_bytes());
-            }
-            std::net::IpAddr::V6(std::net::Ipv6Addr::from(b))
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
-}
-
-/// The socket inode of the server's end of the connection `client` → `server`, from the server's table
-/// (None until it accepted it).
-fn server_inode(table: &str, client: SocketAddr, server: SocketAddr) -> Option<u64> {
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 {
-            return None;
-        }
-        let same = |a: Option<SocketAddr>, b: SocketAddr| {
-            a.is_some_and(|a| a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical())
-        };
-        let inode = f[9].parse::<u64>().ok().filter(|i| *i != 0)?;
-        (same(table_addr(f[1]), server) && same(table_addr(f[2]), client)).then_some(inode)
-    })
-}
 
 /// The server's end of `s` among `pids`: (pid, fd). Waits up to [`ACCEPT_WAIT`] for the server to accept.
 fn server_end(s: &TcpStream, pids: &[u32]) -> Option<(u32, i32)> {
@@ -180,26 +105,17 @@ fn server_end(s: &TcpStream, pids: &[u32]) -> Option<(u32, i32)> {
     let first = *pids.first()?;
     let until = std::time::Instant::now() + ACCEPT_WAIT;
     let inode = loop {
-        let found = ["tcp", "tcp6"].iter().find_map(|t| {
-            let text = std::fs::read_to_string(format!("/proc/{first}/net/{t}")).ok()?;
-            server_inode(&text, client, server)
-        });
+        let found = tcp::tables(Some(first))
+            .iter()
+            .find_map(|t| tcp::inode_of(t, server, client));
         match found {
             Some(i) => break i,
             None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
             None => return None,
         }
     };
-    let want = format!("socket:[{inode}]");
-    pids.iter().find_map(|&pid| {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .ok()?
-            .flatten()
-            .find_map(|e| {
-                let fd = e.file_name().to_str()?.parse::<i32>().ok()?;
-                (std::fs::read_link(e.path()).ok()?.as_os_str() == want.as_str()).then_some((pid, fd))
-            })
-    })
+    pids.iter()
+        .find_map(|&pid| Some((pid, *tcp::socket_fds(pid).get(&inode)?)))
 }
 
 /// One HTTP GET; the body when the status is 200.
@@ -210,33 +126,28 @@ pub fn get(url: &str) -> Option<String> {
 /// One HTTP GET of a server run by `server_pids` (the listener first): the server's end of the connection is
 /// registered in [`own_conns`] for as long as the GET lasts. The body when the status is 200.
 pub fn get_from(url: &str, server_pids: &[u32]) -> Option<String> {
-    let (addr, path) = split_url(url)?;
-    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).ok()?;
-    let end = server_end(&s, server_pids);
+    let (authority, path) = split_url(url)?;
+    let tcp = http::connect(&authority, Instant::now() + TIMEOUT).ok()?;
+    let end = server_end(&tcp, server_pids);
     let own = own_conns();
     if let Some((pid, fd)) = end {
         own.open(pid, fd, boottime_ns());
     }
-    let body = (|| {
-        s.set_read_timeout(Some(TIMEOUT)).ok()?;
-        s.set_write_timeout(Some(TIMEOUT)).ok()?;
-        let req = format!(
-            "GET {path} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: {ua}\r\nAccept: text/plain\r\n\r\n",
-            ua = llmprof_trace::wire::LLMPROF_USER_AGENT
-        );
-        s.write_all(req.as_bytes()).ok()?;
-        let mut buf = Vec::new();
-        (&mut s).take(MAX_BODY).read_to_end(&mut buf).ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let status = head.split_whitespace().nth(1)?;
-        (status == "200").then(|| body.to_owned())
-    })();
-    drop(s);
+    let req = http::Get {
+        authority: &authority,
+        path: &path,
+        headers: &[
+            ("User-Agent", llmprof_trace::wire::LLMPROF_USER_AGENT),
+            ("Accept", "text/plain"),
+        ],
+        max_answer: MAX_BODY,
+        tls: None,
+    };
+    let answer = http::get_on(tcp, &req, Instant::now() + TIMEOUT);
     if let Some((pid, fd)) = end {
         own.close(pid, fd, boottime_ns());
     }
-    body
+    answer.ok().filter(|r| r.status == 200).map(|r| r.body)
 }
 
 /// Finds the target's /metrics URL: the first listening port that answers with a vLLM metric.
@@ -251,16 +162,12 @@ pub fn discover(pid: u32) -> Option<String> {
 /// extends: called again as the tree grows (a server's workers listen some time after they start), each
 /// port is asked once. The process that listens there and the URL.
 pub fn discover_in(pids: &[u32], tried: &mut std::collections::HashSet<(u32, u16)>) -> Option<(u32, String)> {
-    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|t| std::fs::read_to_string(t).ok())
-        .collect();
-    let listening: Vec<(u16, u64)> = tables.iter().flat_map(|t| listening_sockets(t)).collect();
+    let listening: Vec<(u16, u64)> = tcp::tables(None).iter().flat_map(|t| tcp::listening(t)).collect();
     for &pid in pids {
-        let inodes = procfs::socket_inodes(pid);
+        let fds = tcp::socket_fds(pid);
         let mut ports: Vec<u16> = listening
             .iter()
-            .filter(|(_, i)| inodes.contains(i))
+            .filter(|(_, i)| fds.contains_key(i))
             .map(|(p, _)| *p)
             .collect();
         ports.sort_unstable();
@@ -356,6 +263,7 @@ impl Drop for Scraper {
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::net::TcpListener;
 
     const SAMPLE: &str = "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n# TYPE vllm:kv_cache_usage_perc gauge\n\
@@ -424,15 +332,5 @@ vllm:num_requests_running_other 99\n";
         assert!(own.is_own(me, fd, read_at), "the server's read was llmprof's");
         assert!(!own.is_own(me, fd, after + 1_000_000), "not after the GET ended");
         assert!(!own.is_own(me, fd + 1000, read_at));
-    }
-
-    #[test]
-    fn table_addresses_parse_in_both_families() {
-        assert_eq!(table_addr("0100007F:1F90"), "127.0.0.1:8080".parse().ok());
-        assert_eq!(
-            table_addr("00000000000000000000000001000000:0050"),
-            "[::1]:80".parse().ok()
-        );
-        assert_eq!(table_addr("zz:1"), None);
     }
 }

@@ -14,7 +14,7 @@ use std::fs;
 use llmprof_trace::event::{Event, EventBody, ProcessInfo};
 
 use crate::capture::{Capture, EngineProbes};
-use crate::procfs;
+use crate::sys::procfs;
 
 /// The parent pid of `pid` from `/proc/PID/stat` (the field after the parenthesised `comm`, which may hold
 /// spaces and parentheses itself).

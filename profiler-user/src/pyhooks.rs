@@ -104,9 +104,9 @@ pub enum PyHooksError {
 /// Checks one `--py-range` value: `MODULE:QUALNAME`, a dotted module and a dotted attribute path of
 /// identifiers (what the helper looks up in `sys.modules`; nothing of it is ever run as code).
 pub fn parse_range(s: &str) -> Result<String, String> {
-    let (module, qualname) = s
-        .split_once(':')
-        .ok_or_else(|| format!("expected MODULE:QUALNAME (e.g. vllm.v1.engine.core:EngineCore.step), got {s:?}"))?;
+    let (module, qualname) = s.split_once(':').ok_or_else(|| {
+        format!("expected MODULE:QUALNAME (e.g. vllm.v1.engine.core:EngineCore.step), got {s:?}")
+    })?;
     let dotted = |part: &str, what: &str| {
         if part.is_empty()
             || !part.split('.').all(|w| {
@@ -285,7 +285,9 @@ impl PyHooks {
         if !self.opts.ranges.is_empty() {
             return Ok(true);
         }
-        Ok(runs_vllm(inject::loaded_files(pid)?.iter().map(|f| f.path.as_path())))
+        Ok(runs_vllm(
+            inject::loaded_files(pid)?.iter().map(|f| f.path.as_path()),
+        ))
     }
 
     /// Loads and starts the hooks in each process of `pids` not considered yet that wants them. One line per
@@ -340,7 +342,9 @@ impl PyHooks {
                 libc: inject::libc_of(pid)?,
             },
             None => {
-                let helper = self.helper().inspect_err(|e| self.helper_error = Some(e.to_string()))?;
+                let helper = self
+                    .helper()
+                    .inspect_err(|e| self.helper_error = Some(e.to_string()))?;
                 inject::load(pid, &files, &helper, COPY_PREFIX, LOAD_TIMEOUT)?
             }
         };
@@ -413,7 +417,11 @@ impl PyHooks {
 
     /// Processes with hooks installed.
     pub fn hooked_pids(&self) -> Vec<u32> {
-        self.hooked.iter().filter(|h| h.hooks > 0).map(|h| h.lib.pid).collect()
+        self.hooked
+            .iter()
+            .filter(|h| h.hooks > 0)
+            .map(|h| h.lib.pid)
+            .collect()
     }
 }
 
@@ -451,9 +459,16 @@ mod tests {
 
     #[test]
     fn vllm_is_found_by_its_package_directory() {
-        assert!(runs_vllm([Path::new("/usr/lib/python3.12/site-packages/vllm/_C.abi3.so")]));
-        assert!(!runs_vllm([Path::new("/usr/lib/libvllmfoo.so"), Path::new("/usr/bin/python3.12")]));
+        assert!(runs_vllm([Path::new(
+            "/usr/lib/python3.12/site-packages/vllm/_C.abi3.so"
+        )]));
+        assert!(!runs_vllm([
+            Path::new("/usr/lib/libvllmfoo.so"),
+            Path::new("/usr/bin/python3.12")
+        ]));
         // A venv named after vLLM is not vLLM.
-        assert!(!runs_vllm([Path::new("/venvs/vllm/lib/python3.11/site-packages/PIL/_imaging.so")]));
+        assert!(!runs_vllm([Path::new(
+            "/venvs/vllm/lib/python3.11/site-packages/PIL/_imaging.so"
+        )]));
     }
 }

@@ -65,7 +65,7 @@ pub struct Counters {
     /// switch, charged at their own calibrated cost; the rest are the sampler's on-CPU samples).
     pub offcpu_stacks: u64,
     /// The injected CUPTI helpers' counters since this session started them
-    /// ([`crate::gpu::inject::GpuKernels::counters`]; zero without them).
+    /// ([`crate::cupti::GpuKernels::counters`]; zero without them).
     pub cupti: CuptiCounters,
     /// The Python hooks' records and their calibrated cost since this session installed them
     /// ([`crate::pyhooks::PyHooks::counters`]).

@@ -120,7 +120,7 @@ fn attach_with(pid: u32, secs: u32, trace: &Path, args: &[&str]) -> mpsc::Receiv
         ])
         .arg(trace)
         .args(args)
-        .env(llmprof::gpu::nvml::NVML_LIB_ENV, NO_NVML)
+        .env(llmprof::nvml::NVML_LIB_ENV, NO_NVML)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

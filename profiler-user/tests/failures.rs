@@ -136,7 +136,7 @@ impl Attach {
             .args(extra)
             .arg("-o")
             .arg(trace)
-            .env(llmprof::gpu::nvml::NVML_LIB_ENV, NO_NVML)
+            .env(llmprof::nvml::NVML_LIB_ENV, NO_NVML)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

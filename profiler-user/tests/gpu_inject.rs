@@ -19,7 +19,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use e2e::attach::Attached;
-use llmprof::gpu::inject;
+use llmprof::{cupti, inject};
 use llmprof_abi::gpu::GPU_HELPER_LIB;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
@@ -322,7 +322,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     ] {
         assert_eq!(log_count(&log, line), 1, "{line}");
     }
-    let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
+    let inj = cupti::find_loaded(pid).unwrap().expect("helper loaded");
     let s = inj.stats().unwrap();
     let produced = records_produced(&log);
     assert!(produced > 0, "the launches during the session produced records");
@@ -695,7 +695,7 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
     let pid = t.pid();
     let stderr = session(pid, &dir.join("ns.perfetto-trace"));
-    let inj = inject::find_loaded(pid).unwrap().expect("helper loaded");
+    let inj = cupti::find_loaded(pid).unwrap().expect("helper loaded");
     assert!(
         inj.target_path.starts_with("/tmp/llmprof-cupti-") && inj.target_path.ends_with(GPU_HELPER_LIB),
         "{inj:?}\n{stderr}"
@@ -839,7 +839,7 @@ fn a_borrowed_thread_gets_every_register_back() {
             pid,
             sleep,
             &[],
-            &[llmprof::gpu::ptrace::Arg::Val(1)],
+            &[llmprof::inject::Arg::Val(1)],
             Duration::from_millis(200),
         )
         .unwrap_err();
@@ -894,7 +894,7 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
     let dlopen = libc_fn(pid, "dlopen");
     let mut path = slow.to_str().unwrap().as_bytes().to_vec();
     path.push(0);
-    use llmprof::gpu::ptrace::Arg;
+    use llmprof::inject::Arg;
     blocked_in_read(pid);
     let t0 = std::time::Instant::now();
     let e = inject::call_function(
@@ -944,7 +944,7 @@ fn injector_killed_by_the_test() {
         pid,
         sleep,
         &[],
-        &[llmprof::gpu::ptrace::Arg::Val(2)],
+        &[llmprof::inject::Arg::Val(2)],
         Duration::from_secs(60),
     );
     panic!("the call returned before the test killed this process");

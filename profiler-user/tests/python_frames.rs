@@ -367,7 +367,7 @@ fn attach(pid: u32, duration: &str, trace: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_llmprof"))
         .args(["attach", "--pid", &pid.to_string(), "-d", duration, "-o"])
         .arg(trace)
-        .env(llmprof::gpu::nvml::NVML_LIB_ENV, "/nonexistent/libnvidia-ml.so.1")
+        .env(llmprof::nvml::NVML_LIB_ENV, "/nonexistent/libnvidia-ml.so.1")
         .output()
         .unwrap()
 }

@@ -19,6 +19,8 @@ const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
 const RANGE: &str = "__main__:H.do_GET";
 /// Its slice's name (`domain::name`).
 const SLICE: &str = "__main__::H.do_GET";
+/// A /metrics URL nothing answers.
+const NO_METRICS: &str = "http://127.0.0.1:9/metrics";
 
 /// A threaded HTTP server whose handler's `do_GET` is the function hooked; each stdin line is answered with
 /// `same` when `H.do_GET` is the original function object, `hooked` otherwise.
@@ -79,7 +81,19 @@ fn a_py_range_is_one_slice_per_call_and_the_original_is_back_after_the_session()
     let (mut t, port) = server();
     assert_eq!(t.ask("check"), "same");
     let trace = dir.join("range.perfetto-trace");
-    let a = Attached::start(t.pid(), &["--py-range", RANGE, "--no-sample", "-v"], &trace);
+    // Another /metrics URL: llmprof's own discovery GETs on the server's port would be calls of do_GET too.
+    let a = Attached::start(
+        t.pid(),
+        &[
+            "--py-range",
+            RANGE,
+            "--no-sample",
+            "-v",
+            "--metrics-url",
+            NO_METRICS,
+        ],
+        &trace,
+    );
     let log = a.log();
     assert!(
         log.contains("Python hooks: pid") && log.contains("range __main__:H.do_GET"),
@@ -89,7 +103,10 @@ fn a_py_range_is_one_slice_per_call_and_the_original_is_back_after_the_session()
     get(port, 5);
     let out = a.stop();
     assert_eq!(t.ask("check"), "same", "H.do_GET is the original function again");
-    assert!(out.contains("Python hooks"), "the estimate charges the hooks: {out}");
+    assert!(
+        out.contains("Python hooks"),
+        "the estimate charges the hooks: {out}"
+    );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     assert_eq!(
@@ -155,7 +172,15 @@ fn a_py_range_nothing_can_take_is_refused_with_the_reason() {
     let (mut t, _) = server();
     let run = |pid: u32, range: &str| {
         let out = Command::new(LLMPROF)
-            .args(["attach", "--pid", &pid.to_string(), "-d", "2s", "--py-range", range])
+            .args([
+                "attach",
+                "--pid",
+                &pid.to_string(),
+                "-d",
+                "2s",
+                "--py-range",
+                range,
+            ])
             .arg("-o")
             .arg(dir.join("refused.perfetto-trace"))
             .output()

@@ -67,7 +67,10 @@ fn a_live_attach_gives_vllms_engine_steps_and_request_phases() {
     } = vllm::counters(server.port);
     let out = a.stop();
     assert!(!out.contains("not removed"), "{out}");
-    assert!(out.contains("Python hooks"), "the estimate charges the hooks: {out}");
+    assert!(
+        out.contains("Python hooks"),
+        "the estimate charges the hooks: {out}"
+    );
 
     let report = e2e::attach::report_json(&trace);
     // The client's warm-up request is vLLM's too (not in the rows' comparison, in the counters' deltas).
@@ -107,7 +110,10 @@ fn a_live_attach_gives_vllms_engine_steps_and_request_phases() {
         let r = mine[0];
         assert_eq!(r["wire"], false, "the engine's view, its wire view joined: {r}");
         assert!(r["wire_req_id"].is_u64(), "{r}");
-        assert_eq!(r["finish_reason"], "stop", "{r}");
+        assert!(
+            r["finish_reason"] == "stop" || r["finish_reason"] == "length",
+            "{r}"
+        );
         let (queue, prefill, ttft) = (
             r["queue_ms"].as_f64().expect("queue"),
             r["prefill_ms"].as_f64().expect("prefill"),
@@ -123,7 +129,12 @@ fn a_live_attach_gives_vllms_engine_steps_and_request_phases() {
             r["outside_engine_ttft_ms"].as_f64().is_some(),
             "TTFT outside the engine: {r}"
         );
-        assert_eq!(r["output_tokens"], c["chunks"], "{r}");
+        // A token that ends inside a character (a sampled emoji) streams as a chunk without content.
+        assert!(
+            r["output_tokens"].as_u64().unwrap() >= c["chunks"].as_u64().unwrap(),
+            "every content chunk is a token: {r}"
+        );
+        assert_eq!(r["http_status"], 200, "the API server's status: {r}");
     }
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();

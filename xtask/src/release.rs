@@ -324,7 +324,10 @@ fn build_deb(bin: &Path, stage: &Path, out: &Path, arch: &str) -> Result<PathBuf
     let cp = |from: &Path, to: &Path| -> Result<()> { run(Command::new("cp").arg("-r").arg(from).arg(to)) };
     cp(bin, &mk("usr/bin")?.join("llmprof"))?;
     for (_, lib) in HELPER_LIBS {
-        cp(&stage.join("lib/llmprof").join(lib), &mk("usr/lib/llmprof")?.join(lib))?;
+        cp(
+            &stage.join("lib/llmprof").join(lib),
+            &mk("usr/lib/llmprof")?.join(lib),
+        )?;
     }
     let share = stage.join("share");
     cp(

@@ -12,7 +12,7 @@ use llmprof_trace::event::OverheadSummary;
 
 use super::AttachReport;
 use crate::capture::EngineProbes;
-use crate::gpu::CudaState;
+use crate::cuda::CudaState;
 
 /// The summary, lines ending with a newline.
 pub fn render(r: &AttachReport, verbose: bool) -> String {
@@ -145,7 +145,11 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
     };
     let hooks = ov.python_hooks.as_ref().map_or(0.0, |h| h.added_ns);
     let hooks_part = match &ov.python_hooks {
-        Some(h) => format!(", Python hooks {:.1} ms ({} records)", h.added_ns / 1e6, h.records),
+        Some(h) => format!(
+            ", Python hooks {:.1} ms ({} records)",
+            h.added_ns / 1e6,
+            h.records
+        ),
         None => String::new(),
     };
     let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0) - cupti - hooks;
@@ -413,7 +417,7 @@ mod tests {
             processes: 1,
             metrics_url: None,
             otel: None,
-            gpu: crate::gpu::GpuReport {
+            gpu: crate::attach::gpu::GpuReport {
                 counters: "off".into(),
                 cuda: CudaState::Waiting,
                 dropped: 0,

@@ -747,7 +747,7 @@ fn self_file_offset(addr: u64) -> Option<u64> {
 
 /// `addr - start + offset` when the maps line `l` maps `path` and contains `addr`.
 fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
-    let m = crate::procfs::MapsLine::parse(l)?;
+    let m = crate::sys::maps::MapsLine::parse(l)?;
     (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
 }
 

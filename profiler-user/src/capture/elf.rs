@@ -1,14 +1,15 @@
 //! Reading an engine binary before attaching: its probe ABI version and which probe symbols it exports.
 //!
-//! Owns ELF inspection only (the `object` crate over [`crate::sys::target_file`]'s bounded reads); never
-//! attaches anything.
+//! Owns what llmprof looks for in an engine's ELF image (read by [`crate::sys::elf`]); never attaches
+//! anything.
 
 use std::path::Path;
 
 use llmprof_abi::{ABI_VERSION_SYMBOL, ENGINE_PROBES};
-use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
+use object::{Object, ObjectSymbol};
 
-use crate::sys::target_file::{self, Limits, Source, TargetFileError};
+use crate::sys::elf::{self, ElfError};
+use crate::sys::target_file::Source;
 
 /// What an engine binary offers to llmprof.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,18 +20,10 @@ pub struct EngineElf {
     pub probes: [bool; ENGINE_PROBES.len()],
 }
 
-/// Why an ELF file could not be inspected.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    /// The file could not be read or parsed (see [`crate::sys::target_file`]).
-    #[error("cannot inspect the engine binary")]
-    File(#[source] TargetFileError),
-}
-
-/// Inspects the binary at `path` (for a running process: `/proc/PID/exe`), through
-/// [`crate::sys::target_file`]: a traced process chose that file.
+/// Inspects the binary at `path` (for a running process: `/proc/PID/exe`), through [`crate::sys::elf`]: a
+/// traced process chose that file.
 pub fn inspect(path: &Path) -> Result<EngineElf, ElfError> {
-    target_file::with_elf(&Source::Path(path.to_owned()), Limits::ELF, |file| {
+    elf::read(&Source::Path(path.to_owned()), "the engine binary", |file| {
         let mut out = EngineElf {
             abi_version: None,
             probes: [false; ENGINE_PROBES.len()],
@@ -40,23 +33,10 @@ pub fn inspect(path: &Path) -> Result<EngineElf, ElfError> {
             if let Some(i) = ENGINE_PROBES.iter().position(|p| *p == name) {
                 out.probes[i] |= sym.is_definition();
             } else if name == ABI_VERSION_SYMBOL && out.abi_version.is_none() {
-                out.abi_version = read_u32(file, &sym);
+                out.abi_version = elf::symbol_u32(file, &sym);
             }
         }
         out
-    })
-    .map_err(ElfError::File)
-}
-
-fn read_u32<'d, R: ReadRef<'d>>(file: &object::File<'d, R>, sym: &object::Symbol<'d, '_, R>) -> Option<u32> {
-    let index = sym.section_index()?;
-    let section = file.section_by_index(index).ok()?;
-    let bytes = section.data_range(sym.address(), 4).ok()??;
-    let arr: [u8; 4] = bytes.try_into().ok()?;
-    Some(if file.is_little_endian() {
-        u32::from_le_bytes(arr)
-    } else {
-        u32::from_be_bytes(arr)
     })
 }
 
@@ -76,7 +56,13 @@ mod tests {
     fn non_elf_is_an_error() {
         let e = inspect(Path::new("/etc/hostname")).err();
         assert!(
-            matches!(e, Some(ElfError::File(TargetFileError::Parse { .. }))),
+            matches!(
+                e,
+                Some(ElfError {
+                    source: crate::sys::target_file::TargetFileError::Parse { .. },
+                    ..
+                })
+            ),
             "{e:?}"
         );
     }

@@ -57,16 +57,22 @@ pub(super) struct GpuCapture {
     links: Vec<UProbeLink>,
 }
 
+/// The helper library as `pid` maps it.
+fn helper_mapped(pid: u32) -> Option<crate::sys::maps::MappedFile> {
+    crate::sys::maps::Maps::of(pid)
+        .ok()?
+        .find_file(|base| base == GPU_HELPER_LIB)
+}
+
 /// File offset of [`GPU_HANDOFF`] in the helper library `pid` maps (its `.dynsym`, read through
 /// [`crate::sys::target_file`]: the mapped inode, even if its file was removed since).
 pub fn handoff_offset(pid: u32) -> Result<u64, HandoffError> {
-    let lib = crate::gpu::libcuda::find_mapped(pid, |base| base == GPU_HELPER_LIB)
-        .ok_or(HandoffError::NotMapped { pid })?;
+    let lib = helper_mapped(pid).ok_or(HandoffError::NotMapped { pid })?;
     target_file::with_elf(&lib.source, Limits::ELF, |file| {
         file.dynamic_symbols()
             .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
             .find(|s| s.name() == Ok(GPU_HANDOFF))
-            .and_then(|s| crate::gpu::libcuda::file_offset(file, &s))
+            .and_then(|s| crate::sys::elf::symbol_file_offset(file, &s))
     })
     .map_err(HandoffError::Read)?
     .ok_or_else(|| HandoffError::NoHandoff {
@@ -117,7 +123,7 @@ impl Capture {
         if self.gpu.attached.contains_key(&pid) || self.gpu.failed.contains(&pid) {
             return None;
         }
-        let lib = crate::gpu::libcuda::find_mapped(pid, |base| base == GPU_HELPER_LIB)?;
+        let lib = helper_mapped(pid)?;
         let r = self.attach_handoff(pid, &lib.probe_path).map(|()| lib.path);
         if r.is_err() {
             self.gpu.failed.insert(pid);

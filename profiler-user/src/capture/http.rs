@@ -1,7 +1,7 @@
 //! The HTTP wire probe's user-space half: which sockets the kernel follows, and its records decoded.
 //!
-//! Owns finding the traced processes' TCP listening sockets (LISTEN entries of `/proc/net/tcp{,6}` whose inode
-//! is one of the process's fds, like the /metrics discovery) and the connections already established on those
+//! Owns finding the traced processes' TCP listening sockets (LISTEN entries of `/proc/PID/net/tcp{,6}` whose
+//! inode is one of the process's fds, [`crate::sys::tcp`]) and the connections already established on those
 //! ports at attach, and writing them into the kernel's `HTTP_LISTEN` / `HTTP_CONNS` maps (by default the kernel
 //! follows every accepted connection provisionally and keeps the HTTP/1.x ones, so `HTTP_LISTEN` is only
 //! written for `--http-port`); and decoding
@@ -11,7 +11,7 @@
 //! reached the server's socket, not when the server read them.
 
 use std::collections::HashMap as StdHashMap;
-use std::fs;
+use std::sync::Arc;
 
 use aya::Ebpf;
 use aya::maps::{HashMap, ProgramArray};
@@ -20,10 +20,11 @@ use llmprof_abi::{
     EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
     SockKey, WIRE_DECODER_PROGRAMS,
 };
-use llmprof_trace::wire::WireRecord;
+use llmprof_trace::wire::{OwnConns, WireRecord};
 
 use super::decode::read;
 use super::{CaptureError, map_err};
+use crate::sys::tcp;
 
 /// The arrival-stamp programs (`profiler-ebpf/src/http.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
@@ -94,6 +95,13 @@ pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), 
     Ok(Ok(()))
 }
 
+/// llmprof's own connections to traced servers (its /metrics GETs), one registry per llmprof process: every
+/// session's wire view reads it ([`llmprof_trace::wire::OwnConns`]) and leaves their requests out.
+pub fn own_conns() -> Arc<OwnConns> {
+    static OWN: std::sync::OnceLock<Arc<OwnConns>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| Arc::new(OwnConns::default())).clone()
+}
+
 /// Which listening ports of the traced processes the wire probe follows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum HttpPorts {
@@ -106,10 +114,6 @@ pub enum HttpPorts {
     Off,
 }
 
-/// TCP states of `/proc/net/tcp` (include/net/tcp_states.h).
-const TCP_ESTABLISHED: &str = "01";
-const TCP_LISTEN: &str = "0A";
-
 /// A process's TCP sockets on the ports to follow: listening fds (with their port) and established ones.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Sockets {
@@ -119,48 +123,27 @@ pub struct Sockets {
     pub established: Vec<i32>,
 }
 
-/// (local port, state, inode) of each row of a `/proc/net/tcp{,6}` table.
-fn rows(table: &str) -> Vec<(u16, String, u64)> {
-    let mut out = Vec::new();
-    for line in table.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 {
-            continue;
-        }
-        let Ok(inode) = f[9].parse::<u64>() else { continue };
-        let Some(port) = f[1]
-            .rsplit(':')
-            .next()
-            .and_then(|p| u16::from_str_radix(p, 16).ok())
-        else {
-            continue;
-        };
-        out.push((port, f[3].to_owned(), inode));
-    }
-    out
-}
-
 /// The sockets of `pid` to follow, from `fds` (inode → fd) and the tables' text.
 pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) -> Sockets {
     let mut s = Sockets::default();
-    let rows: Vec<_> = tables.iter().flat_map(|t| rows(t)).collect();
+    let rows: Vec<tcp::TcpRow> = tables.iter().flat_map(|t| tcp::rows(t)).collect();
     let wanted = |p: u16| match ports {
         HttpPorts::All => true,
         HttpPorts::Only(v) => v.contains(&p),
         HttpPorts::Off => false,
     };
-    for (port, st, inode) in &rows {
-        if st == TCP_LISTEN
-            && wanted(*port)
-            && let Some(&fd) = fds.get(inode)
+    for r in &rows {
+        if r.state == tcp::LISTEN
+            && wanted(r.local.port())
+            && let Some(&fd) = fds.get(&r.inode)
         {
-            s.listening.push((fd, *port));
+            s.listening.push((fd, r.local.port()));
         }
     }
-    for (port, st, inode) in &rows {
-        if st == TCP_ESTABLISHED
-            && s.listening.iter().any(|(_, p)| p == port)
-            && let Some(&fd) = fds.get(inode)
+    for r in &rows {
+        if r.state == tcp::ESTABLISHED
+            && s.listening.iter().any(|(_, p)| *p == r.local.port())
+            && let Some(&fd) = fds.get(&r.inode)
         {
             s.established.push(fd);
         }
@@ -172,38 +155,12 @@ pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) 
     s
 }
 
-/// inode → fd of the sockets among `pid`'s fds.
-fn socket_fds(pid: u32) -> StdHashMap<u64, i32> {
-    let mut out = StdHashMap::new();
-    if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) {
-        for e in dir.flatten() {
-            let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if let Ok(target) = fs::read_link(e.path())
-                && let Some(inode) = target
-                    .to_string_lossy()
-                    .strip_prefix("socket:[")
-                    .and_then(|s| s.strip_suffix(']'))
-                    .and_then(|s| s.parse().ok())
-            {
-                out.insert(inode, fd);
-            }
-        }
-    }
-    out
-}
-
 /// The sockets of `pid` to follow, read from /proc.
 pub fn discover(pid: u32, ports: &HttpPorts) -> Sockets {
     if *ports == HttpPorts::Off {
         return Sockets::default();
     }
-    let tables: Vec<String> = [format!("/proc/{pid}/net/tcp"), format!("/proc/{pid}/net/tcp6")]
-        .iter()
-        .filter_map(|p| fs::read_to_string(p).ok())
-        .collect();
-    select(&socket_fds(pid), &tables, ports)
+    select(&tcp::socket_fds(pid), &tcp::tables(Some(pid)), ports)
 }
 
 /// Writes `pid`'s sockets into the kernel maps: listening fds to follow (with [`HttpPorts::Only`]; with

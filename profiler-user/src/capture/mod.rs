@@ -264,7 +264,7 @@ pub enum CaptureError {
     Pattern(#[from] PatternError),
     /// The target's binary could not be inspected.
     #[error(transparent)]
-    Elf(#[from] elf::ElfError),
+    Elf(#[from] crate::sys::elf::ElfError),
     /// The kernel refused to load the programs (the verifier log is in the source chain).
     #[error(
         "the kernel refused llmprof's eBPF programs (see the verifier log below); please report it with `uname -r`"
@@ -684,7 +684,7 @@ impl Capture {
             syscall_links,
             range_links,
             python,
-            wire: llmprof_trace::wire::Reconstructor::with_own(crate::metrics_scrape::own_conns()),
+            wire: llmprof_trace::wire::Reconstructor::with_own(http::own_conns()),
             http_ports: cfg.http.clone(),
             http_followed: StdHashMap::new(),
             http_seeded: u64::MAX,
@@ -830,12 +830,10 @@ impl Capture {
     /// is nested in another driver call and not counted again. Without it (maps unreadable, map full) nested
     /// calls count twice; logged.
     fn set_cuda_text(&mut self, pid: u32) {
-        let range = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .ok()
-            .and_then(|maps| {
-                let mapped = crate::gpu::libcuda::find_in_maps(&maps)?;
-                crate::gpu::libcuda::text_range(&maps, &mapped)
-            });
+        let range = crate::sys::maps::Maps::of(pid).ok().and_then(|maps| {
+            let mapped = maps.find_file(crate::cuda::libcuda::is_libcuda)?;
+            maps.exec_range(&mapped.path.to_string_lossy())
+        });
         let Some((start, end)) = range else {
             log::debug!(
                 "capture: pid {pid}: libcuda's code range not found; nested counted calls count twice"
@@ -981,8 +979,13 @@ impl Capture {
                 load_engine_programs(&mut self.ebpf, self.capture_content)?;
                 self.engine_loaded = true;
             }
-            let links =
-                attach_engine_programs_at(&mut self.ebpf, pid, lib, self.capture_content, !self.ranges_detached)?;
+            let links = attach_engine_programs_at(
+                &mut self.ebpf,
+                pid,
+                lib,
+                self.capture_content,
+                !self.ranges_detached,
+            )?;
             self.range_links.extend(links);
         }
         self.engine.insert(pid, probes.clone());
@@ -1236,7 +1239,7 @@ impl Capture {
             syscalls_decoded: self.syscalls_decoded(),
             cuda_counted: self.cuda_counted_calls(),
             offcpu_stacks: self.offcpu_decoded,
-            cupti: Default::default(),
+            ..Default::default()
         }
     }
 

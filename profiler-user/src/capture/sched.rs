@@ -40,7 +40,7 @@ pub(super) fn fill_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<usize, Captu
     let mut threads = HashMap::<_, u32, u32>::try_from(map).map_err(map_err("THREADS"))?;
     let mut n = 0;
     for &pid in pids {
-        for tid in crate::procfs::thread_ids(pid) {
+        for tid in crate::sys::procfs::thread_ids(pid) {
             threads.insert(tid, pid, 0).map_err(map_err("THREADS"))?;
             n += 1;
         }

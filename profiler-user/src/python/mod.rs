@@ -24,11 +24,12 @@ use llmprof_abi::python::{
     PY_STATUS_NO_THREAD, PY_STATUS_READ_FAILED, PY_STATUS_TRUNCATED, PyOffsets, PyStack,
 };
 use llmprof_trace::pystack::{PyFrame, PyStackSample, PyStackStatus};
-use object::{Object, ObjectKind, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectKind, ObjectSymbol};
 
 use offsets::{Layout, UNICODE_LENGTH, UNICODE_STATE, VAR_OB_SIZE};
 
-use crate::sys::target_file::{self, Limits, Source};
+use crate::sys::elf;
+use crate::sys::maps::{MappedFile, Maps};
 
 /// Code objects kept resolved per process before the cache starts over.
 pub const CODE_CACHE_MAX: usize = 65536;
@@ -129,51 +130,22 @@ fn io_err(pid: u32, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> P
     move |source| PythonError::Read { pid, what, source }
 }
 
-/// One file mapped by a process: its lowest start address minus its offset (its load base), its path, and
-/// one of its mappings (what [`crate::sys::target_file`] reads it through).
-struct MappedFile {
-    base: u64,
-    path: String,
-    source: Source,
-}
-
-/// Each file mapped by `pid`, from /proc/PID/maps.
+/// Each file mapped by `pid` ([`crate::sys::maps`]).
 fn mapped_files(pid: u32) -> Result<Vec<MappedFile>, PythonError> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(io_err(pid, format!("/proc/{pid}/maps")))?;
-    let mut out: Vec<MappedFile> = Vec::new();
-    for m in maps.lines().filter_map(crate::procfs::MapsLine::parse) {
-        if !m.is_file() {
-            continue;
-        }
-        let base = m.start.saturating_sub(m.offset);
-        match out.iter_mut().find(|f| f.path == m.path) {
-            Some(f) => f.base = f.base.min(base),
-            None => out.push(MappedFile {
-                base,
-                path: m.path.to_owned(),
-                source: Source::Mapping {
-                    pid,
-                    start: m.start,
-                    end: m.end,
-                    path: m.path.to_owned(),
-                },
-            }),
-        }
-    }
-    Ok(out)
+    Ok(Maps::of(pid)
+        .map_err(io_err(pid, format!("/proc/{pid}/maps")))?
+        .files())
 }
 
 /// Looks for `_PyRuntime` (and `Py_Version`) in the mapped ELF file `f`.
 fn runtime_in(f: &MappedFile) -> Option<RuntimeSym> {
     let base = f.base;
-    let (runtime, py_version) = target_file::with_elf(&f.source, Limits::ELF, move |file| {
+    let (runtime, py_version) = elf::read(&f.source, "a Python binary", move |file| {
         let bias = if file.kind() == ObjectKind::Executable {
             0
         } else {
             // Load address of the lowest segment, minus its link-time address (0 for libraries and PIEs).
-            let min_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-            base.wrapping_sub(min_vaddr)
+            base.wrapping_sub(elf::first_load(file))
         };
         let mut runtime = None;
         let mut py_version = None;
@@ -189,10 +161,10 @@ fn runtime_in(f: &MappedFile) -> Option<RuntimeSym> {
         }
         (runtime, py_version)
     })
-    .map_err(|e| log::debug!("python: {e}"))
+    .map_err(|e| log::debug!("python: {}", crate::causes::one_line(&e)))
     .ok()?;
     Some(RuntimeSym {
-        path: f.path.clone(),
+        path: f.path.display().to_string(),
         runtime: runtime?,
         py_version,
     })
@@ -214,11 +186,14 @@ impl PyProcess {
             .map(|p| p.display().to_string())
             .unwrap_or_default();
         // The executable first, then libpython (a static build defines _PyRuntime in the executable).
-        let mut candidates: Vec<&MappedFile> = files.iter().filter(|f| f.path == exe).collect();
+        let mut candidates: Vec<&MappedFile> = files
+            .iter()
+            .filter(|f| f.path.as_os_str() == exe.as_str())
+            .collect();
         candidates.extend(files.iter().filter(|f| {
             f.path
-                .rsplit('/')
-                .next()
+                .file_name()
+                .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("libpython3"))
         }));
         let sym = candidates

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::capture::{Capture, CaptureConfig};
 use crate::metrics_scrape::{self, Scraper};
-use crate::procfs;
 use crate::proctree::{self, Tree};
+use crate::sys::procfs;
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody};
 use llmprof_trace::merge::{DEFAULT_WINDOW_NS, Merger};

@@ -932,7 +932,7 @@ mod tests {
             ring_bytes: 1 << 20,
             verbose: false,
             otel: OtelOptions::default(),
-            gpu: crate::gpu::GpuOptions::default(),
+            gpu: crate::attach::gpu::GpuOptions::default(),
             python_hooks: crate::pyhooks::PyHooksOptions::default(),
             sample_hz: 0,
             overhead_budget: None,

@@ -231,7 +231,7 @@ impl ServeOptions {
             verbose: false,
             otel: s.otel,
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
-            gpu: crate::gpu::GpuOptions::default(),
+            gpu: crate::attach::gpu::GpuOptions::default(),
             // The Python hooks' presets (vLLM's engine) in the targets the allow-list lets a session trace;
             // never a `--py-range`: nothing an alert says chooses what is hooked.
             python_hooks: crate::pyhooks::PyHooksOptions::default(),
@@ -277,17 +277,14 @@ impl ServeOptions {
 
 /// `pid:[INODE]` of a pid-namespace file (`/proc/N/ns/pid` or a bind mount of one).
 fn pid_namespace_id(path: &Path) -> Result<String, ServeError> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path)
-        .map_err(|e| ServeError::Usage(format!("--pid-namespace {}: {e}", path.display())))?;
-    // nsfs inodes live on their own device; a regular file is a mistake.
-    if m.is_file() && m.len() > 0 {
-        return Err(ServeError::Usage(format!(
+    use crate::sys::ns;
+    ns::id_of_file(path, ns::Kind::Pid).map_err(|e| match e {
+        ns::NsFileError::NotNamespace => ServeError::Usage(format!(
             "--pid-namespace {}: not a namespace file (use /proc/PID/ns/pid)",
             path.display()
-        )));
-    }
-    Ok(format!("pid:[{}]", m.ino()))
+        )),
+        e => ServeError::Usage(format!("--pid-namespace {}: {e}", path.display())),
+    })
 }
 
 fn is_root() -> bool {

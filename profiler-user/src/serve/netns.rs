@@ -4,10 +4,13 @@
 //! `/proc/PID/net/fib_trie`'s LOCAL host routes, IPv6 from `/proc/PID/net/if_inet6`) and translating a pid of
 //! another pid namespace to serve's own (`NSpid` of `/proc/PID/status`). Only the network namespaces owned by
 //! serve's own user namespace count ([`all`]): any user may create a user namespace and a network namespace in
-//! it, give it any address and listen on any port there. Read-only.
+//! it, give it any address and listen on any port there. Namespace ids are read through [`crate::sys::ns`].
+//! Read-only.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::sys::ns;
 
 /// One network namespace: its processes and its local addresses.
 #[derive(Clone, Debug, Default)]
@@ -20,26 +23,9 @@ pub struct NetNs {
     pub addrs: Vec<IpAddr>,
 }
 
-/// The user namespace owning the network namespace of `pid` (`user:[INODE]`'s inode), through
-/// `ioctl(NS_GET_USERNS)` on `/proc/PID/ns/net`.
-fn netns_owner(pid: u32) -> Option<u64> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::os::unix::fs::MetadataExt;
-    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
-    // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor (or -1).
-    let fd = unsafe { libc::ioctl(f.as_raw_fd(), libc::NS_GET_USERNS) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: the descriptor was just returned by the ioctl and is owned by nobody else.
-    let owner = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    owner.metadata().ok().map(|m| m.ino())
-}
-
 /// Every network namespace that has a process and that serve's own user namespace owns, with its addresses.
 pub fn all() -> Vec<NetNs> {
-    use std::os::unix::fs::MetadataExt;
-    let ours = std::fs::metadata("/proc/self/ns/user").ok().map(|m| m.ino());
+    let ours = ns::own_user_ns();
     let mut by_id: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -48,17 +34,14 @@ pub fn all() -> Vec<NetNs> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(id) = std::fs::read_link(format!("/proc/{pid}/ns/net")) else {
+        let Some(id) = ns::id_of(pid, ns::Kind::Net) else {
             continue;
         };
-        by_id
-            .entry(id.to_string_lossy().into_owned())
-            .or_default()
-            .push(pid);
+        by_id.entry(id).or_default().push(pid);
     }
     by_id
         .into_iter()
-        .filter(|(_, pids)| pids.iter().take(3).find_map(|&p| netns_owner(p)) == ours)
+        .filter(|(_, pids)| pids.iter().take(3).find_map(|&p| ns::net_owner(p)) == ours)
         .map(|(id, mut pids)| {
             pids.sort_unstable();
             let addrs = pids
@@ -70,13 +53,6 @@ pub fn all() -> Vec<NetNs> {
             NetNs { id, pids, addrs }
         })
         .collect()
-}
-
-/// The network namespace id of `pid` (`net:[INODE]`).
-pub fn netns_of(pid: u32) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/net"))
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// Local addresses of the network namespace `pid` is in.
@@ -119,18 +95,15 @@ pub fn if_inet6(text: &str) -> Vec<Ipv6Addr> {
         .collect()
 }
 
-/// The pid, in serve's pid namespace, of the process that is `pid` in the pid namespace `ns`
+/// The pid, in serve's pid namespace, of the process that is `pid` in the pid namespace `ns_id`
 /// (`pid:[INODE]`); None when no such process is visible.
-pub fn translate_pid(ns: &str, pid: u32) -> Option<u32> {
+pub fn translate_pid(ns_id: &str, pid: u32) -> Option<u32> {
     let dir = std::fs::read_dir("/proc").ok()?;
     for e in dir.flatten() {
         let Some(host_pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(own) = std::fs::read_link(format!("/proc/{host_pid}/ns/pid")) else {
-            continue;
-        };
-        if own.to_string_lossy() != ns {
+        if ns::id_of(host_pid, ns::Kind::Pid).as_deref() != Some(ns_id) {
             continue;
         }
         let Ok(status) = std::fs::read_to_string(format!("/proc/{host_pid}/status")) else {
@@ -192,7 +165,7 @@ Local:
     #[test]
     fn our_namespace_has_loopback_and_us() {
         let me = std::process::id();
-        let mine = netns_of(me).unwrap();
+        let mine = ns::id_of(me, ns::Kind::Net).unwrap();
         let ns = all();
         let ours = ns.iter().find(|n| n.id == mine).unwrap();
         assert!(ours.pids.contains(&me));

@@ -17,8 +17,7 @@
 //! session ends early). After a restart the file is read back: an alert traced before is not traced again.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +29,7 @@ use serde::Deserialize;
 use super::manager::{MAX_ALERTS_PER_BATCH, Manager, Outcome};
 use super::say;
 use super::webhook::{Alert, AlertStatus};
+use crate::sys::http;
 
 /// Shortest polling interval accepted.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -41,7 +41,7 @@ pub const DEFAULT_INTERVAL: &str = "10s";
 pub const DEFAULT_FILTER: &str = "llmprof=\"trace\"";
 /// Everything one poll may take: every URL's name lookup, connection, TLS handshake and answer together.
 pub const POLL_DEADLINE: Duration = Duration::from_secs(10);
-/// Largest answer read (a few thousand alerts).
+/// Largest answer read, head and body (a few thousand alerts).
 const MAX_BODY: u64 = 16 << 20;
 /// The handled-alerts file in the output directory.
 pub const HANDLED_FILE: &str = ".alertmanager-handled";
@@ -248,8 +248,8 @@ impl AmAlert {
     }
 }
 
-/// A minimal HTTP/1.0 GET (no chunked encoding, the connection closes after the body), over TLS for an
-/// `https://` URL; `Ok(body)` on 200. Every step is bounded by `deadline`.
+/// One GET of `path` on `url` ([`crate::sys::http`], over TLS for an `https://` URL); `Ok(body)` on 200.
+/// Every step is bounded by `deadline`.
 fn get(
     url: &AmUrl,
     path: &str,
@@ -258,88 +258,27 @@ fn get(
     deadline: Instant,
 ) -> Result<String, String> {
     let authority = &url.authority;
-    let left = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| format!("{authority}: no answer within the poll's {POLL_DEADLINE:?}"))
+    let mut headers = vec![("Accept", "application/json")];
+    headers.extend(auth.map(|a| ("Authorization", a)));
+    let req = http::Get {
+        authority,
+        path,
+        headers: &headers,
+        max_answer: MAX_BODY,
+        tls: url.tls.then_some((url.host.as_str(), tls)),
     };
-    let addr = authority
-        .to_socket_addrs()
-        .map_err(|e| format!("{authority}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{authority}: no address"))?;
-    let tcp = TcpStream::connect_timeout(&addr, left()?).map_err(|e| format!("{authority}: {e}"))?;
-    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    let request =
-        format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n{auth}\r\n");
-    let mut raw = Vec::new();
-    let io = |e: std::io::Error| format!("{authority}: {e}");
-    if url.tls {
-        let name = rustls::pki_types::ServerName::try_from(url.host.clone())
-            .map_err(|e| format!("{authority}: {e}"))?;
-        let conn =
-            rustls::ClientConnection::new(tls.clone(), name).map_err(|e| format!("{authority}: {e}"))?;
-        let mut s = rustls::StreamOwned::new(conn, tcp);
-        s.sock.set_write_timeout(Some(left()?)).map_err(io)?;
-        s.write_all(request.as_bytes()).map_err(io)?;
-        read_until_deadline(&mut s, |s, d| s.sock.set_read_timeout(Some(d)), &mut raw, &left).map_err(io)?;
-    } else {
-        let mut s = tcp;
-        s.set_write_timeout(Some(left()?)).map_err(io)?;
-        s.write_all(request.as_bytes()).map_err(io)?;
-        read_until_deadline(&mut s, |s, d| s.set_read_timeout(Some(d)), &mut raw, &left).map_err(io)?;
-    }
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{authority}: not an HTTP answer"))?;
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
+    let answer = http::get(&req, deadline).map_err(|e| match e {
+        http::HttpError::TimedOut => format!("{authority}: no answer within the poll's {POLL_DEADLINE:?}"),
+        e => format!("{authority}: {e}"),
+    })?;
+    if answer.status != 200 {
         return Err(format!(
-            "{authority}: HTTP {status}: {}",
-            body.chars().take(200).collect::<String>()
+            "{authority}: HTTP {}: {}",
+            answer.status,
+            answer.body.chars().take(200).collect::<String>()
         ));
     }
-    Ok(body.to_owned())
-}
-
-/// Reads `s` to its end (at most [`MAX_BODY`] bytes) with each read's timeout what is left of the deadline.
-/// A TLS peer that closes without `close_notify` ends the answer too.
-fn read_until_deadline<S: Read>(
-    s: &mut S,
-    set_timeout: impl Fn(&S, Duration) -> std::io::Result<()>,
-    out: &mut Vec<u8>,
-    left: &dyn Fn() -> Result<Duration, String>,
-) -> std::io::Result<()> {
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        let d = left().map_err(|e| std::io::Error::new(std::io::ErrorKind::TimedOut, e))?;
-        set_timeout(s, d)?;
-        match s.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => {
-                out.extend_from_slice(&buf[..n]);
-                if out.len() as u64 > MAX_BODY {
-                    return Err(std::io::Error::other(format!("answer over {MAX_BODY} bytes")));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within the poll's {POLL_DEADLINE:?}"),
-                ));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    Ok(answer.body)
 }
 
 /// The handled alerts (fingerprint → `startsAt`), kept in [`HANDLED_FILE`].
@@ -632,6 +571,7 @@ fn describe(o: &Outcome) -> String {
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     #[test]
     fn urls_filters_and_auth_are_read_as_documented() {

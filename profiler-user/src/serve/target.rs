@@ -17,8 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::metrics_scrape::listening_sockets;
-use crate::procfs;
+use crate::sys::{ns, procfs, tcp};
 
 use super::netns;
 use super::webhook::Alert;
@@ -139,16 +138,13 @@ impl FromStr for PortNetns {
         match s {
             "own" => Ok(PortNetns::Own),
             "root" => Ok(PortNetns::Root),
-            p if p.starts_with('/') => {
-                use std::os::unix::fs::MetadataExt;
-                let m = std::fs::metadata(p).map_err(|e| format!("--port-netns {p}: {e}"))?;
-                if m.is_file() && m.len() > 0 {
-                    return Err(format!(
-                        "--port-netns {p}: not a network namespace file (use /run/netns/NAME or /proc/PID/ns/net)"
-                    ));
-                }
-                Ok(PortNetns::Named(format!("net:[{}]", m.ino())))
-            }
+            p if p.starts_with('/') => match ns::id_of_file(Path::new(p), ns::Kind::Net) {
+                Ok(id) => Ok(PortNetns::Named(id)),
+                Err(ns::NsFileError::NotNamespace) => Err(format!(
+                    "--port-netns {p}: not a network namespace file (use /run/netns/NAME or /proc/PID/ns/net)"
+                )),
+                Err(e) => Err(format!("--port-netns {p}: {e}")),
+            },
             _ => Err(format!(
                 "invalid --port-netns {s:?}: use own, root, or the path of a namespace file (/run/netns/NAME)"
             )),
@@ -202,7 +198,7 @@ impl Snapshot {
         Snapshot {
             scope: scope.clone(),
             all: netns::all(),
-            own: netns::netns_of(std::process::id()).unwrap_or_default(),
+            own: ns::id_of(std::process::id(), ns::Kind::Net).unwrap_or_default(),
             listeners: HashMap::new(),
         }
     }
@@ -424,10 +420,8 @@ pub fn instance_port(instance: &str) -> Option<u16> {
 fn listeners_of(ns: &netns::NetNs) -> Listeners {
     let mut sockets = Vec::new();
     for &rep in ns.pids.iter().take(3) {
-        for table in ["tcp", "tcp6"] {
-            if let Ok(text) = std::fs::read_to_string(format!("/proc/{rep}/net/{table}")) {
-                sockets.extend(listening_sockets(&text));
-            }
+        for table in tcp::tables(Some(rep)) {
+            sockets.extend(tcp::listening(&table));
         }
         if !sockets.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
             break;
@@ -437,7 +431,7 @@ fn listeners_of(ns: &netns::NetNs) -> Listeners {
     if !sockets.is_empty() {
         let listening: std::collections::HashSet<u64> = sockets.iter().map(|(_, i)| *i).collect();
         for &pid in &ns.pids {
-            for i in procfs::socket_inodes(pid) {
+            for i in tcp::socket_fds(pid).into_keys() {
                 if listening.contains(&i) {
                     owners.entry(i).or_default().push(pid);
                 }
@@ -539,7 +533,7 @@ mod tests {
             let r = resolve_alert(&alert(&[("instance", &format!("{host}:{port}"))]), &cfg(None)).unwrap();
             assert_eq!(r.pid, me, "{}", r.how);
         }
-        let own = netns::netns_of(me).unwrap();
+        let own = ns::id_of(me, ns::Kind::Net).unwrap();
         if let Some(addr) = netns::all()
             .into_iter()
             .find(|n| n.id == own)

@@ -9,7 +9,7 @@
 //! `openat2` (before Linux 5.6) gets a refusal, never a fallback to the unsafe open.
 //!
 //! Owns nothing but these lookups; what is read or written, and its limits, is the caller's
-//! ([`super::target_file`] for reads, `gpu::inject` for the helper library's copy).
+//! ([`super::target_file`] for reads, [`crate::inject`] for a library's copy).
 
 use std::ffi::CString;
 use std::io;

@@ -543,7 +543,7 @@ mod tests {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let libc_line = maps
             .lines()
-            .filter_map(crate::procfs::MapsLine::parse)
+            .filter_map(crate::sys::maps::MapsLine::parse)
             .find(|m| m.path.contains("libc.so") && m.offset == 0)
             .unwrap();
         let src = Source::Mapping {

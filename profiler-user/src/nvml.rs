@@ -1,6 +1,7 @@
 //! GPU counters from NVML, sampled on a thread of llmprof.
 //!
-//! Owns: loading NVML (`nvml-wrapper`, which `dlopen`s `libnvidia-ml.so.1` at run time, so llmprof builds and
+//! Owns: the NVML counters of a session ([`NvmlCounters`]: the sampler and the one line the attach summary
+//! says about them), loading NVML (`nvml-wrapper`, which `dlopen`s `libnvidia-ml.so.1` at run time, so llmprof builds and
 //! runs without NVIDIA libraries; a missing library or driver is an `Err`, never a panic), reading every GPU's
 //! utilization, memory, power, SM clock, temperature, PCIe throughput and the target process's device memory
 //! into [`GpuSample`] events, and sending them into the session's bounded queue (`try_send`, counting what it
@@ -232,6 +233,79 @@ impl Drop for NvmlSampler {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+/// The NVML counters of one session: the sampler, when it runs, and what the summary says of it.
+#[derive(Debug)]
+pub struct NvmlCounters {
+    sampler: Option<NvmlSampler>,
+    line: String,
+    interval: Option<Duration>,
+}
+
+/// What the NVML counters did, for the attach summary.
+#[derive(Clone, Debug)]
+pub struct NvmlReport {
+    /// One line on the GPU counters.
+    pub counters: String,
+    /// Samples dropped because the session queue was full.
+    pub dropped: u64,
+}
+
+impl NvmlCounters {
+    /// Starts sampling every `interval` (None: off) for `pid`, its samples into `tx`; with the text of the
+    /// marker to put on the timeline when there are no counters (why).
+    pub fn start(interval: Option<Duration>, pid: u32, tx: SyncSender<Event>) -> (Self, Option<String>) {
+        let mut marker = None;
+        let (sampler, line) = match interval {
+            None => (None, "off (--gpu-sample-interval 0)".to_owned()),
+            Some(interval) => match NvmlSampler::start(pid, interval, tx) {
+                Ok(s) => {
+                    let names: Vec<String> = s
+                        .gpus()
+                        .iter()
+                        .map(|g| format!("GPU {} {}", g.index, g.name))
+                        .collect();
+                    let line = format!("{} every {} ms", names.join(", "), interval.as_millis());
+                    (Some(s), line)
+                }
+                Err(e) => {
+                    let e = crate::causes::one_line(&e);
+                    marker = Some(llmprof_trace::names::marker::gpu_counters_unavailable(&e));
+                    (None, format!("unavailable: {e}"))
+                }
+            },
+        };
+        (
+            Self {
+                sampler,
+                line,
+                interval,
+            },
+            marker,
+        )
+    }
+
+    /// UUID of the target's GPU when NVML knows it (for the OTel resource).
+    pub fn gpu_uuid(&self) -> Option<String> {
+        self.sampler.as_ref().and_then(|s| target_uuid(s.gpus()))
+    }
+
+    /// Stops the sampler and reports.
+    pub fn finish(mut self) -> NvmlReport {
+        let (samples, dropped) = self
+            .sampler
+            .as_ref()
+            .map(|s| (s.samples(), s.dropped()))
+            .unwrap_or((0, 0));
+        self.sampler = None;
+        let counters = if self.interval.is_some() && samples > 0 {
+            format!("{}, {samples} samples", self.line)
+        } else {
+            self.line.clone()
+        };
+        NvmlReport { counters, dropped }
     }
 }
 

@@ -573,7 +573,7 @@ impl Tracer {
             .map_err(|_| PtraceError::Exited)?;
         let vma = maps
             .lines()
-            .filter_map(crate::procfs::MapsLine::parse)
+            .filter_map(crate::sys::maps::MapsLine::parse)
             .find(|m| m.start <= rsp && rsp < m.end);
         match vma {
             // The main thread's stack grows on demand.
