@@ -52,11 +52,14 @@ pub struct PyHooksStatus {
     pub hook_errors: u32,
     /// Records written through the probes.
     pub records: u64,
-    /// What one record costs the thread that makes it, ns: measured in the target at installation (a
-    /// hooked no-op against the bare one, the library called with an op it ignores: no probe hit); 0 before.
-    pub record_ns: u64,
+    /// What one record call costs the thread that makes it, ns, the probe hit aside: measured in the target
+    /// at installation (calls of an op the library ignores: no record, no probe); 0 before.
+    pub call_ns: u64,
+    /// Time the hooks' own Python work took in the target's threads, ns, measured there (each hook's work,
+    /// the record calls apart: those are `records` × `call_ns`).
+    pub hook_ns: u64,
     /// UTF-8, NUL padded: what was installed, or why not.
     pub message: [u8; PY_MESSAGE_LEN],
 }
 
-const _: () = assert!(core::mem::size_of::<PyHooksStatus>() == 32 + PY_MESSAGE_LEN);
+const _: () = assert!(core::mem::size_of::<PyHooksStatus>() == 40 + PY_MESSAGE_LEN);

@@ -40,6 +40,39 @@ def _now():
     return time.clock_gettime_ns(_CLOCK)
 
 
+# What the hooks cost the target's threads, measured: the hooks' own Python work (`_spent`, handed to the
+# library with the next record and zeroed), apart from the time inside the record calls (`_calls`: their
+# ctypes transition is charged at the calibrated figure, the probe hit by llmprof's own counters).
+_spent = 0
+_calls = 0
+
+
+def _take():
+    global _spent
+    s, _spent = _spent, 0
+    return max(0, s)
+
+
+def _mark():
+    """Where a hook's own work starts: (clock, time in record calls so far)."""
+    return _now(), _calls
+
+
+def _done(mark):
+    """A hook's own work since `mark` ends: it counts, the record calls inside it apart."""
+    global _spent
+    t0, c0 = mark
+    _spent += (_now() - t0) - (_calls - c0)
+
+
+def _record(f, *args):
+    """One record call (the library's step, request or range function), timed apart."""
+    global _calls
+    t = _now()
+    f(*args, _take())
+    _calls += _now() - t
+
+
 class _StepArgs(ctypes.Structure):
     _fields_ = [
         (n, ctypes.c_uint64)
@@ -87,13 +120,13 @@ class _Lib:
         self.hook_error.argtypes = []
         self.hook_error.restype = None
         self.step = lib.llmprof_py_step
-        self.step.argtypes = [ctypes.POINTER(_StepArgs), ctypes.POINTER(u64), ctypes.POINTER(u32), size]
+        self.step.argtypes = [ctypes.POINTER(_StepArgs), ctypes.POINTER(u64), ctypes.POINTER(u32), size, u64]
         self.step.restype = None
         self.request = lib.llmprof_py_request
-        self.request.argtypes = [ctypes.POINTER(_RequestArgs), p, size, p, size]
+        self.request.argtypes = [ctypes.POINTER(_RequestArgs), p, size, p, size, u64]
         self.request.restype = None
         self.range = lib.llmprof_py_range
-        self.range.argtypes = [u32, u64, u64, p, size, p, size]
+        self.range.argtypes = [u32, u64, u64, p, size, p, size, u64]
         self.range.restype = None
 
 
@@ -158,17 +191,21 @@ def _range_wrapper(domain, name):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            m = _mark()
             try:
-                _lib.range(_PUSH, _now(), 0, d, len(d), n, len(n))
+                _record(_lib.range, _PUSH, m[0], 0, d, len(d), n, len(n))
             except BaseException:
                 _error()
+            _done(m)
             try:
                 return fn(*args, **kwargs)
             finally:
+                m = _mark()
                 try:
-                    _lib.range(_POP, _now(), 0, d, len(d), n, len(n))
+                    _record(_lib.range, _POP, m[0], 0, d, len(d), n, len(n))
                 except BaseException:
                     _error()
+                _done(m)
 
         return wrapper
 
@@ -244,7 +281,7 @@ class _Vllm:
             finish_reason=finish,
         )
         x = self.xid(request.request_id).encode()
-        _lib.request(ctypes.byref(a), x, len(x), self.model, len(self.model))
+        _record(_lib.request, ctypes.byref(a), x, len(x), self.model, len(self.model))
 
     def first_token(self, request, ts):
         rid = request.request_id
@@ -272,12 +309,14 @@ class _Vllm:
             @functools.wraps(fn)
             def wrapper(self, request, *args, **kwargs):
                 out = fn(self, request, *args, **kwargs)
+                m = _mark()
                 try:
                     if not vllm.model:
                         vllm.model = _served_name(self)
-                    vllm.request(_ARRIVED, request, _now())
+                    vllm.request(_ARRIVED, request, m[0])
                 except BaseException:
                     _error()
+                _done(m)
                 return out
 
             return wrapper
@@ -287,11 +326,13 @@ class _Vllm:
             def wrapper(self, *args, **kwargs):
                 t0 = _now()
                 out = fn(self, *args, **kwargs)
+                m = _mark()
                 try:
                     vllm.scheduled_step(self, out, t0)
                 except BaseException:
                     vllm.pending = None
                     _error()
+                _done(m)
                 return out
 
             return wrapper
@@ -300,10 +341,12 @@ class _Vllm:
             @functools.wraps(fn)
             def wrapper(self, *args, **kwargs):
                 out = fn(self, *args, **kwargs)
+                m = _mark()
                 try:
-                    vllm.step_done(self, _now())
+                    vllm.step_done(self, m[0])
                 except BaseException:
                     _error()
+                _done(m)
                 return out
 
             return wrapper
@@ -311,13 +354,14 @@ class _Vllm:
         def free_request(fn):
             @functools.wraps(fn)
             def wrapper(self, request, *args, **kwargs):
+                m = _mark()
                 try:
-                    ts = _now()
-                    vllm.first_token(request, ts)
-                    vllm.request(_FINISHED, request, ts, vllm.finish_reason(request))
+                    vllm.first_token(request, m[0])
+                    vllm.request(_FINISHED, request, m[0], vllm.finish_reason(request))
                     vllm.forget(request.request_id)
                 except BaseException:
                     _error()
+                _done(m)
                 return fn(self, request, *args, **kwargs)
 
             return wrapper
@@ -326,12 +370,14 @@ class _Vllm:
             @functools.wraps(fn)
             def wrapper(self, request, *args, **kwargs):
                 out = fn(self, request, *args, **kwargs)
+                m = _mark()
                 try:
-                    vllm.request(_PREEMPTED, request, _now())
+                    vllm.request(_PREEMPTED, request, m[0])
                     if vllm.pending is not None:
                         vllm.pending["preempted"] += 1
                 except BaseException:
                     _error()
+                _done(m)
                 return out
 
             return wrapper
@@ -422,7 +468,7 @@ class _Vllm:
         n = len(p["ids"])
         ids = (ctypes.c_uint64 * n)(*p["ids"])
         toks = (ctypes.c_uint32 * n)(*p["toks"])
-        _lib.step(ctypes.byref(a), ids, toks, n)
+        _record(_lib.step, ctypes.byref(a), ids, toks, n)
 
 
 def _served_name(sched):
@@ -456,39 +502,22 @@ def _install_vllm():
 
 
 def _calibrate(rounds=5, calls=2000):
-    """ns a hooked call costs its thread per record, probe hit aside (llmprof charges that from its own
-    counters): a range wrapper around a no-op, the library called with an op it ignores, against the bare
-    no-op; the least of a few rounds (what the wrapper costs, not the interruptions)."""
+    """ns one record call costs its thread, the probe hit aside (llmprof charges that from its own counters):
+    the library's range function called with an op it ignores (no record, no probe), against an empty loop;
+    the least of a few rounds (what the call costs, not the interruptions)."""
     d = b"llmprof"
-
-    def noop():
-        return None
-
-    @functools.wraps(noop)
-    def hooked():
-        try:
-            _lib.range(_IGNORED, _now(), 0, d, len(d), d, len(d))
-        except BaseException:
-            _error()
-        try:
-            return noop()
-        finally:
-            try:
-                _lib.range(_IGNORED, _now(), 0, d, len(d), d, len(d))
-            except BaseException:
-                _error()
-
+    f = _lib.range
     best = None
     for _ in range(rounds):
         t0 = time.perf_counter_ns()
         for _ in range(calls):
-            noop()
+            pass
         t1 = time.perf_counter_ns()
         for _ in range(calls):
-            hooked()
+            f(_IGNORED, 0, 0, d, 7, d, 7, 0)
         t2 = time.perf_counter_ns()
-        per_record = max(0, (t2 - t1) - (t1 - t0)) / (2 * calls)
-        best = per_record if best is None else min(best, per_record)
+        per_call = max(0, (t2 - t1) - (t1 - t0)) / calls
+        best = per_call if best is None else min(best, per_call)
     return max(1, int(best))
 
 
@@ -526,10 +555,10 @@ def _llmprof_entry(lib_path, config_json, action):
         _remove_all()
         config = json.loads(config_json) if config_json else {}
         n, said = _install(config)
-        record_ns = _calibrate() if n else 0
+        call_ns = _calibrate() if n else 0
         msg = "; ".join(said) if said else "nothing to hook in this process"
         b = msg.encode()
-        _lib.report(_INSTALLED, n, record_ns, b, len(b))
+        _lib.report(_INSTALLED, n, call_ns, b, len(b))
     except BaseException as e:
         msg = f"{type(e).__name__}: {e}".encode()
         try:

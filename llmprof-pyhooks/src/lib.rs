@@ -64,7 +64,8 @@ pub struct Status {
     pub hooks: AtomicU32,
     pub hook_errors: AtomicU32,
     pub records: AtomicU64,
-    pub record_ns: AtomicU64,
+    pub call_ns: AtomicU64,
+    pub hook_ns: AtomicU64,
     message: UnsafeCell<[u8; PY_MESSAGE_LEN]>,
 }
 const _: () = assert!(core::mem::size_of::<Status>() == core::mem::size_of::<PyHooksStatus>());
@@ -82,7 +83,8 @@ pub static llmprof_py_status: Status = Status {
     hooks: AtomicU32::new(0),
     hook_errors: AtomicU32::new(0),
     records: AtomicU64::new(0),
-    record_ns: AtomicU64::new(0),
+    call_ns: AtomicU64::new(0),
+    hook_ns: AtomicU64::new(0),
     message: UnsafeCell::new([0; PY_MESSAGE_LEN]),
 };
 
@@ -111,21 +113,15 @@ fn set_status(state: u32, hooks: Option<u32>, message: &str) {
 }
 
 /// Called by the hooks' Python source: the outcome of an installation or removal (`state`, one of
-/// `PY_STATE_*`), the hooks in place, what one record costs its caller (ns, measured at installation; 0:
+/// `PY_STATE_*`), the hooks in place, what one record call costs its caller (ns, measured at installation; 0:
 /// unchanged), and a message (`len` bytes of UTF-8 at `msg`).
 ///
 /// # Safety
 /// `msg` must point to `len` readable bytes (ctypes passes a `bytes` object's buffer).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn llmprof_py_report(
-    state: u32,
-    hooks: u32,
-    record_ns: u64,
-    msg: *const u8,
-    len: usize,
-) {
-    if record_ns > 0 {
-        llmprof_py_status.record_ns.store(record_ns, Ordering::Relaxed);
+pub unsafe extern "C" fn llmprof_py_report(state: u32, hooks: u32, call_ns: u64, msg: *const u8, len: usize) {
+    if call_ns > 0 {
+        llmprof_py_status.call_ns.store(call_ns, Ordering::Relaxed);
     }
     let text = if msg.is_null() {
         String::new()
@@ -234,7 +230,8 @@ fn own_path() -> Option<String> {
     name.to_str().ok().map(str::to_owned)
 }
 
-/// Called by the vLLM hooks at the end of an engine step; see [`records::step`] for the fields.
+/// Called by the vLLM hooks at the end of an engine step; see [`records::step`] for the fields. `spent_ns`:
+/// the hooks' own work since their last record call (every record function takes it).
 ///
 /// # Safety
 /// `ids` and `tokens` must point to `n` readable values each (or be null with `n` = 0).
@@ -244,7 +241,9 @@ pub unsafe extern "C" fn llmprof_py_step(
     ids: *const u64,
     tokens: *const u32,
     n: usize,
+    spent_ns: u64,
 ) {
+    spent(spent_ns);
     if s.is_null() {
         return;
     }
@@ -265,7 +264,9 @@ pub unsafe extern "C" fn llmprof_py_request(
     xid_len: usize,
     model: *const u8,
     model_len: usize,
+    spent_ns: u64,
 ) {
+    spent(spent_ns);
     if r.is_null() {
         return;
     }
@@ -294,12 +295,21 @@ pub unsafe extern "C" fn llmprof_py_range(
     domain_len: usize,
     name: *const u8,
     name_len: usize,
+    spent_ns: u64,
 ) {
+    spent(spent_ns);
     // SAFETY: the caller's promise.
     let (domain, name) = unsafe { (slice_or_empty(domain, domain_len), slice_or_empty(name, name_len)) };
     if let Some(rec) = records::range(op, ts_ns, step_id, domain, name) {
         llmprof_probes::range(&rec);
         llmprof_py_status.records.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Adds the hooks' own work the caller measured to the status.
+fn spent(ns: u64) {
+    if ns > 0 {
+        llmprof_py_status.hook_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

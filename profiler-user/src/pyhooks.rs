@@ -14,8 +14,9 @@
 //! length and read as lossy UTF-8).
 //!
 //! Never touches a process with `--python-hooks off`, a process that is not CPython, or (without
-//! `--py-range`) a Python process without vLLM. What a hooked call costs the target is measured in it at
-//! installation ([`PyHooksStatus::record_ns`]) and charged per record by the self-accounting.
+//! `--py-range`) a Python process without vLLM. What the hooks cost the target is measured in it: their own
+//! work as it runs ([`PyHooksStatus::hook_ns`]), each record call at the figure calibrated at installation
+//! ([`PyHooksStatus::call_ns`]); the probe hits are charged as every probe's.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -232,12 +233,12 @@ struct Hooked {
     lib: Loaded,
     /// Hooks installed.
     hooks: u32,
-    /// Records the helper had written when this session started it.
-    records_at_start: u64,
-    /// Its records at the last reading (kept once the process is gone).
-    records_seen: std::cell::Cell<u64>,
-    /// Its calibrated cost per record, ns.
-    record_ns: u64,
+    /// The helper's records and measured hook time when this session started it.
+    at_start: (u64, u64),
+    /// Those at the last reading (kept once the process is gone).
+    seen: std::cell::Cell<(u64, u64)>,
+    /// Its calibrated cost of a record call, ns.
+    call_ns: u64,
 }
 
 /// What the Python hooks cost the targets so far, for the self-accounting.
@@ -245,7 +246,8 @@ struct Hooked {
 pub struct PyHooksCounters {
     /// Records the hooks wrote during this session.
     pub records: u64,
-    /// Those records at each process's calibrated cost, ns.
+    /// The hooks' own work measured in the targets, plus each record call at its process's calibrated cost,
+    /// ns (the probe hits are charged by the probe counters).
     pub added_ns: f64,
 }
 
@@ -352,7 +354,8 @@ impl PyHooks {
             .attach_engine_library(pid, &lib.mapping.probe_path)
             .map_err(|source| PyHooksError::Probes { pid, source })?;
         lib.write_export(PY_CONFIG, &config)?;
-        let records_at_start = read_status(&lib)?.records;
+        let st = read_status(&lib)?;
+        let at_start = (st.records, st.hook_ns);
         let s = call_and_wait(&lib, PY_START, &[PY_STATE_INSTALLED])?;
         let text = message(&s);
         if s.state != PY_STATE_INSTALLED {
@@ -364,16 +367,16 @@ impl PyHooks {
         self.hooked.push(Hooked {
             lib,
             hooks: s.hooks,
-            records_at_start,
-            records_seen: std::cell::Cell::new(records_at_start),
-            record_ns: s.record_ns,
+            at_start,
+            seen: std::cell::Cell::new(at_start),
+            call_ns: s.call_ns,
         });
         Ok(if s.hooks == 0 {
             format!("Python hooks: pid {pid}: {text}")
         } else {
             format!(
-                "Python hooks: pid {pid}: {} hook(s) ({text}; {} ns per record)",
-                s.hooks, s.record_ns
+                "Python hooks: pid {pid}: {} hook(s) ({text}; {} ns per record call)",
+                s.hooks, s.call_ns
             )
         })
     }
@@ -406,11 +409,13 @@ impl PyHooks {
         let mut c = PyHooksCounters::default();
         for h in &self.hooked {
             if let Ok(s) = read_status(&h.lib) {
-                h.records_seen.set(h.records_seen.get().max(s.records));
+                let (r, t) = h.seen.get();
+                h.seen.set((r.max(s.records), t.max(s.hook_ns)));
             }
-            let n = h.records_seen.get().saturating_sub(h.records_at_start);
+            let (r, t) = h.seen.get();
+            let n = r.saturating_sub(h.at_start.0);
             c.records += n;
-            c.added_ns += n as f64 * h.record_ns as f64;
+            c.added_ns += n as f64 * h.call_ns as f64 + t.saturating_sub(h.at_start.1) as f64;
         }
         c
     }
