@@ -18,8 +18,8 @@ use crate::scheduler::SchedulerConfig;
 pub const DEFAULT_NUM_KV_BLOCKS: usize = 1024;
 /// Default block size in tokens (vLLM's default `--block-size` 16).
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
-/// Default cap on running sequences (vLLM V1 defaults to 256 on GPUs; a 2-core CPU gains nothing past ~32).
-pub const DEFAULT_MAX_NUM_SEQS: usize = 32;
+/// Default cap on running sequences ([`crate::backend::DEFAULT_MAX_BATCH`]: the backends are sized for it).
+pub const DEFAULT_MAX_NUM_SEQS: usize = crate::backend::DEFAULT_MAX_BATCH;
 /// Default per-step token budget (vLLM V1's default `max_num_batched_tokens` for online serving is 2048; a CPU
 /// step of 512 prompt tokens keeps decode stalls of running sequences short).
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 512;

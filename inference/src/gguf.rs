@@ -429,7 +429,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Writes GGUF v3 files (used by [`crate::tiny_gguf`] and tests).
+/// Writes GGUF v3 files (the tests' tiny models, `e2e::gguf`, and the tests here).
 pub mod writer {
     use super::{DEFAULT_ALIGNMENT, GgmlType, Value};
 

@@ -3,7 +3,7 @@
 //!
 //! Model side: [`gguf`] (file format), [`quant`] (tensor types and SIMD kernels), [`attention`] (the CPU
 //! attention kernel), [`tokenizer`], [`chat_template`], [`model`] (weights + config), [`backend`] (the compute
-//! trait; CPU backend), [`tiny_gguf`] (tiny generated models for tests).
+//! trait; CPU backend). Tiny generated models for tests come from the test crate (`e2e::gguf`), not from here.
 //! Serving side: [`block_pool`], [`kv_cache_manager`], [`scheduler`], [`sampling`], [`engine`] (the step loop),
 //! [`api`] (OpenAI-compatible HTTP), [`metrics`], [`trace_context`] (W3C traceparent), [`config`],
 //! [`usage_stats`] (the optional outbound usage report).
@@ -15,7 +15,6 @@ pub mod chat_template;
 pub mod gguf;
 pub mod model;
 pub mod quant;
-pub mod tiny_gguf;
 pub mod tokenizer;
 
 // Serving side (owner: engine-serve).

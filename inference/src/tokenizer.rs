@@ -80,7 +80,7 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 /// GPT-2's `bytes_to_unicode`: printable bytes map to themselves, the others to U+0100 and up.
-pub(crate) fn byte_to_unicode() -> [char; 256] {
+pub fn byte_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use e2e::gguf::{TinyModelSpec, write_tiny_gguf};
 use inference::backend::cpu::CpuBackend;
 use inference::backend::cuda::{CudaBackend, CudaOptions, KvDtype};
 use inference::backend::{Backend, BatchItem, DeviceClock, Logits};
@@ -25,7 +26,6 @@ use inference::chat_template::ChatMessage;
 use inference::gguf::GgmlType;
 use inference::model::{Model, default_model_path};
 use inference::sampling::{PenaltyEntry, SampleSpec, Sampler, SamplingParams};
-use inference::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
 
 /// Largest |GPU - CPU| logit difference allowed, relative to the largest |CPU logit| of the step. Both compute in
 /// f32 with f32 accumulation; only summation order differs.

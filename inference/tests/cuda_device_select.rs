@@ -110,3 +110,33 @@ fn device_auto_serves_on_the_gpu_or_falls_back_to_the_cpu_with_one_line() {
     let m = s.get("/metrics").text();
     assert!(m.contains("llmserve:device_busy_seconds_total{"), "{m}");
 }
+
+/// `--device cpu` gives the CPU backend with an f16 KV cache unless f32 is asked for.
+#[test]
+fn the_cpu_cache_is_f16_unless_f32_is_asked_for() {
+    use inference::backend::KvCacheDtype;
+    use inference::backend::device::{BackendOptions, DeviceChoice, create_backend};
+    use inference::model::Model;
+
+    let path = std::env::temp_dir().join(format!("llmserve-device-{}.gguf", std::process::id()));
+    e2e::gguf::write_tiny_gguf(&path, &e2e::gguf::TinyModelSpec::default()).unwrap();
+    let model = std::sync::Arc::new(Model::load(&path).unwrap());
+    std::fs::remove_file(&path).ok();
+    for (dtype, want) in [
+        (KvCacheDtype::Auto, "KV cache f16"),
+        (KvCacheDtype::F16, "KV cache f16"),
+        (KvCacheDtype::F32, "KV cache f32"),
+    ] {
+        let o = BackendOptions {
+            num_blocks: 8,
+            block_size: 4,
+            threads: 1,
+            kv_cache_dtype: dtype,
+            enforce_eager: false,
+            max_num_seqs: 4,
+        };
+        let s = create_backend(DeviceChoice::Cpu, model.clone(), &o).unwrap();
+        assert_eq!(s.backend.name(), "cpu");
+        assert!(s.description.contains(want), "{dtype:?}: {}", s.description);
+    }
+}

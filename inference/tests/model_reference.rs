@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use e2e::gguf::{TinyModelSpec, write_tiny_gguf};
 use inference::backend::cpu::CpuBackend;
 use inference::backend::{Backend, BatchItem, Logits};
 use inference::gguf::GgmlType;
 use inference::model::{Model, ModelConfig};
-use inference::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
 
 /// Relative tolerance of backend logits against the reference (scaled by the largest reference logit).
 const REL_TOL: f64 = 1e-4;

@@ -888,11 +888,11 @@ fn reload_swaps_weights_while_serving() {
     let dir = std::env::temp_dir().join(format!("llmserve-geom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let odd = dir.join("tiny-3-layers.gguf");
-    let spec = inference::tiny_gguf::TinyModelSpec {
+    let spec = e2e::gguf::TinyModelSpec {
         n_layers: 3,
         ..Default::default()
     };
-    inference::tiny_gguf::write_tiny_gguf(&odd, &spec).unwrap();
+    e2e::gguf::write_tiny_gguf(&odd, &spec).unwrap();
     let r = s.post_json("/admin/reload", &json!({"path": odd}));
     assert_eq!(r.status, 400, "{}", r.text());
     let again = s

@@ -1,5 +1,5 @@
 //! An idle llmserve costs nothing: after serving a request, with two compute threads (so the compute pool has
-//! a worker that must park, issue 16), none of its threads runs over two seconds. Counted from
+//! a worker that must park), none of its threads runs over two seconds. Counted from
 //! `/proc/PID/task/*/schedstat` (time on CPU and timeslices run: every wake-up from a blocking system call or a
 //! `sched_yield` is a timeslice), so a spinning or polling thread is caught whatever calls it makes.
 

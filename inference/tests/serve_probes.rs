@@ -1,12 +1,11 @@
-//! The probe points survive `strip` (they are in the dynamic symbol table of `llmserve`), and what a detached
-//! probe call costs (an ignored microbenchmark: `cargo test -p inference --release --test serve_probes -- --ignored --nocapture`).
+//! The probe points survive `strip` (they are in the dynamic symbol table of `llmserve`) and start with their
+//! 5-byte NOP. What a detached probe call costs is `cargo xtask bench probes`.
 
 #![allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
 
 use std::process::Command;
-use std::time::Instant;
 
-use llmprof_abi::{ENGINE_PROBES, RangeOp, RequestEventKind, RequestRecord, StepKind, StepRecord};
+use llmprof_abi::ENGINE_PROBES;
 
 fn dynamic_symbols(path: &std::path::Path) -> String {
     let out = Command::new("nm")
@@ -50,54 +49,29 @@ fn probe_symbols_survive_strip() {
     }
     // And the code at the symbol starts with the 5-byte NOP: read it from the stripped ELF.
     let out = Command::new("objdump")
-        .args(["-d", "--no-show-raw-insn"])
+        .arg("-d")
         .arg(format!("--disassemble={}", llmprof_abi::PROBE_STEP))
         .arg(&stripped)
-        .output();
-    if let Ok(out) = out {
-        let d = String::from_utf8_lossy(&out.stdout);
-        if d.contains(llmprof_abi::PROBE_STEP) {
-            assert!(d.contains("nop"), "probe starts with a NOP:\n{d}");
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-#[ignore = "microbenchmark; run with --ignored --nocapture (release)"]
-fn detached_probe_cost() {
-    const N: u64 = 10_000_000;
-    let step = StepRecord {
-        num_seqs: 1,
-        decode_tokens: 1,
-        ..StepRecord::new(StepKind::Decode, 1, &[])
-    };
-    let t = Instant::now();
-    for i in 0..N {
-        let mut r = step;
-        r.step_id = i;
-        llmprof_probes::step(std::hint::black_box(&r));
-    }
-    let step_ns = t.elapsed().as_nanos() as f64 / N as f64;
-
-    let rec = RequestRecord::new(RequestEventKind::Arrived, 1, 0);
-    let t = Instant::now();
-    for _ in 0..N {
-        llmprof_probes::request(std::hint::black_box(&rec));
-    }
-    let req_ns = t.elapsed().as_nanos() as f64 / N as f64;
-
-    let t = Instant::now();
-    for i in 0..N {
-        inference::engine::emit_range(RangeOp::Push, "forward", i);
-    }
-    let range_ns = t.elapsed().as_nanos() as f64 / N as f64;
-    let t = Instant::now();
-    for _ in 0..N {
-        std::hint::black_box(llmprof_probes::boottime_ns());
-    }
-    let clock_ns = t.elapsed().as_nanos() as f64 / N as f64;
-    println!(
-        "detached probe cost: step {step_ns:.2} ns/call, request {req_ns:.2} ns/call, range (incl. clock read + record) {range_ns:.2} ns/call, boottime clock read {clock_ns:.2} ns"
+        .output()
+        .expect("objdump (binutils) runs");
+    assert!(
+        out.status.success(),
+        "objdump -d failed: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let d = String::from_utf8_lossy(&out.stdout);
+    // The label is `<NAME>:`, or `<NAME@@VERSION>:` where the symbol is versioned (`@@Base` in a stripped binary).
+    let label = format!("<{}", llmprof_abi::PROBE_STEP);
+    let is_label = |l: &str| {
+        l.split_once(&label)
+            .is_some_and(|(_, rest)| rest == ">:" || (rest.starts_with('@') && rest.ends_with(">:")))
+    };
+    let first = d.lines().skip_while(|l| !is_label(l)).nth(1);
+    let nop5 = llmprof_abi::PROBE_NOP5.map(|b| format!("{b:02x}")).join(" ");
+    assert!(
+        first.is_some_and(|l| l.contains(&nop5)),
+        "{} starts with the 5-byte NOP {nop5}:\n{d}",
+        llmprof_abi::PROBE_STEP
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,18 +8,10 @@ mod serve_common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use e2e::testee::Reaped;
 use e2e::{http, require};
 use serde_json::{Value, json};
 use serve_common::{Server, wait_until};
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -54,7 +46,7 @@ fn real_prometheus_scrapes_the_metrics_without_errors() {
     )
     .unwrap();
     let port = free_port();
-    let prom = Kill(
+    let prom = Reaped(
         Command::new("prometheus")
             .arg(format!("--config.file={}", cfg.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))

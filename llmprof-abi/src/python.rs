@@ -1,4 +1,4 @@
-//! Python frames in stack samples: the layouts shared by the eBPF Python walker
+//! The `python` family: CPython frames in stack samples, the layouts shared by the eBPF Python walker
 //! (`profiler-ebpf/src/python.rs`) and user space (`profiler-user/src/python/`).
 //!
 //! User space finds CPython processes (the `_PyRuntime` symbol in the executable or a mapped libpython),
@@ -7,6 +7,27 @@
 //! current frame chain and writes a [`PyStack`]: per frame the code object's address and the raw
 //! instruction value, which user space turns into function, file and line by reading the process's memory.
 //! Nothing here interprets a Python object: that stays in user space.
+
+use crate::Family;
+
+/// perf_event (software CPU clock), used only when the native sampler is off: one [`PyStackEvent`] per sample.
+pub const PYSAMPLE_PROGRAM: &str = "llmprof_pysample";
+/// [`PyOffsets`] of each Python process being sampled, by tgid; written by user space.
+pub const PY_PROCS_MAP: &str = "PY_PROCS";
+/// `PyThreadState` address of each thread of those processes, by tid; refreshed by user space.
+pub const PY_THREADS_MAP: &str = "PY_THREADS";
+/// Per-CPU scratch of one sample's record.
+pub const PY_SCRATCH_MAP: &str = "PY_SCRATCH";
+/// Every program of the family.
+pub const PROGRAMS: [&str; 1] = [PYSAMPLE_PROGRAM];
+/// Every map of the family.
+pub const MAPS: [&str; 3] = [PY_PROCS_MAP, PY_THREADS_MAP, PY_SCRATCH_MAP];
+/// The family's kernel names.
+pub const FAMILY: Family = Family {
+    name: "python",
+    programs: &PROGRAMS,
+    maps: &MAPS,
+};
 
 /// Most Python frames one sample keeps (innermost first); deeper stacks are cut and flagged
 /// [`PY_STATUS_TRUNCATED`]. A power of two, so the kernel indexes `frames` with a mask.

@@ -1,16 +1,37 @@
-//! Thread-state records: what the scheduler tracepoints (`sched:sched_switch`, `sched:sched_waking`,
-//! `sched:sched_wakeup_new`) saw of the traced threads, and the tid → tgid map the kernel programs keep.
+//! The `sched` family: thread states, what the scheduler tracepoints (`sched:sched_switch`,
+//! `sched:sched_waking`, `sched:sched_wakeup_new`) saw of the traced threads, and the tid → tgid map the kernel
+//! programs keep.
 //!
-//! Owns the layouts only (written by `profiler-ebpf/src/sched.rs`, decoded by llmprof's capture). Like every
-//! kernel → user record they are not part of the engine ABI and do not bump [`crate::ABI_VERSION`]. The
-//! tracepoints give thread ids, not process ids: the current task of `sched_switch` is the thread going off
-//! the CPU (its tgid is known), but the next and the woken task are only tids, resolved through the kernel's
-//! `THREADS` map (filled from `/proc/PID/task` at attach and by `task:task_newtask` after).
+//! Written by `profiler-ebpf/src/sched.rs`, decoded by llmprof. Like every kernel → user record they are not
+//! part of the engine ABI and do not bump [`crate::ABI_VERSION`]. The tracepoints give thread ids, not
+//! process ids: the current task of `sched_switch` is the thread going off the CPU (its tgid is known), but
+//! the next and the woken task are only tids, resolved through the kernel's `THREADS` map (filled from
+//! `/proc/PID/task` at attach and by `task:task_newtask` after).
 
-use crate::EventHeader;
+use crate::{EventHeader, Family};
 
-/// Bytes of a kernel task name (`TASK_COMM_LEN`, include/linux/sched.h).
-pub const COMM_LEN: usize = 16;
+pub use crate::COMM_LEN;
+
+/// task:task_newtask: a thread or child of a traced process enters the thread map.
+pub const TNEW_PROGRAM: &str = "llmprof_tnew";
+/// sched:sched_switch: [`SchedSwitchEvent`] (and the off-CPU stack of a blocking traced thread).
+pub const SSWITCH_PROGRAM: &str = "llmprof_sswitch";
+/// sched:sched_waking: [`SchedWakeEvent`].
+pub const SWAKING_PROGRAM: &str = "llmprof_swaking";
+/// sched:sched_wakeup_new: [`SchedWakeEvent`] with [`WAKE_NEW`].
+pub const SWNEW_PROGRAM: &str = "llmprof_swnew";
+/// tid → tgid of the threads of traced processes ([`MAX_THREADS`]); user space fills it at attach.
+pub const THREADS_MAP: &str = "THREADS";
+/// Every program of the family.
+pub const PROGRAMS: [&str; 4] = [TNEW_PROGRAM, SSWITCH_PROGRAM, SWAKING_PROGRAM, SWNEW_PROGRAM];
+/// Every map of the family.
+pub const MAPS: [&str; 1] = [THREADS_MAP];
+/// The family's kernel names.
+pub const FAMILY: Family = Family {
+    name: "sched",
+    programs: &PROGRAMS,
+    maps: &MAPS,
+};
 
 /// Most threads the kernel's `THREADS` map (tid → tgid) holds; a thread past it is not resolved (its
 /// switch-ins are missed, counted as drops of the `sched` probe).
@@ -47,7 +68,7 @@ pub struct SchedSwitchEvent {
     /// `comm` of the thread coming on.
     pub next_comm: [u8; COMM_LEN],
     /// Always [`NO_STACK`]: the off-CPU stack of a blocking traced thread is not a stack-map id but a record
-    /// of its own that follows this one ([`crate::offcpu`], kind [`crate::EventKind::OffCpuStack`], same
+    /// of its own that follows this one ([`crate::stacks`], kind [`crate::EventKind::OffCpuStack`], same
     /// tid and time). Kept for the layout.
     pub stack_id: i64,
     /// 1 when the thread going off the CPU belongs to a traced process, else 0 (then the next one does).

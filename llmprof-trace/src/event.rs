@@ -16,6 +16,10 @@ use llmprof_abi::{
     StepRecord,
 };
 
+/// First request id of the requests seen on the wire ([`crate::wire`]); an engine's own ids are per-process
+/// counters far below it, so the two never meet in [`EventBody::Request`] and the trace's request names.
+pub const WIRE_REQ_BASE: u64 = 1 << 40;
+
 /// One decoded event.
 #[derive(Clone, Debug)]
 pub struct Event {
@@ -164,7 +168,7 @@ pub enum EventBody {
     /// A request seen on the wire (`crate::wire`): its method and path (its lifecycle comes as `Request`
     /// records of the same `req_id`).
     WireRequest {
-        /// Wire request id (from `crate::wire::WIRE_REQ_BASE`).
+        /// Wire request id (from [`WIRE_REQ_BASE`] up).
         req_id: u64,
         /// `POST`, ...
         method: String,

@@ -14,8 +14,8 @@ pub fn tp_arg(key: &str) -> String {
     format!("debug.{key}")
 }
 
-#[path = "names_gpu.rs"]
 pub mod gpu;
+pub mod syscalls;
 
 /// Names of tracks (`track.name` in the trace processor).
 pub mod track {
@@ -37,7 +37,7 @@ pub mod track {
     pub const DROPS_PREFIX: &str = "llmprof drops: ";
 
     /// A request's track: `request N`, or `request N (x-request-id)` when the header was set; a request seen
-    /// on the wire (id from [`crate::wire::WIRE_REQ_BASE`]): `http request N (x-request-id)`.
+    /// on the wire (id from [`crate::event::WIRE_REQ_BASE`]): `http request N (x-request-id)`.
     pub fn request(req_id: u64, x_request_id: &str) -> String {
         let name = super::slice::request(req_id);
         if x_request_id.is_empty() {
@@ -179,9 +179,9 @@ pub mod slice {
     }
 
     /// A request's outer slice on its track: `request N`; a request seen on the wire: `http request N`
-    /// (its id is [`crate::wire::WIRE_REQ_BASE`] + N).
+    /// (its id is [`crate::event::WIRE_REQ_BASE`] + N).
     pub fn request(req_id: u64) -> String {
-        match req_id.checked_sub(crate::wire::WIRE_REQ_BASE) {
+        match req_id.checked_sub(crate::event::WIRE_REQ_BASE) {
             Some(n) if n > 0 => format!("{WIRE_REQUEST_PREFIX}{n}"),
             _ => format!("{REQUEST_PREFIX}{req_id}"),
         }
@@ -190,14 +190,14 @@ pub mod slice {
     /// The request id of an outer request slice's name (`None` for any other slice).
     pub fn parse_request(name: &str) -> Option<u64> {
         if let Some(n) = name.strip_prefix(WIRE_REQUEST_PREFIX) {
-            return Some(crate::wire::WIRE_REQ_BASE + n.parse::<u64>().ok()?);
+            return Some(crate::event::WIRE_REQ_BASE + n.parse::<u64>().ok()?);
         }
         name.strip_prefix(REQUEST_PREFIX)?.parse().ok()
     }
 
     /// Whether a request id is one seen on the wire (the HTTP probe) rather than an engine's.
     pub fn is_wire_request(req_id: u64) -> bool {
-        req_id > crate::wire::WIRE_REQ_BASE
+        req_id > crate::event::WIRE_REQ_BASE
     }
 
     /// An NVTX-style range: `domain::name`.
@@ -205,7 +205,7 @@ pub mod slice {
         format!("{domain}::{name}")
     }
 
-    /// A slow syscall: `syscall <name>` (names from `crate::syscall_names`).
+    /// A slow syscall: `syscall <name>` (names from [`crate::names::syscalls`]).
     pub fn syscall(name: &str) -> String {
         format!("{SYSCALL_PREFIX}{name}")
     }

@@ -29,7 +29,6 @@
 //! Never part of a release build's code path: compiled for this crate's tests and behind the `testing` feature,
 //! which only dev-dependencies enable.
 
-#[path = "gpu_testing.rs"]
 pub mod gpu;
 
 use std::net::SocketAddr;

@@ -26,12 +26,9 @@ use llmprof_abi::{
     RequestRecord, fill_str,
 };
 
-use crate::event::{Event, EventBody};
+use crate::event::{Event, EventBody, WIRE_REQ_BASE};
 
 pub mod join;
-
-/// First id of requests seen on the wire (engine ids are per-process counters far below it).
-pub const WIRE_REQ_BASE: u64 = 1 << 40;
 
 /// The `User-Agent` of llmprof's own HTTP requests (`profiler-user/src/metrics_scrape.rs`): it names llmprof
 /// in a server's logs; it hides nothing from the wire view (any client can send it): [`OwnConns`] does.
@@ -94,6 +91,19 @@ impl OwnConns {
             .find(|c| c.pid == pid && c.fd == fd && c.until_ns == u64::MAX)
         {
             c.until_ns = until_ns;
+        }
+    }
+
+    /// The server closed `fd` at `ts_ns`: an open span of that fd ends there, whatever llmprof's scraper saw
+    /// (the fd may be handed to a client's connection before the scraper, woken by the end of its response,
+    /// gets to [`Self::close`]).
+    pub fn server_closed(&self, pid: u32, fd: i32, ts_ns: u64) {
+        for c in self
+            .lock()
+            .iter_mut()
+            .filter(|c| c.pid == pid && c.fd == fd && c.from_ns <= ts_ns && ts_ns < c.until_ns)
+        {
+            c.until_ns = ts_ns;
         }
     }
 
@@ -410,6 +420,9 @@ impl Reconstructor {
                 let req = self.conns.get_mut(&key).and_then(|c| c.req.take());
                 if op == HttpOp::Close {
                     self.conns.remove(&key);
+                    if let Some(own) = &self.own {
+                        own.server_closed(r.pid, r.fd, r.ts_ns);
+                    }
                 }
                 if let Some(req) = req {
                     if !req.arrived {
@@ -556,5 +569,4 @@ impl Reconstructor {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-#[path = "wire_tests.rs"]
 mod tests;

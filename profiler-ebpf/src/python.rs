@@ -1,5 +1,5 @@
-//! The CPython frame walker: at a sample, the sampled thread's Python frames (code object + instruction),
-//! innermost first, read from the interpreter's own frame chain.
+//! The `python` family (`llmprof_abi::python`): the CPython frame walker. At a sample, the sampled thread's
+//! Python frames (code object + instruction), innermost first, read from the interpreter's own frame chain.
 //!
 //! Owns the maps user space fills for it (`PY_PROCS`: per-tgid offsets, `PY_THREADS`: tid →
 //! `PyThreadState` address) and [`walk`], which any sampler calls with its output buffer; plus the
@@ -193,7 +193,7 @@ pub fn walk(pid_tgid: u64, out: *mut PyStack) -> bool {
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Writes one `PyStackEvent` for the running thread at `ts` when its process is a sampled Python process:
-/// called by the native stack sampler (`sample::llmprof_sample`) right after its own record of the same
+/// called by the native stack sampler (`stacks::llmprof_sample`) right after its own record of the same
 /// instant, so user space joins the two by (tid, ts), and by the stand-alone `llmprof_pysample`. Other
 /// processes cost one hash lookup.
 #[inline(always)]

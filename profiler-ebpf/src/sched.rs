@@ -1,4 +1,5 @@
-//! Thread states: the scheduler tracepoints of the traced threads (issue 13 part 3).
+//! The `sched` family (`llmprof_abi::sched`): thread states, from the scheduler tracepoints of the traced
+//! threads.
 //!
 //! Owns `THREADS` (tid → tgid of the threads of traced processes: the scheduler tracepoints name the next
 //! and the woken task by tid only) and four programs:
@@ -7,7 +8,7 @@
 //!   that process is traced is `TRACED`'s business, decided elsewhere);
 //! - `llmprof_sswitch` (sched:sched_switch): one `SchedSwitchEvent` when the thread going off the CPU (the
 //!   current task) or the one coming on is traced; when the one going off is traced and blocks, its
-//!   off-CPU stack follows (`offcpu::take`);
+//!   off-CPU stack follows (`stacks::take_offcpu`);
 //! - `llmprof_swaking` (sched:sched_waking) / `llmprof_swnew` (sched:sched_wakeup_new): one
 //!   `SchedWakeEvent` when the woken thread is traced, with the waker (the current task).
 //!
@@ -25,8 +26,8 @@ use aya_ebpf::{
 };
 use llmprof_abi::{
     EventKind, Knob, ProbeId,
-    offcpu::is_blocking,
     sched::{COMM_LEN, MAX_THREADS, NO_STACK, SchedSwitchEvent, SchedWakeEvent, WAKE_NEW},
+    stacks::is_blocking,
 };
 
 use crate::{EVENTS, count, header, knob, now, traced};
@@ -144,7 +145,7 @@ pub fn llmprof_sswitch(ctx: TracePointContext) -> u32 {
     e.submit(BPF_RB_NO_WAKEUP as u64);
     count(ProbeId::Sched, 1, 1, 0);
     if prev_traced && is_blocking(prev_state) {
-        crate::offcpu::take(&ctx, pid_tgid, ts);
+        crate::stacks::take_offcpu(&ctx, pid_tgid, ts);
     }
     0
 }

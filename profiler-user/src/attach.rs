@@ -7,9 +7,9 @@
 //! llmprof's own cost is in `selfacct`, the overhead budget in `budget`, the size cap in `sizecap` (this loop
 //! only calls them).
 //!
-//! Size: ~810 lines: one session's steps in order (start, live loop, finish, close), each a named function;
-//! split further, the order of side effects (probes live before the prelude, trace closed before detaching)
-//! would be spread over files.
+//! Parts: [`options`] (what a session is given and returns), [`start`] (the steps up to live probes, in
+//! order), [`gpu`] (the GPU side), [`summary`] (the closing summary); this file keeps [`run`] and the running
+//! session (live loop, finish, close).
 
 /// Writes a line to stderr, ignoring a closed stderr (a caller that stopped reading it must not make a
 /// session end abnormally: `eprintln!` panics on EPIPE).
@@ -34,7 +34,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod gpu;
+mod options;
+mod start;
 pub mod summary;
+
+pub use options::{
+    AttachError, AttachOptions, AttachReport, END_INTERRUPTED, END_SIZE_LIMIT, END_TARGET_EXITED, Prelude,
+    StopReason, TraceMetadata,
+};
+use start::{
+    Inputs, open_inputs, open_sink, preflight, start_capture, start_gpu_kernels, start_python_hooks,
+    start_scraper,
+};
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
@@ -42,7 +53,7 @@ use crate::cupti::GpuKernels;
 use crate::metrics_scrape::{self, Scraper};
 use crate::otel::{OtelError, OtelOptions, OtelSink, OtelStats, ResourceInfo};
 use crate::proctree::{self, Tree};
-use crate::selfacct::{SelfAccount, Snapshot, TargetCpu};
+use crate::selfacct::{Counters, SelfAccount, Snapshot, TargetCpu};
 use crate::sys::procfs;
 use gpu::{GpuOptions, GpuReport, GpuSession};
 use llmprof_trace::clock::{WallClock, boottime_ns, realtime_ns};
@@ -120,185 +131,6 @@ const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
 const SAMPLER_QUEUE: usize = 1024;
 
-/// What to trace and where to write it.
-#[derive(Clone, Debug)]
-pub struct AttachOptions {
-    /// Target process (the first `--pid`: it names the trace, the OTel resource and NVML's process).
-    pub pid: u32,
-    /// Further targets (`--pid` repeated).
-    pub more_pids: Vec<u32>,
-    /// Trace the targets' descendants too: those alive at attach and every process started while the session
-    /// runs, from its first instruction (off: `--no-children`). See [`crate::proctree`].
-    pub follow_children: bool,
-    /// Which listening ports the HTTP wire probe follows (`--http-port`, `--no-http`).
-    pub http: crate::capture::http::HttpPorts,
-    /// Stop after this long (None: until stopped or the target exits).
-    pub duration: Option<Duration>,
-    /// Trace file.
-    pub output: PathBuf,
-    /// Threshold for individual syscall events.
-    pub slow_syscall: Duration,
-    /// Model-file patterns (empty: capture's defaults).
-    pub model_patterns: Vec<String>,
-    /// Allowed egress networks (empty: capture's defaults).
-    pub egress_allow: Vec<Cidr>,
-    /// /metrics URL (None: discover).
-    pub metrics_url: Option<String>,
-    /// Ring-buffer bytes.
-    pub ring_bytes: usize,
-    /// Print more.
-    pub verbose: bool,
-    /// OTLP export of request spans (no endpoint: no export).
-    pub otel: OtelOptions,
-    /// Stack samples per second and CPU (`--sample-rate`; 0: `--no-sample`).
-    pub sample_hz: u64,
-    /// `--overhead-budget`, % of the target's CPU time (None: never degrade). See [`crate::budget`].
-    pub overhead_budget: Option<f64>,
-    /// Record thread states (`--no-thread-states` turns them off). See [`crate::capture::sched`].
-    pub thread_states: bool,
-    /// `--max-trace-size`, bytes (None: no cap). See [`llmprof_trace::sizecap`].
-    pub max_trace_size: Option<u64>,
-    /// NVML counters and CUDA driver probes.
-    pub gpu: GpuOptions,
-    /// The Python hooks (`--python-hooks`, `--py-range`). See [`crate::pyhooks`].
-    pub python_hooks: crate::pyhooks::PyHooksOptions,
-    /// Show the live status line when stderr is a terminal (off for `llmprof serve`'s concurrent sessions).
-    pub live_status: bool,
-    /// An instant with string args on the llmprof track at the moment the probes are live (`llmprof serve`: the
-    /// alert that triggered the session, with its labels, annotations and fingerprint).
-    pub metadata: Option<TraceMetadata>,
-    /// History written before the live capture (`llmprof serve`'s flight recorder).
-    pub prelude: Option<Prelude>,
-    /// Why `stop` was set, when its setter says so (`llmprof serve`: alert resolved, disk quota, shutdown); the
-    /// trace's `end_reason` then names it instead of [`END_INTERRUPTED`].
-    pub stop_reason: StopReason,
-    /// The `llmprof` binary, run as a child (`calibrate-probes`) once the probes are live to measure what a
-    /// probe hit costs here ([`crate::capture::calibrate::Background`]); None: no calibration, the overhead
-    /// estimate stays at 0 (a library user without the binary).
-    pub calibrator: Option<PathBuf>,
-}
-
-/// Why a session's stop flag was set, shared between whoever stops it and the session. The first reason set
-/// wins; unset (Ctrl-C/SIGTERM/SIGHUP of `llmprof attach`), the session ends [`END_INTERRUPTED`].
-#[derive(Clone, Debug, Default)]
-pub struct StopReason(Arc<OnceLock<&'static str>>);
-
-impl StopReason {
-    /// Records `reason` unless one was recorded before (set it before the stop flag). True when it was recorded.
-    pub fn set(&self, reason: &'static str) -> bool {
-        self.0.set(reason).is_ok()
-    }
-
-    /// The recorded reason.
-    pub fn get(&self) -> Option<&'static str> {
-        self.0.get().copied()
-    }
-}
-
-/// Session metadata recorded in the trace as one instant on the llmprof track.
-#[derive(Clone, Debug, Default)]
-pub struct TraceMetadata {
-    /// Name of the instant, e.g. `alert fired: LLMQueueBacklog`.
-    pub event: String,
-    /// Its args (`debug.<name>` in the trace processor).
-    pub args: Vec<(&'static str, String)>,
-}
-
-/// Events that happened before the session: called once, when the session's own probes are live, with that
-/// moment (BOOTTIME ns); returns the events older than it, in timestamp order. They are written first, so the
-/// trace shows what led up to the session; the live capture continues from that moment.
-#[derive(Clone)]
-pub struct Prelude(pub Arc<dyn Fn(u64) -> Vec<Event> + Send + Sync>);
-
-impl std::fmt::Debug for Prelude {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Prelude(..)")
-    }
-}
-
-/// `end_reason` when the stop flag was set without a [`StopReason`] (Ctrl-C, SIGTERM, SIGHUP).
-pub const END_INTERRUPTED: &str = "interrupted";
-
-/// `end_reason` when `--max-trace-size` ended the session (the size marker's beginning too).
-pub const END_SIZE_LIMIT: &str = marker::SIZE_LIMIT_REACHED;
-
-/// `end_reason` when the traced process exited (the exit marker too).
-pub const END_TARGET_EXITED: &str = marker::TARGET_EXITED;
-
-/// Why a session could not run. Messages say what to do next.
-#[derive(Debug, thiserror::Error)]
-pub enum AttachError {
-    /// Not root.
-    #[error("llmprof attach needs root to load eBPF programs: run it with sudo")]
-    NotRoot,
-    /// No such process.
-    #[error("no process with pid {0}: check the pid (e.g. `pgrep llmserve`)")]
-    NoProcess(u32),
-    /// An option's value cannot work (e.g. a trace size cap smaller than the end of a trace).
-    #[error("{0}")]
-    InvalidOption(String),
-    /// Capture failed to start or to poll.
-    #[error(transparent)]
-    Capture(#[from] CaptureError),
-    /// The OTLP export is misconfigured.
-    #[error(transparent)]
-    Otel(#[from] OtelError),
-    /// `--gpu-kernels on` and the kernels cannot be recorded.
-    #[error("--gpu-kernels on")]
-    GpuKernels(#[source] crate::cupti::CuptiError),
-    /// `--py-range`: no process of the tree took the Python hooks (the reasons, one per process).
-    #[error("--py-range: no traced process took the Python hooks: {0}")]
-    PythonHooks(String),
-    /// The trace file could not be created or written.
-    #[error("cannot write the trace {path}")]
-    Output {
-        /// Trace path.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// What a finished session reports.
-#[derive(Debug)]
-pub struct AttachReport {
-    /// The trace file.
-    pub trace: PathBuf,
-    /// Trace size, bytes.
-    pub trace_bytes: u64,
-    /// Statistics written into the trace's summary.
-    pub stats: SessionStats,
-    /// Events written, per kind.
-    pub counts: EventCounts,
-    /// Events that arrived after newer ones had been written (merge window too small).
-    pub late_events: u64,
-    /// Command start → probes live.
-    pub attach_latency: Duration,
-    /// Session length.
-    pub elapsed: Duration,
-    /// Engine probes of the target (the first process of the tree that has them).
-    pub engine_probes: EngineProbes,
-    /// Processes traced during the session (the targets, their descendants, the processes they started).
-    pub processes: usize,
-    /// The /metrics URL scraped, if any.
-    pub metrics_url: Option<String>,
-    /// OTLP export statistics, when spans were exported.
-    pub otel: Option<OtelStats>,
-    /// What the GPU layer did (NVML counters, CUDA driver probes).
-    pub gpu: GpuReport,
-    /// CUDA driver calls seen and how they were shown.
-    pub cuda: llmprof_trace::cuda_agg::AggStats,
-    /// The first target: its pid and name.
-    pub target: (u32, String),
-    /// Requests the wire probe saw (and how many carried an engine request).
-    pub wire: llmprof_trace::wire::WireStats,
-    /// Stack symbolization, when stacks were sampled.
-    pub symbolize: Option<crate::symbolize::SymbolizeStats>,
-    /// Python processes whose frames were sampled.
-    pub python_processes: usize,
-}
-
 /// The trace's BOOTTIME/REALTIME snapshot, with the session's one offset ([`WallClock`]); `None` (no snapshot: the
 /// UI shows times from the trace start) if the clocks cannot be read.
 fn clock_snapshot() -> Option<(u64, u64)> {
@@ -337,306 +169,6 @@ fn output_error(path: &Path) -> impl Fn(io::Error) -> AttachError + '_ {
         path: path.to_owned(),
         source,
     }
-}
-
-/// Step 1: what can be checked before anything is loaded: the size cap, a free trace path, root, the targets. The cap and the
-/// traced processes' names and threads (the targets first, then, for trees, their descendants).
-fn preflight(opts: &AttachOptions) -> Result<(Option<SizeCap>, Vec<ProcessInfo>), AttachError> {
-    let cap = opts
-        .max_trace_size
-        .map(SizeCap::new)
-        .transpose()
-        .map_err(AttachError::InvalidOption)?;
-    // A taken trace path is refused before anything is loaded (open_sink refuses it again, atomically).
-    crate::files::check_trace_path(&opts.output).map_err(output_error(&opts.output))?;
-    if !is_root() {
-        return Err(AttachError::NotRoot);
-    }
-    let mut roots = vec![opts.pid];
-    for &p in &opts.more_pids {
-        if !roots.contains(&p) {
-            roots.push(p);
-        }
-    }
-    let own = proctree::own_processes(&roots);
-    if let Some(p) = roots.iter().find(|p| own.contains(p)) {
-        return Err(AttachError::InvalidOption(format!(
-            "--pid {p} is llmprof itself: llmprof never traces its own process; give the server's pid"
-        )));
-    }
-    let mut infos = Vec::new();
-    for &p in &roots {
-        infos.push(procfs::process_info(p).ok_or(AttachError::NoProcess(p))?);
-    }
-    if opts.follow_children {
-        // A descendant that exits during the walk is simply not traced.
-        let found = proctree::descendants(&roots);
-        infos.extend(
-            found[roots.len()..]
-                .iter()
-                .filter_map(|&p| procfs::process_info(p)),
-        );
-    }
-    Ok((cap, infos))
-}
-
-/// The inputs that start before capture.
-struct Inputs {
-    /// The samplers' queue (NVML, /metrics) into the session.
-    tx: SyncSender<Event>,
-    /// Its receiving end.
-    rx: Receiver<Event>,
-    /// NVML counters and CUDA driver probes.
-    gpu: GpuSession,
-    /// What the GPU layer has to say on the timeline so far.
-    gpu_markers: Vec<Event>,
-    /// The OTel span export (None: not configured).
-    otel: Option<OtelSink>,
-}
-
-/// Step 2: the sampler queue, the GPU layer and the OTel span export. NVML first: the target's GPU UUID goes
-/// into the OTel resource; its samples wait in the queue. The OTLP configuration is checked before anything is
-/// loaded; the exporter runs on its own thread and never stalls capture.
-fn open_inputs(opts: &AttachOptions) -> Result<Inputs, AttachError> {
-    let (tx, rx) = mpsc::sync_channel(SAMPLER_QUEUE);
-    let (gpu, gpu_markers) = GpuSession::start(&opts.gpu, opts.pid, tx.clone());
-    let otel = OtelSink::new(&opts.otel, ResourceInfo::from_proc(opts.pid, gpu.gpu_uuid()))?;
-    Ok(Inputs {
-        tx,
-        rx,
-        gpu,
-        gpu_markers,
-        otel,
-    })
-}
-
-/// A capture whose probes are live, and what is measured against it.
-struct Started {
-    /// The capture.
-    capture: Capture,
-    /// Command start → probes live.
-    attach_latency: Duration,
-    /// The moment the probes were live (BOOTTIME ns).
-    live_ns: u64,
-    /// llmprof's own cost.
-    acct: SelfAccount,
-    /// `--overhead-budget`, when given.
-    budget: Option<Budget>,
-    /// The traced processes' CPU (self-accounting and budget).
-    targets: TargetCpu,
-    /// The target's engine probes.
-    engine_probes: EngineProbes,
-}
-
-/// Step 3: loads and attaches the programs (and the CUDA driver probes when libcuda is already loaded), then
-/// starts the self-accounting and the budget from the calibration. Warns when the target has no engine probes.
-fn start_capture(
-    opts: &AttachOptions,
-    t0: Instant,
-    inputs: &mut Inputs,
-    infos: &mut [ProcessInfo],
-) -> Result<Started, AttachError> {
-    // Text leaves the engine only for spans, and only when asked: the trace file never holds it.
-    let capture_content = opts.otel.capture_content && inputs.otel.is_some();
-    if opts.otel.capture_content && inputs.otel.is_none() {
-        note!(
-            "warning: --capture-content needs an OTLP endpoint (text goes to spans only): not capturing text"
-        );
-    }
-    let mut cfg = CaptureConfig {
-        pids: infos.iter().map(|i| i.pid).collect(),
-        follow_children: opts.follow_children,
-        slow_syscall: opts.slow_syscall,
-        ring_bytes: opts.ring_bytes,
-        capture_content,
-        measure_untraced: opts.calibrator.is_some(),
-        cuda_counted: opts.gpu.cuda_calls == crate::cuda::CudaCalls::Counted,
-        http: opts.http.clone(),
-        thread_states: opts.thread_states,
-        sample_hz: opts.sample_hz,
-        // Python frames ride on the stack samples (`--no-sample` turns both off).
-        python_hz: opts.sample_hz,
-        ..Default::default()
-    };
-    if !opts.model_patterns.is_empty() {
-        cfg.model_patterns = opts.model_patterns.clone();
-    }
-    if !opts.egress_allow.is_empty() {
-        cfg.egress_allow = opts.egress_allow.clone();
-    }
-    let mut capture = Capture::start(&cfg)?;
-    for i in infos.iter() {
-        inputs.gpu.watch_process(i.pid);
-    }
-    let cuda_markers = inputs.gpu.watch_cuda(&mut capture, true);
-    inputs.gpu_markers.extend(cuda_markers);
-    let attach_latency = t0.elapsed();
-    let live_ns = boottime_ns();
-    // The costs per hit come later, from the calibration child ([`Calibrating`]); until then nothing is
-    // charged and the budget cannot be exceeded.
-    let cal = Calibration::default();
-    let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
-    let targets = TargetCpu::new(&pids);
-    let acct = SelfAccount::new(targets.clone(), cal, capture.account_counters());
-    let budget = opts
-        .overhead_budget
-        .map(|pct| Budget::new(pct, cal, Snapshot::take(&targets, capture.account_counters())));
-    for i in infos.iter_mut() {
-        i.engine_probes = matches!(capture.engine_probes(i.pid), EngineProbes::Attached { .. });
-    }
-    // The first process of the tree with engine probes stands for the session's (the summary line).
-    let engine_probes = infos
-        .iter()
-        .map(|i| capture.engine_probes(i.pid))
-        .find(|e| matches!(e, EngineProbes::Attached { .. }))
-        .unwrap_or_else(|| capture.engine_probes(opts.pid));
-    if !matches!(engine_probes, EngineProbes::Attached { .. }) {
-        note!(
-            "{}",
-            without_engine_probes(
-                opts.pid,
-                &infos[0].name,
-                opts.http != crate::capture::http::HttpPorts::Off,
-                !capture.python().targets().is_empty(),
-                opts.sample_hz > 0,
-            )
-        );
-    }
-    // A Python target whose frames cannot be read (unsupported version, ...): said once, and on the timeline.
-    for problem in capture.python().problems() {
-        note!("warning: {problem}");
-        inputs.gpu_markers.push(Event {
-            ts_ns: boottime_ns(),
-            pid: opts.pid,
-            tid: 0,
-            body: EventBody::Marker {
-                text: problem.clone(),
-            },
-        });
-    }
-    Ok(Started {
-        capture,
-        attach_latency,
-        live_ns,
-        acct,
-        budget,
-        targets,
-        engine_probes,
-    })
-}
-
-/// Step 3b (`--gpu-kernels`), for each process the helper was loaded in and not started yet: the handoff
-/// uprobe on the injected helper, then `GPU_START` there. Also on later ticks, for a process of the tree that
-/// loaded CUDA after the attach ([`GpuKernels::adopt`]); `strict` is false then (a failure is said, the
-/// session goes on).
-fn start_gpu_kernels(strict: bool, k: &mut GpuKernels, capture: &mut Capture) -> Result<(), AttachError> {
-    for inj in k.pending() {
-        if let Err(e) = capture.attach_handoff(inj.pid, &inj.host_path) {
-            if strict {
-                return Err(AttachError::Capture(e));
-            }
-            note!(
-                "llmprof: GPU kernels: not recorded in pid {}: the handoff probe failed: {e}",
-                inj.pid
-            );
-            continue;
-        }
-        match k.start(inj.pid) {
-            Ok(true) => {
-                // CUPTI's driver-call records carry the launches: the uprobes stop probing them.
-                let n = capture.cuda_launches_from_cupti(inj.pid);
-                log::debug!(
-                    "gpu: pid {}: {n} launch probes detached (CUPTI records the launches)",
-                    inj.pid
-                );
-            }
-            Ok(false) => {}
-            Err(e) if strict => return Err(AttachError::GpuKernels(e)),
-            Err(e) => note!("llmprof: GPU kernels: not recorded in pid {}: {e}", inj.pid),
-        }
-    }
-    Ok(())
-}
-
-/// Step 3c (`--python-hooks`, `--py-range`): the Python hooks in the tree's processes that want them (the
-/// engine uprobes on the helper come before its start); each outcome said. With `--py-range`, a tree where no
-/// process took them is refused (`AttachError::PythonHooks`): the user named functions that nothing will
-/// record.
-fn start_python_hooks(
-    opts: &AttachOptions,
-    tree: &[u32],
-    capture: &mut Capture,
-) -> Result<(crate::pyhooks::PyHooks, Vec<String>), AttachError> {
-    let mut hooks = crate::pyhooks::PyHooks::new(opts.python_hooks.clone());
-    let lines = hooks.start(tree, capture);
-    for line in &lines {
-        note!("llmprof: {line}");
-    }
-    if opts.python_hooks.mode != crate::pyhooks::PyHooksMode::Off
-        && !opts.python_hooks.ranges.is_empty()
-        && hooks.hooked_pids().is_empty()
-    {
-        for line in hooks.stop() {
-            note!("llmprof: {line}");
-        }
-        let why = if lines.is_empty() {
-            "no process of the traced tree is CPython 3.10 to 3.13".to_owned()
-        } else {
-            lines.join("; ")
-        };
-        return Err(AttachError::PythonHooks(why));
-    }
-    Ok((hooks, lines))
-}
-
-/// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
-/// and writes its header (the target, the clock snapshot).
-fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {
-    let out_err = output_error(&opts.output);
-    let file = crate::files::create_trace(&opts.output).map_err(&out_err)?;
-    let mut sink = TraceSink::new(file, infos, clock_snapshot()).map_err(&out_err)?;
-    // How the trace processor reads sched_switch's prev_state depends on the kernel version.
-    if let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
-        sink.note_kernel_release(&release);
-    }
-    Ok(sink)
-}
-
-/// Step 6: the /metrics scraper, on `--metrics-url` or the endpoint discovered from the target's listening
-/// port; warns when there is none. The URL scraped and the scraper.
-fn start_scraper(
-    opts: &AttachOptions,
-    pids: &[u32],
-    tried: &mut HashSet<(u32, u16)>,
-    tx: SyncSender<Event>,
-) -> (Option<String>, Option<Scraper>) {
-    let found = match &opts.metrics_url {
-        Some(url) => Some((opts.pid, url.clone())),
-        None => metrics_scrape::discover_in(pids, tried),
-    };
-    let metrics_url = found.as_ref().map(|(_, u)| u.clone());
-    let scraper = match found {
-        Some((pid, url)) => match Scraper::spawn(pid, url, metrics_scrape::DEFAULT_INTERVAL, tx) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                note!("warning: cannot start the /metrics scraper: {e}");
-                None
-            }
-        },
-        None => {
-            let later = if opts.follow_children {
-                " (looked for again as the tree's processes listen)"
-            } else {
-                ""
-            };
-            note!(
-                "warning: no Prometheus /metrics endpoint found for pid {} (pass --metrics-url){later}: no KV-cache/queue counters",
-                opts.pid
-            );
-            None
-        }
-    };
-    (metrics_url, scraper)
 }
 
 /// A running session: what feeds it (capture, samplers), what it writes (the trace, spans), the merge between
@@ -707,7 +239,7 @@ impl<'a> Session<'a> {
         crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
             python_hooks: self.py_hooks.counters(),
-            ..self.capture.account_counters()
+            ..Counters::of(&self.capture)
         }
     }
 
@@ -1211,7 +743,7 @@ impl<'a> Session<'a> {
         let final_counters = crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
             python_hooks: self.py_hooks.counters(),
-            ..self.capture.account_counters()
+            ..Counters::of(&self.capture)
         };
         let mut overhead = self.acct.summary(
             final_counters,
@@ -1315,7 +847,7 @@ fn check_budget(
     capture: &mut Capture,
     targets: &TargetCpu,
 ) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(targets, capture.account_counters())) {
+    let body = match b.check(Snapshot::take(targets, Counters::of(capture))) {
         Verdict::Ok => return Ok(None),
         Verdict::Degrade { level, overhead_pct } => {
             let d = budget::apply(capture, level, overhead_pct, b.pct())?;

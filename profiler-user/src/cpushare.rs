@@ -107,7 +107,7 @@ fn allowed_cpus(status: &str) -> Option<BTreeSet<usize>> {
 
 /// Idle + iowait of `cpus` in a `/proc/stat` text, ns (its unit is USER_HZ ticks).
 fn idle_ns(stat: &str, cpus: &[usize]) -> Option<u64> {
-    let tick_ns = 1_000_000_000 / crate::selfacct::clock_ticks();
+    let tick_ns = 1_000_000_000 / crate::sys::procfs::clock_ticks();
     let mut sum = 0u64;
     let mut found = 0;
     for l in stat.lines() {
@@ -159,7 +159,7 @@ mod tests {
         assert!(l("3-1").is_none());
         assert!(allowed_cpus("Name: x\n").is_none());
         let stat = "cpu  10 0 10 500 5 0 0 0 0 0\ncpu0 5 0 5 200 2 0 0 0 0 0\ncpu1 5 0 5 300 3 0 0 0 0 0\n";
-        let tick = 1_000_000_000 / crate::selfacct::clock_ticks();
+        let tick = 1_000_000_000 / crate::sys::procfs::clock_ticks();
         assert_eq!(idle_ns(stat, &[1]), Some(303 * tick));
         assert_eq!(idle_ns(stat, &[0, 1]), Some(505 * tick));
         assert_eq!(idle_ns(stat, &[2]), None, "a CPU /proc/stat does not list");

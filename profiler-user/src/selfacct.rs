@@ -36,6 +36,7 @@ use std::time::Instant;
 
 use llmprof_abi::{NUM_PROBES, ProbeCounters, ProbeId};
 
+use crate::capture::Capture;
 #[cfg(doc)]
 use crate::capture::DECODED_SYSCALLS;
 
@@ -52,7 +53,7 @@ const INSIDE_SYSCALL_EXIT: [ProbeId; 5] = [
 ];
 
 /// What the self-accounting charges, read from the capture at one instant
-/// ([`crate::capture::Capture::account_counters`]).
+/// ([`Counters::of`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
     /// Per-probe counters (summed over CPUs).
@@ -70,6 +71,22 @@ pub struct Counters {
     /// The Python hooks' records and their calibrated cost since this session installed them
     /// ([`crate::pyhooks::PyHooks::counters`]).
     pub python_hooks: crate::pyhooks::PyHooksCounters,
+}
+
+impl Counters {
+    /// The counters of `capture` the self-accounting charges: [`Capture::counters`],
+    /// [`Capture::syscalls_decoded`], the counted CUDA calls and the off-CPU stacks (the CUPTI helpers' are
+    /// added by the session).
+    pub fn of(capture: &Capture) -> Self {
+        Self {
+            probes: capture.counters(),
+            syscalls_decoded: capture.syscalls_decoded(),
+            cuda_counted: capture.cuda_counted_calls(),
+            offcpu_stacks: capture.offcpu_stacks(),
+            cupti: CuptiCounters::default(),
+            python_hooks: crate::pyhooks::PyHooksCounters::default(),
+        }
+    }
 }
 
 /// The CUPTI helpers' own counters that the estimate uses, summed over the processes that record.
@@ -507,14 +524,7 @@ pub fn stat_cpu_ns(stat: &str) -> Option<u64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
-    Some((utime + stime) * (1_000_000_000 / clock_ticks()))
-}
-
-/// Clock ticks per second (`USER_HZ`: the unit of /proc's CPU times).
-pub(crate) fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
+    Some((utime + stime) * (1_000_000_000 / crate::sys::procfs::clock_ticks()))
 }
 
 fn rusage_self() -> Option<libc::rusage> {
@@ -747,6 +757,9 @@ mod tests {
         assert!(rss_bytes() > 0);
         assert!(max_rss_bytes() > 0);
         let line = "12 (a b) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0";
-        assert_eq!(stat_cpu_ns(line), Some(200 * (1_000_000_000 / clock_ticks())));
+        assert_eq!(
+            stat_cpu_ns(line),
+            Some(200 * (1_000_000_000 / crate::sys::procfs::clock_ticks()))
+        );
     }
 }

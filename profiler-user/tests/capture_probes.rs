@@ -4,11 +4,12 @@
 //! `CI=true`, where they fail.
 #![allow(clippy::unwrap_used, reason = "tests panic with the error")]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::testee::Testee;
 use llmprof::capture::calibrate::{self, CalibrationConfig};
 use llmprof::capture::{Capture, CaptureConfig, CaptureError, EngineProbes};
 use llmprof_abi::{ABI_VERSION, FileOp, ProbeId, RangeOp, RequestEventKind, StepKind, read_str};
@@ -43,51 +44,6 @@ fn have_root() -> bool {
         root,
         "not root: capture tests need root to load eBPF programs (run `sudo -E cargo test -p llmprof --test capture_probes`)",
     )
-}
-
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    fn spawn(args: &[&str]) -> Testee {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_llmprof-testee"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn llmprof-testee");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut t = Testee { child, stdin, stdout };
-        let line = t.line();
-        assert!(line.starts_with("ready "), "testee said {line:?}");
-        t
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn line(&mut self) -> String {
-        let mut s = String::new();
-        self.stdout.read_line(&mut s).expect("read testee");
-        s.trim().to_string()
-    }
-
-    fn say(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").expect("write testee");
-        self.stdin.flush().expect("flush testee");
-    }
-}
-
-impl Drop for Testee {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Polls until `stop` says so or `limit` passes.
@@ -149,12 +105,12 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
          thread-state programs, the wire probe's arrival stamps and its decoders"
     );
 
-    t.say("go");
+    t.send("go");
     assert_eq!(t.line(), "done");
     let (_conn, _) = listener.accept().unwrap();
     let sent_while_alive = cap.sent_bytes();
-    t.say("exit");
-    let status = t.child.wait().unwrap();
+    t.send("exit");
+    let status = t.child().wait().unwrap();
     assert_eq!(status.code(), Some(3));
 
     let events = collect(&mut cap, Duration::from_secs(10), |evs| {
@@ -369,15 +325,15 @@ fn a_missing_pid_is_reported() {
     );
 }
 
-/// Throughput of the whole pipeline (uprobe → ring → decode): `cargo test -p llmprof --test
-/// capture_probes -- --ignored --nocapture`.
+/// A burst of engine probe hits far faster than any engine makes them (the testee's `burst`: range records in a
+/// tight loop) is accounted for whole: every hit reaches user space as an event or is counted as dropped, none
+/// is lost without a count. The pipeline's rate is printed with `--nocapture` (not asserted).
 #[test]
-#[ignore = "benchmark: run explicitly"]
-fn bench_pipeline_events_per_second() {
+fn a_burst_of_probe_hits_is_delivered_or_counted_as_dropped() {
     if !have_root() {
         return;
     }
-    const N: u64 = 1_000_000;
+    const N: u64 = 200_000;
     let mut t = Testee::spawn(&[]);
     let pid = t.pid();
     let cfg = CaptureConfig {
@@ -385,9 +341,8 @@ fn bench_pipeline_events_per_second() {
         ..CaptureConfig::default()
     };
     let mut cap = Capture::start(&cfg).expect("start");
-    eprintln!("attach latency: {:?}", cap.attach_latency());
     let t0 = Instant::now();
-    t.say(&format!("burst {N}"));
+    t.send(&format!("burst {N}"));
     let mut got = 0u64;
     let mut out = Vec::with_capacity(1 << 16);
     while got < N && t0.elapsed() < Duration::from_secs(60) {
@@ -404,22 +359,16 @@ fn bench_pipeline_events_per_second() {
     }
     let dt = t0.elapsed();
     let done = t.line();
-    let produce_ns: f64 = done
-        .strip_prefix("burst done ")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("testee said {done:?}"));
-    eprintln!(
-        "producer: {N} probe hits in {:.3} s = {:.2} us/hit",
-        produce_ns / 1e9,
-        produce_ns / 1e3 / N as f64
-    );
+    assert!(done.starts_with("burst done "), "testee said {done:?}");
     let c = cap.counters()[ProbeId::Range as usize];
     eprintln!(
         "pipeline: {got} of {N} events in {dt:?} = {:.0} events/s, dropped {}",
         got as f64 / dt.as_secs_f64(),
         c.dropped
     );
-    assert_eq!(got + c.dropped, N);
+    assert_eq!(c.hits, N, "every range call of the burst hit the probe");
+    assert_eq!(got + c.dropped, N, "delivered {got}, dropped {}", c.dropped);
+    assert_eq!(c.emitted, got, "what went into the ring came out of it");
 }
 
 /// The overhead budget's switches on a real capture: with `RangeSampleEvery` = 16 only the ranges of steps
@@ -459,7 +408,7 @@ fn budget_knobs_sample_ranges_and_detach_them() {
     );
     cap.set_knob(llmprof_abi::Knob::RangeSampleEvery, 16)
         .expect("knob");
-    t.say(&format!("burst {N}"));
+    t.send(&format!("burst {N}"));
     assert!(t.line().starts_with("burst done"));
     let ranges = |evs: &[Event]| {
         evs.iter()
@@ -479,7 +428,7 @@ fn budget_knobs_sample_ranges_and_detach_them() {
         cap.detach_ranges().expect("detach"),
         "the range uprobe was attached"
     );
-    t.say(&format!("burst {N}"));
+    t.send(&format!("burst {N}"));
     assert!(t.line().starts_with("burst done"));
     assert_eq!(
         cap.counters()[ProbeId::Range as usize].hits,

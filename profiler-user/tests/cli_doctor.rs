@@ -3,8 +3,9 @@
 //! (a warning, not a failure); a pid that does not exist fails with exit code 4.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 
+use e2e::testee::Reaped;
 use serde_json::Value;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
@@ -58,16 +59,6 @@ fn find<'a>(checks: &'a [Value], id: &str) -> &'a Value {
         .iter()
         .find(|c| c["check"] == id)
         .unwrap_or_else(|| panic!("no check {id:?} in {checks:#?}"))
-}
-
-/// Kills and reaps the child when the test ends, pass or fail.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -7,18 +7,18 @@
 //! Needs root, gcc and the trace processor: skips loudly without them, fails under `CI=true`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use e2e::fixtures::{scratch_dir, stand_in_libcuda};
+use e2e::testee::Testee;
 use e2e::trace_processor::Trace;
 use llmprof_abi::{CudaFunc, CudaVariant};
 use llmprof_trace::names::{arg, category, marker, slice, tp_arg, track, value};
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 /// Held by the tests whose timing a CPU-heavy neighbour would upset (the late-load test waits a fixed time for
 /// the next tick) and by the CPU-heavy budget test: on a 2-core machine they do not overlap.
 static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -33,70 +33,9 @@ fn preconditions() -> bool {
             "Perfetto trace processor not installed (cargo xtask setup-tools)",
         )
         && e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
+            e2e::fixtures::have_gcc(),
             "gcc not installed (apt-get install gcc): cannot build the stand-in libcuda",
         )
-}
-
-/// An empty folder `<tmp>/<tag>-<pid>`: a leftover of an earlier run whose process had the same id would hold stale
-/// files, so it is removed first.
-fn scratch_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Compiles the stand-in libcuda into `dir/libcuda.so.1`.
-fn build_fake_libcuda(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_libcuda.c");
-    let out = dir.join("libcuda.so.1");
-    let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "gcc failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
-
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    fn spawn(args: &[&str]) -> Testee {
-        let mut child = Command::new(TESTEE)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready "), "testee said {line:?}");
-        Testee { child, stdin, stdout }
-    }
-
-    fn cmd(&mut self, c: &str, want: &str) {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), want, "testee answer to {c:?}");
-    }
 }
 
 /// `llmprof attach` on `pid` for `secs`: returns once it says its probes are live, with a receiver of its
@@ -140,18 +79,6 @@ fn attach_with(pid: u32, secs: u32, trace: &Path, args: &[&str]) -> mpsc::Receiv
     rx
 }
 
-fn q(tp: &mut Trace, sql: &str) -> i64 {
-    tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-fn qf(tp: &mut Trace, sql: &str) -> f64 {
-    tp.query_f64(sql).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn counter_max(tp: &mut Trace, track: &str) -> f64 {
-    tp.counter_max(track).unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// Slices on the CUDA tracks named `name`.
 fn cuda_slices(name: &str) -> String {
     format!(
@@ -177,14 +104,14 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         return;
     }
     let dir = scratch_dir("llmprof-cuda");
-    let lib = build_fake_libcuda(&dir);
+    let lib = stand_in_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
+    let pid = t.pid();
     let trace = dir.join("cuda.perfetto-trace");
-    let done = attach(t.child.id(), 3, &trace);
+    let done = attach(pid, 3, &trace);
     t.cmd("cuda 3 100", "cuda done");
     let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(30)).unwrap();
-    t.cmd("exit", "");
-    let _ = t.child.wait();
+    t.exit();
     assert!(ok, "attach failed:\n{stdout}\n{stderr}");
 
     // The summary: CUDA probes attached to the stand-in, NVML absent said once.
@@ -217,7 +144,7 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         cuda_slices(&slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 100)),
         extract(arg::LAUNCHES)
     );
-    assert_eq!(q(&mut tp, &per_step), 3);
+    assert_eq!(tp.int(&per_step), 3);
     // Synchronize calls are individual, and their host time covers the stand-in's 5 / 3 / 2 ms sleeps.
     let syncs = |name: &str, min_ns: u64| {
         format!(
@@ -225,22 +152,16 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
             cuda_slices(name)
         )
     };
-    assert_eq!(
-        q(&mut tp, &syncs(&call(CudaFunc::StreamSynchronize), 5_000_000)),
-        3
-    );
+    assert_eq!(tp.int(&syncs(&call(CudaFunc::StreamSynchronize), 5_000_000)), 3);
     // ... each labelled with the engine step it happened in.
     let sync_steps = format!(
         "select count(distinct {}) from ({})",
         extract(arg::STEP_ID),
         cuda_slices(&call(CudaFunc::StreamSynchronize))
     );
-    assert_eq!(q(&mut tp, &sync_steps), 3);
-    assert_eq!(q(&mut tp, &syncs(&call(CudaFunc::CtxSynchronize), 3_000_000)), 1);
-    assert_eq!(
-        q(&mut tp, &syncs(&call(CudaFunc::EventSynchronize), 2_000_000)),
-        1
-    );
+    assert_eq!(tp.int(&sync_steps), 3);
+    assert_eq!(tp.int(&syncs(&call(CudaFunc::CtxSynchronize), 3_000_000)), 1);
+    assert_eq!(tp.int(&syncs(&call(CudaFunc::EventSynchronize), 2_000_000)), 1);
     // The failing call keeps its CUresult.
     let failed = format!(
         "select count(*) from ({}) where {} = 1 and {} = '{}{}'",
@@ -250,14 +171,14 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
         CudaFunc::EventSynchronize.name(),
         CudaVariant::Ptsz.suffix()
     );
-    assert_eq!(q(&mut tp, &failed), 1);
+    assert_eq!(tp.int(&failed), 1);
     // The 200 µs device-to-host copy is its own slice with its byte count.
     let copies = format!(
         "select count(*) from ({}) where dur >= 200000 and {} = 4096",
         cuda_slices(&call(CudaFunc::MemcpyDtoH)),
         extract(arg::BYTES)
     );
-    assert_eq!(q(&mut tp, &copies), 3);
+    assert_eq!(tp.int(&copies), 3);
     // The short calls after the steps are gathered into one batch, per function.
     let batch = format!(
         "select {} as f from ({})",
@@ -284,77 +205,56 @@ fn cuda_driver_calls_become_host_time_slices_aggregated_per_step() {
     // thread track, which the trace processor files under the thread); one slice of each such track (its
     // first written) says it is host time.
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice s join track t on s.track_id = t.id \
+        tp.int(&format!(
+            "select count(*) from slice s join track t on s.track_id = t.id \
                  where t.name = '{}' and s.category != '{}'",
-                track::CUDA,
-                category::CUDA_HOST,
-            )
-        ),
+            track::CUDA,
+            category::CUDA_HOST,
+        )),
         0
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}' \
+        tp.int(&format!(
+            "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}' \
                  and extract_arg(s.arg_set_id, '{}') = '{}'",
-                track::CUDA,
-                tp_arg(arg::NOTE),
-                arg::CUDA_NOTE
-            )
-        ),
-        q(
-            &mut tp,
-            &format!(
-                "select count(distinct t.id) from track t join slice s on s.track_id = t.id where t.name = '{}'",
-                track::CUDA
-            )
-        )
+            track::CUDA,
+            tp_arg(arg::NOTE),
+            arg::CUDA_NOTE
+        )),
+        tp.int(&format!(
+            "select count(distinct t.id) from track t join slice s on s.track_id = t.id where t.name = '{}'",
+            track::CUDA
+        ))
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}'",
-                track::CUDA
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice s join track t on s.track_id = t.id where t.name = '{}'",
+            track::CUDA
+        )),
         3 + 3 + 3 + 1 + 1 + 2
     );
-    let tid = t.child.id() as i64;
+    let tid = pid as i64;
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from thread_track t join thread using (utid) \
+        tp.int(&format!(
+            "select count(*) from thread_track t join thread using (utid) \
                  where t.name = '{}' and thread.tid = {tid}",
-                track::CUDA
-            )
-        ),
+            track::CUDA
+        )),
         1
     );
     // NVML absent: one marker, nothing else.
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where name like '{}%'",
-                marker::gpu_counters_unavailable("NVML")
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where name like '{}%'",
+            marker::gpu_counters_unavailable("NVML")
+        )),
         1
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from track where name like '{}%'",
-                track::GPU_PREFIX
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from track where name like '{}%'",
+            track::GPU_PREFIX
+        )),
         0
     );
     drop(tp);
@@ -385,42 +285,35 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
         return;
     }
     let dir = scratch_dir("llmprof-cuda-cost");
-    let lib = build_fake_libcuda(&dir);
+    let lib = stand_in_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("cost.perfetto-trace");
     // Stopped once every launch was made: a fixed duration could end first on a loaded machine.
     // `-v`: the summary's calibrated costs.
-    let session = e2e::attach::Attached::start(t.child.id(), &["-v"], &trace);
+    let session = e2e::attach::Attached::start(t.pid(), &["-v"], &trace);
     t.cmd("cuda 3 1000", "cuda done");
     let stdout = session.stop();
-    t.cmd("exit", "");
-    let _ = t.child.wait();
+    t.exit();
     assert!(
         stdout.contains("ns per timed CUDA driver call (entry + return probe)")
             && stdout.contains("ns per counted launch (entry probe only)"),
         "{stdout}"
     );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
-    let cost = qf(
-        &mut tp,
-        &format!(
-            "select {} from slice where name = '{}'",
-            extract(arg::COST_NS_CUDA_CALL),
-            marker::SUMMARY
-        ),
-    );
+    let cost = tp.float(&format!(
+        "select {} from slice where name = '{}'",
+        extract(arg::COST_NS_CUDA_CALL),
+        marker::SUMMARY
+    ));
     eprintln!(
         "calibrated CUDA call cost: {cost:.0} ns, charged {:.2} ms",
         by_probe_ms(&mut tp, "cuda")
     );
-    let counted = qf(
-        &mut tp,
-        &format!(
-            "select {} from slice where name = '{}'",
-            extract(arg::COST_NS_CUDA_COUNTED),
-            marker::SUMMARY
-        ),
-    );
+    let counted = tp.float(&format!(
+        "select {} from slice where name = '{}'",
+        extract(arg::COST_NS_CUDA_COUNTED),
+        marker::SUMMARY
+    ));
     eprintln!("calibrated counted launch cost: {counted:.0} ns");
     assert!(cost > 0.0, "calibrated CUDA call cost {cost} ns");
     assert!(counted > 0.0, "calibrated counted launch cost {counted} ns");
@@ -436,7 +329,7 @@ fn cuda_probes_are_calibrated_and_charged_in_the_overhead_estimate() {
         "cuda charged {cuda_ms} ms at {counted} ns per counted launch, {cost} ns per timed call"
     );
     assert!(
-        counter_max(&mut tp, "llmprof cost per hit: CUDA call (entry + return probe)") > 0.0,
+        tp.peak("llmprof cost per hit: CUDA call (entry + return probe)") > 0.0,
         "the cost counter track"
     );
     drop(tp);
@@ -452,42 +345,32 @@ fn a_launch_heavy_target_over_budget_gets_its_cuda_probes_detached() {
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = scratch_dir("llmprof-cuda-budget");
-    let lib = build_fake_libcuda(&dir);
+    let lib = stand_in_libcuda(&dir);
     let mut t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     let trace = dir.join("budget.perfetto-trace");
-    let done = attach_with(t.child.id(), 8, &trace, &["--overhead-budget", "0.5%"]);
+    let done = attach_with(t.pid(), 8, &trace, &["--overhead-budget", "0.5%"]);
     t.cmd("cuda 150 5000", "cuda done");
     let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(40)).unwrap();
-    t.cmd("exit", "");
-    let _ = t.child.wait();
+    t.exit();
     assert!(ok, "attach failed:\n{stdout}\n{stderr}");
     assert!(stderr.contains("CUDA driver uprobes detached"), "{stderr}");
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
-    let at = q(
-        &mut tp,
-        &format!(
-            "select ts from slice where name = '{}' order by ts limit 1",
-            marker::degradation("cuda_detached")
-        ),
-    );
+    let at = tp.int(&format!(
+        "select ts from slice where name = '{}' order by ts limit 1",
+        marker::degradation("cuda_detached")
+    ));
     assert!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where category = '{}' and ts < {at}",
-                category::CUDA_HOST
-            )
-        ) > 0,
+        tp.int(&format!(
+            "select count(*) from slice where category = '{}' and ts < {at}",
+            category::CUDA_HOST
+        )) > 0,
         "CUDA calls traced before the step"
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where category = '{}' and ts > {at}",
-                category::CUDA_HOST
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where category = '{}' and ts > {at}",
+            category::CUDA_HOST
+        )),
         0,
         "no CUDA call traced after cuda_detached"
     );
@@ -504,11 +387,11 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
     }
     let _serial = TIMING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = scratch_dir("llmprof-cuda-late");
-    let lib = build_fake_libcuda(&dir);
+    let lib = stand_in_libcuda(&dir);
     let mut t = Testee::spawn(&[]);
     let trace = dir.join("late.perfetto-trace");
     // Every call timed (`--cuda-calls all`, the pair at launches too); the other tests run the default.
-    let done = attach_with(t.child.id(), 12, &trace, &["--cuda-calls", "all"]);
+    let done = attach_with(t.pid(), 12, &trace, &["--cuda-calls", "all"]);
     t.cmd(&format!("cuda-load {}", lib.display()), "cuda loaded");
     // The session checks the target's maps every second; attaching the 16 probes one by one then takes
     // seconds on a loaded machine, so rounds of calls are repeated for 8 s: the rounds after all probes are
@@ -519,49 +402,36 @@ fn libcuda_loaded_after_attach_is_found_on_the_next_tick() {
         std::thread::sleep(Duration::from_millis(400));
     }
     let (stdout, stderr, ok) = done.recv_timeout(Duration::from_secs(30)).unwrap();
-    t.cmd("exit", "");
-    let _ = t.child.wait();
+    t.exit();
     assert!(ok, "attach failed:\n{stdout}\n{stderr}");
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where name like '{} in pid%'",
-                marker::LIBCUDA_NOT_LOADED
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where name like '{} in pid%'",
+            marker::LIBCUDA_NOT_LOADED
+        )),
         1
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where name like '{}'",
-                marker::cuda_probes_attached(16, "%", 1)
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where name like '{}'",
+            marker::cuda_probes_attached(16, "%", 1)
+        )),
         1
     );
     assert!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from ({})",
-                cuda_slices(&slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 10))
-            )
-        ) >= 1,
+        tp.int(&format!(
+            "select count(*) from ({})",
+            cuda_slices(&slice::cuda_batch(Some(CudaFunc::LaunchKernel.name()), 10))
+        )) >= 1,
         "a round of 10 launches traced after the late attach"
     );
     assert!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from ({})",
-                cuda_slices(&call(CudaFunc::StreamSynchronize))
-            )
-        ) >= 1
+        tp.int(&format!(
+            "select count(*) from ({})",
+            cuda_slices(&call(CudaFunc::StreamSynchronize))
+        )) >= 1
     );
     drop(tp);
     std::fs::remove_dir_all(&dir).unwrap();

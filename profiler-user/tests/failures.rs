@@ -7,18 +7,19 @@
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::attach::{report_json, report_text};
+use e2e::testee::Testee;
 use e2e::trace_processor::Trace;
 use llmprof::attach::{END_INTERRUPTED, END_TARGET_EXITED};
 use llmprof_trace::names::{marker, slice};
 use serde_json::Value;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 /// Points NVML at a library that does not exist, so every host takes the same "NVML absent" path.
 const NO_NVML: &str = "/nonexistent/libnvidia-ml.so.1";
 /// Prefix of every eBPF program llmprof loads (`profiler-ebpf/src/main.rs`), as the kernel lists it.
@@ -52,62 +53,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("llmprof-failures-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The traced process.
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    fn spawn() -> Testee {
-        let mut child = Command::new(TESTEE)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready "), "testee said {line:?}");
-        Testee { child, stdin, stdout }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Emits `n` range marks as fast as it can and waits for it.
-    fn burst(&mut self, n: u64) {
-        writeln!(self.stdin, "burst {n}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("burst done"), "testee answer to burst: {line:?}");
-    }
-
-    /// Runs the testee's sequence (engine records, a 20 ms sleep) and waits for it.
-    fn go(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "done", "testee answer to go");
-    }
-}
-
-impl Drop for Testee {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    e2e::fixtures::scratch_dir(&format!("llmprof-failures-{name}"))
 }
 
 /// A running `llmprof attach`, returned once it says its probes are live.
@@ -242,49 +188,16 @@ fn probe_events_of(pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// `llmprof report --json FILE`.
-fn report_json(trace: &Path) -> Value {
-    let out = Command::new(LLMPROF)
-        .args(["report", "--json"])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// `llmprof report FILE`, the text a person reads.
-fn report_text(trace: &Path) -> String {
-    let out = Command::new(LLMPROF).arg("report").arg(trace).output().unwrap();
-    assert!(
-        out.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn q(tp: &mut Trace, sql: &str) -> i64 {
-    tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
 fn count_named(tp: &mut Trace, name: &str) -> i64 {
-    q(tp, &format!("select count(*) from slice where name = '{name}'"))
+    tp.int(&format!("select count(*) from slice where name = '{name}'"))
 }
 
 /// The testee's 20 ms sleeps that made it into the trace as slow-syscall slices.
 fn slow_sleeps(tp: &mut Trace) -> i64 {
-    q(
-        tp,
-        &format!(
-            "select count(*) from slice where name like '{}%sleep%' and dur >= 10000000",
-            slice::SYSCALL_PREFIX
-        ),
-    )
+    tp.int(&format!(
+        "select count(*) from slice where name like '{}%sleep%' and dur >= 10000000",
+        slice::SYSCALL_PREFIX
+    ))
 }
 
 /// A finished trace as a person checks it: the report says the session ended for `end_reason` with its
@@ -313,13 +226,13 @@ fn sigkill_of_attach_leaves_nothing_loaded_and_a_file_that_loads() {
     let dir = temp_dir("sigkill");
     let trace = dir.join("killed.perfetto-trace");
     let before = llmprof_programs();
-    let mut t = Testee::spawn();
+    let mut t = Testee::spawn(&[]);
     let attach = Attach::start(t.pid(), &trace);
     let attach_pid = attach.child.id();
     // Two sequences 1.2 s apart: the writer's 500 ms flush has run at least once after the first.
-    t.go();
+    t.cmd("go", "done");
     std::thread::sleep(Duration::from_millis(1200));
-    t.go();
+    t.cmd("go", "done");
     std::thread::sleep(Duration::from_millis(1200));
     let held = held_by(attach_pid);
     assert!(!held.progs.is_empty(), "attach holds its programs: {held:?}");
@@ -408,9 +321,9 @@ fn sighup_ends_a_session_like_sigterm() {
     let dir = temp_dir("sighup");
     for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
         let trace = dir.join(format!("{name}.perfetto-trace"));
-        let mut t = Testee::spawn();
+        let mut t = Testee::spawn(&[]);
         let attach = Attach::start(t.pid(), &trace);
-        t.go();
+        t.cmd("go", "done");
         attach.signal(sig);
         let out = attach.wait();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -435,11 +348,11 @@ fn target_killed_mid_trace_gives_a_complete_trace() {
     let _kernel = serial();
     let dir = temp_dir("target");
     let trace = dir.join("target.perfetto-trace");
-    let mut t = Testee::spawn();
+    let mut t = Testee::spawn(&[]);
     let attach = Attach::start(t.pid(), &trace);
-    t.go();
-    t.child.kill().unwrap();
-    t.child.wait().unwrap();
+    t.cmd("go", "done");
+    t.child().kill().unwrap();
+    t.child().wait().unwrap();
     let out = attach.wait();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -467,10 +380,14 @@ fn a_forced_ring_overflow_is_counted_exactly_per_probe() {
     let _kernel = serial();
     let dir = temp_dir("overflow");
     let trace = dir.join("overflow.perfetto-trace");
-    let mut t = Testee::spawn();
+    let mut t = Testee::spawn(&[]);
     // `-v`: the summary's per-probe counters.
     let attach = Attach::start_with(t.pid(), &trace, &["--ring-size", "4KiB", "-v"]);
-    t.burst(N);
+    let burst = t.ask(&format!("burst {N}"));
+    assert!(
+        burst.starts_with("burst done"),
+        "testee answer to burst: {burst:?}"
+    );
     attach.signal(libc::SIGTERM);
     let out = attach.wait();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -508,14 +425,11 @@ fn a_forced_ring_overflow_is_counted_exactly_per_probe() {
     );
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<Value>::new());
-    let arrived = q(
-        &mut tp,
-        &format!(
-            "select count(*) from slice join thread_track tt on slice.track_id = tt.id join thread using (utid) \
+    let arrived = tp.int(&format!(
+        "select count(*) from slice join thread_track tt on slice.track_id = tt.id join thread using (utid) \
              where thread.tid = {} and slice.dur = 0 and slice.name like '%mark%'",
-            t.pid()
-        ),
-    );
+        t.pid()
+    ));
     assert_eq!(
         u64::try_from(arrived).unwrap(),
         emitted,

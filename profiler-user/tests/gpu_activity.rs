@@ -2,18 +2,17 @@
 //! binary, real eBPF) on a process that has `libllmprof_cupti.so` loaded and hands it chunks of GPU activity.
 //!
 //! The chunks come from `tests/fixtures/gpu_testee.c` through the stand-in helper `tests/fixtures/gpu_helper.c`
-//! (both compiled here with cc): known kernels with made-up names, shapes and times on a clock 1000 s off
+//! (both compiled here with gcc): known kernels with made-up names, shapes and times on a clock 1000 s off
 //! BOOTTIME. The assertions are what a user checks and do not depend on how the chunks were produced (the real
 //! injected helper hands over the same layouts): the kernel slices in Perfetto's trace processor with their
 //! demangled names, on the stream's track, at times mapped into the session, with their args; the flows from
 //! the launching API calls; the wait on the waiting thread; the losses in the summary; `llmprof report`'s top
-//! kernels. Needs root, cc and the trace processor: skips loudly without them, fails under `CI=true`.
+//! kernels. Needs root, gcc and the trace processor: skips loudly without them, fails under `CI=true`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 
+use e2e::testee::Testee;
 use e2e::trace_processor::Trace;
 use llmprof_trace::names::gpu::{arg, slice, track};
 use llmprof_trace::names::{marker, tp_arg};
@@ -28,77 +27,9 @@ fn preconditions() -> bool {
             "Perfetto trace processor not installed (cargo xtask setup-tools)",
         )
         && e2e::require(
-            Command::new("cc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "cc not installed (apt-get install gcc): cannot build the stand-in helper library",
+            e2e::fixtures::have_gcc(),
+            "gcc not installed (apt-get install gcc): cannot build the stand-in helper library",
         )
-}
-
-fn cc(args: &[&str], out: &Path) {
-    let o = Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror"])
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Compiles the stand-in helper (`dir/libllmprof_cupti.so`) and the testee linked with it.
-fn build(dir: &Path) -> PathBuf {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let lib = dir.join(llmprof_abi::gpu::GPU_HELPER_LIB);
-    cc(
-        &[
-            "-shared",
-            "-fPIC",
-            fixtures.join("gpu_helper.c").to_str().unwrap(),
-        ],
-        &lib,
-    );
-    let testee = dir.join("gpu_testee");
-    let rpath = format!("-Wl,-rpath,{}", dir.display());
-    let libdir = format!("-L{}", dir.display());
-    cc(
-        &[
-            fixtures.join("gpu_testee.c").to_str().unwrap(),
-            &libdir,
-            "-lllmprof_cupti",
-            &rpath,
-        ],
-        &testee,
-    );
-    testee
-}
-
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line
-    }
-
-    fn send(&mut self, c: &str) {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-}
-
-fn q(tp: &mut Trace, sql: &str) -> i64 {
-    tp.query_i64(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 fn extract(key: &str) -> String {
@@ -115,22 +46,10 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     if !preconditions() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("llmprof-gpu-activity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = build(&dir);
-    let mut child = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut t = Testee {
-        stdin: child.stdin.take().unwrap(),
-        stdout: BufReader::new(child.stdout.take().unwrap()),
-        child,
-    };
-    let ready = t.line();
-    assert!(ready.starts_with("ready "), "testee said {ready:?}");
-    let pid = t.child.id();
+    let dir = e2e::fixtures::scratch_dir("llmprof-gpu-activity");
+    let exe = e2e::fixtures::gpu_helper_testee(&dir, llmprof_abi::gpu::GPU_HELPER_LIB);
+    let mut t = Testee::start(&mut Command::new(&exe));
+    let pid = t.pid();
     let trace = dir.join("gpu.perfetto-trace");
     // `-v`: the summary's GPU activity line.
     let session = e2e::attach::Attached::start(pid, &["-v"], &trace);
@@ -146,8 +65,7 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     // The chunks are in the ring once the handoff returned; give the session a poll interval to drain them.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let stdout = session.stop();
-    t.send("exit");
-    let _ = t.child.wait();
+    t.exit();
 
     let mut tp = e2e::trace_processor::load(&trace).unwrap();
     assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
@@ -160,29 +78,22 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
     // Kernels: demangled names, on their stream's track, times mapped into the testee's window, exact durations.
     let gemm = on_track(&track::stream(0, 7), "gemm<128>");
     let vadd = on_track(&track::stream(0, 13), "vector_add");
-    assert_eq!(q(&mut tp, &format!("select count(*) {gemm}")), 10);
-    assert_eq!(q(&mut tp, &format!("select count(*) {vadd}")), 5);
+    assert_eq!(tp.int(&format!("select count(*) {gemm}")), 10);
+    assert_eq!(tp.int(&format!("select count(*) {vadd}")), 5);
     assert_eq!(
-        q(
-            &mut tp,
-            &format!("select count(*) {gemm} and s.dur = {}", 3 * MS / 2)
-        ),
+        tp.int(&format!("select count(*) {gemm} and s.dur = {}", 3 * MS / 2)),
         10
     );
-    assert_eq!(q(&mut tp, &format!("select count(*) {vadd} and s.dur = {MS}")), 5);
+    assert_eq!(tp.int(&format!("select count(*) {vadd} and s.dur = {MS}")), 5);
     assert_eq!(
-        q(
-            &mut tp,
-            &format!("select count(*) {gemm} and s.ts >= {b0} and s.ts + s.dur <= {b1}")
-        ),
+        tp.int(&format!(
+            "select count(*) {gemm} and s.ts >= {b0} and s.ts + s.dur <= {b1}"
+        )),
         10,
         "kernel times mapped to BOOTTIME inside [{b0}, {b1}]"
     );
     // Launched 2 ms apart, in order.
-    assert_eq!(
-        q(&mut tp, &format!("select max(s.ts) - min(s.ts) {gemm}")),
-        18 * MS
-    );
+    assert_eq!(tp.int(&format!("select max(s.ts) - min(s.ts) {gemm}")), 18 * MS);
     // Args.
     let args = format!(
         "select count(*) {gemm} and {} = '64,2,1' and {} = '128,1,1' and {} = 40 and {} = 1024 and {} = 2048 \
@@ -196,14 +107,11 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
         extract(arg::KIND),
         arg::KIND_KERNEL,
     );
-    assert_eq!(q(&mut tp, &args), 10);
+    assert_eq!(tp.int(&args), 10);
     // The copy.
     let copy = on_track(&track::stream(0, 7), &slice::memcpy(1));
     let bytes = extract(llmprof_trace::names::arg::BYTES);
-    assert_eq!(
-        q(&mut tp, &format!("select count(*) {copy} and {bytes} = 4096")),
-        1
-    );
+    assert_eq!(tp.int(&format!("select count(*) {copy} and {bytes} = 4096")), 1);
 
     // Flows: each kernel from its launching API call on the testee's thread (its pid: single-threaded).
     // The API call tracks are children of the thread track.
@@ -214,17 +122,14 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
         track::API,
         slice::api_call(307, false, None)
     );
-    assert_eq!(q(&mut tp, &flows_by_name), 15);
+    assert_eq!(tp.int(&flows_by_name), 15);
     // The wait, on the waiting thread's wait track.
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) {} and s.dur = {}",
-                on_track(track::WAITS, &slice::wait(3)),
-                2 * MS
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) {} and s.dur = {}",
+            on_track(track::WAITS, &slice::wait(3)),
+            2 * MS
+        )),
         1
     );
 

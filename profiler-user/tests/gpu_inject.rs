@@ -181,11 +181,11 @@ fn graphs_produced(log: &Path) -> u64 {
     logged_sum(log, "graphs ")
 }
 
-/// While CUPTI records a process, its synchronize calls lose their uprobes (CUPTI reports the waits) and its
-/// launches their counting uprobes, and the waits and graph launches still arrive: as the window rows'
-/// waits, and one slice per graph launch.
+/// While CUPTI records a process, its synchronize calls and copies lose their uprobes (CUPTI reports the waits
+/// and the copies) and its launches their counting uprobes, and the waits and graph launches still arrive: as
+/// the window rows' waits, and one slice per graph launch.
 #[test]
-fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arrive() {
+fn while_cupti_records_the_sync_copy_and_launch_uprobes_are_gone_and_the_records_arrive() {
     if !preconditions() {
         return;
     }
@@ -223,6 +223,7 @@ fn while_cupti_records_the_sync_and_launch_uprobes_are_gone_and_the_records_arri
         "cuCtxSynchronize",
         "cuEventSynchronize",
         "cuLaunchKernel",
+        "cuMemcpy",
     ] {
         assert_eq!(
             count(

@@ -12,32 +12,19 @@
 //! under `CI=true`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::testee::Testee;
+
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 /// Far beyond any 2 s session on a loaded machine: past it the session is taken as hung.
 const HUNG: Duration = Duration::from_secs(120);
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("llmprof-hostile-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn mkfifo(p: &Path) {
-    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(
-        unsafe { libc::mkfifo(c.as_ptr(), 0o666) },
-        0,
-        "mkfifo {}",
-        p.display()
-    );
+    e2e::fixtures::scratch_dir(&format!("llmprof-hostile-{tag}"))
 }
 
 /// Runs `llmprof attach --pid PID -d 2s EXTRA -o TRACE` to its end: (stdout + stderr, peak RSS in KiB). Fails
@@ -100,39 +87,9 @@ fn attach(pid: u32, extra: &[&str], trace: &Path) -> (String, u64) {
 fn preconditions() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot load eBPF programs")
         && e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
+            e2e::fixtures::have_gcc(),
             "gcc not installed (apt-get install gcc)",
         )
-}
-
-struct Testee(Child);
-
-impl Testee {
-    /// Starts `cmd` (stdin and stdout piped) and reads its first line, which must start with `ready`: the
-    /// target and the rest of that line.
-    fn spawn(cmd: &mut Command) -> (Testee, String) {
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let t = Testee(child);
-        let rest = line
-            .trim()
-            .strip_prefix("ready")
-            .unwrap_or_else(|| panic!("the target said {line:?}"));
-        (t, rest.trim().to_owned())
-    }
-}
-
-impl Drop for Testee {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -141,19 +98,11 @@ fn a_deleted_libcuda_replaced_by_a_fifo_is_read_from_the_mapping() {
         return;
     }
     let dir = tmp("fifo-libcuda");
-    let lib = dir.join("libcuda.so.1");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_libcuda.c");
-    let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (t, _) = Testee::spawn(Command::new(TESTEE).args(["--libcuda", lib.to_str().unwrap()]));
+    let lib = e2e::fixtures::stand_in_libcuda(&dir);
+    let t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()]);
     std::fs::remove_file(&lib).unwrap();
-    mkfifo(&lib);
-    let (text, _) = attach(t.0.id(), &["--no-sample", "-v"], &dir.join("t.perfetto-trace"));
+    e2e::fixtures::mkfifo(&lib);
+    let (text, _) = attach(t.pid(), &["--no-sample", "-v"], &dir.join("t.perfetto-trace"));
     // The CUDA driver probes went on the library the target maps (its symbols read from the mapping).
     assert!(
         text.contains("CUDA driver calls:") && text.contains("entry points of"),
@@ -171,12 +120,12 @@ fn a_sparse_giant_named_libcuda_costs_llmprof_no_memory() {
     let dir = tmp("sparse");
     let giant = dir.join("libcuda.so.1");
     std::fs::File::create(&giant).unwrap().set_len(2 << 30).unwrap();
-    let (t, _) = Testee::spawn(Command::new(e2e::python3()).arg("-c").arg(format!(
+    let t = Testee::start(Command::new(e2e::python3()).arg("-c").arg(format!(
         "import mmap, time\nf = open({:?}, 'rb')\nm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n\
          print('ready', flush=True)\ntime.sleep(300)\n",
         giant.display()
     )));
-    let (text, maxrss_kib) = attach(t.0.id(), &["--no-sample"], &dir.join("t.perfetto-trace"));
+    let (text, maxrss_kib) = attach(t.pid(), &["--no-sample"], &dir.join("t.perfetto-trace"));
     assert!(
         maxrss_kib < 512 << 10,
         "llmprof's peak RSS {maxrss_kib} KiB with a 2 GiB sparse libcuda.so.1 mapped by the target\n{text}"
@@ -200,14 +149,14 @@ fn a_fifo_as_the_perf_map_does_not_hang_the_symbolizer() {
     let dir = tmp("perfmap");
     // Python's perf trampolines run from anonymous memory: the symbolizer looks their addresses up in the
     // perf map.
-    let (t, _) = Testee::spawn(Command::new(&python).args(["-X", "perf", "-c"]).arg(
+    let t = Testee::start(Command::new(&python).args(["-X", "perf", "-c"]).arg(
         "import sys\nprint('ready', flush=True)\ndef f(n):\n    return n + 1\nx = 0\n\
          while True:\n    x = f(x)\n",
     ));
-    let map = PathBuf::from(format!("/tmp/perf-{}.map", t.0.id()));
+    let map = PathBuf::from(format!("/tmp/perf-{}.map", t.pid()));
     let _ = std::fs::remove_file(&map);
-    mkfifo(&map);
-    let (text, _) = attach(t.0.id(), &[], &dir.join("t.perfetto-trace"));
+    e2e::fixtures::mkfifo(&map);
+    let (text, _) = attach(t.pid(), &[], &dir.join("t.perfetto-trace"));
     assert!(text.contains("trace:"), "{text}");
     drop(t);
     let _ = std::fs::remove_file(&map);
@@ -237,10 +186,10 @@ fn a_client_with_llmprofs_user_agent_is_seen_and_llmprofs_scrapes_are_not() {
         s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
         print('ready', s.server_address[1], flush=True)\n\
         s.serve_forever()\n";
-    let (t, port) = Testee::spawn(Command::new(e2e::python3()).arg("-c").arg(script));
-    let port: u16 = port.parse().unwrap();
+    let t = Testee::start(Command::new(e2e::python3()).arg("-c").arg(script));
+    let port: u16 = t.ready().parse().unwrap();
     let trace = dir.join("ua.perfetto-trace");
-    let a = e2e::attach::Attached::start(t.0.id(), &["--no-sample", "-v"], &trace);
+    let a = e2e::attach::Attached::start(t.pid(), &["--no-sample", "-v"], &trace);
     for i in 0..3 {
         let xid = format!("ua-{i}");
         let r = e2e::http::request(
@@ -261,13 +210,7 @@ fn a_client_with_llmprofs_user_agent_is_seen_and_llmprofs_scrapes_are_not() {
         out.contains("metrics: http://127.0.0.1"),
         "llmprof scraped the server: {out}"
     );
-    let report = Command::new(LLMPROF)
-        .args(["report", "--json"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(report.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let v = e2e::attach::report_json(&trace);
     let rows = v["requests"]["per_request"]
         .as_array()
         .cloned()

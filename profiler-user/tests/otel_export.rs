@@ -32,6 +32,7 @@ use opentelemetry_proto::tonic::trace::v1::{Span, span::SpanKind};
 use prost::Message;
 
 use common::{Received, hex, received_spans, start_grpc_receiver};
+use e2e::testee::Reaped;
 
 const PID: u32 = 31337;
 const MS: u64 = 1_000_000;
@@ -494,16 +495,6 @@ fn http_receiver_down_counts_drops_and_finishes() {
 
 // ---------------------------------------------------------------- through a real collector
 
-/// Kills the collector when the test ends, however it ends.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `rotel-agent` as `cargo xtask setup-otel-tools` installs it (or `$LLMPROF_ROTEL`).
 fn rotel_agent() -> Option<std::path::PathBuf> {
     if let Ok(p) = std::env::var("LLMPROF_ROTEL") {
@@ -588,7 +579,7 @@ fn spans_pass_through_a_real_collector_over_grpc_and_http() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", rotel.display()));
-    let _collector = KillOnDrop(child);
+    let _collector = Reaped(child);
     wait_listening(grpc_in);
     wait_listening(http_in);
 

@@ -1,4 +1,4 @@
-//! Overhead you can prove (issue 6), as a user checks it: real `llmprof attach` (real eBPF, as root) on the
+//! Overhead you can prove, as a user checks it: real `llmprof attach` (real eBPF, as root) on the
 //! syscall-heavy mode of `llmprof-testee`, the trace read back by Perfetto's trace processor.
 //! - every trace accounts for llmprof itself (counter tracks, summary, exit summary);
 //! - `--overhead-budget` degrades in the documented order, each step an instant, and the per-syscall events
@@ -6,17 +6,17 @@
 //! - `--max-trace-size` ends the trace cleanly at the cap.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use e2e::trace_processor::{self, Trace};
+use e2e::testee::Testee;
+use e2e::trace_processor::{self, Trace, load_clean};
 use llmprof_trace::names::{arg, counter, marker, slice, tp_arg};
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 
 fn ready() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot load eBPF programs")
@@ -24,42 +24,6 @@ fn ready() -> bool {
             trace_processor::available(),
             "Perfetto trace processor not installed (cargo xtask setup-tools)",
         )
-}
-
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    pid: u32,
-}
-
-impl Testee {
-    fn start() -> Self {
-        let mut child = Command::new(TESTEE)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let pid = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
-        // Keep reading its output so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in out.lines().map_while(Result::ok) {});
-        let stdin = child.stdin.take().unwrap();
-        Testee { child, stdin, pid }
-    }
-
-    fn send(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-}
-
-impl Drop for Testee {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Runs `llmprof attach` on `pid` with `args`; once its probes are live, `then()` runs. Returns (exit code,
@@ -104,25 +68,6 @@ fn dir(name: &str) -> PathBuf {
     d
 }
 
-fn clean_load(trace: &Path) -> Trace {
-    let mut tp = trace_processor::load(trace).unwrap();
-    assert_eq!(tp.import_errors().unwrap(), Vec::<serde_json::Value>::new());
-    assert_eq!(tp.unterminated_slices().unwrap(), Vec::<serde_json::Value>::new());
-    tp
-}
-
-fn q(tp: &mut Trace, sql: &str) -> i64 {
-    tp.query_i64(sql).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn qf(tp: &mut Trace, sql: &str) -> f64 {
-    tp.query_f64(sql).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn counter_max(tp: &mut Trace, track: &str) -> f64 {
-    tp.counter_max(track).unwrap_or_else(|e| panic!("{e}"))
-}
-
 #[test]
 fn every_trace_accounts_for_llmprof_itself() {
     if !ready() {
@@ -130,8 +75,9 @@ fn every_trace_accounts_for_llmprof_itself() {
     }
     let d = dir("selfacct");
     let trace = d.join("t.perfetto-trace");
-    let mut t = Testee::start();
-    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "2500ms", "-v"], || {
+    let mut t = Testee::spawn(&[]);
+    t.discard_output();
+    let (code, stdout, stderr) = attach(t.pid(), &trace, &["-d", "2500ms", "-v"], || {
         t.send("syscalls 300000 50 0")
     });
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
@@ -143,14 +89,14 @@ fn every_trace_accounts_for_llmprof_itself() {
     ] {
         assert!(stdout.contains(want), "exit summary lacks {want:?}:\n{stdout}");
     }
-    let mut tp = clean_load(&trace);
-    assert!(counter_max(&mut tp, counter::COST_SYSCALL.0) > 0.0);
-    assert!(counter_max(&mut tp, counter::COST_SYSCALL_DECODED.0) > 0.0);
-    assert!(counter_max(&mut tp, counter::COST_ENGINE_PROBE.0) > 0.0);
-    assert!(counter_max(&mut tp, counter::LLMPROF_RSS.0) > 1.0, "RSS in MiB");
-    assert!(counter_max(&mut tp, counter::OVERHEAD_ADDED_CPU.0) > 0.0);
-    assert!(counter_max(&mut tp, counter::OVERHEAD_TARGET_PCT.0) > 0.0);
-    let cpu = counter_max(&mut tp, counter::LLMPROF_CPU.0);
+    let mut tp = load_clean(&trace);
+    assert!(tp.peak(counter::COST_SYSCALL.0) > 0.0);
+    assert!(tp.peak(counter::COST_SYSCALL_DECODED.0) > 0.0);
+    assert!(tp.peak(counter::COST_ENGINE_PROBE.0) > 0.0);
+    assert!(tp.peak(counter::LLMPROF_RSS.0) > 1.0, "RSS in MiB");
+    assert!(tp.peak(counter::OVERHEAD_ADDED_CPU.0) > 0.0);
+    assert!(tp.peak(counter::OVERHEAD_TARGET_PCT.0) > 0.0);
+    let cpu = tp.peak(counter::LLMPROF_CPU.0);
     assert!((0.0..=200.0).contains(&cpu), "llmprof CPU {cpu}% of one core");
     let summary = format!("from slice where name = '{}'", marker::SUMMARY);
     for key in [
@@ -160,7 +106,7 @@ fn every_trace_accounts_for_llmprof_itself() {
         arg::OVERHEAD_EST_TARGET_CPU_MS,
     ] {
         let sql = format!("select extract_arg(arg_set_id, '{}') {summary}", tp_arg(key));
-        assert!(qf(&mut tp, &sql) > 0.0, "{key}");
+        assert!(tp.float(&sql) > 0.0, "{key}");
     }
     drop(tp);
     std::fs::remove_dir_all(&d).unwrap();
@@ -173,9 +119,10 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
     }
     let d = dir("budget");
     let trace = d.join("t.perfetto-trace");
-    let mut t = Testee::start();
+    let mut t = Testee::spawn(&[]);
+    t.discard_output();
     // getppid in a tight loop, with a 2 ms sleep (a slow syscall) every 200 calls.
-    let (code, stdout, stderr) = attach(t.pid, &trace, &["-d", "3s", "--overhead-budget", "1%"], || {
+    let (code, stdout, stderr) = attach(t.pid(), &trace, &["-d", "3s", "--overhead-budget", "1%"], || {
         t.send("syscalls 600000 10 200")
     });
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
@@ -184,7 +131,7 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
         "{stdout}"
     );
     assert!(stderr.contains("overhead budget 1% exceeded"), "{stderr}");
-    let mut tp = clean_load(&trace);
+    let mut tp = load_clean(&trace);
     let step = |tp: &mut Trace, name: &str, col: &str| {
         tp.query_i64(&format!(
             "select {col} from slice where name = '{}' order by ts limit 1",
@@ -205,11 +152,11 @@ fn budget_exceeded_on_a_syscall_heavy_target_degrades_in_order() {
         slice::SYSCALL_PREFIX
     );
     assert!(
-        q(&mut tp, &format!("{slow} and ts < {off_ts}")) > 0,
+        tp.int(&format!("{slow} and ts < {off_ts}")) > 0,
         "slow syscalls before the step"
     );
     assert_eq!(
-        q(&mut tp, &format!("{slow} and ts > {off_ts}")),
+        tp.int(&format!("{slow} and ts > {off_ts}")),
         0,
         "slow syscalls after the step"
     );
@@ -245,11 +192,12 @@ fn max_trace_size_ends_the_trace_cleanly_at_the_cap() {
     }
     let d = dir("cap");
     let trace = d.join("t.perfetto-trace");
-    let mut t = Testee::start();
+    let mut t = Testee::spawn(&[]);
+    t.discard_output();
     const CAP: u64 = 256 << 10;
     // Every syscall is an event (--slow-syscall 0): the cap is reached in well under a second.
     let (code, stdout, stderr) = attach(
-        t.pid,
+        t.pid(),
         &trace,
         &["-d", "30s", "--slow-syscall", "0", "--max-trace-size", "256KiB"],
         || t.send("syscalls 3000000 0 0"),
@@ -262,41 +210,35 @@ fn max_trace_size_ends_the_trace_cleanly_at_the_cap() {
         size > CAP / 2,
         "the cap, not something else, ended it: {size} bytes"
     );
-    let mut tp = clean_load(&trace);
+    let mut tp = load_clean(&trace);
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where name like '{}%'",
-                marker::SIZE_LIMIT_REACHED
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where name like '{}%'",
+            marker::SIZE_LIMIT_REACHED
+        )),
         1
     );
     assert_eq!(
-        q(
-            &mut tp,
-            &format!(
-                "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{}') = '{}'",
-                marker::SUMMARY,
-                tp_arg(arg::END_REASON),
-                marker::SIZE_LIMIT_REACHED
-            )
-        ),
+        tp.int(&format!(
+            "select count(*) from slice where name = '{}' and extract_arg(arg_set_id, '{}') = '{}'",
+            marker::SUMMARY,
+            tp_arg(arg::END_REASON),
+            marker::SIZE_LIMIT_REACHED
+        )),
         1
     );
     let slow = format!(
         "select count(*) from slice where name like '{}%'",
         slice::SYSCALL_PREFIX
     );
-    assert!(q(&mut tp, &slow) > 100);
+    assert!(tp.int(&slow) > 100);
     drop(tp);
     // Bad input: a cap too small to hold the end of a trace.
     let out = Command::new(LLMPROF)
         .args([
             "attach",
             "--pid",
-            &t.pid.to_string(),
+            &t.pid().to_string(),
             "--max-trace-size",
             "1K",
             "-o",

@@ -8,17 +8,17 @@
 //! processor: skips loudly without them, fails under CI (see [`e2e::require`]).
 #![allow(clippy::unwrap_used, reason = "tests panic with the error")]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::testee::Testee;
 use llmprof::capture::{Capture, CaptureConfig};
 use llmprof_trace::event::EventBody;
 use llmprof_trace::names::slice;
 use llmprof_trace::pystack::{PyStackSample, PyStackStatus};
 
-/// Where pyenv keeps its Pythons on this machine (docs: DESIGN.md section 8).
+/// Where pyenv keeps its Pythons on the test machines (3.10 to 3.13, and 3.9 for the unsupported case).
 const PYENV: &str = "/root/.pyenv/versions";
 /// How long each capture samples.
 const SAMPLE_FOR: Duration = Duration::from_secs(3);
@@ -70,40 +70,9 @@ fn preconditions(minor: u32) -> Option<PathBuf> {
     py
 }
 
-/// A running `burn.py`, killed on drop.
-struct Target {
-    child: Child,
-    ready: String,
-}
-
-impl Target {
-    fn spawn(python: &Path, mode: &str) -> Target {
-        let mut child = Command::new(python)
-            .arg(fixture())
-            .arg(mode)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out: BufReader<ChildStdout> = BufReader::new(child.stdout.take().unwrap());
-        let mut ready = String::new();
-        out.read_line(&mut ready).unwrap();
-        assert!(ready.starts_with("ready"), "burn.py said {ready:?}");
-        Target {
-            child,
-            ready: ready.trim().to_owned(),
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `burn.py MODE` under `python`, running (killed when the test ends).
+fn burn(python: &Path, mode: &str) -> Testee {
+    Testee::start(Command::new(python).arg(fixture()).arg(mode))
 }
 
 /// Samples `pid` for [`SAMPLE_FOR`]: `(tid, sample)` of every Python stack sample, and the capture's
@@ -137,7 +106,7 @@ fn functions(s: &PyStackSample) -> Vec<&str> {
 /// The check of every version: the chain, its file and lines, and which frames start a C eval call.
 fn chain_resolves(minor: u32) {
     let Some(py) = preconditions(minor) else { return };
-    let target = Target::spawn(&py, "chain");
+    let target = burn(&py, "chain");
     let (samples, problems) = sample(target.pid());
     assert!(problems.is_empty(), "3.{minor}: {problems:?}");
     let file = fixture().display().to_string();
@@ -234,11 +203,11 @@ fn python_3_13_chain_resolves() {
 #[test]
 fn threads_running_different_functions_keep_their_own_stacks() {
     let Some(py) = preconditions(11) else { return };
-    let target = Target::spawn(&py, "threads");
+    let target = burn(&py, "threads");
     // "ready alpha=TID beta=TID"
     let tid_of = |name: &str| -> u32 {
         let key = format!("{name}=");
-        let word = target.ready.split(' ').find(|w| w.starts_with(&key)).unwrap();
+        let word = target.ready().split(' ').find(|w| w.starts_with(&key)).unwrap();
         word[key.len()..].parse().unwrap()
     };
     let (alpha, beta) = (tid_of("alpha"), tid_of("beta"));
@@ -279,7 +248,7 @@ fn threads_running_different_functions_keep_their_own_stacks() {
 #[test]
 fn samples_in_native_code_keep_the_calling_python_frames() {
     let Some(py) = preconditions(12) else { return };
-    let target = Target::spawn(&py, "native");
+    let target = burn(&py, "native");
     let (samples, problems) = sample(target.pid());
     assert!(problems.is_empty(), "{problems:?}");
     let (call, module_call) = (marked("native-call")[0], marked("native-module-call")[0]);
@@ -315,7 +284,7 @@ fn samples_in_native_code_keep_the_calling_python_frames() {
 #[test]
 fn an_unsupported_python_gets_a_clear_message_and_no_frames() {
     let Some(py) = preconditions(9) else { return };
-    let target = Target::spawn(&py, "chain");
+    let target = burn(&py, "chain");
     let (samples, problems) = sample(target.pid());
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
@@ -381,7 +350,7 @@ fn attach_writes_python_frames_into_the_stack_samples_perfetto_loads() {
     ) {
         return;
     }
-    let target = Target::spawn(&py, "chain");
+    let target = burn(&py, "chain");
     let trace = temp_trace("py.pftrace");
     let out = attach(target.pid(), "3s", &trace);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -431,7 +400,7 @@ fn attach_writes_python_frames_into_the_stack_samples_perfetto_loads() {
 #[test]
 fn the_py_samples_off_knob_stops_the_samples() {
     let Some(py) = preconditions(11) else { return };
-    let target = Target::spawn(&py, "chain");
+    let target = burn(&py, "chain");
     let cfg = CaptureConfig {
         pids: vec![target.pid()],
         ..CaptureConfig::default()

@@ -5,11 +5,11 @@
 //! frames under the syscall loop; `llmprof report --json` ranks the chain's innermost function first.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
+use e2e::testee::Testee;
+
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 
 /// Samples (of thread `tid`) with a frame named `name` somewhere in their stack, and whose innermost frame
 /// satisfies `leaf` (an SQL condition on `lf` = its frame, `lm` = its mapping).
@@ -41,14 +41,8 @@ fn samples_show_the_whole_known_call_chain_and_kernel_frames_of_a_syscall_loop()
     ) {
         return;
     }
-    let mut testee = Command::new(TESTEE)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(testee.stdout.take().unwrap()).lines();
-    let ready = lines.next().unwrap().unwrap();
-    let pid: u32 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut testee = Testee::spawn(&[]);
+    let pid = testee.pid();
     let dir = std::env::temp_dir().join(format!("llmprof-stack-samples-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.perfetto-trace");
@@ -69,16 +63,10 @@ fn samples_show_the_whole_known_call_chain_and_kernel_frames_of_a_syscall_loop()
         .spawn()
         .unwrap();
     let (_stderr, _) = e2e::attach::wait_probes_live(&mut attach);
-    let mut stdin = testee.stdin.take().unwrap();
     for (cmd, done) in [("burn 1500", "burn done"), ("sysburn 1500", "sysburn done")] {
-        writeln!(stdin, "{cmd}").unwrap();
-        stdin.flush().unwrap();
-        let got = lines.next().unwrap().unwrap();
-        assert_eq!(got, done);
+        testee.cmd(cmd, done);
     }
-    writeln!(stdin, "exit").unwrap();
-    drop(stdin);
-    testee.wait().unwrap();
+    testee.exit();
     let out = attach.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "attach failed: {stdout}");
@@ -131,13 +119,7 @@ fn samples_show_the_whole_known_call_chain_and_kernel_frames_of_a_syscall_loop()
 
     // The report, per thread: the chain's functions are on top by total samples (c's own code and what is
     // inlined into it share its samples), and the self column names where the CPU was.
-    let rep = Command::new(LLMPROF)
-        .args(["report", "--json"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let v = e2e::attach::report_json(&trace);
     let threads = v["cpu_samples"]["threads"]
         .as_array()
         .unwrap_or_else(|| panic!("no cpu_samples.threads: {v}"));

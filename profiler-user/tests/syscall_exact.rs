@@ -1,4 +1,4 @@
-//! The syscall path is exact (issue 18): one thread of this test makes known numbers of fast and slow calls
+//! The syscall path is exact: one thread of this test makes known numbers of fast and slow calls
 //! of several kinds — plain ones (`getppid`, `nanosleep`) and ones whose exit llmprof decodes (`close`,
 //! `write`, `read`) — while a real capture traces this process; the kernel's per-thread aggregates must hold
 //! exactly those counts, and the slow-syscall events of that thread must be exactly the calls the
@@ -163,7 +163,7 @@ fn known_calls_exactly(syscall_slot_tids: u32) {
     // The self-accounting's split (decoded calls are charged their own calibrated cost): the decoded class
     // holds this thread's close/write/read calls, not its getppid or nanosleep ones, and is what the
     // aggregates of the decoded numbers sum to (this thread's own map reads are `bpf` calls, not decoded).
-    let acct = cap.account_counters();
+    let acct = llmprof::selfacct::Counters::of(&cap);
     let decoded: u64 = cap
         .syscall_aggregates()
         .iter()

@@ -4,59 +4,13 @@
 //! `llmprof report --json`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+use e2e::attach::report_json as report;
+use e2e::testee::Testee;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
-
-/// A testee driven line by line.
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-    pid: u32,
-}
-
-impl Testee {
-    fn spawn() -> Self {
-        let mut child = Command::new(TESTEE)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = lines.next().unwrap().unwrap();
-        let pid = ready.strip_prefix("ready ").unwrap().parse().unwrap();
-        Testee {
-            child,
-            stdin,
-            lines,
-            pid,
-        }
-    }
-
-    fn send(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// The next line, which must start with `prefix`; what follows it.
-    fn expect(&mut self, prefix: &str) -> String {
-        let l = self.lines.next().unwrap().unwrap();
-        l.strip_prefix(prefix)
-            .unwrap_or_else(|| panic!("testee said {l:?}, expected {prefix:?}"))
-            .trim()
-            .to_owned()
-    }
-
-    fn exit(mut self) {
-        self.send("exit");
-        self.child.wait().unwrap();
-    }
-}
 
 /// `llmprof attach` on `pid` until it exits, probes live when this returns.
 fn attach(pid: u32, trace: &Path) -> Child {
@@ -77,16 +31,6 @@ fn finish(llmprof: Child) -> String {
     let summary = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "attach failed: {summary}");
     summary
-}
-
-fn report(trace: &Path) -> serde_json::Value {
-    let out = Command::new(LLMPROF)
-        .args(["report", "--json"])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The report's row of thread `tid` in group `name`.
@@ -137,12 +81,12 @@ fn a_thread_sleeping_in_nanosleep_shows_sleeping_rows_of_its_sleeps() {
     }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (dir, trace) = tmp("sleep");
-    let mut t = Testee::spawn();
-    let llmprof = attach(t.pid, &trace);
+    let mut t = Testee::spawn(&[]);
+    let llmprof = attach(t.pid(), &trace);
     t.send("sleeper 10 20");
     let tid: u32 = t.expect("sleeper ").parse().unwrap();
     t.expect("sleeper done");
-    let pid = t.pid;
+    let pid = t.pid();
     // The session ends (Ctrl-C) while the testee still runs: llmprof symbolizes a stack when it drains it,
     // from the live process's maps, and a loaded machine may drain the last ones after a quick exit.
     // SAFETY: kill(2) on our own child's pid with SIGINT has no memory-safety preconditions.
@@ -267,9 +211,9 @@ fn a_competitor_on_the_same_core_makes_the_targets_runnable_time_visible() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (dir, trace) = tmp("contend");
     let cpu = 0;
-    let mut target = Testee::spawn();
-    let mut competitor = Testee::spawn();
-    let llmprof = attach(target.pid, &trace);
+    let mut target = Testee::spawn(&[]);
+    let mut competitor = Testee::spawn(&[]);
+    let llmprof = attach(target.pid(), &trace);
     competitor.send(&format!("spin {cpu} 2000"));
     target.send(&format!("contend {cpu} 1000"));
     let tid: u32 = target.expect("contend ").parse().unwrap();

@@ -86,8 +86,20 @@ impl Attached {
 
 /// `llmprof report --json TRACE`, parsed (panics with its stderr when it fails).
 pub fn report_json(trace: &std::path::Path) -> serde_json::Value {
+    let out = report(&["--json"], trace);
+    serde_json::from_slice(&out).expect("llmprof report --json is JSON")
+}
+
+/// `llmprof report TRACE`, the text a person reads (panics with its stderr when it fails).
+pub fn report_text(trace: &std::path::Path) -> String {
+    String::from_utf8_lossy(&report(&[], trace)).into_owned()
+}
+
+/// The output of `llmprof report ARGS TRACE`, which must succeed.
+fn report(args: &[&str], trace: &std::path::Path) -> Vec<u8> {
     let out = std::process::Command::new(crate::bin_path("llmprof"))
-        .args(["report", "--json"])
+        .arg("report")
+        .args(args)
         .arg(trace)
         .output()
         .expect("run llmprof report");
@@ -96,5 +108,5 @@ pub fn report_json(trace: &std::path::Path) -> serde_json::Value {
         "llmprof report: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("llmprof report --json is JSON")
+    out.stdout
 }

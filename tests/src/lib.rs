@@ -1,18 +1,23 @@
-//! Helpers for the end-to-end tests: locating the workspace's binaries, spawning the real engine, the one HTTP
-//! client of the workspace's tests ([`http`]), `llmprof serve` with real Prometheus and Alertmanager around it,
-//! and the one prerequisite policy of every test crate ([`require`], [`in_ci`]: tests that need root, a model or
-//! a tool skip loudly when it is missing, but fail under CI).
+//! The one test harness of the workspace: locating the workspace's binaries, the traced test processes
+//! ([`testee`]), the fixtures they are built from ([`fixtures`]: stand-in CUDA libraries, scratch folders;
+//! [`gguf`]: tiny models), spawning the real engine ([`engine`]) and `llmprof attach` ([`attach`]), the one HTTP
+//! client of the workspace's tests ([`http`]), Perfetto's trace processor ([`trace_processor`]), `llmprof
+//! serve` with real Prometheus and Alertmanager around it ([`serve`]), and the one prerequisite policy of every
+//! test crate ([`require`], [`in_ci`]: tests that need root, a model or a tool skip loudly when it is missing, but
+//! fail under CI). Event and record builders of the pure side stay in `llmprof_trace::testing`.
 //!
 //! The tests here drive the real `llmserve` and the real `llmprof` binaries; `cargo xtask test` builds them first.
-//! `llmprof`'s and the engine's own tests use [`require`] and [`http`] from here too (a dev-dependency: the
-//! engine's tests may depend on this crate although it depends on the engine, as cargo allows dev-dependency
-//! cycles for test targets).
+//! `llmprof`'s and the engine's own tests use this crate too (a dev-dependency: the engine's tests may depend on
+//! this crate although it depends on the engine, as cargo allows dev-dependency cycles for test targets).
 
 pub mod attach;
 pub mod engine;
+pub mod fixtures;
+pub mod gguf;
 pub mod http;
 pub mod llama;
 pub mod serve;
+pub mod testee;
 pub mod trace_processor;
 pub mod vllm;
 pub mod wire;
@@ -70,15 +75,19 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Path of a binary built from this workspace (same profile as the running test).
-pub fn bin_path(name: &str) -> PathBuf {
+/// The directory of the running test's profile, where cargo puts the workspace's binaries.
+pub fn profile_dir() -> PathBuf {
     // The test executable lives in <target>/<profile>/deps/; binaries in <target>/<profile>/.
     let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
+    exe.parent()
         .and_then(|d| d.parent())
-        .expect("test binary is in <target>/<profile>/deps");
-    let p = profile_dir.join(name);
+        .expect("test binary is in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Path of a binary built from this workspace (same profile as the running test).
+pub fn bin_path(name: &str) -> PathBuf {
+    let p = profile_dir().join(name);
     assert!(
         p.exists(),
         "{} not found: build the workspace's binaries first (`cargo build --workspace --bins`, or run `cargo xtask test`)",

@@ -131,7 +131,38 @@ pub fn load(path: impl AsRef<Path>) -> Result<Trace, TpError> {
     Ok(Trace { child, stdin, stdout })
 }
 
+/// Loads `path` and asserts that Perfetto imports it cleanly ([`Trace::import_errors`] and
+/// [`Trace::unterminated_slices`] empty); panics with what it found otherwise.
+pub fn load_clean(path: impl AsRef<Path>) -> Trace {
+    let path = path.as_ref();
+    let mut tp = load(path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    assert_eq!(
+        tp.import_errors().unwrap_or_else(|e| panic!("{e}")),
+        Vec::<Value>::new()
+    );
+    assert_eq!(
+        tp.unterminated_slices().unwrap_or_else(|e| panic!("{e}")),
+        Vec::<Value>::new()
+    );
+    tp
+}
+
 impl Trace {
+    /// [`Trace::query_i64`] for a test: panics with the query and the error.
+    pub fn int(&mut self, sql: &str) -> i64 {
+        self.query_i64(sql).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Trace::query_f64`] for a test: panics with the query and the error.
+    pub fn float(&mut self, sql: &str) -> f64 {
+        self.query_f64(sql).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Trace::counter_max`] for a test: panics with the track and the error.
+    pub fn peak(&mut self, track: &str) -> f64 {
+        self.counter_max(track).unwrap_or_else(|e| panic!("{track}: {e}"))
+    }
+
     /// Runs `sql`; rows as JSON objects keyed by column name (ints, floats, strings, null).
     pub fn query(&mut self, sql: &str) -> Result<Vec<Value>, TpError> {
         let mut req = serde_json::to_string(sql)?;

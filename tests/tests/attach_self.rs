@@ -6,20 +6,12 @@
 //! them, as `sudo` is), neither llmprof nor the wrapper is traced: only the waiting shell, which does nothing.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::testee::Reaped;
 use e2e::{bin_path, is_root, require, trace_processor};
 use serde_json::Value;
-
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn trace_path(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!(

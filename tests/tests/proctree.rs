@@ -6,68 +6,16 @@
 //! start/exec/exit instants. `--no-children` leaves children out. Every trace loads in Perfetto's trace
 //! processor with 0 import errors.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::attach::Attached;
 use e2e::engine::SERVED_NAME;
 use e2e::serve::free_port;
+use e2e::testee::Testee;
 use e2e::{bin_path, default_model, http, is_root, require, trace_processor};
 use llmprof_trace::names::{arg, slice, tp_arg, track};
-
-/// The launcher: `llmprof-testee`, driven over stdin.
-struct Launcher {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    pid: u32,
-}
-
-impl Launcher {
-    fn spawn(args: &[&str]) -> Launcher {
-        let mut child = Command::new(bin_path("llmprof-testee"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn llmprof-testee");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut l = Launcher {
-            child,
-            stdin,
-            stdout,
-            pid: 0,
-        };
-        l.pid = l.expect("ready ").parse().expect("ready PID");
-        l
-    }
-
-    /// Sends `cmd`, returns the rest of the answer line starting with `prefix`.
-    fn send(&mut self, cmd: &str, prefix: &str) -> String {
-        writeln!(self.stdin, "{cmd}").expect("write to the launcher");
-        self.stdin.flush().expect("flush");
-        self.expect(prefix)
-    }
-
-    fn expect(&mut self, prefix: &str) -> String {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read the launcher");
-        line.trim()
-            .strip_prefix(prefix)
-            .unwrap_or_else(|| panic!("launcher said {line:?}, expected {prefix:?}..."))
-            .to_owned()
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn ready() -> bool {
     require(is_root(), "not root: eBPF probes need root")
@@ -149,12 +97,12 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
     let weights = dir.join("child.gguf");
     std::fs::write(&weights, b"GGUF").expect("write the child's model file");
     let trace = dir.join("tree.perfetto-trace");
-    let mut launcher = Launcher::spawn(&[]);
-    let llmprof = Attached::start(launcher.pid, &[], &trace);
+    let mut launcher = Testee::spawn(&[]);
+    let llmprof = Attached::start(launcher.pid(), &[], &trace);
 
     // A child forked after the attach whose first syscall opens a model file, and which is gone 20 ms later.
     let forked: u32 = launcher
-        .send(&format!("fork-open {}", weights.display()), "forked ")
+        .reply(&format!("fork-open {}", weights.display()), "forked ")
         .parse()
         .expect("forked PID");
 
@@ -166,7 +114,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         llmserve.display(),
         model.display()
     );
-    let served: u32 = launcher.send(&cmd, "spawned ").parse().expect("spawned PID");
+    let served: u32 = launcher.reply(&cmd, "spawned ").parse().expect("spawned PID");
     let deadline = Instant::now() + Duration::from_secs(120);
     while !http::get(port, "/v1/models").is_ok_and(|r| r.status == 200) {
         assert!(
@@ -191,7 +139,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
     }
     // SAFETY: kill(2) of a process this test started (through the launcher) with SIGTERM.
     unsafe { libc::kill(served as i32, libc::SIGTERM) };
-    assert_eq!(launcher.send("reap", "reaped "), "1");
+    assert_eq!(launcher.reply("reap", "reaped "), "1");
     let mut tp = stop(llmprof, &trace);
 
     // In-kernel pickup: the forked child's first syscall is in the trace.
@@ -207,7 +155,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         1,
         "one process start instant for the forked child: {starts:?}"
     );
-    assert_eq!(starts[0]["ppid"].as_i64(), Some(i64::from(launcher.pid)));
+    assert_eq!(starts[0]["ppid"].as_i64(), Some(i64::from(launcher.pid())));
     let exits = instants(&mut tp, forked, slice::PROCESS_EXIT);
     assert_eq!(
         exits.len(),
@@ -227,7 +175,7 @@ fn children_started_after_attach_are_traced_from_their_first_syscall_and_get_eng
         "the engine's track is named by its command line: {name:?}"
     );
     assert!(
-        process_name(&mut tp, launcher.pid).contains("llmprof-testee"),
+        process_name(&mut tp, launcher.pid()).contains("llmprof-testee"),
         "the launcher's track is named by its command line"
     );
     assert_eq!(instants(&mut tp, served, slice::PROCESS_START).len(), 1);
@@ -301,16 +249,16 @@ fn no_children_traces_only_the_target() {
     }
     let trace = dir.join("single.perfetto-trace");
     let own_arg = own.display().to_string();
-    let mut launcher = Launcher::spawn(&["--gguf", &own_arg]);
-    let llmprof = Attached::start(launcher.pid, &["--no-children"], &trace);
+    let mut launcher = Testee::spawn(&["--gguf", &own_arg]);
+    let llmprof = Attached::start(launcher.pid(), &["--no-children"], &trace);
     let forked: u32 = launcher
-        .send(&format!("fork-open {}", childs.display()), "forked ")
+        .reply(&format!("fork-open {}", childs.display()), "forked ")
         .parse()
         .expect("forked PID");
-    launcher.send("go", "done");
+    launcher.reply("go", "done");
     let mut tp = stop(llmprof, &trace);
     assert!(
-        opens_by(&mut tp, launcher.pid, &own) >= 1,
+        opens_by(&mut tp, launcher.pid(), &own) >= 1,
         "the target's own model-file open is traced"
     );
     assert_eq!(
@@ -334,16 +282,16 @@ fn descendants_alive_at_attach_are_traced() {
     let weights = dir.join("existing.gguf");
     std::fs::write(&weights, b"GGUF").expect("write a model file");
     let trace = dir.join("existing.perfetto-trace");
-    let mut launcher = Launcher::spawn(&[]);
+    let mut launcher = Testee::spawn(&[]);
     // A child that exists before the attach and opens a model file itself (a shell redirection, no fork)
     // 3 s later, after the probes are live (the launcher splits its command on spaces: `${IFS}` inside).
     let cmd = format!(
         "spawn /bin/sh -c sleep${{IFS}}3;exec${{IFS}}3<{}",
         weights.display()
     );
-    let shell: u32 = launcher.send(&cmd, "spawned ").parse().expect("spawned PID");
-    let llmprof = Attached::start(launcher.pid, &[], &trace);
-    assert_eq!(launcher.send("reap", "reaped "), "1");
+    let shell: u32 = launcher.reply(&cmd, "spawned ").parse().expect("spawned PID");
+    let llmprof = Attached::start(launcher.pid(), &[], &trace);
+    assert_eq!(launcher.reply("reap", "reaped "), "1");
     let mut tp = stop(llmprof, &trace);
     assert_eq!(
         opens_by(&mut tp, shell, &weights),
@@ -376,8 +324,8 @@ fn serve_sessions_and_the_flight_recorder_follow_the_tree() {
     for f in [&before, &during] {
         std::fs::write(f, b"GGUF").expect("write a model file");
     }
-    let mut launcher = Launcher::spawn(&[]);
-    let watch = format!("pid:{}", launcher.pid);
+    let mut launcher = Testee::spawn(&[]);
+    let watch = format!("pid:{}", launcher.pid());
     let srv = e2e::serve::Serve::spawn(
         &dir,
         &["--watch", &watch, "--flight-recorder", "30s", "--cooldown", "10m"],
@@ -393,16 +341,16 @@ fn serve_sessions_and_the_flight_recorder_follow_the_tree() {
     }
     // Before the alert: a child only the flight recorder sees.
     let forked_before: u32 = launcher
-        .send(&format!("fork-open {}", before.display()), "forked ")
+        .reply(&format!("fork-open {}", before.display()), "forked ")
         .parse()
         .expect("forked PID");
     std::thread::sleep(Duration::from_millis(500));
-    let r = srv.post_alerts(&alert(launcher.pid, 4), Some(e2e::serve::TOKEN));
+    let r = srv.post_alerts(&alert(launcher.pid(), 4), Some(e2e::serve::TOKEN));
     assert_eq!(r.status, 200, "alert refused: {}", r.text());
     srv.wait_session(Duration::from_secs(60), "running", |s| s["state"] == "running");
     // During the session: a child the session's own capture picks up.
     let forked_during: u32 = launcher
-        .send(&format!("fork-open {}", during.display()), "forked ")
+        .reply(&format!("fork-open {}", during.display()), "forked ")
         .parse()
         .expect("forked PID");
     let done = srv.wait_session(Duration::from_secs(60), "finished", |s| s["state"] != "running");

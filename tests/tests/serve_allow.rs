@@ -1,25 +1,17 @@
-//! What an alert may trace (issue: hardening, item 1), against a real `llmprof serve` as root: only what the
+//! What an alert may trace, against a real `llmprof serve` as root: only what the
 //! operator allowed; pid 1, serve itself, a process outside the allow-list and an `instance` on another host
 //! are refused with the reason in the sessions list, and nothing is traced for them.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e::serve::{Serve, TOKEN, counter};
+use e2e::testee::Reaped;
 use e2e::{is_root, require};
 use serde_json::Value;
 
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sleeper() -> Kill {
-    Kill(
+fn sleeper() -> Reaped {
+    Reaped(
         Command::new("sleep")
             .arg("600")
             .stdout(Stdio::null())

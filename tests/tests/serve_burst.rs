@@ -4,11 +4,12 @@
 //! the sessions the rules allow (dedupe by fingerprint, the cap on concurrent sessions, one failed session for
 //! an alert naming no process) and finish every trace cleanly on SIGTERM.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::serve::{Serve, TOKEN, counter};
+use e2e::testee::Reaped;
 use e2e::{is_root, require, trace_processor};
 use llmprof_trace::names::{arg, marker, tp_arg};
 use serde_json::Value;
@@ -30,15 +31,6 @@ const CAP: usize = 3;
 const TARGETS: usize = CAP + 1;
 /// A pid above Linux's pid_max: never a process.
 const NO_PID: u32 = 1_073_741_823;
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn alert(fingerprint: &str, pid: u32) -> String {
     format!(
@@ -84,9 +76,9 @@ fn a_burst_of_1000_posts_leaves_serve_healthy_with_the_right_sessions() {
     {
         return;
     }
-    let targets: Vec<Kill> = (0..TARGETS)
+    let targets: Vec<Reaped> = (0..TARGETS)
         .map(|_| {
-            Kill(
+            Reaped(
                 Command::new("sleep")
                     .arg("600")
                     .stdout(Stdio::null())
@@ -307,7 +299,7 @@ fn a_resolved_alert_ends_its_session_early_with_a_finished_trace() {
     {
         return;
     }
-    let target = Kill(
+    let target = Reaped(
         Command::new("sleep")
             .arg("600")
             .stdout(Stdio::null())

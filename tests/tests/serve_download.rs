@@ -1,4 +1,4 @@
-//! `llmprof serve`'s resources under load (issue: hardening, item 4), against the real binary as root:
+//! `llmprof serve`'s resources under load, against the real binary as root:
 //! `/healthz` keeps answering while a webhook's alerts walk /proc, and four concurrent downloads of a 256 MiB
 //! trace keep serve's resident memory under 200 MiB (downloads are streamed from disk). One test in its own
 //! binary, so no other test of this crate competes for the two CPUs while it measures.
@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::serve::{Serve, TOKEN};
+use e2e::testee::Reaped;
 use e2e::{is_root, require};
 
 /// Size the finished trace is grown to before the downloads.
@@ -15,15 +16,6 @@ const TRACE_BYTES: u64 = 256 << 20;
 const RSS_LIMIT: u64 = 200 << 20;
 /// How fast /healthz must answer while alerts are being resolved.
 const HEALTHZ_LIMIT: Duration = Duration::from_millis(100);
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -47,7 +39,7 @@ fn healthz_stays_fast_and_downloads_stay_small() {
     {
         return;
     }
-    let target = Kill(
+    let target = Reaped(
         Command::new("sleep")
             .arg("600")
             .stdout(Stdio::null())

@@ -13,12 +13,13 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e::serve::{self, ALERTMANAGER};
+use e2e::testee::Reaped;
 use e2e::{bin_path, default_model, is_root, require, trace_processor};
 
 /// The engines' port, the same on both nodes (their addresses differ).
@@ -78,16 +79,6 @@ impl Drop for Netns {
     }
 }
 
-/// A child killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// One HTTP/1.0 request to `addr`; the status and body.
 fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
@@ -109,7 +100,7 @@ fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::R
 }
 
 /// llmserve in `ns` on 0.0.0.0:8000, waited for from the host through the veth.
-fn engine(ns: &Netns, addr: SocketAddr, model: &Path) -> Proc {
+fn engine(ns: &Netns, addr: SocketAddr, model: &Path) -> Reaped {
     let child = ns
         .command(&bin_path("llmserve"))
         .arg("--model")
@@ -126,7 +117,7 @@ fn engine(ns: &Netns, addr: SocketAddr, model: &Path) -> Proc {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn llmserve");
-    let p = Proc(child);
+    let p = Reaped(child);
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if request(addr, "GET", "/metrics", "").is_ok_and(|(s, _)| s == 200) {
@@ -147,7 +138,7 @@ fn token_file(out: &Path) -> PathBuf {
 }
 
 /// `llmprof serve` of a node, in its namespace, pulling from Alertmanager; stderr to `log`.
-fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &Path) -> Proc {
+fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &Path) -> Reaped {
     let err = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -169,7 +160,7 @@ fn serve_node(ns: &Netns, out: &Path, allow_pid: u32, am_urls: &[String], log: &
         .stderr(err)
         .spawn()
         .expect("spawn llmprof serve");
-    Proc(child)
+    Reaped(child)
 }
 
 fn traces(dir: &Path) -> Vec<PathBuf> {
@@ -264,7 +255,7 @@ fn alerts_pulled_from_alertmanager_are_traced_on_their_node_only_and_once() {
          receivers:\n  - name: none\n",
     )
     .expect("am config");
-    let _am = Proc(
+    let _am = Reaped(
         Command::new(ALERTMANAGER)
             .arg(format!(
                 "--config.file={}",

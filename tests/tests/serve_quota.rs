@@ -3,10 +3,11 @@
 //! by an earlier run included), the one being written never was, a non-trace file is never touched, and the
 //! API says which traces are gone (410 on download).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::serve::{Serve, TOKEN, counter};
+use e2e::testee::Reaped;
 use e2e::{is_root, require};
 use serde_json::Value;
 
@@ -17,15 +18,6 @@ const QUOTA: u64 = 600 << 10;
 const SESSIONS: usize = 5;
 /// Each session's `llmprof_duration`.
 const SESSION: &str = "2s";
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn trace_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
@@ -43,7 +35,7 @@ fn the_disk_quota_removes_the_oldest_finished_traces_first() {
         return;
     }
     // A busy target: ~500 sleeps of 2 ms per second, each a slow syscall in the trace.
-    let target = Kill(
+    let target = Reaped(
         Command::new(e2e::python3())
             .args(["-c", "import time\nwhile True: time.sleep(0.002)"])
             .stdout(Stdio::null())

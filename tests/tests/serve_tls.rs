@@ -1,4 +1,4 @@
-//! `llmprof serve --tls-cert/--tls-key` (issue: hardening, item 5), against the real binary and curl: the API
+//! `llmprof serve --tls-cert/--tls-key`, against the real binary and curl: the API
 //! speaks HTTPS with the operator's certificate, still asks for the token, refuses plain HTTP on that port and
 //! keeps answering while a client sits in an unfinished handshake. The certificate is made by openssl
 //! (`e2e::serve::Serve::spawn_tls`).

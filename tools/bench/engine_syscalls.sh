@@ -1,5 +1,5 @@
 #!/bin/bash
-# System calls per generated token of llmserve under load (issue 16), counted by the kernel's raw_syscalls
+# System calls per generated token of llmserve under load, counted by the kernel's raw_syscalls
 # tracepoint through `perf stat` (root), with the decode rate of the same round.
 #
 # usage: sudo tools/bench/engine_syscalls.sh [LLMSERVE] [THREADS] [CONCURRENCY] [ROUNDS]

@@ -3,7 +3,7 @@
 # (profiler-user/tests/fixtures/python/burn.py, f -> g -> h burning CPU), at 99 Hz.
 # Usage (root): tools/bench/pyframes_cost.sh [PYTHON] [SECONDS] [PY_SPY]
 # Prints, per run: samples, the walker's in-kernel ns per run (kernel.bpf_stats_enabled), llmprof's and
-# py-spy's own CPU ms per sample. Results and how they were read: docs/performance.md, "Python frames".
+# py-spy's own CPU ms per sample. Results and how they were read: docs/lab/stacks-threads-wire.md, "Python frames".
 set -euo pipefail
 PY=${1:-/root/.pyenv/versions/3.11.7/bin/python3.11}
 SECS=${2:-10}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Same-run A/B of llmprof binaries on the syscall path (issue 18): a C loop of bare getppid calls
+"""Same-run A/B of llmprof binaries on the syscall path: a C loop of bare getppid calls
 (tools/bench/getppid_loop.c), detached and with each binary's `llmprof attach` (default settings), interleaved
 with a rotating order; prints thread CPU ns per call and what each binary adds over the same round's detached
 run (medians and ranges). Use it to compare two builds of the eBPF programs; `cargo xtask bench syscalls

@@ -193,7 +193,7 @@ EOF
             "$OUT/05-report.json" 2>/dev/null || echo "0 of ?")
         if [ "${g%% *}" -gt 0 ] 2>/dev/null; then record "trace marks graph-replayed steps" ok "$g steps"
         else record "trace marks graph-replayed steps" FAIL "$g steps, see 05-report.json"; fi
-        # Kernels through the injected CUPTI helper (issue 15): the report's top kernels must not be empty.
+        # Kernels through the injected CUPTI helper: the report's top kernels must not be empty.
         if [ -f "$BUNDLE/libllmprof_cupti.so" ]; then
             timeout 60 python3 "$BUNDLE/bench_engine.py" --url "http://127.0.0.1:$PORT" --model smollm2 \
                 --concurrency 8 --max-tokens 64 --duration 12 >"$OUT/05b-load.log" 2>&1 &

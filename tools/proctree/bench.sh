@@ -1,5 +1,5 @@
 #!/bin/bash
-# Process-start cost of the process-tree programs (docs/performance.md, "Process trees"). As root:
+# Process-start cost of the process-tree programs (docs/lab/stacks-threads-wire.md, "Process trees"). As root:
 #   tools/proctree/bench.sh [LLMPROF] [N]
 # A: detached; B: llmprof attached to an unrelated process (every fork pays the TRACED lookup); C: the loop itself
 # traced (each child joins the tree). Three rounds, fork+exit and vfork+exec; prints us per iteration.

@@ -1,4 +1,4 @@
-/* Process-start cost with llmprof attached (docs/performance.md, "Process trees"): N x fork+_exit (or vfork+execve
+/* Process-start cost with llmprof attached (docs/lab/stacks-threads-wire.md, "Process trees"): N x fork+_exit (or vfork+execve
  * /bin/true) + waitpid, timed after DELAY seconds. Usage: forkbench N EXEC(0|1) DELAY */
 #include <stdio.h>
 #include <stdlib.h>

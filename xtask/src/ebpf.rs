@@ -9,10 +9,12 @@
 //! installed, else the `libLLVM.so.N*` a rustup toolchain ships (linked through a prefix of symlinks,
 //! since that directory has neither `libLLVM.so` nor `llvm-config`).
 //!
-//! `build-ebpf` builds the object through a fixed path with path prefixes remapped (so the bytes do not depend on where the
-//! checkout lives) and copies it to `profiler-user/ebpf/llmprof-ebpf.o`, next to a `.toolchain` file naming
-//! the compiler and linker that made it. `build-ebpf --check` rebuilds and fails when the committed object
-//! differs (CI runs it).
+//! `build-ebpf` builds the object through a fixed path with path prefixes remapped (so the bytes do not depend on
+//! where the checkout lives) and copies it to `profiler-user/ebpf/llmprof-ebpf.o`, next to a `.toolchain` file
+//! naming the compiler and linker that made it. `build-ebpf --check` rebuilds and fails when the committed object
+//! differs from the fresh one in what the kernel runs: instructions, maps, relocations, BTF types ([`compare`]);
+//! line info alone may differ, so moving code between lines or files needs no new object (CI runs the check).
+//! Both check that the object's programs and maps are the ones `llmprof_abi`'s families name.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +22,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use crate::util::{have, repo_root, run};
+
+mod compare;
 
 /// bpf-linker release: 0.13 links LLVM 21–23 bitcode (features `llvm-21`/`llvm-22`/`llvm-23`).
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -300,13 +304,22 @@ pub fn build(check: bool) -> Result<()> {
     let fresh_bytes = std::fs::read(&fresh).with_context(|| format!("reading {}", fresh.display()))?;
     let committed = root.join(OBJECT);
     let record_path = root.join(TOOLCHAIN_RECORD);
+    compare::kernel_names(&fresh_bytes).context("the fresh eBPF object and llmprof_abi disagree on names")?;
     if check {
         let old = std::fs::read(&committed).with_context(|| format!("reading {}", committed.display()))?;
         let old_record = std::fs::read_to_string(&record_path).unwrap_or_default();
         if old == fresh_bytes {
             println!(
-                "build-ebpf --check: {OBJECT} matches its source ({} bytes)",
+                "build-ebpf --check: {OBJECT} matches its source byte for byte ({} bytes)",
                 old.len()
+            );
+            return Ok(());
+        }
+        let differences = compare::differences(&old, &fresh_bytes, 20)?;
+        if differences.is_empty() {
+            println!(
+                "build-ebpf --check: {OBJECT} matches its source in instructions, maps, relocations and BTF \
+                 types; only its line info differs (`cargo xtask build-ebpf` refreshes it)"
             );
             return Ok(());
         }
@@ -317,10 +330,9 @@ pub fn build(check: bool) -> Result<()> {
             );
         }
         bail!(
-            "{OBJECT} ({} bytes) differs from a fresh build of profiler-ebpf/ ({} bytes): \
-             run `cargo xtask build-ebpf` and commit the object",
-            old.len(),
-            fresh_bytes.len()
+            "{OBJECT} differs from a fresh build of profiler-ebpf/ in what the kernel runs:\n  {}\n\
+             Run `cargo xtask build-ebpf` and commit the object.",
+            differences.join("\n  ")
         );
     }
     std::fs::create_dir_all(committed.parent().context("object dir")?)?;

@@ -48,7 +48,7 @@ pub fn test(args: &[String]) -> Result<()> {
         "llmprof-pyhooks",
         "--lib",
     ]))?;
-    // llmprof alone, as a user installs and ships it (issue 17): `cargo install` into a temporary root from the
+    // llmprof alone, as a user installs and ships it: `cargo install` into a temporary root from the
     // build above (dev profile, nothing compiled again), the release artefacts and the .deb installed and purged.
     crate::release::install_check(true)?;
     let dist = crate::release::dist(true)?;

@@ -1,4 +1,4 @@
-//! The image the DaemonSet names (issue 17): `cargo xtask image` builds `deploy/image/Containerfile` `FROM
+//! The image the DaemonSet names: `cargo xtask image` builds `deploy/image/Containerfile` `FROM
 //! scratch` with buildah (Debian's package), tagged `ghcr.io/llmprof/llmprof:<crate version>`, and checks it
 //! without running a container (which this sandbox cannot): the image is mounted and its `llmprof --version`
 //! and `doctor --json` run by chroot, with the host's /proc and /sys bound in as Kubernetes gives them.

@@ -1,5 +1,6 @@
-//! Shipping `llmprof` alone (issue 17): `cargo install` proved from a temporary root, the release artefacts of
-//! `cargo xtask dist` (tarball, .deb, SHA256SUMS) and the check that the .deb installs, works and goes away.
+//! Shipping `llmprof` alone: `cargo install` proved from a temporary root (it installs nothing else), the
+//! release artefacts of `cargo xtask dist` (tarball, .deb, SHA256SUMS) and the check that the .deb installs,
+//! works and goes away.
 //!
 //! - [`install_check`]: `cargo install --locked --path profiler-user` into a temporary root (the workspace's
 //!   target dir, so after the test flow's build it compiles nothing), then that binary's `--version`,
@@ -104,6 +105,15 @@ pub fn install(debug: bool) -> Result<PathBuf> {
     );
     let bin = root.join("bin").join("llmprof");
     ensure!(bin.is_file(), "cargo install left no {}", bin.display());
+    // llmprof alone: the test process (`llmprof-testee`) and anything else of the workspace stays out.
+    let mut installed: Vec<String> = std::fs::read_dir(root.join("bin"))?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    installed.sort();
+    ensure!(
+        installed == ["llmprof"],
+        "cargo install installed {installed:?}, expected llmprof alone"
+    );
     Ok(bin)
 }
 
@@ -221,7 +231,7 @@ pub fn dist(debug: bool) -> Result<Dist> {
     std::fs::create_dir_all(stage.join("bin"))?;
     // The line tables stay in the build; the shipped binary needs none (llmprof symbolizes its targets).
     run(Command::new("objcopy").arg("--strip-debug").arg(&built).arg(&bin))?;
-    // `llmprof` looks for the helpers in `../lib/llmprof/` from its own directory.
+    // `llmprof` looks for the helpers in `../lib/llmprof/` from its own directory (`cupti.rs`, `pyhooks.rs`).
     std::fs::create_dir_all(stage.join("lib/llmprof"))?;
     for (_, lib) in HELPER_LIBS {
         run(Command::new("objcopy")

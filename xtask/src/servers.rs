@@ -32,7 +32,8 @@ pub const LLAMA_CMAKE_ARGS: &str = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=
 /// File in the venv holding the [`LLAMA_CMAKE_ARGS`] its llama.cpp was built with: a venv built with other
 /// flags is rebuilt (pip's wheel cache does not key on `CMAKE_ARGS`, so that build bypasses it).
 const BUILD_FLAGS_FILE: &str = "llmprof-llama-cmake-args";
-/// The Python the venv is made from: pyenv's 3.11 (DESIGN.md section 8), else `python3`.
+/// The Python the venv is made from: pyenv's 3.11 where it is installed (the test machines' default Python,
+/// with 3.10, 3.12 and 3.13 beside it for the Python-frame tests), else `python3`.
 const PYENV_VERSIONS: &str = "/root/.pyenv/versions";
 
 /// The venv's directory.

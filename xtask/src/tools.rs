@@ -119,7 +119,7 @@ pub fn setup() -> Result<()> {
 }
 
 /// The anchor program of `bench syscalls --anchor`: bpftrace from Debian (`apt-get install bpftrace`), whose
-/// count-only syscall program is the reference cost llmprof's syscall path is compared with (issue 18).
+/// count-only syscall program is the reference cost llmprof's syscall path is compared with.
 /// Returns the binary's name (on PATH).
 pub fn bpftrace() -> Result<&'static str> {
     apt_install("bpftrace", &["bpftrace"])?;

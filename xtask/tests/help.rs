@@ -22,6 +22,10 @@ const COMMANDS: &[&[&str]] = &[
     &["bench", "attach"],
     &["bench", "serve"],
     &["bench", "syscalls"],
+    &["bench", "kernels"],
+    &["bench", "decode"],
+    &["bench", "probes"],
+    &["bench", "trace"],
 ];
 
 /// A fresh, empty directory for one run's `$HOME` and `$XDG_CACHE_HOME`.

@@ -24,9 +24,9 @@ use crate::sampling;
 
 /// Row-split granularity: each matrix product is cut into this many tasks per thread. One: every task start
 /// costs its first rows' weights from L3 (no prefetch has run yet) and the tile kernel's set-up, and with 4 per
-/// thread that was ~1.5 ms of a 14 ms concurrency-8 step (docs/performance.md, stop 26). A worker that has not
-/// claimed its task yet is covered by the pool (the calling thread runs unclaimed tasks itself); one preempted
-/// mid-task is waited for.
+/// thread that was ~1.5 ms of a 14 ms concurrency-8 step (docs/lab/engine-cpu.md, "AMX tiles and an f16 KV
+/// cache"). A worker that has not claimed its task yet is covered by the pool (the calling thread runs unclaimed
+/// tasks itself); one preempted mid-task is waited for.
 const TASKS_PER_THREAD: usize = 1;
 
 /// Attention with fewer multiply-adds than this (per step, Q·K over every cached position) runs on the calling

@@ -146,38 +146,3 @@ fn cuda(model: Arc<Model>, o: &BackendOptions) -> Result<Selected, DeviceError> 
 fn cuda(_model: Arc<Model>, _o: &BackendOptions) -> Result<Selected, DeviceError> {
     Err(DeviceError::NotBuilt)
 }
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, reason = "tests unwrap to fail loudly")]
-mod tests {
-    use super::*;
-    use crate::tiny_gguf::{TinyModelSpec, write_tiny_gguf};
-
-    fn options(kv_cache_dtype: KvCacheDtype) -> BackendOptions {
-        BackendOptions {
-            num_blocks: 8,
-            block_size: 4,
-            threads: 1,
-            kv_cache_dtype,
-            enforce_eager: false,
-            max_num_seqs: 4,
-        }
-    }
-
-    #[test]
-    fn the_cpu_cache_is_f16_unless_f32_is_asked_for() {
-        let path = std::env::temp_dir().join(format!("llmserve-device-{}.gguf", std::process::id()));
-        write_tiny_gguf(&path, &TinyModelSpec::default()).unwrap();
-        let model = Arc::new(Model::load(&path).unwrap());
-        std::fs::remove_file(&path).ok();
-        for (dtype, want) in [
-            (KvCacheDtype::Auto, "KV cache f16"),
-            (KvCacheDtype::F16, "KV cache f16"),
-            (KvCacheDtype::F32, "KV cache f32"),
-        ] {
-            let s = create_backend(DeviceChoice::Cpu, model.clone(), &options(dtype)).unwrap();
-            assert_eq!(s.backend.name(), "cpu");
-            assert!(s.description.contains(want), "{dtype:?}: {}", s.description);
-        }
-    }
-}

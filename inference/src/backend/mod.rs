@@ -98,6 +98,11 @@ pub struct StepOutput {
     pub graph_batch: u32,
 }
 
+/// Most sequences a backend is set up to run in one step unless told otherwise: `llmserve`'s `--max-num-seqs`
+/// default (vLLM V1 defaults to 256 on GPUs; a 2-core CPU gains nothing past ~32), and the largest decode batch
+/// the CUDA backend captures as a graph.
+pub const DEFAULT_MAX_BATCH: usize = 32;
+
 /// `--kv-cache-dtype`: the element type of the KV cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum KvCacheDtype {

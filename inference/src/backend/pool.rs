@@ -13,7 +13,7 @@
 //! steps while the engine samples and streams).
 //!
 //! Replaces rayon here: rayon's idle workers call `sched_yield` in a loop before sleeping (~26,000 calls in 9 s of
-//! decode, issue 16) and its `join` tree costs more hand-offs than one flat loop per matrix group. Never nests
+//! decode) and its `join` tree costs more hand-offs than one flat loop per matrix group. Never nests
 //! (`run` takes `&mut self`, so a task cannot start another job) and never blocks on anything but its tasks.
 
 use std::cell::UnsafeCell;
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// How long a waiting thread spins before it parks. Longer than the gaps inside a forward pass (single-threaded
 /// norm/RoPE work and a step's attention bookkeeping, more when other processes share the cores), short next to
 /// a step, so workers park between steps and an idle engine costs nothing. Measured on a quiet machine
-/// (docs/performance.md): 50 µs parked ~7 times per token (13.5–15.5 system calls per token at concurrency 1,
+/// (docs/lab/engine-cpu.md): 50 µs parked ~7 times per token (13.5–15.5 system calls per token at concurrency 1,
 /// 5.3–10.3 at 8); 200 µs, 5.4–7.8 and 1.6–3.7, at the same tok/s.
 pub const SPIN: Duration = Duration::from_micros(200);
 

@@ -21,7 +21,7 @@
 //! block) into 16 accumulators held in registers while the tile unit works. The next group's weights are
 //! prefetched a share per step.
 //!
-//! **Cost model** (measured on this machine, `docs/performance.md`): a tile load takes about 10 cycles, a tile
+//! **Cost model** (measured on this machine, `docs/lab/engine-cpu.md`): a tile load takes about 10 cycles, a tile
 //! store 17, a `tdpbf16ps` 18.5, and a tile load of data just written by vector stores waits for them to leave
 //! the store buffer (about 56 cycles more). The exact per-block scaling needs a C tile stored per block, so the
 //! kernel is bound by tile traffic and the vector work around it, not by the tile unit's multiplies: 1.3–1.4×

@@ -129,10 +129,10 @@ pub fn tiny_model_seeded(seed: u64) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("llmserve-tiny-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("tiny-{seed}.gguf"));
-    let spec = inference::tiny_gguf::TinyModelSpec {
+    let spec = e2e::gguf::TinyModelSpec {
         seed,
         ..Default::default()
     };
-    inference::tiny_gguf::write_tiny_gguf(&path, &spec).unwrap();
+    e2e::gguf::write_tiny_gguf(&path, &spec).unwrap();
     path
 }

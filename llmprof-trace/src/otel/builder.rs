@@ -176,7 +176,7 @@ impl SpanBuilder {
             EventBody::SlowSyscall { nr, ret, dur_ns } => {
                 let attrs = vec![
                     KeyValue::new(sc::LLMPROF_SYSCALL_NR, *nr as i64),
-                    KeyValue::new(sc::LLMPROF_SYSCALL_NAME, crate::syscall_names::name(*nr)),
+                    KeyValue::new(sc::LLMPROF_SYSCALL_NAME, crate::names::syscalls::name(*nr)),
                     KeyValue::new(sc::LLMPROF_RET, *ret),
                 ];
                 self.attach(ev, sc::EVENT_SLOW_SYSCALL, *dur_ns, attrs);

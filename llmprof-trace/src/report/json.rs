@@ -14,6 +14,8 @@ use super::{
     GpuSection, JSON_FORMAT, ModelFileRow, OverheadReport, ProbeRow, Report, RequestRow, Stats, SyscallRow,
 };
 
+mod threads;
+
 impl Report {
     /// The `--json` document (layout in the module docs).
     pub fn to_json(&self) -> String {
@@ -59,7 +61,7 @@ struct Doc<'a> {
     drops: Drops<'a>,
     overhead: Option<Overhead<'a>>,
     gpu: Option<Gpu<'a>>,
-    thread_states: Option<super::threads::ThreadStatesJson<'a>>,
+    thread_states: Option<threads::ThreadStatesJson<'a>>,
     cpu_samples: Option<&'a super::CpuSamplesSection>,
     kernels: Option<&'a super::KernelsSection>,
 }
@@ -91,7 +93,7 @@ impl<'a> Doc<'a> {
             },
             overhead: r.overhead.as_ref().map(Overhead::of),
             gpu: r.gpu.as_ref().map(Gpu::of),
-            thread_states: r.thread_states.as_ref().map(super::threads::ThreadStatesJson::of),
+            thread_states: r.thread_states.as_ref().map(threads::ThreadStatesJson::of),
             cpu_samples: r.cpu_samples.as_ref(),
             kernels: r.kernels.as_ref(),
         }

@@ -311,7 +311,7 @@ impl Report {
         let (idle, work): (Vec<_>, Vec<_>) = self
             .syscall_aggregates
             .iter()
-            .partition(|s| crate::syscall_names::is_idle_wait(&s.name));
+            .partition(|s| crate::names::syscalls::is_idle_wait(&s.name));
         if !work.is_empty() {
             let _ = writeln!(o, "  work:");
         }
@@ -330,7 +330,7 @@ impl Report {
         let (slow_idle, slow): (Vec<_>, Vec<_>) = self
             .slow_syscalls
             .iter()
-            .partition(|s| crate::syscall_names::is_idle_wait(&s.name));
+            .partition(|s| crate::names::syscalls::is_idle_wait(&s.name));
         if !slow.is_empty() {
             let _ = writeln!(
                 o,

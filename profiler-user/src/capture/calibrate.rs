@@ -37,12 +37,12 @@
 
 use std::time::Instant;
 
-use aya::maps::HashMap;
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{CudaFunc, CudaVariant, Knob, ProbeId, RangeOp, RangeRecord};
 
 use super::CaptureError;
+use super::traced::set_traced;
 
 /// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
 /// host, idle to loaded).
@@ -50,8 +50,8 @@ pub const STARTUP_CALLS_PER_ROUND: u32 = 600;
 /// Calls per timed round of the CUDA probe pair (entry + return uprobe: ~20 µs a call on this 2-core VM,
 /// so 5 rounds of 60 calls attached take ~7 ms; 200 took ~25 ms).
 pub const CUDA_CALLS_PER_ROUND: u32 = 60;
-/// Rounds timed per measurement; the median round is used (robust to one preemption).
-pub const ROUNDS: usize = 5;
+pub use super::rounds::ROUNDS;
+use super::rounds::median_round;
 
 pub use llmprof_trace::calibration::{Calibration, ENTRY_CALL, ENTRY_INT3, entry_name};
 
@@ -106,21 +106,6 @@ impl Untraced {
 /// Median over [`ROUNDS`] of the mean ns per `llmprof_probes::range(rec)` call in a round of `calls`.
 pub fn median_ns_per_call(rec: &RangeRecord, calls: u32) -> f64 {
     median_round(calls, || llmprof_probes::range(std::hint::black_box(rec)))
-}
-
-/// Median over [`ROUNDS`] of the mean ns per call of `f` in a round of `calls`.
-pub(super) fn median_round(calls: u32, mut f: impl FnMut()) -> f64 {
-    let calls = calls.max(1);
-    let mut rounds = [0f64; ROUNDS];
-    for r in &mut rounds {
-        let t = Instant::now();
-        for _ in 0..calls {
-            f();
-        }
-        *r = t.elapsed().as_nanos() as f64 / f64::from(calls);
-    }
-    rounds.sort_by(f64::total_cmp);
-    rounds[ROUNDS / 2]
 }
 
 /// Timings of one start-up calibration, before they become a [`Calibration`].
@@ -749,32 +734,6 @@ fn self_file_offset(addr: u64) -> Option<u64> {
 fn parse_maps_line(l: &str, addr: u64, path: &str) -> Option<u64> {
     let m = crate::sys::maps::MapsLine::parse(l)?;
     (m.path == path && (m.start..m.end).contains(&addr)).then(|| addr - m.start + m.offset)
-}
-
-/// Puts `pid` in (or takes it out of) the `TRACED` map. For llmprof itself this also lifts (or restores) the
-/// kernel's refusal of its own process (`Knob::SelfTraced`): outside these windows nothing llmprof does is
-/// traced, whatever is left in the maps.
-pub(super) fn set_traced(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
-    if pid == std::process::id() && on {
-        super::write_knob(ebpf, Knob::SelfTraced, 1)?;
-    }
-    let done = set_traced_entry(ebpf, pid, on);
-    if pid == std::process::id() && !on {
-        super::write_knob(ebpf, Knob::SelfTraced, 0)?;
-    }
-    done
-}
-
-fn set_traced_entry(ebpf: &mut aya::Ebpf, pid: u32, on: bool) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut("TRACED")
-        .ok_or_else(|| CaptureError::MissingInObject("map TRACED".into()))?;
-    let mut traced = HashMap::<_, u32, u8>::try_from(map).map_err(super::map_err("TRACED"))?;
-    if on {
-        traced.insert(pid, 1, 0).map_err(super::map_err("TRACED"))
-    } else {
-        traced.remove(&pid).map_err(super::map_err("TRACED"))
-    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use aya::maps::HashMap;
 use llmprof_abi::{HttpConnState, SockKey};
 
 use super::CaptureError;
-use super::calibrate::median_round;
+use super::rounds::median_round;
 
 /// Requests (head read + JSON response) per timed round.
 const REQUESTS_PER_ROUND: u32 = 60;

@@ -4,8 +4,8 @@
 //! Owns: the lookup of [`GPU_HANDOFF`] in the helper library's `.dynsym` (file offset, the `object` crate over
 //! [`crate::sys::target_file`], as for libcuda), the attachment of `llmprof_gpu` there for one process ([`Capture::attach_handoff`], called by
 //! the injection once the helper is loaded, or by [`Capture::attach_loaded_helper`] for a process that mapped
-//! [`GPU_HELPER_LIB`] itself), and the hand-over of each `GpuChunkEvent` to the one reader of the chunk format
-//! (`llmprof_trace::gpu::GpuDecoder`: versions, clock mapping, names, losses).
+//! [`GPU_HELPER_LIB`] itself). The `GpuChunkEvent` records are decoded by `llmprof_trace::decode::cupti`, the
+//! one reader of the chunk format (versions, clock mapping, names, losses).
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -13,13 +13,11 @@ use std::path::{Path, PathBuf};
 
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
-use llmprof_abi::GpuChunkEvent;
 use llmprof_abi::gpu::{GPU_HANDOFF, GPU_HELPER_LIB};
-use llmprof_trace::event::Event;
-use llmprof_trace::gpu::{GpuDecoder, GpuStats};
+use llmprof_trace::gpu::GpuStats;
 use object::{Object, ObjectSymbol};
 
-use super::{Capture, CaptureError, decode, program};
+use super::{Capture, CaptureError, program};
 use crate::sys::target_file::{self, Limits, TargetFileError};
 
 /// The handoff uprobe program.
@@ -48,7 +46,6 @@ pub enum HandoffError {
 /// What the capture keeps for the GPU activity handoff.
 #[derive(Default)]
 pub(super) struct GpuCapture {
-    decoder: GpuDecoder,
     loaded: bool,
     /// Per process: the library the handoff probe is attached in.
     attached: HashMap<u32, PathBuf>,
@@ -140,25 +137,13 @@ impl Capture {
 
     /// What the GPU activity chunks held and lost so far.
     pub fn gpu_stats(&self) -> GpuStats {
-        self.gpu.decoder.stats().clone()
+        self.decoder.cupti_stats().clone()
     }
 }
 
 impl GpuCapture {
-    /// Decodes one `GpuChunkEvent` ring record into `out` (a short record counts as undecodable).
-    pub(super) fn chunk(&mut self, records: &mut decode::Decoder, item: &[u8], out: &mut Vec<Event>) {
-        let Some(e) = decode::read::<GpuChunkEvent>(item) else {
-            records.count_undecodable();
-            return;
-        };
-        let n = (e.copied as usize).min(e.data.len());
-        self.decoder
-            .chunk(e.hdr.pid, e.hdr.tid, e.hdr.ts_ns, &e.data[..n], out);
-    }
-
-    /// A process left the session: its kernel names go.
+    /// A process left the session (the decoder forgets its kernel names itself).
     pub(super) fn forget(&mut self, pid: u32) {
-        self.decoder.forget(pid);
         self.attached.remove(&pid);
     }
 }

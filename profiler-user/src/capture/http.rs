@@ -4,11 +4,9 @@
 //! inode is one of the process's fds, [`crate::sys::tcp`]) and the connections already established on those
 //! ports at attach, and writing them into the kernel's `HTTP_LISTEN` / `HTTP_CONNS` maps (by default the kernel
 //! follows every accepted connection provisionally and keeps the HTTP/1.x ones, so `HTTP_LISTEN` is only
-//! written for `--http-port`); and decoding
-//! `HttpEvent` / `HttpHeadEvent` records into [`WireRecord`]s for [`llmprof_trace::wire::Reconstructor`].
-//! Head bytes go straight to the reconstructor, which keeps only method, path, `traceparent` and
-//! `x-request-id`. Also attaches the arrival stamps ([`attach_arrivals`]): a request starts when its bytes
-//! reached the server's socket, not when the server read them.
+//! written for `--http-port`). Its records are decoded by `llmprof_trace::decode::wire`. Also attaches the
+//! arrival stamps ([`attach_arrivals`]): a request starts when its bytes reached the server's socket, not when
+//! the server read them.
 
 use std::collections::HashMap as StdHashMap;
 use std::sync::Arc;
@@ -16,13 +14,9 @@ use std::sync::Arc;
 use aya::Ebpf;
 use aya::maps::{HashMap, ProgramArray};
 use aya::programs::RawTracePoint;
-use llmprof_abi::{
-    EventHeader, EventKind, HTTP_HEAD_MAX, HTTP_PHASE_PROBE, HttpConnState, HttpEvent, HttpHeadEvent, HttpOp,
-    SockKey, WIRE_DECODER_PROGRAMS,
-};
-use llmprof_trace::wire::{OwnConns, WireRecord};
+use llmprof_abi::{HTTP_PHASE_PROBE, HttpConnState, SockKey, WIRE_DECODER_PROGRAMS};
+use llmprof_trace::wire::OwnConns;
 
-use super::decode::read;
 use super::{CaptureError, map_err};
 use crate::sys::tcp;
 
@@ -208,53 +202,6 @@ pub fn fill(
     ports.sort_unstable();
     ports.dedup();
     Ok(ports)
-}
-
-/// Whether a record's kind is the wire probe's.
-pub fn is_http_kind(kind: EventKind) -> bool {
-    matches!(kind, EventKind::Http | EventKind::HttpHead)
-}
-
-/// Decodes a wire-probe record (`None`: short or unknown).
-pub fn decode(b: &[u8]) -> Option<WireRecord> {
-    let hdr: EventHeader = read(b)?;
-    let base = WireRecord {
-        ts_ns: hdr.ts_ns,
-        pid: hdr.pid,
-        tid: hdr.tid,
-        ..WireRecord::default()
-    };
-    match EventKind::from_raw(hdr.kind)? {
-        EventKind::Http => {
-            let e: HttpEvent = read(b)?;
-            Some(WireRecord {
-                fd: e.fd,
-                conn: e.conn,
-                op: HttpOp::from_raw(e.op),
-                flags: e.flags,
-                status: e.status,
-                events: e.events,
-                content_events: e.content_events,
-                ret: e.ret,
-                ..base
-            })
-        }
-        EventKind::HttpHead => {
-            let e: HttpHeadEvent = read(b)?;
-            let n = (e.len as usize).min(HTTP_HEAD_MAX);
-            Some(WireRecord {
-                fd: e.fd,
-                conn: e.conn,
-                op: HttpOp::from_raw(e.op),
-                flags: e.flags,
-                ret: e.ret,
-                arrival_ns: e.arrival_ns,
-                head: e.data[..n].to_vec(),
-                ..base
-            })
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and decodes what they
-//! record into the [`llmprof_trace::event`] stream.
+//! Capture: loads llmprof's eBPF programs, attaches them to the traced processes and hands what they record
+//! to the decoder ([`llmprof_trace::decode`]), which turns it into the [`llmprof_trace::event`] stream.
 //!
 //! Owns everything that touches the kernel (and nothing else: sinks consume the events). The programs are
 //! the committed object `profiler-user/ebpf/llmprof-ebpf.o`, built from `profiler-ebpf/` by
@@ -16,15 +16,15 @@
 
 pub mod calibrate;
 mod calibrate_http;
-pub mod cidr;
-pub mod decode;
 pub mod elf;
 pub mod gpu_activity;
 pub mod http;
 pub mod patterns;
 pub mod pysample;
+mod rounds;
 pub mod sampling;
 pub mod sched;
+mod traced;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 use std::num::NonZeroU32;
@@ -44,10 +44,10 @@ use llmprof_abi::{
 };
 
 pub use calibrate::Calibration;
-pub use cidr::{Cidr, CidrError};
+pub use llmprof_trace::decode::egress::{Cidr, CidrError};
 pub use patterns::{DEFAULT_MODEL_PATTERNS, PatternError};
 
-use llmprof_abi::EventKind;
+use llmprof_trace::decode::{Decoded, Decoder, Resolve};
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
 
 /// The eBPF object, built by `cargo xtask build-ebpf` (checked in CI by `build-ebpf --check`).
@@ -306,7 +306,7 @@ pub struct Capture {
     // every link and closes every fd, which unloads the programs.
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
-    decoder: decode::Decoder,
+    decoder: Decoder,
     engine: StdHashMap<u32, EngineProbes>,
     /// The images whose engine probes are attached, by (pid, device, inode of the executable).
     engine_images: HashSet<(u32, u64, u64)>,
@@ -335,7 +335,7 @@ pub struct Capture {
     /// The links of the calls CUPTI also records (launch-type calls, counted or timed, and the synchronize
     /// calls), by process: detached when the injected helper records that process.
     cuda_count_links: Vec<(u32, aya::programs::uprobe::UProbeLink)>,
-    /// Processes whose launch-type and synchronize calls come from the injected CUPTI helper: not probed.
+    /// Processes whose launch-type, copy and synchronize calls come from the injected CUPTI helper: not probed.
     launches_from_cupti: HashSet<u32>,
     /// The untraced syscall references ([`CaptureConfig::measure_untraced`]).
     untraced: Option<calibrate::Untraced>,
@@ -365,7 +365,7 @@ pub struct Capture {
     offcpu_decoded: u64,
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
-    /// The GPU activity handoff probe and its chunk decoder.
+    /// The GPU activity handoff probe.
     gpu: gpu_activity::GpuCapture,
 }
 
@@ -663,7 +663,7 @@ impl Capture {
             ring,
             ebpf,
             logger,
-            decoder: decode::Decoder::new(cfg.egress_allow.clone()),
+            decoder: Decoder::new(cfg.egress_allow.clone()),
             engine,
             engine_images,
             image_probes: StdHashMap::new(),
@@ -744,7 +744,7 @@ impl Capture {
     }
 
     /// Attaches the CUDA driver uprobes of `pid` at each `(file offset, cookie)` of the library `lib` (see
-    /// `gpu::libcuda`): the counting entry-only uprobe at the launch-type functions when
+    /// `crate::cuda::libcuda`): the counting entry-only uprobe at the launch-type functions when
     /// [`CaptureConfig::cuda_counted`], else the entry + return pair (return probe first, so every entry seen
     /// has its return). Returns how many entry points were attached; entry points the kernel refuses are
     /// skipped (logged), and an error is returned only when none could be attached.
@@ -776,15 +776,21 @@ impl Capture {
             return Err(CaptureError::PidNotFound(pid));
         };
         if self.cuda_counted {
-            self.set_cuda_text(pid);
+            self.set_cuda_text(pid, lib);
         }
         let mut attached = 0;
         let mut first_err = None;
         for &(offset, cookie) in points {
             let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
-            let sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32)
-                .is_some_and(|f| f.class() == llmprof_abi::CudaClass::Sync);
-            let cupti_records_it = launch_type || sync;
+            // CUPTI records copies and waits as well as launches (their GPU spans; the host's wait shows in the
+            // thread's state and off-CPU stack).
+            let copy_or_sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32).is_some_and(|f| {
+                matches!(
+                    f.class(),
+                    llmprof_abi::CudaClass::Sync | llmprof_abi::CudaClass::Memcpy
+                )
+            });
+            let cupti_records_it = launch_type || copy_or_sync;
             if cupti_records_it && self.launches_from_cupti.contains(&pid) {
                 continue;
             }
@@ -829,11 +835,13 @@ impl Capture {
     /// Tells the counting probe where `pid`'s libcuda code is (`CUDA_TEXT`): a counted call returning into it
     /// is nested in another driver call and not counted again. Without it (maps unreadable, map full) nested
     /// calls count twice; logged.
-    fn set_cuda_text(&mut self, pid: u32) {
-        let range = crate::sys::maps::Maps::of(pid).ok().and_then(|maps| {
-            let mapped = maps.find_file(crate::cuda::libcuda::is_libcuda)?;
-            maps.exec_range(&mapped.path.to_string_lossy())
-        });
+    fn set_cuda_text(&mut self, pid: u32, lib: &Path) {
+        // `lib` is the library's `/proc/PID/map_files/` entry, whose link names the file as the maps do, or
+        // its path.
+        let path = std::fs::read_link(lib).unwrap_or_else(|_| lib.to_owned());
+        let range = crate::sys::maps::Maps::of(pid)
+            .ok()
+            .and_then(|maps| maps.exec_range(&path.to_string_lossy()));
         let Some((start, end)) = range else {
             log::debug!(
                 "capture: pid {pid}: libcuda's code range not found; nested counted calls count twice"
@@ -850,8 +858,8 @@ impl Capture {
         }
     }
 
-    /// The injected CUPTI helper records `pid`'s kernels, graph launches and waits: its launch-type and
-    /// synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
+    /// The injected CUPTI helper records `pid`'s kernels, graph launches, copies and waits: its launch-type,
+    /// copy and synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
     /// attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.launches_from_cupti.insert(pid);
@@ -1031,38 +1039,34 @@ impl Capture {
         let mut n = 0;
         while n < MAX_RECORDS_PER_POLL {
             let Some(item) = self.ring.next() else { break };
-            let kind = decode::kind(&item);
-            if kind == Some(EventKind::CpuSample) || kind == Some(EventKind::OffCpuStack) {
-                if let Some(s) = self.sampler.as_mut()
-                    && let Some(rec) = decode::read::<llmprof_abi::CpuSampleEvent>(&item)
-                    // llmprof's own samples (the sampler's start-up calibration) are not the target's.
-                    && rec.hdr.pid != self.self_pid
-                {
-                    self.samples_decoded += u64::from(kind == Some(EventKind::CpuSample));
-                    self.offcpu_decoded += u64::from(kind == Some(EventKind::OffCpuStack));
-                    self.held.push(s.event(&rec));
+            let mut machine = Machine {
+                sampler: self.sampler.as_mut(),
+                python: &mut self.python,
+                self_pid: self.self_pid,
+            };
+            match self.decoder.decode(&item, &mut machine) {
+                Decoded::Stack(ev) => {
+                    self.samples_decoded += u64::from(matches!(ev.body, EventBody::CpuSample(_)));
+                    self.offcpu_decoded += u64::from(matches!(ev.body, EventBody::OffCpuStack(_)));
+                    self.held.push(ev);
                 }
-            } else if kind == Some(EventKind::PyStack) {
-                if let Some(ev) = self.python.decode(&item) {
-                    splice_or_push(ev, [&mut self.held, &mut carried], out);
+                Decoded::PyStack(ev) => {
+                    llmprof_trace::decode::python::splice_or_push(ev, [&mut self.held, &mut carried], out);
                 }
-            } else if kind == Some(EventKind::GpuChunk) {
-                self.gpu.chunk(&mut self.decoder, &item, out);
-            } else if kind.is_some_and(http::is_http_kind) {
-                match http::decode(&item) {
-                    Some(r) => self.wire.push(r, out),
-                    None => self.decoder.count_undecodable(),
-                }
-            } else if let Some(ev) = self.decoder.decode(&item) {
-                // The engine's own request records: what a wire request of its process may have carried.
-                self.wire.engine(&ev);
-                if let EventBody::ProcessExit { .. } = &ev.body {
-                    if let Some(s) = self.sampler.as_mut() {
-                        s.forget(ev.pid);
+                Decoded::Events(mut evs) => out.append(&mut evs),
+                Decoded::Wire(r) => self.wire.push(r, out),
+                Decoded::Event(ev) => {
+                    // The engine's own request records: what a wire request of its process may have carried.
+                    self.wire.engine(&ev);
+                    if let EventBody::ProcessExit { .. } = &ev.body {
+                        if let Some(s) = self.sampler.as_mut() {
+                            s.forget(ev.pid);
+                        }
+                        self.gpu.forget(ev.pid);
                     }
-                    self.gpu.forget(ev.pid);
+                    out.push(ev);
                 }
-                out.push(ev);
+                Decoded::Nothing | Decoded::Invalid => {}
             }
             n += 1;
         }
@@ -1232,15 +1236,9 @@ impl Capture {
             .sum()
     }
 
-    /// The counters the self-accounting charges: [`Capture::counters`] and [`Capture::syscalls_decoded`].
-    pub fn account_counters(&self) -> crate::selfacct::Counters {
-        crate::selfacct::Counters {
-            probes: self.counters(),
-            syscalls_decoded: self.syscalls_decoded(),
-            cuda_counted: self.cuda_counted_calls(),
-            offcpu_stacks: self.offcpu_decoded,
-            ..Default::default()
-        }
+    /// The off-CPU stacks decoded so far (taken by the `sched_switch` program at a blocking switch).
+    pub fn offcpu_stacks(&self) -> u64 {
+        self.offcpu_decoded
     }
 
     /// The in-kernel syscall aggregates per (pid, tid, syscall).
@@ -1358,27 +1356,29 @@ where
     })
 }
 
-/// A Python stack written by the native sampler (or with an off-CPU stack) right after its own record of the
-/// same instant (same tid, same timestamp) is spliced into that stack's frames, looked for among the samples
-/// `held` back (this drain's and the last one's); one without such a record (the stand-alone Python sampler)
-/// stays an event of its own.
-fn splice_or_push(ev: Event, held: [&mut Vec<Event>; 2], out: &mut Vec<Event>) {
-    if let EventBody::PyStack(py) = &ev.body {
-        for h in held {
-            if let Some(sample) = h.iter_mut().rev().find_map(|e| match &mut e.body {
-                EventBody::CpuSample(s) | EventBody::OffCpuStack(s)
-                    if e.tid == ev.tid && e.ts_ns == ev.ts_ns =>
-                {
-                    Some(s)
-                }
-                _ => None,
-            }) {
-                llmprof_trace::pystack::splice(sample, py);
-                return;
-            }
+/// The machine's half of decoding ([`Resolve`]): the sampler's symbols and the Python targets' memory.
+struct Machine<'a> {
+    sampler: Option<&'a mut sampling::Sampler>,
+    python: &'a mut pysample::PySampling,
+    /// llmprof's own pid: its samples (the sampler's start-up calibration) are not the targets'.
+    self_pid: u32,
+}
+
+impl Resolve for Machine<'_> {
+    fn native_stack(&mut self, rec: &llmprof_abi::CpuSampleEvent) -> Option<llmprof_trace::stack::CpuSample> {
+        if rec.hdr.pid == self.self_pid {
+            return None;
         }
+        Some(self.sampler.as_mut()?.symbolize(rec))
     }
-    out.push(ev);
+
+    fn python_stack(
+        &mut self,
+        pid: u32,
+        stack: &llmprof_abi::python::PyStack,
+    ) -> Option<llmprof_trace::pystack::PyStackSample> {
+        self.python.resolve(pid, stack)
+    }
 }
 
 /// Puts `pids` in the `TRACED` map with `flags`.

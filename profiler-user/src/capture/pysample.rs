@@ -1,6 +1,6 @@
 //! Python stack sampling in a capture: finds the CPython targets, fills the walker's maps (`PY_PROCS`,
 //! `PY_THREADS`), attaches `llmprof_pysample` to a software CPU clock on every CPU, keeps the thread map
-//! fresh, and turns `PyStackEvent` records into resolved [`EventBody::PyStack`] events.
+//! fresh, and resolves the kernel's walks for the decoder (`llmprof_trace::decode::python`).
 //!
 //! Owns the Python half of capture; the kernel walker is `profiler-ebpf/src/python.rs`, the reading of the
 //! target's memory `crate::python`. A target that is not Python is skipped silently; one whose Python
@@ -13,9 +13,7 @@ use aya::Ebpf;
 use aya::maps::HashMap;
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use llmprof_abi::EventHeader;
-use llmprof_abi::python::{PyOffsets, PyStack, PyStackEvent};
-use llmprof_trace::event::{Event, EventBody};
+use llmprof_abi::python::{PyOffsets, PyStack};
 use llmprof_trace::pystack::PyStackSample;
 
 use super::{CaptureError, map_err, program};
@@ -185,27 +183,8 @@ impl PySampling {
         }
     }
 
-    /// Resolves a kernel walk of process `pid` (a native sampler's record embeds a `PyStack`); None when
-    /// `pid` is not a sampled Python process.
+    /// Resolves a kernel walk of process `pid`; None when `pid` is not a sampled Python process.
     pub fn resolve(&mut self, pid: u32, stack: &PyStack) -> Option<PyStackSample> {
         Some(self.procs.get_mut(&pid)?.resolve(stack))
-    }
-
-    /// Decodes and resolves a `PyStackEvent` record (None: short record or unknown process).
-    pub fn decode(&mut self, b: &[u8]) -> Option<Event> {
-        if b.len() < std::mem::size_of::<PyStackEvent>() {
-            return None;
-        }
-        // SAFETY: the slice holds a whole PyStackEvent (checked above); the read is unaligned-safe and the
-        // type is plain integers, valid for every bit pattern.
-        let rec = unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<PyStackEvent>()) };
-        let hdr: EventHeader = rec.hdr;
-        let sample = self.resolve(hdr.pid, &rec.stack)?;
-        Some(Event {
-            ts_ns: hdr.ts_ns,
-            pid: hdr.pid,
-            tid: hdr.tid,
-            body: EventBody::PyStack(Box::new(sample)),
-        })
     }
 }

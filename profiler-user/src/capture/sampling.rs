@@ -1,6 +1,6 @@
 //! The stack sampler's user half: opens one software CPU-clock perf event per online CPU (frequency mode, so
-//! it works in VMs without a PMU), attaches `llmprof_sample` to each, and turns its records into symbolized
-//! [`EventBody::CpuSample`] events ([`crate::symbolize`]) as capture drains the ring.
+//! it works in VMs without a PMU), attaches `llmprof_sample` to each, and symbolizes its records
+//! ([`crate::symbolize`]) for the decoder (`llmprof_trace::decode::stacks`) as capture drains the ring.
 //!
 //! The kernel program filters by the traced-tgid map, so untraced CPUs cost one hash lookup per tick. The
 //! budget first halves the rate (`Knob::SampleEvery`, the divider in the kernel) and then stops sampling
@@ -11,8 +11,8 @@ use aya::programs::PerfEvent;
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
-use llmprof_abi::{CpuSampleEvent, EventKind};
-use llmprof_trace::event::{Event, EventBody};
+use llmprof_abi::CpuSampleEvent;
+use llmprof_trace::stack::CpuSample;
 
 use super::{CaptureError, program};
 use crate::symbolize::{SymbolizeStats, Symbolizer};
@@ -97,19 +97,9 @@ impl Sampler {
         Ok(true)
     }
 
-    /// Symbolizes one record (an on-CPU sample, or an off-CPU stack of kind `OffCpuStack`) into an event.
-    pub(super) fn event(&mut self, e: &CpuSampleEvent) -> Event {
-        let s = Box::new(self.symbolizer.sample(e));
-        Event {
-            ts_ns: e.hdr.ts_ns,
-            pid: e.hdr.pid,
-            tid: e.hdr.tid,
-            body: if e.hdr.kind == EventKind::OffCpuStack as u32 {
-                EventBody::OffCpuStack(s)
-            } else {
-                EventBody::CpuSample(s)
-            },
-        }
+    /// Symbolizes one record (an on-CPU sample, or an off-CPU stack of kind `OffCpuStack`).
+    pub(super) fn symbolize(&mut self, e: &CpuSampleEvent) -> CpuSample {
+        self.symbolizer.sample(e)
     }
 
     /// A process exited: its addresses are forgotten.
@@ -160,7 +150,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         }
     };
     let pid = std::process::id();
-    super::calibrate::set_traced(ebpf, pid, true)?;
+    super::traced::set_traced(ebpf, pid, true)?;
     let measured = (|| -> Result<Option<f64>, CaptureError> {
         let perr = |source| CaptureError::Program {
             program: SAMPLE_PROGRAM.to_string(),
@@ -190,7 +180,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         let ns = after.run_time().saturating_sub(before.run_time()).as_nanos() as f64;
         Ok((runs >= CALIBRATION_MIN_RUNS).then(|| ns / runs as f64))
     })();
-    super::calibrate::set_traced(ebpf, pid, false)?;
+    super::traced::set_traced(ebpf, pid, false)?;
     drop(stats);
     measured
 }

@@ -1,21 +1,16 @@
 //! Capture of thread states: attaches the scheduler programs of `profiler-ebpf/src/sched.rs`, fills their
-//! tid → tgid map from `/proc/PID/task`, and decodes their records.
+//! tid → tgid map from `/proc/PID/task`.
 //!
-//! Owns the kernel side of thread states in user space (the trace side is `llmprof_trace::thread_state`).
+//! Owns the kernel side of thread states in user space (their records are decoded by
+//! `llmprof_trace::decode::sched`, the trace side is `llmprof_trace::thread_state`).
 //! Order at start: the programs are attached with the others; after the targets enter `TRACED`, every thread
 //! listed in `/proc/PID/task` enters `THREADS` (threads created from then on are added by the kernel's
 //! `task_newtask` program, which runs in the traced parent), so no thread falls between the two.
 
 use aya::Ebpf;
 use aya::maps::HashMap;
-use llmprof_abi::EventHeader;
-use llmprof_abi::sched::{
-    SchedSwitchEvent, SchedWakeEvent, TRACE_FLAG_HARDIRQ, TRACE_FLAG_SOFTIRQ, WAKE_NEW,
-};
 
 use super::{CaptureError, map_err};
-use llmprof_trace::event::{EventBody, SchedSwitch, SchedWake};
-use llmprof_trace::thread_state::comm_str;
 
 /// The thread-state tracepoints: (category, name, program). `task_newtask` first, so a thread created while
 /// the others attach is already in the map.
@@ -78,63 +73,18 @@ pub(super) fn forget_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), CaptureErr
     Ok(())
 }
 
-/// The event of a switch record: (pid, tid, body), pid/tid the traced process and its thread (prev when
-/// traced, else next).
-pub(super) fn switch_event(e: &SchedSwitchEvent) -> (u32, u32, EventBody) {
-    let hdr: &EventHeader = &e.hdr;
-    let prev_traced = e.prev_traced != 0;
-    let (pid, tid) = if prev_traced {
-        (hdr.pid, hdr.tid)
-    } else {
-        (e.next_pid, e.next_tid)
-    };
-    let body = EventBody::SchedSwitch(Box::new(SchedSwitch {
-        cpu: hdr.cpu,
-        prev_tid: hdr.tid,
-        prev_pid: hdr.pid,
-        prev_traced,
-        prev_comm: comm_str(&e.prev_comm),
-        prev_prio: e.prev_prio,
-        prev_state: e.prev_state,
-        next_tid: e.next_tid,
-        next_pid: e.next_pid,
-        next_comm: comm_str(&e.next_comm),
-        next_prio: e.next_prio,
-        stack_id: (e.stack_id >= 0).then_some(e.stack_id),
-    }));
-    (pid, tid, body)
-}
-
-/// The event of a wakeup record: (pid, tid, body), pid/tid the woken thread's (the waker is in the body).
-pub(super) fn wake_event(e: &SchedWakeEvent) -> (u32, u32, EventBody) {
-    let body = EventBody::SchedWake(Box::new(SchedWake {
-        cpu: e.hdr.cpu,
-        waker_tid: e.hdr.tid,
-        waker_pid: e.hdr.pid,
-        tid: e.tid,
-        pid: e.pid,
-        comm: comm_str(&e.comm),
-        prio: e.prio,
-        target_cpu: e.target_cpu,
-        new_task: e.flags & WAKE_NEW != 0,
-        in_interrupt: e.common_flags & (TRACE_FLAG_HARDIRQ | TRACE_FLAG_SOFTIRQ) != 0,
-        common_flags: e.common_flags,
-    }));
-    (e.pid, e.tid, body)
-}
-
 /// Round trips per timed round of the thread-state calibration (each: two switches, two wakings, four
 /// pipe syscalls; ~10–30 µs here, so 5 rounds traced and untraced take ~10–30 ms).
 pub const PINGPONG_ROUND_TRIPS: u32 = 100;
 
 /// A pipe ping-pong between the calling thread and a helper, both pinned to the CPU the caller is on, so
 /// every hand-over is a context switch and a wakeup. `register` gets both tids before the timing starts
-/// (the calibration puts them in `THREADS`). Returns the median over [`super::calibrate::ROUNDS`] rounds of
+/// (the calibration puts them in `THREADS`). Returns the median over [`super::rounds::ROUNDS`] rounds of
 /// the mean ns per round trip, or `None` when the pipes or the pinning fail. The caller's affinity is
 /// restored.
 pub fn median_ns_per_pingpong(trips: u32, register: impl FnOnce(&[u32])) -> Option<f64> {
     use std::time::Instant;
-    let rounds = super::calibrate::ROUNDS;
+    let rounds = super::rounds::ROUNDS;
     let mut a = [0i32; 2];
     let mut b = [0i32; 2];
     // SAFETY: pipe2 writes two fds into each array; both are closed below.

@@ -38,6 +38,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod frame;
+mod stub;
+
+use frame::{Layout, Saved};
+use stub::STUB_DEADLINE;
+
 /// `NT_X86_XSTATE` (linux/elf.h).
 const NT_X86_XSTATE: libc::c_int = 0x202;
 /// Larger than the XSAVE area of any x86 CPU (AMX: ~11 KiB); the kernel says the real length.
@@ -58,46 +64,6 @@ const SYS_GETPID: u64 = 39;
 const RESTART_CODES: [i64; 4] = [-512, -513, -514, -516];
 /// `DF` in rflags: clear at every function entry (System V ABI).
 const FLAG_DF: u64 = 0x400;
-/// Size of the stub page.
-const STUB_LEN: u64 = 4096;
-/// The return stub (see the module doc). Encodings from the Intel SDM: `48 89 c7` mov %rax,%rdi;
-/// `b8 imm32` mov $imm,%eax; `0f 05` syscall; `0f 0b` ud2 (never reached).
-const STUB: [u8; 19] = [
-    0x48, 0x89, 0xc7, 0xb8, 39, 0, 0, 0, 0x0f, 0x05, 0xb8, 15, 0, 0, 0, 0x0f, 0x05, 0x0f, 0x0b,
-];
-/// Offset in the stub of the instruction after its `getpid` (where that syscall's stop reports `rip`).
-const STUB_AFTER_GETPID: u64 = 10;
-/// Offset of the stub's `rt_sigreturn` part.
-const STUB_SIGRETURN: u64 = 10;
-/// Offset of the instruction after the stub's `rt_sigreturn`.
-const STUB_AFTER_SIGRETURN: u64 = 17;
-
-/// `struct rt_sigframe` (arch/x86/include/asm/sigframe.h) offsets: the return address, then `struct
-/// ucontext` (flags, link, `stack_t`, `struct sigcontext`, the signal mask), then `struct siginfo`.
-mod frame {
-    /// `uc_flags`.
-    pub const UC_FLAGS: u64 = 8;
-    /// `uc_stack.ss_flags`.
-    pub const SS_FLAGS: u64 = 32;
-    /// `uc_mcontext` (`struct sigcontext`).
-    pub const MCONTEXT: u64 = 48;
-    /// `uc_sigmask`.
-    pub const SIGMASK: u64 = 304;
-    /// The whole frame (with its `siginfo`, unused here).
-    pub const LEN: u64 = 440;
-    /// `UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS` (uapi/asm/ucontext.h).
-    pub const FLAGS_XSTATE: u64 = 0x7;
-    /// The same without `UC_FP_XSTATE`.
-    pub const FLAGS_FX: u64 = 0x6;
-    /// An `ss_flags` mode `sigaltstack` refuses, so that `rt_sigreturn` leaves the thread's alternate signal
-    /// stack as it is (kernel/signal.c `restore_altstack` ignores every error but EFAULT).
-    pub const SS_KEEP: u32 = 0x7;
-    /// `FP_XSTATE_MAGIC1`, `FP_XSTATE_MAGIC2` (uapi/asm/sigcontext.h).
-    pub const MAGIC1: u32 = 0x4650_5853;
-    /// See [`MAGIC1`].
-    pub const MAGIC2: u32 = 0x4650_5845;
-}
-
 /// What went wrong with ptrace.
 #[derive(Debug, thiserror::Error)]
 pub enum PtraceError {
@@ -181,9 +147,6 @@ pub struct Deadlines {
     pub call: Duration,
 }
 
-/// Mapping and unmapping the stub: a few syscalls.
-const STUB_DEADLINE: Duration = Duration::from_secs(5);
-
 /// Calls `func(args…)` in one thread of `pid` (`tid`), with `data` copied to the thread's stack; the
 /// function's return value. See the module doc for what happens on every path.
 pub fn call(
@@ -246,24 +209,6 @@ enum Stop {
     Event(i32),
     /// A signal about to be delivered.
     Signal(i32),
-}
-
-/// The thread's state, read at the interrupt stop.
-struct Saved {
-    regs: libc::user_regs_struct,
-    fp: libc::user_fpregs_struct,
-    xstate: Option<Vec<u8>>,
-}
-
-/// Where the frame and the call's data go on the thread's stack.
-#[derive(Clone, Copy, Debug)]
-struct Layout {
-    /// `struct rt_sigframe` (8 mod 16: the called function's `rsp` at entry).
-    frame: u64,
-    /// Its FPU state (64-byte aligned).
-    fpstate: u64,
-    /// The call's data.
-    data: u64,
 }
 
 /// The worker: owns the tracing of one thread for one call.
@@ -534,144 +479,6 @@ impl Tracer {
         }
     }
 
-    fn save(&self) -> Result<Saved, PtraceError> {
-        let regs = self.regs()?;
-        // SAFETY: an all-zero `user_fpregs_struct` is a valid value of this plain C struct.
-        let mut fp: libc::user_fpregs_struct = unsafe { std::mem::zeroed() };
-        // GETFPREGS writes one struct into `fp`.
-        if self.ptrace(libc::PTRACE_GETFPREGS, 0, &mut fp as *mut _ as usize) != 0 {
-            return Err(os("PTRACE_GETFPREGS"));
-        }
-        let mut xs = vec![0u8; XSTATE_MAX];
-        let mut iov = libc::iovec {
-            iov_base: xs.as_mut_ptr().cast(),
-            iov_len: xs.len(),
-        };
-        // GETREGSET with an iovec describing `xs` (alive for the call); the kernel shortens iov_len.
-        let xstate = (self.ptrace(
-            libc::PTRACE_GETREGSET,
-            NT_X86_XSTATE as usize,
-            &mut iov as *mut _ as usize,
-        ) == 0)
-            .then(|| {
-                xs.truncate(iov.iov_len);
-                xs
-            });
-        Ok(Saved { regs, fp, xstate })
-    }
-
-    /// Places the frame, its FPU state and the call's data below the red zone, and checks that the thread's
-    /// stack has room for them and for the call.
-    fn layout(&self, saved: &Saved) -> Result<Layout, PtraceError> {
-        let rsp = saved.regs.rsp;
-        let fp_len = saved.xstate.as_ref().map_or(512, Vec::len) as u64 + 4;
-        let data = rsp.saturating_sub(RED_ZONE + self.job.data.len() as u64) & !0xf;
-        let fpstate = data.saturating_sub(fp_len) & !63;
-        let frame = (fpstate.saturating_sub(frame::LEN) & !0xf).saturating_sub(8);
-        let needed = frame.saturating_sub(CALL_STACK);
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.job.pid))
-            .map_err(|_| PtraceError::Exited)?;
-        let vma = maps
-            .lines()
-            .filter_map(crate::sys::maps::MapsLine::parse)
-            .find(|m| m.start <= rsp && rsp < m.end);
-        match vma {
-            // The main thread's stack grows on demand.
-            Some(m) if m.path == "[stack]" || needed >= m.start => Ok(Layout { frame, fpstate, data }),
-            _ => Err(PtraceError::Unsuitable(format!(
-                "thread {} has less than {} KiB of stack left below {rsp:#x}: no room for a call",
-                self.tid(),
-                (rsp - needed) >> 10
-            ))),
-        }
-    }
-
-    /// The registers the thread must get back: the stopped ones, with an interrupted syscall set to run
-    /// again (arch/x86/kernel/signal.c does the same after a signal without a handler; a syscall that would
-    /// have continued through `restart_syscall` is run again from the start: `rt_sigreturn` resets the
-    /// restart block).
-    fn resume_regs(r: &libc::user_regs_struct) -> libc::user_regs_struct {
-        let mut out = *r;
-        if (r.orig_rax as i64) >= 0 && RESTART_CODES.contains(&(r.rax as i64)) {
-            out.rax = r.orig_rax;
-            out.rip = r.rip.wrapping_sub(2);
-        }
-        out.orig_rax = u64::MAX;
-        out
-    }
-
-    /// Writes the signal frame that puts the thread back into `regs` with `fp`/`xstate` and the mask `mask`;
-    /// `ret` is its return address slot (the address the called function returns to).
-    fn write_frame(
-        &self,
-        layout: &Layout,
-        regs: &libc::user_regs_struct,
-        fp: &libc::user_fpregs_struct,
-        xstate: Option<&[u8]>,
-        mask: u64,
-        ret: u64,
-    ) -> Result<(), PtraceError> {
-        let mut f = vec![0u8; frame::LEN as usize];
-        let put = |f: &mut Vec<u8>, off: u64, v: u64| {
-            f[off as usize..off as usize + 8].copy_from_slice(&v.to_le_bytes());
-        };
-        put(&mut f, 0, ret);
-        put(
-            &mut f,
-            frame::UC_FLAGS,
-            if xstate.is_some() {
-                frame::FLAGS_XSTATE
-            } else {
-                frame::FLAGS_FX
-            },
-        );
-        f[frame::SS_FLAGS as usize..frame::SS_FLAGS as usize + 4]
-            .copy_from_slice(&frame::SS_KEEP.to_le_bytes());
-        let sc = [
-            regs.r8,
-            regs.r9,
-            regs.r10,
-            regs.r11,
-            regs.r12,
-            regs.r13,
-            regs.r14,
-            regs.r15,
-            regs.rdi,
-            regs.rsi,
-            regs.rbp,
-            regs.rbx,
-            regs.rdx,
-            regs.rax,
-            regs.rcx,
-            regs.rsp,
-            regs.rip,
-            regs.eflags,
-        ];
-        for (i, v) in sc.iter().enumerate() {
-            put(&mut f, frame::MCONTEXT + 8 * i as u64, *v);
-        }
-        // cs, gs, fs, ss (u16 each) after the 18 registers.
-        let segs = frame::MCONTEXT as usize + 144;
-        f[segs..segs + 2].copy_from_slice(&(regs.cs as u16).to_le_bytes());
-        f[segs + 6..segs + 8].copy_from_slice(&(regs.ss as u16).to_le_bytes());
-        // fpstate pointer (after err, trapno, oldmask, cr2).
-        put(&mut f, frame::MCONTEXT + 184, layout.fpstate);
-        put(&mut f, frame::SIGMASK, mask);
-        self.write(layout.frame, &f, "write the signal frame")?;
-        self.write(layout.fpstate, &fpstate_bytes(fp, xstate), "write the FPU state")
-    }
-
-    /// `SigBlk` of the thread (its blocked signals) from `/proc/PID/task/TID/status`.
-    fn blocked(&self) -> Result<u64, PtraceError> {
-        let status = std::fs::read_to_string(format!("/proc/{}/task/{}/status", self.job.pid, self.tid()))
-            .map_err(|_| PtraceError::Exited)?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigBlk:"))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .ok_or_else(|| PtraceError::Unsuitable("no SigBlk in the thread's status".into()))
-    }
-
     /// Registers for calling `func(args)` with `rsp` = the frame.
     fn call_regs(
         &self,
@@ -729,281 +536,6 @@ impl Tracer {
         }
         Ok(false)
     }
-
-    /// Steps 1-2: the frame of the thread's own state, `mmap` of the stub page returning through it, the stub
-    /// written. The page's address.
-    fn map_stub(&mut self, saved: &Saved, layout: &Layout) -> Result<u64, PtraceError> {
-        let resume = Self::resume_regs(&saved.regs);
-        let fns = self.job.libc_fns;
-        // The mask is read again once the thread left the stop (see below): a syscall like ppoll swaps in a
-        // temporary mask that the kernel undoes only then.
-        let mask = self.blocked()?;
-        self.write_frame(
-            layout,
-            &resume,
-            &saved.fp,
-            saved.xstate.as_deref(),
-            mask,
-            fns.restore_rt,
-        )?;
-        let prot = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let regs = self.call_regs(
-            &saved.regs,
-            layout,
-            fns.mmap,
-            &[0, STUB_LEN, prot, flags, u64::MAX, 0],
-        );
-        self.set_regs(&regs)?;
-        let until = Instant::now() + STUB_DEADLINE;
-        let mut mapped: Option<i64> = None;
-        let mut waiting_exit = false;
-        let mut mask_err = None;
-        // Up to mmap's exit: its result.
-        while mapped.is_none() {
-            let Some(info) = self.next_syscall(until)? else {
-                return Err(stub_timeout());
-            };
-            if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
-                // SAFETY: `op` says the `entry` member is the one the kernel filled.
-                let e = unsafe { info.u.entry };
-                waiting_exit = e.nr == SYS_MMAP && e.args[1] == STUB_LEN && e.args[2] == prot;
-                if waiting_exit {
-                    // The thread has left the stop: its real mask now.
-                    match self.blocked() {
-                        Ok(m) => self.write(
-                            layout.frame + frame::SIGMASK,
-                            &m.to_le_bytes(),
-                            "write the signal mask",
-                        )?,
-                        Err(e) => mask_err = Some(e),
-                    }
-                }
-            } else if info.op == libc::PTRACE_SYSCALL_INFO_EXIT && waiting_exit {
-                // SAFETY: `op` says the `exit` member is the one the kernel filled.
-                mapped = Some(unsafe { info.u.exit.sval });
-            }
-        }
-        // mmap returns through __restore_rt: the thread is back in its own state.
-        if !self.until_sigreturn(layout, until)? {
-            return Err(stub_timeout());
-        }
-        if let Some(e) = mask_err {
-            return Err(e);
-        }
-        let page = match mapped {
-            Some(a) if a >= 0 => a as u64,
-            Some(e) => {
-                return Err(PtraceError::Unsuitable(format!(
-                    "the target refused to map a page for the return stub: {}",
-                    std::io::Error::from_raw_os_error(-e as i32)
-                )));
-            }
-            None => return Err(PtraceError::Exited),
-        };
-        if let Err(e) = self.write(page, &STUB, "write the return stub") {
-            self.unmap_stub(layout, page);
-            return Err(e);
-        }
-        Ok(page)
-    }
-
-    /// Step 3: the call, returning through the stub.
-    fn call_through_stub(&mut self, layout: &Layout, stub: u64) -> Result<u64, PtraceError> {
-        // The thread is at the exit of the stub-mapping rt_sigreturn: its registers are its own again.
-        let now = self.regs()?;
-        let saved = self.save()?;
-        let mask = self.blocked()?;
-        let data_addr = layout.data;
-        self.write(data_addr, &self.job.data, "write the call's data")?;
-        self.write_frame(layout, &now, &saved.fp, saved.xstate.as_deref(), mask, stub)?;
-        let args: Vec<u64> = self
-            .job
-            .args
-            .iter()
-            .map(|a| match a {
-                Arg::Data => data_addr,
-                Arg::Val(v) => *v,
-            })
-            .collect();
-        let regs = self.call_regs(&now, layout, self.job.func, &args);
-        self.set_regs(&regs)?;
-        let until = Instant::now() + self.job.deadlines.call;
-        let mut sig = 0;
-        let mut result: Option<Result<u64, PtraceError>> = None;
-        loop {
-            self.resume(libc::PTRACE_SYSCALL, sig)?;
-            sig = 0;
-            let Some(stop) = self.wait(Some(until))? else {
-                // Past the deadline: the call is left to finish on its own; the thread is let go now.
-                let timeout = || PtraceError::Timeout {
-                    what: "the call did not return",
-                    after: self.job.deadlines.call,
-                    left: "it was left to finish on its own; the thread goes back to its own code when it \
-                           returns (one page of the target stays mapped)",
-                };
-                let e = timeout();
-                self.answer(Err(timeout()));
-                self.interrupt_and_detach();
-                return Err(e);
-            };
-            match stop {
-                Stop::Event(_) => {}
-                Stop::Signal(s) => {
-                    let crash = matches!(
-                        s,
-                        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGABRT
-                    );
-                    if !crash || result.is_some() {
-                        sig = s;
-                        continue;
-                    }
-                    // The call crashed: the signal is kept from the process, the thread goes back through
-                    // the stub's rt_sigreturn.
-                    let mut r = self.regs()?;
-                    result = Some(Err(PtraceError::Crashed {
-                        signal: s,
-                        rip: r.rip,
-                    }));
-                    r.rip = stub + STUB_SIGRETURN;
-                    r.rsp = layout.frame + 8;
-                    r.orig_rax = u64::MAX;
-                    self.set_regs(&r)?;
-                }
-                Stop::Syscall => {
-                    let info = self.syscall_info()?;
-                    if info.op == libc::PTRACE_SYSCALL_INFO_ENTRY {
-                        // SAFETY: `op` says the `entry` member is the one the kernel filled.
-                        let e = unsafe { info.u.entry };
-                        let at_stub = info.stack_pointer == layout.frame + 8;
-                        if at_stub
-                            && e.nr == SYS_GETPID
-                            && info.instruction_pointer == stub + STUB_AFTER_GETPID
-                        {
-                            result.get_or_insert(Ok(e.args[0]));
-                        }
-                        if at_stub
-                            && e.nr == SYS_RT_SIGRETURN
-                            && info.instruction_pointer == stub + STUB_AFTER_SIGRETURN
-                        {
-                            // Its exit stop is the thread back in its own state.
-                            self.resume(libc::PTRACE_SYSCALL, 0)?;
-                            match self.wait(Some(until + STUB_DEADLINE))? {
-                                Some(Stop::Syscall) => {}
-                                Some(Stop::Signal(s)) => {
-                                    // The frame was refused (the kernel's SIGSEGV): should not happen.
-                                    self.detach(s);
-                                    return Err(PtraceError::Unsuitable(
-                                        "the kernel refused the return frame".into(),
-                                    ));
-                                }
-                                _ => return Err(PtraceError::Exited),
-                            }
-                            return result.unwrap_or(Err(PtraceError::Exited));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Step 4: `munmap` of the stub page, returning through `__restore_rt` to the thread's own state. A
-    /// failure leaves the page mapped (one page), said once.
-    fn unmap_stub(&mut self, layout: &Layout, stub: u64) {
-        let r = (|| -> Result<bool, PtraceError> {
-            let now = self.regs()?;
-            let saved = self.save()?;
-            let mask = self.blocked()?;
-            let fns = self.job.libc_fns;
-            self.write_frame(
-                layout,
-                &Self::resume_regs(&now),
-                &saved.fp,
-                saved.xstate.as_deref(),
-                mask,
-                fns.restore_rt,
-            )?;
-            let regs = self.call_regs(&now, layout, fns.munmap, &[stub, STUB_LEN]);
-            self.set_regs(&regs)?;
-            self.until_sigreturn(layout, Instant::now() + STUB_DEADLINE)
-        })();
-        if !matches!(r, Ok(true)) {
-            log::warn!(
-                "gpu: pid {}: the return stub at {stub:#x} could not be unmapped ({}); one page stays mapped",
-                self.job.pid,
-                r.err()
-                    .map_or_else(|| "it did not finish in time".to_owned(), |e| e.to_string())
-            );
-        }
-    }
-}
-
-/// Mapping the stub took longer than [`STUB_DEADLINE`].
-fn stub_timeout() -> PtraceError {
-    PtraceError::Timeout {
-        what: "mapping the return stub did not finish",
-        after: STUB_DEADLINE,
-        left: "the thread returns to its own code when it does",
-    }
-}
-
-/// The FPU state as a signal frame carries it: the XSAVE area up to the thread's own size with the
-/// `FP_XSTATE_MAGIC` markers (arch/x86/kernel/fpu/signal.c `check_xstate_in_sigframe`), or the FXSAVE area
-/// alone when the kernel gave no XSAVE area.
-fn fpstate_bytes(fp: &libc::user_fpregs_struct, xstate: Option<&[u8]>) -> Vec<u8> {
-    let Some(xs) = xstate.filter(|x| x.len() >= 576) else {
-        // SAFETY: `user_fpregs_struct` is the 512-byte FXSAVE layout, plain integers; read as bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                (fp as *const libc::user_fpregs_struct).cast::<u8>(),
-                std::mem::size_of::<libc::user_fpregs_struct>(),
-            )
-        };
-        let mut out = bytes.to_vec();
-        // No magic: the kernel restores the legacy x87/SSE state only.
-        out[464..512].fill(0);
-        return out;
-    };
-    let xstate_bv = u64::from_le_bytes(xs[512..520].try_into().unwrap_or_default());
-    let (features, size) = user_xstate(xstate_bv);
-    let size = size.min(xs.len());
-    let mut out = xs[..size].to_vec();
-    out[464..468].copy_from_slice(&frame::MAGIC1.to_le_bytes());
-    out[468..472].copy_from_slice(&(size as u32 + 4).to_le_bytes());
-    out[472..480].copy_from_slice(&features.to_le_bytes());
-    out[480..484].copy_from_slice(&(size as u32).to_le_bytes());
-    out[484..512].fill(0);
-    out.extend_from_slice(&frame::MAGIC2.to_le_bytes());
-    out
-}
-
-/// The XSAVE features and size (standard format) of a thread's signal frames: what XCR0 enables, AMX tile
-/// data only when the thread uses it (`xstate_bv` bit 18; the kernel sizes a thread's FPU state that way).
-fn user_xstate(xstate_bv: u64) -> (u64, usize) {
-    const XTILEDATA: u64 = 1 << 18;
-    let xcr0 = xgetbv0();
-    let features = (xcr0 & !XTILEDATA) | (xstate_bv & XTILEDATA);
-    let mut size = 576usize;
-    for i in 2..64u32 {
-        if features & (1 << i) == 0 {
-            continue;
-        }
-        // Leaf 0xD exists on every CPU with XSAVE, which XCR0 being readable implies.
-        let c = std::arch::x86_64::__cpuid_count(0xd, i);
-        size = size.max((c.ebx + c.eax) as usize);
-    }
-    (features, size)
-}
-
-/// XCR0 (the XSAVE features the OS enabled).
-fn xgetbv0() -> u64 {
-    let (lo, hi): (u32, u32);
-    // SAFETY: XGETBV with ECX = 0 reads XCR0; it is allowed in user mode when CR4.OSXSAVE is set, which the
-    // kernel giving an NT_X86_XSTATE area implies (callers only get here with one).
-    unsafe {
-        std::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack));
-    }
-    (u64::from(hi) << 32) | u64::from(lo)
 }
 
 fn yama_hint() -> String {
@@ -1064,6 +596,8 @@ pub fn tracer_of(pid: u32) -> Option<u32> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {
+    use super::frame::{fpstate_bytes, sigframe};
+    use super::stub::{STUB, STUB_AFTER_GETPID, STUB_AFTER_SIGRETURN, STUB_SIGRETURN};
     use super::*;
 
     #[test]
@@ -1122,11 +656,11 @@ mod tests {
         assert_eq!(out.len(), size + 4);
         assert_eq!(
             u32::from_le_bytes(out[464..468].try_into().unwrap()),
-            frame::MAGIC1
+            sigframe::MAGIC1
         );
         assert_eq!(
             u32::from_le_bytes(out[size..size + 4].try_into().unwrap()),
-            frame::MAGIC2
+            sigframe::MAGIC2
         );
         let features = u64::from_le_bytes(out[472..480].try_into().unwrap());
         assert_eq!(features & 0x3, 0x3, "x87 and SSE are always there");

@@ -92,6 +92,13 @@ pub fn process_info(pid: u32) -> Option<ProcessInfo> {
     })
 }
 
+/// Clock ticks per second (`USER_HZ`: the unit of /proc's CPU times).
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(t).ok().filter(|t| *t > 0).unwrap_or(100)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 mod tests {

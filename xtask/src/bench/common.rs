@@ -1,9 +1,9 @@
-//! What several benches share (owner: engine serving): the release build, llmprof attach sessions, and the
-//! setup of the attached/detached A/B benches. Imports no bench kind.
+//! What several benches share: the release build, the traced test process (`llmprof-testee`), llmprof attach
+//! sessions, and the setup of the attached/detached A/B benches. Imports no bench kind.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use anyhow::{Context, Result, bail};
 
 use super::load::{EngineArgs, ServerProc, one_request, start_server};
 
-/// Builds `packages` in release; returns the release directory.
+/// Builds `packages` in release; returns the release directory. llmprof comes with its test process
+/// `llmprof-testee` (its `testee` feature, which changes nothing in llmprof itself: one build for every bench).
 pub(super) fn build_release(packages: &[&str]) -> Result<PathBuf> {
     let root = crate::util::repo_root();
     eprintln!("bench: building {} (release)...", packages.join(", "));
@@ -19,6 +20,9 @@ pub(super) fn build_release(packages: &[&str]) -> Result<PathBuf> {
     cmd.args(["build", "--release"]).current_dir(&root);
     for p in packages {
         cmd.args(["-p", p]);
+    }
+    if packages.contains(&"llmprof") {
+        cmd.args(["--features", "llmprof/testee"]);
     }
     if !cmd.status().context("running cargo build")?.success() {
         bail!("building {} failed", packages.join(", "));
@@ -32,6 +36,81 @@ pub(super) fn build_release(packages: &[&str]) -> Result<PathBuf> {
         root.join(target)
     };
     Ok(target.join("release"))
+}
+
+/// `llmprof-testee` (from the release directory of [`build_release`]), driven line by line; killed on drop.
+pub(super) struct Testee {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+impl Testee {
+    /// Starts `release/llmprof-testee ARGS` with `env` set and reads its `ready PID` line.
+    pub(super) fn spawn(release: &Path, args: &[&std::ffi::OsStr], env: &[(&str, String)]) -> Result<Self> {
+        let bin = release.join("llmprof-testee");
+        let mut child = Command::new(&bin)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut t = Testee {
+            child,
+            stdin,
+            stdout,
+            pid: 0,
+        };
+        let ready = t.line()?;
+        t.pid = ready
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("the testee said {ready:?}"))?;
+        Ok(t)
+    }
+
+    /// Its process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Its next line, trimmed.
+    pub(super) fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line).context("reading the testee")? == 0 {
+            bail!("the testee exited");
+        }
+        Ok(line.trim().to_owned())
+    }
+
+    /// Sends `c` and returns the answer line.
+    pub(super) fn ask(&mut self, c: &str) -> Result<String> {
+        writeln!(self.stdin, "{c}")
+            .and_then(|()| self.stdin.flush())
+            .context("writing to the testee")?;
+        self.line()
+    }
+
+    /// Sends `c` and reads lines until `want`.
+    pub(super) fn cmd(&mut self, c: &str, want: &str) -> Result<()> {
+        let mut line = self.ask(c)?;
+        while line != want {
+            line = self.line().with_context(|| format!("waiting for `{want}`"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Testee {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Starts `llmprof attach` on `pid` (with `extra` options) and waits for "probes live". Its stdout (the exit

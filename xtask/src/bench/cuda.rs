@@ -1,4 +1,4 @@
-//! `cargo xtask bench cuda` (owner: GPU layer, issue 15 item 1): what one CUDA driver call costs the target
+//! `cargo xtask bench cuda` (owner: GPU layer): what one CUDA driver call costs the target
 //! under each way llmprof probes libcuda, without a GPU.
 //!
 //! The target is `llmprof-testee --libcuda` with the stand-in driver library of the tests
@@ -14,13 +14,12 @@
 //!
 //! `--cupti`: the CPU twin of `tools/gpu/bench_attach.py`, engine steps with the stand-in CUPTI ([`cupti`]).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::common::{CpuMeter, build_release, start_attach, stop_llmprof};
+use super::common::{CpuMeter, Testee, build_release, start_attach, stop_llmprof};
 use super::stats::median_range;
 
 mod cupti;
@@ -74,42 +73,9 @@ const QUIET: [&str; 5] = [
     "0",
 ];
 
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    /// `llmprof-testee --libcuda LIB` from the release directory, with `env` set.
-    fn spawn(release: &Path, lib: &Path, env: &[(&str, String)]) -> Result<Self> {
-        let mut child = Command::new(release.join("llmprof-testee"))
-            .arg("--libcuda")
-            .arg(lib)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting llmprof-testee")?;
-        let stdin = child.stdin.take().context("no stdin")?;
-        let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-        Ok(Testee { child, stdin, stdout })
-    }
-
-    /// Sends `c` and reads lines until `want`.
-    fn cmd(&mut self, c: &str, want: &str) -> Result<()> {
-        writeln!(self.stdin, "{c}").context("writing to the testee")?;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if self.stdout.read_line(&mut line).context("reading the testee")? == 0 {
-                bail!("the testee exited while waiting for `{want}`");
-            }
-            if line.trim() == want {
-                return Ok(());
-            }
-        }
-    }
+/// `llmprof-testee --libcuda LIB` from the release directory, with `env` set.
+fn spawn_on(release: &Path, lib: &Path, env: &[(&str, String)]) -> Result<Testee> {
+    Testee::spawn(release, &["--libcuda".as_ref(), lib.as_os_str()], env)
 }
 
 fn build_stand_in(dir: &Path) -> Result<PathBuf> {
@@ -142,8 +108,8 @@ pub fn run(o: &Args) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("llmprof-bench-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
-    let mut t = Testee::spawn(&release, &lib, &[])?;
-    let pid = t.child.id();
+    let mut t = spawn_on(&release, &lib, &[])?;
+    let pid = t.pid();
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");
     let launches = o.launches.max(1);
@@ -176,8 +142,7 @@ pub fn run(o: &Args) -> Result<()> {
             }
         }
     }
-    let _ = writeln!(t.stdin, "exit");
-    let _ = t.child.wait();
+    drop(t);
     drop(meter);
     let _ = std::fs::remove_dir_all(&dir);
     println!(

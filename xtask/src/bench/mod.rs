@@ -1,10 +1,11 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
 //! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`cuda`],
-//! [`startup`]), each owning its measurement and its
-//! report; what several kinds share lives beside them and never imports a kind: [`load`] (llmserve under a
-//! streaming HTTP load, and its options), [`common`] (release build, llmprof sessions, the A/B setup) and
-//! [`stats`] (medians and ranges). This module only names the kinds and hands each its options.
+//! [`startup`]), each owning its measurement and its report; the in-process kinds (`kernels`, `decode`,
+//! `probes`, `trace`) are cargo bench targets of the crate they measure, run by [`micro`]. What several kinds
+//! share lives beside them and never imports a kind: [`load`] (llmserve under a streaming HTTP load, and its
+//! options), [`common`] (release build, the test process, llmprof sessions, the A/B setup) and [`stats`]
+//! (medians and ranges). This module only names the kinds and hands each its options.
 
 mod attach;
 mod common;
@@ -12,6 +13,7 @@ mod cuda;
 mod engine;
 mod llama;
 mod load;
+mod micro;
 mod serve;
 mod startup;
 mod stats;
@@ -54,6 +56,20 @@ pub enum Kind {
     /// (root).
     #[command(after_help = "Example: sudo cargo xtask bench startup --rounds 9")]
     Startup(startup::Args),
+    /// The CPU kernels' quantized matmul throughput (GMAC/s of on-CPU time, one thread) per weight type and
+    /// tokens per call, weights in cache and cold. `LLMSERVE_SIMD=avx512|avx2|scalar` caps the kernel family.
+    #[command(after_help = "Example: cargo xtask bench kernels --rounds 3")]
+    Kernels(micro::Args),
+    /// The CPU engine's forward pass on the default model without the server: prefill and decode tokens/s,
+    /// decode step time and CPU per token, for 1 and 8 sequences.
+    #[command(after_help = "Example: LLMSERVE_BENCH_KV=f32 cargo xtask bench decode")]
+    Decode(micro::Args),
+    /// What a probe call costs the engine with no llmprof attached (ns per step, request and range call).
+    #[command(after_help = "Example: cargo xtask bench probes")]
+    Probes(micro::Args),
+    /// Events per second through the merge and the Perfetto writer, and bytes per event in the trace.
+    #[command(after_help = "Example: cargo xtask bench trace")]
+    Trace(micro::Args),
 }
 
 /// `cargo xtask bench <kind>`.
@@ -67,5 +83,9 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Llama(o) => llama::run(&o),
         Kind::Cuda(o) => cuda::run(&o),
         Kind::Startup(o) => startup::run(&o),
+        Kind::Kernels(o) => micro::run(micro::KERNELS, &o),
+        Kind::Decode(o) => micro::run(micro::DECODE, &o),
+        Kind::Probes(o) => micro::run(micro::PROBES, &o),
+        Kind::Trace(o) => micro::run(micro::TRACE, &o),
     }
 }

@@ -11,35 +11,35 @@
 //! llmprof's exit summary: syscalls the kernel aggregates counted against the calls the target made,
 //! records dropped, llmprof's own CPU, the estimated overhead, and the budget's steps.
 //!
-//! `--anchor` (issue 18) compares llmprof's default syscall path with bpftrace's count-only program
+//! `--anchor` compares llmprof's default syscall path with bpftrace's count-only program
 //! ([`ANCHOR_PROGRAM`], bpftrace from apt, installed by `tools::bpftrace`) in the same run on the same target:
 //! the target makes bare `getppid` calls (WORK = 0, the syscall path is all there is), modes detached /
 //! llmprof attached / bpftrace attached interleaved with a rotating order, and each round gives the CPU each
 //! tracer adds per call over that round's detached run; the figure of merit is llmprof's added ns per call
 //! divided by bpftrace's, per round, median and range over the rounds.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use super::common::{build_release, start_attach, stop_llmprof};
+use super::common::{Testee, build_release, start_attach, stop_llmprof};
 use super::stats::{median_range, pct};
 
 /// Rounds (each runs every mode once).
 const ROUNDS: usize = 5;
-/// Target syscall rate of the untraced testee (issue 6: "a small program making ~500k syscalls/s").
+/// Target syscall rate of the untraced testee: a small program making ~500k syscalls/s.
 const RATE: f64 = 500_000.0;
 /// Seconds of the measured phase at the untraced rate.
 const SECONDS: f64 = 3.0;
 /// Seconds of the settling phase before it.
 const SETTLE_SECONDS: f64 = 0.5;
-/// `--overhead-budget` of the budget mode: the issue's goal, 1 % of the target's CPU.
+/// `--overhead-budget` of the budget mode: the goal, 1 % of the target's CPU.
 const BUDGET: &str = "1%";
-/// Calls per mode and round of `--anchor` (the issue's reference run: dd making 4 M syscalls).
+/// Calls per mode and round of `--anchor` (as many as the reference run, dd making 4 M syscalls).
 const ANCHOR_CALLS: u64 = 4_000_000;
-/// bpftrace's count-only program, the anchor (issue 18: "bpftrace counting syscalls per id"); `PID` is
+/// bpftrace's count-only program, the anchor (bpftrace counting syscalls per id); `PID` is
 /// replaced by the target's pid.
 const ANCHOR_PROGRAM: &str = "tracepoint:raw_syscalls:sys_enter /pid == PID/ { @[args->id] = count(); }";
 
@@ -62,75 +62,26 @@ impl Mode {
     }
 }
 
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<ChildStdout>,
-    pid: u32,
+/// The testee's CPU time so far, s (`/proc/PID/schedstat`, first field, ns on CPU).
+fn cpu_s(t: &Testee) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{}/schedstat", t.pid()))?;
+    let ns: f64 = s
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .context("unreadable schedstat")?;
+    Ok(ns / 1e9)
 }
 
-impl Testee {
-    fn start(bin: &Path) -> Result<Self> {
-        let mut child = Command::new(bin)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut out = BufReader::new(child.stdout.take().context("no stdout")?);
-        let stdin = child.stdin.take().context("no stdin")?;
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        let pid = line
-            .trim()
-            .strip_prefix("ready ")
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("testee said {line:?}"))?;
-        Ok(Testee {
-            child,
-            stdin,
-            out,
-            pid,
-        })
-    }
-
-    /// The testee's CPU time so far, s (`/proc/PID/schedstat`, first field, ns on CPU).
-    fn cpu_s(&self) -> Result<f64> {
-        let s = std::fs::read_to_string(format!("/proc/{}/schedstat", self.pid))?;
-        let ns: f64 = s
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .context("unreadable schedstat")?;
-        Ok(ns / 1e9)
-    }
-
-    /// Runs `syscalls n work 0`; (wall seconds it took, CPU seconds the testee used).
-    fn timed(&mut self, n: u64, work: u64) -> Result<(f64, f64)> {
-        let c0 = self.cpu_s()?;
-        let wall = self.syscalls(n, work)?;
-        Ok((wall, self.cpu_s()? - c0))
-    }
-
-    /// Runs `syscalls n work 0`; seconds it took.
-    fn syscalls(&mut self, n: u64, work: u64) -> Result<f64> {
-        writeln!(self.stdin, "syscalls {n} {work} 0")?;
-        self.stdin.flush()?;
-        let mut line = String::new();
-        self.out.read_line(&mut line)?;
-        let ns: f64 = line
-            .trim()
-            .strip_prefix("syscalls done ")
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("testee said {line:?}"))?;
-        Ok(ns / 1e9)
-    }
-}
-
-impl Drop for Testee {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Runs `syscalls n work 0`; (wall seconds it took, CPU seconds the testee used).
+fn timed(t: &mut Testee, n: u64, work: u64) -> Result<(f64, f64)> {
+    let c0 = cpu_s(t)?;
+    let line = t.ask(&format!("syscalls {n} {work} 0"))?;
+    let ns: f64 = line
+        .strip_prefix("syscalls done ")
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("testee said {line:?}"))?;
+    Ok((ns / 1e9, cpu_s(t)? - c0))
 }
 
 /// What one round of one mode measured.
@@ -180,7 +131,7 @@ pub(super) fn run(o: &Args) -> Result<()> {
     }
     let release = build_release(&["llmprof"])?;
     let llmprof = release.join("llmprof");
-    let mut t = Testee::start(&release.join("llmprof-testee"))?;
+    let mut t = Testee::spawn(&release, &[], &[])?;
     if o.anchor {
         return anchor(o, &llmprof, &mut t);
     }
@@ -189,7 +140,7 @@ pub(super) fn run(o: &Args) -> Result<()> {
     let n_settle = (o.rate * SETTLE_SECONDS) as u64;
     eprintln!(
         "bench: testee pid {} at WORK={work} (~{:.0}k syscalls/s untraced); {} rounds of {n_settle} + {n} calls",
-        t.pid,
+        t.pid(),
         o.rate / 1e3,
         o.rounds
     );
@@ -201,16 +152,16 @@ pub(super) fn run(o: &Args) -> Result<()> {
             let mode = modes[(round + k) % modes.len()];
             let session = match mode {
                 Mode::Detached => None,
-                Mode::Attached => Some(start_attach(&llmprof, t.pid, &trace, &[])?),
+                Mode::Attached => Some(start_attach(&llmprof, t.pid(), &trace, &[])?),
                 Mode::Budget | Mode::Bpftrace => Some(start_attach(
                     &llmprof,
-                    t.pid,
+                    t.pid(),
                     &trace,
                     &["--overhead-budget", &o.budget],
                 )?),
             };
-            let (settle_s, settle_cpu_s) = t.timed(n_settle, work)?;
-            let (measured_s, measured_cpu_s) = t.timed(n, work)?;
+            let (settle_s, settle_cpu_s) = timed(&mut t, n_settle, work)?;
+            let (measured_s, measured_cpu_s) = timed(&mut t, n, work)?;
             let mut s = Sample {
                 settle_s,
                 measured_s,
@@ -243,7 +194,8 @@ fn anchor(o: &Args, llmprof: &Path, t: &mut Testee) -> Result<()> {
     let n = o.calls;
     eprintln!(
         "bench: testee pid {}, {} rounds of {n} bare getppid calls per mode",
-        t.pid, o.rounds
+        t.pid(),
+        o.rounds
     );
     let trace = std::env::temp_dir().join("llmprof-bench-anchor.perfetto-trace");
     let modes = [Mode::Detached, Mode::Attached, Mode::Bpftrace];
@@ -257,8 +209,8 @@ fn anchor(o: &Args, llmprof: &Path, t: &mut Testee) -> Result<()> {
             let mode = modes[i];
             let cpu = match mode {
                 Mode::Attached => {
-                    let child = start_attach(llmprof, t.pid, &trace, &[])?;
-                    let cpu = t.timed(n, 0)?.1;
+                    let child = start_attach(llmprof, t.pid(), &trace, &[])?;
+                    let cpu = timed(t, n, 0)?.1;
                     let mut s = Sample::default();
                     parse_summary(&stop_llmprof(child)?, &mut s);
                     if let Some(k) = s.kernel_counted {
@@ -267,12 +219,12 @@ fn anchor(o: &Args, llmprof: &Path, t: &mut Testee) -> Result<()> {
                     cpu
                 }
                 Mode::Bpftrace => {
-                    let bt = Bpftrace::start(bpftrace, t.pid)?;
-                    let cpu = t.timed(n, 0)?.1;
+                    let bt = Bpftrace::start(bpftrace, t.pid())?;
+                    let cpu = timed(t, n, 0)?.1;
                     counted.push((mode, bt.stop()? as f64 / n as f64 * 100.0));
                     cpu
                 }
-                _ => t.timed(n, 0)?.1,
+                _ => timed(t, n, 0)?.1,
             };
             ns[i] = cpu / n as f64 * 1e9;
             eprintln!(
@@ -371,7 +323,7 @@ fn pick_work(t: &mut Testee, rate: f64) -> Result<u64> {
         let n = 200_000;
         let mut v = Vec::new();
         for _ in 0..3 {
-            v.push(t.timed(n, w)?.1 / n as f64);
+            v.push(timed(t, n, w)?.1 / n as f64);
         }
         Ok(pct(&mut v, 0.5))
     };

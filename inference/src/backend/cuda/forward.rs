@@ -30,11 +30,11 @@ use super::weights::{DeviceMatrix, DeviceWeights};
 use crate::model::ModelConfig;
 
 /// Most tokens a step may have for the fused RMSNorm + Q/K/V + RoPE and RMSNorm + gate/up launches. Each warp of a
-/// fused launch recomputes its tokens' norms (the sums side by side since stop 27): cheaper than the separate norm
-/// launch and its round trip through memory at every decode batch (H100, SmolLM2-135M, CUDA graphs: batch 32 3.23
-/// ms/step fused against 3.97 unfused, batch 1 0.91 against 1.19) and at prompts of 68 and 136 tokens (prefill step
-/// 3.49 against 3.69 ms, 6.04 against 6.21), even at ~256, and 2-3 % dearer at 512 (39.8 against 38.5 ms per
-/// prompt); docs/performance.md. `LLMSERVE_CUDA_FUSE_MAX_TOKENS` ([`super::FUSE_ENV`]) sets another limit for a run.
+/// fused launch recomputes its tokens' norms (the sums side by side): cheaper than the separate norm launch and
+/// its round trip through memory at every decode batch (H100, SmolLM2-135M, CUDA graphs: batch 32 3.23 ms/step
+/// fused against 3.97 unfused, batch 1 0.91 against 1.19) and at prompts of 68 and 136 tokens (prefill step 3.49
+/// against 3.69 ms, 6.04 against 6.21), even at ~256, and 2-3 % dearer at 512 (39.8 against 38.5 ms per prompt;
+/// docs/lab/engine-gpu.md). `LLMSERVE_CUDA_FUSE_MAX_TOKENS` ([`super::FUSE_ENV`]) sets another limit for a run.
 pub const FUSE_MAX_TOKENS: usize = 256;
 
 /// The loaded kernels.

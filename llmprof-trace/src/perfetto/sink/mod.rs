@@ -87,7 +87,7 @@ fn uuid(ns: u64, id: u64) -> u64 {
 
 /// A request's flow id and track key: its process and id.
 fn pid_req(pid: u32, req: u64) -> u64 {
-    // Bit 31 tells a request seen on the wire (ids from `wire::WIRE_REQ_BASE`) from the engine's own ids.
+    // Bit 31 tells a request seen on the wire (ids from `event::WIRE_REQ_BASE`) from the engine's own ids.
     let wire = if crate::names::slice::is_wire_request(req) {
         1 << 31
     } else {

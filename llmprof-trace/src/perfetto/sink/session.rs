@@ -9,9 +9,9 @@ use llmprof_abi::PROBE_NAMES;
 use super::{SUMMARY_TOP_SYSCALLS, TraceSink};
 use crate::event::{Degradation, Event, OverheadSummary, SessionStats};
 use crate::names::gpu::{arg as gpu_arg, value as gpu_value};
+use crate::names::syscalls;
 use crate::names::{arg, marker, track, value};
 use crate::perfetto::writer::{Arg, arg_f, arg_i, arg_s, arg_u};
-use crate::syscall_names;
 
 impl<W: Write> TraceSink<W> {
     /// An instant on the llmprof track.
@@ -105,14 +105,7 @@ impl<W: Write> TraceSink<W> {
         let top: Vec<String> = sys
             .iter()
             .take(SUMMARY_TOP_SYSCALLS)
-            .map(|a| {
-                value::top_syscall(
-                    &syscall_names::name(a.nr),
-                    a.tid,
-                    a.count,
-                    a.total_ns as f64 / 1e6,
-                )
-            })
+            .map(|a| value::top_syscall(&syscalls::name(a.nr), a.tid, a.count, a.total_ns as f64 / 1e6))
             .collect();
         args.push(arg_s(arg::TOP_SYSCALLS, top.join(value::ITEM_SEPARATOR)));
         let g = &stats.gpu;

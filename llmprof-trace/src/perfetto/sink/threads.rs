@@ -6,9 +6,9 @@ use llmprof_abi::{FileOp, RangeOp, RangeRecord, read_str};
 
 use super::TraceSink;
 use crate::event::{Event, EventBody};
+use crate::names::syscalls;
 use crate::names::{arg, slice};
 use crate::perfetto::writer::{arg_b, arg_f, arg_i, arg_s, arg_u};
-use crate::syscall_names;
 
 impl<W: Write> TraceSink<W> {
     /// An NVTX-style push (a slice begins), pop (it ends) or mark (an instant).
@@ -51,7 +51,7 @@ impl<W: Write> TraceSink<W> {
             arg_i(arg::RET, ret),
             arg_f(arg::LATENCY_MS, dur_ns as f64 / 1e6),
         ];
-        let name = slice::syscall(&syscall_names::name(nr));
+        let name = slice::syscall(&syscalls::name(nr));
         self.slice(ev.ts_ns, dur_ns, track, &name, args, Vec::new())
     }
 

@@ -17,14 +17,13 @@
 //! is a lock and a memcpy, not CUPTI's: what this measures is the helper's and llmprof's side; what CUPTI
 //! itself spends per record in the launching threads only the GPU bench measures.
 
-use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
 use super::super::common::{CpuMeter, build_release, start_attach, stop_llmprof};
 use super::super::stats::median_range;
-use super::{Args, Testee, build_stand_in, gcc};
+use super::{Args, build_stand_in, gcc, spawn_on};
 
 /// Steps per mode and round (about 20 s at the default rate).
 pub const STEPS: u64 = 16_000;
@@ -148,12 +147,12 @@ pub fn run(o: &Args) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let lib = build_stand_in(&dir)?;
     gcc(&dir, "fake_libcupti.c", "libcupti.so")?;
-    let mut t = Testee::spawn(
+    let mut t = spawn_on(
         &release,
         &lib,
         &[("FAKE_CUDA_SYNC_US", o.step_wait_us.to_string())],
     )?;
-    let pid = t.child.id();
+    let pid = t.pid();
     let meter = CpuMeter::new(pid);
     let trace = dir.join("bench.perfetto-trace");
     let (steps, k) = (o.steps.max(1), o.kernels_per_step.max(1));
@@ -219,8 +218,7 @@ pub fn run(o: &Args) -> Result<()> {
             });
         }
     }
-    let _ = writeln!(t.stdin, "exit");
-    let _ = t.child.wait();
+    drop(t);
     drop(meter);
     let _ = std::fs::remove_dir_all(&dir);
     report(o, steps, k, &cpu, &rate, &own, &memory);
