@@ -27,6 +27,7 @@ pub mod egress;
 pub mod engine;
 pub mod files;
 pub mod proc;
+pub mod pyhooks;
 pub mod python;
 pub mod sched;
 pub mod shared;

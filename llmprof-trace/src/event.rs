@@ -330,11 +330,22 @@ pub struct CuptiEstimate {
     pub per_record_ns: f64,
 }
 
+/// What the Python hooks added to the targets over a session (part of [`OverheadSummary`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PyHooksEstimate {
+    /// Estimated CPU added, ns: each record at its process's calibrated cost.
+    pub added_ns: f64,
+    /// Records the hooks wrote.
+    pub records: u64,
+}
+
 /// Self-accounting of a whole session (the trace's summary and attach's exit summary).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverheadSummary {
     /// The injected CUPTI helper's part of `est_added_ns` (None: no helper recorded).
     pub cupti: Option<CuptiEstimate>,
+    /// The Python hooks' part of `est_added_ns` (None: no hooks recorded).
+    pub python_hooks: Option<PyHooksEstimate>,
     /// Session length, ns.
     pub elapsed_ns: u64,
     /// Estimated CPU time the probes added to the target, ns, and per probe (indexed by `ProbeId`).

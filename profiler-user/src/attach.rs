@@ -42,7 +42,10 @@ pub use options::{
     AttachError, AttachOptions, AttachReport, END_INTERRUPTED, END_SIZE_LIMIT, END_TARGET_EXITED, Prelude,
     StopReason, TraceMetadata,
 };
-use start::{Inputs, open_inputs, open_sink, preflight, start_capture, start_gpu_kernels, start_scraper};
+use start::{
+    Inputs, open_inputs, open_sink, preflight, start_capture, start_gpu_kernels, start_python_hooks,
+    start_scraper,
+};
 
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
@@ -174,6 +177,8 @@ struct Session<'a> {
     opts: &'a AttachOptions,
     /// `--gpu-kernels`: the CUPTI helper in the target (stopped before the last drain).
     gpu_kernels: GpuKernels,
+    /// The Python hooks in the targets (removed before the last drain).
+    py_hooks: crate::pyhooks::PyHooks,
     capture: Capture,
     gpu: GpuSession,
     otel: Option<OtelSink>,
@@ -233,6 +238,7 @@ impl<'a> Session<'a> {
     fn counters(&self) -> crate::selfacct::Counters {
         crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
+            python_hooks: self.py_hooks.counters(),
             ..Counters::of(&self.capture)
         }
     }
@@ -254,6 +260,11 @@ impl<'a> Session<'a> {
         log::debug!("attach: capture started at {:?}", t0.elapsed());
         let strict = opts.gpu.kernels.strict();
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
+        let (py_hooks, hook_lines) = start_python_hooks(opts, &tree, &mut started.capture)?;
+        // A process with Python hooks records on the engine tracks.
+        for i in infos.iter_mut() {
+            i.engine_probes |= py_hooks.hooked_pids().contains(&i.pid);
+        }
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let Inputs {
@@ -266,6 +277,7 @@ impl<'a> Session<'a> {
         let mut session = Session {
             opts,
             gpu_kernels,
+            py_hooks,
             capture: started.capture,
             gpu,
             otel,
@@ -325,6 +337,9 @@ impl<'a> Session<'a> {
         session.start = Instant::now();
         for ev in gpu_markers {
             session.merger.push(ev);
+        }
+        for line in hook_lines {
+            session.push_marker(line);
         }
         session.last_tick = Instant::now();
         session.last_budget_check = Instant::now();
@@ -454,6 +469,25 @@ impl<'a> Session<'a> {
             self.new_image(pid, ts, false);
         }
         Ok(())
+    }
+
+    /// The Python hooks in the processes of `pids` that want them and were not considered yet; each outcome
+    /// said on stderr and as a marker.
+    fn hook_python(&mut self, pids: &[u32]) {
+        for line in self.py_hooks.start(pids, &mut self.capture) {
+            note!("llmprof: {line}");
+            self.push_marker(line);
+        }
+    }
+
+    /// A marker on the first target's track, now.
+    fn push_marker(&mut self, text: String) {
+        self.merger.push(Event {
+            ts_ns: boottime_ns(),
+            pid: self.opts.pid,
+            tid: 0,
+            body: EventBody::Marker { text },
+        });
     }
 
     /// Why the live loop ends now, if it does: the stop flag (with its [`StopReason`]), the duration, the
@@ -605,9 +639,11 @@ impl<'a> Session<'a> {
         }
         // A process of the tree that loaded CUDA since (vLLM's engine core, PyTorch's lazy init) gets the helper.
         let live: Vec<u32> = self.tree.live().collect();
-        if live.into_iter().filter(|&p| self.gpu_kernels.adopt(p)).count() > 0 {
+        if live.iter().filter(|&&p| self.gpu_kernels.adopt(p)).count() > 0 {
             let _ = start_gpu_kernels(false, &mut self.gpu_kernels, &mut self.capture);
         }
+        // A Python process of the tree started since (vLLM's engine core) gets the Python hooks.
+        self.hook_python(&live);
         // Listening sockets opened since the last tick (a server that binds late) are followed from now on.
         if let Err(e) = self.capture.refresh_http() {
             log::debug!("wire probe: {e}");
@@ -655,6 +691,11 @@ impl<'a> Session<'a> {
         }
         // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
         self.gpu_kernels.stop();
+        // Every Python hook removed while its engine uprobes still record: the functions are the originals again.
+        for line in self.py_hooks.stop() {
+            note!("llmprof: {line}");
+            self.push_marker(line);
+        }
         self.capture.poll(&mut self.polled, Duration::ZERO)?;
         self.capture.release_held(&mut self.polled);
         self.capture.flush_cuda_counts(&mut self.polled);
@@ -701,6 +742,7 @@ impl<'a> Session<'a> {
         }
         let final_counters = crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
+            python_hooks: self.py_hooks.counters(),
             ..Counters::of(&self.capture)
         };
         let mut overhead = self.acct.summary(
@@ -793,7 +835,8 @@ fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples
     gets.push("syscalls, thread states, model-file reads and egress");
     format!(
         "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
-         prefill inside the engine) come only from an engine built with llmprof-probes, such as llmserve.",
+         prefill inside the engine) come from an engine built with llmprof-probes, such as llmserve, or from \
+         llmprof's Python hooks (vLLM's engine, found by itself; any Python function with --py-range).",
         gets.join(", ")
     )
 }

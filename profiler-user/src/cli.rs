@@ -21,7 +21,8 @@ const AFTER_HELP: &str = "Examples:
 
 Exit codes: 0 ok, 1 failure, 2 usage, 3 not root, 4 no such process, 5 kernel lacks a needed feature,
 6 engine probe ABI mismatch, 7 cannot write the trace, 8 --gpu-kernels on cannot record kernels,
-9 the session did not end within its duration plus a grace (something it reads is stuck).";
+9 the session did not end within its duration plus a grace (something it reads is stuck),
+10 --py-range: no traced process took the Python hooks.";
 
 /// A session length: a duration of more than zero (a zero-length session would record nothing and report an
 /// overhead measured over no time).
@@ -221,6 +222,18 @@ pub struct AttachArgs {
     /// the target.
     #[arg(long, value_enum, default_value_t = crate::cupti::KernelsMode::Auto, value_name = "MODE")]
     pub gpu_kernels: crate::cupti::KernelsMode,
+    /// Python hooks: load llmprof's Python-hooks helper into the traced CPython processes that run vLLM (its
+    /// engine steps, request phases, preemptions and KV-cache use become the tracks llmserve's probes give;
+    /// ptrace + dlopen, then the helper installs wrappers from a thread of its own holding the interpreter's
+    /// lock; every wrapper is removed at the end). With --py-range, every traced CPython process gets it.
+    /// off: never touch the target.
+    #[arg(long, value_enum, default_value_t = crate::pyhooks::PyHooksMode::Auto, value_name = "MODE")]
+    pub python_hooks: crate::pyhooks::PyHooksMode,
+    /// A range (a slice on the calling thread) around every call of a Python function, e.g.
+    /// `vllm.v1.engine.core:EngineCore.step` (repeatable): MODULE as imported by the target, QUALNAME a
+    /// function, method, static or class method in it. Coroutine and generator functions are refused.
+    #[arg(long = "py-range", value_name = "MODULE:QUALNAME", value_parser = crate::pyhooks::parse_range)]
+    pub py_ranges: Vec<String>,
     /// Follow HTTP/1.1 requests on this listening port of the target (repeatable; default: every TCP port it
     /// listens on). Requests become `http request N` tracks with wire TTFT and inter-token latency.
     #[arg(long = "http-port", value_name = "PORT")]

@@ -24,3 +24,6 @@ pub const OUTPUT: i32 = 7;
 pub const GPU_KERNELS: i32 = 8;
 /// The session did not end within its duration plus the grace for start-up and end (`llmprof::watchdog`).
 pub const STUCK: i32 = 9;
+/// `--py-range`: no process of the traced tree took the Python hooks (not CPython 3.10 to 3.13, an
+/// interpreter without its C API, the module not imported, ptrace refused, the target exited during it).
+pub const PYTHON_HOOKS: i32 = 10;

@@ -30,6 +30,7 @@ pub mod open;
 pub mod otel;
 pub mod packaging;
 pub mod proctree;
+pub mod pyhooks;
 pub mod python;
 pub mod selfacct;
 pub mod serve;

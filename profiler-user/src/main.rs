@@ -129,6 +129,10 @@ fn run_attach(a: AttachArgs) -> i32 {
             cuda_calls: a.cuda_calls,
             kernels: a.gpu_kernels,
         },
+        python_hooks: llmprof::pyhooks::PyHooksOptions {
+            mode: a.python_hooks,
+            ranges: a.py_ranges,
+        },
         live_status: true,
         metadata: None,
         prelude: None,
@@ -171,6 +175,7 @@ fn run_attach(a: AttachArgs) -> i32 {
                 AttachError::Capture(CaptureError::Pattern(_)) => exit::USAGE,
                 AttachError::Output { .. } => exit::OUTPUT,
                 AttachError::GpuKernels(_) => exit::GPU_KERNELS,
+                AttachError::PythonHooks(_) => exit::PYTHON_HOOKS,
                 AttachError::Otel(_) => exit::USAGE,
                 AttachError::Capture(_) => exit::FAILURE,
             }

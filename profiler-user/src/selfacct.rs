@@ -68,6 +68,9 @@ pub struct Counters {
     /// The injected CUPTI helpers' counters since this session started them
     /// ([`crate::cupti::GpuKernels::counters`]; zero without them).
     pub cupti: CuptiCounters,
+    /// The Python hooks' records and their calibrated cost since this session installed them
+    /// ([`crate::pyhooks::PyHooks::counters`]).
+    pub python_hooks: crate::pyhooks::PyHooksCounters,
 }
 
 impl Counters {
@@ -81,6 +84,7 @@ impl Counters {
             cuda_counted: capture.cuda_counted_calls(),
             offcpu_stacks: capture.offcpu_stacks(),
             cupti: CuptiCounters::default(),
+            python_hooks: crate::pyhooks::PyHooksCounters::default(),
         }
     }
 }
@@ -404,11 +408,13 @@ impl SelfAccount {
         let (thread, records) = self
             .cupti
             .added_ns(&self.last.counters.cupti, &now.counters.cupti);
+        let hooks = (now.counters.python_hooks.added_ns - self.last.counters.python_hooks.added_ns).max(0.0);
         let added: f64 = added_ns(&self.cal, &self.last.counters, &now.counters)
             .iter()
             .sum::<f64>()
             + thread
-            + records;
+            + records
+            + hooks;
         let target = match (self.last.target_cpu_ns, now.target_cpu_ns) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64),
             _ => None,
@@ -443,7 +449,14 @@ impl SelfAccount {
         let cupti = self
             .cupti
             .estimate(&self.start.counters.cupti, &now.counters.cupti);
-        let added: f64 = by_probe.iter().sum::<f64>() + cupti.as_ref().map_or(0.0, |c| c.added_ns);
+        let (h0, h1) = (&self.start.counters.python_hooks, &now.counters.python_hooks);
+        let python_hooks = (h1.records > h0.records).then(|| llmprof_trace::event::PyHooksEstimate {
+            added_ns: (h1.added_ns - h0.added_ns).max(0.0),
+            records: h1.records - h0.records,
+        });
+        let added: f64 = by_probe.iter().sum::<f64>()
+            + cupti.as_ref().map_or(0.0, |c| c.added_ns)
+            + python_hooks.as_ref().map_or(0.0, |h| h.added_ns);
         // The target may be gone at the end: its CPU up to the last reading then.
         let end_cpu = now.target_cpu_ns.or(self.last.target_cpu_ns);
         let target = match (self.start.target_cpu_ns, end_cpu) {
@@ -466,6 +479,7 @@ impl SelfAccount {
             symbolized_stacks: 0,
             symbolize_ns: 0.0,
             cupti,
+            python_hooks,
             ..OverheadSummary::default()
         };
         self.charge_shared_cpus(&mut summary);

@@ -5,7 +5,7 @@ streaming chat completions by default; records, per request, TTFT (the request's
 with content; the client's own set-up before that, building the request or a new connection, is `client_setup_ms`)
 and the gaps between later content chunks, as the client sees them (the x-request-id is a fresh UUID). `--cancel I` closes request I's stream
 after 3 content chunks (the client goes away mid-stream). `--json-every K` makes every K-th request a
-non-streaming one. `--model NAME` names the served model. `--warmup N` first sends N streamed requests that are not recorded: the first call of a
+non-streaming one. `--model NAME` names the served model, `--temperature T` the sampling temperature (0: greedy). `--warmup N` first sends N streamed requests that are not recorded: the first call of a
 process pays the client's own lazy set-up (imports, request models), which no server ever sees. Writes a JSON
 list to `--out`.
 """
@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--json-every", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--model", default="default")
+    # Sampled requests as users send them (0: greedy).
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     client, marks = new_client(a.base_url)
@@ -85,7 +87,7 @@ def main():
                 model=a.model,
                 messages=msgs,
                 max_tokens=a.max_tokens,
-                temperature=0,
+                temperature=a.temperature,
                 stream=True,
                 extra_headers={"x-request-id": xid},
             )
@@ -103,7 +105,7 @@ def main():
                 model=a.model,
                 messages=msgs,
                 max_tokens=a.max_tokens,
-                temperature=0,
+                temperature=a.temperature,
                 extra_headers={"x-request-id": xid},
             )
         t1 = time.perf_counter()

@@ -19,6 +19,7 @@ pub mod llama;
 pub mod serve;
 pub mod testee;
 pub mod trace_processor;
+pub mod vllm;
 pub mod wire;
 
 use std::io::Write;
@@ -101,15 +102,20 @@ pub fn default_model() -> PathBuf {
     inference::model::default_model_path()
 }
 
-/// The Python of the servers venv `cargo xtask setup` installs (llama-cpp-python's server, the OpenAI client,
-/// uvicorn, gunicorn): `$XDG_CACHE_HOME/llmprof/venvs/servers/bin/python` (or under `~/.cache`).
-pub fn servers_python() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
+/// The project cache `cargo xtask setup` fills: `$XDG_CACHE_HOME/llmprof` (or `~/.cache/llmprof`).
+pub fn llmprof_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/root/.cache"));
-    cache.join("llmprof/venvs/servers/bin/python")
+        .unwrap_or_else(|| PathBuf::from("/root/.cache"))
+        .join("llmprof")
+}
+
+/// The Python of the servers venv `cargo xtask setup` installs (llama-cpp-python's server, the OpenAI client,
+/// uvicorn, gunicorn): `$XDG_CACHE_HOME/llmprof/venvs/servers/bin/python` (or under `~/.cache`).
+pub fn servers_python() -> PathBuf {
+    llmprof_cache().join("venvs/servers/bin/python")
 }
 
 /// The `python3` interpreter itself (its `sys.executable`), not a version manager's shim: pyenv's `python3` is a

@@ -66,6 +66,8 @@ pub struct Load<'a> {
     pub cancel: usize,
     /// Every K-th request is non-streaming.
     pub json_every: usize,
+    /// Sampling temperature (0: greedy).
+    pub temperature: f64,
 }
 
 /// Runs the OpenAI Python client of the servers venv against `http://127.0.0.1:PORT/v1` (one warm-up request
@@ -83,6 +85,7 @@ pub fn run_client(python: &Path, port: u16, load: &Load<'_>, out: &Path) -> Vec<
         .args(["--requests", &load.requests.to_string()])
         .args(["--cancel", &load.cancel.to_string()])
         .args(["--json-every", &load.json_every.to_string()])
+        .args(["--temperature", &load.temperature.to_string()])
         // Its first call pays the client's own lazy set-up, which no server sees; it is a wire request all the
         // same.
         .args(["--warmup", "1"])

@@ -46,6 +46,7 @@ fn llama_cpp_server_samples_hold_python_and_native_frames_together() {
         requests: REQUESTS,
         cancel: usize::MAX,
         json_every: 0,
+        temperature: 0.0,
     };
     let live = Instant::now();
     while live.elapsed() < LOAD_AT_LEAST {

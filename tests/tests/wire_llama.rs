@@ -43,6 +43,7 @@ fn llama_cpp_server_requests_match_the_openai_client() {
         requests: REQUESTS,
         cancel: CANCELLED,
         json_every: JSON_EVERY,
+        temperature: 0.0,
     };
     let client = run_client(&python, port, &load, &dir.join("client.json"));
     // Let the server notice the cancelled stream's connection and close it (it does at its next write).

@@ -111,6 +111,7 @@ fn workers_forked_after_attach_have_their_requests_followed() {
         requests: REQUESTS,
         cancel: CANCELLED,
         json_every: JSON_EVERY,
+        temperature: 0.0,
     };
     let client = run_client(&python, gateway_port, &load, &dir.join("client.json"));
     // Let the gateway and the engine notice the cancelled stream's connection (at their next write).

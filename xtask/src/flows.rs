@@ -20,6 +20,8 @@ pub fn test(args: &[String]) -> Result<()> {
     crate::tools::setup()?;
     // llama.cpp's OpenAI server and the OpenAI client for the wire-probe tests (tests/tests/wire_llama.rs).
     crate::servers::setup()?;
+    // vLLM's CPU build and the model converted for it (tests/tests/vllm_hooks.rs).
+    crate::vllm::setup(&crate::model::default_model_path())?;
     crate::ebpf::setup()?;
     crate::ebpf::build(true)?;
     run(Command::new("cargo")
@@ -36,11 +38,16 @@ pub fn test(args: &[String]) -> Result<()> {
     run(Command::new("cargo")
         .current_dir(&root)
         .args(["build", "--workspace", "--bins"]))?;
-    // The CUPTI helper `--gpu-kernels` injects (a cdylib no binary depends on): next to `llmprof` in the
-    // profile's directory, where llmprof and tests/gpu_inject.rs look for it.
-    run(Command::new("cargo")
-        .current_dir(&root)
-        .args(["build", "-p", "llmprof-cupti", "--lib"]))?;
+    // The helpers llmprof injects (cdylibs no binary depends on): the CUPTI one (`--gpu-kernels`) and the
+    // Python hooks, next to `llmprof` in the profile's directory, where llmprof and the tests look for them.
+    run(Command::new("cargo").current_dir(&root).args([
+        "build",
+        "-p",
+        "llmprof-cupti",
+        "-p",
+        "llmprof-pyhooks",
+        "--lib",
+    ]))?;
     // llmprof alone, as a user installs and ships it: `cargo install` into a temporary root from the
     // build above (dev profile, nothing compiled again), the release artefacts and the .deb installed and purged.
     crate::release::install_check(true)?;

@@ -68,15 +68,17 @@ pub fn build_from(dist: &crate::release::Dist, check: bool) -> Result<()> {
         std::fs::create_dir_all(rootfs.join(d))?;
     }
     run(Command::new("cp").arg(bin).arg(rootfs.join("usr/bin/llmprof")))?;
-    // The CUPTI helper `llmprof attach --gpu-kernels` injects, where llmprof looks for it (`../lib/llmprof/`).
-    let helper = bin
+    // The helpers `llmprof attach` injects, where llmprof looks for them (`../lib/llmprof/`).
+    let libs = bin
         .parent()
         .and_then(Path::parent)
         .context("the shipped binary's folder")?
-        .join("lib/llmprof/libllmprof_cupti.so");
-    run(Command::new("cp")
-        .arg(&helper)
-        .arg(rootfs.join("usr/lib/llmprof/libllmprof_cupti.so")))?;
+        .join("lib/llmprof");
+    for lib in ["libllmprof_cupti.so", "libllmprof_pyhooks.so"] {
+        run(Command::new("cp")
+            .arg(libs.join(lib))
+            .arg(rootfs.join("usr/lib/llmprof").join(lib)))?;
+    }
     for lib in ldd_paths(bin)? {
         let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
         std::fs::create_dir_all(to.parent().context("library path")?)?;

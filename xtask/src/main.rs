@@ -14,6 +14,7 @@ mod release;
 mod servers;
 mod tools;
 mod util;
+mod vllm;
 
 use anyhow::Result;
 use clap::CommandFactory;
@@ -30,6 +31,7 @@ fn main() -> Result<()> {
             model::fetch(force)?;
             tools::setup()?;
             servers::setup()?;
+            vllm::setup(&model::default_model_path())?;
             ebpf::setup()
         }
         Task::Demo { seconds } => flows::demo(seconds),

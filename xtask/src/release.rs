@@ -26,8 +26,12 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The Debian package's name.
 const DEB_NAME: &str = "llmprof";
-/// The CUPTI helper library shipped next to the binary (`llmprof_abi::gpu::GPU_HELPER_LIB`).
-const HELPER_LIB: &str = "libllmprof_cupti.so";
+/// The helper libraries llmprof loads into targets, shipped in `lib/llmprof/` (crate, file): the CUPTI helper
+/// (`llmprof_abi::gpu::GPU_HELPER_LIB`) and the Python-hooks helper (`llmprof_abi::pyhooks::PY_HELPER_LIB`).
+const HELPER_LIBS: [(&str, &str); 2] = [
+    ("llmprof-cupti", "libllmprof_cupti.so"),
+    ("llmprof-pyhooks", "libllmprof_pyhooks.so"),
+];
 /// The package's default configuration of `llmprof serve` (read by its systemd unit).
 const DEB_DEFAULTS: &str = "/etc/default/llmprof-serve";
 /// The variable of [`DEB_DEFAULTS`] that holds serve's arguments.
@@ -203,12 +207,15 @@ pub fn dist(debug: bool) -> Result<Dist> {
         build.arg("--release");
     }
     run(&mut build)?;
-    // The CUPTI helper `llmprof attach --gpu-kernels` injects (a cdylib: no binary depends on it).
+    // The helpers `llmprof attach` injects (cdylibs: no binary depends on them).
     let mut helper = Command::new("cargo");
     helper
         .current_dir(repo_root())
         .env("CARGO_TARGET_DIR", target_dir())
-        .args(["build", "--locked", "-p", "llmprof-cupti", "--lib"]);
+        .args(["build", "--locked", "--lib"]);
+    for (krate, _) in HELPER_LIBS {
+        helper.args(["-p", krate]);
+    }
     if !debug {
         helper.arg("--release");
     }
@@ -224,12 +231,14 @@ pub fn dist(debug: bool) -> Result<Dist> {
     std::fs::create_dir_all(stage.join("bin"))?;
     // The line tables stay in the build; the shipped binary needs none (llmprof symbolizes its targets).
     run(Command::new("objcopy").arg("--strip-debug").arg(&built).arg(&bin))?;
-    // `llmprof` looks for the helper in `../lib/llmprof/` from its own directory (profiler-user/src/cupti.rs).
+    // `llmprof` looks for the helpers in `../lib/llmprof/` from its own directory (`cupti.rs`, `pyhooks.rs`).
     std::fs::create_dir_all(stage.join("lib/llmprof"))?;
-    run(Command::new("objcopy")
-        .arg("--strip-debug")
-        .arg(built.with_file_name(HELPER_LIB))
-        .arg(stage.join("lib/llmprof").join(HELPER_LIB)))?;
+    for (_, lib) in HELPER_LIBS {
+        run(Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(built.with_file_name(lib))
+            .arg(stage.join("lib/llmprof").join(lib)))?;
+    }
     generate_docs(&bin, &stage.join("share"))?;
     let root = repo_root();
     std::fs::create_dir_all(stage.join("docs"))?;
@@ -324,10 +333,12 @@ fn build_deb(bin: &Path, stage: &Path, out: &Path, arch: &str) -> Result<PathBuf
     };
     let cp = |from: &Path, to: &Path| -> Result<()> { run(Command::new("cp").arg("-r").arg(from).arg(to)) };
     cp(bin, &mk("usr/bin")?.join("llmprof"))?;
-    cp(
-        &stage.join("lib/llmprof").join(HELPER_LIB),
-        &mk("usr/lib/llmprof")?.join(HELPER_LIB),
-    )?;
+    for (_, lib) in HELPER_LIBS {
+        cp(
+            &stage.join("lib/llmprof").join(lib),
+            &mk("usr/lib/llmprof")?.join(lib),
+        )?;
+    }
     let share = stage.join("share");
     cp(
         &share.join("bash-completion/completions/llmprof"),
@@ -495,6 +506,7 @@ pub fn check_artefacts(d: &Dist) -> Result<()> {
     for f in [
         "bin/llmprof",
         "lib/llmprof/libllmprof_cupti.so",
+        "lib/llmprof/libllmprof_pyhooks.so",
         "share/man/man1/llmprof.1",
         "share/man/man1/llmprof-serve.1",
         "share/bash-completion/completions/llmprof",

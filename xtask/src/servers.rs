@@ -46,8 +46,8 @@ pub fn python() -> PathBuf {
     venv().join("bin").join("python")
 }
 
-/// A Python 3.11 to create the venv with.
-fn base_python() -> PathBuf {
+/// A Python 3.11 to create a venv with (this one and vLLM's).
+pub fn base_python() -> PathBuf {
     let found = std::fs::read_dir(PYENV_VERSIONS).ok().and_then(|d| {
         let mut v: Vec<PathBuf> = d
             .flatten()

@@ -40,6 +40,8 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
             replayed.push(dur);
         }
         by_kind.entry(s.name.clone()).or_default().push(dur);
+        r.steps_prefill_tokens += u64::from(s.info.prefill_tokens);
+        r.steps_decode_tokens += u64::from(s.info.decode_tokens);
         let n = s.num_seqs;
         if let Some(i) = BATCH_BUCKETS.iter().position(|&(lo, hi)| n >= lo && n <= hi) {
             by_bucket[i].push(dur);

@@ -311,6 +311,10 @@ pub struct Report {
     pub itl_ms: Vec<f64>,
     /// Step durations by kind, ms.
     pub steps_by_kind: BTreeMap<String, Stats>,
+    /// Prompt tokens the steps computed (cached prefixes are not computed), summed over the steps.
+    pub steps_prefill_tokens: u64,
+    /// Decode tokens of the steps (one per sequence that was past its prompt), summed.
+    pub steps_decode_tokens: u64,
     /// Step durations by batch-size bucket (non-empty buckets).
     pub steps_by_batch: Vec<BucketRow>,
     /// Step durations of the steps that replayed a CUDA graph, ms (the engine's `graph_batch` arg).

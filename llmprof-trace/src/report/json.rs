@@ -264,6 +264,10 @@ impl<'a> Request<'a> {
 #[derive(Serialize)]
 struct Steps<'a> {
     count: u64,
+    /// Prompt tokens the steps computed.
+    prefill_tokens: u64,
+    /// Decode tokens of the steps.
+    decode_tokens: u64,
     by_kind: ByKind,
     by_batch_size: Vec<BatchBucket<'a>>,
     /// The steps that replayed a CUDA graph.
@@ -283,6 +287,8 @@ impl<'a> Steps<'a> {
         let kind = |k: &str| StatsJson::of(&r.steps_by_kind.get(k).cloned().unwrap_or_default());
         Self {
             count: r.steps_by_kind.values().map(|s| s.count as u64).sum(),
+            prefill_tokens: r.steps_prefill_tokens,
+            decode_tokens: r.steps_decode_tokens,
             by_kind: ByKind {
                 prefill: kind("prefill"),
                 decode: kind("decode"),

@@ -253,7 +253,9 @@ pub(super) fn requests(d: &Decoded, steps: &[Step]) -> (Vec<RequestRow>, Vec<Req
 /// front of the engine) with the engine request's `x-request-id`. The outermost view (the first to arrive:
 /// what the client sees) gives the wire TTFT, and its difference to the engine's TTFT is the time spent
 /// outside the engine; the view in the engine's own process gives the status, path, bytes and whether it
-/// streamed. Returns the wire views folded (each with the engine request it joined).
+/// streamed, or, when the engine has no HTTP server of its own (vLLM's engine-core process behind its API
+/// server), the innermost view (the last to see the request arrive). Returns the wire views folded (each with
+/// the engine request it joined).
 fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -> Vec<RequestRow> {
     let engine: HashMap<(u32, u64), usize> = rows
         .iter()
@@ -282,6 +284,9 @@ fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -
             });
     }
     let mut outer: HashMap<usize, (u64, Option<f64>)> = HashMap::new();
+    // The view whose status, path and bytes the engine row takes: its own process's, else the innermost tier
+    // that served it (the last to see it arrive: vLLM's API server in front of its engine-core process).
+    let mut nearest: HashMap<usize, (bool, u64, usize)> = HashMap::new();
     for (i, t) in target.iter().enumerate() {
         let Some((e, own)) = *t else { continue };
         let w = &rows[i];
@@ -289,25 +294,30 @@ fn join_wire(rows: &mut Vec<RequestRow>, engine_of: &HashMap<(u32, u64), u64>) -
         if w.arrival_ns < o.0 {
             *o = (w.arrival_ns, w.ttft_ms);
         }
-        if own {
-            let (path, status, streamed, bytes, id) = (
-                w.path.clone(),
-                w.http_status,
-                w.streamed,
-                w.response_bytes,
-                w.req_id,
-            );
-            let wait = w.socket_wait_ms;
-            let r = &mut rows[e];
-            if !path.is_empty() {
-                r.path = path;
-            }
-            r.http_status = status.or(r.http_status);
-            r.streamed = streamed.or(r.streamed);
-            r.response_bytes = bytes.or(r.response_bytes);
-            r.socket_wait_ms = wait.or(r.socket_wait_ms);
-            r.wire_req_id = Some(id);
+        let n = nearest.entry(e).or_insert((own, w.arrival_ns, i));
+        if (own, w.arrival_ns) > (n.0, n.1) {
+            *n = (own, w.arrival_ns, i);
         }
+    }
+    for (&e, &(_, _, i)) in &nearest {
+        let w = &rows[i];
+        let (path, status, streamed, bytes, id) = (
+            w.path.clone(),
+            w.http_status,
+            w.streamed,
+            w.response_bytes,
+            w.req_id,
+        );
+        let wait = w.socket_wait_ms;
+        let r = &mut rows[e];
+        if !path.is_empty() {
+            r.path = path;
+        }
+        r.http_status = status.or(r.http_status);
+        r.streamed = streamed.or(r.streamed);
+        r.response_bytes = bytes.or(r.response_bytes);
+        r.socket_wait_ms = wait.or(r.socket_wait_ms);
+        r.wire_req_id = Some(id);
     }
     for (e, (_, ttft)) in outer {
         if let Some(w) = ttft {
@@ -500,5 +510,45 @@ mod tests {
         assert_eq!(rows[1].wire_req_id, Some(103));
         assert!(rows[3].failed(), "a 404 is a failed request");
         assert!(!rows[2].failed());
+    }
+
+    #[test]
+    fn an_engine_without_its_own_http_server_takes_the_innermost_view() {
+        // vLLM: the engine core (pid 7) has no socket; its API server (pid 6) serves the request, a gateway
+        // (pid 5) in front of that.
+        let mut rows = vec![
+            RequestRow {
+                req_id: 1,
+                pid: 7,
+                ..row("v", false, 30_000_000, Some(40.0))
+            },
+            RequestRow {
+                req_id: 201,
+                pid: 6,
+                http_status: Some(200),
+                path: "/v1/chat/completions".into(),
+                streamed: Some(true),
+                ..row("v", true, 20_000_000, Some(60.0))
+            },
+            RequestRow {
+                req_id: 202,
+                pid: 5,
+                http_status: Some(200),
+                path: "/gateway".into(),
+                ..row("v", true, 10_000_000, Some(75.0))
+            },
+        ];
+        let views = join_wire(&mut rows, &HashMap::new());
+        assert_eq!(views.len(), 2);
+        assert_eq!(rows.len(), 1, "one request");
+        assert_eq!(rows[0].wire_req_id, Some(201), "the API server's view");
+        assert_eq!(rows[0].path, "/v1/chat/completions");
+        assert_eq!(rows[0].streamed, Some(true));
+        assert_eq!(
+            rows[0].wire_ttft_ms,
+            Some(75.0),
+            "the gateway's is the client's TTFT"
+        );
+        assert_eq!(rows[0].outside_engine_ttft_ms, Some(35.0));
     }
 }

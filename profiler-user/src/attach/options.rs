@@ -43,6 +43,8 @@ pub struct AttachOptions {
     pub max_trace_size: Option<u64>,
     /// NVML counters and CUDA driver probes.
     pub gpu: GpuOptions,
+    /// The Python hooks (`--python-hooks`, `--py-range`). See [`crate::pyhooks`].
+    pub python_hooks: crate::pyhooks::PyHooksOptions,
     /// Show the live status line when stderr is a terminal (off for `llmprof serve`'s concurrent sessions).
     pub live_status: bool,
     /// An instant with string args on the llmprof track at the moment the probes are live (`llmprof serve`: the
@@ -127,6 +129,9 @@ pub enum AttachError {
     /// `--gpu-kernels on` and the kernels cannot be recorded.
     #[error("--gpu-kernels on")]
     GpuKernels(#[source] crate::cupti::CuptiError),
+    /// `--py-range`: no process of the tree took the Python hooks (the reasons, one per process).
+    #[error("--py-range: no traced process took the Python hooks: {0}")]
+    PythonHooks(String),
     /// The trace file could not be created or written.
     #[error("cannot write the trace {path}")]
     Output {

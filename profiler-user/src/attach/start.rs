@@ -229,6 +229,37 @@ pub(super) fn start_gpu_kernels(
     Ok(())
 }
 
+/// Step 3c (`--python-hooks`, `--py-range`): the Python hooks in the tree's processes that want them (the
+/// engine uprobes on the helper come before its start); each outcome said. With `--py-range`, a tree where no
+/// process took them is refused (`AttachError::PythonHooks`): the user named functions that nothing will
+/// record.
+pub(super) fn start_python_hooks(
+    opts: &AttachOptions,
+    tree: &[u32],
+    capture: &mut Capture,
+) -> Result<(crate::pyhooks::PyHooks, Vec<String>), AttachError> {
+    let mut hooks = crate::pyhooks::PyHooks::new(opts.python_hooks.clone());
+    let lines = hooks.start(tree, capture);
+    for line in &lines {
+        note!("llmprof: {line}");
+    }
+    if opts.python_hooks.mode != crate::pyhooks::PyHooksMode::Off
+        && !opts.python_hooks.ranges.is_empty()
+        && hooks.hooked_pids().is_empty()
+    {
+        for line in hooks.stop() {
+            note!("llmprof: {line}");
+        }
+        let why = if lines.is_empty() {
+            "no process of the traced tree is CPython 3.10 to 3.13".to_owned()
+        } else {
+            lines.join("; ")
+        };
+        return Err(AttachError::PythonHooks(why));
+    }
+    Ok((hooks, lines))
+}
+
 /// Step 4: creates the trace file (a new file, 0600, never through a symlink: [`crate::files::create_trace`])
 /// and writes its header (the target, the clock snapshot).
 pub(super) fn open_sink(opts: &AttachOptions, infos: &[ProcessInfo]) -> Result<TraceSink<File>, AttachError> {

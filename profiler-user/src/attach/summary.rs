@@ -143,7 +143,16 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
     } else {
         String::new()
     };
-    let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0) - cupti;
+    let hooks = ov.python_hooks.as_ref().map_or(0.0, |h| h.added_ns);
+    let hooks_part = match &ov.python_hooks {
+        Some(h) => format!(
+            ", Python hooks {:.1} ms ({} records)",
+            h.added_ns / 1e6,
+            h.records
+        ),
+        None => String::new(),
+    };
+    let probes = ov.est_added_ns - ov.contention_ns.unwrap_or(0.0) - cupti - hooks;
     let per_stack = symbolize.filter(|s| s.samples > 0).map_or(String::new(), |s| {
         format!(
             ", symbolizing {:.0} µs per stack (+ {:.0} ms reading {} new addresses' symbols)",
@@ -154,7 +163,7 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
     });
     [
         format!(
-            "{pct} {:.1} ms: probes {:.1} ms{cupti_part}{shared}",
+            "{pct} {:.1} ms: probes {:.1} ms{cupti_part}{hooks_part}{shared}",
             ov.est_added_ns / 1e6,
             probes / 1e6
         ),

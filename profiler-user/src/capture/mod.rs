@@ -947,6 +947,38 @@ impl Capture {
         Ok(probes)
     }
 
+    /// Attaches the engine probes to the helper library at `lib` (a path llmprof can open: the target's
+    /// mapping of it, `/proc/PID/map_files/…`) in `pid`: a library that exports the probe ABI, as the
+    /// Python-hooks helper does. `pid`'s engine probes are then those of the library.
+    pub fn attach_engine_library(&mut self, pid: u32, lib: &Path) -> Result<EngineProbes, CaptureError> {
+        let probes = match elf::inspect(lib)? {
+            i if i.abi_version.is_none() || !i.probes.iter().all(|p| *p) => EngineProbes::NotFound,
+            i if i.abi_version != Some(ABI_VERSION) => EngineProbes::AbiMismatch {
+                found: i.abi_version.unwrap_or(0),
+                expected: ABI_VERSION,
+            },
+            _ => EngineProbes::Attached {
+                abi_version: ABI_VERSION,
+            },
+        };
+        if matches!(probes, EngineProbes::Attached { .. }) {
+            if !self.engine_loaded {
+                load_engine_programs(&mut self.ebpf, self.capture_content)?;
+                self.engine_loaded = true;
+            }
+            let links = attach_engine_programs_at(
+                &mut self.ebpf,
+                pid,
+                lib,
+                self.capture_content,
+                !self.ranges_detached,
+            )?;
+            self.range_links.extend(links);
+        }
+        self.engine.insert(pid, probes.clone());
+        Ok(probes)
+    }
+
     /// Appends the events recorded since the last call to `out`. Returns as soon as it has some, or after
     /// at most `timeout` without any.
     pub fn poll(&mut self, out: &mut Vec<Event>, timeout: Duration) -> Result<(), CaptureError> {
@@ -1374,10 +1406,22 @@ fn attach_engine_programs(
     content: bool,
     ranges: bool,
 ) -> Result<Vec<UProbeLinkId>, CaptureError> {
+    attach_engine_programs_at(ebpf, pid, &exe_of(pid)?, content, ranges)
+}
+
+/// Attaches the (loaded) engine uprobes to the file `image` (an executable or a library exporting the probe
+/// functions) in `pid`; the range links.
+fn attach_engine_programs_at(
+    ebpf: &mut Ebpf,
+    pid: u32,
+    image: &Path,
+    content: bool,
+    ranges: bool,
+) -> Result<Vec<UProbeLinkId>, CaptureError> {
     let Some(nz) = NonZeroU32::new(pid) else {
         return Err(CaptureError::PidNotFound(pid));
     };
-    let exe = exe_of(pid)?;
+    let exe = image;
     let content = content.then_some((&PROBE_CONTENT, CONTENT_UPROBE));
     let mut range_links = Vec::new();
     for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES).chain(content) {

@@ -933,6 +933,7 @@ mod tests {
             verbose: false,
             otel: OtelOptions::default(),
             gpu: crate::attach::gpu::GpuOptions::default(),
+            python_hooks: crate::pyhooks::PyHooksOptions::default(),
             sample_hz: 0,
             overhead_budget: None,
             thread_states: true,

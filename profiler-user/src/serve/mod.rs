@@ -232,6 +232,9 @@ impl ServeOptions {
             otel: s.otel,
             // Sessions get the GPU layer's defaults (NVML every 100 ms, CUDA driver probes when libcuda is loaded).
             gpu: crate::attach::gpu::GpuOptions::default(),
+            // The Python hooks' presets (vLLM's engine) in the targets the allow-list lets a session trace;
+            // never a `--py-range`: nothing an alert says chooses what is hooked.
+            python_hooks: crate::pyhooks::PyHooksOptions::default(),
             // Stack samples (with off-CPU stacks) and thread states as `llmprof attach` takes them by default.
             sample_hz: llmprof_abi::DEFAULT_SAMPLE_HZ,
             overhead_budget: None,
