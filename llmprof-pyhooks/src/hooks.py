@@ -40,11 +40,14 @@ def _now():
     return time.clock_gettime_ns(_CLOCK)
 
 
-# What the hooks cost the target's threads, measured: the hooks' own Python work (`_spent`, handed to the
-# library with the next record and zeroed), apart from the time inside the record calls (`_calls`: their
-# ctypes transition is charged at the calibrated figure, the probe hit by llmprof's own counters).
+# What the hooks cost the target's threads, measured: the CPU time of the hooks' own Python work (`_spent`,
+# handed to the library with the next record and zeroed) — the thread's CPU clock, so a wait for the
+# interpreter's lock or a preemption in the middle does not count — apart from the time inside the record
+# calls (`_calls`, by the cheap wall clock: their ctypes transition is charged at the calibrated figure, the
+# probe hit by llmprof's own counters).
 _spent = 0
 _calls = 0
+_cpu = time.thread_time_ns
 
 
 def _take():
@@ -54,15 +57,15 @@ def _take():
 
 
 def _mark():
-    """Where a hook's own work starts: (clock, time in record calls so far)."""
-    return _now(), _calls
+    """Where a hook's own work starts: (event time, thread CPU time, time in record calls so far)."""
+    return _now(), _cpu(), _calls
 
 
 def _done(mark):
     """A hook's own work since `mark` ends: it counts, the record calls inside it apart."""
     global _spent
-    t0, c0 = mark
-    _spent += (_now() - t0) - (_calls - c0)
+    _, c0, r0 = mark
+    _spent += (_cpu() - c0) - (_calls - r0)
 
 
 def _record(f, *args):

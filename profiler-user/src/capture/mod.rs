@@ -1421,7 +1421,6 @@ fn attach_engine_programs_at(
     let Some(nz) = NonZeroU32::new(pid) else {
         return Err(CaptureError::PidNotFound(pid));
     };
-    let exe = image;
     let content = content.then_some((&PROBE_CONTENT, CONTENT_UPROBE));
     let mut range_links = Vec::new();
     for (sym, prog) in ENGINE_PROBES.iter().zip(UPROBES).chain(content) {
@@ -1430,7 +1429,7 @@ fn attach_engine_programs_at(
         }
         let p: &mut UProbe = program(ebpf, prog)?;
         let link = p
-            .attach(*sym, &exe, UProbeScope::OneProcess(nz))
+            .attach(*sym, image, UProbeScope::OneProcess(nz))
             .map_err(|source| CaptureError::Program {
                 program: format!("{prog} at {sym} of pid {pid}"),
                 source,
