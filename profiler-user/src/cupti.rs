@@ -17,7 +17,7 @@ use std::time::Duration;
 use llmprof_abi::gpu::{GPU_HELPER_LIB, GPU_START, GPU_STATS, GPU_STOP, GpuHelperStats, GpuStartStatus};
 
 use crate::inject::ptrace::LibcFns;
-use crate::inject::{self, Arg, InjectError, trusted_path};
+use crate::inject::{self, Arg, InjectError};
 use crate::sys::maps::MappedFile;
 
 /// Overrides where llmprof looks for the helper library (a path to the `.so`; used only when root owns it and
@@ -107,40 +107,12 @@ pub enum CuptiError {
 }
 
 /// Where the helper library is: `$LLMPROF_CUPTI_LIB`, else next to the running `llmprof`, else in
-/// `../lib/llmprof/` from it (a packaged install). Tests find the `cargo build` output this way: cargo puts
-/// `libllmprof_cupti.so` in `target/<profile>/`, next to the `llmprof` binary. The file found must pass
-/// [`trusted_path`]: root's, for `$LLMPROF_CUPTI_LIB` (the environment of `sudo -E` is the invoking user's);
-/// root's or the owner's of the running `llmprof` next to it (who can change llmprof itself gains nothing).
+/// `../lib/llmprof/` from it ([`inject::find_helper`]: root-owned, or the running llmprof's owner's).
 pub fn find_helper() -> Result<PathBuf, CuptiError> {
-    use std::os::unix::fs::MetadataExt;
-    let mut looked = Vec::new();
-    let mut owners = Vec::new();
-    if let Some(p) = std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()) {
-        looked.push(PathBuf::from(p));
-    } else if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        owners.extend(std::fs::metadata(&exe).map(|m| m.uid()));
-        looked.push(dir.join(GPU_HELPER_LIB));
-        looked.push(dir.join("../lib/llmprof").join(GPU_HELPER_LIB));
-    }
-    // Canonical: the kernel's maps name the resolved path, which is how the loaded library is found again.
-    let found = looked
-        .iter()
-        .find(|p| p.is_file())
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .ok_or_else(|| CuptiError::HelperNotFound {
-            looked: looked
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
-    trusted_path(&found, &owners).map_err(|why| CuptiError::HelperUntrusted {
-        path: found.display().to_string(),
-        why,
-    })?;
-    Ok(found)
+    inject::find_helper(GPU_HELPER_LIB, HELPER_ENV).map_err(|e| match e {
+        inject::HelperMissing::NotFound(looked) => CuptiError::HelperNotFound { looked },
+        inject::HelperMissing::Untrusted { path, why } => CuptiError::HelperUntrusted { path, why },
+    })
 }
 
 /// The helper library loaded in a target.

@@ -126,37 +126,13 @@ pub fn parse_range(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// Finds the helper library: `$LLMPROF_PYHOOKS_LIB`, else next to the `llmprof` binary or in
-/// `../lib/llmprof` from it; root-owned and not writable by others, as every file llmprof has a target load.
+/// Finds the helper library: `$LLMPROF_PYHOOKS_LIB`, else next to the `llmprof` binary or in `../lib/llmprof`
+/// from it ([`inject::find_helper`]: root-owned, or the running llmprof's owner's).
 pub fn find_helper() -> Result<PathBuf, PyHooksError> {
-    use std::os::unix::fs::MetadataExt;
-    let mut looked = Vec::new();
-    let mut owners = Vec::new();
-    if let Some(p) = std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()) {
-        looked.push(PathBuf::from(p));
-    } else if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        owners.extend(std::fs::metadata(&exe).map(|m| m.uid()));
-        looked.push(dir.join(PY_HELPER_LIB));
-        looked.push(dir.join("../lib/llmprof").join(PY_HELPER_LIB));
-    }
-    let found = looked
-        .iter()
-        .find(|p| p.is_file())
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .ok_or_else(|| PyHooksError::HelperNotFound {
-            looked: looked
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
-    inject::trusted_path(&found, &owners).map_err(|why| PyHooksError::HelperUntrusted {
-        path: found.display().to_string(),
-        why,
-    })?;
-    Ok(found)
+    inject::find_helper(PY_HELPER_LIB, HELPER_ENV).map_err(|e| match e {
+        inject::HelperMissing::NotFound(looked) => PyHooksError::HelperNotFound { looked },
+        inject::HelperMissing::Untrusted { path, why } => PyHooksError::HelperUntrusted { path, why },
+    })
 }
 
 /// The configuration the helper reads (JSON): the presets on, and the ranges.

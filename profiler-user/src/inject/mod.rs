@@ -16,7 +16,7 @@
 mod copy;
 pub mod ptrace;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -112,6 +112,59 @@ pub enum InjectError {
         /// The symbol.
         symbol: &'static str,
     },
+}
+
+/// Where a helper library llmprof ships is not, or cannot be trusted ([`find_helper`]).
+#[derive(Debug)]
+pub enum HelperMissing {
+    /// Not found: the paths looked at, comma-separated.
+    NotFound(String),
+    /// Found at `path` but not [`trusted_path`]: why.
+    Untrusted {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Finds the helper library `file` llmprof ships: `$ENV` when set, else next to the running `llmprof`, else in
+/// `../lib/llmprof/` from it (a packaged install; tests find the `cargo build` output next to the binary). The
+/// file found must pass [`trusted_path`]: root's, for `$ENV` (the environment of `sudo -E` is the invoking
+/// user's); root's or the owner's of the running `llmprof` next to it (who can change llmprof itself gains
+/// nothing). The canonical path: the kernel's maps name the resolved path, which is how the loaded library is
+/// found again.
+pub fn find_helper(file: &str, env: &str) -> Result<PathBuf, HelperMissing> {
+    use std::os::unix::fs::MetadataExt;
+    let mut looked = Vec::new();
+    let mut owners = Vec::new();
+    if let Some(p) = std::env::var_os(env).filter(|v| !v.is_empty()) {
+        looked.push(PathBuf::from(p));
+    } else if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        owners.extend(std::fs::metadata(&exe).map(|m| m.uid()));
+        looked.push(dir.join(file));
+        looked.push(dir.join("../lib/llmprof").join(file));
+    }
+    let found = looked
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .ok_or_else(|| {
+            HelperMissing::NotFound(
+                looked
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        })?;
+    trusted_path(&found, &owners).map_err(|why| HelperMissing::Untrusted {
+        path: found.display().to_string(),
+        why,
+    })?;
+    Ok(found)
 }
 
 /// Whether `path` and every directory above it belong to root (or to one of `also`) and nobody else may write

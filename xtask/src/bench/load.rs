@@ -114,9 +114,20 @@ pub(super) struct Sample {
     decode_s: f64,
 }
 
-/// `n_req` streaming requests of `max_tokens` tokens by `c` concurrent clients on the OpenAI-compatible server
-/// (llmserve, llama.cpp's) at `port`.
+/// `n_req` greedy streaming requests of `max_tokens` tokens by `c` concurrent clients on the OpenAI-compatible
+/// server (llmserve, llama.cpp's) at `port`.
 pub(super) fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Result<Row> {
+    level_at(port, c, n_req, max_tokens, 0.0)
+}
+
+/// [`level`] with the requests sampled at `temperature` (0: greedy).
+pub(super) fn level_at(
+    port: u16,
+    c: usize,
+    n_req: usize,
+    max_tokens: usize,
+    temperature: f64,
+) -> Result<Row> {
     let (tx, rx) = mpsc::channel::<usize>();
     for i in 0..n_req {
         tx.send(i)?;
@@ -133,7 +144,7 @@ pub(super) fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Res
                     let next = rx.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.recv();
                     let Ok(i) = next else { break };
                     let prompt = format!("Write a long story about a robot number {i} who learns to paint.");
-                    out.push(one_request(port, &prompt, max_tokens)?);
+                    out.push(one_request_at(port, &prompt, max_tokens, temperature)?);
                 }
                 Ok(out)
             })
@@ -168,10 +179,15 @@ pub(super) fn level(port: u16, c: usize, n_req: usize, max_tokens: usize) -> Res
     })
 }
 
-/// Sends one streaming chat completion and times its SSE events.
+/// Sends one greedy streaming chat completion and times its SSE events.
 pub(super) fn one_request(port: u16, prompt: &str, max_tokens: usize) -> Result<Sample> {
+    one_request_at(port, prompt, max_tokens, 0.0)
+}
+
+/// [`one_request`] sampled at `temperature`.
+pub(super) fn one_request_at(port: u16, prompt: &str, max_tokens: usize, temperature: f64) -> Result<Sample> {
     let body = format!(
-        r#"{{"messages":[{{"role":"user","content":{}}}],"max_tokens":{max_tokens},"temperature":0,"stream":true,"stream_options":{{"include_usage":true}}}}"#,
+        r#"{{"messages":[{{"role":"user","content":{}}}],"max_tokens":{max_tokens},"temperature":{temperature},"stream":true,"stream_options":{{"include_usage":true}}}}"#,
         json_str(prompt)
     );
     let mut s = TcpStream::connect(("127.0.0.1", port)).context("connecting to llmserve")?;

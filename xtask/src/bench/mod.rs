@@ -1,7 +1,7 @@
 //! `cargo xtask bench <kind>`: benchmarks of the engine and of what llmprof costs a target.
 //!
-//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`cuda`],
-//! [`startup`]), each owning its measurement and its report; the in-process kinds (`kernels`, `decode`,
+//! One module per kind ([`engine`], [`attach`], [`serve`], [`syscalls`], [`threads`], [`llama`], [`vllm`],
+//! [`cuda`], [`startup`]), each owning its measurement and its report; the in-process kinds (`kernels`, `decode`,
 //! `probes`, `trace`) are cargo bench targets of the crate they measure, run by [`micro`]. What several kinds
 //! share lives beside them and never imports a kind: [`load`] (llmserve under a streaming HTTP load, and its
 //! options), [`common`] (release build, the test process, llmprof sessions, the A/B setup) and [`stats`]
@@ -19,6 +19,7 @@ mod startup;
 mod stats;
 mod syscalls;
 mod threads;
+mod vllm;
 
 use anyhow::Result;
 
@@ -44,6 +45,10 @@ pub enum Kind {
     /// and the samples' shares, interleaved (root; the servers venv of `cargo xtask setup`).
     #[command(after_help = "Example: sudo cargo xtask bench llama --levels 4 --max-tokens 64")]
     Llama(load::EngineArgs),
+    /// vLLM's CPU build (vllm serve): its CPU per generated token under sampled requests, detached vs attached
+    /// with the Python hooks vs `--python-hooks off`, interleaved (root; the vLLM venv of `cargo xtask setup`).
+    #[command(after_help = "Example: sudo cargo xtask bench vllm --levels 8 --max-tokens 64")]
+    Vllm(load::EngineArgs),
     /// Target CPU per CUDA kernel launch against the stand-in libcuda: detached, `--cuda-calls counted`
     /// (the default), `--cuda-calls all`, interleaved (root).
     /// With `--cupti`, the stand-in CUPTI too: detached, the default kernel summaries, `--gpu-kernels all`,
@@ -81,6 +86,7 @@ pub fn run(kind: Kind) -> Result<()> {
         Kind::Syscalls(o) => syscalls::run(&o),
         Kind::Threads(o) => threads::run(&o),
         Kind::Llama(o) => llama::run(&o),
+        Kind::Vllm(o) => vllm::run(&o),
         Kind::Cuda(o) => cuda::run(&o),
         Kind::Startup(o) => startup::run(&o),
         Kind::Kernels(o) => micro::run(micro::KERNELS, &o),
