@@ -78,7 +78,7 @@ const LIVE_COST_FOR: Duration = Duration::from_secs(3);
 /// Where the measurement of the sampler's cost on the targets stands ([`Capture::live_sample_cost_start`]).
 enum LiveCost {
     Waiting,
-    Measuring(crate::capture::sampling::LiveCost, Instant),
+    Measuring(crate::capture::stacks::LiveCost, Instant),
     Done,
 }
 /// Longest a session's end waits for its calibration child (it takes ~0.1–0.3 s on an idle 2-core machine,
@@ -110,7 +110,7 @@ impl Calibrating {
             cuda: opts.gpu.cuda,
             thread_states: opts.thread_states,
             sample: opts.sample_hz > 0,
-            http: opts.http != crate::capture::http::HttpPorts::Off,
+            http: opts.http != crate::capture::wire::HttpPorts::Off,
             untraced: capture.untraced(),
         };
         match Background::spawn(exe, &cfg) {

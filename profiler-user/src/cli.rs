@@ -153,9 +153,9 @@ pub struct CalibrateArgs {
     pub untraced_decoded_ns: Option<f64>,
 }
 
-/// `--sample-rate`: 1 to [`crate::capture::sampling::MAX_SAMPLE_HZ`] Hz.
+/// `--sample-rate`: 1 to [`crate::capture::stacks::MAX_SAMPLE_HZ`] Hz.
 fn parse_sample_rate(s: &str) -> Result<u64, String> {
-    let max = crate::capture::sampling::MAX_SAMPLE_HZ;
+    let max = crate::capture::stacks::MAX_SAMPLE_HZ;
     match s.parse::<u64>() {
         Ok(hz) if (1..=max).contains(&hz) => Ok(hz),
         _ => Err(format!(

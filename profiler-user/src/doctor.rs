@@ -197,7 +197,7 @@ pub fn run(opts: &DoctorOptions) -> Report {
     for (category, name, _) in capture::TRACEPOINTS {
         checks.push(tracepoint(category, name, tracefs_ok));
     }
-    for (category, name, _) in capture::http::ARRIVAL_TRACEPOINTS {
+    for (category, name, _) in capture::wire::ARRIVAL_TRACEPOINTS {
         let mut c = tracepoint(category, name, tracefs_ok);
         if c.status == Status::Fail {
             // Optional: without it a wire request starts when the server reads it, not when it arrived.

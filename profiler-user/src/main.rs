@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use llmprof::attach::{self, AttachError, AttachOptions};
-use llmprof::capture::http::HttpPorts;
+use llmprof::capture::wire::HttpPorts;
 use llmprof::capture::{CaptureError, Cidr};
 use llmprof::causes;
 use llmprof::cli::{AttachArgs, CalibrateArgs, Cli, Command, DoctorArgs, OpenArgs, ReportArgs, ServeArgs};

@@ -16,7 +16,7 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::capture::http::own_conns;
+use crate::capture::wire::own_conns;
 use crate::sys::{http, tcp};
 use llmprof_trace::clock::boottime_ns;
 use llmprof_trace::event::{Event, EventBody, MetricsSample};

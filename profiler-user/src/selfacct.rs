@@ -349,11 +349,11 @@ pub struct SelfAccount {
 }
 
 impl SelfAccount {
-    /// What the live window measured ([`crate::capture::sampling::LiveFigures`]): the sampler's cost per
+    /// What the live window measured ([`crate::capture::stacks::LiveFigures`]): the sampler's cost per
     /// sample on the targets themselves, charged for every sample of the session from now on in place of the
     /// start-up figure (when measured), and the wire probe's arrival stamps (reported, not charged: they
     /// run host-wide, mostly in softirq or in the sending process).
-    pub fn set_live(&mut self, f: crate::capture::sampling::LiveFigures) {
+    pub fn set_live(&mut self, f: crate::capture::stacks::LiveFigures) {
         if let Some(ns) = f.sample_ns {
             self.cal.sample_live_ns = Some(ns);
         }

@@ -99,7 +99,7 @@ fn captures_engine_records_syscalls_files_and_egress_then_unloads() {
     assert_eq!(
         ours.len(),
         8 + llmprof::capture::sched::SCHED_TRACEPOINTS.len()
-            + llmprof::capture::http::ARRIVAL_TRACEPOINTS.len()
+            + llmprof::capture::wire::ARRIVAL_TRACEPOINTS.len()
             + llmprof_abi::WIRE_DECODER_PROGRAMS.len(),
         "eight programs loaded (3 syscall/exit tracepoints, 2 process-tree ones, 3 engine uprobes), the \
          thread-state programs, the wire probe's arrival stamps and its decoders"

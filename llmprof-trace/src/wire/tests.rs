@@ -1,5 +1,5 @@
 //! The wire probe's pure halves together: the kernel's response scanner (`llmprof_abi::scan_byte`, driven here
-//! the way `profiler-ebpf/src/http.rs` drives it, write by write) feeding the [`Reconstructor`].
+//! the way `profiler-ebpf/src/wire.rs` drives it, write by write) feeding the [`Reconstructor`].
 
 use llmprof_abi::{
     FinishReason, HTTP_END_CHUNKED, HTTP_END_DONE, HTTP_END_LENGTH, HTTP_FLAG_HEAD_DONE, HttpConnState,

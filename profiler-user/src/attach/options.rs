@@ -14,7 +14,7 @@ pub struct AttachOptions {
     /// runs, from its first instruction (off: `--no-children`). See [`crate::proctree`].
     pub follow_children: bool,
     /// Which listening ports the HTTP wire probe follows (`--http-port`, `--no-http`).
-    pub http: crate::capture::http::HttpPorts,
+    pub http: crate::capture::wire::HttpPorts,
     /// Stop after this long (None: until stopped or the target exits).
     pub duration: Option<Duration>,
     /// Trace file.

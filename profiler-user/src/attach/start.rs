@@ -163,7 +163,7 @@ pub(super) fn start_capture(
             without_engine_probes(
                 opts.pid,
                 &infos[0].name,
-                opts.http != crate::capture::http::HttpPorts::Off,
+                opts.http != crate::capture::wire::HttpPorts::Off,
                 !capture.python().targets().is_empty(),
                 opts.sample_hz > 0,
             )

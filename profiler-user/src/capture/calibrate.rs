@@ -299,7 +299,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     };
     let mut ebpf = super::load_object(&config, CALIBRATION_RING_BYTES)?;
     if cfg.http {
-        super::http::load_decoders(&mut ebpf)?;
+        super::wire::load_decoders(&mut ebpf)?;
     }
     let _links = super::attach_syscall_tracepoints(&mut ebpf, &super::TRACEPOINTS[..2])?;
     let untraced = match before_own {
@@ -313,7 +313,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
         super::load_engine_programs(&mut ebpf, false)?;
     }
     if cfg.sample {
-        super::sampling::load(&mut ebpf)?;
+        super::stacks::load(&mut ebpf)?;
     }
     let mut ring = super::take_ring(&mut ebpf)?;
     let me = std::process::id();
@@ -370,7 +370,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     }
     set_traced(&mut ebpf, me, false)?;
     let sample_ns = if cfg.sample {
-        super::sampling::calibrate(&mut ebpf)?
+        super::stacks::calibrate(&mut ebpf)?
     } else {
         None
     };

@@ -16,15 +16,15 @@
 
 pub mod calibrate;
 mod calibrate_http;
+pub mod cupti;
 pub mod elf;
-pub mod gpu_activity;
-pub mod http;
 pub mod patterns;
-pub mod pysample;
+pub mod python;
 mod rounds;
-pub mod sampling;
 pub mod sched;
+pub mod stacks;
 mod traced;
+pub mod wire;
 
 use std::collections::{HashMap as StdHashMap, HashSet};
 use std::num::NonZeroU32;
@@ -111,11 +111,11 @@ pub const PROGRAM_NAMES: [&str; 22] = [
     "llmprof_curet",
     CUDA_COUNT_PROGRAM,
     "llmprof_pysample",
-    sampling::SAMPLE_PROGRAM,
-    gpu_activity::HANDOFF_PROGRAM,
-    http::ARRIVAL_TRACEPOINTS[0].2,
-    http::ARRIVAL_TRACEPOINTS[1].2,
-    http::ARRIVAL_TRACEPOINTS[2].2,
+    stacks::SAMPLE_PROGRAM,
+    cupti::HANDOFF_PROGRAM,
+    wire::ARRIVAL_TRACEPOINTS[0].2,
+    wire::ARRIVAL_TRACEPOINTS[1].2,
+    wire::ARRIVAL_TRACEPOINTS[2].2,
 ];
 /// The content uprobe program (attached only with [`CaptureConfig::capture_content`]).
 const CONTENT_UPROBE: &str = "llmprof_content";
@@ -144,10 +144,10 @@ pub struct CaptureConfig {
     /// Launch-type CUDA calls ([`llmprof_abi::cudacount::COUNTED`]) get the entry-only counting uprobe
     /// instead of the timed entry + return pair (`--cuda-calls counted`, the default; off: `--cuda-calls all`).
     pub cuda_counted: bool,
-    /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`pysample::DEFAULT_HZ`]).
+    /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`python::DEFAULT_HZ`]).
     pub python_hz: u64,
     /// Which listening ports the HTTP wire probe follows ([`http`]).
-    pub http: http::HttpPorts,
+    pub http: wire::HttpPorts,
     /// Record thread states (sched_switch / sched_waking of the traced threads, [`sched`]).
     pub thread_states: bool,
     /// On-CPU stack samples per second and CPU (`--sample-rate`); 0: no sampling (the default here;
@@ -171,8 +171,8 @@ impl Default for CaptureConfig {
             capture_content: false,
             measure_untraced: false,
             cuda_counted: true,
-            python_hz: pysample::DEFAULT_HZ,
-            http: http::HttpPorts::All,
+            python_hz: python::DEFAULT_HZ,
+            http: wire::HttpPorts::All,
             thread_states: true,
             sample_hz: 0,
             syscall_slot_tids: llmprof_abi::SYSCALL_SLOTS,
@@ -269,7 +269,7 @@ pub enum CaptureError {
     },
     /// The GPU helper library's handoff function cannot be probed.
     #[error(transparent)]
-    GpuHandoff(#[from] gpu_activity::HandoffError),
+    GpuHandoff(#[from] cupti::HandoffError),
     /// The object lacks a program or map this llmprof expects (object and source out of sync).
     #[error("the embedded eBPF object has no {0}: rebuild it with `cargo xtask build-ebpf`")]
     MissingInObject(String),
@@ -323,11 +323,11 @@ pub struct Capture {
     /// Range uprobe attachments, detachable by [`Capture::detach_ranges`].
     range_links: Vec<UProbeLinkId>,
     /// Python stack sampling of the Python targets.
-    python: pysample::PySampling,
+    python: python::PySampling,
     /// Requests rebuilt from the HTTP wire probe's records.
     wire: llmprof_trace::wire::Reconstructor,
     /// Which ports the wire probe follows.
-    http_ports: http::HttpPorts,
+    http_ports: wire::HttpPorts,
     /// Ports followed so far, per traced process.
     http_followed: StdHashMap<u32, Vec<u16>>,
     /// Last id given to a connection seeded from /proc (counts down from `u64::MAX`).
@@ -335,7 +335,7 @@ pub struct Capture {
     /// Processes that joined the session after the start (process trees): their sockets are followed too.
     joined: std::collections::BTreeSet<u32>,
     /// The stack sampler, when sampling ([`CaptureConfig::sample_hz`]).
-    sampler: Option<sampling::Sampler>,
+    sampler: Option<stacks::Sampler>,
     /// llmprof's own pid (its calibration samples are dropped).
     self_pid: u32,
     /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
@@ -345,7 +345,7 @@ pub struct Capture {
     /// Stack samples of the last drain, not handed out yet (see [`Capture::drain`]).
     held: Vec<Event>,
     /// The GPU activity handoff probe.
-    gpu: gpu_activity::GpuCapture,
+    gpu: cupti::GpuCapture,
 }
 
 impl std::fmt::Debug for Capture {
@@ -563,8 +563,8 @@ impl Capture {
             .then(|| calibrate::Untraced::measure(calibrate::STARTUP_CALLS_PER_ROUND));
         let mut range_links = Vec::new();
         // Before the exit program runs: it hands followed connections' reads and writes to these.
-        if cfg.http != http::HttpPorts::Off {
-            http::load_decoders(&mut ebpf)?;
+        if cfg.http != wire::HttpPorts::Off {
+            wire::load_decoders(&mut ebpf)?;
         }
         let syscall_links = attach_syscall_tracepoints(&mut ebpf, &TRACEPOINTS)?;
 
@@ -573,15 +573,15 @@ impl Capture {
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
         }
-        if cfg.http != http::HttpPorts::Off
-            && let Err(why) = http::attach_arrivals(&mut ebpf, &cfg.http)?
+        if cfg.http != wire::HttpPorts::Off
+            && let Err(why) = wire::attach_arrivals(&mut ebpf, &cfg.http)?
         {
             log::warn!("wire probe: {why}: requests start when the server reads them, not when they arrive");
         }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
         let sampler = match cfg.sample_hz {
             0 => None,
-            hz => Some(sampling::Sampler::attach(&mut ebpf, hz)?),
+            hz => Some(stacks::Sampler::attach(&mut ebpf, hz)?),
         };
         let want_uprobes = engine
             .values()
@@ -623,7 +623,7 @@ impl Capture {
         write_knob(
             &mut ebpf,
             Knob::HttpAcceptAll,
-            u64::from(cfg.http == http::HttpPorts::All),
+            u64::from(cfg.http == wire::HttpPorts::All),
         )?;
         // The kernel refuses llmprof's own process; a capture asked to trace it (`llmprof doctor` timing its own
         // probes) lifts that for this instance. `attach` never asks (`--pid` of llmprof is refused).
@@ -636,7 +636,7 @@ impl Capture {
             let n = sched::fill_threads(&mut ebpf, &cfg.pids)?;
             log::debug!("capture: {n} threads in the thread-state map");
         }
-        let python = pysample::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz, sampler.is_some())?;
+        let python = python::PySampling::start(&mut ebpf, &cfg.pids, cfg.python_hz, sampler.is_some())?;
         log::debug!("capture: all probes live at {:?}", t0.elapsed());
         let mut cap = Capture {
             ring,
@@ -663,7 +663,7 @@ impl Capture {
             syscall_links,
             range_links,
             python,
-            wire: llmprof_trace::wire::Reconstructor::with_own(http::own_conns()),
+            wire: llmprof_trace::wire::Reconstructor::with_own(wire::own_conns()),
             http_ports: cfg.http.clone(),
             http_followed: StdHashMap::new(),
             http_seeded: u64::MAX,
@@ -673,7 +673,7 @@ impl Capture {
             samples_decoded: 0,
             offcpu_decoded: 0,
             held: Vec::new(),
-            gpu: gpu_activity::GpuCapture::default(),
+            gpu: cupti::GpuCapture::default(),
         };
         cap.refresh_http()?;
         Ok(cap)
@@ -697,11 +697,11 @@ impl Capture {
     pub fn refresh_http(&mut self) -> Result<&StdHashMap<u32, Vec<u16>>, CaptureError> {
         let pids: Vec<u32> = self.pids.iter().chain(&self.joined).copied().collect();
         for pid in pids {
-            let socks = http::discover(pid, &self.http_ports);
+            let socks = wire::discover(pid, &self.http_ports);
             if socks.listening.is_empty() {
                 continue;
             }
-            let ports = http::fill(
+            let ports = wire::fill(
                 &mut self.ebpf,
                 pid,
                 &socks,
@@ -1060,7 +1060,7 @@ impl Capture {
     }
 
     /// Python stack sampling: the targets sampled and the problems of those that cannot be.
-    pub fn python(&self) -> &pysample::PySampling {
+    pub fn python(&self) -> &python::PySampling {
         &self.python
     }
 
@@ -1084,7 +1084,7 @@ impl Capture {
     }
 
     /// The stack sampler, when sampling.
-    pub fn sampler(&self) -> Option<&sampling::Sampler> {
+    pub fn sampler(&self) -> Option<&stacks::Sampler> {
         self.sampler.as_ref()
     }
 
@@ -1113,7 +1113,7 @@ impl Capture {
         if self.sampler.is_none() {
             return 0;
         }
-        sampling::offcpu_not_taken(&self.ebpf)
+        stacks::offcpu_not_taken(&self.ebpf)
     }
 
     /// Whether the engine uprobe programs are loaded (a target or a tree that may gain an engine).
@@ -1127,17 +1127,17 @@ impl Capture {
         self.untraced
     }
 
-    /// Starts measuring the sampler's cost on the targets ([`sampling::LiveCost`]); `None` when not sampling or
+    /// Starts measuring the sampler's cost on the targets ([`stacks::LiveCost`]); `None` when not sampling or
     /// the kernel's statistics are unavailable.
-    pub fn live_sample_cost_start(&mut self) -> Option<sampling::LiveCost> {
+    pub fn live_sample_cost_start(&mut self) -> Option<stacks::LiveCost> {
         self.sampler.as_ref()?;
-        sampling::live_start(&mut self.ebpf, self.samples_decoded)
+        stacks::live_start(&mut self.ebpf, self.samples_decoded)
     }
 
     /// Ends the measurement: ns per on-CPU sample of the targets (`None`: too few samples), and the wire
     /// probe's arrival stamps.
-    pub fn live_sample_cost_finish(&mut self, c: sampling::LiveCost) -> sampling::LiveFigures {
-        sampling::live_finish(&mut self.ebpf, c, self.samples_decoded)
+    pub fn live_sample_cost_finish(&mut self, c: stacks::LiveCost) -> stacks::LiveFigures {
+        stacks::live_finish(&mut self.ebpf, c, self.samples_decoded)
     }
 
     /// Sets a runtime knob of the programs (takes effect on the next hit).
@@ -1337,8 +1337,8 @@ where
 
 /// The machine's half of decoding ([`Resolve`]): the sampler's symbols and the Python targets' memory.
 struct Machine<'a> {
-    sampler: Option<&'a mut sampling::Sampler>,
-    python: &'a mut pysample::PySampling,
+    sampler: Option<&'a mut stacks::Sampler>,
+    python: &'a mut python::PySampling,
     /// llmprof's own pid: its samples (the sampler's start-up calibration) are not the targets'.
     self_pid: u32,
 }

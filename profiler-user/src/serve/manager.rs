@@ -942,7 +942,7 @@ mod tests {
             metadata: None,
             prelude: None,
             stop_reason: StopReason::default(),
-            http: crate::capture::http::HttpPorts::All,
+            http: crate::capture::wire::HttpPorts::All,
             calibrator: None,
         };
         let cfg = ManagerConfig {

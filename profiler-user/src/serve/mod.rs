@@ -244,7 +244,7 @@ impl ServeOptions {
             metadata: None,
             prelude: None,
             stop_reason: StopReason::default(),
-            http: crate::capture::http::HttpPorts::All,
+            http: crate::capture::wire::HttpPorts::All,
             calibrator: s.calibrator,
         };
         Ok(ServeOptions {

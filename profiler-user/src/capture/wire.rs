@@ -20,7 +20,7 @@ use llmprof_trace::wire::OwnConns;
 use super::{CaptureError, map_err};
 use crate::sys::tcp;
 
-/// The arrival-stamp programs (`profiler-ebpf/src/http.rs`): (category, name, program), the forgetting one
+/// The arrival-stamp programs (`profiler-ebpf/src/wire.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
 pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
     ("tcp", "tcp_destroy_sock", "llmprof_skgone"),

@@ -204,7 +204,7 @@ pub struct LiveCost {
 pub struct LiveFigures {
     /// The sampler's ns per on-CPU sample of the targets (`None` with too few samples).
     pub sample_ns: Option<f64>,
-    /// The arrival-stamp programs (`capture::http::ARRIVAL_TRACEPOINTS`): mean ns per run and runs per
+    /// The arrival-stamp programs (`capture::wire::ARRIVAL_TRACEPOINTS`): mean ns per run and runs per
     /// second, host-wide (`None`: not attached, or no run).
     pub arrival: Option<(f64, f64)>,
 }
@@ -215,7 +215,7 @@ const LIVE_MIN_SAMPLES: u64 = 20;
 /// Runs and run time (ns) of the arrival-stamp programs together (`None` when they are not loaded).
 fn arrival_runs(ebpf: &mut Ebpf) -> Option<(u64, u128)> {
     let mut total = (0u64, 0u128);
-    for (_, _, prog) in super::http::ARRIVAL_TRACEPOINTS {
+    for (_, _, prog) in super::wire::ARRIVAL_TRACEPOINTS {
         let p: &mut aya::programs::TracePoint = program(ebpf, prog).ok()?;
         let info = p.info().ok()?;
         total.0 += info.run_count();
