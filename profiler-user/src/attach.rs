@@ -262,8 +262,9 @@ impl<'a> Session<'a> {
         start_gpu_kernels(strict, &mut gpu_kernels, &mut started.capture)?;
         let (py_hooks, hook_lines) = start_python_hooks(opts, &tree, &mut started.capture)?;
         // A process with Python hooks records on the engine tracks.
+        let hooked = py_hooks.hooked_pids();
         for i in infos.iter_mut() {
-            i.engine_probes |= py_hooks.hooked_pids().contains(&i.pid);
+            i.engine_probes |= hooked.contains(&i.pid);
         }
         let sink = open_sink(opts, &infos)?;
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();

@@ -312,13 +312,8 @@ impl PyHooks {
         let config = config_json(&self.opts.ranges).map_err(|what| PyHooksError::Helper { pid, what })?;
         let files = inject::loaded_files(pid)?;
         // A helper an earlier session loaded (its hooks removed) is used again: never a second copy.
-        let lib = match files.iter().find(|f| inject::basename(f) == PY_HELPER_LIB) {
-            Some(f) => Loaded {
-                pid,
-                target_path: f.path.display().to_string(),
-                mapping: f.clone(),
-                libc: inject::libc_of(pid)?,
-            },
+        let lib = match inject::already_loaded(pid, &files, PY_HELPER_LIB)? {
+            Some(lib) => lib,
             None => {
                 let helper = self
                     .helper()

@@ -438,6 +438,20 @@ pub fn load(
     })
 }
 
+/// The library whose file is named `name` when `pid` maps it already (`mapped`: its [`loaded_files`]), as
+/// [`load`] would have returned it: a helper an earlier session loaded is used again, never loaded twice.
+pub fn already_loaded(pid: u32, mapped: &[MappedFile], name: &str) -> Result<Option<Loaded>, InjectError> {
+    let Some(m) = mapped.iter().find(|m| basename(m) == name) else {
+        return Ok(None);
+    };
+    Ok(Some(Loaded {
+        pid,
+        target_path: m.path.display().to_string(),
+        mapping: m.clone(),
+        libc: libc_of(pid)?,
+    }))
+}
+
 /// Loads the library at `lib` (a file [`trusted_path`] accepted) into `pid`: [`load`] with the target's maps
 /// read now.
 pub fn inject(

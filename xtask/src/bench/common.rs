@@ -187,12 +187,7 @@ pub(super) fn ab_setup(o: &EngineArgs, what: &str) -> Result<AbSetup> {
     let server = start_server(&release.join("llmserve"), o)?;
     let port = server.port;
     let _ = one_request(port, "Warm up.", 8);
-    let c = o
-        .levels
-        .as_ref()
-        .and_then(|l| l.first())
-        .copied()
-        .unwrap_or(AB_CONCURRENCY);
+    let c = o.first_level(AB_CONCURRENCY);
     let n_req = c.max(3);
     Ok(AbSetup {
         release,

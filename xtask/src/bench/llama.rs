@@ -80,12 +80,7 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
     let release = build_release(&["llmprof"])?;
     let (server, port) = start(o)?;
     let _ = one_request(port, "Warm up.", 8).context("warm-up request")?;
-    let c = o
-        .levels
-        .as_ref()
-        .and_then(|l| l.first())
-        .copied()
-        .unwrap_or(CONCURRENCY);
+    let c = o.first_level(CONCURRENCY);
     let n_req = c.max(3);
     let mut runs = interleaved(
         &release,

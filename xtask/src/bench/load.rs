@@ -40,6 +40,17 @@ pub struct EngineArgs {
     pub rounds: usize,
 }
 
+impl EngineArgs {
+    /// The first `--levels` value, else `default`: the one concurrency of the A/B benches.
+    pub(super) fn first_level(&self, default: usize) -> usize {
+        self.levels
+            .as_ref()
+            .and_then(|l| l.first())
+            .copied()
+            .unwrap_or(default)
+    }
+}
+
 /// The machine's cores, the engine's default thread count.
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

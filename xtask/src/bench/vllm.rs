@@ -97,12 +97,7 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
     }
     let release = build_release(&["llmprof", "llmprof-pyhooks"])?;
     let (server, meter, port) = start()?;
-    let c = o
-        .levels
-        .as_ref()
-        .and_then(|l| l.first())
-        .copied()
-        .unwrap_or(CONCURRENCY);
+    let c = o.first_level(CONCURRENCY);
     let n_req = c.max(3);
     let mut runs = interleaved(
         &release,
