@@ -5,7 +5,7 @@
 //! few hundred milliseconds and times it: `getppid` untraced and traced (the cost of the raw_syscalls pair on
 //! one syscall, including the slower syscall entry any attached tracepoint causes), the same for `close(-1)`
 //! (a syscall whose exit the programs decode: argument copy at entry, records at exit,
-//! [`DECODED_SYSCALLS`](super::DECODED_SYSCALLS)), the range probe detached, attached, and attached but
+//! [`DECODED_SYSCALLS`](super::syscalls::DECODED_SYSCALLS)), the range probe detached, attached, and attached but
 //! sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
 //! session uses them, the thread-state, stack-sampler, CUDA and wire probes. It never touches a target or a
 //! session's maps: llmprof itself never enters a session's `TRACED`.
@@ -41,8 +41,9 @@ use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{CudaFunc, CudaVariant, Knob, ProbeId, RangeOp, RangeRecord};
 
-use super::CaptureError;
-use super::traced::set_traced;
+use super::error::CaptureError;
+use super::object::{program, read_counters, write_knob};
+use super::proc::set_traced;
 
 /// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
 /// host, idle to loaded).
@@ -284,7 +285,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     if unsafe { libc::geteuid() } != 0 {
         return Err(CaptureError::NotRoot);
     }
-    super::ensure_tracefs()?;
+    super::object::ensure_tracefs()?;
     let calls = STARTUP_CALLS_PER_ROUND;
     // With a session's reference (taken before its programs were attached), this process's syscalls pass
     // through the session's programs too, untraced there: what those add is measured before and after this
@@ -292,16 +293,16 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     let before_own = cfg.untraced.map(|_| Untraced::measure(calls));
     let untraced = cfg.untraced.unwrap_or_else(|| Untraced::measure(calls));
     let config = llmprof_abi::Config {
-        slow_syscall_ns: u64::try_from(super::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
+        slow_syscall_ns: u64::try_from(super::config::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
         slot_tids: llmprof_abi::SYSCALL_SLOTS,
         // This instance times this process traced: the kernel's refusal is lifted while it does (set_traced).
         self_tgid: std::process::id(),
     };
-    let mut ebpf = super::load_object(&config, CALIBRATION_RING_BYTES)?;
+    let mut ebpf = super::object::load_object(&config, CALIBRATION_RING_BYTES)?;
     if cfg.http {
         super::wire::load_decoders(&mut ebpf)?;
     }
-    let _links = super::attach_syscall_tracepoints(&mut ebpf, &super::TRACEPOINTS[..2])?;
+    let _syscalls = super::syscalls::Syscalls::attach(&mut ebpf)?;
     let untraced = match before_own {
         Some(u1) => untraced_reference(untraced, u1, Untraced::measure(calls)),
         None => untraced,
@@ -310,12 +311,12 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
         super::sched::attach(&mut ebpf)?;
     }
     if cfg.engine {
-        super::load_engine_programs(&mut ebpf, false)?;
+        super::engine::load_programs(&mut ebpf, false)?;
     }
     if cfg.sample {
         super::stacks::load(&mut ebpf)?;
     }
-    let mut ring = super::take_ring(&mut ebpf)?;
+    let mut ring = super::object::take_ring(&mut ebpf)?;
     let me = std::process::id();
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
@@ -331,7 +332,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
         ..Raw::default()
     };
     // Off-CPU stacks only while measured.
-    super::write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
+    write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
     if cfg.thread_states {
         // Untraced, with the programs attached: what every process pays is not the target's extra.
         raw.pingpong_untraced =
@@ -573,7 +574,7 @@ fn measure_traced(
         return Ok(());
     }
     let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
-    let p: &mut UProbe = super::program(ebpf, "llmprof_range")?;
+    let p: &mut UProbe = program(ebpf, "llmprof_range")?;
     let perr = |source| CaptureError::Program {
         program: "llmprof_range at llmprof itself (calibration)".to_owned(),
         source,
@@ -588,15 +589,15 @@ fn measure_traced(
     let link = p
         .attach(location, "/proc/self/exe", UProbeScope::OneProcess(me))
         .map_err(perr)?;
-    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_before = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.probe_attached = Some(median_ns_per_call(rec, calls));
-    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_after = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.entry = Some(probe_first_byte());
     raw.syscalls_per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     // Sampled out: the record's step (1) is not a multiple of the sampling period.
-    super::write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
+    write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
     raw.probe_sampled_out = Some(median_ns_per_call(rec, calls));
-    super::write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
+    write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
     // The link stays until the capture is dropped: detaching a uprobe waits for an RCU grace period
     // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
     let _ = link;
@@ -607,7 +608,7 @@ fn measure_traced(
 /// and syscalls per round trip. The threads leave the map afterwards. A failure leaves the cost unmeasured.
 fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     let me = std::process::id();
-    let before = super::read_counters(ebpf);
+    let before = read_counters(ebpf);
     let trips = super::sched::PINGPONG_ROUND_TRIPS;
     let mut reg_err = None;
     raw.pingpong_traced = super::sched::median_ns_per_pingpong(trips, |tids| {
@@ -615,7 +616,7 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             reg_err = Some(e);
         }
     });
-    let after = super::read_counters(ebpf);
+    let after = read_counters(ebpf);
     let n = f64::from(trips) * ROUNDS as f64;
     let delta = |id: ProbeId| after[id as usize].hits.saturating_sub(before[id as usize].hits) as f64 / n;
     raw.sched_hits_per_trip = delta(ProbeId::Sched);
@@ -634,10 +635,10 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 /// Stacks go back off (the capture turns them on once calibrated). A failure leaves the cost unmeasured.
 fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     let me = std::process::id();
-    if super::write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
+    if write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
         return;
     }
-    let before = super::read_counters(ebpf);
+    let before = read_counters(ebpf);
     let trips = super::sched::PINGPONG_ROUND_TRIPS;
     let mut reg_err = None;
     let measured = super::sched::median_ns_per_pingpong(trips, |tids| {
@@ -645,8 +646,8 @@ fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             reg_err = Some(e);
         }
     });
-    let after = super::read_counters(ebpf);
-    let off = super::write_knob(ebpf, Knob::OffCpuStacksOff, 1);
+    let after = read_counters(ebpf);
+    let off = write_knob(ebpf, Knob::OffCpuStacksOff, 1);
     let i = ProbeId::CpuSample as usize;
     raw.offcpu_stacks_per_trip =
         after[i].hits.saturating_sub(before[i].hits) as f64 / (f64::from(trips) * ROUNDS as f64);
@@ -668,13 +669,16 @@ fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 /// [`llmprof_calibrate_cuda_launch`] with the counting probe. The links stay, as in
 /// [`measure_traced`]: llmprof leaves TRACED right after, so its stand-in costs nothing more.
 fn measure_cuda(ebpf: &mut aya::Ebpf, raw: &mut Raw) -> Result<(), CaptureError> {
-    let (entry, ret) = super::CUDA_PROGRAMS;
+    let (entry, ret) = super::cuda::CUDA_PROGRAMS;
     let Some(per_call) = time_attached(ebpf, &[ret, entry], llmprof_calibrate_cuda_call)? else {
         return Ok(());
     };
     (raw.cuda_attached, raw.syscalls_per_cuda_call) = (Some(per_call.0), per_call.1);
-    if let Some((ns, sys)) = time_attached(ebpf, &[super::CUDA_COUNT_PROGRAM], llmprof_calibrate_cuda_launch)?
-    {
+    if let Some((ns, sys)) = time_attached(
+        ebpf,
+        &[super::cuda::CUDA_COUNT_PROGRAM],
+        llmprof_calibrate_cuda_launch,
+    )? {
         (raw.cuda_count_attached, raw.syscalls_per_cuda_count) = (Some(ns), sys);
     }
     Ok(())
@@ -695,7 +699,7 @@ fn time_attached(
         return Ok(None);
     };
     for &prog in progs {
-        let p: &mut UProbe = super::program(ebpf, prog)?;
+        let p: &mut UProbe = program(ebpf, prog)?;
         let perr = |source| CaptureError::Program {
             program: format!("{prog} at llmprof itself (calibration)"),
             source,
@@ -715,9 +719,9 @@ fn time_attached(
             .map_err(perr)?;
     }
     let calls = CUDA_CALLS_PER_ROUND;
-    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_before = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     let ns = median_ns_per_stand_in(f, calls);
-    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_after = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     let per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     Ok(Some((ns, per_call)))
 }

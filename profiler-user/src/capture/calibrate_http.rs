@@ -16,7 +16,8 @@ use std::os::unix::net::UnixStream;
 use aya::maps::HashMap;
 use llmprof_abi::{HttpConnState, SockKey};
 
-use super::CaptureError;
+use super::error::CaptureError;
+use super::object::map_err;
 use super::rounds::median_round;
 
 /// Requests (head read + JSON response) per timed round.
@@ -119,16 +120,15 @@ fn set_followed(ebpf: &mut aya::Ebpf, key: SockKey, on: bool) -> Result<(), Capt
     let map = ebpf
         .map_mut("HTTP_CONNS")
         .ok_or_else(|| CaptureError::MissingInObject("map HTTP_CONNS".into()))?;
-    let mut conns =
-        HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(super::map_err("HTTP_CONNS"))?;
+    let mut conns = HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(map_err("HTTP_CONNS"))?;
     if on {
         let st = HttpConnState {
             conn: 1,
             remaining: -1,
             ..HttpConnState::default()
         };
-        conns.insert(key, st, 0).map_err(super::map_err("HTTP_CONNS"))
+        conns.insert(key, st, 0).map_err(map_err("HTTP_CONNS"))
     } else {
-        conns.remove(&key).map_err(super::map_err("HTTP_CONNS"))
+        conns.remove(&key).map_err(map_err("HTTP_CONNS"))
     }
 }

@@ -16,7 +16,8 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use llmprof_abi::python::{PyOffsets, PyStack};
 use llmprof_trace::pystack::PyStackSample;
 
-use super::{CaptureError, map_err, program};
+use super::error::CaptureError;
+use super::object::{map_err, program};
 use crate::python::{PyProcess, PythonError};
 
 /// The perf_event program.

@@ -10,7 +10,8 @@
 use aya::Ebpf;
 use aya::maps::HashMap;
 
-use super::{CaptureError, map_err};
+use super::error::CaptureError;
+use super::object::{attach_tracepoints, map_err};
 
 /// The thread-state tracepoints: (category, name, program). `task_newtask` first, so a thread created while
 /// the others attach is already in the map.
@@ -23,7 +24,7 @@ pub const SCHED_TRACEPOINTS: [(&str, &str, &str); 4] = [
 
 /// Loads and attaches [`SCHED_TRACEPOINTS`].
 pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-    super::attach_tracepoints(ebpf, &SCHED_TRACEPOINTS)
+    attach_tracepoints(ebpf, &SCHED_TRACEPOINTS)
 }
 
 /// Puts every thread of `pids` now listed in `/proc/PID/task` into the kernel's `THREADS` map. Returns how

@@ -8,16 +8,19 @@
 //! arrival stamps ([`attach_arrivals`]): a request starts when its bytes reached the server's socket, not when
 //! the server read them.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{BTreeSet, HashMap as StdHashMap};
 use std::sync::Arc;
 
 use aya::Ebpf;
 use aya::maps::{HashMap, ProgramArray};
 use aya::programs::RawTracePoint;
 use llmprof_abi::{HTTP_PHASE_PROBE, HttpConnState, SockKey, WIRE_DECODER_PROGRAMS};
-use llmprof_trace::wire::OwnConns;
+use llmprof_trace::event::Event;
+use llmprof_trace::wire::{OwnConns, Reconstructor, WireRecord, WireStats};
 
-use super::{CaptureError, map_err};
+use super::error::CaptureError;
+use super::object::{attach_tracepoints, map_err, program};
+use super::tracefs::tracepoint_dir;
 use crate::sys::tcp;
 
 /// The arrival-stamp programs (`profiler-ebpf/src/wire.rs`): (category, name, program), the forgetting one
@@ -34,7 +37,7 @@ pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
 pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     let mut fds = Vec::with_capacity(WIRE_DECODER_PROGRAMS.len());
     for name in WIRE_DECODER_PROGRAMS {
-        let p: &mut RawTracePoint = super::program(ebpf, name)?;
+        let p: &mut RawTracePoint = program(ebpf, name)?;
         let perr = |source| CaptureError::Program {
             program: name.to_owned(),
             source,
@@ -67,7 +70,7 @@ pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
 pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), String>, CaptureError> {
     let missing: Vec<String> = ARRIVAL_TRACEPOINTS
         .iter()
-        .filter(|(c, n, _)| !super::tracepoint_dir(c, n).exists())
+        .filter(|(c, n, _)| !tracepoint_dir(c, n).exists())
         .map(|(c, n, _)| format!("{c}:{n}"))
         .collect();
     if !missing.is_empty() {
@@ -85,8 +88,84 @@ pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), 
             known.insert(p, 1, 0).map_err(map_err("HTTP_PORTS"))?;
         }
     }
-    super::attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
+    attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
     Ok(Ok(()))
+}
+
+/// The wire probe of a capture: the ports followed and the requests rebuilt from its records.
+pub(super) struct Wire {
+    /// Requests rebuilt from the probe's records.
+    requests: Reconstructor,
+    /// Which ports the probe follows.
+    ports: HttpPorts,
+    /// Ports followed so far, per traced process.
+    followed: StdHashMap<u32, Vec<u16>>,
+    /// Last id given to a connection seeded from /proc (counts down from `u64::MAX`).
+    seeded: u64,
+    /// Processes that joined the session after the start (process trees): their sockets are followed too.
+    joined: BTreeSet<u32>,
+}
+
+impl Wire {
+    /// Follows `ports` (nothing is written to the kernel before [`Wire::refresh`]).
+    pub(super) fn new(ports: &HttpPorts) -> Self {
+        Wire {
+            requests: Reconstructor::with_own(own_conns()),
+            ports: ports.clone(),
+            followed: StdHashMap::new(),
+            seeded: u64::MAX,
+            joined: BTreeSet::new(),
+        }
+    }
+
+    /// A process joined the session after the start: its sockets are followed from the next refresh.
+    pub(super) fn process_joined(&mut self, pid: u32) {
+        self.joined.insert(pid);
+    }
+
+    /// A process left the session.
+    pub(super) fn process_left(&mut self, pid: u32) {
+        self.joined.remove(&pid);
+        self.followed.remove(&pid);
+    }
+
+    /// Finds the listening sockets of `targets` and of the processes that joined (and connections established
+    /// on them) and has the kernel follow them. Returns the ports followed per process.
+    pub(super) fn refresh(
+        &mut self,
+        ebpf: &mut Ebpf,
+        targets: &[u32],
+    ) -> Result<&StdHashMap<u32, Vec<u16>>, CaptureError> {
+        let pids: Vec<u32> = targets.iter().chain(&self.joined).copied().collect();
+        for pid in pids {
+            let socks = discover(pid, &self.ports);
+            if socks.listening.is_empty() {
+                continue;
+            }
+            let ports = fill(ebpf, pid, &socks, &self.ports, &mut self.seeded)?;
+            let known = self.followed.entry(pid).or_default();
+            if *known != ports {
+                log::info!("wire probe: following HTTP on port(s) {ports:?} of pid {pid}");
+                *known = ports;
+            }
+        }
+        Ok(&self.followed)
+    }
+
+    /// A decoded wire record: the requests it completes go to `out`.
+    pub(super) fn push(&mut self, r: WireRecord, out: &mut Vec<Event>) {
+        self.requests.push(r, out);
+    }
+
+    /// An engine record of a traced process: what a wire request of its process may have carried.
+    pub(super) fn engine(&mut self, ev: &Event) {
+        self.requests.engine(ev);
+    }
+
+    /// What the reconstruction saw so far.
+    pub(super) fn stats(&self) -> WireStats {
+        self.requests.stats
+    }
 }
 
 /// llmprof's own connections to traced servers (its /metrics GETs), one registry per llmprof process: every
