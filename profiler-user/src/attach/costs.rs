@@ -1,5 +1,5 @@
 //! What llmprof costs a session, and what it does about it: the per-hit costs measured by the calibration
-//! child ([`crate::capture::calibrate::Background`]), the sampler's cost measured on the targets, the
+//! child ([`crate::capture::calibrate_child::Background`]), the sampler's cost measured on the targets, the
 //! self-accounting's samples on the timeline and the overhead budget's steps.
 //!
 //! Owns when each is measured or judged and what reaches the timeline; the figures themselves are the
@@ -16,7 +16,8 @@ use llmprof_trace::names::marker;
 use super::options::{AttachError, AttachOptions};
 use crate::budget::{self, Budget, Verdict};
 use crate::capture::Capture;
-use crate::capture::calibrate::{Background, CalibrationConfig};
+use crate::capture::calibrate::CalibrationConfig;
+use crate::capture::calibrate_child::Background;
 use crate::selfacct::{Counters, SelfAccount, Snapshot, TargetCpu};
 
 /// When the sampler's cost on the targets starts being measured (past the start-up transient), and for how long:

@@ -20,6 +20,7 @@
 //! `Capture` detaches and unloads everything.
 
 pub mod calibrate;
+pub mod calibrate_child;
 mod calibrate_http;
 mod config;
 pub mod cuda;
