@@ -24,7 +24,7 @@ use llmprof_abi::{
 use llmprof_trace::event::{Event, EventBody};
 
 use super::error::CaptureError;
-use super::object::program;
+use super::object::{load_uprobe, program};
 
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Cuda::attach`]).
 pub const CUDA_PROGRAMS: (&str, &str) = (CUENT_PROGRAM, CURET_PROGRAM);
@@ -73,15 +73,7 @@ impl Cuda {
         }
         if !self.loaded {
             for prog in [ret, entry, CUDA_COUNT_PROGRAM] {
-                let p: &mut UProbe = program(ebpf, prog)?;
-                // The start-up calibration may have loaded it already.
-                if p.fd().is_ok() {
-                    continue;
-                }
-                p.load().map_err(|source| CaptureError::Program {
-                    program: prog.to_string(),
-                    source,
-                })?;
+                load_uprobe(ebpf, prog)?;
             }
             self.loaded = true;
         }

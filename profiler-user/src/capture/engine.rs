@@ -21,7 +21,7 @@ use llmprof_abi::{
 
 use super::elf;
 use super::error::CaptureError;
-use super::object::program;
+use super::object::{load_uprobe, program};
 
 /// Whether a target's engine probes are live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,14 +280,7 @@ impl Engine {
 pub(super) fn load_programs(ebpf: &mut Ebpf, content: bool) -> Result<(), CaptureError> {
     let content = content.then_some(CONTENT_PROGRAM);
     for prog in RECORD_PROGRAMS.into_iter().chain(content) {
-        let p: &mut UProbe = program(ebpf, prog)?;
-        if p.fd().is_ok() {
-            continue;
-        }
-        p.load().map_err(|source| CaptureError::Program {
-            program: prog.to_string(),
-            source,
-        })?;
+        load_uprobe(ebpf, prog)?;
     }
     Ok(())
 }

@@ -10,14 +10,11 @@ use aya::maps::Array;
 use llmprof_abi::{FilePattern, PATTERNS_MAP};
 
 use super::error::CaptureError;
-use super::object::map_err;
+use super::object::{map_err, map_mut};
 
 /// Writes `patterns` into the kernel's `PATTERNS` table, in order.
 pub(super) fn fill_patterns(ebpf: &mut Ebpf, patterns: &[FilePattern]) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut(PATTERNS_MAP)
-        .ok_or_else(|| CaptureError::MissingInObject(format!("map {PATTERNS_MAP}")))?;
-    let mut pats = Array::<_, FilePattern>::try_from(map).map_err(map_err(PATTERNS_MAP))?;
+    let mut pats: Array<_, FilePattern> = map_mut(ebpf, PATTERNS_MAP)?;
     for (i, p) in patterns.iter().enumerate() {
         pats.set(i as u32, p, 0).map_err(map_err(PATTERNS_MAP))?;
     }

@@ -7,7 +7,7 @@
 //! family's state or decides what is attached: the family parts do, through these helpers.
 
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::{TracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use llmprof_abi::{
     CONFIG_GLOBAL, COUNTERS_MAP, Config, EVENTS_MAP, KNOBS_MAP, Knob, NUM_KNOBS, NUM_PROBES, ProbeCounters,
@@ -57,6 +57,30 @@ where
         program: name.to_string(),
         source,
     })
+}
+
+/// Loads the uprobe program `name` into the kernel unless it is loaded already (by a family part or the
+/// start-up calibration).
+pub(super) fn load_uprobe(ebpf: &mut Ebpf, name: &str) -> Result<(), CaptureError> {
+    let p: &mut UProbe = program(ebpf, name)?;
+    if p.fd().is_ok() {
+        return Ok(());
+    }
+    p.load().map_err(|source| CaptureError::Program {
+        program: name.to_string(),
+        source,
+    })
+}
+
+/// The map `name` of the object as the aya map type `T` (`HashMap<_, K, V>`, `Array<_, V>`, ...).
+pub(super) fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<T, CaptureError>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .map_mut(name)
+        .ok_or_else(|| CaptureError::MissingInObject(format!("map {name}")))?;
+    T::try_from(map).map_err(map_err(name))
 }
 
 /// Wraps aya's error about the map `map`.
@@ -116,10 +140,7 @@ pub(super) fn read_counters(ebpf: &Ebpf) -> [ProbeCounters; NUM_PROBES] {
 
 /// Sets a runtime knob of the programs (takes effect on their next hit).
 pub(super) fn write_knob(ebpf: &mut Ebpf, knob: Knob, value: u64) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut(KNOBS_MAP)
-        .ok_or_else(|| CaptureError::MissingInObject(format!("map {KNOBS_MAP}")))?;
-    let mut knobs = Array::<_, u64>::try_from(map).map_err(map_err(KNOBS_MAP))?;
+    let mut knobs: Array<_, u64> = map_mut(ebpf, KNOBS_MAP)?;
     debug_assert!((knob as usize) < NUM_KNOBS);
     knobs.set(knob as u32, value, 0).map_err(map_err(KNOBS_MAP))
 }

@@ -15,7 +15,7 @@ use llmprof_abi::{
 };
 
 use super::error::CaptureError;
-use super::object::{map_err, write_knob};
+use super::object::{map_err, map_mut, write_knob};
 
 /// The process-tree tracepoints: (category, name, program). Attached for every session (a process traced
 /// without `--no-children` costs them one map lookup per fork/exec).
@@ -69,10 +69,7 @@ impl Traced {
 }
 
 fn traced_map(ebpf: &mut Ebpf) -> Result<HashMap<&mut aya::maps::MapData, u32, u8>, CaptureError> {
-    let map = ebpf
-        .map_mut(TRACED_MAP)
-        .ok_or_else(|| CaptureError::MissingInObject(format!("map {TRACED_MAP}")))?;
-    HashMap::<_, u32, u8>::try_from(map).map_err(map_err(TRACED_MAP))
+    map_mut(ebpf, TRACED_MAP)
 }
 
 /// Puts `pid` in (or takes it out of) the `TRACED` map. For llmprof itself this also lifts (or restores) the

@@ -14,21 +14,24 @@ use std::sync::Arc;
 use aya::Ebpf;
 use aya::maps::{HashMap, ProgramArray};
 use aya::programs::RawTracePoint;
-use llmprof_abi::{HTTP_PHASE_PROBE, HttpConnState, SockKey, WIRE_DECODER_PROGRAMS};
+use llmprof_abi::{
+    HTTP_CONNS_MAP, HTTP_LISTEN_MAP, HTTP_PHASE_PROBE, HTTP_PORTS_MAP, HttpConnState, SKGONE_PROGRAM,
+    SKREADY_PROGRAM, SKRECV_PROGRAM, SockKey, WIRE_DECODER_PROGRAMS, WIRE_DECODERS_MAP,
+};
 use llmprof_trace::event::Event;
 use llmprof_trace::wire::{OwnConns, Reconstructor, WireRecord, WireStats};
 
 use super::error::CaptureError;
-use super::object::{attach_tracepoints, map_err, program};
+use super::object::{attach_tracepoints, map_err, map_mut, program};
 use super::tracefs::tracepoint_dir;
 use crate::sys::tcp;
 
 /// The arrival-stamp programs (`profiler-ebpf/src/wire.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
 pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
-    ("tcp", "tcp_destroy_sock", "llmprof_skgone"),
-    ("sock", "sock_recv_length", "llmprof_skrecv"),
-    ("sock", "sk_data_ready", "llmprof_skready"),
+    ("tcp", "tcp_destroy_sock", SKGONE_PROGRAM),
+    ("sock", "sock_recv_length", SKRECV_PROGRAM),
+    ("sock", "sk_data_ready", SKREADY_PROGRAM),
 ];
 
 /// Loads the wire decoders (`llmprof_abi::WIRE_DECODER_PROGRAMS`) into the `WIRE_DECODERS` program array that
@@ -53,12 +56,9 @@ pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
                 })?,
         );
     }
-    let map = ebpf
-        .map_mut("WIRE_DECODERS")
-        .ok_or_else(|| CaptureError::MissingInObject("map WIRE_DECODERS".into()))?;
-    let mut slots = ProgramArray::try_from(map).map_err(map_err("WIRE_DECODERS"))?;
+    let mut slots: ProgramArray<_> = map_mut(ebpf, WIRE_DECODERS_MAP)?;
     for (slot, fd) in (0u32..).zip(&fds) {
-        slots.set(slot, fd, 0).map_err(map_err("WIRE_DECODERS"))?;
+        slots.set(slot, fd, 0).map_err(map_err(WIRE_DECODERS_MAP))?;
     }
     Ok(())
 }
@@ -80,12 +80,9 @@ pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), 
         )));
     }
     if let HttpPorts::Only(only) = ports {
-        let map = ebpf
-            .map_mut("HTTP_PORTS")
-            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_PORTS".into()))?;
-        let mut known = HashMap::<_, u16, u8>::try_from(map).map_err(map_err("HTTP_PORTS"))?;
+        let mut known: HashMap<_, u16, u8> = map_mut(ebpf, HTTP_PORTS_MAP)?;
         for &p in only {
-            known.insert(p, 1, 0).map_err(map_err("HTTP_PORTS"))?;
+            known.insert(p, 1, 0).map_err(map_err(HTTP_PORTS_MAP))?;
         }
     }
     attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
@@ -249,20 +246,14 @@ pub fn fill(
 ) -> Result<Vec<u16>, CaptureError> {
     let all = *ports == HttpPorts::All;
     if !all {
-        let map = ebpf
-            .map_mut("HTTP_LISTEN")
-            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
-        let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
+        let mut listen: HashMap<_, SockKey, u8> = map_mut(ebpf, HTTP_LISTEN_MAP)?;
         for &(fd, _) in &s.listening {
             listen
                 .insert(SockKey { pid, fd }, 1, 0)
-                .map_err(map_err("HTTP_LISTEN"))?;
+                .map_err(map_err(HTTP_LISTEN_MAP))?;
         }
     }
-    let map = ebpf
-        .map_mut("HTTP_CONNS")
-        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_CONNS".into()))?;
-    let mut conns = HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(map_err("HTTP_CONNS"))?;
+    let mut conns: HashMap<_, SockKey, HttpConnState> = map_mut(ebpf, HTTP_CONNS_MAP)?;
     for &fd in &s.established {
         let key = SockKey { pid, fd };
         if conns.get(&key, 0).is_ok() {
@@ -275,7 +266,7 @@ pub fn fill(
             remaining: -1,
             ..HttpConnState::default()
         };
-        conns.insert(key, st, 0).map_err(map_err("HTTP_CONNS"))?;
+        conns.insert(key, st, 0).map_err(map_err(HTTP_CONNS_MAP))?;
     }
     let mut ports: Vec<u16> = s.listening.iter().map(|(_, p)| *p).collect();
     ports.sort_unstable();
