@@ -8,8 +8,9 @@
 //! only calls them).
 //!
 //! Parts: [`options`] (what a session is given and returns), [`start`] (the steps up to live probes, in
-//! order), [`gpu`] (the GPU side), [`summary`] (the closing summary); this file keeps [`run`] and the running
-//! session (live loop, finish, close).
+//! order), [`gpu`] (the GPU side), [`costs`] (llmprof's cost: calibration, self-accounting samples, the
+//! overhead budget), [`write`] (the trace writes under the size cap), [`summary`] (the closing summary); this
+//! file keeps [`run`] and the running session (live loop, finish, close).
 
 /// Writes a line to stderr, ignoring a closed stderr (a caller that stopped reading it must not make a
 /// session end abnormally: `eprintln!` panics on EPIPE).

@@ -5,8 +5,8 @@
 //! few hundred milliseconds and times it: `getppid` untraced and traced (the cost of the raw_syscalls pair on
 //! one syscall, including the slower syscall entry any attached tracepoint causes), the same for `close(-1)`
 //! (a syscall whose exit the programs decode: argument copy at entry, records at exit,
-//! [`DECODED_SYSCALLS`](super::syscalls::DECODED_SYSCALLS)), the range probe detached, attached, and attached but
-//! sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
+//! [`DECODED_SYSCALLS`](super::syscalls::DECODED_SYSCALLS)), the range probe detached, attached, and attached
+//! but sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
 //! session uses them, the thread-state, stack-sampler, CUDA and wire probes. It never touches a target or a
 //! session's maps: llmprof itself never enters a session's `TRACED`.
 //!

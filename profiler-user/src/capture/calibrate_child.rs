@@ -1,6 +1,6 @@
-//! The calibration in a child process: the hidden `llmprof calibrate-probes` subcommand ([`SUBCOMMAND`]) that
-//! runs [`super::calibrate::run`] and prints one JSON line ([`ChildReport`]), and the session's handle on that
-//! child ([`Background`]).
+//! The calibration in a child process: the hidden `llmprof calibrate-probes` subcommand ([`SUBCOMMAND`])
+//! that runs [`super::calibrate::run`] and prints one JSON line ([`ChildReport`]), and the session's handle
+//! on that child ([`Background`]).
 //!
 //! Owns the child's arguments, its output format and its lifetime (reaped by a thread, killed through a pidfd
 //! when the session stops waiting). Never measures anything itself, and never reads more of the child's
@@ -9,7 +9,8 @@
 use super::calibrate::{Calibration, CalibrationConfig};
 use super::error::CaptureError;
 
-/// The hidden subcommand of the `llmprof` binary that runs [`super::calibrate::run`] and prints the result as one JSON line.
+/// The hidden subcommand of the `llmprof` binary that runs [`super::calibrate::run`] and prints the result as
+/// one JSON line.
 pub const SUBCOMMAND: &str = "calibrate-probes";
 /// Most bytes read back from a calibration child (its JSON line is ~1 KiB; its error, a few lines).
 pub const CHILD_OUTPUT_MAX: u64 = 64 << 10;

@@ -1,4 +1,4 @@
-//! GPU activity from the injected CUPTI helper (`llmprof_abi::gpu`): the uprobe at its handoff function and the
+//! GPU activity from the injected CUPTI helper (`llmprof_abi::cupti`): the uprobe at its handoff function and the
 //! decoding of the chunks it copies.
 //!
 //! Owns: the lookup of [`GPU_HANDOFF`] in the helper library's `.dynsym` (file offset, the `object` crate over
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use aya::Ebpf;
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
-use llmprof_abi::gpu::{GPU_HANDOFF, GPU_HELPER_LIB};
+use llmprof_abi::cupti::{GPU_HANDOFF, GPU_HELPER_LIB};
 use object::{Object, ObjectSymbol};
 
 use super::error::CaptureError;
@@ -24,11 +24,11 @@ use super::object::program;
 use crate::sys::target_file::{self, Limits};
 
 /// The handoff uprobe program.
-pub use llmprof_abi::gpu::HANDOFF_PROGRAM;
+pub use llmprof_abi::cupti::HANDOFF_PROGRAM;
 
-/// What the capture keeps for the GPU activity handoff.
+/// The cupti family of a capture: the GPU activity handoff probe per process.
 #[derive(Default)]
-pub(super) struct GpuCapture {
+pub(super) struct Cupti {
     loaded: bool,
     /// Per process: the library the handoff probe is attached in.
     attached: HashMap<u32, PathBuf>,
@@ -60,7 +60,7 @@ pub fn handoff_offset(pid: u32) -> Result<u64, HandoffError> {
     })
 }
 
-impl GpuCapture {
+impl Cupti {
     /// Attaches the handoff uprobe in `pid`'s copy of the helper library `lib` (a path this process can open:
     /// under `/proc/PID/root` for a target in another mount namespace). Attaching a process twice is a no-op.
     pub(super) fn attach_handoff(

@@ -4,7 +4,7 @@
 //! Owns the messages, which tell the user what to do next. Never depends on a family part: the parts depend
 //! on it.
 
-use llmprof_abi::gpu::{GPU_HANDOFF, GPU_HELPER_LIB};
+use llmprof_abi::cupti::{GPU_HANDOFF, GPU_HELPER_LIB};
 
 use super::patterns::PatternError;
 use super::tracefs::TRACEFS;

@@ -118,7 +118,7 @@ pub struct Capture {
     syscalls: syscalls::Syscalls,
     engine: engine::Engine,
     cuda: cuda::Cuda,
-    gpu: cupti::GpuCapture,
+    cupti: cupti::Cupti,
     wire: wire::Wire,
     stacks: stacks::Stacks,
     python: python::PySampling,
@@ -198,6 +198,9 @@ impl Capture {
         }
         let syscalls = syscalls::Syscalls::attach(&mut ebpf)?;
         object::attach_tracepoints(&mut ebpf, &proc::TRACEPOINTS)?;
+
+        // Off-CPU stacks wait until the sampler is attached.
+        stacks::Stacks::hold_off_cpu(&mut ebpf)?;
         if cfg.thread_states {
             sched::attach(&mut ebpf)?;
         }
@@ -207,7 +210,6 @@ impl Capture {
             log::warn!("wire probe: {why}: requests start when the server reads them, not when they arrive");
         }
         log::debug!("capture: tracepoints verified and attached at {:?}", t0.elapsed());
-        // Off-CPU stacks wait until the sampler is attached.
         let stacks = stacks::Stacks::start(&mut ebpf, cfg.sample_hz)?;
         let engine = engine::Engine::start(
             &mut ebpf,
@@ -250,7 +252,7 @@ impl Capture {
             syscalls,
             engine,
             cuda: cuda::Cuda::new(cfg.cuda_counted),
-            gpu: cupti::GpuCapture::default(),
+            cupti: cupti::Cupti::default(),
             wire: wire::Wire::new(&cfg.http),
             stacks,
             python,
@@ -326,7 +328,7 @@ impl Capture {
                     self.wire.engine(&ev);
                     if let EventBody::ProcessExit { .. } = &ev.body {
                         self.stacks.forget(ev.pid);
-                        self.gpu.forget(ev.pid);
+                        self.cupti.forget(ev.pid);
                     }
                     out.push(ev);
                 }
@@ -487,8 +489,8 @@ impl Capture {
     }
 
     /// The injected CUPTI helper records `pid`'s kernels, graph launches, copies and waits: its launch-type,
-    /// copy and synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed; none is
-    /// attached later), so no call is paid for twice. Returns how many links went.
+    /// copy and synchronize calls are no longer probed at all (their uprobes of `pid` go, counting or timed;
+    /// none is attached later), so no call is paid for twice. Returns how many links went.
     pub fn cuda_launches_from_cupti(&mut self, pid: u32) -> usize {
         self.cuda.launches_from_cupti(pid)
     }
@@ -521,18 +523,18 @@ impl Capture {
     /// process can open: under `/proc/PID/root` for a target in another mount namespace). Attaching a process
     /// twice is a no-op.
     pub fn attach_handoff(&mut self, pid: u32, lib: &Path) -> Result<(), CaptureError> {
-        self.gpu.attach_handoff(&mut self.ebpf, pid, lib)
+        self.cupti.attach_handoff(&mut self.ebpf, pid, lib)
     }
 
     /// Attaches the handoff probe of `pid` if it has the GPU helper library mapped and is not attached yet (a
     /// process that loaded the helper itself, or one injected by an earlier session). `None`: nothing to do.
     pub fn attach_loaded_helper(&mut self, pid: u32) -> Option<Result<PathBuf, CaptureError>> {
-        self.gpu.attach_loaded_helper(&mut self.ebpf, pid)
+        self.cupti.attach_loaded_helper(&mut self.ebpf, pid)
     }
 
     /// Processes whose handoff probe is attached.
     pub fn handoff_pids(&self) -> Vec<u32> {
-        self.gpu.handoff_pids()
+        self.cupti.handoff_pids()
     }
 
     /// What the GPU activity chunks held and lost so far.

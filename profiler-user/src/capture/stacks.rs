@@ -4,7 +4,9 @@
 //!
 //! The kernel program filters by the traced-tgid map, so untraced CPUs cost one hash lookup per tick. The
 //! budget first halves the rate (`Knob::SampleEvery`, the divider in the kernel) and then stops sampling
-//! ([`Sampler::detach`]: the perf events are closed).
+//! ([`Sampler::detach`]: the perf events are closed). [`Stacks`] is the capture's part: the sampler, the
+//! `Knob::OffCpuStacksOff` switch of the off-CPU stacks and the live measurement of the sampler's cost on the
+//! targets. Never symbolizes llmprof's own samples (the capture drops them before).
 
 use aya::Ebpf;
 use aya::programs::PerfEvent;
@@ -45,10 +47,14 @@ pub(super) struct Stacks {
 }
 
 impl Stacks {
-    /// Attaches the sampler at `hz` on every CPU; 0: no sampling. Off-CPU stacks stay off
-    /// (`Knob::OffCpuStacksOff`) until [`Stacks::go`].
+    /// Keeps off-CPU stacks off (`Knob::OffCpuStacksOff`) until [`Stacks::go`]: set before the scheduler
+    /// programs are attached.
+    pub(super) fn hold_off_cpu(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        write_knob(ebpf, Knob::OffCpuStacksOff, 1)
+    }
+
+    /// Attaches the sampler at `hz` on every CPU; 0: no sampling.
     pub(super) fn start(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
-        write_knob(ebpf, Knob::OffCpuStacksOff, 1)?;
         let sampler = match hz {
             0 => None,
             hz => Some(Sampler::attach(ebpf, hz)?),

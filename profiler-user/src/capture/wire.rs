@@ -6,7 +6,8 @@
 //! follows every accepted connection provisionally and keeps the HTTP/1.x ones, so `HTTP_LISTEN` is only
 //! written for `--http-port`). Its records are decoded by `llmprof_trace::decode::wire`. Also attaches the
 //! arrival stamps ([`attach_arrivals`]): a request starts when its bytes reached the server's socket, not when
-//! the server read them.
+//! the server read them. [`Wire`] is the capture's part: the ports followed per process and the requests
+//! rebuilt from the decoded records. Never reads a connection's bytes itself: the kernel decoders do.
 
 use std::collections::{BTreeSet, HashMap as StdHashMap};
 use std::sync::Arc;
