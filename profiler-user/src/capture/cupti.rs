@@ -37,17 +37,22 @@ pub(super) struct Cupti {
     links: Vec<UProbeLink>,
 }
 
-/// The helper library as `pid` maps it.
-fn helper_mapped(pid: u32) -> Option<crate::sys::maps::MappedFile> {
-    crate::sys::maps::Maps::of(pid)
-        .ok()?
-        .find_file(|base| base == GPU_HELPER_LIB)
+/// The helper library as `pid` maps it; `recent` accepts a map read at most [`crate::sys::maps::RECENT`] ago
+/// (the question asked every tick).
+fn helper_mapped(pid: u32, recent: bool) -> Option<crate::sys::maps::MappedFile> {
+    use crate::sys::maps::Maps;
+    let wanted = |base: &str| base == GPU_HELPER_LIB;
+    if recent {
+        Maps::recent(pid).ok()?.find_file(wanted)
+    } else {
+        Maps::of(pid).ok()?.find_file(wanted)
+    }
 }
 
 /// File offset of [`GPU_HANDOFF`] in the helper library `pid` maps (its `.dynsym`, read through
 /// [`crate::sys::target_file`]: the mapped inode, even if its file was removed since).
 pub fn handoff_offset(pid: u32) -> Result<u64, HandoffError> {
-    let lib = helper_mapped(pid).ok_or(HandoffError::NotMapped { pid })?;
+    let lib = helper_mapped(pid, false).ok_or(HandoffError::NotMapped { pid })?;
     target_file::with_elf(&lib.source, Limits::ELF, |file| {
         file.dynamic_symbols()
             .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
@@ -112,7 +117,7 @@ impl Cupti {
         if self.attached.contains_key(&pid) || self.failed.contains(&pid) {
             return None;
         }
-        let lib = helper_mapped(pid)?;
+        let lib = helper_mapped(pid, true)?;
         let r = self.attach_handoff(ebpf, pid, &lib.probe_path).map(|()| lib.path);
         if r.is_err() {
             self.failed.insert(pid);

@@ -194,16 +194,15 @@ pub struct Sockets {
     pub established: Vec<i32>,
 }
 
-/// The sockets of `pid` to follow, from `fds` (inode → fd) and the tables' text.
-pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) -> Sockets {
+/// The sockets of `pid` to follow, from `fds` (inode → fd) and its namespace's sockets.
+pub fn select(fds: &StdHashMap<u64, i32>, rows: &[tcp::TcpRow], ports: &HttpPorts) -> Sockets {
     let mut s = Sockets::default();
-    let rows: Vec<tcp::TcpRow> = tables.iter().flat_map(|t| tcp::rows(t)).collect();
     let wanted = |p: u16| match ports {
         HttpPorts::All => true,
         HttpPorts::Only(v) => v.contains(&p),
         HttpPorts::Off => false,
     };
-    for r in &rows {
+    for r in rows {
         if r.state == tcp::LISTEN
             && wanted(r.local.port())
             && let Some(&fd) = fds.get(&r.inode)
@@ -211,7 +210,7 @@ pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) 
             s.listening.push((fd, r.local.port()));
         }
     }
-    for r in &rows {
+    for r in rows {
         if r.state == tcp::ESTABLISHED
             && s.listening.iter().any(|(_, p)| *p == r.local.port())
             && let Some(&fd) = fds.get(&r.inode)
@@ -226,12 +225,22 @@ pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) 
     s
 }
 
-/// The sockets of `pid` to follow, read from /proc.
+/// The sockets of `pid` to follow: its namespace's listeners (and connections, only when it holds one of
+/// them) matched against its fds.
 pub fn discover(pid: u32, ports: &HttpPorts) -> Sockets {
     if *ports == HttpPorts::Off {
         return Sockets::default();
     }
-    select(&tcp::socket_fds(pid), &tcp::tables(Some(pid)), ports)
+    let fds = tcp::socket_fds(pid);
+    let listeners = tcp::sockets(Some(pid), tcp::Want::Listening);
+    if !listeners.iter().any(|r| fds.contains_key(&r.inode)) {
+        return Sockets::default();
+    }
+    select(
+        &fds,
+        &tcp::sockets(Some(pid), tcp::Want::ListeningAndEstablished),
+        ports,
+    )
 }
 
 /// Writes `pid`'s sockets into the kernel maps: listening fds to follow (with [`HttpPorts::Only`]; with
@@ -290,7 +299,7 @@ mod tests {
     #[test]
     fn listening_and_established_sockets_of_the_chosen_ports() {
         let fds: StdHashMap<u64, i32> = [(1001, 5), (1002, 9), (1003, 6)].into_iter().collect();
-        let t = vec![TCP.to_owned()];
+        let t: Vec<tcp::TcpRow> = tcp::rows(TCP).collect();
         let all = select(&fds, &t, &HttpPorts::All);
         assert_eq!(all.listening, vec![(5, 8080), (6, 8081)]);
         // 1004 is the client side of the connection (another process's fd here): not ours.
