@@ -360,7 +360,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let flows = format!(
         "select count(*) from flow f join slice a on f.slice_out = a.id join slice b on f.slice_in = b.id \
          where a.name = '{}' and b.name in ('fake_gemm', 'fake_softmax')",
-        llmprof_trace::names::gpu::slice::api_call(307, false, Some("cuLaunchKernel"))
+        llmprof_trace::names::cupti::slice::api_call(307, false, Some("cuLaunchKernel"))
     );
     assert_eq!(
         count(&mut tp, &flows) as u64,

@@ -1,5 +1,5 @@
 //! `thread_states` of the `--json` document: the JSON objects of the thread-state section
-//! ([`crate::report::threads`]), in the documented key order.
+//! ([`crate::report::sched`]), in the documented key order.
 
 use serde::Serialize;
 

@@ -21,9 +21,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::engine::Step;
 use super::read::{Decoded, arg_f, arg_s, arg_s_array, arg_u_array};
-use super::requests::Step;
-use crate::names::gpu::{arg as gpu_arg, slice as gpu_slice, track as gpu_track};
+use crate::names::cupti::{arg as gpu_arg, slice as gpu_slice, track as gpu_track};
 use crate::names::{arg, marker};
 
 /// Rows of the top-kernels table kept in the JSON (the text shows 10).
@@ -401,7 +401,10 @@ mod tests {
     }
 
     /// The report of a trace of `events` (process 10, thread 11) whose summary has `gpu`.
-    fn report_of(events: &[crate::event::Event], gpu: crate::gpu::GpuStats) -> crate::report::Report {
+    fn report_of(
+        events: &[crate::event::Event],
+        gpu: crate::event::cupti::GpuStats,
+    ) -> crate::report::Report {
         let procs = [testing::process(10, "llmserve", "llmserve", [(11, "engine")])];
         let mut sink = TraceSink::new(Vec::new(), &procs, Some((T0, 0))).unwrap();
         for e in events {
@@ -417,7 +420,7 @@ mod tests {
 
     #[test]
     fn report_has_top_kernels_and_gpu_time_inside_steps() {
-        let (events, gpu) = testing::gpu::engine_fixture(10, 11, T0);
+        let (events, gpu) = testing::cupti::engine_fixture(10, 11, T0);
         let r = report_of(&events, gpu);
         let k = r.kernels.as_ref().unwrap();
         assert_eq!((k.kernels, k.copies, k.lost), (4, 1, Some(0)));
@@ -456,7 +459,7 @@ mod tests {
 
     #[test]
     fn a_summarized_trace_has_top_kernels_graphs_waits_and_busy_time_per_step() {
-        let (events, gpu) = testing::gpu::summary_fixture(10, 11, T0);
+        let (events, gpu) = testing::cupti::summary_fixture(10, 11, T0);
         assert_eq!((gpu.summaries, gpu.busy, gpu.activities), (4, 2, 1), "{gpu:?}");
         let r = report_of(&events, gpu);
         let k = r.kernels.as_ref().unwrap();

@@ -1,4 +1,4 @@
-//! The names of GPU activity in a trace (CUPTI records handed over by the injected helper, [`crate::gpu`]):
+//! The names of GPU activity in a trace (CUPTI records handed over by the injected helper, [`crate::event::cupti`]):
 //! tracks, slices, args and summary keys. Part of [`crate::names`] (one owner of every name), in its own file.
 
 /// Names of tracks.
@@ -203,7 +203,7 @@ pub mod arg {
 
 /// Values made of `key=value` words.
 pub mod value {
-    use crate::gpu::GpuStats;
+    use crate::event::cupti::GpuStats;
 
     /// The summary's [`super::arg::SUMMARY`] value.
     pub fn gpu_activity(g: &GpuStats) -> String {

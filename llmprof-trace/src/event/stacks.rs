@@ -6,6 +6,8 @@
 //! for every sample of the same address; a merge step that splices interpreter frames into a native stack
 //! just builds a new `Vec` of them. Pure data: symbolization itself lives in capture (`llmprof::symbolize`).
 
+pub mod offcpu;
+
 use std::sync::Arc;
 
 /// What kind of code a frame is (Perfetto's `Frame.Kind`, `protos/perfetto/trace/profiling/profile_common.proto`).

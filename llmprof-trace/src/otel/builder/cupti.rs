@@ -1,4 +1,4 @@
-//! GPU time of request spans (CUPTI kernels, [`crate::gpu`]): each kernel is charged to the engine step whose host
+//! GPU time of request spans (CUPTI kernels, [`crate::event::cupti`]): each kernel is charged to the engine step whose host
 //! time held its launch (in the default mode, each busy interval's kernel time to the step whose host time
 //! held its start), and a request span gets, over the steps that served it, each step's kernel time × the
 //! request's share of that step's tokens (`llmprof.gpu.kernel_time`, seconds; only in sessions with GPU
@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use llmprof_abi::cupti::GpuActivityKind;
 use llmprof_abi::{MAX_STEP_REQS, StepRecord};
 
-use crate::gpu::{GpuApi, GpuWork, LaunchLinks};
+use crate::event::cupti::{GpuApi, GpuWork, LaunchLinks};
 
 /// Step kernel-time totals kept (oldest dropped first).
 pub const STEPS_TIMED: usize = 65_536;
@@ -66,7 +66,7 @@ impl GpuTime {
     }
 
     /// A busy interval (the default mode): its kernel time goes to the step whose host time holds its start.
-    pub(super) fn busy(&mut self, pid: u32, b: &crate::gpu::GpuBusyInterval) {
+    pub(super) fn busy(&mut self, pid: u32, b: &crate::event::cupti::GpuBusyInterval) {
         self.seen = true;
         if let Some(step) = self.links.step_at(pid, b.rec.start_ns) {
             self.add(pid, step, b.rec.busy_ns);
@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_request_gets_the_kernel_time_of_its_steps() {
-        let (events, _) = testing::gpu::engine_fixture(10, 11, T0);
+        let (events, _) = testing::cupti::engine_fixture(10, 11, T0);
         let mut t = GpuTime::default();
         assert_eq!(
             t.request_ns(10, &[(1, 1.0)]),

@@ -1,5 +1,5 @@
 //! Builders of GPU activity chunks (the `llmprof_abi::cupti` layouts, byte for byte) for tests: what the injected
-//! helper hands over, so the reader ([`crate::gpu`]), the sink and the report are tested from real layouts.
+//! helper hands over, so the reader ([`crate::event::cupti`]), the sink and the report are tested from real layouts.
 
 use llmprof_abi::cupti::{
     GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GpuActivity, GpuActivityKind, GpuApiCall, GpuBusy, GpuChunkHeader,
@@ -148,7 +148,11 @@ impl Chunk {
 ///
 /// So step 1 has 3 ms of GPU busy time over a 4 ms span (1 ms idle between kernels), step 2 3 ms busy, none
 /// idle; `gemm<128>` is 4 ms of 6 ms kernel time (2 launches).
-pub fn engine_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+pub fn engine_fixture(
+    pid: u32,
+    tid: u32,
+    t0: u64,
+) -> (Vec<crate::event::Event>, crate::event::cupti::GpuStats) {
     let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
     let gemm = |corr, s, e| {
         let mut k = kernel(7, corr, 1, cupti(s), cupti(e));
@@ -238,7 +242,11 @@ pub fn busy_interval(
 ///
 /// So: 3 kernels (the graph counts one) with 6 ms GPU time, the graph first; step 1 3 ms busy and 1 ms idle,
 /// step 2 3 ms busy.
-pub fn summary_fixture(pid: u32, tid: u32, t0: u64) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+pub fn summary_fixture(
+    pid: u32,
+    tid: u32,
+    t0: u64,
+) -> (Vec<crate::event::Event>, crate::event::cupti::GpuStats) {
     let cupti = |ms_x10: u64| t0 - 1_000 * MS + ms_x10 * MS / 10;
     let mut graph = kernel(7, 9, 0, cupti(120), cupti(150));
     graph.kind = GpuActivityKind::Graph as u32;
@@ -299,7 +307,7 @@ fn two_steps_and(
     tid: u32,
     t0: u64,
     chunk: &Chunk,
-) -> (Vec<crate::event::Event>, crate::gpu::GpuStats) {
+) -> (Vec<crate::event::Event>, crate::event::cupti::GpuStats) {
     let mut events = vec![
         crate::testing::step(pid, tid, llmprof_abi::StepKind::Decode, 1, t0, t0 + 10 * MS, &[1]).build(),
         crate::testing::step(

@@ -4,7 +4,7 @@
 //! woke the threads.
 //!
 //! Owns reading the ftrace bundles of the trace back ([`SchedLog`], filled by `read`) and replaying them per
-//! thread, with the one `prev_state` decoding of [`crate::thread_state`]: Running from a switch-in to the
+//! thread, with the one `prev_state` decoding of [`crate::event::sched`]: Running from a switch-in to the
 //! switch-out; then Runnable (preempted) until the next switch-in — one wait sample — or blocked (Sleeping,
 //! Uninterruptible, Idle) until a waking makes it Runnable. Threads are the traced ones: those with a
 //! thread track in the trace. Off-CPU stacks (`sched_blocked_reason` events after a switch-out, their labels
@@ -17,8 +17,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::Stats;
+use crate::event::sched::BlockState;
 use crate::perfetto::schema::FtraceEvent;
-use crate::thread_state::BlockState;
 
 /// How many wakers a group lists.
 pub const TOP_WAKERS: usize = 5;
@@ -74,7 +74,7 @@ pub struct ThreadGroup {
     pub runnable_waits: Stats,
     /// Who woke these threads: (waker name, wakeups), most first.
     pub wakers: Vec<(String, u64)>,
-    /// Where these threads blocked: off-CPU stacks ([`crate::offcpu::label`]) weighted by the time blocked
+    /// Where these threads blocked: off-CPU stacks ([`crate::event::stacks::offcpu::label`]) weighted by the time blocked
     /// after each (until the thread was woken), most first.
     pub blocked_on: Vec<BlockedOn>,
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::stack::{CpuSample, Frame, FrameKind};
+use crate::event::stacks::{CpuSample, Frame, FrameKind};
 
 /// One resolved Python frame.
 #[derive(Clone, Debug, PartialEq, Eq)]

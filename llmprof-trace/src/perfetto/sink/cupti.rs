@@ -1,4 +1,4 @@
-//! GPU activity from CUPTI ([`crate::gpu`]): one slice per kernel / copy / memset on a `CUDA device D stream S`
+//! GPU activity from CUPTI ([`crate::event::cupti`]): one slice per kernel / copy / memset on a `CUDA device D stream S`
 //! child track of its process; the CUDA API calls CUPTI recorded on a `CUDA API calls (CUPTI)` child track of
 //! the calling thread, each with a flow to the work it launched (by correlation id); host waits on a
 //! `GPU waits (CUPTI)` child track of the waiting thread. A kernel launched inside an engine step (the step whose
@@ -21,9 +21,9 @@ use llmprof_abi::cupti::{GpuActivityKind, NO_GRAPH};
 
 use super::{TraceSink, uuid};
 use crate::event::Event;
-use crate::gpu::{GpuApi, GpuBusyInterval, GpuWindow, GpuWork, LaunchLinks};
+use crate::event::cupti::{GpuApi, GpuBusyInterval, GpuWindow, GpuWork, LaunchLinks};
 use crate::names::arg as common;
-use crate::names::gpu::{arg, category, slice, track};
+use crate::names::cupti::{arg, category, slice, track};
 use crate::perfetto::schema::{TYPE_SLICE_BEGIN, TYPE_SLICE_END, TrackEvent};
 use crate::perfetto::writer::{Arg, ArgValue, arg_s, arg_u, arg_u_array};
 
@@ -201,7 +201,7 @@ impl<W: Write> TraceSink<W> {
         let track = self.child_track(ev.pid, id, || track::SUMMARY.to_owned())?;
         let (first, last) = w.span();
         let start = self.clip(id, first, last);
-        let mut rows: Vec<&crate::gpu::SummaryRow> = w.rows.iter().collect();
+        let mut rows: Vec<&crate::event::cupti::SummaryRow> = w.rows.iter().collect();
         rows.sort_by_key(|r| std::cmp::Reverse(r.rec.total_ns));
         let kind = |k: GpuActivityKind| match k {
             GpuActivityKind::Kernel => arg::KIND_KERNEL,
@@ -210,14 +210,14 @@ impl<W: Write> TraceSink<W> {
             GpuActivityKind::Sync => arg::KIND_WAIT,
             GpuActivityKind::Graph => arg::KIND_GRAPH,
         };
-        let name = |r: &crate::gpu::SummaryRow| match r.kind {
+        let name = |r: &crate::event::cupti::SummaryRow| match r.kind {
             GpuActivityKind::Kernel => r.name.as_deref().unwrap_or(slice::KERNEL_UNNAMED).to_owned(),
             GpuActivityKind::Memcpy => slice::memcpy(r.rec.detail),
             GpuActivityKind::Memset => slice::MEMSET.to_owned(),
             GpuActivityKind::Sync => slice::wait(r.rec.detail),
             GpuActivityKind::Graph => slice::graph(r.rec.detail),
         };
-        let strings = |f: &dyn Fn(&crate::gpu::SummaryRow) -> String| {
+        let strings = |f: &dyn Fn(&crate::event::cupti::SummaryRow) -> String| {
             ArgValue::Array(rows.iter().map(|r| ArgValue::S(f(r))).collect())
         };
         let args = vec![

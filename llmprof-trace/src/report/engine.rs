@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use super::RequestRow;
 use super::read::{Args, Decoded, Track, Val, arg_f, arg_s, arg_u_array};
+use crate::event::engine::{RequestInfo, RequestTimeline, StepInfo, Transition};
 use crate::names::{arg, slice, track};
-use crate::timeline::{RequestInfo, RequestTimeline, StepInfo, Transition};
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6

@@ -18,7 +18,7 @@ use super::super::schema::{
 };
 use super::TraceSink;
 use crate::event::Event;
-use crate::stack::{CpuSample, Frame, FrameKind};
+use crate::event::stacks::{CpuSample, Frame, FrameKind};
 
 /// Interning state of the callstack samples (iids start at 1: 0 means "not set" to the trace processor).
 #[derive(Debug, Default)]

@@ -8,7 +8,7 @@
 //! function" of a Sleeping or Uninterruptible state) and the report groups blocked time by it. Pure: no
 //! capture here.
 
-use crate::stack::{Frame, FrameKind};
+use crate::event::stacks::{Frame, FrameKind};
 
 /// Most frames in a label (deeper stacks end with `…`): the block point, the syscall, the library call and
 /// ~6 callers of the program's own, the part a reader needs to tell one wait from another.
@@ -86,7 +86,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::stack::{KERNEL_MODULE, UNKNOWN};
+    use crate::event::stacks::{KERNEL_MODULE, UNKNOWN};
 
     fn k(name: &str) -> Arc<Frame> {
         Arc::new(Frame::named(name, KERNEL_MODULE, FrameKind::Kernel))
