@@ -15,7 +15,7 @@ fn while_cupti_records_the_sync_copy_and_launch_uprobes_are_gone_and_the_records
     let dir = fixtures("sync");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = Testee::spawn(
+    let mut t = spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
     );
@@ -105,7 +105,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     let dir = fixtures("ok");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = Testee::spawn(
+    let mut t = spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[("FAKE_CUPTI_LOG", log.to_str().unwrap())],
     );
@@ -290,7 +290,7 @@ fn a_process_that_loads_cuda_after_the_attach_gets_the_helper_on_a_later_tick() 
     let dir = fixtures("late");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = Testee::spawn(&[], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
+    let mut t = spawn(&[], &[("FAKE_CUPTI_LOG", log.to_str().unwrap())]);
     let pid = t.pid();
     let trace = dir.join("late.perfetto-trace");
     let a = Attached::start(
@@ -374,7 +374,7 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     let lib = lib.to_str().unwrap();
 
     // No libcuda.
-    let t = Testee::spawn(&[], &[]);
+    let t = spawn(&[], &[]);
     let err = refused(t.pid(), &dir);
     assert!(err.contains("has no CUDA driver library"), "{err}");
     t.exit();
@@ -406,7 +406,7 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     let _ = st.wait();
 
     // Already traced (ptrace taken: what Yama's refusal also looks like to the user).
-    let t = Testee::spawn(&["--libcuda", lib], &[]);
+    let t = spawn(&["--libcuda", lib], &[]);
     // SAFETY: PTRACE_SEIZE of our own child, no options; the testee is killed below.
     assert_eq!(
         unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid() as i32, 0usize, 0usize) },
@@ -417,16 +417,14 @@ fn gpu_kernels_on_refuses_targets_it_cannot_inject() {
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
     assert!(err.contains(&format!("already traced by pid {me}")), "{err}");
-    let mut c = t.child;
-    let _ = c.kill();
-    let _ = c.wait();
+    drop(t);
 
     // Exits during the injection (its CUPTI ends the process when loaded): refused, a bystander unharmed.
-    let mut bystander = Testee::spawn(&["--libcuda", lib], &[]);
-    let mut dying = Testee::spawn(&["--libcuda", lib], &[("FAKE_CUPTI_EXIT_ON_LOAD", "9")]);
+    let mut bystander = spawn(&["--libcuda", lib], &[]);
+    let mut dying = spawn(&["--libcuda", lib], &[("FAKE_CUPTI_EXIT_ON_LOAD", "9")]);
     let err = refused(dying.pid(), &dir);
     assert!(err.contains("exited during llmprof_gpu_start"), "{err}");
-    assert_eq!(dying.child.wait().unwrap().code(), Some(9));
+    assert_eq!(dying.child().wait().unwrap().code(), Some(9));
     assert_eq!(bystander.ask("cuda 1 10"), "cuda done");
     bystander.exit();
     std::fs::remove_dir_all(&dir).unwrap();
@@ -440,7 +438,7 @@ fn a_cupti_subscriber_already_there_is_said_in_one_line_and_left_alone() {
     let dir = fixtures("taken");
     let log = dir.join("cupti.log");
     let lib = dir.join("libcuda.so.1");
-    let mut t = Testee::spawn(
+    let mut t = spawn(
         &["--libcuda", lib.to_str().unwrap()],
         &[
             ("FAKE_CUPTI_LOG", log.to_str().unwrap()),
@@ -491,31 +489,20 @@ fn a_target_in_another_mount_namespace_gets_a_copy_it_can_reach() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let testee = dir.join("llmprof-testee");
-    std::fs::copy(TESTEE, &testee).unwrap();
-    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
-    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
-    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
+    std::fs::copy(e2e::testee::path(), &testee).unwrap();
+    stand_in_libcuda(&dir);
+    stand_in_libcupti(&dir);
     let log = dir.join("cupti.log");
     let script = format!(
         "mount -t tmpfs tmpfs /tmp && exec {} --libcuda {}",
         testee.display(),
         dir.join("libcuda.so.1").display()
     );
-    let mut t = {
-        let mut child = Command::new("unshare")
+    let mut t = Testee::start(
+        Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", &script])
-            .env("FAKE_CUPTI_LOG", &log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready "), "testee said {line:?}");
-        Testee { child, stdin, stdout }
-    };
+            .env("FAKE_CUPTI_LOG", &log),
+    );
     assert_eq!(t.ask("cuda-loop 2"), "cuda-loop started");
     let pid = t.pid();
     let stderr = session(pid, &dir.join("ns.perfetto-trace"));
@@ -586,7 +573,7 @@ fn an_untrusted_libcuda_is_never_loaded_into_llmprof() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The user's: uid 65534 (nobody).
     std::os::unix::fs::chown(&lib, Some(65534), Some(65534)).unwrap();
-    let t = Testee::spawn(&["--libcuda", lib.to_str().unwrap()], &[]);
+    let t = spawn(&["--libcuda", lib.to_str().unwrap()], &[]);
     assert!(
         marks.join(format!("loaded-by-{}", t.pid())).exists(),
         "the mark works"

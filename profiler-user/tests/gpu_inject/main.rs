@@ -13,12 +13,13 @@
 //! Needs root and gcc: skips loudly without them, fails under `CI=true`.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e::attach::Attached;
+use e2e::fixtures::{have_gcc, scratch_dir, stand_in_libcuda, stand_in_libcupti};
+use e2e::testee::Testee;
 use llmprof::{cupti, inject};
 use llmprof_abi::gpu::GPU_HELPER_LIB;
 
@@ -26,7 +27,6 @@ mod attach;
 mod ptrace;
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");
-const TESTEE: &str = env!("CARGO_BIN_EXE_llmprof-testee");
 
 fn helper() -> PathBuf {
     Path::new(LLMPROF).with_file_name(GPU_HELPER_LIB)
@@ -35,10 +35,7 @@ fn helper() -> PathBuf {
 fn preconditions() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot ptrace or load eBPF programs")
         && e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
+            have_gcc(),
             "gcc not installed (apt-get install gcc): cannot build the stand-in libcuda/libcupti",
         )
         && e2e::require(
@@ -47,75 +44,26 @@ fn preconditions() -> bool {
         )
 }
 
-fn gcc(args: &[&str], src: &str, out: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(src);
-    let o = Command::new("gcc")
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "gcc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+/// A fresh temporary directory for one test.
+fn scratch(tag: &str) -> PathBuf {
+    scratch_dir(&format!("llmprof-inject-{tag}"))
 }
 
-/// A temp dir with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
+/// A scratch folder with the stand-in `libcuda.so.1` and, next to it, the stand-in `libcupti.so`.
 fn fixtures(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let flags = ["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"];
-    gcc(&flags, "fake_libcuda.c", &dir.join("libcuda.so.1"));
-    gcc(&flags, "fake_libcupti.c", &dir.join("libcupti.so"));
+    let dir = scratch(tag);
+    stand_in_libcuda(&dir);
+    stand_in_libcupti(&dir);
     dir
 }
 
-struct Testee {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Testee {
-    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Testee {
-        let mut child = Command::new(TESTEE)
+/// `llmprof-testee ARGS` with `env` set.
+fn spawn(args: &[&str], env: &[(&str, &str)]) -> Testee {
+    Testee::start(
+        Command::new(e2e::testee::path())
             .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready "), "testee said {line:?}");
-        Testee { child, stdin, stdout }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn ask(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        line.trim().to_owned()
-    }
-
-    fn exit(mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        let _ = self.child.wait();
-    }
+            .envs(env.iter().copied()),
+    )
 }
 
 /// The mappings of `pid` whose file is the helper: (distinct paths, executable mappings).

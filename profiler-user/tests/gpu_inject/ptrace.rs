@@ -7,40 +7,16 @@ use super::*;
 /// Root (ptrace) and gcc (the fixtures), or a loud skip.
 fn root_and_gcc() -> bool {
     e2e::require(e2e::is_root(), "not root: cannot ptrace")
-        && e2e::require(
-            Command::new("gcc")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "gcc not installed (apt-get install gcc)",
-        )
+        && e2e::require(have_gcc(), "gcc not installed (apt-get install gcc)")
 }
 
-/// A fresh temporary directory for one test.
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("llmprof-inject-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// `regs_testee.c` built, started, and its `ready` line: (child, its stdin, its stdout, whether it checks the
-/// AVX-512 registers too).
-fn regs_testee(dir: &Path) -> (Child, ChildStdin, BufReader<ChildStdout>, bool) {
+/// `regs_testee.c` built and started, and whether it checks the AVX-512 registers too (its `ready` line says).
+fn regs_testee(dir: &Path) -> (Testee, bool) {
     let bin = dir.join("regs_testee");
-    gcc(&["-O1", "-Wall", "-Werror", "-mavx512f"], "regs_testee.c", &bin);
-    let mut child = Command::new(&bin)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.starts_with("ready "), "regs_testee said {line:?}");
-    let avx512 = line.trim_end().ends_with("avx512");
-    (child, stdin, stdout, avx512)
+    e2e::fixtures::gcc(&["-O1", "-Wall", "-Werror", "-mavx512f"], "regs_testee.c", &bin);
+    let t = Testee::start(&mut Command::new(&bin));
+    let avx512 = t.ready().ends_with("avx512");
+    (t, avx512)
 }
 
 /// Waits until `pid`'s main thread is blocked in `read` and nobody traces it.
@@ -61,12 +37,8 @@ fn blocked_in_read(pid: u32) {
 }
 
 /// One line to the testee, its verdict on the registers it kept across the read.
-fn verdict(stdin: &mut ChildStdin, stdout: &mut BufReader<ChildStdout>) -> String {
-    writeln!(stdin, "check").unwrap();
-    stdin.flush().unwrap();
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    line.trim().to_owned()
+fn verdict(t: &mut Testee) -> String {
+    t.ask("check")
 }
 
 fn libc_fn(pid: u32, name: &'static str) -> u64 {
@@ -82,8 +54,8 @@ fn a_borrowed_thread_gets_every_register_back() {
         return;
     }
     let dir = scratch("regs");
-    let (mut child, mut stdin, mut stdout, avx512) = regs_testee(&dir);
-    let pid = child.id();
+    let (mut t, avx512) = regs_testee(&dir);
+    let pid = t.pid();
     let getpid = libc_fn(pid, "getpid");
     let sleep = libc_fn(pid, "sleep");
     // Each read alternates between the register sets when the CPU has AVX-512: both get each kind of call.
@@ -91,11 +63,7 @@ fn a_borrowed_thread_gets_every_register_back() {
         blocked_in_read(pid);
         let v = inject::call_function(pid, getpid, &[], &[], Duration::from_secs(10)).unwrap();
         assert_eq!(v, u64::from(pid));
-        assert_eq!(
-            verdict(&mut stdin, &mut stdout),
-            "ok",
-            "after a call that returned"
-        );
+        assert_eq!(verdict(&mut t), "ok", "after a call that returned");
 
         blocked_in_read(pid);
         let e = inject::call_function(pid, 0x10, &[], &[], Duration::from_secs(10)).unwrap_err();
@@ -104,11 +72,7 @@ fn a_borrowed_thread_gets_every_register_back() {
             format!("{e:?}").contains("Crashed"),
             "a call to an unmapped address faults: {e:?}"
         );
-        assert_eq!(
-            verdict(&mut stdin, &mut stdout),
-            "ok",
-            "after a call that crashed"
-        );
+        assert_eq!(verdict(&mut t), "ok", "after a call that crashed");
 
         blocked_in_read(pid);
         let t0 = std::time::Instant::now();
@@ -126,15 +90,10 @@ fn a_borrowed_thread_gets_every_register_back() {
             "the caller waited for the call"
         );
         // The sleep finishes on its own, the read starts again, the registers are the thread's.
-        assert_eq!(
-            verdict(&mut stdin, &mut stdout),
-            "ok",
-            "after a call that outlived its deadline"
-        );
+        assert_eq!(verdict(&mut t), "ok", "after a call that outlived its deadline");
         assert!(t0.elapsed() >= Duration::from_secs(1));
     }
-    drop(stdin);
-    assert!(child.wait().unwrap().success());
+    assert!(t.close().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -166,8 +125,8 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
-    let (mut child, mut stdin, mut stdout, _) = regs_testee(&dir);
-    let pid = child.id();
+    let (mut t, _) = regs_testee(&dir);
+    let pid = t.pid();
     let dlopen = libc_fn(pid, "dlopen");
     let mut path = slow.to_str().unwrap().as_bytes().to_vec();
     path.push(0);
@@ -185,7 +144,7 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
     assert!(format!("{e:?}").contains("Timeout"), "{e:?}");
     assert!(t0.elapsed() < Duration::from_secs(2));
     // The constructor finishes: the library is mapped, the thread back in its read with its registers.
-    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
+    assert_eq!(verdict(&mut t), "ok");
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps.contains("libslow.so"), "{maps}");
     // The loader's lock was released: another dlopen returns at once.
@@ -201,9 +160,8 @@ fn a_constructor_that_runs_past_the_deadline_finishes_and_the_loader_stays_usabl
     )
     .unwrap();
     assert_ne!(h, 0);
-    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
-    drop(stdin);
-    assert!(child.wait().unwrap().success());
+    assert_eq!(verdict(&mut t), "ok");
+    assert!(t.close().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -236,8 +194,8 @@ fn an_injector_killed_during_the_call_leaves_the_target_running() {
         return;
     }
     let dir = scratch("kill");
-    let (mut child, mut stdin, mut stdout, _) = regs_testee(&dir);
-    let pid = child.id();
+    let (mut t, _) = regs_testee(&dir);
+    let pid = t.pid();
     blocked_in_read(pid);
     let mut injector = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -266,9 +224,8 @@ fn an_injector_killed_during_the_call_leaves_the_target_running() {
     injector.kill().unwrap();
     injector.wait().unwrap();
     // The target survives, its call ends, it reads again with its registers intact.
-    assert_eq!(verdict(&mut stdin, &mut stdout), "ok");
-    assert!(child.try_wait().unwrap().is_none(), "the target is alive");
-    drop(stdin);
-    assert!(child.wait().unwrap().success());
+    assert_eq!(verdict(&mut t), "ok");
+    assert!(t.child().try_wait().unwrap().is_none(), "the target is alive");
+    assert!(t.close().success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
