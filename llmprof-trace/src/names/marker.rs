@@ -1,4 +1,4 @@
-//! Instants on the [`track::LLMPROF`] track: markers, the budget's steps, alerts, the summary.
+//! Instants on the [`super::track::LLMPROF`] track: markers, the budget's steps, alerts, the summary.
 
 /// The final instant with the session statistics and self-accounting.
 pub const SUMMARY: &str = "llmprof summary";
