@@ -175,7 +175,7 @@ pub enum EventBody {
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
     /// A Python stack sample of a thread (perf_event CPU clock), resolved ([`crate::event::python`]).
-    PyStack(Box<crate::event::python::PyStackSample>),
+    PyStack(Box<python::PyStackSample>),
     /// A request seen on the wire (`crate::decode::wire::requests`): its method and path (its lifecycle comes as `Request`
     /// records of the same `req_id`).
     WireRequest {
@@ -227,20 +227,20 @@ pub enum EventBody {
     /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::event::stacks`]).
     CpuSample(Box<CpuSample>),
     /// The stack of a traced thread blocking at a context switch (it follows that `SchedSwitch`, same time
-    /// and thread; [`crate::event::stacks::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
+    /// and thread; [`stacks::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
     OffCpuStack(Box<CpuSample>),
     /// GPU work CUPTI recorded in the target (injected helper, [`crate::event::cupti`]): a kernel, copy, memset or host
     /// wait. The event's time is when its chunk was handed over; the work's own times (BOOTTIME) are in it.
-    GpuWork(Box<crate::event::cupti::GpuWork>),
+    GpuWork(Box<cupti::GpuWork>),
     /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
     /// for [`EventBody::GpuWork`].
-    GpuApi(Box<crate::event::cupti::GpuApi>),
+    GpuApi(Box<cupti::GpuApi>),
     /// A window's summary of GPU work (the helper's default mode): per kernel name, copy kind and wait type,
     /// count and GPU time; event time as for [`EventBody::GpuWork`].
-    GpuSummary(Box<crate::event::cupti::GpuWindow>),
+    GpuSummary(Box<cupti::GpuWindow>),
     /// A compacted interval of GPU work on one device (the helper's default mode); event time as for
     /// [`EventBody::GpuWork`].
-    GpuBusy(Box<crate::event::cupti::GpuBusyInterval>),
+    GpuBusy(Box<cupti::GpuBusyInterval>),
 }
 
 impl EventBody {
@@ -538,7 +538,7 @@ pub struct SessionStats {
     /// llmprof's own cost, the budget's steps and the size limit (None when not accounted, e.g. fixtures).
     pub overhead: Option<OverheadSummary>,
     /// GPU activity chunks read and lost (CUPTI helper; all zero without it).
-    pub gpu: crate::event::cupti::GpuStats,
+    pub gpu: cupti::GpuStats,
     /// Off-CPU stacks not taken by design: the kernel's per-CPU rate bound (not a loss, not in the drops).
     pub offcpu_not_taken: u64,
 }

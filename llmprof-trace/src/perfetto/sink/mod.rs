@@ -52,7 +52,7 @@ use super::writer::{Arg, PacketWriter};
 use crate::event::engine::RequestTimeline;
 use crate::event::{Event, EventBody, ProcessInfo};
 use crate::names::{counter, marker, track};
-use crate::perfetto::sink::cuda::agg::{AggStats, CudaAggregator, CudaSlice};
+use cuda::agg::{AggStats, CudaAggregator, CudaSlice};
 
 // One file per probe family.
 pub mod cuda;
