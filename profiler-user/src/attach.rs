@@ -8,8 +8,9 @@
 //! only calls them).
 //!
 //! Parts: [`options`] (what a session is given and returns), [`start`] (the steps up to live probes, in
-//! order), [`gpu`] (the GPU side), [`summary`] (the closing summary); this file keeps [`run`] and the running
-//! session (live loop, finish, close).
+//! order), [`gpu`] (the GPU side), [`costs`] (llmprof's cost: calibration, self-accounting samples, the
+//! overhead budget), [`write`] (the trace writes under the size cap), [`summary`] (the closing summary); this
+//! file keeps [`run`] and the running session (live loop, finish, close).
 
 /// Writes a line to stderr, ignoring a closed stderr (a caller that stopped reading it must not make a
 /// session end abnormally: `eprintln!` panics on EPIPE).
@@ -26,18 +27,21 @@ macro_rules! note {
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::{self, IsTerminal};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+mod costs;
 pub mod gpu;
 mod options;
 mod start;
 pub mod summary;
+mod write;
 
+use costs::{CALIBRATION_WAIT, Costs};
 pub use options::{
     AttachError, AttachOptions, AttachReport, END_INTERRUPTED, END_SIZE_LIMIT, END_TARGET_EXITED, Prelude,
     StopReason, TraceMetadata,
@@ -46,8 +50,9 @@ use start::{
     Inputs, open_inputs, open_sink, preflight, start_capture, start_gpu_kernels, start_python_hooks,
     start_scraper,
 };
+use write::{output_error, write_all};
 
-use crate::budget::{self, Budget, Verdict};
+use crate::budget::Budget;
 use crate::capture::{Calibration, Capture, CaptureConfig, CaptureError, Cidr, EngineProbes};
 use crate::cupti::GpuKernels;
 use crate::metrics_scrape::{self, Scraper};
@@ -68,64 +73,6 @@ use llmprof_trace::sizecap::SizeCap;
 const POLL_TIMEOUT: Duration = Duration::from_millis(10);
 /// Period of the status line, the syscall-rate counter and the target liveness check.
 const TICK: Duration = Duration::from_secs(1);
-/// When the sampler's cost on the targets starts being measured (past the start-up transient), and for how long:
-/// the kernel's BPF run-time statistics are on for every program of the host meanwhile (two clock reads per
-/// program run), so the window is short and happens once.
-const LIVE_COST_FROM: Duration = Duration::from_secs(2);
-/// See [`LIVE_COST_FROM`].
-const LIVE_COST_FOR: Duration = Duration::from_secs(3);
-
-/// Where the measurement of the sampler's cost on the targets stands ([`Capture::live_sample_cost_start`]).
-enum LiveCost {
-    Waiting,
-    Measuring(crate::capture::stacks::LiveCost, Instant),
-    Done,
-}
-/// Longest a session's end waits for its calibration child (it takes ~0.1–0.3 s on an idle 2-core machine,
-/// seconds when that machine is saturated).
-const CALIBRATION_WAIT: Duration = Duration::from_secs(10);
-
-/// Where the measurement of the per-hit costs stands ([`crate::capture::calibrate::Background`]).
-enum Calibrating {
-    /// Not started yet, or never (no calibrator binary).
-    NotStarted,
-    /// The child runs.
-    Running(Box<crate::capture::calibrate::Background>),
-    /// The costs are in the self-accounting and the budget.
-    Done,
-    /// No costs (said once).
-    Failed,
-}
-
-impl Calibrating {
-    /// Starts the child for the probes this session attached, with the untraced references the capture
-    /// took before attaching them.
-    fn start(opts: &AttachOptions, capture: &Capture) -> Self {
-        use crate::capture::calibrate::{Background, CalibrationConfig};
-        let Some(exe) = &opts.calibrator else {
-            return Calibrating::NotStarted;
-        };
-        let cfg = CalibrationConfig {
-            engine: capture.engine_programs_loaded(),
-            cuda: opts.gpu.cuda,
-            thread_states: opts.thread_states,
-            sample: opts.sample_hz > 0,
-            http: opts.http != crate::capture::wire::HttpPorts::Off,
-            untraced: capture.untraced(),
-        };
-        match Background::spawn(exe, &cfg) {
-            Ok(bg) => Calibrating::Running(Box::new(bg)),
-            Err(e) => {
-                note!(
-                    "warning: cannot start the probe-cost calibration ({}): the overhead estimate charges nothing",
-                    crate::causes::one_line(&e)
-                );
-                Calibrating::Failed
-            }
-        }
-    }
-}
-
 /// Period of the /proc walk that catches processes of the tree the kernel could not report.
 const RESCAN: Duration = Duration::from_secs(5);
 /// Capacity of the scraper → session queue (a scrape every 500 ms: this is minutes of slack).
@@ -163,14 +110,6 @@ pub fn run(opts: &AttachOptions, stop: &AtomicBool) -> Result<AttachReport, Atta
     session.finish(end_reason)
 }
 
-/// The error of a failed write to the trace file.
-fn output_error(path: &Path) -> impl Fn(io::Error) -> AttachError + '_ {
-    |source| AttachError::Output {
-        path: path.to_owned(),
-        source,
-    }
-}
-
 /// A running session: what feeds it (capture, samplers), what it writes (the trace, spans), the merge between
 /// them and the loop's own state.
 struct Session<'a> {
@@ -197,12 +136,8 @@ struct Session<'a> {
     targets: TargetCpu,
     /// The last /proc walk for processes of the tree the kernel did not report.
     last_rescan: Instant,
-    acct: SelfAccount,
-    /// The per-hit costs, measured by a child process beside the session.
-    calibrating: Calibrating,
-    /// The sampler's cost measured on the targets.
-    live_cost: LiveCost,
-    budget: Option<Budget>,
+    /// llmprof's cost: self-accounting, calibration, budget.
+    costs: Costs,
     engine_probes: EngineProbes,
     attach_latency: Duration,
     /// `--max-trace-size`.
@@ -219,7 +154,6 @@ struct Session<'a> {
     /// Start of the live loop.
     start: Instant,
     last_tick: Instant,
-    last_budget_check: Instant,
     /// Syscalls counted at the last tick (for the rate counter).
     last_sys: u64,
     events_total: u64,
@@ -291,10 +225,7 @@ impl<'a> Session<'a> {
             tree: Tree::new(&pids, opts.follow_children),
             targets: started.targets.clone(),
             last_rescan: Instant::now(),
-            acct: started.acct,
-            calibrating: Calibrating::NotStarted,
-            live_cost: LiveCost::Waiting,
-            budget: started.budget,
+            costs: Costs::new(started.acct, started.budget),
             engine_probes: started.engine_probes,
             attach_latency: started.attach_latency,
             cap,
@@ -305,7 +236,6 @@ impl<'a> Session<'a> {
             ready: Vec::with_capacity(4096),
             start: Instant::now(),
             last_tick: Instant::now(),
-            last_budget_check: Instant::now(),
             last_sys: 0,
             events_total: 0,
             events_at_tick: 0,
@@ -323,12 +253,12 @@ impl<'a> Session<'a> {
         // Children forked between the /proc walk and the moment the targets entered the traced set.
         let late = session.tree.rescan(started.live_ns);
         session.join(late)?;
-        session.calibrating = Calibrating::start(opts, &session.capture);
+        session.costs.start_calibration(opts, &session.capture);
         if opts.overhead_budget.is_some() {
             // The budget judges by the costs per hit: it holds from the first window only once they are
             // measured, so a budgeted session has them before it says it is live (the probes already record
             // into the ring meanwhile).
-            session.calibration_step(Some(CALIBRATION_WAIT));
+            session.costs.calibration_step(Some(CALIBRATION_WAIT));
         }
         note!(
             "llmprof: probes live after {:.1} ms; writing {}",
@@ -343,7 +273,7 @@ impl<'a> Session<'a> {
             session.push_marker(line);
         }
         session.last_tick = Instant::now();
-        session.last_budget_check = Instant::now();
+        session.costs.restart_budget_clock();
         session.last_sys = session.capture.syscall_total();
         Ok(session)
     }
@@ -392,11 +322,12 @@ impl<'a> Session<'a> {
             if let Some(reason) = self.end_condition(stop) {
                 return Ok(reason);
             }
-            if self.calibration_step(None) {
+            if self.costs.calibration_step(None) {
                 // The costs per hit on the timeline now, not at the next tick (a short session has none).
                 self.overhead_sample();
             }
-            self.budget_step()?;
+            self.costs
+                .budget_step(&mut self.capture, &self.targets, &mut self.merger)?;
             self.capture.poll(&mut self.polled, POLL_TIMEOUT)?;
             self.take_polled();
             while let Ok(ev) = self.rx.try_recv() {
@@ -504,89 +435,10 @@ impl<'a> Session<'a> {
         self.target_exited.then_some(END_TARGET_EXITED)
     }
 
-    /// The self-accounting's sample since the last one, onto the timeline (its counter tracks); the
-    /// estimated overhead %.
+    /// The self-accounting's sample since the last one, onto the timeline; the estimated overhead %.
     fn overhead_sample(&mut self) -> Option<f64> {
-        let level = self.budget.as_ref().map_or(0, Budget::level);
-        let sample = self.acct.sample(self.counters(), level);
-        let est_pct = sample.est_overhead_pct;
-        self.merger.push(Event {
-            ts_ns: boottime_ns(),
-            pid: 0,
-            tid: 0,
-            body: EventBody::Overhead(Box::new(sample)),
-        });
-        est_pct
-    }
-
-    /// Takes the calibration child's result once it came (waiting at most `wait` for it): the self-accounting
-    /// and the budget charge its costs from then on, over the whole session. A failure is said once. True
-    /// when the costs came now.
-    fn calibration_step(&mut self, wait: Option<Duration>) -> bool {
-        let Calibrating::Running(bg) = &mut self.calibrating else {
-            return false;
-        };
-        let got = match wait {
-            Some(limit) => bg.wait(limit).cloned(),
-            None => bg.poll().cloned(),
-        };
-        match got {
-            Some(Ok(cal)) => {
-                log::debug!("attach: calibrated in {:.1} ms", cal.took_ms);
-                self.acct.set_calibration(cal);
-                if let Some(b) = self.budget.as_mut() {
-                    b.set_calibration(cal);
-                }
-                self.calibrating = Calibrating::Done;
-                return true;
-            }
-            Some(Err(why)) => {
-                note!("warning: probe costs not measured: {why}; the overhead estimate charges nothing");
-                self.calibrating = Calibrating::Failed;
-            }
-            None if wait.is_some() => {
-                note!("warning: probe costs not measured in time; the overhead estimate charges nothing");
-                self.calibrating = Calibrating::Failed;
-            }
-            None => {}
-        }
-        false
-    }
-
-    /// Judges the overhead budget when its interval has passed, and records the step it takes.
-    fn budget_step(&mut self) -> Result<(), AttachError> {
-        if let Some(b) = self.budget.as_mut()
-            && self.last_budget_check.elapsed() >= b.interval()
-        {
-            self.last_budget_check = Instant::now();
-            if let Some(ev) = check_budget(b, &mut self.capture, &self.targets)? {
-                self.merger.push(ev);
-            }
-        }
-        Ok(())
-    }
-
-    /// The sampler's cost on the targets (their Python stacks included), measured once from
-    /// [`LIVE_COST_FROM`] for [`LIVE_COST_FOR`]; the self-accounting charges every sample that figure from then
-    /// on (the start-up figure, on llmprof's own thread, knows no Python frames).
-    fn live_cost_step(&mut self) {
-        self.live_cost = match std::mem::replace(&mut self.live_cost, LiveCost::Done) {
-            LiveCost::Waiting if self.start.elapsed() >= LIVE_COST_FROM => {
-                match self.capture.live_sample_cost_start() {
-                    Some(c) => LiveCost::Measuring(c, Instant::now()),
-                    None => LiveCost::Done,
-                }
-            }
-            LiveCost::Measuring(c, t) if t.elapsed() >= LIVE_COST_FOR => {
-                let f = self.capture.live_sample_cost_finish(c);
-                if let Some(ns) = f.sample_ns {
-                    log::info!("stack sampler: {ns:.0} ns per sample of the targets (measured on them)");
-                }
-                self.acct.set_live(f);
-                LiveCost::Done
-            }
-            other => other,
-        };
+        let counters = self.counters();
+        self.costs.overhead_sample(counters, &mut self.merger)
     }
 
     /// Once per [`TICK`]: the syscall-rate and overhead counters, the target's liveness, a late libcuda, and
@@ -603,7 +455,7 @@ impl<'a> Session<'a> {
             tid: 0,
             body: EventBody::SyscallRate { per_sec },
         });
-        self.live_cost_step();
+        self.costs.live_cost_step(self.start.elapsed(), &mut self.capture);
         let est_pct = self.overhead_sample();
         // The kernel picks new processes up itself; the /proc walk (every process's stat) only catches what it
         // could not report (a full map or ring), so it runs every few ticks.
@@ -687,7 +539,7 @@ impl<'a> Session<'a> {
         }
         // A session shorter than its calibration waits for it: the summary charges the measured costs, and
         // the trace's cost counters have a value.
-        if self.calibration_step(Some(CALIBRATION_WAIT)) {
+        if self.costs.calibration_step(Some(CALIBRATION_WAIT)) {
             self.overhead_sample();
         }
         // The helper's last chunks (its stop flushes) pass the handoff uprobe before the last drain.
@@ -736,24 +588,13 @@ impl<'a> Session<'a> {
         if let Some(e) = self.capture.any_engine() {
             self.engine_probes = e;
         }
-        // A session that ends inside the live-cost window still has a figure from what it measured.
-        if let LiveCost::Measuring(c, _) = std::mem::replace(&mut self.live_cost, LiveCost::Done) {
-            let f = self.capture.live_sample_cost_finish(c);
-            self.acct.set_live(f);
-        }
+        self.costs.finish_live_cost(&mut self.capture);
         let final_counters = crate::selfacct::Counters {
             cupti: self.gpu_kernels.counters(),
             python_hooks: self.py_hooks.counters(),
             ..Counters::of(&self.capture)
         };
-        let mut overhead = self.acct.summary(
-            final_counters,
-            self.budget.as_ref().map(Budget::pct),
-            self.budget
-                .as_ref()
-                .map(|b| b.taken().to_vec())
-                .unwrap_or_default(),
-        );
+        let mut overhead = self.costs.summary(final_counters);
         overhead.size_limit = self.cap.map(|c| c.limit());
         overhead.events_not_written = self.not_written;
         if let Some(s) = self.capture.sampler().map(|s| s.stats())
@@ -817,110 +658,6 @@ impl<'a> Session<'a> {
             python_processes,
         })
     }
-}
-
-/// What a session of a server without llmprof's probe points records (llama.cpp's server, vLLM, ...): said
-/// once at start, fitted to what this session has on.
-fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples: bool) -> String {
-    let mut gets = Vec::new();
-    if wire {
-        gets.push(
-            "its requests from the wire (HTTP/1.1: status, TTFT and inter-token time as clients see them)",
-        );
-    }
-    if python {
-        gets.push("its Python frames in the stack samples");
-    } else if samples {
-        gets.push("stack samples");
-    }
-    gets.push("syscalls, thread states, model-file reads and egress");
-    format!(
-        "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
-         prefill inside the engine) come from an engine built with llmprof-probes, such as llmserve, or from \
-         llmprof's Python hooks (vLLM's engine, found by itself; any Python function with --py-range).",
-        gets.join(", ")
-    )
-}
-
-/// Judges the overhead budget and takes its next step when it is exceeded; the event to record, if any.
-fn check_budget(
-    b: &mut Budget,
-    capture: &mut Capture,
-    targets: &TargetCpu,
-) -> Result<Option<Event>, AttachError> {
-    let body = match b.check(Snapshot::take(targets, Counters::of(capture))) {
-        Verdict::Ok => return Ok(None),
-        Verdict::Degrade { level, overhead_pct } => {
-            let d = budget::apply(capture, level, overhead_pct, b.pct())?;
-            note!(
-                "llmprof: overhead budget {}% exceeded (est. {overhead_pct:.1}% of the target's CPU): {}",
-                b.pct(),
-                d.change
-            );
-            b.record(d.clone());
-            EventBody::Degraded(d)
-        }
-        Verdict::Exhausted { overhead_pct } => {
-            let text = marker::budget_exhausted(b.pct(), overhead_pct);
-            note!("llmprof: {text}");
-            EventBody::Marker { text }
-        }
-    };
-    Ok(Some(Event {
-        ts_ns: boottime_ns(),
-        pid: 0,
-        tid: 0,
-        body,
-    }))
-}
-
-/// Writes ordered events to the sink, naming threads that appeared after the start from /proc.
-/// Every event at or after `floor_ns` goes to the trace and, when configured, to the OTel span builder. With a
-/// size cap, stops at the first event that would leave too little room to end the trace: returns true then, and
-/// counts that event and the rest of `ready` in `not_written`.
-fn write_all<W: Write>(
-    sink: &mut TraceSink<W>,
-    otel: &mut Option<OtelSink>,
-    ready: &mut Vec<Event>,
-    floor_ns: u64,
-    cap: Option<&SizeCap>,
-    not_written: &mut u64,
-) -> io::Result<bool> {
-    if let Some(c) = cap
-        && c.reached(sink.bytes(), sink.open_slices())
-    {
-        *not_written += ready.len() as u64;
-        ready.clear();
-        return Ok(true);
-    }
-    let mut full = false;
-    for ev in ready.drain(..) {
-        if ev.ts_ns < floor_ns {
-            continue;
-        }
-        if full {
-            *not_written += 1;
-            continue;
-        }
-        if let Some(c) = cap
-            && c.reached(sink.bytes(), sink.open_slices())
-        {
-            full = true;
-            *not_written += 1;
-            continue;
-        }
-        if ev.tid != 0
-            && !sink.knows_thread(ev.tid)
-            && let Some(name) = procfs::thread_name(ev.pid, ev.tid)
-        {
-            sink.note_thread(ev.tid, name);
-        }
-        if let Some(o) = otel.as_mut() {
-            o.push(&ev);
-        }
-        sink.push(&ev)?;
-    }
-    Ok(full)
 }
 
 #[cfg(test)]

@@ -55,7 +55,8 @@ fn main() {
 
 /// `calibrate-probes`: one JSON line on stdout, the costs or the error (exit code as `attach`'s).
 fn run_calibrate(c: &CalibrateArgs) -> i32 {
-    use llmprof::capture::calibrate::{self, CalibrationConfig, ChildReport, Untraced};
+    use llmprof::capture::calibrate::{self, CalibrationConfig, Untraced};
+    use llmprof::capture::calibrate_child::ChildReport;
     let cfg = CalibrationConfig {
         engine: c.engine,
         cuda: c.cuda,

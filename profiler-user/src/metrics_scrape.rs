@@ -1,6 +1,6 @@
 //! Periodic scrape of the engine's Prometheus `/metrics` into [`MetricsSample`] events.
 //!
-//! Owns: finding the target's listening TCP ports (LISTEN sockets of `/proc/net/tcp{,6}` whose inode is one of
+//! Owns: finding the target's listening TCP ports (the namespace's listeners whose inode is one of
 //! the target's socket fds, [`crate::sys::tcp`]), the GET of its /metrics over loopback ([`crate::sys::http`])
 //! and parsing the four vLLM gauges we plot. Every GET to a traced server first finds the server's end of the
 //! connection (the socket whose peer port is this GET's own local port, and the fd of a traced process holding
@@ -69,9 +69,8 @@ pub fn parse(text: &str) -> MetricsSample {
 /// Local TCP ports the process listens on (IPv4 and IPv6).
 pub fn listening_ports(pid: u32) -> Vec<u16> {
     let fds = tcp::socket_fds(pid);
-    let mut ports: Vec<u16> = tcp::tables(None)
-        .iter()
-        .flat_map(|t| tcp::listening(t))
+    let mut ports: Vec<u16> = tcp::listeners(None)
+        .into_iter()
         .filter(|(_, inode)| fds.contains_key(inode))
         .map(|(port, _)| port)
         .collect();
@@ -105,10 +104,7 @@ fn server_end(s: &TcpStream, pids: &[u32]) -> Option<(u32, i32)> {
     let first = *pids.first()?;
     let until = std::time::Instant::now() + ACCEPT_WAIT;
     let inode = loop {
-        let found = tcp::tables(Some(first))
-            .iter()
-            .find_map(|t| tcp::inode_of(t, server, client));
-        match found {
+        match tcp::connection(Some(first), server, client) {
             Some(i) => break i,
             None if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
             None => return None,
@@ -165,7 +161,7 @@ pub fn discover(pid: u32) -> Option<String> {
 /// extends: called again as the tree grows (a server's workers listen some time after they start), each
 /// port is asked once. The process that listens there and the URL.
 pub fn discover_in(pids: &[u32], tried: &mut std::collections::HashSet<(u32, u16)>) -> Option<(u32, String)> {
-    let listening: Vec<(u16, u64)> = tcp::tables(None).iter().flat_map(|t| tcp::listening(t)).collect();
+    let listening = tcp::listeners(None);
     for &pid in pids {
         let fds = tcp::socket_fds(pid);
         let mut ports: Vec<u16> = listening

@@ -56,7 +56,7 @@ pub struct AttachOptions {
     /// trace's `end_reason` then names it instead of [`END_INTERRUPTED`].
     pub stop_reason: StopReason,
     /// The `llmprof` binary, run as a child (`calibrate-probes`) once the probes are live to measure what a
-    /// probe hit costs here ([`crate::capture::calibrate::Background`]); None: no calibration, the overhead
+    /// probe hit costs here ([`crate::capture::calibrate_child::Background`]); None: no calibration, the overhead
     /// estimate stays at 0 (a library user without the binary).
     pub calibrator: Option<PathBuf>,
 }

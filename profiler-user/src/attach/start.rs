@@ -309,3 +309,26 @@ pub(super) fn start_scraper(
     };
     (metrics_url, scraper)
 }
+
+/// What a session of a server without llmprof's probe points records (llama.cpp's server, vLLM, ...): said
+/// once at start, fitted to what this session has on.
+pub(super) fn without_engine_probes(pid: u32, name: &str, wire: bool, python: bool, samples: bool) -> String {
+    let mut gets = Vec::new();
+    if wire {
+        gets.push(
+            "its requests from the wire (HTTP/1.1: status, TTFT and inter-token time as clients see them)",
+        );
+    }
+    if python {
+        gets.push("its Python frames in the stack samples");
+    } else if samples {
+        gets.push("stack samples");
+    }
+    gets.push("syscalls, thread states, model-file reads and egress");
+    format!(
+        "note: pid {pid} ({name}) has no llmprof probe points; recording {}. Engine steps (batches, queue and \
+         prefill inside the engine) come from an engine built with llmprof-probes, such as llmserve, or from \
+         llmprof's Python hooks (vLLM's engine, found by itself; any Python function with --py-range).",
+        gets.join(", ")
+    )
+}

@@ -5,17 +5,18 @@
 //! few hundred milliseconds and times it: `getppid` untraced and traced (the cost of the raw_syscalls pair on
 //! one syscall, including the slower syscall entry any attached tracepoint causes), the same for `close(-1)`
 //! (a syscall whose exit the programs decode: argument copy at entry, records at exit,
-//! [`DECODED_SYSCALLS`](super::DECODED_SYSCALLS)), the range probe detached, attached, and attached but
-//! sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
+//! [`DECODED_SYSCALLS`](super::syscalls::DECODED_SYSCALLS)), the range probe detached, attached, and attached
+//! but sampled out (the optimized NOP5 path and the int3 trap differ ~20×, and kernels differ), and, as the
 //! session uses them, the thread-state, stack-sampler, CUDA and wire probes. It never touches a target or a
 //! session's maps: llmprof itself never enters a session's `TRACED`.
 //!
 //! A session does not wait for it: `llmprof attach` goes live first and runs the calibration in a child
-//! process ([`Background`], the hidden `llmprof calibrate-probes`), whose result the self-accounting and the
-//! budget charge over the whole session once it arrives (~0.2–0.4 s later on this 2-core VM). The session
-//! takes the untraced references ([`Untraced`], ~2 ms) before attaching its own programs, since an attached
-//! raw_syscalls program slows every syscall of every process and that is part of what a target pays; the
-//! child corrects for passing through the session's programs as well ([`untraced_reference`]).
+//! process ([`super::calibrate_child::Background`], the hidden `llmprof calibrate-probes`), whose result the
+//! self-accounting and the budget charge over the whole session once it arrives (~0.2–0.4 s later on this
+//! 2-core VM). The session takes the untraced references ([`Untraced`], ~2 ms) before attaching its own
+//! programs, since an attached raw_syscalls program slows every syscall of every process and that is part of
+//! what a target pays; the child corrects for passing through the session's programs as well
+//! ([`untraced_reference`]).
 //!
 //! Cost model (what [`Calibration`] feeds into `selfacct`): a traced syscall costs `syscall_ns`, or
 //! `syscall_decoded_ns` when its number is one the exit decodes; an engine
@@ -41,8 +42,9 @@ use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeScope};
 use llmprof_abi::{CudaFunc, CudaVariant, Knob, ProbeId, RangeOp, RangeRecord};
 
-use super::CaptureError;
-use super::traced::set_traced;
+use super::error::CaptureError;
+use super::object::{program, read_counters, write_knob};
+use super::proc::set_traced;
 
 /// Calls per timed round at attach start-up (5 rounds of each of 5 measurements: ~30–70 ms in all on this
 /// host, idle to loaded).
@@ -259,7 +261,7 @@ const CALIBRATION_RING_BYTES: usize = 4 << 20;
 /// probes `cfg` names (see the module docs); the instance is gone when this returns. It touches no map
 /// of any session: a session's targets never share a counter or a ring with it, and llmprof itself never
 /// enters a session's `TRACED`. Takes ~100–250 ms (~70 ms of it the kernel's verifier), so a session runs
-/// it in a child process after its probes are live ([`Background`]). Needs root.
+/// it in a child process after its probes are live ([`super::calibrate_child::Background`]). Needs root.
 pub fn run(cfg: &CalibrationConfig) -> Result<Calibration, CaptureError> {
     measure(cfg).map(|(cal, _instance)| cal)
 }
@@ -284,7 +286,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     if unsafe { libc::geteuid() } != 0 {
         return Err(CaptureError::NotRoot);
     }
-    super::ensure_tracefs()?;
+    super::object::ensure_tracefs()?;
     let calls = STARTUP_CALLS_PER_ROUND;
     // With a session's reference (taken before its programs were attached), this process's syscalls pass
     // through the session's programs too, untraced there: what those add is measured before and after this
@@ -292,16 +294,16 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     let before_own = cfg.untraced.map(|_| Untraced::measure(calls));
     let untraced = cfg.untraced.unwrap_or_else(|| Untraced::measure(calls));
     let config = llmprof_abi::Config {
-        slow_syscall_ns: u64::try_from(super::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
+        slow_syscall_ns: u64::try_from(super::config::DEFAULT_SLOW_SYSCALL.as_nanos()).unwrap_or(u64::MAX),
         slot_tids: llmprof_abi::SYSCALL_SLOTS,
         // This instance times this process traced: the kernel's refusal is lifted while it does (set_traced).
         self_tgid: std::process::id(),
     };
-    let mut ebpf = super::load_object(&config, CALIBRATION_RING_BYTES)?;
+    let mut ebpf = super::object::load_object(&config, CALIBRATION_RING_BYTES)?;
     if cfg.http {
         super::wire::load_decoders(&mut ebpf)?;
     }
-    let _links = super::attach_syscall_tracepoints(&mut ebpf, &super::TRACEPOINTS[..2])?;
+    let _syscalls = super::syscalls::Syscalls::attach(&mut ebpf)?;
     let untraced = match before_own {
         Some(u1) => untraced_reference(untraced, u1, Untraced::measure(calls)),
         None => untraced,
@@ -310,12 +312,12 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
         super::sched::attach(&mut ebpf)?;
     }
     if cfg.engine {
-        super::load_engine_programs(&mut ebpf, false)?;
+        super::engine::load_programs(&mut ebpf, false)?;
     }
     if cfg.sample {
         super::stacks::load(&mut ebpf)?;
     }
-    let mut ring = super::take_ring(&mut ebpf)?;
+    let mut ring = super::object::take_ring(&mut ebpf)?;
     let me = std::process::id();
     llmprof_probes::keep();
     let rec = RangeRecord::new(RangeOp::Mark, 0, 1, "llmprof", "calibration");
@@ -331,7 +333,7 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
         ..Raw::default()
     };
     // Off-CPU stacks only while measured.
-    super::write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
+    write_knob(&mut ebpf, Knob::OffCpuStacksOff, 1)?;
     if cfg.thread_states {
         // Untraced, with the programs attached: what every process pays is not the target's extra.
         raw.pingpong_untraced =
@@ -381,167 +383,6 @@ fn measure(cfg: &CalibrationConfig) -> Result<(Calibration, aya::Ebpf), CaptureE
     Ok((cal, ebpf))
 }
 
-/// The hidden subcommand of the `llmprof` binary that runs [`run`] and prints the result as one JSON line.
-pub const SUBCOMMAND: &str = "calibrate-probes";
-/// Most bytes read back from a calibration child (its JSON line is ~1 KiB; its error, a few lines).
-const CHILD_OUTPUT_MAX: u64 = 64 << 10;
-
-impl CalibrationConfig {
-    /// The arguments of [`SUBCOMMAND`] that ask for this configuration (`crate::cli` parses them back).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a = vec![SUBCOMMAND.to_owned()];
-        for (on, flag) in [
-            (self.engine, "--engine"),
-            (self.cuda, "--cuda"),
-            (self.thread_states, "--thread-states"),
-            (self.sample, "--sample"),
-            (self.http, "--http"),
-        ] {
-            if on {
-                a.push(flag.to_owned());
-            }
-        }
-        if let Some(u) = self.untraced {
-            a.push(format!("--untraced-ns={}", u.plain_ns));
-            a.push(format!("--untraced-decoded-ns={}", u.decoded_ns));
-        }
-        a
-    }
-}
-
-/// What [`SUBCOMMAND`] prints on stdout: one JSON line, the calibration or why there is none.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChildReport {
-    /// The measured costs.
-    Calibration(Box<Calibration>),
-    /// Why nothing was measured (the error with its causes, one line).
-    Error(String),
-}
-
-impl ChildReport {
-    /// The report of `r`, as the child prints it.
-    pub fn line(r: &Result<Calibration, CaptureError>) -> String {
-        let report = match r {
-            Ok(c) => ChildReport::Calibration(Box::new(*c)),
-            Err(e) => ChildReport::Error(crate::causes::one_line(e)),
-        };
-        serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-    }
-
-    /// The child's output read back.
-    fn parse(stdout: &str) -> Result<Calibration, String> {
-        match serde_json::from_str::<ChildReport>(stdout.trim()) {
-            Ok(ChildReport::Calibration(c)) => Ok(*c),
-            Ok(ChildReport::Error(why)) => Err(why),
-            Err(_) if stdout.trim().is_empty() => {
-                Err("the calibration process ended without a result".into())
-            }
-            Err(e) => Err(format!("the calibration process printed something else ({e})")),
-        }
-    }
-}
-
-/// A calibration running in a child process (`llmprof calibrate-probes`), started by a session once its
-/// probes are live: the kernel verifies the calibration's own programs and they are timed while the session
-/// already traces, off its start-up path, in a process of its own (its syscalls, records and counters
-/// never mix with the session's; see [`run`]). A thread reads the child's one line and reaps it (its CPU
-/// time then counts in llmprof's own, `RUSAGE_CHILDREN`); dropping this kills a child still running.
-pub struct Background {
-    /// A pidfd of the child: the kill on drop can never reach a process that reused its pid.
-    pidfd: Option<std::os::fd::OwnedFd>,
-    rx: std::sync::mpsc::Receiver<Result<Calibration, String>>,
-    done: Option<Result<Calibration, String>>,
-}
-
-impl Background {
-    /// Starts `exe` (the `llmprof` binary) with [`SUBCOMMAND`] for `cfg`.
-    pub fn spawn(exe: &std::path::Path, cfg: &CalibrationConfig) -> std::io::Result<Self> {
-        use std::io::{BufRead, Read};
-        use std::os::fd::FromRawFd;
-        let mut child = std::process::Command::new(exe)
-            .args(cfg.to_args())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            // Its diagnostic log (`LLMPROF_LOG`) joins the session's; otherwise it writes nothing there.
-            .stderr(std::process::Stdio::inherit())
-            .spawn()?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; our child is not reaped yet,
-        // so the pid is still its own.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
-        // SAFETY: a non-negative return is a new fd that nothing else owns.
-        let pidfd = (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("llmprof-calib".into())
-            .spawn(move || {
-                // One line: the child's exit (detaching its probes) comes after it and takes a while.
-                let mut stdout = String::new();
-                if let Some(o) = child.stdout.take() {
-                    let _ = std::io::BufReader::new(o.take(CHILD_OUTPUT_MAX)).read_line(&mut stdout);
-                }
-                let _ = tx.send(ChildReport::parse(&stdout));
-                // After the result: its exit (detaching its probes) may take a while and delays nobody.
-                let _ = child.wait();
-            })?;
-        Ok(Background {
-            pidfd,
-            rx,
-            done: None,
-        })
-    }
-
-    /// The result once the child reported it, without waiting.
-    pub fn poll(&mut self) -> Option<&Result<Calibration, String>> {
-        if self.done.is_none() {
-            match self.rx.try_recv() {
-                Ok(r) => self.done = Some(r),
-                Err(std::sync::mpsc::TryRecvError::Empty) => {}
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    self.done = Some(Err("the calibration process ended without a result".into()))
-                }
-            }
-        }
-        self.done.as_ref()
-    }
-
-    /// Waits at most `limit` for the result; `None` when it has not come (the child is then killed).
-    pub fn wait(&mut self, limit: std::time::Duration) -> Option<&Result<Calibration, String>> {
-        if self.done.is_none() {
-            match self.rx.recv_timeout(limit) {
-                Ok(r) => self.done = Some(r),
-                Err(_) => self.kill(),
-            }
-        }
-        self.done.as_ref()
-    }
-
-    fn kill(&mut self) {
-        if let Some(fd) = self.pidfd.take() {
-            use std::os::fd::AsRawFd;
-            // SAFETY: pidfd_send_signal with a pidfd we own, SIGKILL, no siginfo, no flags; an exited child
-            // makes it fail with ESRCH, harmlessly.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
-        }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        if self.done.is_none() {
-            self.kill();
-        }
-    }
-}
-
 /// The untraced reference of a calibration beside a session. `u0`: the session's, before any program was
 /// attached (the plain syscall); `u1`: here, with the session's pair attached (+ the slow syscall path any
 /// attached raw_syscalls program causes, + one untraced pass of the pair); `u2`: with this instance's pair
@@ -573,7 +414,7 @@ fn measure_traced(
         return Ok(());
     }
     let me = std::num::NonZeroU32::new(std::process::id()).ok_or(CaptureError::PidNotFound(0))?;
-    let p: &mut UProbe = super::program(ebpf, "llmprof_range")?;
+    let p: &mut UProbe = program(ebpf, llmprof_abi::RANGE_PROGRAM)?;
     let perr = |source| CaptureError::Program {
         program: "llmprof_range at llmprof itself (calibration)".to_owned(),
         source,
@@ -588,15 +429,15 @@ fn measure_traced(
     let link = p
         .attach(location, "/proc/self/exe", UProbeScope::OneProcess(me))
         .map_err(perr)?;
-    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_before = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.probe_attached = Some(median_ns_per_call(rec, calls));
-    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_after = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     raw.entry = Some(probe_first_byte());
     raw.syscalls_per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     // Sampled out: the record's step (1) is not a multiple of the sampling period.
-    super::write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
+    write_knob(ebpf, Knob::RangeSampleEvery, u64::MAX)?;
     raw.probe_sampled_out = Some(median_ns_per_call(rec, calls));
-    super::write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
+    write_knob(ebpf, Knob::RangeSampleEvery, 0)?;
     // The link stays until the capture is dropped: detaching a uprobe waits for an RCU grace period
     // (~100 ms here), and llmprof, no longer in TRACED, never calls its probe again.
     let _ = link;
@@ -607,7 +448,7 @@ fn measure_traced(
 /// and syscalls per round trip. The threads leave the map afterwards. A failure leaves the cost unmeasured.
 fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     let me = std::process::id();
-    let before = super::read_counters(ebpf);
+    let before = read_counters(ebpf);
     let trips = super::sched::PINGPONG_ROUND_TRIPS;
     let mut reg_err = None;
     raw.pingpong_traced = super::sched::median_ns_per_pingpong(trips, |tids| {
@@ -615,7 +456,7 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             reg_err = Some(e);
         }
     });
-    let after = super::read_counters(ebpf);
+    let after = read_counters(ebpf);
     let n = f64::from(trips) * ROUNDS as f64;
     let delta = |id: ProbeId| after[id as usize].hits.saturating_sub(before[id as usize].hits) as f64 / n;
     raw.sched_hits_per_trip = delta(ProbeId::Sched);
@@ -634,10 +475,10 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 /// Stacks go back off (the capture turns them on once calibrated). A failure leaves the cost unmeasured.
 fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     let me = std::process::id();
-    if super::write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
+    if write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
         return;
     }
-    let before = super::read_counters(ebpf);
+    let before = read_counters(ebpf);
     let trips = super::sched::PINGPONG_ROUND_TRIPS;
     let mut reg_err = None;
     let measured = super::sched::median_ns_per_pingpong(trips, |tids| {
@@ -645,8 +486,8 @@ fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
             reg_err = Some(e);
         }
     });
-    let after = super::read_counters(ebpf);
-    let off = super::write_knob(ebpf, Knob::OffCpuStacksOff, 1);
+    let after = read_counters(ebpf);
+    let off = write_knob(ebpf, Knob::OffCpuStacksOff, 1);
     let i = ProbeId::CpuSample as usize;
     raw.offcpu_stacks_per_trip =
         after[i].hits.saturating_sub(before[i].hits) as f64 / (f64::from(trips) * ROUNDS as f64);
@@ -668,13 +509,16 @@ fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 /// [`llmprof_calibrate_cuda_launch`] with the counting probe. The links stay, as in
 /// [`measure_traced`]: llmprof leaves TRACED right after, so its stand-in costs nothing more.
 fn measure_cuda(ebpf: &mut aya::Ebpf, raw: &mut Raw) -> Result<(), CaptureError> {
-    let (entry, ret) = super::CUDA_PROGRAMS;
+    let (entry, ret) = super::cuda::CUDA_PROGRAMS;
     let Some(per_call) = time_attached(ebpf, &[ret, entry], llmprof_calibrate_cuda_call)? else {
         return Ok(());
     };
     (raw.cuda_attached, raw.syscalls_per_cuda_call) = (Some(per_call.0), per_call.1);
-    if let Some((ns, sys)) = time_attached(ebpf, &[super::CUDA_COUNT_PROGRAM], llmprof_calibrate_cuda_launch)?
-    {
+    if let Some((ns, sys)) = time_attached(
+        ebpf,
+        &[super::cuda::CUDA_COUNT_PROGRAM],
+        llmprof_calibrate_cuda_launch,
+    )? {
         (raw.cuda_count_attached, raw.syscalls_per_cuda_count) = (Some(ns), sys);
     }
     Ok(())
@@ -695,7 +539,7 @@ fn time_attached(
         return Ok(None);
     };
     for &prog in progs {
-        let p: &mut UProbe = super::program(ebpf, prog)?;
+        let p: &mut UProbe = program(ebpf, prog)?;
         let perr = |source| CaptureError::Program {
             program: format!("{prog} at llmprof itself (calibration)"),
             source,
@@ -715,9 +559,9 @@ fn time_attached(
             .map_err(perr)?;
     }
     let calls = CUDA_CALLS_PER_ROUND;
-    let sys_before = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_before = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     let ns = median_ns_per_stand_in(f, calls);
-    let sys_after = super::read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
+    let sys_after = read_counters(ebpf)[ProbeId::Syscalls as usize].hits;
     let per_call = sys_after.saturating_sub(sys_before) as f64 / (f64::from(calls) * ROUNDS as f64);
     Ok(Some((ns, per_call)))
 }

@@ -14,9 +14,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use aya::maps::HashMap;
-use llmprof_abi::{HttpConnState, SockKey};
+use llmprof_abi::{HTTP_CONNS_MAP, HttpConnState, SockKey};
 
-use super::CaptureError;
+use super::error::CaptureError;
+use super::object::{map_err, map_mut};
 use super::rounds::median_round;
 
 /// Requests (head read + JSON response) per timed round.
@@ -116,19 +117,15 @@ pub(super) fn measure(ebpf: &mut aya::Ebpf) -> Result<HttpCost, CaptureError> {
 }
 
 fn set_followed(ebpf: &mut aya::Ebpf, key: SockKey, on: bool) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut("HTTP_CONNS")
-        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_CONNS".into()))?;
-    let mut conns =
-        HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(super::map_err("HTTP_CONNS"))?;
+    let mut conns: HashMap<_, SockKey, HttpConnState> = map_mut(ebpf, HTTP_CONNS_MAP)?;
     if on {
         let st = HttpConnState {
             conn: 1,
             remaining: -1,
             ..HttpConnState::default()
         };
-        conns.insert(key, st, 0).map_err(super::map_err("HTTP_CONNS"))
+        conns.insert(key, st, 0).map_err(map_err(HTTP_CONNS_MAP))
     } else {
-        conns.remove(&key).map_err(super::map_err("HTTP_CONNS"))
+        conns.remove(&key).map_err(map_err(HTTP_CONNS_MAP))
     }
 }

@@ -14,13 +14,15 @@ use aya::maps::HashMap;
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use llmprof_abi::python::{PyOffsets, PyStack};
+use llmprof_abi::{PY_PROCS_MAP, PY_THREADS_MAP, PYSAMPLE_PROGRAM};
 use llmprof_trace::pystack::PyStackSample;
 
-use super::{CaptureError, map_err, program};
+use super::error::CaptureError;
+use super::object::{map_err, map_mut, program};
 use crate::python::{PyProcess, PythonError};
 
 /// The perf_event program.
-pub const PROGRAM: &str = "llmprof_pysample";
+pub const PROGRAM: &str = PYSAMPLE_PROGRAM;
 /// Default sampling frequency, Hz (as `bpftrace profile:hz:99`: off the 100 Hz timer tick's phase).
 pub const DEFAULT_HZ: u64 = 99;
 /// How often the thread → thread-state map is refreshed: a thread started since is sampled without Python
@@ -78,12 +80,9 @@ impl PySampling {
         };
         log::debug!("python: pid {pid} runs CPython {}.{}", p.version.0, p.version.1);
         {
-            let map = ebpf
-                .map_mut("PY_PROCS")
-                .ok_or_else(|| CaptureError::MissingInObject("map PY_PROCS".into()))?;
-            let mut m = HashMap::<_, u32, PyOffsets>::try_from(map).map_err(map_err("PY_PROCS"))?;
+            let mut m: HashMap<_, u32, PyOffsets> = map_mut(ebpf, PY_PROCS_MAP)?;
             m.insert(pid, p.walker_offsets(), 0)
-                .map_err(map_err("PY_PROCS"))?;
+                .map_err(map_err(PY_PROCS_MAP))?;
         }
         self.procs.insert(pid, p);
         self.refresh(ebpf);
@@ -98,13 +97,13 @@ impl PySampling {
         if self.procs.remove(&pid).is_none() {
             return;
         }
-        if let Some(map) = ebpf.map_mut("PY_PROCS")
+        if let Some(map) = ebpf.map_mut(PY_PROCS_MAP)
             && let Ok(mut m) = HashMap::<_, u32, PyOffsets>::try_from(map)
         {
             let _ = m.remove(&pid);
         }
         let tids = self.threads.remove(&pid).unwrap_or_default();
-        if let Some(map) = ebpf.map_mut("PY_THREADS")
+        if let Some(map) = ebpf.map_mut(PY_THREADS_MAP)
             && let Ok(mut m) = HashMap::<_, u32, u64>::try_from(map)
         {
             for tid in tids {
@@ -155,7 +154,7 @@ impl PySampling {
 
     fn refresh(&mut self, ebpf: &mut Ebpf) {
         self.last_refresh = Some(Instant::now());
-        let Some(map) = ebpf.map_mut("PY_THREADS") else {
+        let Some(map) = ebpf.map_mut(PY_THREADS_MAP) else {
             return;
         };
         let Ok(mut m) = HashMap::<_, u32, u64>::try_from(map) else {

@@ -9,34 +9,33 @@
 
 use aya::Ebpf;
 use aya::maps::HashMap;
+use llmprof_abi::{SSWITCH_PROGRAM, SWAKING_PROGRAM, SWNEW_PROGRAM, THREADS_MAP, TNEW_PROGRAM};
 
-use super::{CaptureError, map_err};
+use super::error::CaptureError;
+use super::object::{attach_tracepoints, map_err, map_mut};
 
 /// The thread-state tracepoints: (category, name, program). `task_newtask` first, so a thread created while
 /// the others attach is already in the map.
 pub const SCHED_TRACEPOINTS: [(&str, &str, &str); 4] = [
-    ("task", "task_newtask", "llmprof_tnew"),
-    ("sched", "sched_switch", "llmprof_sswitch"),
-    ("sched", "sched_waking", "llmprof_swaking"),
-    ("sched", "sched_wakeup_new", "llmprof_swnew"),
+    ("task", "task_newtask", TNEW_PROGRAM),
+    ("sched", "sched_switch", SSWITCH_PROGRAM),
+    ("sched", "sched_waking", SWAKING_PROGRAM),
+    ("sched", "sched_wakeup_new", SWNEW_PROGRAM),
 ];
 
 /// Loads and attaches [`SCHED_TRACEPOINTS`].
 pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-    super::attach_tracepoints(ebpf, &SCHED_TRACEPOINTS)
+    attach_tracepoints(ebpf, &SCHED_TRACEPOINTS)
 }
 
 /// Puts every thread of `pids` now listed in `/proc/PID/task` into the kernel's `THREADS` map. Returns how
 /// many it put; a full map is an error here (the kernel program counts its own failed inserts as drops).
 pub(super) fn fill_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<usize, CaptureError> {
-    let map = ebpf
-        .map_mut("THREADS")
-        .ok_or_else(|| CaptureError::MissingInObject("map THREADS".into()))?;
-    let mut threads = HashMap::<_, u32, u32>::try_from(map).map_err(map_err("THREADS"))?;
+    let mut threads: HashMap<_, u32, u32> = map_mut(ebpf, THREADS_MAP)?;
     let mut n = 0;
     for &pid in pids {
         for tid in crate::sys::procfs::thread_ids(pid) {
-            threads.insert(tid, pid, 0).map_err(map_err("THREADS"))?;
+            threads.insert(tid, pid, 0).map_err(map_err(THREADS_MAP))?;
             n += 1;
         }
     }
@@ -45,22 +44,16 @@ pub(super) fn fill_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<usize, Captu
 
 /// Puts `tids` of `pid` into `THREADS` (the calibration's own threads).
 pub(super) fn put_threads(ebpf: &mut Ebpf, pid: u32, tids: &[u32]) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut("THREADS")
-        .ok_or_else(|| CaptureError::MissingInObject("map THREADS".into()))?;
-    let mut threads = HashMap::<_, u32, u32>::try_from(map).map_err(map_err("THREADS"))?;
+    let mut threads: HashMap<_, u32, u32> = map_mut(ebpf, THREADS_MAP)?;
     for &tid in tids {
-        threads.insert(tid, pid, 0).map_err(map_err("THREADS"))?;
+        threads.insert(tid, pid, 0).map_err(map_err(THREADS_MAP))?;
     }
     Ok(())
 }
 
 /// Removes `pid`'s threads from `THREADS` (the calibration's own threads).
 pub(super) fn forget_threads(ebpf: &mut Ebpf, pid: u32) -> Result<(), CaptureError> {
-    let map = ebpf
-        .map_mut("THREADS")
-        .ok_or_else(|| CaptureError::MissingInObject("map THREADS".into()))?;
-    let mut threads = HashMap::<_, u32, u32>::try_from(map).map_err(map_err("THREADS"))?;
+    let mut threads: HashMap<_, u32, u32> = map_mut(ebpf, THREADS_MAP)?;
     let mine: Vec<u32> = threads
         .iter()
         .filter_map(Result::ok)

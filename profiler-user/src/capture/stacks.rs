@@ -4,21 +4,26 @@
 //!
 //! The kernel program filters by the traced-tgid map, so untraced CPUs cost one hash lookup per tick. The
 //! budget first halves the rate (`Knob::SampleEvery`, the divider in the kernel) and then stops sampling
-//! ([`Sampler::detach`]: the perf events are closed).
+//! ([`Sampler::detach`]: the perf events are closed). [`Stacks`] is the capture's part: the sampler, the
+//! `Knob::OffCpuStacksOff` switch of the off-CPU stacks and the live measurement of the sampler's cost on the
+//! targets. Never symbolizes llmprof's own samples (the capture drops them before).
 
 use aya::Ebpf;
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
-use llmprof_abi::CpuSampleEvent;
+use llmprof_abi::{CpuSampleEvent, Knob, OFFCPU_RATE_MAP};
+use llmprof_trace::event::{Event, EventBody};
 use llmprof_trace::stack::CpuSample;
 
-use super::{CaptureError, program};
+use super::error::CaptureError;
+use super::object::{program, write_knob};
+use super::proc::set_traced;
 use crate::symbolize::{SymbolizeStats, Symbolizer};
 
 /// The sampler's perf-event program.
-pub const SAMPLE_PROGRAM: &str = "llmprof_sample";
+pub use llmprof_abi::SAMPLE_PROGRAM;
 /// Highest `--sample-rate` accepted: the kernel's default `perf_event_max_sample_rate` is 100 kHz and lowers
 /// itself when sampling takes too long; 1 kHz is already 10× the default and enough for any flame graph.
 pub const MAX_SAMPLE_HZ: u64 = 1000;
@@ -29,6 +34,102 @@ pub struct Sampler {
     links: Vec<PerfEventLinkId>,
     hz: u64,
     symbolizer: Symbolizer,
+}
+
+/// The stacks family of a capture: the sampler (when sampling) and the stacks decoded so far.
+#[derive(Debug, Default)]
+pub(super) struct Stacks {
+    sampler: Option<Sampler>,
+    /// On-CPU samples of the targets decoded so far (the live sampler cost's denominator).
+    on_cpu: u64,
+    /// Off-CPU stacks of the targets decoded (charged at their own cost by the self-accounting).
+    off_cpu: u64,
+}
+
+impl Stacks {
+    /// Keeps off-CPU stacks off (`Knob::OffCpuStacksOff`) until [`Stacks::go`]: set before the scheduler
+    /// programs are attached.
+    pub(super) fn hold_off_cpu(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        write_knob(ebpf, Knob::OffCpuStacksOff, 1)
+    }
+
+    /// Attaches the sampler at `hz` on every CPU; 0: no sampling.
+    pub(super) fn start(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
+        let sampler = match hz {
+            0 => None,
+            hz => Some(Sampler::attach(ebpf, hz)?),
+        };
+        Ok(Stacks {
+            sampler,
+            ..Stacks::default()
+        })
+    }
+
+    /// Turns off-CPU stacks on when sampling (once every probe is attached).
+    pub(super) fn go(&self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        if self.sampler.is_some() {
+            write_knob(ebpf, Knob::OffCpuStacksOff, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The sampler, when sampling.
+    pub(super) fn sampler(&self) -> Option<&Sampler> {
+        self.sampler.as_ref()
+    }
+
+    /// The sampler, when sampling, to symbolize a record.
+    pub(super) fn sampler_mut(&mut self) -> Option<&mut Sampler> {
+        self.sampler.as_mut()
+    }
+
+    /// Counts a decoded stack: an on-CPU sample or an off-CPU stack.
+    pub(super) fn decoded(&mut self, ev: &Event) {
+        self.on_cpu += u64::from(matches!(ev.body, EventBody::CpuSample(_)));
+        self.off_cpu += u64::from(matches!(ev.body, EventBody::OffCpuStack(_)));
+    }
+
+    /// The off-CPU stacks decoded so far.
+    pub(super) fn off_cpu(&self) -> u64 {
+        self.off_cpu
+    }
+
+    /// A process exited: the sampler forgets its addresses.
+    pub(super) fn forget(&mut self, pid: u32) {
+        if let Some(s) = self.sampler.as_mut() {
+            s.forget(pid);
+        }
+    }
+
+    /// Stops stack sampling (the budget's last sampling step): off-CPU stacks off, the perf events closed.
+    /// Returns whether it was sampling.
+    pub(super) fn detach(&mut self, ebpf: &mut Ebpf) -> Result<bool, CaptureError> {
+        write_knob(ebpf, Knob::OffCpuStacksOff, 1)?;
+        match self.sampler.as_mut() {
+            Some(s) => s.detach(ebpf),
+            None => Ok(false),
+        }
+    }
+
+    /// Off-CPU stacks the kernel's rate bound did not take (by design, not a loss); 0 without sampling.
+    pub(super) fn offcpu_not_taken(&self, ebpf: &Ebpf) -> u64 {
+        if self.sampler.is_none() {
+            return 0;
+        }
+        offcpu_not_taken(ebpf)
+    }
+
+    /// Starts measuring the sampler's cost on the targets ([`LiveCost`]); `None` when not sampling or the
+    /// kernel's statistics are unavailable.
+    pub(super) fn live_start(&self, ebpf: &mut Ebpf) -> Option<LiveCost> {
+        self.sampler.as_ref()?;
+        live_start(ebpf, self.on_cpu)
+    }
+
+    /// Ends the measurement ([`live_finish`]).
+    pub(super) fn live_finish(&self, ebpf: &mut Ebpf, c: LiveCost) -> LiveFigures {
+        live_finish(ebpf, c, self.on_cpu)
+    }
 }
 
 /// Loads the sampler's program into the kernel (verifies it) without attaching it.
@@ -42,7 +143,7 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
 
 impl Sampler {
     /// Loads the program and attaches it to a CPU clock at `hz` on every online CPU.
-    pub(super) fn attach(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
+    fn attach(ebpf: &mut Ebpf, hz: u64) -> Result<Self, CaptureError> {
         let perr = |source| CaptureError::Program {
             program: SAMPLE_PROGRAM.to_string(),
             source,
@@ -83,7 +184,7 @@ impl Sampler {
     }
 
     /// Closes the perf events (the budget's last sampling step). Returns whether any were attached.
-    pub(super) fn detach(&mut self, ebpf: &mut Ebpf) -> Result<bool, CaptureError> {
+    fn detach(&mut self, ebpf: &mut Ebpf) -> Result<bool, CaptureError> {
         if self.links.is_empty() {
             return Ok(false);
         }
@@ -103,7 +204,7 @@ impl Sampler {
     }
 
     /// A process exited: its addresses are forgotten.
-    pub(super) fn forget(&mut self, pid: u32) {
+    fn forget(&mut self, pid: u32) {
         self.symbolizer.forget(pid);
     }
 
@@ -115,8 +216,8 @@ impl Sampler {
 
 /// Off-CPU stacks the kernel's per-CPU rate bound did not take so far (all CPUs): not taken by design, not a
 /// loss (`llmprof_abi::offcpu`). 0 when the map cannot be read.
-pub(super) fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
-    let Some(m) = ebpf.map("OFFCPU_RATE") else {
+fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
+    let Some(m) = ebpf.map(OFFCPU_RATE_MAP) else {
         return 0;
     };
     let Ok(a) = aya::maps::PerCpuArray::<_, [u64; 3]>::try_from(m) else {
@@ -150,7 +251,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         }
     };
     let pid = std::process::id();
-    super::traced::set_traced(ebpf, pid, true)?;
+    set_traced(ebpf, pid, true)?;
     let measured = (|| -> Result<Option<f64>, CaptureError> {
         let perr = |source| CaptureError::Program {
             program: SAMPLE_PROGRAM.to_string(),
@@ -180,7 +281,7 @@ pub(super) fn calibrate(ebpf: &mut Ebpf) -> Result<Option<f64>, CaptureError> {
         let ns = after.run_time().saturating_sub(before.run_time()).as_nanos() as f64;
         Ok((runs >= CALIBRATION_MIN_RUNS).then(|| ns / runs as f64))
     })();
-    super::traced::set_traced(ebpf, pid, false)?;
+    set_traced(ebpf, pid, false)?;
     drop(stats);
     measured
 }
@@ -226,7 +327,7 @@ fn arrival_runs(ebpf: &mut Ebpf) -> Option<(u64, u128)> {
 
 /// Turns the statistics on and notes where the sampler program stands (`samples`: on-CPU samples of the targets
 /// decoded so far). `None` (logged) when the statistics are unavailable.
-pub(super) fn live_start(ebpf: &mut Ebpf, samples: u64) -> Option<LiveCost> {
+fn live_start(ebpf: &mut Ebpf, samples: u64) -> Option<LiveCost> {
     let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .map_err(|e| log::debug!("sampler live cost: BPF stats unavailable: {e}"))
         .ok()?;
@@ -246,7 +347,7 @@ pub(super) fn live_start(ebpf: &mut Ebpf, samples: u64) -> Option<LiveCost> {
 /// early exits on other tasks) divided by the targets' on-CPU samples decoded in it, ns — all of the
 /// sampler's CPU charged to the samples it took — and the arrival-stamp programs' figures. The statistics go
 /// off.
-pub(super) fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> LiveFigures {
+fn live_finish(ebpf: &mut Ebpf, c: LiveCost, samples: u64) -> LiveFigures {
     let arrival = match (c.arrivals, arrival_runs(ebpf)) {
         (Some((r0, t0)), Some((r1, t1))) if r1 > r0 => {
             let runs = r1 - r0;

@@ -6,26 +6,33 @@
 //! follows every accepted connection provisionally and keeps the HTTP/1.x ones, so `HTTP_LISTEN` is only
 //! written for `--http-port`). Its records are decoded by `llmprof_trace::decode::wire`. Also attaches the
 //! arrival stamps ([`attach_arrivals`]): a request starts when its bytes reached the server's socket, not when
-//! the server read them.
+//! the server read them. [`Wire`] is the capture's part: the ports followed per process and the requests
+//! rebuilt from the decoded records. Never reads a connection's bytes itself: the kernel decoders do.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{BTreeSet, HashMap as StdHashMap};
 use std::sync::Arc;
 
 use aya::Ebpf;
 use aya::maps::{HashMap, ProgramArray};
 use aya::programs::RawTracePoint;
-use llmprof_abi::{HTTP_PHASE_PROBE, HttpConnState, SockKey, WIRE_DECODER_PROGRAMS};
-use llmprof_trace::wire::OwnConns;
+use llmprof_abi::{
+    HTTP_CONNS_MAP, HTTP_LISTEN_MAP, HTTP_PHASE_PROBE, HTTP_PORTS_MAP, HttpConnState, SKGONE_PROGRAM,
+    SKREADY_PROGRAM, SKRECV_PROGRAM, SockKey, WIRE_DECODER_PROGRAMS, WIRE_DECODERS_MAP,
+};
+use llmprof_trace::event::Event;
+use llmprof_trace::wire::{OwnConns, Reconstructor, WireRecord, WireStats};
 
-use super::{CaptureError, map_err};
+use super::error::CaptureError;
+use super::object::{attach_tracepoints, map_err, map_mut, program};
+use super::tracefs::tracepoint_dir;
 use crate::sys::tcp;
 
 /// The arrival-stamp programs (`profiler-ebpf/src/wire.rs`): (category, name, program), the forgetting one
 /// first so no stamp outlives its socket.
 pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
-    ("tcp", "tcp_destroy_sock", "llmprof_skgone"),
-    ("sock", "sock_recv_length", "llmprof_skrecv"),
-    ("sock", "sk_data_ready", "llmprof_skready"),
+    ("tcp", "tcp_destroy_sock", SKGONE_PROGRAM),
+    ("sock", "sock_recv_length", SKRECV_PROGRAM),
+    ("sock", "sk_data_ready", SKREADY_PROGRAM),
 ];
 
 /// Loads the wire decoders (`llmprof_abi::WIRE_DECODER_PROGRAMS`) into the `WIRE_DECODERS` program array that
@@ -34,7 +41,7 @@ pub const ARRIVAL_TRACEPOINTS: [(&str, &str, &str); 3] = [
 pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     let mut fds = Vec::with_capacity(WIRE_DECODER_PROGRAMS.len());
     for name in WIRE_DECODER_PROGRAMS {
-        let p: &mut RawTracePoint = super::program(ebpf, name)?;
+        let p: &mut RawTracePoint = program(ebpf, name)?;
         let perr = |source| CaptureError::Program {
             program: name.to_owned(),
             source,
@@ -50,12 +57,9 @@ pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
                 })?,
         );
     }
-    let map = ebpf
-        .map_mut("WIRE_DECODERS")
-        .ok_or_else(|| CaptureError::MissingInObject("map WIRE_DECODERS".into()))?;
-    let mut slots = ProgramArray::try_from(map).map_err(map_err("WIRE_DECODERS"))?;
+    let mut slots: ProgramArray<_> = map_mut(ebpf, WIRE_DECODERS_MAP)?;
     for (slot, fd) in (0u32..).zip(&fds) {
-        slots.set(slot, fd, 0).map_err(map_err("WIRE_DECODERS"))?;
+        slots.set(slot, fd, 0).map_err(map_err(WIRE_DECODERS_MAP))?;
     }
     Ok(())
 }
@@ -67,7 +71,7 @@ pub fn load_decoders(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
 pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), String>, CaptureError> {
     let missing: Vec<String> = ARRIVAL_TRACEPOINTS
         .iter()
-        .filter(|(c, n, _)| !super::tracepoint_dir(c, n).exists())
+        .filter(|(c, n, _)| !tracepoint_dir(c, n).exists())
         .map(|(c, n, _)| format!("{c}:{n}"))
         .collect();
     if !missing.is_empty() {
@@ -77,16 +81,89 @@ pub fn attach_arrivals(ebpf: &mut Ebpf, ports: &HttpPorts) -> Result<Result<(), 
         )));
     }
     if let HttpPorts::Only(only) = ports {
-        let map = ebpf
-            .map_mut("HTTP_PORTS")
-            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_PORTS".into()))?;
-        let mut known = HashMap::<_, u16, u8>::try_from(map).map_err(map_err("HTTP_PORTS"))?;
+        let mut known: HashMap<_, u16, u8> = map_mut(ebpf, HTTP_PORTS_MAP)?;
         for &p in only {
-            known.insert(p, 1, 0).map_err(map_err("HTTP_PORTS"))?;
+            known.insert(p, 1, 0).map_err(map_err(HTTP_PORTS_MAP))?;
         }
     }
-    super::attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
+    attach_tracepoints(ebpf, &ARRIVAL_TRACEPOINTS)?;
     Ok(Ok(()))
+}
+
+/// The wire probe of a capture: the ports followed and the requests rebuilt from its records.
+pub(super) struct Wire {
+    /// Requests rebuilt from the probe's records.
+    requests: Reconstructor,
+    /// Which ports the probe follows.
+    ports: HttpPorts,
+    /// Ports followed so far, per traced process.
+    followed: StdHashMap<u32, Vec<u16>>,
+    /// Last id given to a connection seeded from /proc (counts down from `u64::MAX`).
+    seeded: u64,
+    /// Processes that joined the session after the start (process trees): their sockets are followed too.
+    joined: BTreeSet<u32>,
+}
+
+impl Wire {
+    /// Follows `ports` (nothing is written to the kernel before [`Wire::refresh`]).
+    pub(super) fn new(ports: &HttpPorts) -> Self {
+        Wire {
+            requests: Reconstructor::with_own(own_conns()),
+            ports: ports.clone(),
+            followed: StdHashMap::new(),
+            seeded: u64::MAX,
+            joined: BTreeSet::new(),
+        }
+    }
+
+    /// A process joined the session after the start: its sockets are followed from the next refresh.
+    pub(super) fn process_joined(&mut self, pid: u32) {
+        self.joined.insert(pid);
+    }
+
+    /// A process left the session.
+    pub(super) fn process_left(&mut self, pid: u32) {
+        self.joined.remove(&pid);
+        self.followed.remove(&pid);
+    }
+
+    /// Finds the listening sockets of `targets` and of the processes that joined (and connections established
+    /// on them) and has the kernel follow them. Returns the ports followed per process.
+    pub(super) fn refresh(
+        &mut self,
+        ebpf: &mut Ebpf,
+        targets: &[u32],
+    ) -> Result<&StdHashMap<u32, Vec<u16>>, CaptureError> {
+        let pids: Vec<u32> = targets.iter().chain(&self.joined).copied().collect();
+        for pid in pids {
+            let socks = discover(pid, &self.ports);
+            if socks.listening.is_empty() {
+                continue;
+            }
+            let ports = fill(ebpf, pid, &socks, &self.ports, &mut self.seeded)?;
+            let known = self.followed.entry(pid).or_default();
+            if *known != ports {
+                log::info!("wire probe: following HTTP on port(s) {ports:?} of pid {pid}");
+                *known = ports;
+            }
+        }
+        Ok(&self.followed)
+    }
+
+    /// A decoded wire record: the requests it completes go to `out`.
+    pub(super) fn push(&mut self, r: WireRecord, out: &mut Vec<Event>) {
+        self.requests.push(r, out);
+    }
+
+    /// An engine record of a traced process: what a wire request of its process may have carried.
+    pub(super) fn engine(&mut self, ev: &Event) {
+        self.requests.engine(ev);
+    }
+
+    /// What the reconstruction saw so far.
+    pub(super) fn stats(&self) -> WireStats {
+        self.requests.stats
+    }
 }
 
 /// llmprof's own connections to traced servers (its /metrics GETs), one registry per llmprof process: every
@@ -117,16 +194,15 @@ pub struct Sockets {
     pub established: Vec<i32>,
 }
 
-/// The sockets of `pid` to follow, from `fds` (inode → fd) and the tables' text.
-pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) -> Sockets {
+/// The sockets of `pid` to follow, from `fds` (inode → fd) and its namespace's sockets.
+pub fn select(fds: &StdHashMap<u64, i32>, rows: &[tcp::TcpRow], ports: &HttpPorts) -> Sockets {
     let mut s = Sockets::default();
-    let rows: Vec<tcp::TcpRow> = tables.iter().flat_map(|t| tcp::rows(t)).collect();
     let wanted = |p: u16| match ports {
         HttpPorts::All => true,
         HttpPorts::Only(v) => v.contains(&p),
         HttpPorts::Off => false,
     };
-    for r in &rows {
+    for r in rows {
         if r.state == tcp::LISTEN
             && wanted(r.local.port())
             && let Some(&fd) = fds.get(&r.inode)
@@ -134,7 +210,7 @@ pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) 
             s.listening.push((fd, r.local.port()));
         }
     }
-    for r in &rows {
+    for r in rows {
         if r.state == tcp::ESTABLISHED
             && s.listening.iter().any(|(_, p)| *p == r.local.port())
             && let Some(&fd) = fds.get(&r.inode)
@@ -149,12 +225,22 @@ pub fn select(fds: &StdHashMap<u64, i32>, tables: &[String], ports: &HttpPorts) 
     s
 }
 
-/// The sockets of `pid` to follow, read from /proc.
+/// The sockets of `pid` to follow: its namespace's listeners (and connections, only when it holds one of
+/// them) matched against its fds.
 pub fn discover(pid: u32, ports: &HttpPorts) -> Sockets {
     if *ports == HttpPorts::Off {
         return Sockets::default();
     }
-    select(&tcp::socket_fds(pid), &tcp::tables(Some(pid)), ports)
+    let fds = tcp::socket_fds(pid);
+    let listeners = tcp::sockets(Some(pid), tcp::Want::Listening);
+    if !listeners.iter().any(|r| fds.contains_key(&r.inode)) {
+        return Sockets::default();
+    }
+    select(
+        &fds,
+        &tcp::sockets(Some(pid), tcp::Want::ListeningAndEstablished),
+        ports,
+    )
 }
 
 /// Writes `pid`'s sockets into the kernel maps: listening fds to follow (with [`HttpPorts::Only`]; with
@@ -170,20 +256,14 @@ pub fn fill(
 ) -> Result<Vec<u16>, CaptureError> {
     let all = *ports == HttpPorts::All;
     if !all {
-        let map = ebpf
-            .map_mut("HTTP_LISTEN")
-            .ok_or_else(|| CaptureError::MissingInObject("map HTTP_LISTEN".into()))?;
-        let mut listen = HashMap::<_, SockKey, u8>::try_from(map).map_err(map_err("HTTP_LISTEN"))?;
+        let mut listen: HashMap<_, SockKey, u8> = map_mut(ebpf, HTTP_LISTEN_MAP)?;
         for &(fd, _) in &s.listening {
             listen
                 .insert(SockKey { pid, fd }, 1, 0)
-                .map_err(map_err("HTTP_LISTEN"))?;
+                .map_err(map_err(HTTP_LISTEN_MAP))?;
         }
     }
-    let map = ebpf
-        .map_mut("HTTP_CONNS")
-        .ok_or_else(|| CaptureError::MissingInObject("map HTTP_CONNS".into()))?;
-    let mut conns = HashMap::<_, SockKey, HttpConnState>::try_from(map).map_err(map_err("HTTP_CONNS"))?;
+    let mut conns: HashMap<_, SockKey, HttpConnState> = map_mut(ebpf, HTTP_CONNS_MAP)?;
     for &fd in &s.established {
         let key = SockKey { pid, fd };
         if conns.get(&key, 0).is_ok() {
@@ -196,7 +276,7 @@ pub fn fill(
             remaining: -1,
             ..HttpConnState::default()
         };
-        conns.insert(key, st, 0).map_err(map_err("HTTP_CONNS"))?;
+        conns.insert(key, st, 0).map_err(map_err(HTTP_CONNS_MAP))?;
     }
     let mut ports: Vec<u16> = s.listening.iter().map(|(_, p)| *p).collect();
     ports.sort_unstable();
@@ -219,7 +299,7 @@ mod tests {
     #[test]
     fn listening_and_established_sockets_of_the_chosen_ports() {
         let fds: StdHashMap<u64, i32> = [(1001, 5), (1002, 9), (1003, 6)].into_iter().collect();
-        let t = vec![TCP.to_owned()];
+        let t: Vec<tcp::TcpRow> = tcp::rows(TCP).collect();
         let all = select(&fds, &t, &HttpPorts::All);
         assert_eq!(all.listening, vec![(5, 8080), (6, 8081)]);
         // 1004 is the client side of the connection (another process's fd here): not ours.

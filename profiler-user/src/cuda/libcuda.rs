@@ -57,9 +57,10 @@ pub enum LibcudaError {
     },
 }
 
-/// The libcuda mapped into `pid`. `None` when none is mapped.
+/// The libcuda mapped into `pid` (by its map as read at most [`crate::sys::maps::RECENT`] ago: asked every
+/// tick). `None` when none is mapped.
 pub fn find_in_process(pid: u32) -> Option<MappedFile> {
-    Maps::of(pid).ok()?.find_file(is_libcuda)
+    Maps::recent(pid).ok()?.find_file(is_libcuda)
 }
 
 /// Whether a mapped file's base name is libcuda's.

@@ -415,14 +415,12 @@ pub fn instance_port(instance: &str) -> Option<u16> {
     port.parse().ok().filter(|&p| p > 0)
 }
 
-/// The listeners of one network namespace: its LISTEN sockets (one representative process's
-/// `/proc/PID/net/tcp{,6}` is the namespace's table) and which of its processes hold them.
+/// The listeners of one network namespace: its LISTEN sockets (asked in one representative process's
+/// namespace) and which of its processes hold them.
 fn listeners_of(ns: &netns::NetNs) -> Listeners {
     let mut sockets = Vec::new();
     for &rep in ns.pids.iter().take(3) {
-        for table in tcp::tables(Some(rep)) {
-            sockets.extend(tcp::listening(&table));
-        }
+        sockets.extend(tcp::listeners(Some(rep)));
         if !sockets.is_empty() || Path::new(&format!("/proc/{rep}/net/tcp")).exists() {
             break;
         }
