@@ -5,18 +5,29 @@
 //! (the `llmprof_abi` layouts) into [`Event`]s, samplers add their own, the merge orders them by
 //! [`Event::ts_ns`] (CLOCK_BOOTTIME ns), and sinks are pure functions of the resulting stream, so they are tested
 //! from fixtures built in code without root.
+//!
+//! What a probe family adds beyond its variants of [`Event`] is its own file, named after the family:
+//! [`cupti`] (GPU activity and what links it to launches and steps), [`engine`] (the request timeline every
+//! consumer shares), [`python`] (resolved Python frames and their merge into native stacks), [`sched`]
+//! (thread states), [`stacks`] (symbolized stack samples, off-CPU labels).
 
 use std::net::IpAddr;
 
-pub use crate::thread_state::{SchedSwitch, SchedWake};
+pub mod cupti;
+pub mod engine;
+pub mod python;
+pub mod sched;
+pub mod stacks;
 
-use crate::stack::CpuSample;
+pub use sched::{SchedSwitch, SchedWake};
+
 use llmprof_abi::{
     ContentKind, CudaFunc, CudaVariant, FileOp, NUM_PROBES, ProbeCounters, RangeRecord, RequestRecord,
     StepRecord,
 };
+use stacks::CpuSample;
 
-/// First request id of the requests seen on the wire ([`crate::wire`]); an engine's own ids are per-process
+/// First request id of the requests seen on the wire ([`crate::decode::wire::requests`]); an engine's own ids are per-process
 /// counters far below it, so the two never meet in [`EventBody::Request`] and the trace's request names.
 pub const WIRE_REQ_BASE: u64 = 1 << 40;
 
@@ -163,9 +174,9 @@ pub enum EventBody {
     Overhead(Box<OverheadSample>),
     /// The overhead budget switched something off (`llmprof::budget`): an instant on the llmprof track.
     Degraded(Degradation),
-    /// A Python stack sample of a thread (perf_event CPU clock), resolved ([`crate::pystack`]).
-    PyStack(Box<crate::pystack::PyStackSample>),
-    /// A request seen on the wire (`crate::wire`): its method and path (its lifecycle comes as `Request`
+    /// A Python stack sample of a thread (perf_event CPU clock), resolved ([`crate::event::python`]).
+    PyStack(Box<python::PyStackSample>),
+    /// A request seen on the wire (`crate::decode::wire::requests`): its method and path (its lifecycle comes as `Request`
     /// records of the same `req_id`).
     WireRequest {
         /// Wire request id (from [`WIRE_REQ_BASE`] up).
@@ -198,7 +209,7 @@ pub enum EventBody {
         /// The response was a stream of server-sent events.
         streamed: bool,
         /// The engine request this exchange carried, seen by the engine's own probes in the same process
-        /// (one request, two views: `crate::wire::join`).
+        /// (one request, two views: `crate::decode::wire::requests::join`).
         engine_req: Option<u64>,
     },
     /// SSE events with generated content after a wire request's first one (one write may carry several).
@@ -208,28 +219,28 @@ pub enum EventBody {
         /// Content events in the write.
         count: u32,
     },
-    /// A context switch involving a traced thread ([`crate::thread_state`]); the event's pid/tid are the
+    /// A context switch involving a traced thread ([`crate::event::sched`]); the event's pid/tid are the
     /// traced process and its thread (the one going off the CPU when it is traced, else the one coming on).
     SchedSwitch(Box<SchedSwitch>),
     /// A traced thread made runnable; the event's pid/tid are the woken thread's, the waker is in the body.
     SchedWake(Box<SchedWake>),
-    /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::stack`]).
+    /// An on-CPU stack sample of the thread (perf_event sampler), symbolized ([`crate::event::stacks`]).
     CpuSample(Box<CpuSample>),
     /// The stack of a traced thread blocking at a context switch (it follows that `SchedSwitch`, same time
-    /// and thread; [`crate::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
+    /// and thread; [`stacks::offcpu`]), symbolized, Python frames spliced in like an on-CPU sample's.
     OffCpuStack(Box<CpuSample>),
-    /// GPU work CUPTI recorded in the target (injected helper, [`crate::gpu`]): a kernel, copy, memset or host
+    /// GPU work CUPTI recorded in the target (injected helper, [`crate::event::cupti`]): a kernel, copy, memset or host
     /// wait. The event's time is when its chunk was handed over; the work's own times (BOOTTIME) are in it.
-    GpuWork(Box<crate::gpu::GpuWork>),
+    GpuWork(Box<cupti::GpuWork>),
     /// A CUDA API call CUPTI recorded (links the calling thread to GPU work by correlation id); event time as
     /// for [`EventBody::GpuWork`].
-    GpuApi(Box<crate::gpu::GpuApi>),
+    GpuApi(Box<cupti::GpuApi>),
     /// A window's summary of GPU work (the helper's default mode): per kernel name, copy kind and wait type,
     /// count and GPU time; event time as for [`EventBody::GpuWork`].
-    GpuSummary(Box<crate::gpu::GpuWindow>),
+    GpuSummary(Box<cupti::GpuWindow>),
     /// A compacted interval of GPU work on one device (the helper's default mode); event time as for
     /// [`EventBody::GpuWork`].
-    GpuBusy(Box<crate::gpu::GpuBusyInterval>),
+    GpuBusy(Box<cupti::GpuBusyInterval>),
 }
 
 impl EventBody {
@@ -527,7 +538,7 @@ pub struct SessionStats {
     /// llmprof's own cost, the budget's steps and the size limit (None when not accounted, e.g. fixtures).
     pub overhead: Option<OverheadSummary>,
     /// GPU activity chunks read and lost (CUPTI helper; all zero without it).
-    pub gpu: crate::gpu::GpuStats,
+    pub gpu: cupti::GpuStats,
     /// Off-CPU stacks not taken by design: the kernel's per-CPU rate bound (not a loss, not in the drops).
     pub offcpu_not_taken: u64,
 }

@@ -29,7 +29,7 @@
 //! Never part of a release build's code path: compiled for this crate's tests and behind the `testing` feature,
 //! which only dev-dependencies enable.
 
-pub mod gpu;
+pub mod cupti;
 
 use std::net::SocketAddr;
 

@@ -133,7 +133,10 @@ pub fn get_from(url: &str, server_pids: &[u32]) -> Option<String> {
         authority: &authority,
         path: &path,
         headers: &[
-            ("User-Agent", llmprof_trace::wire::LLMPROF_USER_AGENT),
+            (
+                "User-Agent",
+                llmprof_trace::decode::wire::requests::LLMPROF_USER_AGENT,
+            ),
             ("Accept", "text/plain"),
         ],
         max_answer: MAX_BODY,

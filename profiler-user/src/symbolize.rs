@@ -36,7 +36,7 @@ use crate::symbol_files::{self, PerfMaps};
 use blazesym::symbolize::{Input, Reason, Symbolized, Symbolizer as Blaze};
 use blazesym::{MaybeDefault, Pid};
 use llmprof_abi::{CpuSampleEvent, USER_STACK_MAX};
-use llmprof_trace::stack::{CpuSample, Frame, FrameKind, KERNEL_MODULE, UNKNOWN};
+use llmprof_trace::event::stacks::{CpuSample, Frame, FrameKind, KERNEL_MODULE, UNKNOWN};
 
 /// Frames of one address: the function it is in, preceded by the functions inlined into it at that
 /// address (innermost first).

@@ -14,7 +14,7 @@ use std::process::Command;
 
 use e2e::testee::Testee;
 use e2e::trace_processor::Trace;
-use llmprof_trace::names::gpu::{arg, slice, track};
+use llmprof_trace::names::cupti::{arg, slice, track};
 use llmprof_trace::names::{marker, tp_arg};
 
 const LLMPROF: &str = env!("CARGO_BIN_EXE_llmprof");

@@ -1,12 +1,12 @@
 //! GPU activity from CUPTI in the Perfetto sink, on a fixture built in code (no GPU, no root): an engine's two
 //! steps and the kernels they launched, decoded from a chunk of the `llmprof_abi::gpu` layouts
-//! (`llmprof_trace::testing::gpu::engine_fixture`). Checked with Perfetto's real trace processor: 0 import
+//! (`llmprof_trace::testing::cupti::engine_fixture`). Checked with Perfetto's real trace processor: 0 import
 //! errors, the kernels on their stream's track, each with the `step_id` of the step whose host time held its
 //! launch, the flows from the launching API calls.
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
 
 use llmprof_trace::event::SessionStats;
-use llmprof_trace::names::gpu::{slice, track};
+use llmprof_trace::names::cupti::{slice, track};
 use llmprof_trace::names::{arg, tp_arg};
 use llmprof_trace::perfetto::TraceSink;
 use llmprof_trace::testing;
@@ -24,7 +24,7 @@ fn kernels_land_on_stream_tracks_with_their_step_and_launch_flow() {
     ) {
         return;
     }
-    let (events, gpu) = testing::gpu::engine_fixture(PID, TID, T0);
+    let (events, gpu) = testing::cupti::engine_fixture(PID, TID, T0);
     let procs = [testing::process(
         PID,
         "llmserve",

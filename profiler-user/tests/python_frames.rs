@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use e2e::testee::Testee;
 use llmprof::capture::{Capture, CaptureConfig};
 use llmprof_trace::event::EventBody;
+use llmprof_trace::event::python::{PyStackSample, PyStackStatus};
 use llmprof_trace::names::slice;
-use llmprof_trace::pystack::{PyStackSample, PyStackStatus};
 
 /// Where pyenv keeps its Pythons on the test machines (3.10 to 3.13, and 3.9 for the unsupported case).
 const PYENV: &str = "/root/.pyenv/versions";

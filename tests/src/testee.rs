@@ -71,12 +71,15 @@ impl Testee {
         &self.ready
     }
 
-    /// Sends one command line.
+    /// Sends one command line, in one `write`: a target that answers each `read` (the C fixtures) must never
+    /// see the command and its newline in two reads, or it answers twice and every later answer is one behind.
+    /// (`writeln!` on the unbuffered pipe writes each piece of its format apart.)
     pub fn send(&mut self, cmd: &str) {
         let Some(stdin) = self.stdin.as_mut() else {
             panic!("the target's input is closed");
         };
-        writeln!(stdin, "{cmd}")
+        stdin
+            .write_all(format!("{cmd}\n").as_bytes())
             .and_then(|()| stdin.flush())
             .unwrap_or_else(|e| panic!("writing {cmd:?} to the target: {e}"));
     }
@@ -138,7 +141,7 @@ impl Testee {
     pub fn exit(mut self) -> ExitStatus {
         // The target may be gone already (a test that killed it): the status says so.
         if let Some(stdin) = self.stdin.as_mut() {
-            let _ = writeln!(stdin, "exit").and_then(|()| stdin.flush());
+            let _ = stdin.write_all(b"exit\n").and_then(|()| stdin.flush());
         }
         self.close()
     }

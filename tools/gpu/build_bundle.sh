@@ -9,9 +9,9 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-target/gpu-bundle}
 mkdir -p "$OUT"
 cargo build --release -p inference --features cuda --bin llmserve
-# The test binary's path is printed by cargo as "Executable tests/cuda_backend.rs (target/release/deps/...)".
+# The test binary's path is printed by cargo as "Executable tests/cuda_backend/main.rs (target/release/deps/...)".
 TEST_BIN=$(cargo test --release -p inference --features cuda --test cuda_backend --no-run 2>&1 \
-    | sed -n 's/.*Executable tests\/cuda_backend.rs (\(.*\))/\1/p' | tail -1)
+    | sed -n 's/.*Executable tests\/cuda_backend\/main.rs (\(.*\))/\1/p' | tail -1)
 [ -x "$TEST_BIN" ] || { echo "cuda_backend test binary not found" >&2; exit 1; }
 # Debug info stripped (6 MB instead of 35 MB); the probe symbols live in .dynsym and stay.
 strip --strip-debug -o "$OUT/llmserve" target/release/llmserve

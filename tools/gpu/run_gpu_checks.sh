@@ -10,7 +10,7 @@
 #
 # Steps (each logged to OUT_DIR/NN-*.log; a summary at the end and in OUT_DIR/summary.txt):
 #   1. environment: nvidia-smi, NVRTC libraries found;
-#   2. the ignored GPU tests of inference/tests/cuda_backend.rs (CPU vs GPU logits on tiny models of every
+#   2. the ignored GPU tests of inference/tests/cuda_backend/ (CPU vs GPU logits on tiny models of every
 #      type, "Paris" on the default model, CUDA-event step times on the host clock, tokens drawn on the device
 #      against sampling.rs's rule (chi-square) and the host sampler, tensor-core prefill of 512 tokens within the
 #      f16 tolerance and its time, decode throughput greedy and sampled);

@@ -1,5 +1,5 @@
 //! OTel test tools (owner: otel): the `rotel` OpenTelemetry collector, for the end-to-end test that sends
-//! llmprof's spans through a real collector (`profiler-user/tests/otel_export.rs`).
+//! llmprof's spans through a real collector (`profiler-user/tests/otel_export/`).
 //!
 //! The PyPI package `rotel` ships the collector as a self-contained binary (`rotel/rotel-agent`). This task
 //! installs the wheel's files into the project cache (`~/.cache/llmprof/tools/rotel`, pip `--target`, nothing in

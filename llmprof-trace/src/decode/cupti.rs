@@ -22,8 +22,10 @@ use llmprof_abi::cupti::{
 };
 
 use super::{Record, read};
+use crate::event::cupti::{
+    GpuApi, GpuBusyInterval, GpuStats, GpuWindow, GpuWork, NAMES_PER_PROCESS, SummaryRow,
+};
 use crate::event::{Event, EventBody};
-use crate::gpu::{GpuApi, GpuBusyInterval, GpuStats, GpuWindow, GpuWork, NAMES_PER_PROCESS, SummaryRow};
 
 impl Record for GpuChunkEvent {}
 

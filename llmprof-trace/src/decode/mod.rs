@@ -22,11 +22,11 @@ pub mod wire;
 use llmprof_abi::python::PyStack;
 use llmprof_abi::{CpuSampleEvent, EventHeader, EventKind};
 
+use crate::decode::wire::requests::WireRecord;
+use crate::event::cupti::GpuStats;
+use crate::event::python::PyStackSample;
+use crate::event::stacks::CpuSample;
 use crate::event::{Event, EventBody};
-use crate::gpu::GpuStats;
-use crate::pystack::PyStackSample;
-use crate::stack::CpuSample;
-use crate::wire::WireRecord;
 use egress::Cidr;
 
 /// Marker for the `#[repr(C)]` record types of `llmprof_abi`: integers, floats and arrays of them only, so
@@ -71,7 +71,7 @@ pub enum Decoded {
     PyStack(Event),
     /// The events of one GPU activity chunk.
     Events(Vec<Event>),
-    /// A record of the wire probe, for the request reconstruction ([`crate::wire::Reconstructor`]).
+    /// A record of the wire probe, for the request reconstruction ([`crate::decode::wire::requests::Reconstructor`]).
     Wire(WireRecord),
     /// A valid record that gives nothing: a stack the resolver dropped, a Python walk of a process not sampled.
     Nothing,
@@ -204,14 +204,17 @@ pub(crate) mod test_records {
     pub(crate) struct NoMachine;
 
     impl super::Resolve for NoMachine {
-        fn native_stack(&mut self, _: &llmprof_abi::CpuSampleEvent) -> Option<crate::stack::CpuSample> {
+        fn native_stack(
+            &mut self,
+            _: &llmprof_abi::CpuSampleEvent,
+        ) -> Option<crate::event::stacks::CpuSample> {
             None
         }
         fn python_stack(
             &mut self,
             _: u32,
             _: &llmprof_abi::python::PyStack,
-        ) -> Option<crate::pystack::PyStackSample> {
+        ) -> Option<crate::event::python::PyStackSample> {
             None
         }
     }

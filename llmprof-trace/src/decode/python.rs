@@ -5,8 +5,8 @@
 use llmprof_abi::python::PyStackEvent;
 
 use super::{Record, Resolve, at, read};
+use crate::event::python::splice;
 use crate::event::{Event, EventBody};
-use crate::pystack::splice;
 
 impl Record for PyStackEvent {}
 
@@ -53,8 +53,8 @@ mod tests {
     use super::super::test_records::{NoMachine, bytes, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
-    use crate::pystack::{PyFrame, PyStackSample, PyStackStatus};
-    use crate::stack::{CpuSample, Frame, FrameKind};
+    use crate::event::python::{PyFrame, PyStackSample, PyStackStatus};
+    use crate::event::stacks::{CpuSample, Frame, FrameKind};
 
     /// Resolves the walks of pid 10 (one frame per code address, named `f<code>`); other pids are not Python.
     struct Py;

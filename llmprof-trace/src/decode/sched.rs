@@ -5,8 +5,8 @@ use llmprof_abi::sched::{
 };
 
 use super::{Record, read};
+use crate::event::sched::comm_str;
 use crate::event::{Event, EventBody, SchedSwitch, SchedWake};
-use crate::thread_state::comm_str;
 
 impl Record for SchedSwitchEvent {}
 impl Record for SchedWakeEvent {}

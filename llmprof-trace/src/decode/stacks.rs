@@ -34,8 +34,8 @@ mod tests {
     use super::super::test_records::{NoMachine, bytes, hdr};
     use super::super::{Decoded, Decoder};
     use super::*;
-    use crate::pystack::PyStackSample;
-    use crate::stack::{CpuSample, Frame, FrameKind};
+    use crate::event::python::PyStackSample;
+    use crate::event::stacks::{CpuSample, Frame, FrameKind};
 
     /// Names each user address `u<addr>`, as a symbolizer would; drops the samples of pid 1.
     struct Names;

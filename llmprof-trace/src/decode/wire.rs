@@ -1,10 +1,12 @@
 //! The wire probe's records (`HttpEvent`, `HttpHeadEvent`): decoded into [`WireRecord`]s for the request
-//! reconstruction ([`crate::wire::Reconstructor`]), which keeps only what it needs of the head bytes.
+//! reconstruction ([`crate::decode::wire::requests::Reconstructor`]), which keeps only what it needs of the head bytes.
+
+pub mod requests;
 
 use llmprof_abi::{EventHeader, EventKind, HTTP_HEAD_MAX, HttpEvent, HttpHeadEvent, HttpOp};
 
 use super::{Record, read};
-use crate::wire::WireRecord;
+use crate::decode::wire::requests::WireRecord;
 
 impl Record for HttpEvent {}
 impl Record for HttpHeadEvent {}

@@ -2,7 +2,7 @@
 //!
 //! Owns the spans: a request span (GenAI attributes, the caller's trace context, the kernel events seen on the
 //! engine's threads as span events) and its children, the segments of the request's
-//! [`RequestTimeline`] (`queue`, `prefill` per chunk, `decode`, `preempted`; see [`crate::timeline`] for how they
+//! [`RequestTimeline`] (`queue`, `prefill` per chunk, `decode`, `preempted`; see [`crate::event::engine`] for how they
 //! tile the request and how prefill is told from decode). A prefill chunk's step is in its attributes (the step's
 //! own host time is `llmprof.step.host_duration`; the chunk span also holds the scheduling gap before the step). It
 //! is a pure function of the stream (no I/O, no clock reads, ids from an injected generator), so it is unit-tested
@@ -23,10 +23,10 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 
 use super::semconv as sc;
 use crate::clock::WallClock;
+use crate::event::engine::{RequestTimeline, StepInfo, Transition};
 use crate::event::{Event, EventBody, OverheadSample};
-use crate::timeline::{RequestTimeline, StepInfo, Transition};
 
-mod gpu;
+mod cupti;
 mod spans;
 
 /// Most requests tracked at once: bounds memory when `Finished` records are lost (a lost one would otherwise keep
@@ -114,7 +114,7 @@ pub struct SpanBuilder {
     /// llmprof's self-accounting of the last tick: a summary on each request span.
     overhead: Option<OverheadSample>,
     /// Kernel time per engine step (CUPTI).
-    gpu: gpu::GpuTime,
+    gpu: cupti::GpuTime,
 }
 
 impl SpanBuilder {
@@ -135,7 +135,7 @@ impl SpanBuilder {
             last_ts: 0,
             stats: BuilderStats::default(),
             overhead: None,
-            gpu: gpu::GpuTime::default(),
+            gpu: cupti::GpuTime::default(),
         }
     }
 
@@ -162,9 +162,9 @@ impl SpanBuilder {
                     }
                 }
                 self.gpu.step(ev.pid, step);
-                for (id, share) in gpu::shares(step) {
+                for (id, share) in cupti::shares(step) {
                     if let Some(st) = self.open.get_mut(&(ev.pid, id))
-                        && st.gpu_steps.len() < gpu::STEPS_PER_REQUEST
+                        && st.gpu_steps.len() < cupti::STEPS_PER_REQUEST
                     {
                         st.gpu_steps.push((step.step_id, share));
                     }
@@ -438,7 +438,7 @@ mod tests {
     #[test]
     fn request_span_gets_the_gpu_kernel_time_of_its_steps() {
         // Request 1 alone in the fixture's two steps (6 ms of kernels), finished after the chunk came.
-        let (gpu, _) = testing::gpu::engine_fixture(PID, PID, T0);
+        let (gpu, _) = testing::cupti::engine_fixture(PID, PID, T0);
         let mut events = vec![
             arrived(1, T0 - MS, false),
             simple(RequestEventKind::Scheduled, 1, T0),

@@ -1,24 +1,23 @@
 //! The analysis of `llmprof report`: the decoded tracks ([`super::read`]) in, the [`Report`] out — TTFT
 //! decomposition and inter-token latency per request, step durations by kind and batch size, the counter
-//! tracks, slow syscalls and the kernel aggregates, model-file reads, egress, drops, llmprof's overhead and the
-//! GPU layer.
+//! tracks, the summary's kernel aggregates, drops and llmprof's overhead here; each probe family's own section
+//! (slow syscalls, model files, egress, the GPU layer, kernels, thread states, samples) from its file.
 //!
 //! Pure: no I/O and no formatting ([`super::json`] and [`super::text`] print the result).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::read::{Decoded, Val, arg_f, arg_s};
-use super::requests;
+use super::engine;
+use super::read::{Decoded, arg_f, arg_s};
 use super::{
-    BATCH_BUCKETS, BucketRow, CounterSummary, CudaCallsSummary, CudaFnRow, DegradationRow, EgressRow,
-    GpuCounterRow, GpuRow, GpuSection, ModelFileRow, OverheadReport, ProbeRow, Report, Stats, SyscallRow,
+    BATCH_BUCKETS, BucketRow, CounterSummary, DegradationRow, OverheadReport, ProbeRow, Report, Stats,
+    SyscallRow,
 };
-use crate::names::track::GpuTrack;
-use crate::names::{arg, counter, marker, slice, track, value};
-use llmprof_abi::{CudaClass, CudaFunc, FileOp};
+use crate::names::{arg, counter, marker, track, value};
 
-fn ms(ns: u64) -> f64 {
+/// Nanoseconds as milliseconds.
+pub(super) fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
@@ -30,7 +29,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         ..Default::default()
     };
     // Steps, by kind and batch size.
-    let steps = requests::steps(d);
+    let steps = engine::steps(d);
     let mut by_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut by_bucket: Vec<Vec<f64>> = vec![Vec::new(); BATCH_BUCKETS.len()];
     let mut replayed = Vec::new();
@@ -69,7 +68,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     }
 
     // Requests: each one's timeline, rebuilt from its track and the steps that name it, each request once.
-    (r.requests, r.joined_views, r.itl_ms) = requests::requests(d, &steps);
+    (r.requests, r.joined_views, r.itl_ms) = engine::requests(d, &steps);
     r.trace_start_ns = d
         .tracks
         .values()
@@ -113,71 +112,10 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
     }
     r.preemptions_total = pooled(counter::PREEMPTIONS.0).last().copied();
 
-    // Thread tracks: slow syscalls, model files, egress.
-    let mut sys: BTreeMap<String, SyscallRow> = BTreeMap::new();
-    let mut files: BTreeMap<String, ModelFileRow> = BTreeMap::new();
-    let mut egress: BTreeMap<(String, u64), EgressRow> = BTreeMap::new();
-    for t in d.tracks.values() {
-        for s in &t.slices {
-            if let Some(name) = s.name.strip_prefix(slice::SYSCALL_PREFIX) {
-                let row = sys.entry(name.to_owned()).or_insert_with(|| SyscallRow {
-                    name: name.to_owned(),
-                    ..Default::default()
-                });
-                row.count += 1;
-                row.total_ms += ms(s.dur);
-                row.max_ms = Some(row.max_ms.unwrap_or(0.0).max(ms(s.dur)));
-            } else if let Some(op) = s.name.strip_prefix(slice::MODEL_FILE_PREFIX) {
-                let path = arg_s(&s.args, arg::PATH).unwrap_or("(unknown fd)").to_owned();
-                let row = files.entry(path.clone()).or_insert_with(|| ModelFileRow {
-                    path,
-                    ..Default::default()
-                });
-                let is = |o: FileOp| o.name() == op;
-                if is(FileOp::Read) || is(FileOp::Pread) || is(FileOp::Readv) {
-                    row.reads += 1;
-                    row.bytes += arg_f(&s.args, arg::BYTES).unwrap_or(0.0).max(0.0) as u64;
-                    row.read_ms += ms(s.dur);
-                } else if op == slice::FILE_OPEN {
-                    row.opens += 1;
-                } else if is(FileOp::Mmap) {
-                    row.mmaps += 1;
-                }
-            }
-        }
-        for i in &t.instants {
-            if i.name == slice::CONNECT || i.name == slice::CONNECT_FLAGGED {
-                let address = arg_s(&i.args, arg::ADDRESS).unwrap_or("?").to_owned();
-                let port = arg_f(&i.args, arg::PORT).unwrap_or(0.0) as u64;
-                let allowed = match i.args.get(arg::ALLOWED) {
-                    Some(Val::B(b)) => *b,
-                    _ => i.name == slice::CONNECT,
-                };
-                let row = egress
-                    .entry((address.clone(), port))
-                    .or_insert_with(|| EgressRow {
-                        address,
-                        port,
-                        allowed,
-                        ..Default::default()
-                    });
-                row.connects += 1;
-                if arg_f(&i.args, arg::RET).is_some_and(|v| v < 0.0) {
-                    row.failed += 1;
-                }
-            }
-        }
-    }
-    r.slow_syscalls = sys.into_values().collect();
-    r.slow_syscalls.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
-    r.model_files = files
-        .into_values()
-        .map(|mut f| {
-            f.mb_per_s = (f.read_ms > 0.0).then(|| f.bytes as f64 / 1e6 / (f.read_ms / 1e3));
-            f
-        })
-        .collect();
-    r.egress = egress.into_values().collect();
+    // Thread tracks: one section per probe family.
+    r.slow_syscalls = super::syscalls::section(d);
+    r.model_files = super::files::section(d);
+    r.egress = super::egress::section(d);
 
     // Summary and drops.
     let summary = d
@@ -283,138 +221,11 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
         }
     }
     overhead_events(d, &mut r);
-    r.thread_states = super::threads::analyze(&d.sched);
-    r.gpu = gpu_section(d, &r);
+    r.thread_states = super::sched::analyze(&d.sched);
+    r.gpu = super::cuda::section(d, &r);
     r.cpu_samples = d.samples.section();
-    r.kernels = super::kernels::section(d, &steps);
+    r.kernels = super::cupti::section(d, &steps);
     r
-}
-
-/// The GPU section: NVML counter tracks, CUDA driver call slices, GPU markers, the `cuda` summary values.
-fn gpu_section(d: &Decoded, r: &Report) -> Option<GpuSection> {
-    let mut g = GpuSection::default();
-    let mut gpus: BTreeMap<u64, GpuRow> = BTreeMap::new();
-    let mut metric_order: BTreeMap<(u64, usize), GpuCounterRow> = BTreeMap::new();
-    let mut fns: BTreeMap<String, (u64, f64, Vec<f64>)> = BTreeMap::new();
-    let mut launches: BTreeMap<(Option<u64>, u64), f64> = BTreeMap::new();
-    for t in d.tracks.values() {
-        let name = t.name.as_deref().unwrap_or("");
-        match track::parse_gpu(name) {
-            Some(GpuTrack::Group(i, rest)) => gpus.entry(i).or_default().name = rest.to_owned(),
-            Some(GpuTrack::ProcessMemory(i, pid)) => gpus
-                .entry(i)
-                .or_default()
-                .process_memory
-                .push((pid, CounterSummary::of(&t.counter))),
-            Some(GpuTrack::Counter(i, metric)) => {
-                if let Some(m) = counter::GPU.iter().position(|(n, _)| *n == metric)
-                    && !t.counter.is_empty()
-                {
-                    gpus.entry(i).or_default();
-                    metric_order.insert(
-                        (i, m),
-                        GpuCounterRow {
-                            metric: metric.to_owned(),
-                            unit: counter::GPU[m].1.to_owned(),
-                            summary: CounterSummary::of(&t.counter),
-                        },
-                    );
-                }
-            }
-            None => {}
-        }
-        if name != track::CUDA {
-            continue;
-        }
-        // The process of the thread whose CUDA track this is (step ids are per process).
-        let process = t.parent.and_then(|p| d.tracks.get(&p)).and_then(|th| th.parent);
-        for s in t.slices.iter().filter(|s| s.name.ends_with(slice::CUDA_SUFFIX)) {
-            if let Some(calls) = arg_f(&s.args, arg::CALLS) {
-                let listed = value::cuda_functions(arg_s(&s.args, arg::FUNCTIONS).unwrap_or(""));
-                for (f, n, ms) in &listed {
-                    let e = fns.entry(f.clone()).or_default();
-                    e.0 += n;
-                    e.1 += ms;
-                }
-                if listed.is_empty() {
-                    let e = fns.entry("(unknown)".to_owned()).or_default();
-                    e.0 += calls as u64;
-                    e.1 += ms(s.dur);
-                }
-                if let Some(step) = arg_f(&s.args, arg::STEP_ID) {
-                    *launches.entry((process, step as u64)).or_default() +=
-                        arg_f(&s.args, arg::LAUNCHES).unwrap_or(0.0);
-                }
-            } else {
-                let f = s.name.trim_end_matches(slice::CUDA_SUFFIX).to_owned();
-                let sync = CudaFunc::ALL
-                    .iter()
-                    .any(|c| c.name() == f && c.class() == CudaClass::Sync);
-                if sync {
-                    g.synchronize_calls += 1;
-                    g.synchronize_ms += ms(s.dur);
-                }
-                let e = fns.entry(f).or_default();
-                e.0 += 1;
-                e.1 += ms(s.dur);
-                e.2.push(ms(s.dur));
-            }
-        }
-    }
-    for ((i, _), row) in metric_order {
-        gpus.entry(i).or_default().counters.push(row);
-    }
-    g.gpus = gpus
-        .into_iter()
-        .map(|(index, mut row)| {
-            row.index = index;
-            row
-        })
-        .collect();
-    g.cuda_functions = fns
-        .into_iter()
-        .map(|(function, (calls, total_ms, v))| CudaFnRow {
-            function,
-            calls,
-            total_ms,
-            individual: Stats::of(&v),
-        })
-        .collect();
-    g.cuda_functions.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
-    g.cuda_host_total_ms = g.cuda_functions.iter().map(|f| f.total_ms).sum();
-    g.launches_per_step = Stats::of(&launches.into_values().collect::<Vec<_>>());
-    let llmprof = d
-        .tracks
-        .values()
-        .filter(|t| t.name.as_deref() == Some(track::LLMPROF))
-        .flat_map(|t| t.instants.iter());
-    let mut markers: Vec<(u64, String)> = Vec::new();
-    for i in llmprof {
-        if i.name == marker::SUMMARY {
-            if let Some(c) = arg_s(&i.args, arg::CUDA_CALLS) {
-                let kv = |k: &str| -> u64 { value::field(c, k).unwrap_or(0) };
-                g.summary = Some(CudaCallsSummary {
-                    calls: kv(value::CALLS),
-                    individual: kv(value::INDIVIDUAL),
-                    batches: kv(value::BATCHES),
-                    batched: kv(value::BATCHED),
-                    over_budget: kv(value::OVER_BUDGET),
-                });
-            }
-        } else if marker::GPU_PREFIXES.iter().any(|m| i.name.starts_with(m)) {
-            markers.push((i.ts, i.name.clone()));
-        }
-    }
-    markers.sort();
-    g.markers = markers.into_iter().map(|(_, m)| m).collect();
-    let has_cuda = !g.cuda_functions.is_empty() || g.summary.is_some();
-    g.probe = r
-        .probes
-        .iter()
-        .find(|p| p.probe == llmprof_abi::PROBE_NAMES[llmprof_abi::ProbeId::Cuda as usize])
-        .filter(|p| has_cuda || p.dropped > 0 || p.hits.unwrap_or(0) > 0)
-        .cloned();
-    (!g.gpus.is_empty() || has_cuda || !g.markers.is_empty()).then_some(g)
 }
 
 /// The instants of the llmprof track (markers, the budget's steps, the summary).

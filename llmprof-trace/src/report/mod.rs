@@ -86,46 +86,58 @@
 //!   `{hits, emitted, dropped}` or `null`. `markers`: the GPU layer's markers on the `llmprof` track
 //!   (`GPU counters unavailable: ...`, `libcuda not loaded ...`, `CUDA driver probes attached/failed ...`).
 //! - `cpu_samples`: on-CPU stack samples, `null` without any: `{samples, threads: [{name, tids, samples,
-//!   top_self: [{function, samples, pct}], top_total: [...]}]}` (see `samples`: threads grouped by name).
+//!   top_self: [{function, samples, pct}], top_total: [...]}]}` (see `stacks`: threads grouped by name).
 //!
 //! - `thread_states`: `null` without scheduler events (`--no-thread-states`, older traces): `{events,
 //!   groups: [{name, threads, cpu_ms, runnable_ms, sleeping_ms, uninterruptible_ms, idle_ms, switches,
 //!   runnable_wait_ms: stats, wakers: [{waker, wakeups}], per_thread: [{tid, pid, cpu_ms, runnable_ms,
 //!   sleeping_ms, uninterruptible_ms, idle_ms, switches}]}]}`, one group per thread name, by `cpu_ms`
 //!   descending. `runnable_ms` is time runnable but not running (waiting for a CPU); `runnable_wait_ms` the
-//!   stats of each such wait; `wakers` the top [`threads::TOP_WAKERS`] wakers of the group's threads as
+//!   stats of each such wait; `wakers` the top [`sched::TOP_WAKERS`] wakers of the group's threads as
 //!   `name (tid)`, `(interrupt)` for wakeups from interrupt context (timers, devices).
 //!
 //! - `kernels`: GPU kernels from CUPTI (top kernels by GPU time, GPU busy and idle time inside engine steps),
-//!   `null` without kernel slices; see `kernels`.
+//!   `null` without kernel slices; see `cupti`.
 //!
 //! # Layout
 //! `read` decodes the file into tracks of slices, instants and counters; `analyze` turns them into the
-//! [`Report`] (its types live in `data`), with `requests` rebuilding each request's
-//! [`crate::timeline::RequestTimeline`] from its track and the steps' typed args; `json` writes the `--json`
-//! document, `text` the terminal report. Every name is read with [`crate::names`].
+//! [`Report`] (its types live in `data`), one section per probe family in a file named after it: `engine`
+//! (steps and each request's [`crate::event::engine::RequestTimeline`] rebuilt from its track and the steps'
+//! typed args; wire requests are read the same way), `syscalls`, `files`, `egress`, `cuda` (the `gpu` section:
+//! driver calls, NVML counters, GPU markers), `cupti` (`kernels`), `sched` (`thread_states`), `stacks`
+//! (`cpu_samples`); `json` writes the `--json` document, `text` the terminal report. Every name is read with
+//! [`crate::names`]. A new family's section is one more file here.
 
+// What every section shares: reading the trace, the analysis that calls each section, the report data and its
+// two outputs.
 mod analyze;
 mod data;
 mod json;
-mod kernels;
 mod read;
-mod requests;
-mod samples;
 mod text;
-mod threads;
 mod verdict;
+
+// One section per probe family (the report has none for proc and python: processes are the tracks it reads,
+// Python frames are inside the stack samples).
+mod cuda;
+mod cupti;
+mod egress;
+mod engine;
+mod files;
+mod sched;
+mod stacks;
+mod syscalls;
 
 use std::path::{Path, PathBuf};
 
-pub use threads::{ThreadGroup, ThreadRow, ThreadStates};
+pub use sched::{ThreadGroup, ThreadRow, ThreadStates};
 
+pub use cupti::{KernelRow, KernelsSection, StepGpuRow, StepsGpu};
 pub use data::{
     BucketRow, CounterSummary, CudaCallsSummary, CudaFnRow, DegradationRow, EgressRow, GpuCounterRow, GpuRow,
     GpuSection, ModelFileRow, OverheadReport, ProbeRow, Report, RequestRow, Stats, SyscallRow,
 };
-pub use kernels::{KernelRow, KernelsSection, StepGpuRow, StepsGpu};
-pub use samples::{CpuSamplesSection, FunctionRow, ThreadSamples};
+pub use stacks::{CpuSamplesSection, FunctionRow, ThreadSamples};
 
 /// Version tag of the `--json` layout (bumped only on an incompatible change).
 pub const JSON_FORMAT: &str = "llmprof-report/1";

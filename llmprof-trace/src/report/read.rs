@@ -136,10 +136,10 @@ pub(super) struct Track {
 pub(super) struct Decoded {
     pub(super) tracks: BTreeMap<u64, Track>,
     /// CPU stack samples (`PerfSample` packets and their interned callstacks).
-    pub(super) samples: super::samples::SampleReader,
+    pub(super) samples: super::stacks::SampleReader,
     pub(super) truncated: bool,
-    /// The thread-state events and the traced threads ([`super::threads`]).
-    pub(super) sched: super::threads::SchedLog,
+    /// The thread-state events and the traced threads ([`super::sched`]).
+    pub(super) sched: super::sched::SchedLog,
 }
 
 fn decode_varint(b: &[u8], pos: &mut usize) -> Option<u64> {

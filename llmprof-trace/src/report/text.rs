@@ -16,10 +16,10 @@ impl Report {
         let mut o = self.to_text_main();
         gpu_text(&mut o, self.gpu.as_ref());
         if let Some(t) = &self.thread_states {
-            super::threads::text(&mut o, t, TEXT_ROWS);
+            super::sched::text(&mut o, t, TEXT_ROWS);
         }
-        super::samples::text(&mut o, self.cpu_samples.as_ref());
-        super::kernels::text(&mut o, self.kernels.as_ref(), TEXT_ROWS);
+        super::stacks::text(&mut o, self.cpu_samples.as_ref());
+        super::cupti::text(&mut o, self.kernels.as_ref(), TEXT_ROWS);
         if let Some(v) = &self.overhead {
             overhead_text(&mut o, v);
         }

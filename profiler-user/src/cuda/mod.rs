@@ -5,7 +5,7 @@
 //! session ([`libcuda`]) that attaches the CUDA driver uprobes through [`Capture::attach_cuda`] as soon as the
 //! library is mapped (at start, or on a later tick when the process loads CUDA lazily, as PyTorch does). What it
 //! cannot do it says once: one marker for the trace and one line for the attach summary ([`CudaState`]). The
-//! uprobes themselves are the capture's; the per-step aggregation of the calls (`llmprof_trace::cuda_agg`) runs
+//! uprobes themselves are the capture's; the per-step aggregation of the calls (`llmprof_trace::perfetto::sink::cuda::agg`) runs
 //! in the Perfetto sink, a pure consumer of the event stream.
 
 pub mod libcuda;

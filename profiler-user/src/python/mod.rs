@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use llmprof_abi::python::{
     PY_STATUS_NO_THREAD, PY_STATUS_READ_FAILED, PY_STATUS_TRUNCATED, PyOffsets, PyStack,
 };
-use llmprof_trace::pystack::{PyFrame, PyStackSample, PyStackStatus};
+use llmprof_trace::event::python::{PyFrame, PyStackSample, PyStackStatus};
 use object::{Object, ObjectKind, ObjectSymbol};
 
 use offsets::{Layout, UNICODE_LENGTH, UNICODE_STATE, VAR_OB_SIZE};

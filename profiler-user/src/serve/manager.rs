@@ -22,20 +22,19 @@
 //! (`llmprof_serve_alerts_over_cap_total`) and reported; per-alert log lines are rate-limited
 //! ([`super::say`]).
 //!
-//! Size: ~870 lines, of which ~115 are unit tests beside the rules they test; the rules share one lock and one
-//! state, so they stay in one file where a reviewer reads them together.
+//! The rules share one lock and one state, so they stay in this file where a reviewer reads them together;
+//! beside it: `session` (what a session is and what `GET /v1/sessions` shows), `files` (trace file names and
+//! the quota's removals), `watchdog` (sessions past their duration).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use crate::attach::{self, AttachOptions, Prelude, StopReason, TraceMetadata};
-use llmprof_trace::clock::{realtime_ns, rfc3339, utc_civil};
+use llmprof_trace::clock::{realtime_ns, rfc3339};
 use llmprof_trace::names::{arg, marker};
 
 use super::allow::AllowList;
@@ -45,6 +44,13 @@ use super::quota;
 use super::say;
 use super::target::{self, ResolveConfig, Snapshot};
 use super::webhook::{Alert, AlertStatus};
+
+mod files;
+mod session;
+mod watchdog;
+
+use session::Session;
+pub use session::{Outcome, SessionView, State, TraceLookupError};
 
 pub use super::webhook::DURATION_ANNOTATION;
 /// `end_reason` (API and trace) of a session stopped by its alert's `resolved` notification.
@@ -87,163 +93,6 @@ pub struct ManagerConfig {
     pub template: AttachOptions,
 }
 
-/// A session's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    /// Capturing.
-    Running,
-    /// The trace is complete.
-    Finished,
-    /// No trace (or a partial one): see `reason`.
-    Failed,
-}
-
-/// A session as `GET /v1/sessions` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct SessionView {
-    /// Id (in this run of serve).
-    pub id: u64,
-    /// `alertname`.
-    pub alert: String,
-    /// Alertmanager's fingerprint.
-    pub fingerprint: String,
-    /// The alert's labels.
-    pub labels: BTreeMap<String, String>,
-    /// The alert's annotations.
-    pub annotations: BTreeMap<String, String>,
-    /// The traced process.
-    pub target_pid: Option<u32>,
-    /// How the process was found.
-    pub target: Option<String>,
-    /// State.
-    pub state: State,
-    /// Why it failed.
-    pub reason: Option<String>,
-    /// Why capture ended.
-    pub end_reason: Option<String>,
-    /// The trace file.
-    pub trace: Option<String>,
-    /// Whether the disk quota removed the trace.
-    pub trace_removed: bool,
-    /// Trace size so far, bytes.
-    pub bytes: u64,
-    /// Events lost (kernel ring and user space), known when finished.
-    pub drops: u64,
-    /// Flight-recorder events written before the alert.
-    pub prelude_events: u64,
-    /// Requested capture length, seconds.
-    pub duration_s: f64,
-    /// When the session was created (RFC 3339 UTC).
-    pub created_at: String,
-    /// When it ended.
-    pub ended_at: Option<String>,
-}
-
-impl SessionView {
-    /// Roughly the memory this entry holds: its strings plus a fixed part.
-    fn approx_bytes(&self) -> usize {
-        let map = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| k.len() + v.len() + 48).sum::<usize>();
-        let opt = |o: &Option<String>| o.as_ref().map_or(0, String::len);
-        256 + self.alert.len()
-            + self.fingerprint.len()
-            + map(&self.labels)
-            + map(&self.annotations)
-            + opt(&self.target)
-            + opt(&self.reason)
-            + opt(&self.end_reason)
-            + opt(&self.trace)
-            + self.created_at.len()
-            + opt(&self.ended_at)
-    }
-}
-
-struct Session {
-    view: SessionView,
-    stop: Arc<AtomicBool>,
-    prelude_events: Arc<AtomicU64>,
-    created: Instant,
-    ended: Option<Instant>,
-    /// Why the session was stopped from outside (resolved alert, quota, shutdown); shared with the session,
-    /// whose trace ends with it as `end_reason`. Set before `stop`.
-    stop_reason: StopReason,
-}
-
-/// What became of one alert of a webhook (the response body lists them).
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
-    /// A session started.
-    Started {
-        /// Fingerprint.
-        fingerprint: String,
-        /// Session id.
-        session: u64,
-        /// Trace path.
-        trace: String,
-    },
-    /// Folded into an existing session.
-    Deduped {
-        /// Fingerprint.
-        fingerprint: String,
-        /// The existing session.
-        session: u64,
-    },
-    /// Recorded as a failed session.
-    Failed {
-        /// Fingerprint.
-        fingerprint: String,
-        /// Session id.
-        session: u64,
-        /// Why.
-        reason: String,
-    },
-    /// Nothing started (cooldown or cap).
-    Skipped {
-        /// Fingerprint.
-        fingerprint: String,
-        /// Why.
-        reason: String,
-    },
-    /// A resolved alert stopped its running session.
-    Stopped {
-        /// Fingerprint.
-        fingerprint: String,
-        /// Session id.
-        session: u64,
-    },
-    /// A resolved alert without a running session.
-    Ignored {
-        /// Fingerprint.
-        fingerprint: String,
-    },
-    /// Not handled: an annotation it carries is unusable (the webhook is answered 400, the payload's other
-    /// alerts are handled).
-    Rejected {
-        /// Fingerprint.
-        fingerprint: String,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// Why a trace cannot be downloaded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TraceLookupError {
-    /// No such session.
-    #[error("no session {0}")]
-    NotFound(u64),
-    /// Still capturing.
-    #[error("session {0} is still running: download its trace when it has finished")]
-    Running(u64),
-    /// The session has no trace.
-    #[error("session {0} has no trace: {1}")]
-    NoTrace(u64, String),
-    /// The quota removed it.
-    #[error("the trace of session {0} was removed by the disk quota")]
-    Removed(u64),
-}
-
 struct Inner {
     sessions: BTreeMap<u64, Session>,
     next_id: u64,
@@ -265,36 +114,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn now_rfc3339() -> String {
     rfc3339(realtime_ns() / 1_000_000_000)
-}
-
-/// `alertname` reduced to file-name-safe characters.
-fn file_stem(name: &str) -> String {
-    let s: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect();
-    if s.is_empty() { "alert".into() } else { s }
-}
-
-/// `DIR/STEM.perfetto-trace`, or `STEM.2`, `STEM.3`, … when something (a file, a directory, a symlink, even a
-/// dangling one) already has the name: a planted file or link makes the session pick the next name, and one
-/// planted between this choice and the session's `create_new` fails the session with the reason
-/// ([`crate::files::create_trace`]); neither is ever followed or overwritten.
-fn fresh_path(dir: &Path, stem: &str) -> PathBuf {
-    let mut p = dir.join(format!("{stem}{}", quota::TRACE_SUFFIX));
-    let mut n: u64 = 2;
-    while crate::files::taken(&p) {
-        p = dir.join(format!("{stem}.{n}{}", quota::TRACE_SUFFIX));
-        n = n.saturating_add(1);
-    }
-    p
 }
 
 impl Manager {
@@ -605,15 +424,6 @@ impl Manager {
         }
     }
 
-    fn trace_path(&self, alertname: &str, id: u64) -> PathBuf {
-        let (y, m, d, hh, mm, ss) = utc_civil(realtime_ns() / 1_000_000_000);
-        let stem = format!(
-            "{}-{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}-{id}",
-            file_stem(alertname)
-        );
-        fresh_path(&self.cfg.out_dir, &stem)
-    }
-
     fn metadata(&self, alert: &Alert, view: &SessionView, how: &str) -> TraceMetadata {
         let json = |m: &BTreeMap<String, String>| serde_json::to_string(m).unwrap_or_default();
         let recorder = match self.recorder_for(view.target_pid.unwrap_or(0)) {
@@ -706,87 +516,6 @@ impl Manager {
         }
     }
 
-    /// Applies the disk quota now (see the module docs).
-    pub fn enforce_quota(&self) {
-        let files = quota::scan(&self.cfg.out_dir);
-        let mut inner = lock(&self.inner);
-        self.apply_quota(&mut inner, files);
-    }
-
-    fn apply_quota(&self, inner: &mut Inner, files: std::io::Result<Vec<quota::TraceFile>>) {
-        let files = match files {
-            Ok(f) => f,
-            Err(e) => {
-                log::warn!("cannot scan {}: {e}", self.cfg.out_dir.display());
-                return;
-            }
-        };
-        // Sizes of running traces, for the sessions list.
-        for s in inner
-            .sessions
-            .values_mut()
-            .filter(|s| s.view.state == State::Running)
-        {
-            if let Some(f) = files
-                .iter()
-                .find(|f| Some(f.path.display().to_string()) == s.view.trace)
-            {
-                s.view.bytes = f.bytes;
-            }
-        }
-        let Some(q) = self.cfg.disk_quota else {
-            self.disk_bytes
-                .store(files.iter().map(|f| f.bytes).sum(), Ordering::Relaxed);
-            return;
-        };
-        let running: HashSet<PathBuf> = inner
-            .sessions
-            .values()
-            .filter(|s| s.view.state == State::Running)
-            .filter_map(|s| s.view.trace.as_ref().map(PathBuf::from))
-            .collect();
-        let plan = quota::plan(&files, &running, q);
-        let mut total = plan.total_after;
-        for p in &plan.remove {
-            match std::fs::remove_file(p) {
-                Ok(()) => {
-                    Metrics::inc(&self.metrics.traces_removed);
-                    eprintln!("llmprof serve: disk quota: removed {}", p.display());
-                    let shown = p.display().to_string();
-                    for s in inner.sessions.values_mut() {
-                        if s.view.trace.as_deref() == Some(shown.as_str()) {
-                            s.view.trace_removed = true;
-                        }
-                    }
-                }
-                Err(e) => {
-                    total += files.iter().find(|f| &f.path == p).map_or(0, |f| f.bytes);
-                    log::warn!("disk quota: cannot remove {}: {e}", p.display());
-                }
-            }
-        }
-        self.disk_bytes.store(total, Ordering::Relaxed);
-        if plan.over_by > 0 {
-            // Traces in progress alone are over: stop the newest until the rest fit.
-            let mut freed = 0;
-            for s in inner.sessions.values_mut().rev() {
-                if freed >= plan.over_by {
-                    break;
-                }
-                if s.view.state == State::Running && !s.stop.load(Ordering::Relaxed) {
-                    s.stop_reason.set(END_DISK_QUOTA);
-                    s.stop.store(true, Ordering::Release);
-                    freed += s.view.bytes.max(1);
-                    Metrics::inc(&self.metrics.sessions_stopped_quota);
-                    eprintln!(
-                        "llmprof serve: disk quota: traces in progress exceed it; stopping session {}",
-                        s.view.id
-                    );
-                }
-            }
-        }
-    }
-
     /// Every session, oldest first.
     pub fn sessions(&self) -> Vec<SessionView> {
         lock(&self.inner)
@@ -873,279 +602,6 @@ impl Manager {
     }
 }
 
-impl Manager {
-    /// Sessions past their duration plus [`crate::watchdog::START_GRACE`] are asked to stop; past
-    /// [`crate::watchdog::END_GRACE`] more, they are abandoned (failed, slot freed).
-    fn watchdog(&self) {
-        use crate::watchdog::{END_GRACE, START_GRACE};
-        let mut inner = lock(&self.inner);
-        for s in inner.sessions.values_mut() {
-            if s.view.state != State::Running {
-                continue;
-            }
-            let due = START_GRACE + Duration::from_secs_f64(s.view.duration_s);
-            let age = s.created.elapsed();
-            if age >= due + END_GRACE {
-                s.view.state = State::Failed;
-                s.view.reason = Some(format!(
-                    "{END_ABANDONED} ({:.0} s after it started, {:?} + {:?} of grace): something the target set up \
-                     keeps it busy; its slot is freed, its thread left behind",
-                    age.as_secs_f64(),
-                    START_GRACE,
-                    END_GRACE
-                ));
-                s.view.end_reason = Some(END_ABANDONED.to_owned());
-                s.view.ended_at = Some(now_rfc3339());
-                s.ended = Some(Instant::now());
-                Metrics::inc(&self.metrics.sessions_abandoned);
-                eprintln!(
-                    "llmprof serve: session {} {END_ABANDONED}: abandoned, its slot freed",
-                    s.view.id
-                );
-            } else if age >= due && !s.stop.load(Ordering::Acquire) {
-                s.stop_reason.set(END_ABANDONED);
-                s.stop.store(true, Ordering::Release);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
-mod tests {
-    use super::*;
-    use crate::otel::OtelOptions;
-
-    fn manager(cooldown: Duration) -> Arc<Manager> {
-        let out_dir = std::env::temp_dir().join(format!("llmprof-manager-{}", std::process::id()));
-        let template = AttachOptions {
-            pid: 0,
-            // Sessions follow the target's process tree, like `llmprof attach` without `--no-children`.
-            more_pids: Vec::new(),
-            follow_children: true,
-            duration: None,
-            output: out_dir.clone(),
-            slow_syscall: Duration::from_millis(1),
-            model_patterns: Vec::new(),
-            egress_allow: Vec::new(),
-            metrics_url: None,
-            ring_bytes: 1 << 20,
-            verbose: false,
-            otel: OtelOptions::default(),
-            gpu: crate::attach::gpu::GpuOptions::default(),
-            python_hooks: crate::pyhooks::PyHooksOptions::default(),
-            sample_hz: 0,
-            overhead_budget: None,
-            thread_states: true,
-            max_trace_size: None,
-            live_status: false,
-            metadata: None,
-            prelude: None,
-            stop_reason: StopReason::default(),
-            http: crate::capture::wire::HttpPorts::All,
-            calibrator: None,
-        };
-        let cfg = ManagerConfig {
-            out_dir,
-            resolve: ResolveConfig::default(),
-            allow: AllowList::new(&["exe:/".parse().unwrap()], None, &[]),
-            default_duration: Duration::from_secs(30),
-            max_duration: Duration::from_secs(600),
-            max_sessions: 2,
-            cooldown,
-            disk_quota: None,
-            template,
-        };
-        Arc::new(Manager::new(cfg, Vec::new(), Arc::new(Metrics::default())))
-    }
-
-    fn alert(fp: &str, status: AlertStatus, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Alert {
-        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Alert {
-            status,
-            labels: map(labels),
-            annotations: map(annotations),
-            starts_at: String::new(),
-            ends_at: String::new(),
-            generator_url: String::new(),
-            fingerprint: fp.into(),
-        }
-    }
-
-    #[test]
-    fn a_session_past_its_duration_and_grace_is_stopped_then_abandoned() {
-        use crate::watchdog::{END_GRACE, START_GRACE};
-        let m = manager(Duration::from_secs(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut view = SessionView {
-            id: 7,
-            alert: "A".into(),
-            fingerprint: "fp".into(),
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            target_pid: Some(1234),
-            target: None,
-            state: State::Running,
-            reason: None,
-            end_reason: None,
-            trace: Some("/nowhere".into()),
-            trace_removed: false,
-            bytes: 0,
-            drops: 0,
-            prelude_events: 0,
-            duration_s: 2.0,
-            created_at: String::new(),
-            ended_at: None,
-        };
-        let started = |ago: Duration| Instant::now().checked_sub(ago).unwrap();
-        let insert = |view: SessionView, created: Instant| {
-            lock(&m.inner).sessions.insert(
-                view.id,
-                Session {
-                    view,
-                    stop: stop.clone(),
-                    prelude_events: Arc::new(AtomicU64::new(0)),
-                    created,
-                    ended: None,
-                    stop_reason: StopReason::default(),
-                },
-            );
-        };
-        // Within its duration and start-up grace: left alone.
-        insert(view.clone(), started(Duration::from_secs(1)));
-        m.reap();
-        assert!(!stop.load(Ordering::Acquire));
-        assert_eq!(m.running(), 1);
-        // Past them: asked to stop.
-        insert(view.clone(), started(START_GRACE + Duration::from_secs(3)));
-        m.reap();
-        assert!(stop.load(Ordering::Acquire));
-        assert_eq!(m.running(), 1);
-        // Past the end grace too: abandoned, the slot free.
-        view.id = 7;
-        insert(view, started(START_GRACE + END_GRACE + Duration::from_secs(3)));
-        m.reap();
-        assert_eq!(m.running(), 0);
-        let s = m.session(7).unwrap();
-        assert_eq!(s.state, State::Failed);
-        assert!(s.reason.unwrap().contains(END_ABANDONED));
-        assert_eq!(m.metrics.sessions_abandoned.load(Ordering::Relaxed), 1);
-    }
-
-    #[test]
-    fn the_history_is_bounded_in_bytes_not_only_in_count() {
-        let m = manager(Duration::from_secs(0));
-        let big = "x".repeat(512 << 10);
-        for i in 0..40 {
-            let a = alert(
-                &format!("big-{i}"),
-                AlertStatus::Firing,
-                &[("alertname", "Big"), ("pid", "1073741823"), ("note", &big)],
-                &[],
-            );
-            assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
-        }
-        let sessions = m.sessions();
-        let held: usize = sessions.iter().map(SessionView::approx_bytes).sum();
-        assert!(held <= MAX_HISTORY_BYTES, "{held} bytes held");
-        assert!(
-            sessions.len() < 40 && sessions.len() >= 10,
-            "{} kept",
-            sessions.len()
-        );
-        // The newest are the ones kept.
-        assert_eq!(sessions.last().map(|s| s.fingerprint.as_str()), Some("big-39"));
-    }
-
-    #[test]
-    fn alerts_naming_no_process_fail_once_per_cooldown() {
-        let m = manager(Duration::from_secs(600));
-        let a = alert(
-            "f1",
-            AlertStatus::Firing,
-            &[("alertname", "X"), ("pid", "1073741823")],
-            &[],
-        );
-        let Outcome::Failed { session, reason, .. } = m.handle(&a) else {
-            panic!("failed")
-        };
-        assert!(reason.contains("1073741823"), "{reason}");
-        assert!(matches!(m.handle(&a), Outcome::Deduped { session: s, .. } if s == session));
-        let none = alert("f2", AlertStatus::Firing, &[("alertname", "Y")], &[]);
-        let Outcome::Failed { reason, .. } = m.handle(&none) else {
-            panic!("failed")
-        };
-        assert!(reason.contains("--default-target"), "{reason}");
-        let sessions = m.sessions();
-        assert_eq!(sessions.len(), 2);
-        assert!(
-            sessions
-                .iter()
-                .all(|s| s.state == State::Failed && s.trace.is_none())
-        );
-        assert_eq!(m.metrics.sessions_failed.load(Ordering::Relaxed), 2);
-        assert_eq!(m.metrics.sessions_deduped.load(Ordering::Relaxed), 1);
-        // Without a cooldown a failure is reported again.
-        let m = manager(Duration::ZERO);
-        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
-        assert!(matches!(m.handle(&a), Outcome::Failed { .. }));
-    }
-
-    #[test]
-    fn a_bad_duration_annotation_is_a_failed_session_with_the_reason() {
-        let m = manager(Duration::from_secs(600));
-        // Our parent (cargo or a shell): serve never traces itself.
-        let parent = std::os::unix::process::parent_id();
-        let me = parent.to_string();
-        let a = alert(
-            "f3",
-            AlertStatus::Firing,
-            &[("alertname", "X"), ("pid", &me)],
-            &[(DURATION_ANNOTATION, "soon")],
-        );
-        let Outcome::Failed { reason, .. } = m.handle(&a) else {
-            panic!("failed")
-        };
-        assert!(reason.contains(DURATION_ANNOTATION), "{reason}");
-        assert_eq!(m.sessions()[0].target_pid, Some(parent));
-        // A resolved alert without a running session is ignored.
-        let r = alert("f3", AlertStatus::Resolved, &[], &[]);
-        assert!(matches!(m.handle(&r), Outcome::Ignored { .. }));
-        assert!(matches!(m.trace_of(1), Err(TraceLookupError::NoTrace(1, _))));
-        assert_eq!(m.trace_of(9), Err(TraceLookupError::NotFound(9)));
-    }
-
-    #[test]
-    fn a_planted_file_or_symlink_makes_the_session_pick_a_fresh_name() {
-        let dir = std::env::temp_dir().join(format!("llmprof-fresh-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        crate::files::create_private_dir(&dir).unwrap();
-        let victim = dir.join("victim");
-        std::fs::write(&victim, "precious").unwrap();
-        let first = fresh_path(&dir, "X-20260101-000000-1");
-        assert_eq!(first, dir.join("X-20260101-000000-1.perfetto-trace"));
-        // A dangling symlink (Path::exists says false for it), a symlink to a file, a plain file.
-        std::os::unix::fs::symlink(dir.join("nowhere"), &first).unwrap();
-        let second = fresh_path(&dir, "X-20260101-000000-1");
-        assert_eq!(second, dir.join("X-20260101-000000-1.2.perfetto-trace"));
-        std::os::unix::fs::symlink(&victim, &second).unwrap();
-        std::fs::write(dir.join("X-20260101-000000-1.3.perfetto-trace"), "old").unwrap();
-        let fourth = fresh_path(&dir, "X-20260101-000000-1");
-        assert_eq!(fourth, dir.join("X-20260101-000000-1.4.perfetto-trace"));
-        // What a session then does with the planted names: refuse them, following and overwriting nothing.
-        for p in [&first, &second, &dir.join("X-20260101-000000-1.3.perfetto-trace")] {
-            assert!(crate::files::create_trace(p).is_err(), "{}", p.display());
-        }
-        crate::files::create_trace(&fourth).unwrap();
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert!(!dir.join("nowhere").exists());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn file_names_are_safe() {
-        assert_eq!(file_stem("LLMQueueBacklog"), "LLMQueueBacklog");
-        assert_eq!(file_stem("../etc/passwd"), "___etc_passwd");
-        assert_eq!(file_stem(""), "alert");
-    }
-}
+mod tests;

@@ -1,7 +1,7 @@
 //! Unit tests of the chunk reader, from chunks built byte for byte with the `llmprof_abi::cupti` layouts.
 
 use super::*;
-use crate::testing::gpu::{Chunk, api_call, kernel};
+use crate::testing::cupti::{Chunk, api_call, kernel};
 
 const PID: u32 = 100;
 /// The chunk's clock pair: CUPTI 1_000_000 ↔ BOOTTIME 5_000_000_000.

@@ -9,8 +9,8 @@ use opentelemetry::{Array, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use super::{OpenRequest, SpanBuilder, secs};
+use crate::event::engine::{Segment, SegmentKind};
 use crate::otel::semconv as sc;
-use crate::timeline::{Segment, SegmentKind};
 
 impl SpanBuilder {
     /// Turns a closed request into its span and its children's.

@@ -1,4 +1,5 @@
-//! Counter tracks: the engine's `/metrics`, the syscall rate, NVML GPU samples and llmprof's own cost.
+//! Counter tracks of what is not a probe family: the engine's `/metrics`, NVML GPU samples and llmprof's own
+//! cost (the syscall rate is `syscalls.rs`'s).
 
 use std::io::{self, Write};
 
@@ -36,12 +37,6 @@ impl<W: Write> TraceSink<W> {
             }
         }
         Ok(())
-    }
-
-    /// The syscall rate over the last sampling interval.
-    pub(super) fn syscall_rate(&mut self, pid: u32, ts: u64, per_sec: f64) -> io::Result<()> {
-        let t = self.counter_track(pid, Counter::SyscallRate)?;
-        self.counter(ts, t, per_sec)
     }
 
     /// NVML counter `metric` (index into [`counter::GPU`]) of GPU `g`, under its group track.

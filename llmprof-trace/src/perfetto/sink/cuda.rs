@@ -1,15 +1,17 @@
-//! CUDA driver calls: the slices [`crate::cuda_agg`] makes of them, on a child track of each calling thread.
+//! CUDA driver calls: the slices [`agg`] makes of them, on a child track of each calling thread.
+
+pub mod agg;
 
 use std::io::{self, Write};
 
 use llmprof_abi::{CudaArg, CudaClass};
 
 use super::{NS_CUDA, TraceSink, uuid};
-use crate::cuda_agg::{BatchEnd, CudaSlice, CudaSliceKind};
 use crate::event::{Event, EventBody};
 use crate::names::{arg, category, slice, track, value};
 use crate::perfetto::schema::{TYPE_SLICE_BEGIN, TrackDescriptor, TrackEvent};
 use crate::perfetto::writer::{Arg, arg_f, arg_s, arg_u};
+use agg::{BatchEnd, CudaSlice, CudaSliceKind};
 
 impl<W: Write> TraceSink<W> {
     /// A CUDA driver call: into the aggregator, out as the slices it closes.

@@ -1,4 +1,5 @@
-//! The engine's tracks of a traced process: `engine steps`, the steps' device interval, one track per request.
+//! The engine's tracks of a traced process: `engine steps`, the steps' device interval, one track per request;
+//! and on a thread's own track the NVTX-style ranges the engine marks (`llmprof_range`).
 //!
 //! A step slice carries the ids of the requests it served and each one's tokens as typed array args
 //! ([`arg::REQ_IDS`], [`arg::REQ_TOKENS`]: `debug.req_ids[0]`, ... in the trace processor), so a reader gets them
@@ -7,12 +8,13 @@
 
 use std::io::{self, Write};
 
-use llmprof_abi::{DeviceClock, RequestRecord, StepKind, StepRecord, read_str};
+use llmprof_abi::{DeviceClock, RangeOp, RangeRecord, RequestRecord, StepKind, StepRecord, read_str};
 
 use super::{NS_DEVICE, NS_REQUEST, NS_STEPS, TraceSink, pid_req, uuid};
+use crate::event::Event;
+use crate::event::engine::{RequestTimeline, Transition};
 use crate::names::{arg, slice, track};
 use crate::perfetto::writer::{Arg, arg_b, arg_f, arg_s, arg_u, arg_u_array};
-use crate::timeline::{RequestTimeline, Transition};
 
 impl<W: Write> TraceSink<W> {
     /// An engine step: its slice on `engine steps` (flows to its requests), its device interval, and the end of
@@ -136,6 +138,38 @@ impl<W: Write> TraceSink<W> {
             self.end(ts, track, args)?;
         }
         Ok(())
+    }
+
+    /// An NVTX-style push (a slice begins), pop (it ends) or mark (an instant).
+    pub(super) fn range(&mut self, ev: &Event, rec: &RangeRecord) -> io::Result<()> {
+        let ts = ev.ts_ns;
+        let track = self.thread_track(ev.pid, ev.tid)?;
+        let name = slice::range(read_str(&rec.domain), read_str(&rec.name));
+        match RangeOp::from_raw(rec.op) {
+            Some(RangeOp::Push) => {
+                self.ranges
+                    .entry((ev.pid, ev.tid))
+                    .or_default()
+                    .push(name.clone());
+                let args = vec![arg_u(arg::STEP_ID, rec.step_id)];
+                self.begin(ts, track, &name, args, Vec::new())
+            }
+            Some(RangeOp::Pop) => {
+                let stack = self.ranges.entry((ev.pid, ev.tid)).or_default();
+                if stack.pop().is_some() {
+                    self.end(ts, track, Vec::new())
+                } else {
+                    // A pop whose push happened before we attached: nothing to close.
+                    let args = vec![arg_s(arg::RANGE, name)];
+                    self.instant(ts, track, slice::UNMATCHED_RANGE_POP, args, Vec::new())
+                }
+            }
+            Some(RangeOp::Mark) => {
+                let args = vec![arg_u(arg::STEP_ID, rec.step_id)];
+                self.instant(ts, track, &name, args, Vec::new())
+            }
+            None => Ok(()),
+        }
     }
 }
 

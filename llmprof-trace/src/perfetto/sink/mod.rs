@@ -8,30 +8,38 @@
 //! - `engine`: per traced process, the `engine steps` track (one slice per step with its attributes and the
 //!   ids and token shares of its requests as typed array args, flows to its requests), `device (host compute)` /
 //!   `device (CUDA)` (the device interval of each step) and one `request N` track per request, drawn from its
-//!   [`crate::timeline::RequestTimeline`]: queued → prefill → decode phase slices inside a `request N` slice,
-//!   first-token / preemption / finish instants, flows;
-//! - `threads`: each thread's track: NVTX-style ranges, slow syscalls, model-file open/read/mmap slices,
-//!   connect instants;
+//!   [`crate::event::engine::RequestTimeline`]: queued → prefill → decode phase slices inside a `request N` slice,
+//!   first-token / preemption / finish instants, flows; NVTX-style ranges on each thread's track;
+//! - `wire`: what the HTTP wire probe adds to a wire request's track (request and status lines, SSE content
+//!   events, the exchange's end);
+//! - `syscalls`: slow syscalls on each thread's track, the `syscalls/s` counter of each process;
+//! - `files`: model-file open/read/mmap/close slices on each thread's track;
+//! - `egress`: connect instants on each thread's track, flagged outside the allowed CIDRs;
 //! - `cuda`: `CUDA driver calls (host time)` (a child track of each calling thread): the CUDA driver API calls
 //!   seen by the libcuda uprobes, category `cuda-host`: synchronize calls and long copies/allocations one by one
 //!   (`cuStreamSynchronize (host)`), launches gathered per engine step or 10 ms window (`cuLaunchKernel ×N
-//!   (host)`), see [`crate::cuda_agg`]. Host-side times, not GPU execution;
-//! - `counters`: per process `KV cache usage`, `requests running`, `requests waiting`, `preemptions`,
-//!   `syscalls/s`, `GPU N memory (pid P)`; global GPU counters (one group per GPU: `GPU N utilization`, `GPU N
-//!   memory used`, `GPU N power`, ...) and llmprof's own cost every tick (`llmprof overhead: ...`, `llmprof CPU`,
-//!   `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
-//! - `python`: Python stack samples, one `python sample` instant on the sampled thread's track (until the
-//!   native stack samples carry the Python frames as callstack frames);
-//! - `procs`: each traced process's track, named by its command line (renamed when it executes a program), and
-//!   the `process start` / `process exec` / `process exit` instants on it (process trees);
+//!   (host)`), see [`cuda::agg`]. Host-side times, not GPU execution;
+//! - `cupti`: GPU activity from CUPTI (injected helper): `CUDA device D stream S` tracks with one slice per
+//!   kernel / copy / memset, the CUDA API calls on each thread with flows to the work they launched, host waits;
+//! - `stacks`: CPU stack samples as Perfetto callstack samples (`PerfSample` + interned frames), see there;
 //! - `sched`: thread states (sched_switch / sched_waking of the traced threads) in Perfetto's ftrace
-//!   encoding, one `FtraceEventBundle` per CPU: Perfetto's own thread-state rows and `thread_state` table;
+//!   encoding, one `FtraceEventBundle` per CPU: Perfetto's own thread-state rows and `thread_state` table; the off-CPU stacks (of the `stacks`
+//!   family) go in the same bundles as `sched_blocked_reason` events;
+//! - `python`: Python stack samples, one `python sample` instant on the sampled thread's track (when the
+//!   native stack samples do not carry the Python frames as callstack frames);
+//! - `proc`: each traced process's track, named by its command line (renamed when it executes a program), and
+//!   the `process start` / `process exec` / `process exit` instants on it (process trees);
+//!
+//! and what is no probe family's:
+//! - `counters`: per process `KV cache usage`, `requests running`, `requests waiting`, `preemptions` (the
+//!   engine's `/metrics`), `GPU N memory (pid P)`; global GPU counters (one group per GPU: `GPU N utilization`,
+//!   `GPU N memory used`, `GPU N power`, ...) and llmprof's own cost every tick (`llmprof overhead: ...`,
+//!   `llmprof CPU`, `llmprof RSS`, `llmprof cost per hit: ...`, [`crate::names::counter::OVERHEAD`]);
 //! - `session`: the global `llmprof` track: markers (probes not found, target exited, trace size limit), the
 //!   overhead budget's steps (`overhead budget: <step>`), and at the end the per-probe `llmprof drops: <probe>`
-//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting;
-//! - `gpu`: GPU activity from CUPTI (injected helper): `CUDA device D stream S` tracks with one slice per
-//!   kernel / copy / memset, the CUDA API calls on each thread with flows to the work they launched, host waits;
-//! - `samples`: CPU stack samples as Perfetto callstack samples (`PerfSample` + interned frames), see there.
+//!   counters and the final `llmprof summary` instant with the session statistics and self-accounting.
+//!
+//! A new probe family is one more file here, named after it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
@@ -41,22 +49,27 @@ use super::schema::{
     TYPE_SLICE_BEGIN, TYPE_SLICE_END, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
 };
 use super::writer::{Arg, PacketWriter};
-use crate::cuda_agg::{AggStats, CudaAggregator, CudaSlice};
+use crate::event::engine::RequestTimeline;
 use crate::event::{Event, EventBody, ProcessInfo};
 use crate::names::{counter, marker, track};
-use crate::timeline::RequestTimeline;
+use cuda::agg::{AggStats, CudaAggregator, CudaSlice};
 
-mod counters;
-mod cuda;
+// One file per probe family.
+pub mod cuda;
+mod cupti;
+mod egress;
 mod engine;
-mod gpu;
-mod procs;
+mod files;
+mod proc;
 mod python;
-mod samples;
 mod sched;
-mod session;
-mod threads;
+mod stacks;
+mod syscalls;
 mod wire;
+
+// What every family shares.
+mod counters;
+mod session;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on any error")]
@@ -146,8 +159,8 @@ pub struct TraceSink<W: Write> {
     cuda: CudaAggregator,
     cuda_out: Vec<CudaSlice>,
     sched: sched::SchedState,
-    callstacks: samples::Callstacks,
-    gpu: gpu::GpuState,
+    callstacks: stacks::Callstacks,
+    gpu: cupti::GpuState,
 }
 
 impl<W: Write> TraceSink<W> {
@@ -170,8 +183,8 @@ impl<W: Write> TraceSink<W> {
             cuda: CudaAggregator::new(processes.iter().filter(|p| p.engine_probes).map(|p| p.pid)),
             cuda_out: Vec::new(),
             sched: sched::SchedState::default(),
-            callstacks: samples::Callstacks::default(),
-            gpu: gpu::GpuState::default(),
+            callstacks: stacks::Callstacks::default(),
+            gpu: cupti::GpuState::default(),
         };
         if let Some((boot, real)) = clocks {
             s.w.write(TracePacket {

@@ -1,14 +1,14 @@
 //! Python stack samples on the sampled thread's track: one `python sample` instant per sample, its frames
 //! as args. The simplest form the trace processor reads back; the native stack sampler's callstack samples
-//! will carry these frames (merged with [`crate::pystack::merge_stacks`]) instead.
+//! will carry these frames (merged with [`crate::event::python::merge_stacks`]) instead.
 
 use std::io::{self, Write};
 
 use super::TraceSink;
 use crate::event::Event;
+use crate::event::python::{PyStackSample, PyStackStatus};
 use crate::names::{arg, slice};
 use crate::perfetto::writer::{Arg, ArgValue, arg_s, arg_u};
-use crate::pystack::{PyStackSample, PyStackStatus};
 
 impl<W: Write> TraceSink<W> {
     /// One Python stack sample.

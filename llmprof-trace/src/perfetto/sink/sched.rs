@@ -20,7 +20,7 @@
 //! `prev_state` with the rules of a 4.4 kernel; when no release was given, the preempted bit is cleared so the
 //! state still reads Runnable.
 //!
-//! Off-CPU stacks ([`crate::offcpu`]) go in the same bundles as `sched_blocked_reason` events right after
+//! Off-CPU stacks ([`crate::event::stacks::offcpu`]) go in the same bundles as `sched_blocked_reason` events right after
 //! the switch-out they belong to, their label interned as a `kernel_symbols` string of the packet sequence:
 //! the trace processor's `thread_state.blocked_function`, "Blocked function" in Perfetto UI.
 
@@ -29,13 +29,13 @@ use std::io::{self, Write};
 
 use super::TraceSink;
 use crate::event::Event;
+use crate::event::sched::{PREEMPTED, SchedSwitch, SchedWake};
+use crate::event::stacks::CpuSample;
 use crate::perfetto::compact::CompactBuilder;
 use crate::perfetto::schema::{
     FtraceEvent, FtraceEventBundle, InternedData, InternedString, SchedBlockedReasonFtraceEvent,
     SchedSwitchFtraceEvent, SchedWakingFtraceEvent, SystemInfo, TracePacket, Utsname,
 };
-use crate::stack::CpuSample;
-use crate::thread_state::{PREEMPTED, SchedSwitch, SchedWake};
 
 /// Event-count name of the switches written to mend a switch the kernel did not report (see `sched_switch`).
 pub const REPAIRED: &str = "sched_switch_repaired";
@@ -188,10 +188,10 @@ impl<W: Write> TraceSink<W> {
     }
 
     /// The stack of a traced thread that just blocked (it follows the thread's switch-out at the same time):
-    /// a `sched_blocked_reason` naming its label ([`crate::offcpu::label`]) after that switch in the CPU's
+    /// a `sched_blocked_reason` naming its label ([`crate::event::stacks::offcpu::label`]) after that switch in the CPU's
     /// bundle, so the trace processor sets `blocked_function` on the Sleeping/Uninterruptible row it opened.
     pub(super) fn offcpu_stack(&mut self, ev: &Event, s: &CpuSample) -> io::Result<()> {
-        let label = crate::offcpu::label(&s.frames);
+        let label = crate::event::stacks::offcpu::label(&s.frames);
         let next = self.sched.blocked_labels.len() as u64 + 1;
         let iid = *self.sched.blocked_labels.entry(label.clone()).or_insert_with(|| {
             self.sched.pending_labels.push(InternedString {

@@ -8,7 +8,7 @@ use llmprof_abi::PROBE_NAMES;
 
 use super::{SUMMARY_TOP_SYSCALLS, TraceSink};
 use crate::event::{Degradation, Event, OverheadSummary, SessionStats};
-use crate::names::gpu::{arg as gpu_arg, value as gpu_value};
+use crate::names::cupti::{arg as gpu_arg, value as gpu_value};
 use crate::names::syscalls;
 use crate::names::{arg, marker, track, value};
 use crate::perfetto::writer::{Arg, arg_f, arg_i, arg_s, arg_u};

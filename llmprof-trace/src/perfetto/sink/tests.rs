@@ -516,7 +516,7 @@ fn processes_of_a_tree_get_named_tracks_and_start_exec_exit_instants() {
         at(
             3,
             EXECS,
-            EventBody::CpuSample(Box::new(crate::stack::CpuSample {
+            EventBody::CpuSample(Box::new(crate::event::stacks::CpuSample {
                 cpu: 0,
                 frames: Vec::new(),
                 truncated: false,
