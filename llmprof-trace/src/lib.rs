@@ -29,10 +29,3 @@ pub mod report;
 pub mod sizecap;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-
-// The older paths of family modules, which `llmprof`'s capture and attach still import.
-pub use decode::wire::requests as wire;
-pub use event::cupti as gpu;
-pub use event::python as pystack;
-pub use event::stacks as stack;
-pub use perfetto::sink::cuda::agg as cuda_agg;

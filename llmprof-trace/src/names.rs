@@ -30,8 +30,6 @@ pub mod value;
 // The families whose vocabulary is large enough for a file of its own.
 pub mod cupti;
 pub mod syscalls;
-/// The CUPTI names under their older name, which `llmprof`'s attach still imports.
-pub use cupti as gpu;
 
 #[cfg(test)]
 mod tests;

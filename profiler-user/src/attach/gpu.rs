@@ -98,8 +98,8 @@ impl GpuSession {
         for pid in self.cuda.processes() {
             let text = match capture.attach_loaded_helper(pid) {
                 None => continue,
-                Some(Ok(lib)) => names::gpu::marker::helper_attached(pid, &lib.display().to_string()),
-                Some(Err(e)) => names::gpu::marker::helper_failed(pid, &causes::one_line(&e)),
+                Some(Ok(lib)) => names::cupti::marker::helper_attached(pid, &lib.display().to_string()),
+                Some(Err(e)) => names::cupti::marker::helper_failed(pid, &causes::one_line(&e)),
             };
             out.push(marker(pid, text));
         }

@@ -171,11 +171,11 @@ pub struct AttachReport {
     /// What the GPU layer did (NVML counters, CUDA driver probes).
     pub gpu: GpuReport,
     /// CUDA driver calls seen and how they were shown.
-    pub cuda: llmprof_trace::cuda_agg::AggStats,
+    pub cuda: llmprof_trace::perfetto::sink::cuda::agg::AggStats,
     /// The first target: its pid and name.
     pub target: (u32, String),
     /// Requests the wire probe saw (and how many carried an engine request).
-    pub wire: llmprof_trace::wire::WireStats,
+    pub wire: llmprof_trace::decode::wire::requests::WireStats,
     /// Stack symbolization, when stacks were sampled.
     pub symbolize: Option<crate::symbolize::SymbolizeStats>,
     /// Python processes whose frames were sampled.

@@ -424,7 +424,7 @@ mod tests {
             },
             cuda: Default::default(),
             target: (42, "python3".into()),
-            wire: llmprof_trace::wire::WireStats {
+            wire: llmprof_trace::decode::wire::requests::WireStats {
                 requests: 39,
                 failed: 1,
                 ..Default::default()

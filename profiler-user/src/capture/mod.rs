@@ -50,8 +50,8 @@ use aya::Ebpf;
 use aya::maps::{MapData, RingBuf};
 use llmprof_abi::{Config, Knob, NUM_PROBES, ProbeCounters};
 use llmprof_trace::decode::{Decoded, Decoder, Resolve};
+use llmprof_trace::event::cupti::GpuStats;
 use llmprof_trace::event::{Event, EventBody, SyscallAggregate};
-use llmprof_trace::gpu::GpuStats;
 
 pub use calibrate::Calibration;
 pub use config::{CaptureConfig, DEEP_RING_BYTES, DEFAULT_RING_BYTES, DEFAULT_SLOW_SYSCALL};
@@ -552,7 +552,7 @@ impl Capture {
     }
 
     /// What the wire reconstruction saw so far.
-    pub fn wire_stats(&self) -> llmprof_trace::wire::WireStats {
+    pub fn wire_stats(&self) -> llmprof_trace::decode::wire::requests::WireStats {
         self.wire.stats()
     }
 
@@ -635,7 +635,10 @@ struct Machine<'a> {
 }
 
 impl Resolve for Machine<'_> {
-    fn native_stack(&mut self, rec: &llmprof_abi::CpuSampleEvent) -> Option<llmprof_trace::stack::CpuSample> {
+    fn native_stack(
+        &mut self,
+        rec: &llmprof_abi::CpuSampleEvent,
+    ) -> Option<llmprof_trace::event::stacks::CpuSample> {
         if rec.hdr.pid == self.self_pid {
             return None;
         }
@@ -646,7 +649,7 @@ impl Resolve for Machine<'_> {
         &mut self,
         pid: u32,
         stack: &llmprof_abi::python::PyStack,
-    ) -> Option<llmprof_trace::pystack::PyStackSample> {
+    ) -> Option<llmprof_trace::event::python::PyStackSample> {
         self.python.resolve(pid, stack)
     }
 }

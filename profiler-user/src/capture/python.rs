@@ -15,7 +15,7 @@ use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use llmprof_abi::python::{PyOffsets, PyStack};
 use llmprof_abi::{PY_PROCS_MAP, PY_THREADS_MAP, PYSAMPLE_PROGRAM};
-use llmprof_trace::pystack::PyStackSample;
+use llmprof_trace::event::python::PyStackSample;
 
 use super::error::CaptureError;
 use super::object::{map_err, map_mut, program};

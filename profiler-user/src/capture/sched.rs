@@ -2,7 +2,7 @@
 //! tid → tgid map from `/proc/PID/task`.
 //!
 //! Owns the kernel side of thread states in user space (their records are decoded by
-//! `llmprof_trace::decode::sched`, the trace side is `llmprof_trace::thread_state`).
+//! `llmprof_trace::decode::sched`, the trace side is `llmprof_trace::event::sched`).
 //! Order at start: the programs are attached with the others; after the targets enter `TRACED`, every thread
 //! listed in `/proc/PID/task` enters `THREADS` (threads created from then on are added by the kernel's
 //! `task_newtask` program, which runs in the traced parent), so no thread falls between the two.

@@ -14,8 +14,8 @@ use aya::programs::perf_event::{
     PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
 use llmprof_abi::{CpuSampleEvent, Knob, OFFCPU_RATE_MAP};
+use llmprof_trace::event::stacks::CpuSample;
 use llmprof_trace::event::{Event, EventBody};
-use llmprof_trace::stack::CpuSample;
 
 use super::error::CaptureError;
 use super::object::{program, write_knob};

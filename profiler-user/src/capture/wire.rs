@@ -19,8 +19,8 @@ use llmprof_abi::{
     HTTP_CONNS_MAP, HTTP_LISTEN_MAP, HTTP_PHASE_PROBE, HTTP_PORTS_MAP, HttpConnState, SKGONE_PROGRAM,
     SKREADY_PROGRAM, SKRECV_PROGRAM, SockKey, WIRE_DECODER_PROGRAMS, WIRE_DECODERS_MAP,
 };
+use llmprof_trace::decode::wire::requests::{OwnConns, Reconstructor, WireRecord, WireStats};
 use llmprof_trace::event::Event;
-use llmprof_trace::wire::{OwnConns, Reconstructor, WireRecord, WireStats};
 
 use super::error::CaptureError;
 use super::object::{attach_tracepoints, map_err, map_mut, program};
@@ -167,7 +167,7 @@ impl Wire {
 }
 
 /// llmprof's own connections to traced servers (its /metrics GETs), one registry per llmprof process: every
-/// session's wire view reads it ([`llmprof_trace::wire::OwnConns`]) and leaves their requests out.
+/// session's wire view reads it ([`llmprof_trace::decode::wire::requests::OwnConns`]) and leaves their requests out.
 pub fn own_conns() -> Arc<OwnConns> {
     static OWN: std::sync::OnceLock<Arc<OwnConns>> = std::sync::OnceLock::new();
     OWN.get_or_init(|| Arc::new(OwnConns::default())).clone()
