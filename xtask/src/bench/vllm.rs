@@ -4,7 +4,8 @@
 //! server: detached, `llmprof attach` with its defaults (the Python hooks in the engine core included) and
 //! `--python-hooks off` (the hooks' share). The figure is vLLM's CPU time per generated token, its API server
 //! and engine core together (a cpuacct group the server enters before it starts its engine core), medians and
-//! ranges over the rounds; each attached session's summary line with the hooks' own measured cost is echoed.
+//! ranges over the rounds; each attached session's summary lines (the hooks' own measured cost, llmprof's own
+//! CPU and memory) are echoed.
 
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -103,7 +104,7 @@ pub(super) fn run(o: &EngineArgs) -> Result<()> {
         &release,
         server.0.id(),
         &MODES,
-        &["Python hooks", "overhead"],
+        &["Python hooks", "overhead", "llmprof itself"],
         || level_at(port, c, n_req, o.max_tokens, TEMPERATURE),
     )?;
     drop(meter);
