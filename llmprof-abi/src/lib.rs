@@ -45,8 +45,6 @@ pub use {
     cuda::*, cupti::*, egress::*, engine::*, files::*, proc::*, python::*, sched::*, shared::*, stacks::*,
     syscalls::*, wire::*,
 };
-// Aliases of the families that the user-space crates still import.
-pub use {cuda as cudacount, cupti as gpu, stacks as offcpu, stacks as sample};
 
 /// Version of every layout in this crate. Bump on any change.
 pub const ABI_VERSION: u32 = 3;

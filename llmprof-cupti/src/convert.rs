@@ -1,4 +1,4 @@
-//! CUPTI activity records → the records of `llmprof_abi::gpu`, packed into chunks.
+//! CUPTI activity records → the records of `llmprof_abi::cupti`, packed into chunks.
 //!
 //! Owns the only reading of CUPTI's struct layouts in the workspace (so llmprof never depends on a CUPTI
 //! version) and the chunk packing. Pure: records come in as byte slices of a completed CUPTI buffer, chunks
@@ -16,7 +16,9 @@
 
 use std::collections::HashMap;
 
-use llmprof_abi::gpu::{GpuActivity, GpuActivityKind, GpuApiCall, GpuRecordHeader, GpuRecordKind, NO_GRAPH};
+use llmprof_abi::cupti::{
+    GpuActivity, GpuActivityKind, GpuApiCall, GpuRecordHeader, GpuRecordKind, NO_GRAPH,
+};
 
 /// `CUPTI_ACTIVITY_KIND_MEMCPY` (cupti_activity.h `CUpti_ActivityKind`).
 pub const KIND_MEMCPY: u32 = 1;

@@ -1,6 +1,6 @@
 //! `libllmprof_cupti.so`: the helper library `llmprof attach --gpu-kernels` injects into a running CUDA process.
 //!
-//! Owns the three exported functions of `llmprof_abi::gpu` and the CUPTI session behind them:
+//! Owns the three exported functions of `llmprof_abi::cupti` and the CUPTI session behind them:
 //! - [`llmprof_gpu_start`] (called by llmprof through ptrace): finds and loads CUPTI ([`cupti`]), claims it
 //!   with `cuptiSubscribe` (a subscriber already there — Kineto, Nsight — is left untouched and reported),
 //!   sets CUPTI's thread ids to the system's, registers the buffer callbacks and enables kernels, copies,
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use convert::{Converted, Names, Packer, Sink, Skip};
-use llmprof_abi::gpu::{
+use llmprof_abi::cupti::{
     GPU_FLAG_API_CALLS, GPU_FLAG_EVERY_RECORD, GpuActivityKind, GpuHelperStats, GpuStartStatus,
     WINDOW_HINT_MS,
 };
@@ -65,7 +65,7 @@ pub struct Stats {
 }
 const _: () = assert!(core::mem::size_of::<Stats>() == core::mem::size_of::<GpuHelperStats>());
 
-/// Exported as `llmprof_abi::gpu::GPU_STATS`.
+/// Exported as `llmprof_abi::cupti::GPU_STATS`.
 #[unsafe(no_mangle)]
 #[used]
 pub static llmprof_gpu_stats: Stats = Stats {
@@ -110,7 +110,7 @@ impl Stats {
     }
 }
 
-/// The handoff (`llmprof_abi::gpu::GPU_HANDOFF`): the 5-byte NOP llmprof's uprobe sits on, then `ret`.
+/// The handoff (`llmprof_abi::cupti::GPU_HANDOFF`): the 5-byte NOP llmprof's uprobe sits on, then `ret`.
 /// `chunk` points to `len` bytes of a chunk, valid for the duration of the call.
 #[unsafe(no_mangle)]
 #[unsafe(naked)]
@@ -343,7 +343,7 @@ fn fill_pool() {
     }
 }
 
-/// `llmprof_abi::gpu::GPU_START`: turns CUPTI activity recording on; a [`GpuStartStatus`].
+/// `llmprof_abi::cupti::GPU_START`: turns CUPTI activity recording on; a [`GpuStartStatus`].
 #[unsafe(no_mangle)]
 pub extern "C" fn llmprof_gpu_start(flags: u64) -> u32 {
     start(flags) as u32
@@ -525,7 +525,7 @@ fn close_summaries(api: &cupti::Api) {
         .fetch_add(conv.packer.records_out - before.1, Ordering::Relaxed);
 }
 
-/// `llmprof_abi::gpu::GPU_STOP`: flushes, disables every activity kind, unsubscribes; 0. The library stays.
+/// `llmprof_abi::cupti::GPU_STOP`: flushes, disables every activity kind, unsubscribes; 0. The library stays.
 #[unsafe(no_mangle)]
 pub extern "C" fn llmprof_gpu_stop() -> u32 {
     let mut state = lock(&STATE);

@@ -1,6 +1,6 @@
 //! The default mode's summaries: what one window of CUPTI records becomes when every kernel is not wanted.
 //!
-//! Owns the arithmetic of `llmprof_abi::gpu::GpuSummary` and `GpuBusy`: per window (one completed CUPTI
+//! Owns the arithmetic of `llmprof_abi::cupti::GpuSummary` and `GpuBusy`: per window (one completed CUPTI
 //! buffer) and device, the count, total, min and max GPU time of each kernel name, copy kind and wait type;
 //! and the GPU's busy intervals, compacted: kernels (and graph launches) whose idle gap to the previous one
 //! is under the gap threshold extend the open interval, which carries the union of their times (`busy_ns`,
@@ -14,7 +14,7 @@
 //! no allocation after [`Summarizer::new`]: records come in through [`Summarizer::add`], records go out
 //! through the [`Packer`] at [`Summarizer::finish`].
 
-use llmprof_abi::gpu::{GpuActivity, GpuActivityKind, GpuBusy, GpuRecordHeader, GpuRecordKind, GpuSummary};
+use llmprof_abi::cupti::{GpuActivity, GpuActivityKind, GpuBusy, GpuRecordHeader, GpuRecordKind, GpuSummary};
 
 use crate::convert::{Packer, Sink};
 
@@ -376,7 +376,7 @@ fn slot(device: u32) -> usize {
 mod tests {
     use super::*;
     use crate::convert::test_sink::Collect;
-    use llmprof_abi::gpu::GpuChunkHeader;
+    use llmprof_abi::cupti::GpuChunkHeader;
 
     fn u32_at(b: &[u8], o: usize) -> u32 {
         u32::from_le_bytes(b[o..o + 4].try_into().unwrap())

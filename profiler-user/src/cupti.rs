@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use llmprof_abi::gpu::{GPU_HELPER_LIB, GPU_START, GPU_STATS, GPU_STOP, GpuHelperStats, GpuStartStatus};
+use llmprof_abi::cupti::{GPU_HELPER_LIB, GPU_START, GPU_STATS, GPU_STOP, GpuHelperStats, GpuStartStatus};
 
 use crate::inject::ptrace::LibcFns;
 use crate::inject::{self, Arg, InjectError};
@@ -57,7 +57,7 @@ impl KernelsMode {
     /// that issued them (`GPU_FLAG_API_CALLS`: launch → kernel flows); the default summaries alone (CUPTI's
     /// API records were most of its cost: 195k in 12 s on an H200 llmserve, 3.6 M in 6 s on a PyTorch loop).
     pub fn start_flags(self) -> u64 {
-        use llmprof_abi::gpu::{GPU_FLAG_API_CALLS, GPU_FLAG_EVERY_RECORD};
+        use llmprof_abi::cupti::{GPU_FLAG_API_CALLS, GPU_FLAG_EVERY_RECORD};
         match self {
             Self::All => GPU_FLAG_API_CALLS | GPU_FLAG_EVERY_RECORD,
             _ => 0,

@@ -47,7 +47,7 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
         return;
     }
     let dir = e2e::fixtures::scratch_dir("llmprof-gpu-activity");
-    let exe = e2e::fixtures::gpu_helper_testee(&dir, llmprof_abi::gpu::GPU_HELPER_LIB);
+    let exe = e2e::fixtures::gpu_helper_testee(&dir, llmprof_abi::cupti::GPU_HELPER_LIB);
     let mut t = Testee::start(&mut Command::new(&exe));
     let pid = t.pid();
     let trace = dir.join("gpu.perfetto-trace");
@@ -73,7 +73,10 @@ fn kernel_slices_from_handed_over_chunks_with_names_times_args_flows_and_report(
 
     // The handoff probe was attached in the process that had the helper loaded.
     let attached = marker_text(&mut tp, &format!("handoff probe attached in pid {pid}"));
-    assert!(attached.contains(llmprof_abi::gpu::GPU_HELPER_LIB), "{attached}");
+    assert!(
+        attached.contains(llmprof_abi::cupti::GPU_HELPER_LIB),
+        "{attached}"
+    );
 
     // Kernels: demangled names, on their stream's track, times mapped into the testee's window, exact durations.
     let gemm = on_track(&track::stream(0, 7), "gemm<128>");

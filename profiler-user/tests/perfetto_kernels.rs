@@ -1,5 +1,5 @@
 //! GPU activity from CUPTI in the Perfetto sink, on a fixture built in code (no GPU, no root): an engine's two
-//! steps and the kernels they launched, decoded from a chunk of the `llmprof_abi::gpu` layouts
+//! steps and the kernels they launched, decoded from a chunk of the `llmprof_abi::cupti` layouts
 //! (`llmprof_trace::testing::cupti::engine_fixture`). Checked with Perfetto's real trace processor: 0 import
 //! errors, the kernels on their stream's track, each with the `step_id` of the step whose host time held its
 //! launch, the flows from the launching API calls.

@@ -68,7 +68,7 @@ pub fn stand_in_libcupti(dir: &Path) -> PathBuf {
 }
 
 /// The stand-in of llmprof's CUPTI helper (`gpu_helper.c`: only the hand-over of activity chunks) as
-/// `dir/<llmprof_abi::gpu::GPU_HELPER_LIB>`, and `gpu_testee.c` linked with it as `dir/gpu_testee`; returns the
+/// `dir/<llmprof_abi::cupti::GPU_HELPER_LIB>`, and `gpu_testee.c` linked with it as `dir/gpu_testee`; returns the
 /// testee.
 pub fn gpu_helper_testee(dir: &Path, helper_lib: &str) -> PathBuf {
     gcc(&SHARED, "gpu_helper.c", &dir.join(helper_lib));

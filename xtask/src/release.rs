@@ -27,7 +27,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The Debian package's name.
 const DEB_NAME: &str = "llmprof";
 /// The helper libraries llmprof loads into targets, shipped in `lib/llmprof/` (crate, file): the CUPTI helper
-/// (`llmprof_abi::gpu::GPU_HELPER_LIB`) and the Python-hooks helper (`llmprof_abi::pyhooks::PY_HELPER_LIB`).
+/// (`llmprof_abi::cupti::GPU_HELPER_LIB`) and the Python-hooks helper (`llmprof_abi::pyhooks::PY_HELPER_LIB`).
 const HELPER_LIBS: [(&str, &str); 2] = [
     ("llmprof-cupti", "libllmprof_cupti.so"),
     ("llmprof-pyhooks", "libllmprof_pyhooks.so"),

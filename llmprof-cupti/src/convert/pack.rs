@@ -4,7 +4,7 @@
 
 use std::ffi::{CStr, c_char};
 
-use llmprof_abi::gpu::{
+use llmprof_abi::cupti::{
     GPU_ABI_VERSION, GPU_CHUNK_MAGIC, GPU_CHUNK_MAX, GPU_NAME_MAX, GpuActivity, GpuApiCall, GpuBusy,
     GpuChunkHeader, GpuName, GpuRecordHeader, GpuRecordKind, GpuSummary,
 };
@@ -14,7 +14,7 @@ use super::{Converted, Names, Sink, api_display_name};
 /// Types written into chunks as raw bytes.
 ///
 /// # Safety
-/// Implementors are `repr(C)` and have no padding bytes (their sizes are asserted in `llmprof_abi::gpu`).
+/// Implementors are `repr(C)` and have no padding bytes (their sizes are asserted in `llmprof_abi::cupti`).
 pub(crate) unsafe trait Plain: Copy {}
 // SAFETY: repr(C), fields sum to the asserted 112 bytes: no padding.
 unsafe impl Plain for GpuActivity {}

@@ -1,6 +1,6 @@
 use std::ffi::CString;
 
-use llmprof_abi::gpu::{GPU_CHUNK_MAGIC, GPU_CHUNK_MAX, GPU_NAME_MAX};
+use llmprof_abi::cupti::{GPU_CHUNK_MAGIC, GPU_CHUNK_MAX, GPU_NAME_MAX};
 
 use super::pack::HDR;
 use super::test_sink::Collect;

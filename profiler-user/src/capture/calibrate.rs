@@ -475,7 +475,7 @@ fn measure_sched(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
 /// Stacks go back off (the capture turns them on once calibrated). A failure leaves the cost unmeasured.
 fn measure_offcpu(ebpf: &mut aya::Ebpf, raw: &mut Raw) {
     let me = std::process::id();
-    if write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::offcpu::OFFCPU_UNBOUNDED).is_err() {
+    if write_knob(ebpf, Knob::OffCpuStacksOff, llmprof_abi::stacks::OFFCPU_UNBOUNDED).is_err() {
         return;
     }
     let before = read_counters(ebpf);

@@ -38,7 +38,7 @@ pub struct CaptureConfig {
     /// Time two cheap syscalls before any program is attached (~2 ms): the untraced reference a later
     /// [`super::calibrate::run`] measures the probes' cost against ([`super::Capture::untraced`]).
     pub measure_untraced: bool,
-    /// Launch-type CUDA calls ([`llmprof_abi::cudacount::COUNTED`]) get the entry-only counting uprobe
+    /// Launch-type CUDA calls ([`llmprof_abi::cuda::COUNTED`]) get the entry-only counting uprobe
     /// instead of the timed entry + return pair (`--cuda-calls counted`, the default; off: `--cuda-calls all`).
     pub cuda_counted: bool,
     /// Python stack samples of CPython 3.10–3.13 targets, Hz (0: off; [`python::DEFAULT_HZ`]).

@@ -17,7 +17,7 @@ use aya::Ebpf;
 use aya::maps::{HashMap, PerCpuArray};
 use aya::programs::UProbe;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
-use llmprof_abi::cudacount::{self, CudaCountState};
+use llmprof_abi::cuda::{self, CudaCountState};
 use llmprof_abi::{
     CUCOUNT_PROGRAM, CUDA_COUNTED_MAP, CUDA_COUNTS_MAP, CUDA_TEXT_MAP, CUENT_PROGRAM, CURET_PROGRAM,
 };
@@ -28,7 +28,7 @@ use super::object::{load_uprobe, program};
 
 /// CUDA driver uprobe programs: at entry, at return (loaded on the first [`Cuda::attach`]).
 pub const CUDA_PROGRAMS: (&str, &str) = (CUENT_PROGRAM, CURET_PROGRAM);
-/// The entry-only uprobe that counts launch-type CUDA calls ([`llmprof_abi::cudacount`]).
+/// The entry-only uprobe that counts launch-type CUDA calls ([`llmprof_abi::cuda`]).
 pub const CUDA_COUNT_PROGRAM: &str = CUCOUNT_PROGRAM;
 
 /// The CUDA driver probes of a capture.
@@ -86,7 +86,7 @@ impl Cuda {
         let mut attached = 0;
         let mut first_err = None;
         for &(offset, cookie) in points {
-            let launch_type = cudacount::counted_slot((cookie & 0xff) as u32).is_some();
+            let launch_type = cuda::counted_slot((cookie & 0xff) as u32).is_some();
             // CUPTI records copies and waits as well as launches (their GPU spans; the host's wait shows in the
             // thread's state and off-CPU stack).
             let copy_or_sync = llmprof_abi::CudaFunc::from_raw((cookie & 0xff) as u32).is_some_and(|f| {

@@ -215,7 +215,7 @@ impl Sampler {
 }
 
 /// Off-CPU stacks the kernel's per-CPU rate bound did not take so far (all CPUs): not taken by design, not a
-/// loss (`llmprof_abi::offcpu`). 0 when the map cannot be read.
+/// loss (`llmprof_abi::stacks`). 0 when the map cannot be read.
 fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
     let Some(m) = ebpf.map(OFFCPU_RATE_MAP) else {
         return 0;
@@ -225,7 +225,7 @@ fn offcpu_not_taken(ebpf: &Ebpf) -> u64 {
     };
     a.get(&0, 0).map_or(0, |v| {
         v.iter()
-            .map(|w| w[llmprof_abi::offcpu::OFFCPU_RATE_NOT_TAKEN])
+            .map(|w| w[llmprof_abi::stacks::OFFCPU_RATE_NOT_TAKEN])
             .sum()
     })
 }

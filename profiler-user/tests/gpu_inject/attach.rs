@@ -154,7 +154,7 @@ fn injected_helper_records_every_launch_and_a_second_attach_reuses_it() {
     assert_eq!((s.records, s.dropped, s.names), (produced, 0, 4), "{s:?}");
     // Each chunk is at most GPU_CHUNK_MAX bytes: many records per chunk, never one hit per kernel.
     // (48 bytes is the smallest record, a driver call; kernels and copies are 112.)
-    let min_chunks = (s.records * 48).div_ceil(llmprof_abi::gpu::GPU_CHUNK_MAX as u64);
+    let min_chunks = (s.records * 48).div_ceil(llmprof_abi::cupti::GPU_CHUNK_MAX as u64);
     assert!(s.chunks >= min_chunks && s.chunks * 50 <= s.records, "{s:?}");
     assert_eq!((s.starts, s.stops, s.active), (1, 1, 0));
 

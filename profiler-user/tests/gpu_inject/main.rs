@@ -21,7 +21,7 @@ use e2e::attach::Attached;
 use e2e::fixtures::{have_gcc, scratch_dir, stand_in_libcuda, stand_in_libcupti};
 use e2e::testee::Testee;
 use llmprof::{cupti, inject};
-use llmprof_abi::gpu::GPU_HELPER_LIB;
+use llmprof_abi::cupti::GPU_HELPER_LIB;
 
 mod attach;
 mod ptrace;
