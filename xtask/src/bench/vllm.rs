@@ -1,8 +1,9 @@
 //! `cargo xtask bench vllm` (owner: the Python hooks): what llmprof costs vLLM's CPU build (`vllm serve` from
 //! the vLLM venv of `cargo xtask setup`, on the converted default model) under sampled streaming chat requests
 //! (temperature 0.8) at concurrency 1 unless `--levels` says otherwise. Modes, interleaved round by round on one
-//! server: detached, `llmprof attach` with its defaults (the Python hooks in the engine core included) and
-//! `--python-hooks off` (the hooks' share). The figure is vLLM's CPU time per generated token, its API server
+//! server: detached, `llmprof attach` with its defaults (the Python hooks in the engine core included),
+//! `--python-hooks off` (the hooks' share) and a minimal attach (no samples, thread states, wire or hooks: what
+//! the always-on families cost). The figure is vLLM's CPU time per generated token, its API server
 //! and engine core together (a cpuacct group the server enters before it starts its engine core), medians and
 //! ranges over the rounds; each attached session's summary lines (the hooks' own measured cost, llmprof's own
 //! CPU and memory) are echoed.
@@ -24,10 +25,20 @@ const TEMPERATURE: f64 = 0.8;
 const START_WAIT: Duration = Duration::from_secs(600);
 
 /// The modes of a round, in the order of even rounds (odd rounds run them reversed).
-const MODES: [Mode<'static>; 3] = [
+const MODES: [Mode<'static>; 4] = [
     ("detached", None),
     ("attached, default (Python hooks)", Some(&[])),
     ("attached, --python-hooks off", Some(&["--python-hooks", "off"])),
+    (
+        "attached, minimal (syscalls, files, egress, processes)",
+        Some(&[
+            "--no-sample",
+            "--no-thread-states",
+            "--no-http",
+            "--python-hooks",
+            "off",
+        ]),
+    ),
 ];
 
 /// `vllm serve` and its engine core, killed on drop.
