@@ -371,6 +371,10 @@ pub struct OverheadSummary {
     pub llmprof_cpu_ns: f64,
     /// llmprof's peak resident memory, bytes.
     pub llmprof_max_rss_bytes: u64,
+    /// The most of it that was llmprof's alone (pages no other process maps: its heap, the ring, the parts of
+    /// the target's files only it reads), bytes; the rest of the RSS is pages of files the target maps too
+    /// (its libraries, mapped to read their symbols), which cost the machine nothing more.
+    pub llmprof_max_private_bytes: u64,
     /// The start-up calibration.
     pub calibration: Option<crate::calibration::Calibration>,
     /// `--overhead-budget`, %.

@@ -344,6 +344,8 @@ pub struct SelfAccount {
     start: Snapshot,
     last: Snapshot,
     max_rss: u64,
+    /// The most of it no other process mapped ([`private_bytes`]).
+    max_private: u64,
     /// The CPUs llmprof shares with the target and their idle time at the start.
     share: Option<crate::cpushare::Window>,
 }
@@ -391,6 +393,7 @@ impl SelfAccount {
             start: s,
             last: s,
             max_rss: rss_bytes(),
+            max_private: private_bytes(),
             share,
         }
     }
@@ -405,6 +408,7 @@ impl SelfAccount {
         let now = Snapshot::take(&self.targets, counters);
         let rss = rss_bytes();
         self.max_rss = self.max_rss.max(rss);
+        self.max_private = self.max_private.max(private_bytes());
         let (thread, records) = self
             .cupti
             .added_ns(&self.last.counters.cupti, &now.counters.cupti);
@@ -445,6 +449,7 @@ impl SelfAccount {
     ) -> OverheadSummary {
         let now = Snapshot::take(&self.targets, counters);
         self.max_rss = self.max_rss.max(rss_bytes()).max(max_rss_bytes());
+        self.max_private = self.max_private.max(private_bytes());
         let by_probe = added_ns(&self.cal, &self.start.counters, &now.counters);
         let cupti = self
             .cupti
@@ -471,6 +476,7 @@ impl SelfAccount {
             est_overhead_pct: target.filter(|t| *t > 0.0).map(|t| overhead_pct(added, t)),
             llmprof_cpu_ns: now.self_cpu_ns.saturating_sub(self.start.self_cpu_ns) as f64,
             llmprof_max_rss_bytes: self.max_rss,
+            llmprof_max_private_bytes: self.max_private,
             calibration: Some(self.cal),
             budget_pct,
             degradations,
@@ -545,6 +551,21 @@ pub fn self_cpu_ns() -> u64 {
 /// llmprof's peak resident memory so far, bytes.
 pub fn max_rss_bytes() -> u64 {
     rusage_self().map_or(0, |ru| ru.ru_maxrss as u64 * 1024)
+}
+
+/// llmprof's resident pages that no other process maps now, bytes (`Private_Clean` and `Private_Dirty` of
+/// `/proc/self/smaps_rollup`): its heap, stacks and ring, and the pages of files it alone reads. The rest of
+/// its RSS is pages it shares, mostly of the target's libraries that symbolization maps (and the target keeps
+/// resident anyway). 0 when the file cannot be read.
+pub fn private_bytes() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/smaps_rollup") else {
+        return 0;
+    };
+    s.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
 }
 
 /// llmprof's resident memory now, bytes (`/proc/self/statm`, second field, pages).
@@ -756,6 +777,11 @@ mod tests {
         assert!(process_cpu_ns(std::process::id()).is_some());
         assert!(rss_bytes() > 0);
         assert!(max_rss_bytes() > 0);
+        let (private, rss) = (private_bytes(), rss_bytes());
+        assert!(
+            private > 0 && private <= rss + (1 << 20),
+            "private {private} of {rss}"
+        );
         let line = "12 (a b) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0";
         assert_eq!(
             stat_cpu_ns(line),

@@ -103,11 +103,23 @@ fn every_trace_accounts_for_llmprof_itself() {
         arg::COST_NS_SYSCALL,
         arg::COST_NS_SYSCALL_DECODED,
         arg::LLMPROF_MAX_RSS_MIB,
+        arg::LLMPROF_MAX_PRIVATE_MIB,
         arg::OVERHEAD_EST_TARGET_CPU_MS,
     ] {
         let sql = format!("select extract_arg(arg_set_id, '{}') {summary}", tp_arg(key));
         assert!(tp.float(&sql) > 0.0, "{key}");
     }
+    let mut mib = |key: &str| {
+        tp.float(&format!(
+            "select extract_arg(arg_set_id, '{}') {summary}",
+            tp_arg(key)
+        ))
+    };
+    let (private, rss) = (mib(arg::LLMPROF_MAX_PRIVATE_MIB), mib(arg::LLMPROF_MAX_RSS_MIB));
+    assert!(
+        private <= rss + 1.0,
+        "its own {private} MiB of a peak RSS of {rss} MiB"
+    );
     drop(tp);
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -283,6 +283,8 @@ pub const LLMPROF_CPU_MS: &str = "llmprof_cpu_ms";
 pub const LLMPROF_CPU_PCT: &str = "llmprof_cpu_pct";
 /// llmprof's peak RSS, MiB.
 pub const LLMPROF_MAX_RSS_MIB: &str = "llmprof_max_rss_mib";
+/// The most of llmprof's RSS that no other process maps, MiB.
+pub const LLMPROF_MAX_PRIVATE_MIB: &str = "llmprof_max_private_mib";
 /// Calibrated cost per traced syscall, ns.
 pub const COST_NS_SYSCALL: &str = "cost_ns_syscall";
 /// Calibrated cost per traced syscall whose exit llmprof decodes, ns.

@@ -175,6 +175,7 @@ pub(super) fn analyze(path: &Path, d: &Decoded) -> Report {
                 llmprof_cpu_ms: f(arg::LLMPROF_CPU_MS),
                 llmprof_cpu_pct: f(arg::LLMPROF_CPU_PCT),
                 llmprof_max_rss_mib: f(arg::LLMPROF_MAX_RSS_MIB),
+                llmprof_max_private_mib: f(arg::LLMPROF_MAX_PRIVATE_MIB),
                 cost_ns_syscall: f(arg::COST_NS_SYSCALL),
                 cost_ns_syscall_decoded: f(arg::COST_NS_SYSCALL_DECODED),
                 cost_ns_engine_probe: f(arg::COST_NS_ENGINE_PROBE),

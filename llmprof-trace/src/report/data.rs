@@ -398,6 +398,8 @@ pub struct OverheadReport {
     pub llmprof_cpu_pct: Option<f64>,
     /// llmprof's peak RSS, MiB.
     pub llmprof_max_rss_mib: Option<f64>,
+    /// The most of it no other process mapped, MiB (older traces: none).
+    pub llmprof_max_private_mib: Option<f64>,
     /// Calibrated cost per hit, ns: syscall, engine probe, engine probe sampled out.
     pub cost_ns_syscall: Option<f64>,
     /// See [`OverheadReport::cost_ns_syscall`]: a syscall whose exit llmprof decodes (read, write, close, ...).

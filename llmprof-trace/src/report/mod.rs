@@ -55,7 +55,7 @@
 //!   design (not a loss, not in `total_dropped`; `null` when none or an older trace).
 //! - `overhead`: llmprof's self-accounting, `null` for traces without it: `{est_target_cpu_ms,
 //!   est_target_pct, target_cpu_ms, by_probe_ms: {probe: ms}, est_cupti_ms, cupti_thread_cpu_ms, cupti_records,
-//!   llmprof_cpu_ms, llmprof_cpu_pct, llmprof_max_rss_mib, cost_ns: {syscall, syscall_decoded, engine_probe,
+//!   llmprof_cpu_ms, llmprof_cpu_pct, llmprof_max_rss_mib, llmprof_max_private_mib, cost_ns: {syscall, syscall_decoded, engine_probe,
 //!   engine_probe_sampled_out, cuda_call, ..., cupti_record}, probe_entry, budget_pct, degradations: [{at_s, level, step, change, est_overhead_pct,
 //!   syscalls_counted}],
 //!   size_limit_bytes, size_limit_reached, events_not_written, symbolize_addresses, symbolize_unknown,

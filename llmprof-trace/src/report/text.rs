@@ -474,9 +474,12 @@ fn overhead_text(out: &mut String, o: &OverheadReport) {
             .collect();
         let _ = writeln!(out, "  by probe: {}", parts.join(", "));
     }
+    let private = o
+        .llmprof_max_private_mib
+        .map_or(String::new(), |p| format!(" ({} MiB its own)", f(Some(p), 1)));
     let _ = writeln!(
         out,
-        "  llmprof itself: {} ms CPU ({} % of one core), peak RSS {} MiB",
+        "  llmprof itself: {} ms CPU ({} % of one core), peak RSS {} MiB{private}",
         f(o.llmprof_cpu_ms, 1),
         f(o.llmprof_cpu_pct, 2),
         f(o.llmprof_max_rss_mib, 1)

@@ -168,9 +168,11 @@ fn overhead(ov: &OverheadSummary, symbolize: Option<&crate::symbolize::Symbolize
             probes / 1e6
         ),
         format!(
-            "llmprof itself: {:.1} % of a core{per_stack}, peak RSS {:.1} MiB",
+            "llmprof itself: {:.1} % of a core{per_stack}, peak RSS {:.1} MiB ({:.1} MiB its own, the rest \
+             shared with the target)",
             ov.llmprof_cpu_ns / ov.elapsed_ns.max(1) as f64 * 100.0,
-            ov.llmprof_max_rss_bytes as f64 / f64::from(1u32 << 20)
+            ov.llmprof_max_rss_bytes as f64 / f64::from(1u32 << 20),
+            ov.llmprof_max_private_bytes as f64 / f64::from(1u32 << 20)
         ),
     ]
 }

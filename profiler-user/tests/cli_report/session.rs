@@ -313,6 +313,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         est_overhead_pct: Some(4.0),
         llmprof_cpu_ns: 20e6,
         llmprof_max_rss_bytes: 24 << 20,
+        llmprof_max_private_bytes: 20 << 20,
         calibration: Some(Calibration {
             syscall_ns: 700.0,
             syscall_decoded_ns: Some(900.0),
@@ -343,6 +344,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
     assert_eq!(o["symbolized_stacks"], 120, "{o}");
     assert_ms(&o["symbolize_ms"], 6.0);
     assert_ms(&o["llmprof_max_rss_mib"], 24.0);
+    assert_ms(&o["llmprof_max_private_mib"], 20.0);
     assert_ms(&o["by_probe_ms"]["syscalls"], 40.0);
     assert_eq!(o["probe_entry"], "call (optimized)");
     assert_ms(&o["budget_pct"], 1.0);
@@ -357,7 +359,7 @@ fn report_shows_self_accounting_and_the_budget_steps() {
         "cost per hit: syscall 700 ns (decoded 900 ns)",
         "CUDA call 4500 ns",
         "syscall_events_off",
-        "peak RSS 24.0 MiB",
+        "peak RSS 24.0 MiB (20.0 MiB its own)",
     ] {
         assert!(text.contains(want), "report lacks {want:?}:\n{text}");
     }

@@ -150,6 +150,10 @@ fn overhead_args(o: &OverheadSummary) -> Vec<Arg> {
             arg::LLMPROF_MAX_RSS_MIB,
             o.llmprof_max_rss_bytes as f64 / (1u64 << 20) as f64,
         ),
+        arg_f(
+            arg::LLMPROF_MAX_PRIVATE_MIB,
+            o.llmprof_max_private_bytes as f64 / (1u64 << 20) as f64,
+        ),
     ];
     if let Some(t) = o.target_cpu_ns {
         args.push(arg_f(arg::TARGET_CPU_MS, t / 1e6));

@@ -63,6 +63,7 @@ pub(super) struct Overhead<'a> {
     llmprof_cpu_ms: Option<Num>,
     llmprof_cpu_pct: Option<Num>,
     llmprof_max_rss_mib: Option<Num>,
+    llmprof_max_private_mib: Option<Num>,
     symbolized_stacks: Option<u64>,
     symbolize_ms: Option<Num>,
     cost_ns: CostNs,
@@ -94,6 +95,7 @@ impl<'a> Overhead<'a> {
             llmprof_cpu_ms: opt(o.llmprof_cpu_ms),
             llmprof_cpu_pct: opt(o.llmprof_cpu_pct),
             llmprof_max_rss_mib: opt(o.llmprof_max_rss_mib),
+            llmprof_max_private_mib: opt(o.llmprof_max_private_mib),
             cost_ns: CostNs {
                 syscall: opt(o.cost_ns_syscall),
                 syscall_decoded: opt(o.cost_ns_syscall_decoded),
