@@ -68,11 +68,16 @@ pub fn parse(text: &str) -> MetricsSample {
 
 /// Local TCP ports the process listens on (IPv4 and IPv6).
 pub fn listening_ports(pid: u32) -> Vec<u16> {
+    ports_among(&tcp::listeners(None), pid)
+}
+
+/// The ports of `listening` ((port, socket inode) of a namespace) whose socket is one of `pid`'s fds.
+fn ports_among(listening: &[(u16, u64)], pid: u32) -> Vec<u16> {
     let fds = tcp::socket_fds(pid);
-    let mut ports: Vec<u16> = tcp::listeners(None)
-        .into_iter()
+    let mut ports: Vec<u16> = listening
+        .iter()
         .filter(|(_, inode)| fds.contains_key(inode))
-        .map(|(port, _)| port)
+        .map(|(port, _)| *port)
         .collect();
     ports.sort_unstable();
     ports.dedup();
@@ -163,15 +168,7 @@ pub fn discover(pid: u32) -> Option<String> {
 pub fn discover_in(pids: &[u32], tried: &mut std::collections::HashSet<(u32, u16)>) -> Option<(u32, String)> {
     let listening = tcp::listeners(None);
     for &pid in pids {
-        let fds = tcp::socket_fds(pid);
-        let mut ports: Vec<u16> = listening
-            .iter()
-            .filter(|(_, i)| fds.contains_key(i))
-            .map(|(p, _)| *p)
-            .collect();
-        ports.sort_unstable();
-        ports.dedup();
-        for port in ports {
+        for port in ports_among(&listening, pid) {
             if !tried.insert((pid, port)) {
                 continue;
             }

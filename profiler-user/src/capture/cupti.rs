@@ -21,6 +21,7 @@ use object::{Object, ObjectSymbol};
 use super::error::CaptureError;
 pub use super::error::HandoffError;
 use super::object::program;
+use crate::sys::maps::{MappedFile, Maps};
 use crate::sys::target_file::{self, Limits};
 
 /// The handoff uprobe program.
@@ -37,22 +38,19 @@ pub(super) struct Cupti {
     links: Vec<UProbeLink>,
 }
 
-/// The helper library as `pid` maps it; `recent` accepts a map read at most [`crate::sys::maps::RECENT`] ago
-/// (the question asked every tick).
-fn helper_mapped(pid: u32, recent: bool) -> Option<crate::sys::maps::MappedFile> {
-    use crate::sys::maps::Maps;
-    let wanted = |base: &str| base == GPU_HELPER_LIB;
-    if recent {
-        Maps::recent(pid).ok()?.find_file(wanted)
-    } else {
-        Maps::of(pid).ok()?.find_file(wanted)
-    }
+/// The helper library in a process's map.
+fn helper_in(maps: &Maps) -> Option<MappedFile> {
+    maps.find_file(|base| base == GPU_HELPER_LIB)
 }
 
 /// File offset of [`GPU_HANDOFF`] in the helper library `pid` maps (its `.dynsym`, read through
 /// [`crate::sys::target_file`]: the mapped inode, even if its file was removed since).
 pub fn handoff_offset(pid: u32) -> Result<u64, HandoffError> {
-    let lib = helper_mapped(pid, false).ok_or(HandoffError::NotMapped { pid })?;
+    let lib = Maps::of(pid)
+        .ok()
+        .as_ref()
+        .and_then(helper_in)
+        .ok_or(HandoffError::NotMapped { pid })?;
     target_file::with_elf(&lib.source, Limits::ELF, |file| {
         file.dynamic_symbols()
             .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
@@ -117,7 +115,8 @@ impl Cupti {
         if self.attached.contains_key(&pid) || self.failed.contains(&pid) {
             return None;
         }
-        let lib = helper_mapped(pid, true)?;
+        // Asked every tick: a map read at most `maps::RECENT` ago answers.
+        let lib = helper_in(&*Maps::recent(pid).ok()?)?;
         let r = self.attach_handoff(ebpf, pid, &lib.probe_path).map(|()| lib.path);
         if r.is_err() {
             self.failed.insert(pid);

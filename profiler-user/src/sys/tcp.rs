@@ -138,7 +138,6 @@ pub fn sockets(pid: Option<u32>, want: Want) -> Vec<TcpRow> {
 pub fn listeners(pid: Option<u32>) -> Vec<(u16, u64)> {
     sockets(pid, Want::Listening)
         .into_iter()
-        .filter(|r| r.state == LISTEN)
         .map(|r| (r.local.port(), r.inode))
         .collect()
 }
